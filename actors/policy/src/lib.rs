@@ -1,0 +1,10 @@
+//! Pure decision cores (sans-IO) for troupe.
+//!
+//! Every policy is a plain struct driven by its caller: `handle_*(now, input)` feeds it events,
+//! `poll_action()` drains the decisions it made, `poll_timeout()` says when it next wants to be
+//! woken. Time ([`Micros`]) and randomness (a seeded RNG) always come from outside, so the same
+//! policy runs live inside an actor, under a seeded simulation, and in a benchmark replaying a trace.
+
+pub mod time;
+
+pub use time::Micros;

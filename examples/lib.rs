@@ -1,0 +1,1 @@
+//! Embedding examples for troupe (see `examples/*.rs`).

@@ -1,0 +1,5 @@
+//! The `troupe` command line.
+
+fn main() {
+    println!("troupe");
+}

@@ -1,0 +1,1 @@
+//! Helpers for troupe's whole-cluster tests.
