@@ -5,6 +5,10 @@
 //! woken. Time ([`Micros`]) and randomness (a seeded RNG) always come from outside, so the same
 //! policy runs live inside an actor, under a seeded simulation, and in a benchmark replaying a trace.
 
+pub mod membership;
+pub mod restart;
 pub mod time;
 
+pub use membership::{FailureDetector, MemberStatus, MembershipEvent};
+pub use restart::{RestartDecision, RestartIntensity};
 pub use time::Micros;

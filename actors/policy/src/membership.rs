@@ -1,0 +1,203 @@
+//! Failure detection from heartbeats: a member is down once nothing was heard from it for
+//! `timeout`; hearing from it again brings it back up (a rejoin).
+//!
+//! Calling protocol: feed every heartbeat (or any frame) with [`FailureDetector::handle_heard`];
+//! call [`FailureDetector::handle_timeout`] at (or after) [`FailureDetector::poll_timeout`];
+//! drain [`FailureDetector::poll_event`] after each call.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::Micros;
+
+/// A member's state as this detector sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberStatus {
+    /// Heard from within the timeout.
+    Up,
+    /// Silent for longer than the timeout.
+    Down,
+}
+
+/// A change of membership, delivered to subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipEvent<K> {
+    /// First heard from, or heard again after being down.
+    Up {
+        /// The member.
+        member: K,
+        /// When it was heard.
+        at: Micros,
+        /// True when it had been down before (a rejoin).
+        rejoined: bool,
+    },
+    /// Silent for longer than the timeout.
+    Down {
+        /// The member.
+        member: K,
+        /// When the detector declared it down.
+        at: Micros,
+        /// When it was last heard.
+        last_heard: Micros,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    last_heard: Micros,
+    status: MemberStatus,
+}
+
+/// Timeout-based failure detector over members keyed by `K`.
+#[derive(Clone, Debug)]
+pub struct FailureDetector<K> {
+    timeout: Micros,
+    members: BTreeMap<K, Member>,
+    events: VecDeque<MembershipEvent<K>>,
+}
+
+impl<K: Ord + Clone> FailureDetector<K> {
+    /// A detector declaring members down after `timeout` of silence.
+    pub fn new(timeout: Micros) -> Self {
+        Self {
+            timeout,
+            members: BTreeMap::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The configured timeout.
+    pub fn timeout(&self) -> Micros {
+        self.timeout
+    }
+
+    /// Records that `member` was heard from at `now`.
+    pub fn handle_heard(&mut self, now: Micros, member: K) {
+        match self.members.get_mut(&member) {
+            Some(m) => {
+                m.last_heard = m.last_heard.max(now);
+                if m.status == MemberStatus::Down {
+                    m.status = MemberStatus::Up;
+                    self.events.push_back(MembershipEvent::Up {
+                        member,
+                        at: now,
+                        rejoined: true,
+                    });
+                }
+            }
+            None => {
+                self.members.insert(
+                    member.clone(),
+                    Member {
+                        last_heard: now,
+                        status: MemberStatus::Up,
+                    },
+                );
+                self.events.push_back(MembershipEvent::Up {
+                    member,
+                    at: now,
+                    rejoined: false,
+                });
+            }
+        }
+    }
+
+    /// Declares down every member silent for longer than the timeout at `now`.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        for (k, m) in self.members.iter_mut() {
+            if m.status == MemberStatus::Up && now.saturating_sub(m.last_heard) > self.timeout {
+                m.status = MemberStatus::Down;
+                self.events.push_back(MembershipEvent::Down {
+                    member: k.clone(),
+                    at: now,
+                    last_heard: m.last_heard,
+                });
+            }
+        }
+    }
+
+    /// Forgets a member (it left on purpose); no event is emitted.
+    pub fn handle_left(&mut self, member: &K) {
+        self.members.remove(member);
+    }
+
+    /// The next membership change, if any.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<MembershipEvent<K>> {
+        self.events.pop_front()
+    }
+
+    /// When the next member may time out: call [`Self::handle_timeout`] then.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        self.members
+            .values()
+            .filter(|m| m.status == MemberStatus::Up)
+            .map(|m| m.last_heard + self.timeout + Micros(1))
+            .min()
+    }
+
+    /// Status of one member, if known.
+    pub fn status(&self, member: &K) -> Option<MemberStatus> {
+        self.members.get(member).map(|m| m.status)
+    }
+
+    /// Every known member with its status and when it was last heard.
+    pub fn members(&self) -> impl Iterator<Item = (&K, MemberStatus, Micros)> {
+        self.members
+            .iter()
+            .map(|(k, m)| (k, m.status, m.last_heard))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(d: &mut FailureDetector<&'static str>) -> Vec<MembershipEvent<&'static str>> {
+        std::iter::from_fn(|| d.poll_event()).collect()
+    }
+
+    #[test]
+    fn down_after_timeout_and_rejoin() {
+        let mut d = FailureDetector::new(Micros::from_millis(100));
+        d.handle_heard(Micros(0), "a");
+        d.handle_heard(Micros(0), "b");
+        assert_eq!(drain(&mut d).len(), 2);
+        assert_eq!(d.poll_timeout(), Some(Micros(100_001)));
+        d.handle_heard(Micros::from_millis(90), "b");
+        d.handle_timeout(Micros::from_millis(100));
+        assert!(
+            drain(&mut d).is_empty(),
+            "exactly at the timeout nobody is down yet"
+        );
+        d.handle_timeout(Micros(100_001));
+        assert_eq!(
+            drain(&mut d),
+            vec![MembershipEvent::Down {
+                member: "a",
+                at: Micros(100_001),
+                last_heard: Micros(0)
+            }]
+        );
+        assert_eq!(d.poll_timeout(), Some(Micros(190_001)));
+        d.handle_heard(Micros::from_millis(150), "a");
+        assert_eq!(
+            drain(&mut d),
+            vec![MembershipEvent::Up {
+                member: "a",
+                at: Micros(150_000),
+                rejoined: true
+            }]
+        );
+        assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
+    }
+
+    #[test]
+    fn late_heartbeat_does_not_move_time_backwards() {
+        let mut d = FailureDetector::new(Micros(10));
+        d.handle_heard(Micros(50), "a");
+        d.handle_heard(Micros(20), "a");
+        d.handle_timeout(Micros(60));
+        assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
+    }
+}

@@ -1,0 +1,480 @@
+//! Frames: a fixed 12-byte header `{magic, version, kind, flags, length}` followed by an rkyv body.
+//!
+//! The length is checked against [`FrameLimits`] before anything is allocated, and the body buffer
+//! grows only as bytes actually arrive, so a peer that announces a huge frame and sends nothing
+//! costs nothing. Bodies land in a 16-byte aligned buffer and are only ever read through checked
+//! rkyv access ([`Frame::access`]).
+
+use rkyv::api::high::{HighSerializer, HighValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor;
+use rkyv::ser::allocator::ArenaHandle;
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Portable, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// First four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"TRPE";
+/// Wire protocol version carried in every frame header.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Size of the fixed header in bytes.
+pub const HEADER_LEN: usize = 12;
+/// Default cap on a frame body (configurable per endpoint).
+pub const DEFAULT_MAX_BODY: u32 = 128 << 20;
+/// The body buffer grows by at most this much per read, bounding memory by bytes received.
+const READ_CHUNK: usize = 1 << 20;
+
+/// What a frame carries; unknown kinds are rejected before the body is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Application hello: node name and protocol version, sent first on a new connection.
+    Hello = 1,
+    /// Answer to a hello: accepted or refused with a reason.
+    HelloAck = 2,
+    /// An application message (an rkyv body the receiver's handler understands).
+    Message = 3,
+    /// An encoded tensor (see `codec`).
+    Tensor = 4,
+    /// A request for a blob by content hash.
+    BlobRequest = 5,
+    /// The bytes of a blob, answering a request.
+    BlobData = 6,
+    /// A liveness heartbeat.
+    Heartbeat = 7,
+    /// The sender reports an error and closes the stream.
+    Error = 8,
+}
+
+impl FrameKind {
+    /// Parses the kind byte of a header.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Self::Hello,
+            2 => Self::HelloAck,
+            3 => Self::Message,
+            4 => Self::Tensor,
+            5 => Self::BlobRequest,
+            6 => Self::BlobData,
+            7 => Self::Heartbeat,
+            8 => Self::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Flag bits defined by this protocol version; any other bit set is an error.
+pub const KNOWN_FLAGS: u16 = 0x0001;
+/// Flag: the body is a tensor whose payload is stored by reference (a content hash).
+pub const FLAG_BY_REFERENCE: u16 = 0x0001;
+
+/// Limits applied to every frame read from a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// Largest body accepted, in bytes.
+    pub max_body: u32,
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        Self {
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+}
+
+/// Why a frame was refused; every variant names the problem for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream failed underneath.
+    #[error("i/o error reading frame: {0}")]
+    Io(#[from] std::io::Error),
+    /// The first four bytes are not [`MAGIC`].
+    #[error("bad magic {0:02x?}: not a troupe frame")]
+    BadMagic([u8; 4]),
+    /// The peer speaks another protocol version.
+    #[error("unsupported protocol version {got} (this node speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion {
+        /// Version in the header.
+        got: u8,
+    },
+    /// The kind byte is not a known [`FrameKind`].
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// Flag bits outside [`KNOWN_FLAGS`] are set.
+    #[error("unknown flag bits {0:#06x}")]
+    UnknownFlags(u16),
+    /// The announced body length exceeds the cap.
+    #[error("frame body of {len} bytes exceeds the cap of {max} bytes")]
+    TooLong {
+        /// Announced length.
+        len: u64,
+        /// Configured cap.
+        max: u32,
+    },
+    /// The stream ended inside a frame.
+    #[error("truncated frame: expected {expected} bytes, stream ended after {got}")]
+    Truncated {
+        /// Bytes the frame needed.
+        expected: usize,
+        /// Bytes that arrived.
+        got: usize,
+    },
+    /// The body failed checked rkyv access or serialisation.
+    #[error("invalid frame body for {what}: {detail}")]
+    Body {
+        /// The type the body was read as.
+        what: &'static str,
+        /// The validator's message.
+        detail: String,
+    },
+    /// The frame has a different kind than the reader expected.
+    #[error("expected a {expected:?} frame, got {got:?}")]
+    UnexpectedKind {
+        /// What the protocol step needs.
+        expected: FrameKind,
+        /// What arrived.
+        got: FrameKind,
+    },
+}
+
+/// Header fields after validation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the body is.
+    pub kind: FrameKind,
+    /// Flag bits (a subset of [`KNOWN_FLAGS`]).
+    pub flags: u16,
+    /// Body length in bytes (at most the cap).
+    pub len: u32,
+}
+
+impl FrameHeader {
+    /// Validates a raw header against the limits; nothing is allocated.
+    pub fn parse(raw: &[u8; HEADER_LEN], limits: &FrameLimits) -> Result<Self, FrameError> {
+        let magic = [raw[0], raw[1], raw[2], raw[3]];
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if raw[4] != PROTOCOL_VERSION {
+            return Err(FrameError::UnsupportedVersion { got: raw[4] });
+        }
+        let kind = FrameKind::from_u8(raw[5]).ok_or(FrameError::UnknownKind(raw[5]))?;
+        let flags = u16::from_le_bytes([raw[6], raw[7]]);
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(FrameError::UnknownFlags(flags));
+        }
+        let len = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+        if len > limits.max_body {
+            return Err(FrameError::TooLong {
+                len: u64::from(len),
+                max: limits.max_body,
+            });
+        }
+        Ok(Self { kind, flags, len })
+    }
+
+    /// The 12 header bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&MAGIC);
+        h[4] = PROTOCOL_VERSION;
+        h[5] = self.kind as u8;
+        h[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        h[8..].copy_from_slice(&self.len.to_le_bytes());
+        h
+    }
+}
+
+/// One frame: its kind, flags and an aligned body.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// What the body is.
+    pub kind: FrameKind,
+    /// Flag bits.
+    pub flags: u16,
+    /// The body, 16-byte aligned so rkyv can access it in place.
+    pub body: AlignedVec<16>,
+}
+
+/// Serializer type used for frame bodies.
+pub type BodySerializer<'a> = HighSerializer<AlignedVec<16>, ArenaHandle<'a>, rancor::Error>;
+
+impl Frame {
+    /// A frame from raw body bytes.
+    pub fn from_bytes(kind: FrameKind, flags: u16, body: &[u8]) -> Self {
+        let mut aligned = AlignedVec::<16>::with_capacity(body.len());
+        aligned.extend_from_slice(body);
+        Self {
+            kind,
+            flags,
+            body: aligned,
+        }
+    }
+
+    /// A frame whose body is the rkyv archive of `value`.
+    pub fn encode<T>(kind: FrameKind, value: &T) -> Result<Self, FrameError>
+    where
+        T: for<'a> Serialize<BodySerializer<'a>>,
+    {
+        let body = rkyv::to_bytes::<rancor::Error>(value).map_err(|e| FrameError::Body {
+            what: std::any::type_name::<T>(),
+            detail: e.to_string(),
+        })?;
+        Ok(Self {
+            kind,
+            flags: 0,
+            body,
+        })
+    }
+
+    /// Checked, zero-copy access to the body as an archived `T`.
+    pub fn access<T>(&self) -> Result<&T::Archived, FrameError>
+    where
+        T: Archive,
+        T::Archived: Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
+    {
+        rkyv::access::<T::Archived, rancor::Error>(&self.body).map_err(|e| FrameError::Body {
+            what: std::any::type_name::<T>(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Checked access that also requires a given kind.
+    pub fn access_as<T>(&self, kind: FrameKind) -> Result<&T::Archived, FrameError>
+    where
+        T: Archive,
+        T::Archived: Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
+    {
+        if self.kind != kind {
+            return Err(FrameError::UnexpectedKind {
+                expected: kind,
+                got: self.kind,
+            });
+        }
+        self.access::<T>()
+    }
+
+    /// The header this frame will be sent with.
+    pub fn header(&self) -> Result<FrameHeader, FrameError> {
+        let len = u32::try_from(self.body.len()).map_err(|_| FrameError::TooLong {
+            len: self.body.len() as u64,
+            max: u32::MAX,
+        })?;
+        Ok(FrameHeader {
+            kind: self.kind,
+            flags: self.flags,
+            len,
+        })
+    }
+
+    /// Header and body as one contiguous byte vector.
+    pub fn to_wire(&self) -> Result<Vec<u8>, FrameError> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.body.len());
+        out.extend_from_slice(&self.header()?.to_bytes());
+        out.extend_from_slice(&self.body);
+        Ok(out)
+    }
+}
+
+/// Decodes one frame from the front of `bytes`, returning it and the bytes consumed.
+pub fn decode_frame(bytes: &[u8], limits: &FrameLimits) -> Result<(Frame, usize), FrameError> {
+    let raw: &[u8; HEADER_LEN] = bytes
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(FrameError::Truncated {
+            expected: HEADER_LEN,
+            got: bytes.len(),
+        })?;
+    let header = FrameHeader::parse(raw, limits)?;
+    let total = HEADER_LEN + header.len as usize;
+    let body = bytes.get(HEADER_LEN..total).ok_or(FrameError::Truncated {
+        expected: total,
+        got: bytes.len(),
+    })?;
+    Ok((Frame::from_bytes(header.kind, header.flags, body), total))
+}
+
+/// Reads one frame; `Ok(None)` when the stream ends cleanly between frames.
+pub async fn read_frame<R>(r: &mut R, limits: &FrameLimits) -> Result<Option<Frame>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut raw = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        let n = r.read(&mut raw[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(FrameError::Truncated {
+                expected: HEADER_LEN,
+                got,
+            });
+        }
+        got += n;
+    }
+    let header = FrameHeader::parse(&raw, limits)?;
+    let len = header.len as usize;
+    let mut body = AlignedVec::<16>::with_capacity(len.min(READ_CHUNK));
+    while body.len() < len {
+        let start = body.len();
+        let step = (len - start).min(READ_CHUNK);
+        body.resize(start + step, 0);
+        let n = r.read(&mut body[start..start + step]).await?;
+        if n == 0 {
+            return Err(FrameError::Truncated {
+                expected: HEADER_LEN + len,
+                got: HEADER_LEN + start,
+            });
+        }
+        body.resize(start + n, 0);
+    }
+    Ok(Some(Frame {
+        kind: header.kind,
+        flags: header.flags,
+        body,
+    }))
+}
+
+/// Writes one frame (header then body).
+pub async fn write_frame<W>(w: &mut W, frame: &Frame) -> Result<(), FrameError>
+where
+    W: AsyncWrite + Unpin,
+{
+    w.write_all(&frame.header()?.to_bytes()).await?;
+    w.write_all(&frame.body).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, PartialEq)]
+    struct Probe {
+        id: u64,
+        name: String,
+        data: Vec<f32>,
+    }
+
+    fn probe() -> Probe {
+        Probe {
+            id: 7,
+            name: "expert-3".into(),
+            data: vec![1.0, -2.5, 3.25],
+        }
+    }
+
+    #[test]
+    fn round_trip_through_wire_bytes() {
+        let f = Frame::encode(FrameKind::Message, &probe()).unwrap();
+        let wire = f.to_wire().unwrap();
+        let (back, used) = decode_frame(&wire, &FrameLimits::default()).unwrap();
+        assert_eq!(used, wire.len());
+        let a = back.access::<Probe>().unwrap();
+        assert_eq!(a.id, 7);
+        assert_eq!(a.name.as_str(), "expert-3");
+        assert_eq!(
+            a.data.iter().map(|x| x.to_native()).collect::<Vec<_>>(),
+            probe().data
+        );
+    }
+
+    #[test]
+    fn header_errors_name_the_problem() {
+        let limits = FrameLimits { max_body: 1024 };
+        let good = FrameHeader {
+            kind: FrameKind::Tensor,
+            flags: 0,
+            len: 10,
+        }
+        .to_bytes();
+        let mut bad = good;
+        bad[0] = b'X';
+        assert!(matches!(
+            FrameHeader::parse(&bad, &limits),
+            Err(FrameError::BadMagic(_))
+        ));
+        let mut bad = good;
+        bad[4] = 9;
+        let e = FrameHeader::parse(&bad, &limits).unwrap_err();
+        assert!(
+            e.to_string().contains("unsupported protocol version 9"),
+            "{e}"
+        );
+        let mut bad = good;
+        bad[5] = 200;
+        assert!(matches!(
+            FrameHeader::parse(&bad, &limits),
+            Err(FrameError::UnknownKind(200))
+        ));
+        let mut bad = good;
+        bad[6] = 0x80;
+        assert!(matches!(
+            FrameHeader::parse(&bad, &limits),
+            Err(FrameError::UnknownFlags(_))
+        ));
+        let big = FrameHeader {
+            kind: FrameKind::Tensor,
+            flags: 0,
+            len: 1025,
+        }
+        .to_bytes();
+        let e = FrameHeader::parse(&big, &limits).unwrap_err();
+        assert!(e.to_string().contains("exceeds the cap of 1024"), "{e}");
+    }
+
+    #[test]
+    fn garbage_body_fails_checked_access() {
+        let f = Frame::from_bytes(FrameKind::Message, 0, &[0xFF; 40]);
+        let e = f.access::<Probe>().unwrap_err();
+        assert!(e.to_string().contains("Probe"), "{e}");
+        let e = f.access_as::<Probe>(FrameKind::Hello).unwrap_err();
+        assert!(matches!(e, FrameError::UnexpectedKind { .. }));
+    }
+
+    #[tokio::test]
+    async fn async_reader_handles_truncation_and_clean_end() {
+        let f = Frame::encode(FrameKind::Message, &probe()).unwrap();
+        let wire = f.to_wire().unwrap();
+        let limits = FrameLimits::default();
+        let mut two = wire.clone();
+        two.extend_from_slice(&wire);
+        let mut r = &two[..];
+        assert!(read_frame(&mut r, &limits).await.unwrap().is_some());
+        assert!(read_frame(&mut r, &limits).await.unwrap().is_some());
+        assert!(read_frame(&mut r, &limits).await.unwrap().is_none());
+        let mut cut = &wire[..wire.len() - 3];
+        let e = read_frame(&mut cut, &limits).await.unwrap_err();
+        assert!(matches!(e, FrameError::Truncated { .. }), "{e}");
+        let mut half_header = &wire[..5];
+        let e = read_frame(&mut half_header, &limits).await.unwrap_err();
+        assert!(matches!(
+            e,
+            FrameError::Truncated {
+                expected: HEADER_LEN,
+                got: 5
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn announced_length_is_not_allocated_up_front() {
+        // A header announcing the full cap followed by 10 bytes: the reader fails with Truncated
+        // and never holds more than what arrived plus one chunk.
+        let limits = FrameLimits { max_body: 64 << 20 };
+        let mut wire = FrameHeader {
+            kind: FrameKind::Tensor,
+            flags: 0,
+            len: 64 << 20,
+        }
+        .to_bytes()
+        .to_vec();
+        wire.extend_from_slice(&[0u8; 10]);
+        let mut r = &wire[..];
+        let e = read_frame(&mut r, &limits).await.unwrap_err();
+        assert!(matches!(e, FrameError::Truncated { got: 22, .. }), "{e}");
+    }
+}
