@@ -429,9 +429,9 @@ mod tests {
     #[test]
     fn garbage_body_fails_checked_access() {
         let f = Frame::from_bytes(FrameKind::Message, 0, &[0xFF; 40]);
-        let e = f.access::<Probe>().unwrap_err();
+        let e = f.access::<Probe>().err().unwrap();
         assert!(e.to_string().contains("Probe"), "{e}");
-        let e = f.access_as::<Probe>(FrameKind::Hello).unwrap_err();
+        let e = f.access_as::<Probe>(FrameKind::Hello).err().unwrap();
         assert!(matches!(e, FrameError::UnexpectedKind { .. }));
     }
 

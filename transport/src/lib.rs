@@ -2,7 +2,12 @@
 //! content-addressed blobs, and the [`Link`] seam with a seeded in-memory implementation.
 
 pub mod frame;
+pub mod hello;
+pub mod identity;
 pub mod link;
+pub mod quic;
 
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
+pub use identity::{ClusterCa, IdentityError, NodeIdentity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
+pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};

@@ -1,0 +1,410 @@
+//! Cluster identity: a cluster CA, node certificates signed by it, and the rustls configurations
+//! that make every connection mutually authenticated against that CA (nothing is switched off).
+//!
+//! On disk (`troupe keys`): `ca.crt`, `ca.key`, and `NAME.crt` / `NAME.key` per node, PEM.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// ALPN protocol id of troupe's QUIC connections.
+pub const ALPN: &[u8] = b"troupe/1";
+/// Largest PEM file read from disk (certificates and keys are a few KiB).
+const MAX_PEM_BYTES: u64 = 64 << 10;
+
+/// Why an identity could not be made, read or used.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// A node name that cannot be a DNS name in a certificate.
+    #[error(
+        "invalid node name {0:?}: use 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
+    )]
+    InvalidName(String),
+    /// A key or certificate file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file is larger than any certificate or key.
+    #[error("{path}: {len} bytes is too large for a PEM certificate or key (cap {MAX_PEM_BYTES})")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        len: u64,
+    },
+    /// A file holds no usable PEM item of the expected kind.
+    #[error("{path}: not a PEM {what}: {detail}")]
+    BadPem {
+        /// The file.
+        path: PathBuf,
+        /// Certificate or private key.
+        what: &'static str,
+        /// The parser's message.
+        detail: String,
+    },
+    /// Certificate generation failed.
+    #[error("certificate generation failed: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// The keys directory already holds a CA (refusing to overwrite it).
+    #[error("{0} already holds a cluster CA; refusing to overwrite it")]
+    CaExists(PathBuf),
+}
+
+/// Checks that `name` can be a node name (a DNS label).
+pub fn validate_node_name(name: &str) -> Result<(), IdentityError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(IdentityError::InvalidName(name.to_string()))
+    }
+}
+
+fn read_capped(path: &Path) -> Result<Vec<u8>, IdentityError> {
+    let io = |source| IdentityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = fs::metadata(path).map_err(io)?.len();
+    if len > MAX_PEM_BYTES {
+        return Err(IdentityError::TooLarge {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    fs::read(path).map_err(io)
+}
+
+fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), IdentityError> {
+    let io = |source| IdentityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    fs::write(path, contents).map_err(io)?;
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn read_cert(path: &Path) -> Result<CertificateDer<'static>, IdentityError> {
+    CertificateDer::from_pem_slice(&read_capped(path)?).map_err(|e| IdentityError::BadPem {
+        path: path.to_path_buf(),
+        what: "certificate",
+        detail: e.to_string(),
+    })
+}
+
+fn read_key_pem(path: &Path) -> Result<String, IdentityError> {
+    String::from_utf8(read_capped(path)?).map_err(|e| IdentityError::BadPem {
+        path: path.to_path_buf(),
+        what: "private key",
+        detail: e.to_string(),
+    })
+}
+
+/// The cluster certificate authority: it signs every node certificate.
+pub struct ClusterCa {
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl ClusterCa {
+    /// Generates a new CA for the cluster called `cluster`.
+    pub fn generate(cluster: &str) -> Result<Self, IdentityError> {
+        let key = KeyPair::generate()?;
+        let params = ca_params(cluster)?;
+        let cert = params.self_signed(&key)?;
+        Ok(Self {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Writes `ca.crt` and `ca.key` (mode 0600) into `dir`, refusing to overwrite a CA.
+    pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
+        fs::create_dir_all(dir).map_err(|source| IdentityError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let crt = dir.join("ca.crt");
+        if crt.exists() {
+            return Err(IdentityError::CaExists(dir.to_path_buf()));
+        }
+        write_file(&dir.join("ca.key"), &self.key_pem, true)?;
+        write_file(&crt, &self.cert_pem, false)
+    }
+
+    /// Loads `ca.crt` and `ca.key` from `dir`.
+    pub fn load(dir: &Path) -> Result<Self, IdentityError> {
+        let crt = dir.join("ca.crt");
+        let cert_pem =
+            String::from_utf8(read_capped(&crt)?).map_err(|e| IdentityError::BadPem {
+                path: crt.clone(),
+                what: "certificate",
+                detail: e.to_string(),
+            })?;
+        let key_pem = read_key_pem(&dir.join("ca.key"))?;
+        let ca = Self { cert_pem, key_pem };
+        ca.issuer()?; // validate now, with the file names in the error
+        Ok(ca)
+    }
+
+    fn issuer(&self) -> Result<Issuer<'static, KeyPair>, IdentityError> {
+        let key = KeyPair::from_pem(&self.key_pem)?;
+        Ok(Issuer::from_ca_cert_pem(&self.cert_pem, key)?)
+    }
+
+    /// The CA certificate in PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// Issues a certificate for node `name` (server and client auth, SAN = name).
+    pub fn issue_node(&self, name: &str) -> Result<NodeIdentity, IdentityError> {
+        validate_node_name(name)?;
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![name.to_string()])?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer()?)?;
+        Ok(NodeIdentity {
+            name: name.to_string(),
+            cert: cert.der().clone(),
+            key_der: key.serialize_der(),
+            ca: CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+                .map_err(|e| IdentityError::Tls(e.to_string()))?,
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+fn ca_params(cluster: &str) -> Result<CertificateParams, IdentityError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("troupe cluster CA {cluster}"));
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "troupe");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+/// A node's certificate, key and the CA it trusts.
+pub struct NodeIdentity {
+    /// The node's name (its certificate's SAN).
+    pub name: String,
+    /// The node certificate (DER).
+    pub cert: CertificateDer<'static>,
+    key_der: Vec<u8>,
+    /// The cluster CA certificate (DER): the only root this node trusts.
+    pub ca: CertificateDer<'static>,
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl NodeIdentity {
+    /// Writes `NAME.crt` and `NAME.key` (0600) into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
+        write_file(&dir.join(format!("{}.key", self.name)), &self.key_pem, true)?;
+        write_file(
+            &dir.join(format!("{}.crt", self.name)),
+            &self.cert_pem,
+            false,
+        )
+    }
+
+    /// Loads node `name`'s identity and the CA certificate from `dir`.
+    pub fn load(dir: &Path, name: &str) -> Result<Self, IdentityError> {
+        validate_node_name(name)?;
+        let crt = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        let cert = read_cert(&crt)?;
+        let key_pem = read_key_pem(&key_path)?;
+        let key_der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| IdentityError::BadPem {
+                path: key_path.clone(),
+                what: "private key",
+                detail: e.to_string(),
+            })?
+            .secret_der()
+            .to_vec();
+        let cert_pem = String::from_utf8_lossy(&read_capped(&crt)?).into_owned();
+        Ok(Self {
+            name: name.to_string(),
+            cert,
+            key_der,
+            ca: read_cert(&dir.join("ca.crt"))?,
+            cert_pem,
+            key_pem,
+        })
+    }
+
+    fn key(&self) -> Result<PrivateKeyDer<'static>, IdentityError> {
+        PrivateKeyDer::try_from(self.key_der.clone()).map_err(|e| IdentityError::Tls(e.to_string()))
+    }
+
+    fn roots(&self) -> Result<Arc<rustls::RootCertStore>, IdentityError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.ca.clone())
+            .map_err(|e| IdentityError::Tls(format!("cluster CA: {e}")))?;
+        Ok(Arc::new(roots))
+    }
+
+    /// Server side: presents this node's certificate, requires a client certificate chaining to
+    /// the cluster CA.
+    pub fn server_config(
+        &self,
+        transport: Arc<quinn::TransportConfig>,
+    ) -> Result<quinn::ServerConfig, IdentityError> {
+        let provider = crypto_provider();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots()?,
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| IdentityError::Tls(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![self.cert.clone()], self.key()?)
+            .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic =
+            QuicServerConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        cfg.transport_config(transport);
+        Ok(cfg)
+    }
+
+    /// Client side: trusts only the cluster CA and presents this node's certificate.
+    pub fn client_config(
+        &self,
+        transport: Arc<quinn::TransportConfig>,
+    ) -> Result<quinn::ClientConfig, IdentityError> {
+        let mut tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| IdentityError::Tls(e.to_string()))?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(vec![self.cert.clone()], self.key()?)
+            .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic =
+            QuicClientConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
+        cfg.transport_config(transport);
+        Ok(cfg)
+    }
+}
+
+/// The crypto provider every troupe TLS config uses (ring; never the process default, which
+/// may be ambiguous when both ring and aws-lc-rs are linked).
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// DNS names in the subject alternative names of a peer's end-entity certificate.
+pub fn certificate_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, x509)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = x509.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(s) => Some((*s).to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Names in the certificate a QUIC peer presented (empty if none).
+pub fn peer_certificate_names(conn: &quinn::Connection) -> Vec<String> {
+    conn.peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|chain| chain.first().map(certificate_names))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_dns_labels() {
+        assert!(validate_node_name("expert-1").is_ok());
+        for bad in ["", "-a", "a-", "Upper", "a.b", "a b", &"x".repeat(64)] {
+            assert!(validate_node_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ca_round_trip_and_issue() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ClusterCa::generate("test").unwrap();
+        ca.write(dir.path()).unwrap();
+        assert!(matches!(
+            ca.write(dir.path()),
+            Err(IdentityError::CaExists(_))
+        ));
+        let ca = ClusterCa::load(dir.path()).unwrap();
+        let node = ca.issue_node("worker-1").unwrap();
+        node.write(dir.path()).unwrap();
+        let back = NodeIdentity::load(dir.path(), "worker-1").unwrap();
+        assert_eq!(certificate_names(&back.cert), vec!["worker-1".to_string()]);
+        assert_eq!(back.ca, node.ca);
+        let e = NodeIdentity::load(dir.path(), "worker-2").err().unwrap();
+        assert!(e.to_string().contains("worker-2.crt"), "{e}");
+    }
+
+    #[test]
+    fn garbage_key_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        ClusterCa::generate("t").unwrap().write(dir.path()).unwrap();
+        fs::write(dir.path().join("ca.key"), "not a key").unwrap();
+        let e = ClusterCa::load(dir.path()).err().unwrap();
+        assert!(!e.to_string().is_empty());
+        fs::write(dir.path().join("ca.crt"), vec![b'x'; 100_000]).unwrap();
+        let e = ClusterCa::load(dir.path()).err().unwrap();
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
+}

@@ -1,0 +1,764 @@
+//! The QUIC implementation of [`Link`]: one endpoint per node, one connection per peer, one
+//! unidirectional stream per (direction, channel), and bidirectional streams for the hello,
+//! the control plane (ractor_cluster) and blob pulls.
+//!
+//! Every stream opens with a one-byte tag saying what it carries. A bad frame on a stream stops
+//! that stream with an error naming the problem; the connection and the node keep serving.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use tokio::sync::{Mutex, mpsc};
+use tracing::{debug, info, warn};
+
+use crate::frame::{
+    Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, write_frame,
+};
+use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
+use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
+use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
+
+/// Tag of the bidirectional stream carrying the hello exchange.
+const TAG_HELLO: u8 = 0x48;
+/// Tag of the bidirectional stream carrying the control plane (ractor_cluster).
+const TAG_CONTROL: u8 = 0x43;
+/// Tag of a bidirectional stream pulling one blob.
+const TAG_BLOB: u8 = 0x42;
+/// Cap on hello frames (a name and a version).
+const HELLO_LIMITS: FrameLimits = FrameLimits { max_body: 4096 };
+/// Application error code when a stream is stopped for a bad frame.
+const CODE_BAD_FRAME: u32 = 0x10;
+/// Application error code when the hello is refused.
+const CODE_REFUSED: u32 = 0x11;
+/// Application error code when a newer connection from the same peer replaces this one.
+const CODE_REPLACED: u32 = 0x12;
+/// Application error code for an orderly shutdown.
+const CODE_SHUTDOWN: u32 = 0x00;
+
+/// Settings of a QUIC node.
+#[derive(Clone, Debug)]
+pub struct QuicConfig {
+    /// Address to bind (use port 0 for any).
+    pub bind: SocketAddr,
+    /// Limits applied to every frame a peer sends.
+    pub limits: FrameLimits,
+    /// QUIC idle timeout: a silent connection is closed after this.
+    pub idle_timeout: Duration,
+    /// QUIC keep-alive period (below the idle timeout).
+    pub keep_alive: Duration,
+    /// UDP socket buffer size (loopback loses packets with the 208 KB default).
+    pub socket_buffer: usize,
+    /// Frames buffered per channel before readers push back on the peer.
+    pub inbox_capacity: usize,
+}
+
+impl Default for QuicConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            limits: FrameLimits::default(),
+            idle_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_millis(500),
+            socket_buffer: 4 << 20,
+            inbox_capacity: 256,
+        }
+    }
+}
+
+/// Why the QUIC node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QuicError {
+    /// Identity or TLS configuration problem.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Socket or endpoint error.
+    #[error("endpoint: {0}")]
+    Io(#[from] std::io::Error),
+    /// Dialing failed.
+    #[error("connect to {addr}: {detail}")]
+    Connect {
+        /// Where we dialed.
+        addr: SocketAddr,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The peer refused our hello, or its ack was invalid.
+    #[error("peer at {addr} refused the hello: {reason}")]
+    Refused {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// Its reason (or ours, when its answer was invalid).
+        reason: String,
+    },
+    /// A frame error during a protocol exchange.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// A stream failed.
+    #[error("stream: {0}")]
+    Stream(String),
+    /// The peer is not connected.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+/// Membership-relevant connection events, delivered to whoever took [`QuicNode::events`].
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// A peer completed the hello (in either direction).
+    Joined {
+        /// The peer.
+        peer: NodeId,
+        /// Its address.
+        addr: SocketAddr,
+        /// True when this node dialed.
+        outbound: bool,
+    },
+    /// A peer's connection ended.
+    Left {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: String,
+    },
+    /// A connection attempt was refused (TLS or hello).
+    Refused {
+        /// The remote address.
+        addr: SocketAddr,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A peer sent something invalid on a stream; that stream was stopped, the connection kept.
+    BadStream {
+        /// The peer.
+        peer: NodeId,
+        /// What was wrong, naming the problem.
+        detail: String,
+    },
+    /// The peer opened the control-plane stream (hand it to ractor_cluster).
+    ControlStream {
+        /// The peer.
+        peer: NodeId,
+        /// Our sending half.
+        send: SendStream,
+        /// Our receiving half.
+        recv: RecvStream,
+    },
+}
+
+/// Serves blob pulls: returns the bytes of a blob this node holds.
+pub trait BlobServer: Send + Sync {
+    /// The bytes for content hash `id`, if held here.
+    fn blob(&self, id: &[u8; 32]) -> Option<Arc<Vec<u8>>>;
+}
+
+struct NoBlobs;
+impl BlobServer for NoBlobs {
+    fn blob(&self, _: &[u8; 32]) -> Option<Arc<Vec<u8>>> {
+        None
+    }
+}
+
+struct Peer {
+    conn: Connection,
+    generation: u64,
+    senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
+}
+
+struct Inbox {
+    control: mpsc::Receiver<Delivery>,
+    data: mpsc::Receiver<Delivery>,
+    blob: mpsc::Receiver<Delivery>,
+}
+
+struct Inner {
+    id: NodeId,
+    endpoint: Endpoint,
+    client_config: quinn::ClientConfig,
+    config: QuicConfig,
+    peers: DashMap<NodeId, Arc<Peer>>,
+    generation: AtomicU64,
+    inbox_tx: HashMap<Channel, mpsc::Sender<Delivery>>,
+    inbox_rx: Mutex<Inbox>,
+    events_tx: mpsc::UnboundedSender<PeerEvent>,
+    events_rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<PeerEvent>>>,
+    blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
+}
+
+/// A node's QUIC endpoint and its peer connections. Cheap to clone.
+#[derive(Clone)]
+pub struct QuicNode {
+    inner: Arc<Inner>,
+}
+
+fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, QuicError> {
+    let mut t = quinn::TransportConfig::default();
+    t.stream_receive_window(VarInt::from_u32(16 << 20));
+    t.receive_window(VarInt::from_u32(64 << 20));
+    t.send_window(64 << 20);
+    t.max_concurrent_uni_streams(VarInt::from_u32(64));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(256));
+    t.keep_alive_interval(Some(cfg.keep_alive));
+    let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout)
+        .map_err(|e| QuicError::Stream(format!("idle timeout: {e}")))?;
+    t.max_idle_timeout(Some(idle));
+    Ok(Arc::new(t))
+}
+
+impl QuicNode {
+    /// Binds the endpoint and starts accepting peers that present a certificate of the
+    /// cluster CA.
+    pub async fn bind(identity: &NodeIdentity, config: QuicConfig) -> Result<Self, QuicError> {
+        let transport = transport_config(&config)?;
+        let server = identity.server_config(transport.clone())?;
+        let client_config = identity.client_config(transport)?;
+        let socket = std::net::UdpSocket::bind(config.bind)?;
+        let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+        // best effort: the kernel may clamp it (net.core.rmem_max)
+        let _ = state.set_recv_buffer_size((&socket).into(), config.socket_buffer);
+        let _ = state.set_send_buffer_size((&socket).into(), config.socket_buffer);
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        let cap = config.inbox_capacity.max(1);
+        let (control_tx, control) = mpsc::channel(cap);
+        let (data_tx, data) = mpsc::channel(cap);
+        let (blob_tx, blob) = mpsc::channel(cap);
+        let inbox_tx = HashMap::from([
+            (Channel::Control, control_tx),
+            (Channel::Data, data_tx),
+            (Channel::Blob, blob_tx),
+        ]);
+        let inbox_rx = Inbox {
+            control,
+            data,
+            blob,
+        };
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let node = Self {
+            inner: Arc::new(Inner {
+                id: NodeId::new(identity.name.clone()),
+                endpoint,
+                client_config,
+                config,
+                peers: DashMap::new(),
+                generation: AtomicU64::new(0),
+                inbox_tx,
+                inbox_rx: Mutex::new(inbox_rx),
+                events_tx,
+                events_rx: std::sync::Mutex::new(Some(events_rx)),
+                blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
+            }),
+        };
+        let acceptor = node.clone();
+        tokio::spawn(async move { acceptor.accept_loop().await });
+        info!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
+        Ok(node)
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr, QuicError> {
+        Ok(self.inner.endpoint.local_addr()?)
+    }
+
+    /// Takes the event stream (once; later calls get `None`).
+    pub fn events(&self) -> Option<mpsc::UnboundedReceiver<PeerEvent>> {
+        self.inner.events_rx.lock().ok().and_then(|mut g| g.take())
+    }
+
+    /// Installs what serves blob pulls from peers.
+    pub fn set_blob_server(&self, server: Arc<dyn BlobServer>) {
+        if let Ok(mut g) = self.inner.blobs.write() {
+            *g = server;
+        }
+    }
+
+    /// Peers currently joined.
+    pub fn peers(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.inner.peers.iter().map(|e| e.key().clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// Round-trip time QUIC measures to `peer`.
+    pub fn rtt(&self, peer: &NodeId) -> Option<Duration> {
+        self.inner.peers.get(peer).map(|p| p.conn.rtt())
+    }
+
+    /// Dials `addr`, expecting a node called `expected` there, and completes the hello.
+    pub async fn connect(&self, addr: SocketAddr, expected: &NodeId) -> Result<NodeId, QuicError> {
+        let connecting = self
+            .inner
+            .endpoint
+            .connect_with(self.inner.client_config.clone(), addr, expected.as_str())
+            .map_err(|e| QuicError::Connect {
+                addr,
+                detail: e.to_string(),
+            })?;
+        let conn = connecting.await.map_err(|e| QuicError::Connect {
+            addr,
+            detail: e.to_string(),
+        })?;
+        let refused = |reason: String| QuicError::Refused { addr, reason };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| refused(e.to_string()))?;
+        send.write_all(&[TAG_HELLO])
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        let hello = Hello {
+            node: self.inner.id.0.clone(),
+            protocol: u32::from(PROTOCOL_VERSION),
+        };
+        write_frame(&mut send, &Frame::encode(FrameKind::Hello, &hello)?)
+            .await
+            .map_err(|e| refused(format!("sending hello: {e}")))?;
+        let ack = read_frame(&mut recv, &HELLO_LIMITS)
+            .await
+            .map_err(|e| refused(connection_reason(&conn, e)))?
+            .ok_or_else(|| {
+                refused(connection_reason(
+                    &conn,
+                    "stream closed before the hello ack",
+                ))
+            })?;
+        let ack_view: &ArchivedHelloAck = ack.access_as::<HelloAck>(FrameKind::HelloAck)?;
+        if !ack_view.accepted {
+            return Err(refused(ack_view.reason.to_string()));
+        }
+        let names = peer_certificate_names(&conn);
+        check_hello(
+            ack_view.node.as_str(),
+            ack_view.protocol.to_native(),
+            &names,
+        )
+        .map_err(refused)?;
+        if ack_view.node.as_str() != expected.as_str() {
+            return Err(refused(format!(
+                "expected node {expected}, found {}",
+                ack_view.node
+            )));
+        }
+        let _ = send.finish();
+        let peer = expected.clone();
+        self.register(peer.clone(), conn, true);
+        Ok(peer)
+    }
+
+    /// Opens the control-plane stream to a joined peer (the dialing side of ractor_cluster).
+    pub async fn open_control(&self, peer: &NodeId) -> Result<(SendStream, RecvStream), QuicError> {
+        let conn = self.connection(peer)?;
+        let (mut send, recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[TAG_CONTROL])
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        Ok((send, recv))
+    }
+
+    /// Pulls blob `id` from `peer` on its own stream; verifies length and content hash.
+    pub async fn fetch_blob(
+        &self,
+        peer: &NodeId,
+        id: [u8; 32],
+        max_len: u32,
+    ) -> Result<Vec<u8>, QuicError> {
+        let conn = self.connection(peer)?;
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[TAG_BLOB])
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        write_frame(
+            &mut send,
+            &Frame::from_bytes(FrameKind::BlobRequest, 0, &id),
+        )
+        .await?;
+        let _ = send.finish();
+        let limits = FrameLimits {
+            max_body: max_len.min(self.inner.config.limits.max_body),
+        };
+        let frame = read_frame(&mut recv, &limits)
+            .await?
+            .ok_or_else(|| QuicError::Stream(format!("{peer} closed the blob stream")))?;
+        match frame.kind {
+            FrameKind::BlobData => {
+                let got = blake3::hash(&frame.body);
+                if got.as_bytes() != &id {
+                    return Err(QuicError::Stream(format!(
+                        "blob from {peer} does not match its hash {}",
+                        blake3::Hash::from_bytes(id).to_hex()
+                    )));
+                }
+                Ok(frame.body.to_vec())
+            }
+            FrameKind::Error => Err(QuicError::Stream(format!(
+                "{peer}: {}",
+                String::from_utf8_lossy(&frame.body)
+            ))),
+            other => Err(FrameError::UnexpectedKind {
+                expected: FrameKind::BlobData,
+                got: other,
+            }
+            .into()),
+        }
+    }
+
+    /// Closes every connection and the endpoint, waiting until peers were told.
+    pub async fn shutdown(&self) {
+        self.inner
+            .endpoint
+            .close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
+        self.inner.endpoint.wait_idle().await;
+    }
+
+    /// Drops the connection to `peer` (for tests and operator commands).
+    pub fn disconnect(&self, peer: &NodeId, reason: &str) {
+        if let Some((_, p)) = self.inner.peers.remove(peer) {
+            p.conn
+                .close(VarInt::from_u32(CODE_SHUTDOWN), reason.as_bytes());
+        }
+    }
+
+    fn connection(&self, peer: &NodeId) -> Result<Connection, LinkError> {
+        self.inner
+            .peers
+            .get(peer)
+            .map(|p| p.conn.clone())
+            .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))
+    }
+
+    fn emit(&self, ev: PeerEvent) {
+        let _ = self.inner.events_tx.send(ev);
+    }
+
+    async fn accept_loop(self) {
+        while let Some(incoming) = self.inner.endpoint.accept().await {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let addr = incoming.remote_address();
+                match incoming.await {
+                    Ok(conn) => node.serve_hello(conn).await,
+                    Err(e) => {
+                        let reason = e.to_string();
+                        warn!(node = %node.inner.id, %addr, %reason, "refused connection (TLS)");
+                        node.emit(PeerEvent::Refused { addr, reason });
+                    }
+                }
+            });
+        }
+    }
+
+    async fn serve_hello(self, conn: Connection) {
+        let addr = conn.remote_address();
+        let result = async {
+            let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+            let mut tag = [0u8; 1];
+            recv.read_exact(&mut tag).await.map_err(|e| e.to_string())?;
+            if tag[0] != TAG_HELLO {
+                return Err(format!(
+                    "first stream has tag {:#04x}, expected a hello",
+                    tag[0]
+                ));
+            }
+            let frame = read_frame(&mut recv, &HELLO_LIMITS)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("stream closed before the hello")?;
+            let hello: &ArchivedHello = frame
+                .access_as::<Hello>(FrameKind::Hello)
+                .map_err(|e| e.to_string())?;
+            let names = peer_certificate_names(&conn);
+            let verdict = check_hello(hello.node.as_str(), hello.protocol.to_native(), &names);
+            let ack = HelloAck {
+                node: self.inner.id.0.clone(),
+                protocol: u32::from(PROTOCOL_VERSION),
+                accepted: verdict.is_ok(),
+                reason: verdict.as_ref().err().cloned().unwrap_or_default(),
+            };
+            let ack = Frame::encode(FrameKind::HelloAck, &ack).map_err(|e| e.to_string())?;
+            write_frame(&mut send, &ack)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = send.finish();
+            verdict?;
+            Ok(NodeId::new(hello.node.as_str()))
+        }
+        .await;
+        match result {
+            Ok(peer) => self.register(peer, conn, false),
+            Err(reason) => {
+                let reason = connection_reason(&conn, reason);
+                warn!(node = %self.inner.id, %addr, %reason, "refused peer");
+                // let the ack reach the peer before closing
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+                conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+                self.emit(PeerEvent::Refused { addr, reason });
+            }
+        }
+    }
+
+    fn register(&self, peer: NodeId, conn: Connection, outbound: bool) {
+        let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
+        let senders = Channel::ALL
+            .iter()
+            .map(|c| (*c, Arc::new(Mutex::new(None))))
+            .collect();
+        let entry = Arc::new(Peer {
+            conn: conn.clone(),
+            generation,
+            senders,
+        });
+        if let Some(old) = self.inner.peers.insert(peer.clone(), entry) {
+            old.conn.close(
+                VarInt::from_u32(CODE_REPLACED),
+                b"replaced by a newer connection",
+            );
+        }
+        let addr = conn.remote_address();
+        info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
+        self.emit(PeerEvent::Joined {
+            peer: peer.clone(),
+            addr,
+            outbound,
+        });
+        let node = self.clone();
+        tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
+    }
+
+    async fn serve_connection(self, peer: NodeId, conn: Connection, generation: u64) {
+        let uni = {
+            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            async move {
+                while let Ok(recv) = conn.accept_uni().await {
+                    let (node, peer) = (node.clone(), peer.clone());
+                    tokio::spawn(async move { node.serve_uni(peer, recv).await });
+                }
+            }
+        };
+        let bi = {
+            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            async move {
+                while let Ok((send, recv)) = conn.accept_bi().await {
+                    let (node, peer) = (node.clone(), peer.clone());
+                    tokio::spawn(async move { node.serve_bi(peer, send, recv).await });
+                }
+            }
+        };
+        tokio::join!(uni, bi);
+        let reason = conn
+            .close_reason()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "closed".into());
+        let removed = self
+            .inner
+            .peers
+            .remove_if(&peer, |_, p| p.generation == generation)
+            .is_some();
+        if removed {
+            info!(node = %self.inner.id, %peer, %reason, "peer left");
+            self.emit(PeerEvent::Left { peer, reason });
+        }
+    }
+
+    async fn serve_uni(self, peer: NodeId, mut recv: RecvStream) {
+        let mut tag = [0u8; 1];
+        if recv.read_exact(&mut tag).await.is_err() {
+            return;
+        }
+        let Some(channel) = Channel::from_u8(tag[0]) else {
+            warn!(node = %self.inner.id, %peer, tag = tag[0], "stream with unknown channel tag; stopping it");
+            let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+            self.emit(PeerEvent::BadStream {
+                peer,
+                detail: format!("unknown channel tag {:#04x}", tag[0]),
+            });
+            return;
+        };
+        let Some(tx) = self.inner.inbox_tx.get(&channel) else {
+            return;
+        };
+        loop {
+            match read_frame(&mut recv, &self.inner.config.limits).await {
+                Ok(Some(frame)) => {
+                    if tx
+                        .send(Delivery {
+                            from: peer.clone(),
+                            channel,
+                            frame,
+                        })
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(FrameError::Io(e)) => {
+                    debug!(node = %self.inner.id, %peer, ?channel, error = %e, "stream ended");
+                    return;
+                }
+                Err(e) => {
+                    warn!(node = %self.inner.id, %peer, ?channel, error = %e, "bad frame; stopping the stream");
+                    let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+                    self.emit(PeerEvent::BadStream {
+                        peer,
+                        detail: e.to_string(),
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn serve_bi(self, peer: NodeId, mut send: SendStream, mut recv: RecvStream) {
+        let mut tag = [0u8; 1];
+        if recv.read_exact(&mut tag).await.is_err() {
+            return;
+        }
+        match tag[0] {
+            TAG_CONTROL => self.emit(PeerEvent::ControlStream { peer, send, recv }),
+            TAG_BLOB => {
+                let limits = FrameLimits { max_body: 64 };
+                let reply = match read_frame(&mut recv, &limits).await {
+                    Ok(Some(f)) if f.kind == FrameKind::BlobRequest && f.body.len() == 32 => {
+                        let mut id = [0u8; 32];
+                        id.copy_from_slice(&f.body);
+                        let server = self.inner.blobs.read().map(|g| g.clone()).ok();
+                        match server.and_then(|s| s.blob(&id)) {
+                            Some(bytes) => Frame::from_bytes(FrameKind::BlobData, 0, &bytes),
+                            None => Frame::from_bytes(
+                                FrameKind::Error,
+                                0,
+                                format!("no blob {}", blake3::Hash::from_bytes(id).to_hex())
+                                    .as_bytes(),
+                            ),
+                        }
+                    }
+                    Ok(_) => Frame::from_bytes(FrameKind::Error, 0, b"malformed blob request"),
+                    Err(e) => {
+                        warn!(node = %self.inner.id, %peer, error = %e, "bad blob request; stopping the stream");
+                        let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+                        return;
+                    }
+                };
+                if write_frame(&mut send, &reply).await.is_ok() {
+                    let _ = send.finish();
+                    let _ = send.stopped().await;
+                }
+            }
+            other => {
+                warn!(node = %self.inner.id, %peer, tag = other, "bidirectional stream with unknown tag; stopping it");
+                let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+            }
+        }
+    }
+
+    async fn send_frame(
+        &self,
+        to: &NodeId,
+        channel: Channel,
+        frame: &Frame,
+    ) -> Result<(), LinkError> {
+        let peer = self
+            .inner
+            .peers
+            .get(to)
+            .map(|p| p.clone())
+            .ok_or_else(|| LinkError::UnknownPeer(to.clone()))?;
+        let slot = peer
+            .senders
+            .get(&channel)
+            .cloned()
+            .ok_or(LinkError::Closed)?;
+        let mut guard = slot.lock().await;
+        let down = |e: String| LinkError::PeerDown(to.clone(), e);
+        if guard.is_none() {
+            let mut s = peer
+                .conn
+                .open_uni()
+                .await
+                .map_err(|e| down(e.to_string()))?;
+            // control traffic (heartbeats) goes first when streams compete
+            let _ = s.set_priority(if channel == Channel::Control { 10 } else { 0 });
+            s.write_all(&[channel as u8])
+                .await
+                .map_err(|e| down(e.to_string()))?;
+            *guard = Some(s);
+        }
+        let Some(stream) = guard.as_mut() else {
+            return Err(LinkError::Closed);
+        };
+        if let Err(e) = write_frame(stream, frame).await {
+            *guard = None;
+            return Err(match e {
+                FrameError::Io(io) => down(io.to_string()),
+                other => LinkError::Frame(other),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends raw bytes on a fresh stream tagged as `channel` (for tests of the receive path).
+    pub async fn send_raw(
+        &self,
+        to: &NodeId,
+        channel_tag: u8,
+        bytes: &[u8],
+    ) -> Result<(), QuicError> {
+        let conn = self.connection(to)?;
+        let mut s = conn
+            .open_uni()
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        s.write_all(&[channel_tag])
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        s.write_all(bytes)
+            .await
+            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        let _ = s.finish();
+        // `stopped` resolves when the peer stops the stream or has read everything
+        let _ = s.stopped().await;
+        Ok(())
+    }
+}
+
+/// The connection's close reason if it closed, else `fallback`.
+fn connection_reason(conn: &Connection, fallback: impl std::fmt::Display) -> String {
+    match conn.close_reason() {
+        Some(r) => r.to_string(),
+        None => fallback.to_string(),
+    }
+}
+
+impl Link for QuicNode {
+    fn local_id(&self) -> &NodeId {
+        &self.inner.id
+    }
+
+    async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
+        self.send_frame(to, channel, &frame).await
+    }
+
+    async fn recv(&self) -> Result<Delivery, LinkError> {
+        let mut guard = self.inner.inbox_rx.lock().await;
+        let inbox = &mut *guard;
+        tokio::select! {
+            biased;
+            Some(x) = inbox.control.recv() => Ok(x),
+            Some(x) = inbox.data.recv() => Ok(x),
+            Some(x) = inbox.blob.recv() => Ok(x),
+            else => Err(LinkError::Closed),
+        }
+    }
+}
