@@ -65,9 +65,14 @@ pub enum IdentityError {
     CaExists(PathBuf),
 }
 
-/// Checks that `name` can be a node name (a DNS label).
+/// A name every node certificate also carries, so a client can dial an address without knowing
+/// which node is there (it learns the name from the hello ack). No node may be called this.
+pub const ANY_NODE: &str = "troupe-node";
+
+/// Checks that `name` can be a node name (a DNS label, not [`ANY_NODE`]).
 pub fn validate_node_name(name: &str) -> Result<(), IdentityError> {
-    let ok = !name.is_empty()
+    let ok = name != ANY_NODE
+        && !name.is_empty()
         && name.len() <= 63
         && !name.starts_with('-')
         && !name.ends_with('-')
@@ -186,7 +191,7 @@ impl ClusterCa {
     pub fn issue_node(&self, name: &str) -> Result<NodeIdentity, IdentityError> {
         validate_node_name(name)?;
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![name.to_string()])?;
+        let mut params = CertificateParams::new(vec![name.to_string(), ANY_NODE.to_string()])?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -372,7 +377,7 @@ mod tests {
     #[test]
     fn names_are_dns_labels() {
         assert!(validate_node_name("expert-1").is_ok());
-        for bad in ["", "-a", "a-", "Upper", "a.b", "a b", &"x".repeat(64)] {
+        for bad in ["", "-a", "a-", "Upper", "a.b", "a b", ANY_NODE, &"x".repeat(64)] {
             assert!(validate_node_name(bad).is_err(), "{bad:?}");
         }
     }
@@ -390,7 +395,7 @@ mod tests {
         let node = ca.issue_node("worker-1").unwrap();
         node.write(dir.path()).unwrap();
         let back = NodeIdentity::load(dir.path(), "worker-1").unwrap();
-        assert_eq!(certificate_names(&back.cert), vec!["worker-1".to_string()]);
+        assert_eq!(certificate_names(&back.cert), vec!["worker-1".to_string(), ANY_NODE.to_string()]);
         assert_eq!(back.ca, node.ca);
         let e = NodeIdentity::load(dir.path(), "worker-2").err().unwrap();
         assert!(e.to_string().contains("worker-2.crt"), "{e}");

@@ -294,10 +294,21 @@ impl QuicNode {
 
     /// Dials `addr`, expecting a node called `expected` there, and completes the hello.
     pub async fn connect(&self, addr: SocketAddr, expected: &NodeId) -> Result<NodeId, QuicError> {
+        self.dial(addr, Some(expected)).await
+    }
+
+    /// Dials `addr` whatever node is there (any certificate of the cluster CA) and returns its
+    /// name from the hello ack (used by `troupe status`).
+    pub async fn connect_any(&self, addr: SocketAddr) -> Result<NodeId, QuicError> {
+        self.dial(addr, None).await
+    }
+
+    async fn dial(&self, addr: SocketAddr, expected: Option<&NodeId>) -> Result<NodeId, QuicError> {
+        let server_name = expected.map_or(crate::identity::ANY_NODE, |e| e.as_str());
         let connecting = self
             .inner
             .endpoint
-            .connect_with(self.inner.client_config.clone(), addr, expected.as_str())
+            .connect_with(self.inner.client_config.clone(), addr, server_name)
             .map_err(|e| QuicError::Connect {
                 addr,
                 detail: e.to_string(),
@@ -338,14 +349,13 @@ impl QuicNode {
             &names,
         )
         .map_err(refused)?;
-        if ack_view.node.as_str() != expected.as_str() {
-            return Err(refused(format!(
-                "expected node {expected}, found {}",
-                ack_view.node
-            )));
+        if let Some(expected) = expected
+            && ack_view.node.as_str() != expected.as_str()
+        {
+            return Err(refused(format!("expected node {expected}, found {}", ack_view.node)));
         }
         let _ = send.finish();
-        let peer = expected.clone();
+        let peer = NodeId::new(ack_view.node.as_str());
         self.register(peer.clone(), conn, true);
         Ok(peer)
     }

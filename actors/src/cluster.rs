@@ -1,0 +1,59 @@
+//! The control plane: ractor_cluster node sessions carried over one QUIC bidirectional stream
+//! per peer (isolated mode). Identity comes from mutual TLS; the cluster cookie is not a secret.
+
+use quinn::{RecvStream, SendStream};
+use ractor::{Actor, ActorRef};
+use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeConnectionMode, NodeServer, NodeServerMessage};
+
+/// Largest control-plane frame (remote actor messages); tensors travel on data streams.
+pub const MAX_CONTROL_FRAME: u64 = 16 << 20;
+
+/// A QUIC bidirectional stream as a ractor_cluster transport.
+pub struct QuicBidi {
+    send: SendStream,
+    recv: RecvStream,
+    label: String,
+}
+
+impl QuicBidi {
+    /// Wraps the two halves of a control stream to `label` (the peer's name).
+    pub fn new(send: SendStream, recv: RecvStream, label: impl Into<String>) -> Self {
+        Self { send, recv, label: label.into() }
+    }
+}
+
+impl ClusterBidiStream for QuicBidi {
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        (Box::new(self.recv), Box::new(self.send))
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(self.label.clone())
+    }
+}
+
+/// Starts this node's ractor_cluster server. Its own TCP listener binds loopback only and is
+/// never used: sessions arrive over QUIC.
+pub async fn start_node_server(node: &str, cookie: &str) -> Result<ActorRef<NodeServerMessage>, ractor::SpawnErr> {
+    let server = NodeServer::new(
+        0,
+        cookie.to_string(),
+        node.to_string(),
+        "localhost".to_string(),
+        None,
+        Some(NodeConnectionMode::Isolated),
+    )
+    .with_listen_addr(std::net::IpAddr::from([127, 0, 0, 1]))
+    .with_max_inbound_frame_size(MAX_CONTROL_FRAME);
+    let (r, _h) = Actor::spawn(Some(format!("cluster-{node}")), server, ()).await?;
+    Ok(r)
+}
+
+/// Hands a control stream to the node server (`outbound` when this node dialed).
+pub fn open_session(
+    server: &ActorRef<NodeServerMessage>,
+    stream: QuicBidi,
+    outbound: bool,
+) -> Result<(), ractor::MessagingErr<NodeServerMessage>> {
+    server.cast(NodeServerMessage::ConnectionOpenedExternal { stream: Box::new(stream), is_server: !outbound })
+}

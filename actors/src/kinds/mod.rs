@@ -1,0 +1,6 @@
+//! The four actor kinds of the architecture: device, expert, buffer, scheduler.
+
+pub mod buffer;
+pub mod device;
+pub mod expert;
+pub mod scheduler;

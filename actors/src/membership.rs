@@ -1,0 +1,131 @@
+//! Membership actor: sends a heartbeat to every joined peer each period, feeds what it hears
+//! into `troupe_policy::FailureDetector`, and broadcasts up/down events to subscribers.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RactorMessage, RpcReplyPort};
+use tokio::sync::broadcast;
+use tracing::{info, warn};
+use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};
+use troupe_transport::{Channel, Frame, FrameKind, Link, NodeId, QuicNode};
+
+use crate::clock::Clock;
+use crate::wire::Heartbeat;
+
+/// Membership settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembershipConfig {
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// Silence after which a member is declared down.
+    pub timeout: Duration,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        Self { heartbeat: Duration::from_millis(200), timeout: Duration::from_millis(1500) }
+    }
+}
+
+/// Start arguments of the membership actor.
+pub struct MembershipArgs {
+    /// The node's QUIC link.
+    pub link: QuicNode,
+    /// Periods.
+    pub config: MembershipConfig,
+    /// Where up/down events go.
+    pub events: broadcast::Sender<MembershipEvent<NodeId>>,
+}
+
+/// Messages of the membership actor.
+#[derive(RactorMessage)]
+pub enum MembershipMsg {
+    /// Heartbeat period elapsed: send heartbeats, check timeouts.
+    Tick,
+    /// Something arrived from this peer.
+    Heard(NodeId),
+    /// The current view: member, status, when last heard (clock micros).
+    Members(RpcReplyPort<Vec<(NodeId, MemberStatus, Micros)>>),
+    /// The membership clock's current time (to interpret `Members`).
+    Now(RpcReplyPort<Micros>),
+}
+
+/// The membership actor (a thin shell around the failure detector).
+pub struct Membership;
+
+/// State: the detector and the handles it needs.
+pub struct MembershipState {
+    link: QuicNode,
+    detector: FailureDetector<NodeId>,
+    clock: Clock,
+    seq: u64,
+    events: broadcast::Sender<MembershipEvent<NodeId>>,
+}
+
+impl MembershipState {
+    fn drain(&mut self) {
+        while let Some(ev) = self.detector.poll_event() {
+            match &ev {
+                MembershipEvent::Up { member, rejoined, .. } => {
+                    info!(node = %self.link_id(), %member, rejoined, "member up")
+                }
+                MembershipEvent::Down { member, last_heard, at } => {
+                    warn!(node = %self.link_id(), %member, silent_ms = (*at - *last_heard).as_millis(), "member down")
+                }
+            }
+            let _ = self.events.send(ev);
+        }
+    }
+
+    fn link_id(&self) -> String {
+        self.link.local_id().to_string()
+    }
+}
+
+fn micros(d: Duration) -> Micros {
+    Micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+impl Actor for Membership {
+    type Msg = MembershipMsg;
+    type State = MembershipState;
+    type Arguments = MembershipArgs;
+
+    async fn pre_start(&self, me: ActorRef<Self::Msg>, args: MembershipArgs) -> Result<Self::State, ActorProcessingErr> {
+        ractor::time::send_interval(args.config.heartbeat, me.get_cell(), || MembershipMsg::Tick);
+        Ok(MembershipState {
+            link: args.link,
+            detector: FailureDetector::new(micros(args.config.timeout)),
+            clock: Clock::start(),
+            seq: 0,
+            events: args.events,
+        })
+    }
+
+    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        match msg {
+            MembershipMsg::Tick => {
+                st.seq += 1;
+                let frame = Frame::encode(FrameKind::Heartbeat, &Heartbeat { seq: st.seq })?;
+                for peer in st.link.peers() {
+                    let (link, frame) = (st.link.clone(), frame.clone());
+                    // never block the actor on a slow peer
+                    tokio::spawn(async move {
+                        let _ = link.send(&peer, Channel::Control, frame).await;
+                    });
+                }
+                st.detector.handle_timeout(st.clock.now());
+            }
+            MembershipMsg::Heard(from) => st.detector.handle_heard(st.clock.now(), from),
+            MembershipMsg::Members(reply) => {
+                let v = st.detector.members().map(|(k, s, t)| (k.clone(), s, t)).collect();
+                let _ = reply.send(v);
+            }
+            MembershipMsg::Now(reply) => {
+                let _ = reply.send(st.clock.now());
+            }
+        }
+        st.drain();
+        Ok(())
+    }
+}
