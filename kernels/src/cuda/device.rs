@@ -33,6 +33,12 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
+/// Whether a CUDA driver library (libcuda) can be loaded; makes no CUDA call.
+pub fn driver_library_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda by its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
 /// Whether CUDA device `ordinal` can be opened; `Err` carries the reason. Never panics.
 pub fn cuda_available(ordinal: usize) -> Result<()> {
     probe(ordinal).map(|_| ())
@@ -56,9 +62,8 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 }
 
 fn probe(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // SAFETY: only tries to dlopen libcuda by its usual names; no CUDA call is made.
     // Without this check CudaContext::new panics when libcuda is absent.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_library_present() {
         return Err(KernelError::CudaUnavailable(
             "no CUDA driver: libcuda.so was not found on the library path".to_string(),
         ));
