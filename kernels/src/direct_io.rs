@@ -188,7 +188,8 @@ fn read_direct(f: &File, path: &Path, offset: u64, len: usize) -> Result<Option<
 }
 
 fn fallback(path: &Path, offset: u64, len: usize) -> Result<(ReadBytes, ReadMode)> {
-    let f = File::open(path).map_err(|e| KernelError::io("opening (buffered fallback)", path, e))?;
+    let f =
+        File::open(path).map_err(|e| KernelError::io("opening (buffered fallback)", path, e))?;
     let mut buf = AlignedBuf::zeroed(len)?;
     f.read_exact_at(buf.as_mut_slice(), offset)
         .map_err(|e| KernelError::io("reading (buffered fallback)", path, e))?;
@@ -227,23 +228,37 @@ mod tests {
         // 2 blocks + an unaligned tail, so the last read is short.
         let len = 2 * DIRECT_BLOCK + 12_345;
         let (_d, path, data) = file_with(len);
-        for (off, n) in [(0, len), (1, 10), (4095, 4098), (DIRECT_BLOCK - 3, DIRECT_BLOCK + 100), (len - 7, 7), (5, 0)] {
+        for (off, n) in [
+            (0, len),
+            (1, 10),
+            (4095, 4098),
+            (DIRECT_BLOCK - 3, DIRECT_BLOCK + 100),
+            (len - 7, 7),
+            (5, 0),
+        ] {
             let (bytes, mode) = read_range(&path, off as u64, n).unwrap();
             assert_eq!(mode, ReadMode::Direct, "this disk accepts O_DIRECT");
             assert_eq!(&bytes[..], &data[off..off + n], "range {off}+{n}");
         }
-        let err = read_range(&path, (len - 5) as u64, 10).unwrap_err().to_string();
+        let err = read_range(&path, (len - 5) as u64, 10)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("file ends before"), "{err}");
     }
 
     #[test]
     fn refused_direct_falls_back_and_reports() {
         let (_d, path, data) = file_with(10_000);
-        let refuse = |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EINVAL)) };
+        let refuse =
+            |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EINVAL)) };
         let (bytes, mode) = read_range_with(&path, 3, 9_000, refuse).unwrap();
         assert_eq!(mode, ReadMode::BufferedFallback);
         assert_eq!(&bytes[..], &data[3..9_003]);
-        let other = |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EACCES)) };
-        assert!(read_range_with(&path, 0, 1, other).is_err(), "only EINVAL falls back");
+        let other =
+            |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EACCES)) };
+        assert!(
+            read_range_with(&path, 0, 1, other).is_err(),
+            "only EINVAL falls back"
+        );
     }
 }

@@ -67,7 +67,9 @@ pub enum KernelError {
         len: u64,
     },
     /// A weight-store tier has no room for a blob.
-    #[error("{tier} tier cannot hold blob {blob}: needs {needed} bytes, {available} of {budget} available")]
+    #[error(
+        "{tier} tier cannot hold blob {blob}: needs {needed} bytes, {available} of {budget} available"
+    )]
     TierFull {
         /// Tier name.
         tier: &'static str,

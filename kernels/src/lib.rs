@@ -6,7 +6,7 @@
 //! - [`ops`]: CPU references for every op (GEMM through `matrixmultiply`), CUDA versions of GEMM and
 //!   the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
 //! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
-//! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with O_DIRECT.
+//! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
 //! - [`bench`]: kernel figures for `troupe bench kernels`.
 
 pub mod bench;
@@ -16,15 +16,13 @@ pub mod direct_io;
 pub mod error;
 pub mod ops;
 pub mod pool;
-pub use pool::{Allocation, MemoryPool, PoolStats};
 pub mod store;
-pub use store::{BlobId, StoreStats, Tier, Transfer, WeightStore};
 pub mod tensor;
 
 pub use cuda::CudaDevice;
 pub use device::Device;
 pub use error::{KernelError, Result};
 pub use ops::Op;
-
-
+pub use pool::{Allocation, MemoryPool, PoolStats};
+pub use store::{BlobId, StoreStats, Tier, Transfer, WeightStore};
 pub use tensor::{DType, Tensor, bf16_to_f32, f32_to_bf16};

@@ -101,7 +101,8 @@ impl MemoryPool {
 
     /// `len` rounded up to the alignment (`None` on overflow).
     pub fn aligned_len(&self, len: u64) -> Option<u64> {
-        len.checked_add(self.align - 1).map(|v| v & !(self.align - 1))
+        len.checked_add(self.align - 1)
+            .map(|v| v & !(self.align - 1))
     }
 
     /// Reserve `len` bytes (at least one alignment unit). Errors with
@@ -202,7 +203,10 @@ mod tests {
         p.free(b).unwrap();
         // Free: [128,192) and [256,960): 64 + 704 = 768 free, largest 704.
         let s = p.stats();
-        assert_eq!((s.used, s.free, s.largest_free_block, s.free_blocks), (192, 768, 704, 2));
+        assert_eq!(
+            (s.used, s.free, s.largest_free_block, s.free_blocks),
+            (192, 768, 704, 2)
+        );
         assert!((s.external_fragmentation - (1.0 - 704.0 / 768.0)).abs() < 1e-12);
         // Best fit puts a 64-byte request in the 64-byte hole, not the big block.
         let d = p.alloc(50).unwrap();

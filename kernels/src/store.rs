@@ -39,7 +39,9 @@ impl BlobId {
         let ok = !id.is_empty()
             && id.len() <= MAX_ID
             && !id.starts_with('.')
-            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !ok {
             return Err(KernelError::invalid(
                 "BlobId",
@@ -197,8 +199,9 @@ impl WeightStore {
     pub fn open(dir: &Path, device: &Device, device_budget: u64, host_budget: u64) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| KernelError::io("creating store directory", dir, e))?;
         let pool = MemoryPool::new(format!("{} weights", device.name()), device_budget, 256)?;
-        let arena_len = usize::try_from(pool.budget())
-            .map_err(|_| KernelError::invalid("WeightStore::open", "device budget exceeds usize"))?;
+        let arena_len = usize::try_from(pool.budget()).map_err(|_| {
+            KernelError::invalid("WeightStore::open", "device budget exceeds usize")
+        })?;
         let arena = match device {
             Device::Cpu => Arena::Host(vec![0u8; arena_len]),
             Device::Cuda(d) => Arena::Cuda(d.clone(), d.alloc_bytes(arena_len)?),
@@ -229,12 +232,17 @@ impl WeightStore {
     fn index(&mut self) -> Result<()> {
         let rd = fs::read_dir(&self.dir).map_err(|e| KernelError::io("listing", &self.dir, e))?;
         for ent in rd {
-            let path = ent.map_err(|e| KernelError::io("listing", &self.dir, e))?.path();
+            let path = ent
+                .map_err(|e| KernelError::io("listing", &self.dir, e))?
+                .path();
             if path.extension().and_then(|e| e.to_str()) != Some("blob") {
                 continue;
             }
             let mut f = File::open(&path).map_err(|e| KernelError::io("opening", &path, e))?;
-            let file_len = f.metadata().map_err(|e| KernelError::io("stat", &path, e))?.len();
+            let file_len = f
+                .metadata()
+                .map_err(|e| KernelError::io("stat", &path, e))?
+                .len();
             let mut h = vec![0u8; HEADER];
             f.read_exact(&mut h).map_err(|_| KernelError::BadBlobFile {
                 path: path.clone(),
@@ -285,7 +293,11 @@ impl WeightStore {
         header[50..50 + id.0.len()].copy_from_slice(id.0.as_bytes());
         let pad = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - data.len();
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
             f.write_all(&header)?;
             f.write_all(data)?;
             f.write_all(&vec![0u8; pad])?;
@@ -313,7 +325,10 @@ impl WeightStore {
         if let Some(a) = self.entries.get_mut(id).and_then(|e| e.device.take()) {
             self.pool.free(a)?;
         }
-        let e = self.entries.remove(id).ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
+        let e = self
+            .entries
+            .remove(id)
+            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
         fs::remove_file(&e.path).map_err(|err| KernelError::io("deleting blob", &e.path, err))
     }
 
@@ -373,7 +388,8 @@ impl WeightStore {
             let e = self.entry(id)?;
             (e.path.clone(), e.len)
         };
-        let len = usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
+        let len =
+            usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
         let (bytes, mode) = read_range(&path, HEADER as u64, len)?;
         if mode == ReadMode::BufferedFallback {
             if self.stats.odirect_fallbacks == 0 {
@@ -484,7 +500,9 @@ impl WeightStore {
         let start = Instant::now();
         let result = match &host {
             Some(bytes) => self.arena_write(alloc, bytes),
-            None => self.read_disk(id).and_then(|bytes| self.arena_write(alloc, &bytes)),
+            None => self
+                .read_disk(id)
+                .and_then(|bytes| self.arena_write(alloc, &bytes)),
         };
         if let Err(err) = result {
             self.pool.free(alloc)?;

@@ -118,7 +118,10 @@ impl Tensor {
         if bytes.len() != want {
             return Err(KernelError::shape(
                 "from_le_bytes",
-                format!("{dtype:?} {shape:?} needs {want} bytes, got {}", bytes.len()),
+                format!(
+                    "{dtype:?} {shape:?} needs {want} bytes, got {}",
+                    bytes.len()
+                ),
             ));
         }
         match dtype {
@@ -210,7 +213,10 @@ impl Tensor {
     /// Rows `start..start+len` along the first dimension (no copy).
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Self> {
         let Some(&rows) = self.shape.first() else {
-            return Err(KernelError::shape("narrow_rows", "rank-0 tensor has no rows"));
+            return Err(KernelError::shape(
+                "narrow_rows",
+                "rank-0 tensor has no rows",
+            ));
         };
         if start.checked_add(len).is_none_or(|end| end > rows) {
             return Err(KernelError::shape(
@@ -251,7 +257,9 @@ impl Tensor {
     pub fn f32_cow(&self) -> Cow<'_, [f32]> {
         match &self.buf {
             Buffer::F32(v) => Cow::Borrowed(&v[self.range()]),
-            Buffer::Bf16(v) => Cow::Owned(v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect()),
+            Buffer::Bf16(v) => {
+                Cow::Owned(v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect())
+            }
         }
     }
 

@@ -51,13 +51,16 @@ fn compile_stub(dir: &Path) -> Option<()> {
     {
         Ok(s) => s,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "skipped: no C compiler {cc:?} to build the stub driver ({e})");
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: no C compiler {cc:?} to build the stub driver ({e})"
+            );
             return None;
         }
     };
     assert!(status.success(), "compiling {} failed", src.display());
     // cudarc tries `libcuda.so` before `libcuda.so.1`; offer both names.
-    std::os::unix::fs::symlink(&so, dir.join("libcuda.so")).unwrap();
+    std::os::unix::fs::symlink(&so, dir.join("libcuda.so")).expect("symlink libcuda.so");
     Some(())
 }
 
@@ -65,7 +68,10 @@ fn compile_stub(dir: &Path) -> Option<()> {
 fn stub_driver_without_device_is_an_error_not_a_panic() {
     if std::env::var_os(CHILD_ENV).is_some() {
         // Child: the stub is first on LD_LIBRARY_PATH.
-        println!("CHILD-DRIVER-PRESENT: {}", troupe_kernels::cuda::driver_library_present());
+        println!(
+            "CHILD-DRIVER-PRESENT: {}",
+            troupe_kernels::cuda::driver_library_present()
+        );
         match Device::cuda(0) {
             Err(e) => println!("CHILD-RESULT: Err({e})"),
             Ok(d) => println!("CHILD-RESULT: Ok({})", d.name()),
@@ -92,8 +98,14 @@ fn stub_driver_without_device_is_an_error_not_a_panic() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    assert!(!stderr.contains("panicked") && !stdout.contains("panicked"), "child panicked:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("CHILD-DRIVER-PRESENT: true"), "stub not loaded:\n{stdout}");
+    assert!(
+        !stderr.contains("panicked") && !stdout.contains("panicked"),
+        "child panicked:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("CHILD-DRIVER-PRESENT: true"),
+        "stub not loaded:\n{stdout}"
+    );
     assert!(
         stdout.contains("CHILD-RESULT: Err(CUDA unavailable: no CUDA device"),
         "expected a no-device error:\n{stdout}"

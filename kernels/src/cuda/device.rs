@@ -70,7 +70,9 @@ fn probe(ordinal: usize) -> Result<Arc<CudaContext>> {
     }
     guarded("probing the CUDA driver", || {
         let count = CudaContext::device_count().map_err(|e| {
-            KernelError::CudaUnavailable(format!("no CUDA device: driver initialisation failed: {e}"))
+            KernelError::CudaUnavailable(format!(
+                "no CUDA device: driver initialisation failed: {e}"
+            ))
         })?;
         if count <= 0 {
             return Err(KernelError::CudaUnavailable(
@@ -241,7 +243,9 @@ impl CudaDevice {
         let end = offset
             .checked_add(data.len())
             .filter(|&e| e <= buf.len())
-            .ok_or_else(|| KernelError::invalid("write_bytes", "range outside the device buffer"))?;
+            .ok_or_else(|| {
+                KernelError::invalid("write_bytes", "range outside the device buffer")
+            })?;
         let mut dst = buf.slice_mut(offset..end);
         self.inner
             .stream

@@ -12,7 +12,8 @@ use crate::ops::{Gemm, Matmul};
 use crate::tensor::Tensor;
 
 fn as_i32(what: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| KernelError::invalid("cuBLAS gemm", format!("{what} = {v} exceeds i32")))
+    i32::try_from(v)
+        .map_err(|_| KernelError::invalid("cuBLAS gemm", format!("{what} = {v} exceeds i32")))
 }
 
 /// Run `g` on device buffers (same row-major conventions as [`Gemm::run_cpu`]).
@@ -55,7 +56,13 @@ pub fn gemm_device(
 }
 
 /// `op(a) * op(b)` on the GPU (host tensors in and out).
-pub fn matmul(dev: &CudaDevice, a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+pub fn matmul(
+    dev: &CudaDevice,
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Tensor> {
     let g = Matmul { trans_a, trans_b }.plan(a, b)?;
     let da = dev.upload(&a.f32_cow())?;
     let db = dev.upload(&b.f32_cow())?;

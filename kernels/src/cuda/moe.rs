@@ -8,8 +8,8 @@ use super::CudaDevice;
 use super::gemm::gemm_device;
 use super::kernels::{MODULE, SRC};
 use crate::error::{KernelError, Result};
-use crate::ops::{ExpertCache, ExpertGrads, ExpertParams, Gemm, MoeCache, MoeGrads, Routing};
 use crate::ops::moe::{ExpertKernels, backward_with, forward_with};
+use crate::ops::{ExpertCache, ExpertGrads, ExpertParams, Gemm, MoeCache, MoeGrads, Routing};
 use crate::tensor::Tensor;
 
 struct CudaExpert<'a> {
@@ -33,7 +33,12 @@ impl CudaExpert<'_> {
 }
 
 impl ExpertKernels for CudaExpert<'_> {
-    fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    fn forward(
+        &self,
+        p: &ExpertParams,
+        x: &[f32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let dev = self.dev;
         let xd = dev.upload(x)?;
@@ -76,7 +81,12 @@ impl ExpertKernels for CudaExpert<'_> {
         Ok((dev.download(&h)?, dev.download(&a)?, dev.download(&o)?))
     }
 
-    fn backward(&self, p: &ExpertParams, c: &ExpertCache, d_o: &[f32]) -> Result<(ExpertGrads, Vec<f32>)> {
+    fn backward(
+        &self,
+        p: &ExpertParams,
+        c: &ExpertCache,
+        d_o: &[f32],
+    ) -> Result<(ExpertGrads, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let n = c.tokens.len();
         let dev = self.dev;

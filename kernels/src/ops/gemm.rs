@@ -203,7 +203,12 @@ mod tests {
         let bt = Tensor::from_f32(&[n, k], transpose(&b, k, n)).unwrap();
         let a = Tensor::from_f32(&[m, k], a).unwrap();
         let b = Tensor::from_f32(&[k, n], b).unwrap();
-        for (x, y, ta, tb) in [(&a, &b, false, false), (&at, &b, true, false), (&a, &bt, false, true), (&at, &bt, true, true)] {
+        for (x, y, ta, tb) in [
+            (&a, &b, false, false),
+            (&at, &b, true, false),
+            (&a, &bt, false, true),
+            (&at, &bt, true, true),
+        ] {
             let got = matmul(x, y, ta, tb).unwrap().to_vec_f32();
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "ta={ta} tb={tb}: {g} vs {w}");

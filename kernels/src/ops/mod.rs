@@ -16,7 +16,9 @@ mod softmax;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
-pub use elementwise::{BiasAdd, Gelu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar};
+pub use elementwise::{
+    BiasAdd, Gelu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar,
+};
 pub use gemm::{Gemm, Matmul, matmul};
 pub use layer_norm::{LayerNorm, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward};
 pub use loss::{CrossEntropy, cross_entropy};
@@ -64,5 +66,6 @@ pub trait Op {
 
 /// `(rows, cols)` of a rank-2 tensor, or a shape error naming `op`.
 pub(crate) fn rows_cols(op: &'static str, t: &crate::Tensor) -> Result<(usize, usize)> {
-    t.dims2().map_err(|_| KernelError::shape(op, format!("expected a matrix, got {:?}", t.shape())))
+    t.dims2()
+        .map_err(|_| KernelError::shape(op, format!("expected a matrix, got {:?}", t.shape())))
 }

@@ -70,7 +70,10 @@ impl Routing {
     /// scatter into a dense `tokens x experts` d probs, then back through the softmax.
     pub fn logits_grad(&self, dgates: &[Vec<f32>]) -> Result<Tensor> {
         if dgates.len() != self.num_experts
-            || dgates.iter().zip(&self.experts).any(|(g, a)| g.len() != a.len())
+            || dgates
+                .iter()
+                .zip(&self.experts)
+                .any(|(g, a)| g.len() != a.len())
         {
             return Err(KernelError::shape(
                 "routing logits_grad",

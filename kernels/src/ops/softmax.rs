@@ -62,7 +62,10 @@ impl Op for Softmax {
         let xv = x.f32_cow();
         let mut out = vec![0.0; rows * cols];
         for r in 0..rows {
-            softmax_row(&xv[r * cols..(r + 1) * cols], &mut out[r * cols..(r + 1) * cols]);
+            softmax_row(
+                &xv[r * cols..(r + 1) * cols],
+                &mut out[r * cols..(r + 1) * cols],
+            );
         }
         Tensor::from_f32(&[rows, cols], out)
     }
@@ -93,7 +96,11 @@ mod tests {
             .to_vec_f32();
         check_grad("softmax", &x, &dx, |x| {
             let y = softmax(&Tensor::from_f32(&[rows, cols], x.to_vec()).unwrap()).unwrap();
-            y.to_vec_f32().iter().zip(&r).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
+            y.to_vec_f32()
+                .iter()
+                .zip(&r)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum()
         });
     }
 }
