@@ -1,1 +1,28 @@
-//! troupe's compute: tensors, devices, ops, memory pools, the tiered weight store, the ONNX executor.
+//! troupe's compute: tensors, devices (CPU, CUDA), ops with backward passes, memory pools and the
+//! tiered weight store.
+//!
+//! - [`Tensor`]: shape over an `Arc`'d f32 / bf16 buffer; views cost nothing.
+//! - [`Device`]: `Cpu` or `Cuda`; CUDA is detected at run time and its absence is an error, never a panic.
+//! - [`ops`]: CPU references for every op (GEMM through `matrixmultiply`), CUDA versions of GEMM and
+//!   the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
+//! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
+//! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
+//! - [`bench`]: kernel figures for `troupe bench kernels`.
+
+pub mod bench;
+pub mod cuda;
+pub mod device;
+pub mod direct_io;
+pub mod error;
+pub mod ops;
+pub mod pool;
+pub mod store;
+pub mod tensor;
+
+pub use cuda::CudaDevice;
+pub use device::Device;
+pub use error::{KernelError, Result};
+pub use ops::Op;
+pub use pool::{Allocation, MemoryPool, PoolStats};
+pub use store::{BlobId, StoreStats, Tier, Transfer, WeightStore};
+pub use tensor::{DType, Tensor, bf16_to_f32, f32_to_bf16};

@@ -1,0 +1,184 @@
+//! Elementwise ops: row-wise bias add (and its gradient), GELU in the exact erf form (and its gradient).
+
+use super::{Op, rows_cols};
+use crate::error::{KernelError, Result};
+use crate::tensor::Tensor;
+
+/// The error function, |error| < 1.2e-7 (Chebyshev fit of erfc, Numerical Recipes `erfcc`).
+/// std has no stable `erf`; this is accurate well beyond f32 GELU's needs.
+pub fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let erfc = t * poly.exp();
+    if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
+}
+
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// GELU(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
+pub fn gelu_scalar(x: f32) -> f32 {
+    let x = f64::from(x);
+    (0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+}
+
+/// d GELU / dx = Phi(x) + x phi(x).
+pub fn gelu_grad_scalar(x: f32) -> f32 {
+    let x = f64::from(x);
+    let cdf = 0.5 * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2));
+    let pdf = FRAC_1_SQRT_2PI * (-0.5 * x * x).exp();
+    (cdf + x * pdf) as f32
+}
+
+/// GELU of every element.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    Gelu.cpu(x)
+}
+
+/// `dy * GELU'(x)` elementwise (`x` is the forward input).
+pub fn gelu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if x.shape() != dy.shape() {
+        return Err(KernelError::shape(
+            "gelu_backward",
+            format!("x {:?} vs dy {:?}", x.shape(), dy.shape()),
+        ));
+    }
+    let out = x
+        .f32_cow()
+        .iter()
+        .zip(dy.f32_cow().iter())
+        .map(|(&x, &g)| g * gelu_grad_scalar(x))
+        .collect();
+    Tensor::from_f32(x.shape(), out)
+}
+
+/// The GELU op (erf form).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gelu;
+
+impl Op for Gelu {
+    type Args<'a> = &'a Tensor;
+    type Output = Tensor;
+    const NAME: &'static str = "gelu";
+
+    fn cpu(&self, x: &Tensor) -> Result<Tensor> {
+        Tensor::from_f32(
+            x.shape(),
+            x.f32_cow().iter().map(|&v| gelu_scalar(v)).collect(),
+        )
+    }
+}
+
+/// `x + bias` with `bias` (length `cols`) added to every row of the `rows x cols` matrix `x`.
+pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    BiasAdd.cpu((x, bias))
+}
+
+/// The bias gradient: column sums of `dy` (`rows x cols` -> `cols`), accumulated in f64.
+pub fn bias_grad(dy: &Tensor) -> Result<Tensor> {
+    let (rows, cols) = rows_cols("bias_grad", dy)?;
+    let d = dy.f32_cow();
+    let mut acc = vec![0f64; cols];
+    for r in 0..rows {
+        for (a, &v) in acc.iter_mut().zip(&d[r * cols..(r + 1) * cols]) {
+            *a += f64::from(v);
+        }
+    }
+    Tensor::from_f32(&[cols], acc.into_iter().map(|v| v as f32).collect())
+}
+
+/// Row-wise bias add.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BiasAdd;
+
+impl Op for BiasAdd {
+    type Args<'a> = (&'a Tensor, &'a Tensor);
+    type Output = Tensor;
+    const NAME: &'static str = "bias_add";
+
+    fn cpu(&self, (x, bias): Self::Args<'_>) -> Result<Tensor> {
+        let (rows, cols) = rows_cols("bias_add", x)?;
+        if bias.numel() != cols {
+            return Err(KernelError::shape(
+                "bias_add",
+                format!("bias of {} elements for {cols} columns", bias.numel()),
+            ));
+        }
+        let b = bias.f32_cow();
+        let mut out = x.to_vec_f32();
+        for r in 0..rows {
+            for (o, &bv) in out[r * cols..(r + 1) * cols].iter_mut().zip(b.iter()) {
+                *o += bv;
+            }
+        }
+        Tensor::from_f32(x.shape(), out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gradcheck::{check_grad, random_vec};
+
+    #[test]
+    fn erf_known_values() {
+        // Reference values of erf (Abramowitz & Stegun table 7.1).
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_8),
+            (1.0, 0.842_700_792_9),
+            (2.0, 0.995_322_265_0),
+            (-1.0, -0.842_700_792_9),
+        ] {
+            assert!(
+                (erf(x) - want).abs() < 2e-7,
+                "erf({x}) = {} vs {want}",
+                erf(x)
+            );
+        }
+    }
+
+    #[test]
+    fn gelu_by_hand() {
+        // GELU(1) = Phi(1) = 0.841344746; GELU(-1) = -(1 - Phi(1)); GELU(0) = 0.
+        assert!((gelu_scalar(1.0) - 0.841_344_8).abs() < 1e-6);
+        assert!((gelu_scalar(-1.0) + 0.158_655_25).abs() < 1e-6);
+        assert_eq!(gelu_scalar(0.0), 0.0);
+        assert!((gelu_grad_scalar(0.0) - 0.5).abs() < 1e-7);
+    }
+
+    #[test]
+    fn gelu_gradient_matches_finite_differences() {
+        let x = random_vec(1, 24, 2.0);
+        let r = random_vec(2, 24, 1.0);
+        let xt = Tensor::from_f32(&[4, 6], x.clone()).unwrap();
+        let analytic = gelu_backward(&xt, &Tensor::from_f32(&[4, 6], r.clone()).unwrap())
+            .unwrap()
+            .to_vec_f32();
+        check_grad("gelu", &x, &analytic, |x| {
+            x.iter()
+                .zip(&r)
+                .map(|(&v, &w)| f64::from(gelu_scalar(v)) * f64::from(w))
+                .sum()
+        });
+    }
+
+    #[test]
+    fn bias_add_and_grad() {
+        let x = Tensor::from_f32(&[2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let b = Tensor::from_f32(&[3], vec![10., 20., 30.]).unwrap();
+        assert_eq!(
+            bias_add(&x, &b).unwrap().to_vec_f32(),
+            vec![11., 22., 33., 14., 25., 36.]
+        );
+        assert_eq!(bias_grad(&x).unwrap().to_vec_f32(), vec![5., 7., 9.]);
+        assert!(bias_add(&x, &x).is_err());
+    }
+}

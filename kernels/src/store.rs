@@ -1,0 +1,590 @@
+//! The tiered weight store: blobs (expert weights, stage files) by id across three tiers.
+//!
+//! - **Disk**: every blob has a file `<dir>/<id>.blob`: a 4 KiB header (magic, length, blake3, id)
+//!   then the data, zero-padded to 4 KiB so `O_DIRECT` reads stay aligned. Loads bypass the page cache.
+//! - **Host**: a budgeted set of in-RAM copies.
+//! - **Device**: a budgeted arena (a [`MemoryPool`] over device memory; on a CPU device, an arena in RAM).
+//!
+//! A blob is resident in at most one of device / host (tiers are exclusive, so budgets count each
+//! byte once); disk always holds it. The blake3 checksum is verified on every load into a tier.
+//! The store moves bytes and accounts for them; *which* blob to move is a policy's decision, so a
+//! full tier is an error ([`KernelError::TierFull`]), never a silent eviction.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+
+use crate::cuda::CudaDevice;
+use crate::device::Device;
+use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, read_range};
+use crate::error::{KernelError, Result};
+use crate::pool::{Allocation, MemoryPool, PoolStats};
+
+const MAGIC: &[u8; 8] = b"TRPBLOB1";
+const HEADER: usize = DIRECT_ALIGN;
+const MAX_ID: usize = 200;
+
+/// A blob's id: 1-200 characters of `[A-Za-z0-9._-]`, not starting with a dot (it names a file).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobId(String);
+
+impl BlobId {
+    /// Validate an id.
+    pub fn new(id: &str) -> Result<Self> {
+        let ok = !id.is_empty()
+            && id.len() <= MAX_ID
+            && !id.starts_with('.')
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !ok {
+            return Err(KernelError::invalid(
+                "BlobId",
+                format!("{id:?} is not 1-{MAX_ID} chars of [A-Za-z0-9._-] (no leading dot)"),
+            ));
+        }
+        Ok(Self(id.to_string()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for BlobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a blob's fastest copy is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// In the device arena.
+    Device,
+    /// In host RAM.
+    Host,
+    /// Only on disk.
+    Disk,
+}
+
+/// Bytes moved along one path between tiers, and the time it took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Transfer {
+    /// Number of moves.
+    pub count: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Wall time spent, including checksum verification.
+    pub seconds: f64,
+}
+
+impl Transfer {
+    /// Bandwidth in MB/s (10^6 bytes), 0 when nothing moved.
+    pub fn mb_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e6
+        } else {
+            0.0
+        }
+    }
+
+    fn record(&mut self, bytes: usize, since: Instant) {
+        self.count += 1;
+        self.bytes += bytes as u64;
+        self.seconds += since.elapsed().as_secs_f64();
+    }
+}
+
+/// Per-tier occupancy and traffic.
+#[derive(Clone, Debug)]
+pub struct StoreStats {
+    /// Blob files written by `put`.
+    pub disk_writes: Transfer,
+    /// Disk -> host loads.
+    pub disk_to_host: Transfer,
+    /// Disk -> device loads (through a transient staging buffer).
+    pub disk_to_device: Transfer,
+    /// Host -> device promotions.
+    pub host_to_device: Transfer,
+    /// Device -> host evictions.
+    pub device_to_host: Transfer,
+    /// Host tier budget.
+    pub host_budget: u64,
+    /// Host tier bytes in use.
+    pub host_used: u64,
+    /// Device arena occupancy.
+    pub device: PoolStats,
+    /// Disk reads where the filesystem refused `O_DIRECT` (the page cache was used, then dropped).
+    pub odirect_fallbacks: u64,
+}
+
+struct Entry {
+    len: u64,
+    hash: blake3::Hash,
+    path: PathBuf,
+    host: Option<Arc<ReadBytes>>,
+    device: Option<Allocation>,
+}
+
+enum Arena {
+    Host(Vec<u8>),
+    Cuda(CudaDevice, CudaSlice<u8>),
+}
+
+/// The tiered weight store (see the module docs).
+pub struct WeightStore {
+    dir: PathBuf,
+    entries: HashMap<BlobId, Entry>,
+    pool: MemoryPool,
+    arena: Arena,
+    host_budget: u64,
+    host_used: u64,
+    stats: StoreStats,
+}
+
+impl std::fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightStore")
+            .field("dir", &self.dir)
+            .field("blobs", &self.entries.len())
+            .field("host_used", &self.host_used)
+            .field("device", &self.pool.stats())
+            .finish()
+    }
+}
+
+fn hex(h: &blake3::Hash) -> String {
+    h.to_hex().to_string()
+}
+
+fn parse_header(path: &Path, h: &[u8], file_len: u64) -> Result<(BlobId, u64, blake3::Hash)> {
+    let bad = |detail: String| KernelError::BadBlobFile {
+        path: path.to_path_buf(),
+        detail,
+    };
+    if h.len() < HEADER || &h[..8] != MAGIC {
+        return Err(bad("missing TRPBLOB1 magic".to_string()));
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&h[8..16]);
+    let len = u64::from_le_bytes(len8);
+    let mut hash = [0u8; 32];
+    hash.copy_from_slice(&h[16..48]);
+    let id_len = usize::from(u16::from_le_bytes([h[48], h[49]]));
+    if id_len == 0 || id_len > MAX_ID {
+        return Err(bad(format!("id length {id_len} out of 1..={MAX_ID}")));
+    }
+    let id = std::str::from_utf8(&h[50..50 + id_len])
+        .map_err(|_| bad("id is not UTF-8".to_string()))
+        .and_then(|s| BlobId::new(s).map_err(|e| bad(e.to_string())))?;
+    if len > file_len.saturating_sub(HEADER as u64) {
+        return Err(bad(format!(
+            "header says {len} data bytes, file has {}",
+            file_len.saturating_sub(HEADER as u64)
+        )));
+    }
+    Ok((id, len, blake3::Hash::from_bytes(hash)))
+}
+
+impl WeightStore {
+    /// Open (or create) a store in `dir`, indexing the blob files already there. The device tier is
+    /// an arena of `device_budget` bytes on `device`; the host tier may hold `host_budget` bytes.
+    pub fn open(dir: &Path, device: &Device, device_budget: u64, host_budget: u64) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(|e| KernelError::io("creating store directory", dir, e))?;
+        let pool = MemoryPool::new(format!("{} weights", device.name()), device_budget, 256)?;
+        let arena_len = usize::try_from(pool.budget()).map_err(|_| {
+            KernelError::invalid("WeightStore::open", "device budget exceeds usize")
+        })?;
+        let arena = match device {
+            Device::Cpu => Arena::Host(vec![0u8; arena_len]),
+            Device::Cuda(d) => Arena::Cuda(d.clone(), d.alloc_bytes(arena_len)?),
+        };
+        let mut store = Self {
+            dir: dir.to_path_buf(),
+            entries: HashMap::new(),
+            stats: StoreStats {
+                disk_writes: Transfer::default(),
+                disk_to_host: Transfer::default(),
+                disk_to_device: Transfer::default(),
+                host_to_device: Transfer::default(),
+                device_to_host: Transfer::default(),
+                host_budget,
+                host_used: 0,
+                device: pool.stats(),
+                odirect_fallbacks: 0,
+            },
+            pool,
+            arena,
+            host_budget,
+            host_used: 0,
+        };
+        store.index()?;
+        Ok(store)
+    }
+
+    fn index(&mut self) -> Result<()> {
+        let rd = fs::read_dir(&self.dir).map_err(|e| KernelError::io("listing", &self.dir, e))?;
+        for ent in rd {
+            let path = ent
+                .map_err(|e| KernelError::io("listing", &self.dir, e))?
+                .path();
+            if path.extension().and_then(|e| e.to_str()) != Some("blob") {
+                continue;
+            }
+            let mut f = File::open(&path).map_err(|e| KernelError::io("opening", &path, e))?;
+            let file_len = f
+                .metadata()
+                .map_err(|e| KernelError::io("stat", &path, e))?
+                .len();
+            let mut h = vec![0u8; HEADER];
+            f.read_exact(&mut h).map_err(|_| KernelError::BadBlobFile {
+                path: path.clone(),
+                detail: format!("shorter ({file_len} bytes) than the {HEADER}-byte header"),
+            })?;
+            let (id, len, hash) = parse_header(&path, &h, file_len)?;
+            if path.file_stem().and_then(|s| s.to_str()) != Some(id.as_str()) {
+                return Err(KernelError::BadBlobFile {
+                    path,
+                    detail: format!("header names blob {id}, file name differs"),
+                });
+            }
+            self.entries.insert(
+                id,
+                Entry {
+                    len,
+                    hash,
+                    path,
+                    host: None,
+                    device: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn entry(&self, id: &BlobId) -> Result<&Entry> {
+        self.entries
+            .get(id)
+            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))
+    }
+
+    /// Write `data` as blob `id` (replacing any blob of that id) and fsync it. Returns the id.
+    pub fn put(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
+        let id = BlobId::new(id)?;
+        if self.entries.contains_key(&id) {
+            self.remove(&id)?;
+        }
+        let start = Instant::now();
+        let hash = blake3::hash(data);
+        let path = self.dir.join(format!("{id}.blob"));
+        let tmp = self.dir.join(format!(".{id}.tmp"));
+        let mut header = vec![0u8; HEADER];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        header[16..48].copy_from_slice(hash.as_bytes());
+        header[48..50].copy_from_slice(&(id.0.len() as u16).to_le_bytes());
+        header[50..50 + id.0.len()].copy_from_slice(id.0.as_bytes());
+        let pad = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - data.len();
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(&header)?;
+            f.write_all(data)?;
+            f.write_all(&vec![0u8; pad])?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| KernelError::io("writing blob", &path, e))?;
+        self.stats.disk_writes.record(data.len(), start);
+        self.entries.insert(
+            id.clone(),
+            Entry {
+                len: data.len() as u64,
+                hash,
+                path,
+                host: None,
+                device: None,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Drop a blob from every tier, deleting its file.
+    pub fn remove(&mut self, id: &BlobId) -> Result<()> {
+        self.release_host(id)?;
+        if let Some(a) = self.entries.get_mut(id).and_then(|e| e.device.take()) {
+            self.pool.free(a)?;
+        }
+        let e = self
+            .entries
+            .remove(id)
+            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
+        fs::remove_file(&e.path).map_err(|err| KernelError::io("deleting blob", &e.path, err))
+    }
+
+    /// Ids of all blobs.
+    pub fn ids(&self) -> Vec<BlobId> {
+        let mut v: Vec<BlobId> = self.entries.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// A blob's length in bytes.
+    pub fn len_of(&self, id: &BlobId) -> Result<u64> {
+        Ok(self.entry(id)?.len)
+    }
+
+    /// The fastest tier holding the blob.
+    pub fn tier(&self, id: &BlobId) -> Result<Tier> {
+        let e = self.entry(id)?;
+        Ok(if e.device.is_some() {
+            Tier::Device
+        } else if e.host.is_some() {
+            Tier::Host
+        } else {
+            Tier::Disk
+        })
+    }
+
+    /// The blob's range in the device arena, when it is on the device.
+    pub fn device_allocation(&self, id: &BlobId) -> Result<Option<Allocation>> {
+        Ok(self.entry(id)?.device)
+    }
+
+    /// The device arena's GPU buffer (None on a CPU device); blobs live at their allocation offsets.
+    pub fn cuda_arena(&self) -> Option<&CudaSlice<u8>> {
+        match &self.arena {
+            Arena::Cuda(_, buf) => Some(buf),
+            Arena::Host(_) => None,
+        }
+    }
+
+    fn verify(&self, id: &BlobId, bytes: &[u8], source_tier: &'static str) -> Result<()> {
+        let e = self.entry(id)?;
+        let got = blake3::hash(bytes);
+        if bytes.len() as u64 != e.len || got != e.hash {
+            return Err(KernelError::Corrupted {
+                blob: id.to_string(),
+                source_tier,
+                expected: hex(&e.hash),
+                actual: hex(&got),
+            });
+        }
+        Ok(())
+    }
+
+    fn read_disk(&mut self, id: &BlobId) -> Result<ReadBytes> {
+        let (path, len) = {
+            let e = self.entry(id)?;
+            (e.path.clone(), e.len)
+        };
+        let len =
+            usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
+        let (bytes, mode) = read_range(&path, HEADER as u64, len)?;
+        if mode == ReadMode::BufferedFallback {
+            if self.stats.odirect_fallbacks == 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    "filesystem refused O_DIRECT: blob loads use buffered reads + fadvise(DONTNEED)"
+                );
+            }
+            self.stats.odirect_fallbacks += 1;
+        }
+        self.verify(id, &bytes, "disk")?;
+        Ok(bytes)
+    }
+
+    fn host_room(&self, id: &BlobId, need: u64) -> Result<()> {
+        let available = self.host_budget - self.host_used;
+        if need > available {
+            return Err(KernelError::TierFull {
+                tier: "host",
+                blob: id.to_string(),
+                needed: need,
+                available,
+                budget: self.host_budget,
+            });
+        }
+        Ok(())
+    }
+
+    /// Make the blob host-resident (from disk, or moved down from the device) and return its bytes.
+    pub fn load_to_host(&mut self, id: &BlobId) -> Result<Arc<ReadBytes>> {
+        let e = self.entry(id)?;
+        if let Some(h) = &e.host {
+            return Ok(h.clone());
+        }
+        let len = e.len;
+        if e.device.is_some() {
+            self.evict(id)?;
+            if let Some(h) = &self.entry(id)?.host {
+                return Ok(h.clone());
+            }
+        }
+        self.host_room(id, len)?;
+        let start = Instant::now();
+        let bytes = Arc::new(self.read_disk(id)?);
+        self.stats.disk_to_host.record(bytes.len(), start);
+        self.host_used += len;
+        if let Some(e) = self.entries.get_mut(id) {
+            e.host = Some(bytes.clone());
+        }
+        Ok(bytes)
+    }
+
+    fn release_host(&mut self, id: &BlobId) -> Result<()> {
+        let e = self
+            .entries
+            .get_mut(id)
+            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
+        if e.host.take().is_some() {
+            self.host_used -= e.len;
+        }
+        Ok(())
+    }
+
+    fn arena_write(&mut self, a: Allocation, data: &[u8]) -> Result<()> {
+        let off = a.offset as usize;
+        match &mut self.arena {
+            Arena::Host(buf) => {
+                buf[off..off + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            Arena::Cuda(dev, buf) => {
+                dev.write_bytes(buf, off, data)?;
+                dev.sync()
+            }
+        }
+    }
+
+    fn arena_read(&self, a: Allocation, len: usize) -> Result<Vec<u8>> {
+        let off = a.offset as usize;
+        match &self.arena {
+            Arena::Host(buf) => Ok(buf[off..off + len].to_vec()),
+            Arena::Cuda(dev, buf) => dev.read_bytes(buf, off, len),
+        }
+    }
+
+    /// Move the blob into the device arena (from host, or from disk through a staging buffer).
+    pub fn promote_to_device(&mut self, id: &BlobId) -> Result<Allocation> {
+        let e = self.entry(id)?;
+        if let Some(a) = e.device {
+            return Ok(a);
+        }
+        let (len, host) = (e.len, e.host.clone());
+        let alloc = self.pool.alloc(len).map_err(|err| match err {
+            KernelError::OutOfMemory {
+                free,
+                largest_free,
+                budget,
+                ..
+            } => KernelError::TierFull {
+                tier: "device",
+                blob: id.to_string(),
+                needed: len,
+                available: largest_free.min(free),
+                budget,
+            },
+            other => other,
+        })?;
+        let start = Instant::now();
+        let result = match &host {
+            Some(bytes) => self.arena_write(alloc, bytes),
+            None => self
+                .read_disk(id)
+                .and_then(|bytes| self.arena_write(alloc, &bytes)),
+        };
+        if let Err(err) = result {
+            self.pool.free(alloc)?;
+            return Err(err);
+        }
+        if host.is_some() {
+            self.stats.host_to_device.record(len as usize, start);
+            self.release_host(id)?;
+        } else {
+            self.stats.disk_to_device.record(len as usize, start);
+        }
+        if let Some(e) = self.entries.get_mut(id) {
+            e.device = Some(alloc);
+        }
+        Ok(alloc)
+    }
+
+    /// Move the blob one tier down: device -> host (-> disk when the host tier is full), host -> disk.
+    /// Returns the tier it now occupies. Bytes copied back from the device are checksummed.
+    pub fn evict(&mut self, id: &BlobId) -> Result<Tier> {
+        let e = self.entry(id)?;
+        let len = e.len;
+        if let Some(a) = e.device {
+            if self.host_room(id, len).is_ok() {
+                let start = Instant::now();
+                let bytes = self.arena_read(a, len as usize)?;
+                self.verify(id, &bytes, "device")?;
+                let mut buf = crate::direct_io::AlignedBuf::zeroed(bytes.len())?;
+                buf.as_mut_slice().copy_from_slice(&bytes);
+                let host = Arc::new(ReadBytes::from_buf(buf));
+                self.stats.device_to_host.record(bytes.len(), start);
+                self.host_used += len;
+                self.pool.free(a)?;
+                if let Some(e) = self.entries.get_mut(id) {
+                    e.device = None;
+                    e.host = Some(host);
+                }
+                return Ok(Tier::Host);
+            }
+            self.pool.free(a)?;
+            if let Some(e) = self.entries.get_mut(id) {
+                e.device = None;
+            }
+            return Ok(Tier::Disk);
+        }
+        self.release_host(id)?;
+        Ok(Tier::Disk)
+    }
+
+    /// A copy of the blob's bytes from its fastest tier, checksum verified.
+    pub fn read(&mut self, id: &BlobId) -> Result<Vec<u8>> {
+        let e = self.entry(id)?;
+        let len = e.len as usize;
+        if let Some(a) = e.device {
+            let bytes = self.arena_read(a, len)?;
+            self.verify(id, &bytes, "device")?;
+            return Ok(bytes);
+        }
+        if let Some(h) = &e.host {
+            let bytes = h.to_vec();
+            self.verify(id, &bytes, "host")?;
+            return Ok(bytes);
+        }
+        Ok(self.read_disk(id)?.to_vec())
+    }
+
+    /// Path of the blob's file (benchmarks read it directly for comparison).
+    pub fn path_of(&self, id: &BlobId) -> Result<&Path> {
+        Ok(&self.entry(id)?.path)
+    }
+
+    /// Byte offset of the data inside each blob file.
+    pub fn data_offset() -> u64 {
+        HEADER as u64
+    }
+
+    /// Traffic and occupancy per tier.
+    pub fn stats(&self) -> StoreStats {
+        let mut s = self.stats.clone();
+        s.host_used = self.host_used;
+        s.host_budget = self.host_budget;
+        s.device = self.pool.stats();
+        s
+    }
+}
