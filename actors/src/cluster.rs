@@ -3,7 +3,8 @@
 
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorRef};
-use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeConnectionMode, NodeServer, NodeServerMessage};
+use ractor_cluster::node::NodeConnectionMode;
+use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
 
 /// Largest control-plane frame (remote actor messages); tensors travel on data streams.
 pub const MAX_CONTROL_FRAME: u64 = 16 << 20;

@@ -1,2 +1,20 @@
-//! troupe's actors: supervision, membership, and the four actor kinds (device, expert, buffer,
-//! scheduler). Decisions live in `troupe-policy`; these are the shells that carry them out.
+//! troupe's actors: supervision, membership, the control plane, and the four actor kinds
+//! (device, expert, buffer, scheduler). Decisions live in `troupe-policy`; these are the shells
+//! that carry them out.
+
+pub mod clock;
+pub mod cluster;
+pub mod hello;
+pub mod kinds;
+pub mod membership;
+pub mod node;
+pub mod supervisor;
+pub mod wire;
+
+pub use kinds::buffer::{BufferActor, BufferMsg};
+pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
+pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
+pub use kinds::scheduler::{DrivenPolicy, Effects, SchedulerActor, SchedulerMsg};
+pub use membership::{Membership, MembershipConfig, MembershipMsg};
+pub use node::{NodeRuntime, NodeSpec, PeerAddr, RuntimeError};
+pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RactorMessage, RpcReplyPort};
+use ractor_cluster::RactorMessage;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};

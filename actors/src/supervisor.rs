@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RactorMessage, RpcReplyPort, SpawnErr, SupervisionEvent};
+use ractor_cluster::RactorMessage;
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use tokio::sync::broadcast;
 use tracing::{error, info, warn};
 use troupe_policy::{Micros, RestartDecision, RestartIntensity};

@@ -93,7 +93,7 @@ where
             st.timer_generation += 1;
             let generation = st.timer_generation;
             let delay = std::time::Duration::from_micros(at.saturating_sub(st.clock.now()).0);
-            ractor::time::send_after(delay, me.get_cell(), move || SchedulerMsg::Timeout(generation));
+            ractor::time::send_after(delay, me.get_cell(), move || SchedulerMsg::<P::Input>::Timeout(generation));
         }
         Ok(())
     }

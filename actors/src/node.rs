@@ -1,0 +1,346 @@
+//! The node runtime: one QUIC endpoint, the ractor_cluster control plane over it, membership,
+//! and a root supervisor with the node's actors. `troupe node` runs one; services embed one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::concurrency::JoinHandle;
+use ractor::{Actor, ActorRef};
+use ractor_cluster::NodeServerMessage;
+use tokio::sync::broadcast;
+use tracing::{debug, info, warn};
+use troupe_policy::{MemberStatus, MembershipEvent};
+use troupe_transport::{
+    Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError, QuicNode,
+};
+
+use crate::cluster::{QuicBidi, open_session, start_node_server};
+use crate::kinds::device::DeviceMsg;
+use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
+use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
+use crate::wire::{ArchivedControlMsg, ControlMsg, DeviceView, Heartbeat, MemberView, NodeStatus};
+
+/// Name of every node's root supervisor in events.
+pub const ROOT: &str = "root";
+
+/// A peer this node dials (and dials again whenever the connection is lost).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// The peer's node name (checked against its certificate).
+    pub name: NodeId,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+/// Everything a node runtime needs to start.
+pub struct NodeSpec {
+    /// This node's certificate, key and cluster CA.
+    pub identity: NodeIdentity,
+    /// QUIC settings (bind address, frame cap, timeouts).
+    pub quic: QuicConfig,
+    /// Peers to dial.
+    pub peers: Vec<PeerAddr>,
+    /// Heartbeat period and failure timeout.
+    pub membership: MembershipConfig,
+    /// Root supervisor restart intensity.
+    pub intensity: Intensity,
+    /// ractor_cluster cookie (not a secret: identity comes from mutual TLS).
+    pub cookie: String,
+    /// Actors the root supervisor starts.
+    pub children: Vec<ChildSpec>,
+    /// Pause between dial attempts to a missing peer.
+    pub redial: Duration,
+}
+
+/// Why the runtime failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Transport failure.
+    #[error(transparent)]
+    Quic(#[from] QuicError),
+    /// An actor failed to start.
+    #[error("starting {what}: {detail}")]
+    Spawn {
+        /// Which actor.
+        what: &'static str,
+        /// The error.
+        detail: String,
+    },
+    /// The root supervisor gave up: a child exceeded its restart intensity.
+    #[error("root supervisor escalated: {0}")]
+    Escalated(String),
+    /// A status query failed.
+    #[error("status: {0}")]
+    Status(String),
+}
+
+/// Handler for application frames (everything the runtime does not consume itself).
+pub type FrameHandler = Arc<dyn Fn(Delivery) + Send + Sync>;
+
+/// A running node.
+pub struct NodeRuntime {
+    /// This node's name.
+    pub name: NodeId,
+    /// The QUIC link (data plane).
+    pub link: QuicNode,
+    /// The membership actor.
+    pub membership: ActorRef<MembershipMsg>,
+    /// The root supervisor.
+    pub supervisor: ActorRef<SupervisorMsg>,
+    /// The ractor_cluster node server (control plane).
+    pub cluster: ActorRef<NodeServerMessage>,
+    membership_events: broadcast::Sender<MembershipEvent<NodeId>>,
+    supervisor_events: broadcast::Sender<SupervisorEvent>,
+    root_events: broadcast::Receiver<SupervisorEvent>,
+    handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
+    supervisor_handle: JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl NodeRuntime {
+    /// Binds the endpoint, starts the control plane, membership and the root supervisor, and
+    /// begins dialing the configured peers.
+    pub async fn start(spec: NodeSpec) -> Result<Self, RuntimeError> {
+        let name = NodeId::new(spec.identity.name.clone());
+        let link = QuicNode::bind(&spec.identity, spec.quic).await?;
+        let spawn_err = |what: &'static str| move |e: ractor::SpawnErr| RuntimeError::Spawn { what, detail: e.to_string() };
+        let cluster = start_node_server(name.as_str(), &spec.cookie).await.map_err(spawn_err("cluster node server"))?;
+        let (membership_events, _) = broadcast::channel(1024);
+        let (membership, _) = Actor::spawn(
+            None,
+            Membership,
+            MembershipArgs { link: link.clone(), config: spec.membership, events: membership_events.clone() },
+        )
+        .await
+        .map_err(spawn_err("membership"))?;
+        let (supervisor_events, root_events) = broadcast::channel(1024);
+        let (supervisor, supervisor_handle) = Actor::spawn(
+            None,
+            Supervisor,
+            SupervisorArgs {
+                name: ROOT.to_string(),
+                children: spec.children,
+                intensity: spec.intensity,
+                events: supervisor_events.clone(),
+            },
+        )
+        .await
+        .map_err(spawn_err("root supervisor"))?;
+        let handler: Arc<std::sync::RwLock<Option<FrameHandler>>> = Arc::default();
+        let mut tasks = Vec::new();
+        let events = link.events().ok_or(RuntimeError::Status("link events already taken".into()))?;
+        tasks.push(tokio::spawn(peer_events(events, link.clone(), cluster.clone(), membership.clone())));
+        tasks.push(tokio::spawn(dispatch(link.clone(), membership.clone(), handler.clone())));
+        for peer in spec.peers {
+            tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
+        }
+        info!(node = %name, "node runtime started");
+        Ok(Self {
+            name,
+            link,
+            membership,
+            supervisor,
+            cluster,
+            membership_events,
+            supervisor_events,
+            root_events,
+            handler,
+            supervisor_handle,
+            tasks,
+        })
+    }
+
+    /// Membership events (up, down, rejoined) from now on.
+    pub fn subscribe_membership(&self) -> broadcast::Receiver<MembershipEvent<NodeId>> {
+        self.membership_events.subscribe()
+    }
+
+    /// Supervision events (restarts, escalations) from now on.
+    pub fn subscribe_supervision(&self) -> broadcast::Receiver<SupervisorEvent> {
+        self.supervisor_events.subscribe()
+    }
+
+    /// Installs the handler for application frames.
+    pub fn set_frame_handler(&self, handler: FrameHandler) {
+        if let Ok(mut g) = self.handler.write() {
+            *g = Some(handler);
+        }
+    }
+
+    /// This node's status: members, registered actors, device budgets.
+    pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
+        local_status(&self.name, &self.membership).await
+    }
+
+    /// Waits until the root supervisor stops: `Err` when it escalated.
+    pub async fn wait(mut self) -> Result<(), RuntimeError> {
+        let _ = (&mut self.supervisor_handle).await;
+        let outcome = escalation(&mut self.root_events);
+        self.stop_tasks().await;
+        outcome
+    }
+
+    /// Stops the actors and closes the endpoint.
+    pub async fn shutdown(mut self) {
+        self.supervisor.stop(None);
+        let _ = (&mut self.supervisor_handle).await;
+        self.stop_tasks().await;
+    }
+
+    async fn stop_tasks(&mut self) {
+        self.membership.stop(None);
+        self.cluster.stop(None);
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        self.link.shutdown().await;
+    }
+}
+
+fn escalation(rx: &mut broadcast::Receiver<SupervisorEvent>) -> Result<(), RuntimeError> {
+    while let Ok(ev) = rx.try_recv() {
+        if let SupervisorEvent::Escalated { supervisor, child, reason } = ev
+            && supervisor == ROOT
+        {
+            return Err(RuntimeError::Escalated(format!("child {child}: {reason}")));
+        }
+    }
+    Ok(())
+}
+
+async fn local_status(name: &NodeId, membership: &ActorRef<MembershipMsg>) -> Result<NodeStatus, RuntimeError> {
+    let err = |e: String| RuntimeError::Status(e);
+    let now = ractor::call_t!(membership, MembershipMsg::Now, 2000).map_err(|e| err(e.to_string()))?;
+    let members = ractor::call_t!(membership, MembershipMsg::Members, 2000)
+        .map_err(|e| err(e.to_string()))?
+        .into_iter()
+        .map(|(n, s, t)| MemberView {
+            name: n.0,
+            status: match s {
+                MemberStatus::Up => "up".into(),
+                MemberStatus::Down => "down".into(),
+            },
+            last_heard_ms_ago: now.saturating_sub(t).as_millis(),
+        })
+        .collect();
+    let mut actors: Vec<String> = ractor::registry::registered().into_iter().collect();
+    actors.sort();
+    let mut devices: Vec<DeviceView> = Vec::new();
+    for cell in ractor::pg::get_scoped_local_members(&"troupe".to_string(), &"devices".to_string()) {
+        let dev: ActorRef<DeviceMsg> = cell.into();
+        if let Ok(v) = ractor::call_t!(dev, DeviceMsg::View, 2000) {
+            devices.push(v);
+        }
+    }
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(NodeStatus { node: name.0.clone(), members, actors, devices })
+}
+
+async fn peer_events(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<PeerEvent>,
+    link: QuicNode,
+    cluster: ActorRef<NodeServerMessage>,
+    membership: ActorRef<MembershipMsg>,
+) {
+    while let Some(ev) = events.recv().await {
+        match ev {
+            PeerEvent::Joined { peer, outbound, .. } => {
+                let _ = membership.cast(MembershipMsg::Heard(peer.clone()));
+                if outbound {
+                    match link.open_control(&peer).await {
+                        Ok((send, recv)) => {
+                            if let Err(e) = open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), true) {
+                                warn!(%peer, error = %e, "could not open the control-plane session");
+                            }
+                        }
+                        Err(e) => warn!(%peer, error = %e, "could not open the control stream"),
+                    }
+                }
+            }
+            PeerEvent::ControlStream { peer, send, recv } => {
+                if let Err(e) = open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), false) {
+                    warn!(%peer, error = %e, "could not accept the control-plane session");
+                }
+            }
+            PeerEvent::Left { peer, reason } => debug!(%peer, %reason, "connection closed"),
+            PeerEvent::Refused { .. } | PeerEvent::BadStream { .. } => {} // logged by the transport
+        }
+    }
+}
+
+async fn dispatch(link: QuicNode, membership: ActorRef<MembershipMsg>, handler: Arc<std::sync::RwLock<Option<FrameHandler>>>) {
+    while let Ok(d) = link.recv().await {
+        let _ = membership.cast(MembershipMsg::Heard(d.from.clone()));
+        match (d.channel, d.frame.kind) {
+            (_, FrameKind::Heartbeat) => {
+                if let Err(e) = d.frame.access::<Heartbeat>() {
+                    warn!(peer = %d.from, error = %e, "invalid heartbeat");
+                }
+            }
+            (Channel::Control, FrameKind::Message) => match d.frame.access::<ControlMsg>() {
+                Ok(ArchivedControlMsg::StatusRequest) => {
+                    let reply = match local_status(link.local_id(), &membership).await {
+                        Ok(s) => Frame::encode(FrameKind::Message, &ControlMsg::StatusReply(s)),
+                        Err(e) => Ok(Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())),
+                    };
+                    if let Ok(frame) = reply {
+                        let _ = link.send(&d.from, Channel::Control, frame).await;
+                    }
+                }
+                Ok(ArchivedControlMsg::StatusReply(_)) => debug!(peer = %d.from, "unsolicited status reply"),
+                Err(e) => warn!(peer = %d.from, error = %e, "invalid control message"),
+            },
+            _ => {
+                let h = handler.read().ok().and_then(|g| g.clone());
+                match h {
+                    Some(h) => h(d),
+                    None => debug!(peer = %d.from, kind = ?d.frame.kind, "no handler for frame"),
+                }
+            }
+        }
+    }
+}
+
+async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
+    loop {
+        if !link.peers().contains(&peer.name) {
+            match link.connect(peer.addr, &peer.name).await {
+                Ok(_) => info!(peer = %peer.name, addr = %peer.addr, "connected"),
+                Err(e) => debug!(peer = %peer.name, addr = %peer.addr, error = %e, "dial failed; will retry"),
+            }
+        }
+        tokio::time::sleep(redial).await;
+    }
+}
+
+/// Asks the node at `addr` for its status, connecting with `identity` (any node of the cluster).
+pub async fn query_status(identity: &NodeIdentity, addr: SocketAddr, timeout: Duration) -> Result<NodeStatus, RuntimeError> {
+    let link = QuicNode::bind(identity, QuicConfig::default()).await?;
+    let result = tokio::time::timeout(timeout, async {
+        let peer = link.connect_any(addr).await?;
+        let frame = Frame::encode(FrameKind::Message, &ControlMsg::StatusRequest).map_err(QuicError::from)?;
+        link.send(&peer, Channel::Control, frame).await.map_err(QuicError::from)?;
+        loop {
+            let d = link.recv().await.map_err(QuicError::from)?;
+            if d.frame.kind == FrameKind::Error {
+                return Err(RuntimeError::Status(String::from_utf8_lossy(&d.frame.body).into_owned()));
+            }
+            if d.frame.kind != FrameKind::Message {
+                continue;
+            }
+            let msg = d.frame.access::<ControlMsg>().map_err(QuicError::from)?;
+            if let ArchivedControlMsg::StatusReply(_) = msg {
+                let owned: ControlMsg = rkyv::deserialize::<ControlMsg, rkyv::rancor::Error>(msg)
+                    .map_err(|e| RuntimeError::Status(e.to_string()))?;
+                if let ControlMsg::StatusReply(s) = owned {
+                    return Ok(s);
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|_| RuntimeError::Status(format!("no answer from {addr} within {timeout:?}")))?;
+    link.shutdown().await;
+    result
+}
