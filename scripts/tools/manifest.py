@@ -3,7 +3,10 @@ ONNX Runtime shared library (the one inside the onnxruntime wheel) that the Rust
 usage: manifest.py write CACHE_DIR ORT_VERSION   list the files and record them
        manifest.py verify CACHE_DIR              exit 1, naming each missing or changed file
        manifest.py ort CACHE_DIR                 print the absolute path of the ONNX Runtime library
+       manifest.py ort-record CACHE_DIR          exit 1 unless the library matches the wheel's RECORD
 Paths in the manifest are relative to CACHE_DIR, so the repository can move."""
+import base64
+import csv
 import glob
 import hashlib
 import json
@@ -32,6 +35,24 @@ def find_ort_library(cache):
     if len(hits) != 1:
         sys.exit(f"manifest: expected one libonnxruntime.so.* in the venv's onnxruntime/capi, found {hits}")
     return os.path.relpath(hits[0], cache)
+
+
+def ort_matches_record(cache):
+    """True when the installed libonnxruntime.so has the sha256 pip recorded when it installed the wheel."""
+    lib = glob.glob(os.path.join(cache, "venv", "lib", "python3*", "site-packages", "onnxruntime", "capi",
+                                 "libonnxruntime.so.*"))
+    records = glob.glob(os.path.join(cache, "venv", "lib", "python3*", "site-packages", "onnxruntime-*.dist-info",
+                                     "RECORD"))
+    if len(lib) != 1 or len(records) != 1:
+        return False
+    site = os.path.dirname(os.path.dirname(records[0]))
+    rel = os.path.relpath(lib[0], site)
+    with open(records[0], newline="") as f:
+        for row in csv.reader(f):
+            if len(row) >= 2 and row[0] == rel and row[1].startswith("sha256="):
+                digest = base64.urlsafe_b64encode(bytes.fromhex(sha256_of(lib[0]))).rstrip(b"=").decode()
+                return row[1] == "sha256=" + digest
+    return False
 
 
 def write(cache, ort_version):
@@ -76,6 +97,8 @@ if __name__ == "__main__":
         write(cache, sys.argv[3])
     elif cmd == "verify":
         sys.exit(verify(cache))
+    elif cmd == "ort-record":
+        sys.exit(0 if ort_matches_record(cache) else 1)
     elif cmd == "ort":
         print(os.path.join(os.path.abspath(cache), json.load(open(os.path.join(cache, "manifest.json")))["ort_library"]))
     else:
