@@ -39,9 +39,6 @@ fn batching_does_not_change_embeddings() {
     let related = cosine(&together[0], &together[1]);
     assert!(related < 0.6, "{related}");
     assert!(embedder.embed::<&str>(&[]).unwrap().is_empty());
-    let resident = embedder.session().memory().resident_bytes().unwrap();
-    assert!(
-        resident > 50_000_000,
-        "whole MiniLM resident {resident} bytes"
-    );
+    // measured once, after the first run (values in tests/onnx_memory.rs, in isolated processes)
+    assert!(embedder.session().memory().rss_after_first_run.is_some());
 }

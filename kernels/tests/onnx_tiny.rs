@@ -130,7 +130,14 @@ fn digits_mlp_classifies_the_digits_file() {
 #[test]
 fn session_creation_benchmark_reports_a_cost() {
     let a = assets();
-    for name in [assets::MINILM_STAGES[1], assets::TINY_MLP] {
+    let models = [
+        assets::MINILM_WHOLE,
+        assets::MINILM_STAGES[0],
+        assets::MINILM_STAGES[1],
+        assets::MINILM_STAGES[2],
+        assets::TINY_MLP,
+    ];
+    for name in models {
         let ms = session_ms_per_mb(&a.path(name).unwrap()).unwrap();
         println!("{name}: {ms:.2} ms per MB");
         assert!(ms.is_finite() && ms > 0.0, "{name}: {ms}");

@@ -9,7 +9,7 @@ use super::session::{OnnxSession, SessionConfig};
 /// Session creations timed per call.
 const REPEATS: usize = 5;
 
-/// Median wall time of [`REPEATS`] session creations from `path`, in milliseconds per MB of model
+/// Median wall time of 5 session creations from `path`, in milliseconds per MB of model
 /// file (MB = 10^6 bytes). The file is read from the page cache after the first creation, so this
 /// measures parsing and graph preparation, not disk reads. Runtime initialisation is excluded.
 pub fn session_ms_per_mb(path: &Path) -> Result<f64, OnnxError> {
