@@ -1,5 +1,5 @@
 //! troupe's compute: tensors, devices (CPU, CUDA), ops with backward passes, memory pools and the
-//! tiered weight store.
+//! tiered weight store, the ONNX executor and the assets made by `scripts/setup`.
 //!
 //! - [`Tensor`]: shape over an `Arc`'d f32 / bf16 buffer; views cost nothing.
 //! - [`Device`]: `Cpu` or `Cuda`; CUDA is detected at run time and its absence is an error, never a panic.
@@ -7,17 +7,22 @@
 //!   the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
 //! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
 //! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
+//! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
+//! - [`assets`]: models and data made by `scripts/setup`, checksummed.
 //! - [`bench`]: kernel figures for `troupe bench kernels`.
 
+pub mod assets;
 pub mod bench;
 pub mod cuda;
 pub mod device;
 pub mod direct_io;
 pub mod error;
+pub mod onnx;
 pub mod ops;
 pub mod pool;
 pub mod store;
 pub mod tensor;
+pub mod tokenizer;
 
 pub use cuda::CudaDevice;
 pub use device::Device;

@@ -1,0 +1,44 @@
+"""Run the generated MiniLM graphs in Python onnxruntime: check that the chained stages equal the whole
+model and that a known sentence pair has cosine 0.755, and record reference embeddings for Rust tests.
+usage: check_minilm.py MODEL_DIR MODELS_OUT_DIR
+Writes minilm_check.json: {"texts", "ids", "attention_mask", "embedding_dim", "embeddings" (flattened)}."""
+import json
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
+         "The new movie is awesome and everyone loved it.", "A cheetah is running behind its prey on the savanna."]
+
+
+def session(path):
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
+def main(model_dir, out_dir):
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    tok.enable_truncation(256)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    enc = tok.encode_batch(TEXTS)
+    ids = np.array([e.ids for e in enc], np.int64)
+    mask = np.array([e.attention_mask for e in enc], np.int64)
+    m = lambda name: os.path.join(out_dir, name)
+    whole = session(m("minilm_whole.onnx")).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    h2 = session(m("minilm_stage0.onnx")).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    h5 = session(m("minilm_stage1.onnx")).run(None, {"hidden_2": h2, "attention_mask": mask})[0]
+    chained = session(m("minilm_stage2.onnx")).run(None, {"hidden_5": h5, "attention_mask": mask})[0]
+    err = float(np.abs(chained - whole).max())
+    cos = float(whole[0] @ whole[1])
+    print(f"check_minilm: chained vs whole max abs err {err:.2e}; cosine(text0, text1) = {cos:.4f}", file=sys.stderr)
+    if err > 1e-5 or abs(cos - 0.755) > 0.005:
+        sys.exit("check_minilm: the generated graphs do not reproduce all-MiniLM-L6-v2")
+    with open(m("minilm_check.json"), "w") as f:
+        json.dump({"texts": TEXTS, "ids": ids.tolist(), "attention_mask": mask.tolist(),
+                   "embedding_dim": int(whole.shape[1]), "embeddings": [float(v) for v in whole.ravel()]}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
