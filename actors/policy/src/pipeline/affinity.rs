@@ -21,13 +21,19 @@
 //! 1. Worker claims. Stages with ready tasks are visited rarest coverage first (fewest free
 //!    workers holding the stage live; ties: the later stage first, to drain the pipeline). Each
 //!    free Tier-1 worker of that stage, best score first, claims the oldest ready task (lowest
-//!    input) of its stage. Under single-partition residency a worker is Tier 1 for one stage only,
-//!    so claims never conflict across stages; the visiting order fixes the decision order.
-//! 2. Task claims. Each remaining ready task, later stage first then lowest input, claims the best
+//!    input) of its stage, preferring a task whose input tensor it produced itself (no transfer).
+//!    Under single-partition residency a worker is Tier 1 for one stage only, so claims never
+//!    conflict across stages; the visiting order fixes the decision order.
+//! 2. Task claims. Each remaining ready task (later stage first; then tasks whose input lies on a
+//!    free worker; then lowest input) claims the best
 //!    remaining free worker whose RAM budget fits the stage, ranked by the multi-criteria key
 //!    (tier; in Tier 4 the victim's safety: first workers whose live stage has no unclaimed work
-//!    left, then those whose live stage another worker also holds, then last holders; a cached
-//!    stage; entropy score, higher first; worker id).
+//!    left, then those whose live stage another worker also holds, then last holders; the worker
+//!    that produced the task's input; a cached stage; entropy score, higher first; worker id).
+//!    A free worker that is the last holder of a stage with unclaimed tasks whose upstream is in
+//!    flight is not offered in phase 2: work for its session is on the way, and swapping it out
+//!    would only force a reload (decided here; the paper calls Tier 4 a last resort). This never
+//!    deadlocks: such a worker waits only on a task that is running, loading or pinned.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -122,8 +128,13 @@ pub fn entropy_weights<const N: usize>(rows: &[[f64; N]]) -> [f64; N] {
     let ln_m = (m as f64).ln();
     let mut divergence = [0.0; N];
     for j in 0..N {
+        let first = clean(rows[0][j]);
+        let constant = rows.iter().all(|r| clean(r[j]) == first);
         let total: f64 = rows.iter().map(|r| clean(r[j])).sum();
-        let entropy = if total > 0.0 && total.is_finite() {
+        let entropy = if constant {
+            // Equal everywhere: exactly uniform, so exactly 1 (no rounding residue).
+            1.0
+        } else if total > 0.0 && total.is_finite() {
             let h: f64 = rows
                 .iter()
                 .map(|r| clean(r[j]) / total)
@@ -138,8 +149,7 @@ pub fn entropy_weights<const N: usize>(rows: &[[f64; N]]) -> [f64; N] {
         divergence[j] = 1.0 - entropy;
     }
     let sum: f64 = divergence.iter().sum();
-    // A column that is equal everywhere can leave a rounding residue of ~1e-16; treat that as 0.
-    if sum > 1e-12 {
+    if sum > 0.0 && sum.is_finite() {
         for j in 0..N {
             weights[j] = divergence[j] / sum;
         }
@@ -220,11 +230,22 @@ pub struct DispatchInput {
     /// Free workers (alive, nothing running or loading, nothing pinned).
     pub workers: Vec<WorkerView>,
     /// Ready, unclaimed tasks.
-    pub ready: Vec<TaskId>,
+    pub ready: Vec<ReadyTask>,
     /// Per stage: tasks not yet claimed by any worker (waiting or ready).
     pub backlog: Vec<usize>,
+    /// Per stage: tasks claimed but not done (pinned, loading or running).
+    pub in_flight: Vec<usize>,
     /// Per stage: alive workers (free or busy) holding it live or loading it.
     pub holders: Vec<usize>,
+}
+
+/// A ready task and where its input tensor was produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ReadyTask {
+    /// The task.
+    pub task: TaskId,
+    /// The worker that computed its upstream task (`None` for stage 0 or when unknown).
+    pub input_on: Option<WorkerId>,
 }
 
 /// Which phase made a claim.
@@ -269,16 +290,25 @@ fn victim_class(w: &WorkerView, input: &DispatchInput) -> u8 {
     }
 }
 
+/// Whether a free worker stays with its live stage: it is the last holder of a stage that still
+/// has unclaimed tasks and their upstream is in flight, so work for it is on the way.
+fn holds_for_incoming(w: &WorkerView, input: &DispatchInput) -> bool {
+    let Some(live) = w.live else { return false };
+    victim_class(w, input) == 2
+        && live > 0
+        && input.in_flight.get(live - 1).copied().unwrap_or(0) > 0
+}
+
 /// Two-phase batch dispatch; see the module doc. Each worker and each task is claimed at most once.
 pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     let mut claims = Vec::new();
     let mut free: Vec<&WorkerView> = input.workers.iter().collect();
-    let mut ready: Vec<TaskId> = input.ready.clone();
+    let mut ready: Vec<ReadyTask> = input.ready.clone();
     ready.sort();
-    ready.dedup();
+    ready.dedup_by_key(|r| r.task);
 
     // Phase 1: worker claims, rarest coverage first.
-    let mut stages: Vec<usize> = ready.iter().map(|t| t.stage).collect();
+    let mut stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
     stages.sort_unstable();
     stages.dedup();
     let coverage = |s: usize| {
@@ -298,47 +328,82 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
             .filter(|w| w.live == Some(s) && w.fits(s))
             .collect();
         holders.sort_by(|a, b| by_score_then_id(a, b));
-        let mut tasks = ready.iter().copied().filter(|t| t.stage == s);
-        let mut taken = Vec::new();
+        let mut taken: Vec<(TaskId, WorkerId)> = Vec::new();
+        let stage_tasks: Vec<ReadyTask> = ready
+            .iter()
+            .copied()
+            .filter(|r| r.task.stage == s)
+            .collect();
+        // Pass A: a holder first claims the oldest task whose input it produced itself.
+        let mut unmatched = Vec::new();
         for w in holders {
-            let Some(task) = tasks.next() else { break };
+            let local = stage_tasks
+                .iter()
+                .find(|r| r.input_on == Some(w.id) && !taken.iter().any(|(t, _)| *t == r.task));
+            match local {
+                Some(r) => taken.push((r.task, w.id)),
+                None => unmatched.push(w),
+            }
+        }
+        // Pass B: the others claim the oldest tasks left.
+        let mut rest = stage_tasks
+            .iter()
+            .filter(|r| !taken.iter().any(|(t, _)| *t == r.task))
+            .map(|r| r.task)
+            .collect::<Vec<_>>()
+            .into_iter();
+        for w in unmatched {
+            let Some(task) = rest.next() else { break };
+            taken.push((task, w.id));
+        }
+        taken.sort();
+        for &(task, worker) in &taken {
             claims.push(Claim {
                 task,
-                worker: w.id,
+                worker,
                 tier: Tier::Resident,
                 phase: Phase::WorkerClaim,
             });
-            taken.push((task, w.id));
         }
-        ready.retain(|t| !taken.iter().any(|(task, _)| task == t));
+        ready.retain(|r| !taken.iter().any(|(task, _)| *task == r.task));
         free.retain(|w| !taken.iter().any(|(_, id)| *id == w.id));
     }
 
     // Phase 2: task claims by multi-criteria ranking.
-    ready.sort_by(|a, b| b.stage.cmp(&a.stage).then(a.input.cmp(&b.input)));
-    for task in ready {
+    free.retain(|w| !holds_for_incoming(w, input));
+    let local_free = |r: &ReadyTask| r.input_on.is_some_and(|on| free.iter().any(|w| w.id == on));
+    ready.sort_by(|a, b| {
+        b.task
+            .stage
+            .cmp(&a.task.stage)
+            .then(local_free(b).cmp(&local_free(a)))
+            .then(a.task.input.cmp(&b.task.input))
+    });
+    for r in ready {
+        let task = r.task;
         let s = task.stage;
-        let best = free
-            .iter()
-            .copied()
-            .filter(|w| w.fits(s))
-            .min_by(|a, b| {
-                let (ta, tb) = (a.tier(s), b.tier(s));
-                ta.cmp(&tb)
-                    .then_with(|| {
-                        if ta == Tier::Swap {
-                            victim_class(a, input).cmp(&victim_class(b, input))
-                        } else {
-                            Ordering::Equal
-                        }
-                    })
-                    .then_with(|| {
-                        let ca = a.cached.get(s).copied().unwrap_or(false);
-                        let cb = b.cached.get(s).copied().unwrap_or(false);
-                        cb.cmp(&ca)
-                    })
-                    .then_with(|| by_score_then_id(a, b))
-            });
+        let best = free.iter().copied().filter(|w| w.fits(s)).min_by(|a, b| {
+            let (ta, tb) = (a.tier(s), b.tier(s));
+            ta.cmp(&tb)
+                .then_with(|| {
+                    if ta == Tier::Swap {
+                        victim_class(a, input).cmp(&victim_class(b, input))
+                    } else {
+                        Ordering::Equal
+                    }
+                })
+                .then_with(|| {
+                    let la = r.input_on == Some(a.id);
+                    let lb = r.input_on == Some(b.id);
+                    lb.cmp(&la)
+                })
+                .then_with(|| {
+                    let ca = a.cached.get(s).copied().unwrap_or(false);
+                    let cb = b.cached.get(s).copied().unwrap_or(false);
+                    cb.cmp(&ca)
+                })
+                .then_with(|| by_score_then_id(a, b))
+        });
         if let Some(w) = best {
             claims.push(Claim {
                 task,

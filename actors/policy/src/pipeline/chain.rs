@@ -290,7 +290,9 @@ pub enum ChainError {
         name: String,
     },
     /// An input that neither the previous stage nor the job inputs provide.
-    #[error("{from} -> stage #{to} '{to_name}': input '{tensor}' is produced by neither {from} nor the job inputs")]
+    #[error(
+        "{from} -> stage #{to} '{to_name}': input '{tensor}' is produced by neither {from} nor the job inputs"
+    )]
     MissingInput {
         /// The upstream side.
         from: Producer,
@@ -301,8 +303,20 @@ pub enum ChainError {
         /// The input tensor.
         tensor: String,
     },
+    /// A first-stage input that is not among the job inputs.
+    #[error("job inputs -> stage #{to} '{to_name}': input '{tensor}' is not a job input")]
+    MissingJobInput {
+        /// Consuming stage index.
+        to: usize,
+        /// Consuming stage name.
+        to_name: String,
+        /// The input tensor.
+        tensor: String,
+    },
     /// A connected tensor whose element type differs.
-    #[error("{from} -> stage #{to} '{to_name}': tensor '{tensor}' dtype differs: produced {produced}, expected {expected}")]
+    #[error(
+        "{from} -> stage #{to} '{to_name}': tensor '{tensor}' dtype differs: produced {produced}, expected {expected}"
+    )]
     DTypeMismatch {
         /// The producing side.
         from: Producer,
@@ -318,7 +332,9 @@ pub enum ChainError {
         expected: DType,
     },
     /// A connected tensor whose rank differs.
-    #[error("{from} -> stage #{to} '{to_name}': tensor '{tensor}' rank differs: produced {produced}, expected {expected}")]
+    #[error(
+        "{from} -> stage #{to} '{to_name}': tensor '{tensor}' rank differs: produced {produced}, expected {expected}"
+    )]
     RankMismatch {
         /// The producing side.
         from: Producer,
@@ -334,7 +350,9 @@ pub enum ChainError {
         expected: usize,
     },
     /// A stage reads nothing its predecessor wrote: the chain is not linear.
-    #[error("stage #{from} '{from_name}' -> stage #{to} '{to_name}': no output of the first feeds the second")]
+    #[error(
+        "stage #{from} '{from_name}' -> stage #{to} '{to_name}': no output of the first feeds the second"
+    )]
     Disconnected {
         /// Upstream stage index.
         from: usize,
@@ -349,7 +367,9 @@ pub enum ChainError {
 
 /// Whether `s` is 64 lower-case hex digits.
 pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn check_name(owner: &str, name: &str) -> Result<(), ChainError> {
@@ -425,7 +445,10 @@ fn connect(
 }
 
 /// Checks that `stages` form a linear DAG fed by `job_inputs`; see the module doc for the rule.
-pub fn check_chain(stages: &[StageSignature], job_inputs: &[TensorSig]) -> Result<Chain, ChainError> {
+pub fn check_chain(
+    stages: &[StageSignature],
+    job_inputs: &[TensorSig],
+) -> Result<Chain, ChainError> {
     if stages.is_empty() {
         return Err(ChainError::Empty);
     }
@@ -474,6 +497,12 @@ pub fn check_chain(stages: &[StageSignature], job_inputs: &[TensorSig]) -> Resul
                 fed_by_prev += 1;
             } else if let Some(produced) = job.get(t.name.as_str()) {
                 connect(&Producer::JobInputs, k, &stage.name, produced, t)?;
+            } else if k == 0 {
+                return Err(ChainError::MissingJobInput {
+                    to: k,
+                    to_name: stage.name.clone(),
+                    tensor: t.name.clone(),
+                });
             } else {
                 return Err(ChainError::MissingInput {
                     from: upstream,

@@ -32,7 +32,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::affinity::{self, DispatchInput, Telemetry, Tier, WorkerView};
+use super::affinity::{self, DispatchInput, ReadyTask, Telemetry, Tier, WorkerView};
 use super::chain::{Chain, is_sha256_hex};
 use super::replan::{self, ReplanWeights, SurvivorView};
 use super::{Mode, TaskId, WorkerId};
@@ -214,7 +214,9 @@ impl fmt::Display for Action {
             Action::SendStage { worker, stage } => write!(f, "send s{stage} -> {worker}"),
             Action::Load { worker, stage } => write!(f, "load s{stage} on {worker}"),
             Action::Unload { worker } => write!(f, "unload {worker}"),
-            Action::Assign { task, worker, tier } => write!(f, "assign {task} -> {worker} ({tier})"),
+            Action::Assign { task, worker, tier } => {
+                write!(f, "assign {task} -> {worker} ({tier})")
+            }
             Action::Reassigned { task, from, to } => write!(f, "reassigned {task} {from} -> {to}"),
             Action::Requeued { task, from } => write!(f, "requeued {task} from {from}"),
             Action::IgnoredCompletion {
@@ -294,6 +296,8 @@ struct JobState {
     attempts: Vec<u32>,
     ready: BTreeSet<TaskId>,
     unclaimed: Vec<usize>,
+    in_flight: Vec<usize>,
+    done_by: Vec<Option<WorkerId>>,
     done_per_stage: Vec<usize>,
     done: usize,
     stalled: BTreeSet<usize>,
@@ -305,7 +309,8 @@ impl JobState {
         self.chain.len()
     }
     fn index(&self, t: TaskId) -> Option<usize> {
-        (t.input < self.inputs && t.stage < self.stages()).then(|| t.input * self.stages() + t.stage)
+        (t.input < self.inputs && t.stage < self.stages())
+            .then(|| t.input * self.stages() + t.stage)
     }
     fn state(&self, t: TaskId) -> Option<TaskState> {
         self.index(t).map(|i| self.states[i])
@@ -320,6 +325,21 @@ impl JobState {
         }
         if unclaimed(new) {
             self.unclaimed[t.stage] += 1;
+        }
+        let active = |s: TaskState| {
+            matches!(
+                s,
+                TaskState::Pinned(_) | TaskState::Loading(_) | TaskState::Running(_)
+            )
+        };
+        if active(old) {
+            self.in_flight[t.stage] -= 1;
+        }
+        if active(new) {
+            self.in_flight[t.stage] += 1;
+        }
+        if let (TaskState::Running(w), TaskState::Done) = (old, new) {
+            self.done_by[i] = Some(w);
         }
         if old == TaskState::Ready {
             self.ready.remove(&t);
@@ -453,6 +473,8 @@ impl Foreman {
             attempts: vec![0; tasks],
             ready: BTreeSet::new(),
             unclaimed: vec![0; s],
+            in_flight: vec![0; s],
+            done_by: vec![None; tasks],
             done_per_stage: vec![0; s],
             done: 0,
             stalled: BTreeSet::new(),
@@ -514,7 +536,11 @@ impl Foreman {
             self.ignore(task, id, IgnoreReason::NotAssigned);
             return;
         };
-        let Some(w) = self.workers.get_mut(&id).filter(|w| w.running == Some(task)) else {
+        let Some(w) = self
+            .workers
+            .get_mut(&id)
+            .filter(|w| w.running == Some(task))
+        else {
             let reason = if self.lost.contains(&id) {
                 IgnoreReason::WorkerLost
             } else if state == TaskState::Done {
@@ -547,7 +573,8 @@ impl Foreman {
                 }
             }
         } else {
-            self.actions.push_back(Action::InputDone { input: task.input });
+            self.actions
+                .push_back(Action::InputDone { input: task.input });
         }
         if job.done == job.states.len() && !job.finished {
             job.finished = true;
@@ -698,7 +725,8 @@ impl Foreman {
         }
         if !w.cached.contains(&sig.sha256) {
             w.cached.insert(sig.sha256.clone());
-            self.actions.push_back(Action::SendStage { worker: id, stage });
+            self.actions
+                .push_back(Action::SendStage { worker: id, stage });
         }
         if stage == 0 && w.live.is_none() && w.is_free() && job.unclaimed[0] > 0 {
             w.loading = Some(Loading { stage, task: None });
@@ -806,10 +834,23 @@ impl Foreman {
                 })
                 .collect();
             if !views.is_empty() {
+                let ready = job
+                    .ready
+                    .iter()
+                    .map(|&task| ReadyTask {
+                        task,
+                        input_on: task
+                            .stage
+                            .checked_sub(1)
+                            .and_then(|k| job.index(TaskId::new(task.input, k)))
+                            .and_then(|i| job.done_by[i]),
+                    })
+                    .collect();
                 let input = DispatchInput {
                     workers: views,
-                    ready: job.ready.iter().copied().collect(),
+                    ready,
                     backlog: job.unclaimed.clone(),
+                    in_flight: job.in_flight.clone(),
                     holders,
                 };
                 for c in affinity::two_phase_dispatch(&input) {

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use thiserror::Error;
 
 use super::affinity::Telemetry;
-use super::chain::Chain;
+use super::chain::{Chain, ChainError, DType, StageSignature, TensorSig, check_chain};
 use super::foreman::{Action, Foreman, ForemanConfig, ForemanError, Job, WorkerReport};
 use super::{Mode, TaskId, WorkerId};
 use crate::Micros;
@@ -305,10 +305,8 @@ impl Sim<'_> {
                     *n += 1;
                 }
             }
-            Action::JobDone => {
-                if self.report.makespan.is_none() {
-                    self.report.makespan = Some(now);
-                }
+            Action::JobDone if self.report.makespan.is_none() => {
+                self.report.makespan = Some(now);
             }
             _ => {}
         }
@@ -481,4 +479,31 @@ pub fn classic_pipeline_bound(costs: &[StageCost], speeds: &[f64], inputs: usize
     let total: f64 = costs.iter().map(|c| c.compute.0 as f64).sum();
     let slowest = costs.iter().map(|c| c.compute.0).max().unwrap_or(0) as f64;
     micros_of((total + inputs.saturating_sub(1) as f64 * slowest) / max)
+}
+
+/// A chain of stages `s0..` with the given file sizes, for simulations and benchmarks: stage `k`
+/// reads `h{k}` (f32, rank 3) plus the job's `mask` (i64, rank 2) and writes `h{k+1}`; the
+/// stage hash is `k + 1` written as 64 hex digits.
+pub fn synthetic_chain(sizes: &[u64]) -> Result<Chain, ChainError> {
+    let stages: Vec<StageSignature> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &size)| StageSignature {
+            name: format!("s{k}"),
+            sha256: format!("{:064x}", k + 1),
+            size_bytes: size,
+            inputs: vec![
+                TensorSig::new(&format!("h{k}"), DType::F32, 3),
+                TensorSig::new("mask", DType::I64, 2),
+            ],
+            outputs: vec![TensorSig::new(&format!("h{}", k + 1), DType::F32, 3)],
+        })
+        .collect();
+    check_chain(
+        &stages,
+        &[
+            TensorSig::new("h0", DType::F32, 3),
+            TensorSig::new("mask", DType::I64, 2),
+        ],
+    )
 }
