@@ -957,3 +957,60 @@ fn streaming_vs_barrier_anomalies_are_rare_and_small() {
     assert!(worst < 1.5, "worst streaming/barrier {worst}");
     assert!(sum_ratio / (trials as f64) < 1.0);
 }
+
+/// The Gantt timeline is physically consistent: a worker does one thing at a time, and each
+/// task starts only after its dependencies ended (1:1 in streaming, the whole previous stage in
+/// barrier) on a worker whose last load was the task's stage.
+#[test]
+fn timeline_respects_dependencies_and_residency() {
+    for mode in [Mode::Streaming, Mode::Barrier] {
+        let mut s = setup(&MINILM_SIZES, &[1.0, 1.0, 1.0, 1.0, 0.5], 7, mode);
+        s.crashes = vec![(WorkerId(3), Micros::from_millis(5_000))];
+        let r = simulate(&s).unwrap();
+        assert!(r.makespan.is_some());
+        let mut by_worker: std::collections::BTreeMap<WorkerId, Vec<_>> = Default::default();
+        for sp in &r.spans {
+            by_worker.entry(sp.worker).or_default().push(*sp);
+        }
+        for spans in by_worker.values_mut() {
+            spans.sort_by_key(|sp| (sp.start, sp.end));
+            for pair in spans.windows(2) {
+                assert!(pair[0].end <= pair[1].start, "overlap {pair:?}");
+            }
+            let mut loaded = None;
+            for sp in spans.iter() {
+                match sp.kind {
+                    SpanKind::Load { stage, .. } => loaded = Some(stage),
+                    SpanKind::Compute(t) => assert_eq!(loaded, Some(t.stage), "{sp:?}"),
+                    SpanKind::Transfer(_) => {}
+                }
+            }
+        }
+        let done: Vec<_> = r
+            .spans
+            .iter()
+            .filter(|sp| sp.completed)
+            .filter_map(|sp| match sp.kind {
+                SpanKind::Compute(t) => Some((t, sp.start, sp.end)),
+                _ => None,
+            })
+            .collect();
+        let end_of = |t: TaskId| done.iter().find(|d| d.0 == t).map(|d| d.2).unwrap();
+        for &(t, start, _) in &done {
+            if t.stage == 0 {
+                continue;
+            }
+            let dep = match mode {
+                Mode::Streaming => end_of(TaskId::new(t.input, t.stage - 1)),
+                Mode::Barrier => (0..s.inputs)
+                    .map(|i| end_of(TaskId::new(i, t.stage - 1)))
+                    .max()
+                    .unwrap(),
+            };
+            assert!(
+                start >= dep,
+                "{t} started at {start} before its dependency ended at {dep}"
+            );
+        }
+    }
+}
