@@ -392,7 +392,7 @@ impl Foreman {
     /// A worker joined (or rejoined after being lost: it starts fresh).
     pub fn handle_worker_joined(
         &mut self,
-        _now: Micros,
+        now: Micros,
         id: WorkerId,
         report: WorkerReport,
     ) -> Result<(), ForemanError> {
@@ -414,7 +414,7 @@ impl Foreman {
         };
         // A rejoin under the same id abandons whatever the old incarnation held.
         if self.workers.contains_key(&id) {
-            self.handle_worker_lost(_now, id);
+            self.handle_worker_lost(now, id);
             self.lost.remove(&id);
         }
         self.workers.insert(id, state);

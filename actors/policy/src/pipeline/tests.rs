@@ -847,6 +847,29 @@ fn stage_over_budget_never_goes_there() {
     );
 }
 
+/// A crowd where every worker but one (`survivor_pick`) may crash at the given time.
+fn crash_setup(
+    sizes: &[u64],
+    speeds: &[f64],
+    inputs: usize,
+    streaming: bool,
+    survivor_pick: prop::sample::Index,
+    crash_ms: &[Option<u64>],
+) -> SimSetup {
+    let mode = if streaming {
+        Mode::Streaming
+    } else {
+        Mode::Barrier
+    };
+    let mut s = setup(sizes, speeds, inputs, mode);
+    let survivor = survivor_pick.index(speeds.len());
+    s.crashes = (0..speeds.len())
+        .filter(|&i| i != survivor)
+        .filter_map(|i| crash_ms[i].map(|ms| (WorkerId(i as u32 + 1), Micros::from_millis(ms))))
+        .collect();
+    s
+}
+
 fn sizes_strategy() -> impl Strategy<Value = Vec<u64>> {
     prop::collection::vec(1_000u64..80_000_000, 1..4)
 }
@@ -863,24 +886,48 @@ proptest! {
         survivor_pick in any::<prop::sample::Index>(),
         crash_ms in prop::collection::vec(prop::option::of(0u64..30_000), 6),
     ) {
-        let mode = if streaming { Mode::Streaming } else { Mode::Barrier };
-        let mut s = setup(&sizes, &speeds, inputs, mode);
-        let survivor = survivor_pick.index(speeds.len());
-        s.crashes = (0..speeds.len())
-            .filter(|&i| i != survivor)
-            .filter_map(|i| crash_ms[i].map(|ms| (WorkerId(i as u32 + 1), Micros::from_millis(ms))))
-            .collect();
+        let s = crash_setup(&sizes, &speeds, inputs, streaming, survivor_pick, &crash_ms);
         let r = simulate(&s).unwrap();
         prop_assert!(r.makespan.is_some(), "job did not finish");
-        prop_assert_eq!(r.residency_violations, 0);
         prop_assert_eq!(r.completions.len(), inputs * sizes.len());
         prop_assert!(r.completions.values().all(|&n| n == 1));
         prop_assert!(r.answers.iter().all(|&n| n == 1));
-        // No worker ever has two sessions: replay the action stream as a residency model.
+        // Every move is followed through: the task ran on its new worker, unless that worker
+        // was lost in turn and moved it again.
+        for (i, (_, a)) in r.log.iter().enumerate() {
+            if let Action::Reassigned { task, to, .. } = *a {
+                let followed = r.log[i + 1..].iter().any(|(_, b)| match *b {
+                    Action::Assign { task: t, worker, .. } => t == task && worker == to,
+                    Action::Reassigned { task: t, from, .. } | Action::Requeued { task: t, from } => {
+                        t == task && from == to
+                    }
+                    _ => false,
+                });
+                prop_assert!(followed, "{} moved to {} and then forgotten", task, to);
+            }
+        }
+    }
+
+    #[test]
+    fn never_two_live_stages_on_a_worker(
+        sizes in sizes_strategy(),
+        speeds in prop::collection::vec(0.25f64..2.0, 2..6),
+        inputs in 1usize..8,
+        streaming in any::<bool>(),
+        survivor_pick in any::<prop::sample::Index>(),
+        crash_ms in prop::collection::vec(prop::option::of(0u64..30_000), 6),
+    ) {
+        let s = crash_setup(&sizes, &speeds, inputs, streaming, survivor_pick, &crash_ms);
+        let r = simulate(&s).unwrap();
+        // The simulated workers saw no Load arrive with a session live or loading...
+        prop_assert_eq!(r.residency_violations, 0);
+        // ...and replaying the action stream as a residency model agrees.
         let mut live = std::collections::BTreeMap::new();
         for (_, a) in &r.log {
             match a {
-                Action::Unload { worker } => { live.insert(*worker, false); }
+                Action::Unload { worker } => {
+                    live.insert(*worker, false);
+                }
                 Action::Load { worker, .. } => {
                     prop_assert!(!live.get(worker).copied().unwrap_or(false), "two sessions on {}", worker);
                     live.insert(*worker, true);
