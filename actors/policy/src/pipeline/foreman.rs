@@ -392,7 +392,7 @@ impl Foreman {
     /// A worker joined (or rejoined after being lost: it starts fresh).
     pub fn handle_worker_joined(
         &mut self,
-        now: Micros,
+        _now: Micros,
         id: WorkerId,
         report: WorkerReport,
     ) -> Result<(), ForemanError> {
@@ -412,11 +412,12 @@ impl Foreman {
             ok: 0,
             failed: 0,
         };
-        // A rejoin under the same id abandons whatever the old incarnation held.
-        if self.workers.contains_key(&id) {
-            self.handle_worker_lost(now, id);
-            self.lost.remove(&id);
-        }
+        // A rejoin under the same id abandons whatever the old incarnation held; the fresh
+        // incarnation is itself a candidate for those tasks.
+        let orphans = match self.workers.remove(&id) {
+            Some(old) => Self::held_tasks(&old),
+            None => Vec::new(),
+        };
         self.workers.insert(id, state);
         if let Some(job) = &self.job
             && !job.finished
@@ -424,6 +425,7 @@ impl Foreman {
             let smallest = job.chain.smallest_stage();
             self.broadcast_to(id, smallest);
         }
+        self.replan(id, &orphans);
         self.dispatch();
         Ok(())
     }
@@ -589,55 +591,7 @@ impl Foreman {
             return;
         };
         self.lost.insert(id);
-        let Some(job) = self.job.as_mut() else { return };
-        if job.finished {
-            return;
-        }
-        let mut orphans: Vec<TaskId> = w.running.into_iter().collect();
-        orphans.extend(w.loading.and_then(|l| l.task).map(|(t, _)| t));
-        orphans.extend(w.pinned.iter().copied());
-        if orphans.is_empty() {
-            self.dispatch();
-            return;
-        }
-        let survivors: Vec<SurvivorView> = self
-            .workers
-            .iter()
-            .map(|(&sid, s)| SurvivorView {
-                id: sid,
-                ok: s.ok,
-                failed: s.failed,
-                free_ram_bytes: s.telemetry.free_ram_bytes,
-                battery_pct: s.telemetry.battery_pct,
-                live: Self::live_index(job, s),
-                cached: Self::cached_flags(job, s),
-                fits: Self::fit_flags(job, s),
-                queued: usize::from(!s.is_free()) + s.pinned.len(),
-            })
-            .collect();
-        let moves = replan::plan_reassignment(id, &orphans, &survivors, &self.config.replan);
-        for m in moves {
-            match m.to {
-                Some(to) => {
-                    job.set(m.task, TaskState::Pinned(to));
-                    if let Some(target) = self.workers.get_mut(&to) {
-                        target.pinned.push_back(m.task);
-                    }
-                    self.actions.push_back(Action::Reassigned {
-                        task: m.task,
-                        from: id,
-                        to,
-                    });
-                }
-                None => {
-                    job.set(m.task, TaskState::Ready);
-                    self.actions.push_back(Action::Requeued {
-                        task: m.task,
-                        from: id,
-                    });
-                }
-            }
-        }
+        self.replan(id, &Self::held_tasks(&w));
         self.dispatch();
     }
 
@@ -668,6 +622,58 @@ impl Foreman {
     /// Session RSS estimate of stage `k` of the current job.
     pub fn stage_rss(&self, k: usize) -> Option<u64> {
         self.job.as_ref().and_then(|j| j.rss.get(k).copied())
+    }
+
+    /// Tasks a worker was running, loading for, or had pinned.
+    fn held_tasks(w: &WorkerState) -> Vec<TaskId> {
+        let mut held: Vec<TaskId> = w.running.into_iter().collect();
+        held.extend(w.loading.and_then(|l| l.task).map(|(t, _)| t));
+        held.extend(w.pinned.iter().copied());
+        held
+    }
+
+    /// Gives the orphaned tasks of worker `from` to the workers now registered, logging each move.
+    fn replan(&mut self, from: WorkerId, orphans: &[TaskId]) {
+        let Some(job) = self.job.as_mut() else { return };
+        if job.finished || orphans.is_empty() {
+            return;
+        }
+        let candidates: Vec<SurvivorView> = self
+            .workers
+            .iter()
+            .map(|(&sid, s)| SurvivorView {
+                id: sid,
+                ok: s.ok,
+                failed: s.failed,
+                free_ram_bytes: s.telemetry.free_ram_bytes,
+                battery_pct: s.telemetry.battery_pct,
+                live: Self::live_index(job, s),
+                cached: Self::cached_flags(job, s),
+                fits: Self::fit_flags(job, s),
+                queued: usize::from(!s.is_free()) + s.pinned.len(),
+            })
+            .collect();
+        let moves = replan::plan_reassignment(from, orphans, &candidates, &self.config.replan);
+        for m in moves {
+            match m.to {
+                Some(to) => {
+                    job.set(m.task, TaskState::Pinned(to));
+                    if let Some(target) = self.workers.get_mut(&to) {
+                        target.pinned.push_back(m.task);
+                    }
+                    self.actions.push_back(Action::Reassigned {
+                        task: m.task,
+                        from,
+                        to,
+                    });
+                }
+                None => {
+                    job.set(m.task, TaskState::Ready);
+                    self.actions
+                        .push_back(Action::Requeued { task: m.task, from });
+                }
+            }
+        }
     }
 
     fn clean_hashes(hashes: Vec<String>) -> BTreeSet<String> {

@@ -94,14 +94,16 @@ pub fn tier_value(t: Tier) -> f64 {
     }
 }
 
-/// Plans where each of `orphans` (tasks of the lost worker `from`) goes; see the module doc.
+/// Plans where each of `orphans` (tasks of the lost worker `from`) goes among `survivors`; see
+/// the module doc. `survivors` are the candidates as given: a worker that rejoined fresh under
+/// the lost id may be among them.
 pub fn plan_reassignment(
     from: WorkerId,
     orphans: &[TaskId],
     survivors: &[SurvivorView],
     weights: &ReplanWeights,
 ) -> Vec<Move> {
-    let mut pool: Vec<SurvivorView> = survivors.iter().filter(|s| s.id != from).cloned().collect();
+    let mut pool: Vec<SurvivorView> = survivors.to_vec();
     let max_ram = pool.iter().map(|s| s.free_ram_bytes).max().unwrap_or(0);
     let mut tasks = orphans.to_vec();
     tasks.sort();
