@@ -1,0 +1,1063 @@
+//! Tests of the pipeline policy: golden files, hand-checked cases, property tests, simulations.
+
+use std::fmt::Write as _;
+
+use proptest::prelude::*;
+
+use super::affinity::{
+    self, Claim, DispatchInput, Phase, ReadyTask, Telemetry, Tier, WorkerView, classify,
+    entropy_weights, two_phase_dispatch,
+};
+use super::chain::{ChainError, DType, Producer, StageSignature, TensorSig, check_chain};
+use super::foreman::{Action, Foreman, ForemanConfig, Job, WorkerReport};
+use super::golden::{arg, args, bytes, run_golden, stage_list, task, worker};
+use super::replan::{ReplanWeights, SurvivorView, plan_reassignment};
+use super::sim::{
+    SimSetup, SimWorker, SpanKind, StageCost, classic_pipeline_bound, ideal_pipeline_bound,
+    simulate, synthetic_chain,
+};
+use super::{Mode, TaskId, WorkerId};
+use crate::Micros;
+
+// ---------- parsing helpers shared by the golden handlers ----------
+
+fn tensor_list(s: &str) -> Vec<TensorSig> {
+    if s == "none" {
+        return Vec::new();
+    }
+    s.split(',')
+        .map(|t| {
+            let parts: Vec<&str> = t.split(':').collect();
+            assert_eq!(parts.len(), 3, "tensor spec {t} is name:dtype:rank");
+            TensorSig::new(
+                parts[0],
+                parts[1].parse::<DType>().unwrap(),
+                parts[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn default_hash(k: usize) -> String {
+    format!("{:064x}", k + 1)
+}
+
+fn telemetry_of(a: &[(String, String)]) -> Telemetry {
+    let f = |k: &str, d: f64| arg(a, k).map_or(d, |v| v.parse().unwrap());
+    Telemetry {
+        cpu_load: f("cpu", 0.5),
+        free_ram_bytes: arg(a, "free").map_or(1_000_000_000, bytes),
+        ram_budget_bytes: arg(a, "budget").map_or(1_000_000_000, bytes),
+        battery_pct: f("battery", 50.0),
+        temperature_c: f("temp", 35.0),
+        rtt_ms: f("rtt", 20.0),
+    }
+}
+
+// ---------- chain ----------
+
+fn run_chain(_cmd: &str, input: &[String]) -> String {
+    let mut job = Vec::new();
+    let mut stages = Vec::new();
+    for line in input {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("job") => job = words.flat_map(tensor_list).collect(),
+            Some("stage") => {
+                let name = words.next().unwrap().to_owned();
+                let a = args(line);
+                stages.push(StageSignature {
+                    name,
+                    sha256: arg(&a, "sha")
+                        .map_or_else(|| default_hash(stages.len()), str::to_owned),
+                    size_bytes: bytes(arg(&a, "size").unwrap_or("1M")),
+                    inputs: tensor_list(arg(&a, "in").unwrap_or("none")),
+                    outputs: tensor_list(arg(&a, "out").unwrap_or("none")),
+                });
+            }
+            other => panic!("unknown chain line {other:?}"),
+        }
+    }
+    match check_chain(&stages, &job) {
+        Ok(c) => {
+            let k = c.smallest_stage();
+            format!(
+                "ok: {} stages, smallest #{k} '{}'",
+                c.len(),
+                c.stages()[k].name
+            )
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+#[test]
+fn golden_chain() {
+    run_golden("chain.txt", run_chain);
+}
+
+#[test]
+fn chain_error_names_pair_and_tensor() {
+    let a = StageSignature {
+        name: "cell_a".into(),
+        sha256: default_hash(0),
+        size_bytes: 10,
+        inputs: vec![TensorSig::new("input_ids", DType::I64, 2)],
+        outputs: vec![TensorSig::new("hidden", DType::F32, 3)],
+    };
+    let mut b = StageSignature {
+        name: "cell_b".into(),
+        sha256: default_hash(1),
+        size_bytes: 10,
+        inputs: vec![
+            TensorSig::new("hidden", DType::F16, 3),
+            TensorSig::new("attention_mask", DType::I64, 2),
+        ],
+        outputs: vec![TensorSig::new("logits", DType::F32, 2)],
+    };
+    let job = [
+        TensorSig::new("input_ids", DType::I64, 2),
+        TensorSig::new("attention_mask", DType::I64, 2),
+    ];
+    let err = check_chain(&[a.clone(), b.clone()], &job).unwrap_err();
+    assert_eq!(
+        err,
+        ChainError::DTypeMismatch {
+            from: Producer::Stage {
+                index: 0,
+                name: "cell_a".into()
+            },
+            to: 1,
+            to_name: "cell_b".into(),
+            tensor: "hidden".into(),
+            produced: DType::F32,
+            expected: DType::F16,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "stage #0 'cell_a' -> stage #1 'cell_b': tensor 'hidden' dtype differs: produced f32, expected f16"
+    );
+    // The side input attention_mask comes from the job inputs; with the dtype fixed it passes.
+    b.inputs[0].dtype = DType::F32;
+    let chain = check_chain(&[a.clone(), b.clone()], &job).unwrap();
+    assert_eq!(chain.len(), 2);
+    // Without it among the job inputs, the side input is missing.
+    let err = check_chain(&[a, b], &job[..1]).unwrap_err();
+    assert!(
+        matches!(err, ChainError::MissingInput { ref tensor, to: 1, .. } if tensor == "attention_mask")
+    );
+}
+
+// ---------- tiers ----------
+
+fn run_tiers(cmd: &str, input: &[String]) -> String {
+    let stage: usize = arg(&args(cmd), "stage").unwrap().parse().unwrap();
+    let mut out = String::new();
+    for line in input {
+        let a = args(line);
+        let live = match arg(&a, "live").unwrap_or("none") {
+            "none" => None,
+            s => Some(s.parse().unwrap()),
+        };
+        let cached = stage_list(arg(&a, "cached").unwrap_or("none"), 0).contains(&stage);
+        let name = line.split_whitespace().next().unwrap();
+        let _ = writeln!(out, "{name} {}", classify(live, cached, stage));
+    }
+    out
+}
+
+#[test]
+fn golden_tiers() {
+    run_golden("tiers.txt", run_tiers);
+}
+
+#[test]
+fn tiers_by_hand() {
+    assert_eq!(classify(Some(1), false, 1), Tier::Resident);
+    assert_eq!(classify(None, true, 1), Tier::Cached);
+    assert_eq!(classify(None, false, 1), Tier::Idle);
+    // Another stage live: unload first, even with the wanted stage on disk.
+    assert_eq!(classify(Some(0), true, 1), Tier::Swap);
+    assert!(Tier::Resident < Tier::Cached && Tier::Idle < Tier::Swap);
+}
+
+// ---------- entropy weights ----------
+
+fn run_entropy(_cmd: &str, input: &[String]) -> String {
+    let names: Vec<&str> = input
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    let crowd: Vec<Telemetry> = input.iter().map(|l| telemetry_of(&args(l))).collect();
+    let (scores, weights) = affinity::rank_telemetry(&crowd);
+    let mut out = String::from("weights");
+    for (n, w) in affinity::METRIC_NAMES.iter().zip(weights) {
+        let _ = write!(out, " {n}={w:.6}");
+    }
+    out.push('\n');
+    for (n, s) in names.iter().zip(scores) {
+        let _ = writeln!(out, "score {n}={s:.6}");
+    }
+    out
+}
+
+#[test]
+fn golden_entropy() {
+    run_golden("entropy.txt", run_entropy);
+}
+
+#[test]
+fn entropy_weights_by_hand() {
+    // Columns: battery [20, 40, 40], rtt [10, 20, 70], cpu constant.
+    // battery: p = (.2, .4, .4), H = -(.2 ln .2 + 2 * .4 ln .4) = 1.054920, e = H / ln 3 = 0.960230
+    // rtt:     p = (.1, .2, .7), H = 0.801819, e = 0.729847
+    // d = (0.039770, 0.270153, 0), w = d / 0.309923 = (0.128323, 0.871677, 0)
+    let rows = [[20.0, 10.0, 0.5], [40.0, 20.0, 0.5], [40.0, 70.0, 0.5]];
+    let w = entropy_weights(&rows);
+    assert!((w[0] - 0.128323).abs() < 1e-6, "{w:?}");
+    assert!((w[1] - 0.871677).abs() < 1e-6, "{w:?}");
+    assert_eq!(w[2], 0.0);
+    // Scores (battery higher is better, rtt lower is better), min-max normalised:
+    // row 0: 0 * wb + 1 * wr = 0.871677; row 1: wb + (5/6) wr = 0.854720; row 2: wb = 0.128323.
+    let s = affinity::weighted_scores(&rows, &w, &[true, false, false]);
+    assert!((s[0] - 0.871677).abs() < 1e-6 && (s[1] - 0.854720).abs() < 1e-6);
+    assert!((s[2] - 0.128323).abs() < 1e-6);
+    // Everything equal: all weights zero, no NaN.
+    let flat = entropy_weights(&[[3.0, 0.0], [3.0, 0.0]]);
+    assert_eq!(flat, [0.0, 0.0]);
+    // One worker, empty crowd, NaN and negative telemetry: zeros, never NaN.
+    assert_eq!(entropy_weights(&[[1.0, 2.0]]), [0.0, 0.0]);
+    assert_eq!(entropy_weights::<2>(&[]), [0.0, 0.0]);
+    let w = entropy_weights(&[[f64::NAN, -1.0], [1.0, 2.0], [1.0, 2.0]]);
+    assert!(w.iter().all(|x| x.is_finite()));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    #[test]
+    fn entropy_weights_are_a_distribution_or_zero(
+        rows in prop::collection::vec(prop::array::uniform4(0.0f64..1e6), 0..12)
+    ) {
+        let w = entropy_weights(&rows);
+        prop_assert!(w.iter().all(|x| x.is_finite() && *x >= 0.0));
+        let sum: f64 = w.iter().sum();
+        prop_assert!(sum == 0.0 || (sum - 1.0).abs() < 1e-9);
+        for j in 0..4 {
+            if rows.iter().all(|r| r[j] == rows[0][j]) {
+                prop_assert!(w[j] < 1e-12, "constant column {j} weighs {}", w[j]);
+            }
+        }
+    }
+}
+
+// ---------- two-phase dispatch ----------
+
+fn run_dispatch(cmd: &str, input: &[String]) -> String {
+    let stages: usize = arg(&args(cmd), "stages").unwrap().parse().unwrap();
+    let mut d = DispatchInput {
+        workers: Vec::new(),
+        ready: Vec::new(),
+        backlog: vec![0; stages],
+        in_flight: vec![0; stages],
+        holders: vec![0; stages],
+    };
+    for line in input {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("worker") => {
+                let id = worker(words.next().unwrap());
+                let a = args(line);
+                let live = match arg(&a, "live").unwrap_or("none") {
+                    "none" => None,
+                    s => Some(s.parse().unwrap()),
+                };
+                let cached = stage_list(arg(&a, "cached").unwrap_or("none"), stages);
+                let fits = stage_list(arg(&a, "fits").unwrap_or("all"), stages);
+                d.workers.push(WorkerView {
+                    id,
+                    live,
+                    cached: (0..stages).map(|k| cached.contains(&k)).collect(),
+                    fits: (0..stages).map(|k| fits.contains(&k)).collect(),
+                    score: arg(&a, "score").unwrap_or("0").parse().unwrap(),
+                });
+            }
+            Some("ready") => {
+                d.ready = words
+                    .map(|w| match w.split_once('@') {
+                        Some((t, on)) => ReadyTask {
+                            task: task(t),
+                            input_on: Some(worker(on)),
+                        },
+                        None => ReadyTask {
+                            task: task(w),
+                            input_on: None,
+                        },
+                    })
+                    .collect()
+            }
+            Some("inflight") => {
+                d.in_flight = words
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|x| x.parse().unwrap())
+                    .collect()
+            }
+            Some("backlog") => {
+                d.backlog = words
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|x| x.parse().unwrap())
+                    .collect()
+            }
+            Some("holders") => {
+                d.holders = words
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|x| x.parse().unwrap())
+                    .collect()
+            }
+            other => panic!("unknown dispatch line {other:?}"),
+        }
+    }
+    let mut out = String::new();
+    for c in two_phase_dispatch(&d) {
+        let phase = match c.phase {
+            Phase::WorkerClaim => "phase1",
+            Phase::TaskClaim => "phase2",
+        };
+        let _ = writeln!(out, "{} -> {} {} {phase}", c.task, c.worker, c.tier);
+    }
+    if out.is_empty() {
+        out.push_str("(no claims)");
+    }
+    out
+}
+
+#[test]
+fn golden_dispatch() {
+    run_golden("dispatch.txt", run_dispatch);
+}
+
+#[test]
+fn dispatch_by_hand() {
+    // w1 holds s1 live, w2 holds s0 live, w3 is empty with s1 cached. Ready: two s1 tasks, one s0.
+    // Phase 1: s0 and s1 each have coverage 1; the later stage goes first: w1 claims i0/s1,
+    // then w2 claims i2/s0. Phase 2: i1/s1 takes the best of what is left: w3 (Tier 2).
+    let view = |id, live, cached: Vec<bool>, score| WorkerView {
+        id: WorkerId(id),
+        live,
+        cached,
+        fits: vec![true; 2],
+        score,
+    };
+    let d = DispatchInput {
+        workers: vec![
+            view(1, Some(1), vec![false, true], 0.1),
+            view(2, Some(0), vec![true, false], 0.9),
+            view(3, None, vec![false, true], 0.0),
+        ],
+        ready: [(0, 1), (1, 1), (2, 0)]
+            .into_iter()
+            .map(|(i, s)| ReadyTask {
+                task: TaskId::new(i, s),
+                input_on: None,
+            })
+            .collect(),
+        backlog: vec![1, 2],
+        in_flight: vec![0, 0],
+        holders: vec![1, 1],
+    };
+    let claims = two_phase_dispatch(&d);
+    let c = |i, s, w, tier, phase| Claim {
+        task: TaskId::new(i, s),
+        worker: WorkerId(w),
+        tier,
+        phase,
+    };
+    assert_eq!(
+        claims,
+        vec![
+            c(0, 1, 1, Tier::Resident, Phase::WorkerClaim),
+            c(2, 0, 2, Tier::Resident, Phase::WorkerClaim),
+            c(1, 1, 3, Tier::Cached, Phase::TaskClaim),
+        ]
+    );
+}
+
+// ---------- replan planner and foreman scripts ----------
+
+fn run_replan(cmd: &str, input: &[String]) -> String {
+    let a = args(cmd);
+    let from = worker(arg(&a, "from").unwrap());
+    let stages: usize = arg(&a, "stages").unwrap().parse().unwrap();
+    let mut survivors = Vec::new();
+    let mut orphans = Vec::new();
+    for line in input {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("survivor") => {
+                let id = worker(words.next().unwrap());
+                let a = args(line);
+                let cached = stage_list(arg(&a, "cached").unwrap_or("none"), stages);
+                let fits = stage_list(arg(&a, "fits").unwrap_or("all"), stages);
+                survivors.push(SurvivorView {
+                    id,
+                    ok: arg(&a, "ok").unwrap_or("0").parse().unwrap(),
+                    failed: arg(&a, "failed").unwrap_or("0").parse().unwrap(),
+                    free_ram_bytes: bytes(arg(&a, "ram").unwrap_or("0")),
+                    battery_pct: arg(&a, "battery").unwrap_or("0").parse().unwrap(),
+                    live: match arg(&a, "live").unwrap_or("none") {
+                        "none" => None,
+                        s => Some(s.parse().unwrap()),
+                    },
+                    cached: (0..stages).map(|k| cached.contains(&k)).collect(),
+                    fits: (0..stages).map(|k| fits.contains(&k)).collect(),
+                    queued: arg(&a, "queued").unwrap_or("0").parse().unwrap(),
+                });
+            }
+            Some("orphans") => orphans = words.map(task).collect(),
+            other => panic!("unknown replan line {other:?}"),
+        }
+    }
+    let mut out = String::new();
+    for m in plan_reassignment(from, &orphans, &survivors, &ReplanWeights::default()) {
+        match m.to {
+            Some(to) => {
+                let _ = writeln!(out, "{} {} -> {to} score={:.4}", m.task, m.from, m.score);
+            }
+            None => {
+                let _ = writeln!(out, "{} {} -> none", m.task, m.from);
+            }
+        }
+    }
+    out
+}
+
+/// Drives a [`Foreman`] through a script; prints each command and the actions it produced.
+fn run_foreman(_cmd: &str, input: &[String]) -> String {
+    let mut f = Foreman::new(ForemanConfig::default());
+    let mut out = String::new();
+    let mut stages = 0;
+    for (step, line) in input.iter().enumerate() {
+        let now = Micros::from_secs(step as u64);
+        let mut words = line.split_whitespace();
+        let verb = words.next().unwrap();
+        let a = args(line);
+        let _ = writeln!(out, "> {line}");
+        match verb {
+            "join" => {
+                let id = worker(words.next().unwrap());
+                let report = WorkerReport {
+                    telemetry: telemetry_of(&a),
+                    live: arg(&a, "live").map(|s| default_hash(s.parse().unwrap())),
+                    cached: stage_list(arg(&a, "cached").unwrap_or("none"), 0)
+                        .into_iter()
+                        .map(default_hash)
+                        .collect(),
+                };
+                f.handle_worker_joined(now, id, report).unwrap();
+            }
+            "job" => {
+                let sizes: Vec<u64> = arg(&a, "sizes").unwrap().split(',').map(bytes).collect();
+                stages = sizes.len();
+                let mode = match arg(&a, "mode").unwrap() {
+                    "streaming" => Mode::Streaming,
+                    "barrier" => Mode::Barrier,
+                    m => panic!("mode {m}"),
+                };
+                let chain = synthetic_chain(&sizes).unwrap();
+                let inputs = arg(&a, "inputs").unwrap().parse().unwrap();
+                f.submit_job(
+                    now,
+                    Job {
+                        chain,
+                        inputs,
+                        mode,
+                    },
+                )
+                .unwrap();
+            }
+            "loaded" => {
+                let id = worker(words.next().unwrap());
+                let s: usize = words
+                    .next()
+                    .unwrap()
+                    .trim_start_matches('s')
+                    .parse()
+                    .unwrap();
+                f.handle_stage_loaded(now, id, s, words.next() != Some("fail"));
+            }
+            "done" => {
+                let id = worker(words.next().unwrap());
+                let t = task(words.next().unwrap());
+                f.handle_task_done(now, id, t, words.next() != Some("fail"));
+            }
+            "lost" => f.handle_worker_lost(now, worker(words.next().unwrap())),
+            "telemetry" => {
+                let id = worker(words.next().unwrap());
+                f.handle_telemetry(now, id, telemetry_of(&a));
+            }
+            v => panic!("unknown verb {v}"),
+        }
+        while let Some(action) = f.poll_action() {
+            let _ = writeln!(out, "  {action}");
+        }
+    }
+    let live: Vec<String> = f
+        .workers()
+        .into_iter()
+        .map(|w| match f.live_stage(w) {
+            Some(k) if k < stages => format!("{w}=s{k}"),
+            Some(_) => format!("{w}=foreign"),
+            None => format!("{w}=none"),
+        })
+        .collect();
+    let _ = writeln!(out, "live {}; done {}", live.join(" "), f.tasks_done());
+    out
+}
+
+fn run_replan_or_script(cmd: &str, input: &[String]) -> String {
+    if cmd.starts_with("replan") {
+        run_replan(cmd, input)
+    } else {
+        run_foreman(cmd, input)
+    }
+}
+
+#[test]
+fn golden_replan() {
+    run_golden("replan.txt", run_replan_or_script);
+}
+
+#[test]
+fn golden_foreman() {
+    run_golden("foreman.txt", run_foreman);
+}
+
+#[test]
+fn replan_score_by_hand() {
+    // ok=3 failed=1: success (3+1)/(3+1+2) = 2/3; only survivor so ram = 1; battery 80 -> 0.8;
+    // Tier 1 -> 1; score = 0.3*2/3 + 0.2*1 + 0.2*0.8 + 0.3*1 = 0.86.
+    let s = SurvivorView {
+        id: WorkerId(1),
+        ok: 3,
+        failed: 1,
+        free_ram_bytes: 500,
+        battery_pct: 80.0,
+        live: Some(1),
+        cached: vec![false, true],
+        fits: vec![true, true],
+        queued: 0,
+    };
+    let moves = plan_reassignment(
+        WorkerId(9),
+        &[TaskId::new(0, 1)],
+        &[s],
+        &ReplanWeights::default(),
+    );
+    assert_eq!(moves.len(), 1);
+    assert_eq!(moves[0].to, Some(WorkerId(1)));
+    assert!((moves[0].score - 0.86).abs() < 1e-12, "{}", moves[0].score);
+}
+
+#[test]
+fn late_completion_from_lost_worker_is_ignored() {
+    let mut f = Foreman::new(ForemanConfig::default());
+    let now = Micros::ZERO;
+    for id in [1, 2] {
+        f.handle_worker_joined(now, WorkerId(id), WorkerReport::default())
+            .unwrap();
+    }
+    // Budget default in WorkerReport::default() is 0: give both a real one.
+    for id in [1, 2] {
+        f.handle_telemetry(
+            now,
+            WorkerId(id),
+            Telemetry {
+                ram_budget_bytes: 1 << 30,
+                ..Telemetry::default()
+            },
+        );
+    }
+    let chain = synthetic_chain(&[1000]).unwrap();
+    f.submit_job(
+        now,
+        Job {
+            chain,
+            inputs: 1,
+            mode: Mode::Streaming,
+        },
+    )
+    .unwrap();
+    let actions: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    // Smallest stage is stage 0: sent and loaded on both; nothing assigned until a load lands.
+    assert!(actions.iter().all(|a| !matches!(a, Action::Assign { .. })));
+    f.handle_stage_loaded(now, WorkerId(1), 0, true);
+    let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    let task = TaskId::new(0, 0);
+    assert_eq!(
+        a,
+        vec![Action::Assign {
+            task,
+            worker: WorkerId(1),
+            tier: Tier::Resident
+        }]
+    );
+    f.handle_worker_lost(now, WorkerId(1));
+    let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    assert_eq!(
+        a[0],
+        Action::Reassigned {
+            task,
+            from: WorkerId(1),
+            to: WorkerId(2)
+        }
+    );
+    // w2 is still loading s0: nothing more until it lands.
+    assert_eq!(a.len(), 1);
+    f.handle_task_done(now, WorkerId(1), task, true);
+    assert_eq!(
+        f.poll_action(),
+        Some(Action::IgnoredCompletion {
+            task,
+            worker: WorkerId(1),
+            reason: super::foreman::IgnoreReason::WorkerLost
+        })
+    );
+    assert_eq!(f.tasks_done(), 0);
+    f.handle_stage_loaded(now, WorkerId(2), 0, true);
+    assert_eq!(
+        f.poll_action(),
+        Some(Action::Assign {
+            task,
+            worker: WorkerId(2),
+            tier: Tier::Resident
+        })
+    );
+    f.handle_task_done(now, WorkerId(2), task, true);
+    let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    assert_eq!(a, vec![Action::InputDone { input: 0 }, Action::JobDone]);
+    // A second report of the same completion is ignored too.
+    f.handle_task_done(now, WorkerId(2), task, true);
+    assert!(matches!(
+        f.poll_action(),
+        Some(Action::IgnoredCompletion { .. })
+    ));
+    assert_eq!(f.tasks_done(), 1);
+}
+
+// ---------- simulator ----------
+
+/// Stage sizes of a MiniLM-like 3-way cut (encoder front, encoder back, classifier head).
+const MINILM_SIZES: [u64; 3] = [69_000_000, 21_000_000, 1_000];
+
+/// Costs proportional to size: 10 ms compute per MB at speed 1 (the head gets a 1 ms floor);
+/// download at 20 MB/s; warm load from disk at 200 MB/s plus 100 ms of session start-up.
+fn costs_for(sizes: &[u64]) -> Vec<StageCost> {
+    sizes
+        .iter()
+        .map(|&b| StageCost {
+            compute: Micros((b / 100).max(1_000)),
+            download: Micros(b / 20),
+            warm_load: Micros(b / 200 + 100_000),
+        })
+        .collect()
+}
+
+fn crowd(speeds: &[f64], cached: &[usize]) -> Vec<SimWorker> {
+    speeds
+        .iter()
+        .enumerate()
+        .map(|(i, &speed)| SimWorker {
+            id: WorkerId(i as u32 + 1),
+            speed,
+            telemetry: Telemetry {
+                cpu_load: 0.2 + 0.1 * i as f64,
+                free_ram_bytes: 1_000_000_000 + 100_000_000 * i as u64,
+                ram_budget_bytes: 512_000_000,
+                battery_pct: 90.0 - 5.0 * i as f64,
+                temperature_c: 32.0,
+                rtt_ms: 15.0 + i as f64,
+            },
+            cached: cached.to_vec(),
+        })
+        .collect()
+}
+
+fn setup(sizes: &[u64], speeds: &[f64], inputs: usize, mode: Mode) -> SimSetup {
+    SimSetup {
+        chain: synthetic_chain(sizes).unwrap(),
+        costs: costs_for(sizes),
+        workers: crowd(speeds, &[]),
+        inputs,
+        mode,
+        hop: Micros::from_millis(10),
+        crashes: Vec::new(),
+        deliver_late_completions: true,
+        foreman: ForemanConfig::default(),
+    }
+}
+
+fn assert_exactly_once(s: &SimSetup) -> Micros {
+    let r = simulate(s).unwrap();
+    let makespan = r.makespan.expect("job finished");
+    assert_eq!(r.residency_violations, 0);
+    assert_eq!(r.completions.len(), s.inputs * s.chain.len());
+    assert!(
+        r.completions.values().all(|&n| n == 1),
+        "{:?}",
+        r.completions
+    );
+    assert!(r.answers.iter().all(|&n| n == 1), "{:?}", r.answers);
+    makespan
+}
+
+#[test]
+fn minilm_streaming_vs_barrier_ratios() {
+    let speeds = [1.0, 1.0, 1.0, 1.0, 0.5];
+    let costs = costs_for(&MINILM_SIZES);
+    for inputs in [5, 20] {
+        for warm in [false, true] {
+            let mut st = setup(&MINILM_SIZES, &speeds, inputs, Mode::Streaming);
+            let mut ba = setup(&MINILM_SIZES, &speeds, inputs, Mode::Barrier);
+            if warm {
+                st.workers = crowd(&speeds, &[0, 1, 2]);
+                ba.workers = crowd(&speeds, &[0, 1, 2]);
+            }
+            let ms = assert_exactly_once(&st);
+            let mb = assert_exactly_once(&ba);
+            let ideal = ideal_pipeline_bound(&costs, &speeds, inputs);
+            let classic = classic_pipeline_bound(&costs, &speeds, inputs);
+            println!(
+                "minilm N={inputs} disk={}: streaming {:.3}s barrier {:.3}s ideal {:.3}s classic {:.3}s | \
+                 streaming/barrier {:.3} streaming/ideal {:.3} streaming/classic {:.3}",
+                if warm { "warm" } else { "cold" },
+                ms.as_secs_f64(),
+                mb.as_secs_f64(),
+                ideal.as_secs_f64(),
+                classic.as_secs_f64(),
+                ms.as_secs_f64() / mb.as_secs_f64(),
+                ms.as_secs_f64() / ideal.as_secs_f64(),
+                ms.as_secs_f64() / classic.as_secs_f64(),
+            );
+            assert!(ms <= mb, "streaming {ms} slower than barrier {mb}");
+            assert!(ms >= ideal, "makespan {ms} below the lower bound {ideal}");
+        }
+    }
+}
+
+#[test]
+fn jit_loads_wait_for_upstream_and_smallest_is_broadcast() {
+    let s = setup(&MINILM_SIZES, &[1.0, 1.0, 0.5], 4, Mode::Streaming);
+    let r = simulate(&s).unwrap();
+    // The 1 KB head (stage 2) is the smallest: sent to all three workers at t = 0, not loaded.
+    let sends: Vec<_> = r.actions_matching(|a| matches!(a, Action::SendStage { stage: 2, .. }));
+    assert_eq!(sends.len(), 3);
+    assert!(sends.iter().all(|(t, _)| *t == Micros::ZERO));
+    for k in 1..3 {
+        let first_load = r
+            .spans
+            .iter()
+            .filter(|sp| matches!(sp.kind, SpanKind::Load { stage, .. } if stage == k))
+            .map(|sp| sp.start)
+            .min()
+            .unwrap();
+        let first_upstream_done = r
+            .spans
+            .iter()
+            .filter(|sp| matches!(sp.kind, SpanKind::Compute(t) if t.stage == k - 1))
+            .map(|sp| sp.end)
+            .min()
+            .unwrap();
+        assert!(
+            first_load >= first_upstream_done,
+            "stage {k} loaded before any upstream completed"
+        );
+    }
+    // The head was on every disk already: its loads are warm.
+    assert!(r.spans.iter().all(|sp| !matches!(
+        sp.kind,
+        SpanKind::Load {
+            stage: 2,
+            cold: true
+        }
+    )));
+}
+
+#[test]
+fn crash_mid_job_completes_with_logged_moves() {
+    let mut s = setup(
+        &MINILM_SIZES,
+        &[1.0, 1.0, 1.0, 1.0, 0.5],
+        5,
+        Mode::Streaming,
+    );
+    s.crashes = vec![(WorkerId(2), Micros::from_millis(4_000))];
+    let r = simulate(&s).unwrap();
+    assert!(r.makespan.is_some());
+    let moved = r.actions_matching(|a| {
+        matches!(
+            a,
+            Action::Reassigned {
+                from: WorkerId(2),
+                ..
+            }
+        )
+    });
+    assert!(!moved.is_empty(), "worker 2 held a task at 4 s");
+    assert!(r.completions.values().all(|&n| n == 1));
+    assert!(r.answers.iter().all(|&n| n == 1));
+    assert!(
+        r.spans
+            .iter()
+            .any(|sp| sp.worker == WorkerId(2) && !sp.completed)
+    );
+    for (_, a) in moved {
+        println!("{a}");
+    }
+}
+
+#[test]
+fn stage_over_budget_never_goes_there() {
+    // Worker 1's budget cannot hold the 69 MB stage (1.5 x 69 MB + 16 MiB > 100 MB).
+    let mut s = setup(&MINILM_SIZES, &[1.0, 1.0], 3, Mode::Streaming);
+    s.workers[0].telemetry.ram_budget_bytes = 100_000_000;
+    let r = simulate(&s).unwrap();
+    assert!(r.makespan.is_some());
+    let on_w1_stage0 = r.log.iter().any(|(_, a)| match a {
+        Action::SendStage { worker, stage } | Action::Load { worker, stage } => {
+            *worker == WorkerId(1) && *stage == 0
+        }
+        Action::Assign { task, worker, .. } => *worker == WorkerId(1) && task.stage == 0,
+        _ => false,
+    });
+    assert!(!on_w1_stage0);
+    // Only the small worker left for stage 0: the job stalls instead of breaking the budget.
+    s.workers.truncate(1);
+    let r = simulate(&s).unwrap();
+    assert!(r.makespan.is_none());
+    assert!(
+        r.log
+            .iter()
+            .any(|(_, a)| *a == Action::Stalled { stage: 0 })
+    );
+}
+
+/// A crowd where every worker but one (`survivor_pick`) may crash at the given time.
+fn crash_setup(
+    sizes: &[u64],
+    speeds: &[f64],
+    inputs: usize,
+    streaming: bool,
+    survivor_pick: prop::sample::Index,
+    crash_ms: &[Option<u64>],
+) -> SimSetup {
+    let mode = if streaming {
+        Mode::Streaming
+    } else {
+        Mode::Barrier
+    };
+    let mut s = setup(sizes, speeds, inputs, mode);
+    let survivor = survivor_pick.index(speeds.len());
+    s.crashes = (0..speeds.len())
+        .filter(|&i| i != survivor)
+        .filter_map(|i| crash_ms[i].map(|ms| (WorkerId(i as u32 + 1), Micros::from_millis(ms))))
+        .collect();
+    s
+}
+
+fn sizes_strategy() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(1_000u64..80_000_000, 1..4)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn every_task_completes_once_under_crashes(
+        sizes in sizes_strategy(),
+        speeds in prop::collection::vec(0.25f64..2.0, 2..6),
+        inputs in 1usize..8,
+        streaming in any::<bool>(),
+        survivor_pick in any::<prop::sample::Index>(),
+        crash_ms in prop::collection::vec(prop::option::of(0u64..30_000), 6),
+    ) {
+        let s = crash_setup(&sizes, &speeds, inputs, streaming, survivor_pick, &crash_ms);
+        let r = simulate(&s).unwrap();
+        prop_assert!(r.makespan.is_some(), "job did not finish");
+        prop_assert_eq!(r.completions.len(), inputs * sizes.len());
+        prop_assert!(r.completions.values().all(|&n| n == 1));
+        prop_assert!(r.answers.iter().all(|&n| n == 1));
+        // Every move is followed through: the task ran on its new worker, unless that worker
+        // was lost in turn and moved it again.
+        for (i, (_, a)) in r.log.iter().enumerate() {
+            if let Action::Reassigned { task, to, .. } = *a {
+                let followed = r.log[i + 1..].iter().any(|(_, b)| match *b {
+                    Action::Assign { task: t, worker, .. } => t == task && worker == to,
+                    Action::Reassigned { task: t, from, .. } | Action::Requeued { task: t, from } => {
+                        t == task && from == to
+                    }
+                    _ => false,
+                });
+                prop_assert!(followed, "{} moved to {} and then forgotten", task, to);
+            }
+        }
+    }
+
+    #[test]
+    fn never_two_live_stages_on_a_worker(
+        sizes in sizes_strategy(),
+        speeds in prop::collection::vec(0.25f64..2.0, 2..6),
+        inputs in 1usize..8,
+        streaming in any::<bool>(),
+        survivor_pick in any::<prop::sample::Index>(),
+        crash_ms in prop::collection::vec(prop::option::of(0u64..30_000), 6),
+    ) {
+        let s = crash_setup(&sizes, &speeds, inputs, streaming, survivor_pick, &crash_ms);
+        let r = simulate(&s).unwrap();
+        // The simulated workers saw no Load arrive with a session live or loading...
+        prop_assert_eq!(r.residency_violations, 0);
+        // ...and replaying the action stream as a residency model agrees.
+        let mut live = std::collections::BTreeMap::new();
+        for (_, a) in &r.log {
+            match a {
+                Action::Unload { worker } => {
+                    live.insert(*worker, false);
+                }
+                Action::Load { worker, .. } => {
+                    prop_assert!(!live.get(worker).copied().unwrap_or(false), "two sessions on {}", worker);
+                    live.insert(*worker, true);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Same crowd, same job: streaming is never slower than barrier. The crowd has one speed and
+    /// no transfer cost (telemetry still differs, so ranking matters). With heterogeneous speeds or
+    /// transfer costs greedy online dispatch has list-scheduling anomalies; see
+    /// `streaming_vs_barrier_anomalies_are_rare_and_small`.
+    #[test]
+    fn streaming_never_slower_than_barrier(
+        sizes in sizes_strategy(),
+        speed in 0.25f64..2.0,
+        workers in 1usize..6,
+        inputs in 1usize..10,
+    ) {
+        let speeds = vec![speed; workers];
+        let run = |mode| {
+            let mut s = setup(&sizes, &speeds, inputs, mode);
+            s.hop = Micros::ZERO;
+            simulate(&s).unwrap().makespan.unwrap()
+        };
+        let (ms, mb) = (run(Mode::Streaming), run(Mode::Barrier));
+        prop_assert!(ms <= mb, "streaming {} > barrier {}", ms, mb);
+        prop_assert!(ms >= ideal_pipeline_bound(&costs_for(&sizes), &speeds, inputs));
+    }
+}
+
+/// Heterogeneous speeds and 10 ms transfers: streaming can lose to barrier (the fastest worker
+/// may sit idle while a slow one runs a whole chain; a transfer lands on the critical path), but
+/// rarely and by little. Measured over 3000 seeded instances while writing this: 2.4% of them,
+/// worst 1.29x. The bounds below guard against a policy change making that worse.
+#[test]
+fn streaming_vs_barrier_anomalies_are_rare_and_small() {
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let mut rng = SmallRng::seed_from_u64(7);
+    let trials = 400;
+    let (mut slower, mut worst, mut sum_ratio) = (0, 1.0f64, 0.0);
+    for _ in 0..trials {
+        let sizes: Vec<u64> = (0..rng.random_range(1..4))
+            .map(|_| rng.random_range(1_000..80_000_000))
+            .collect();
+        let speeds: Vec<f64> = (0..rng.random_range(1..6))
+            .map(|_| rng.random_range(0.25..2.0))
+            .collect();
+        let n = rng.random_range(1..10);
+        let ms = simulate(&setup(&sizes, &speeds, n, Mode::Streaming))
+            .unwrap()
+            .makespan
+            .unwrap();
+        let mb = simulate(&setup(&sizes, &speeds, n, Mode::Barrier))
+            .unwrap()
+            .makespan
+            .unwrap();
+        let ratio = ms.as_secs_f64() / mb.as_secs_f64();
+        sum_ratio += ratio;
+        if ms > mb {
+            slower += 1;
+            worst = worst.max(ratio);
+        }
+    }
+    println!(
+        "streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {:.3}",
+        sum_ratio / trials as f64
+    );
+    assert!(
+        slower * 20 <= trials,
+        "streaming slower in {slower}/{trials}"
+    );
+    assert!(worst < 1.5, "worst streaming/barrier {worst}");
+    assert!(sum_ratio / (trials as f64) < 1.0);
+}
+
+/// The Gantt timeline is physically consistent: a worker does one thing at a time, and each
+/// task starts only after its dependencies ended (1:1 in streaming, the whole previous stage in
+/// barrier) on a worker whose last load was the task's stage.
+#[test]
+fn timeline_respects_dependencies_and_residency() {
+    for mode in [Mode::Streaming, Mode::Barrier] {
+        let mut s = setup(&MINILM_SIZES, &[1.0, 1.0, 1.0, 1.0, 0.5], 7, mode);
+        s.crashes = vec![(WorkerId(3), Micros::from_millis(5_000))];
+        let r = simulate(&s).unwrap();
+        assert!(r.makespan.is_some());
+        let mut by_worker: std::collections::BTreeMap<WorkerId, Vec<_>> = Default::default();
+        for sp in &r.spans {
+            by_worker.entry(sp.worker).or_default().push(*sp);
+        }
+        for spans in by_worker.values_mut() {
+            spans.sort_by_key(|sp| (sp.start, sp.end));
+            for pair in spans.windows(2) {
+                assert!(pair[0].end <= pair[1].start, "overlap {pair:?}");
+            }
+            let mut loaded = None;
+            for sp in spans.iter() {
+                match sp.kind {
+                    SpanKind::Load { stage, .. } => loaded = Some(stage),
+                    SpanKind::Compute(t) => assert_eq!(loaded, Some(t.stage), "{sp:?}"),
+                    SpanKind::Transfer(_) => {}
+                }
+            }
+        }
+        let done: Vec<_> = r
+            .spans
+            .iter()
+            .filter(|sp| sp.completed)
+            .filter_map(|sp| match sp.kind {
+                SpanKind::Compute(t) => Some((t, sp.start, sp.end)),
+                _ => None,
+            })
+            .collect();
+        let end_of = |t: TaskId| done.iter().find(|d| d.0 == t).map(|d| d.2).unwrap();
+        for &(t, start, _) in &done {
+            if t.stage == 0 {
+                continue;
+            }
+            let dep = match mode {
+                Mode::Streaming => end_of(TaskId::new(t.input, t.stage - 1)),
+                Mode::Barrier => (0..s.inputs)
+                    .map(|i| end_of(TaskId::new(i, t.stage - 1)))
+                    .max()
+                    .unwrap(),
+            };
+            assert!(
+                start >= dep,
+                "{t} started at {start} before its dependency ended at {dep}"
+            );
+        }
+    }
+}
