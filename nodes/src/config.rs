@@ -1,0 +1,295 @@
+//! `troupe node` configuration: TOML, unknown fields rejected, validated with errors that name
+//! the file, the field and what is wrong.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest config file read (configs are a few KiB).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// One node's configuration.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The node's name; its certificate must carry it.
+    pub name: String,
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// Directory with `ca.crt`, `NAME.crt`, `NAME.key` (relative to the config file).
+    pub keys: PathBuf,
+    /// ractor_cluster cookie (not a secret; identity comes from mutual TLS).
+    #[serde(default = "default_cookie")]
+    pub cookie: String,
+    /// Peers this node dials.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+    /// Heartbeats and failure detection.
+    #[serde(default)]
+    pub membership: MembershipSection,
+    /// Root supervisor restart intensity.
+    #[serde(default)]
+    pub supervision: SupervisionSection,
+    /// Transport limits.
+    #[serde(default)]
+    pub transport: TransportSection,
+    /// Devices (one device actor each).
+    #[serde(default)]
+    pub devices: Vec<DeviceConfig>,
+    /// Actors the root supervisor starts.
+    #[serde(default)]
+    pub actors: Vec<ActorConfig>,
+    /// A job this node runs; the node exits when it ends.
+    #[serde(default)]
+    pub job: Option<JobConfig>,
+}
+
+fn default_cookie() -> String {
+    "troupe".into()
+}
+
+/// A peer to dial.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// Its node name.
+    pub name: String,
+    /// Its address.
+    pub addr: SocketAddr,
+}
+
+/// `[membership]`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MembershipSection {
+    /// Heartbeat period in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Silence in milliseconds after which a member is down.
+    pub timeout_ms: u64,
+}
+
+impl Default for MembershipSection {
+    fn default() -> Self {
+        Self { heartbeat_ms: 200, timeout_ms: 1500 }
+    }
+}
+
+/// `[supervision]`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisionSection {
+    /// Restarts allowed per period.
+    pub max_restarts: u32,
+    /// Period in seconds.
+    pub period_s: u64,
+}
+
+impl Default for SupervisionSection {
+    fn default() -> Self {
+        Self { max_restarts: 3, period_s: 5 }
+    }
+}
+
+/// `[transport]`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportSection {
+    /// Largest frame body accepted from a peer, in MiB.
+    pub max_frame_mb: u32,
+    /// QUIC idle timeout in milliseconds.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        Self { max_frame_mb: 128, idle_timeout_ms: 10_000 }
+    }
+}
+
+/// `[[devices]]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Device actor name.
+    pub name: String,
+    /// "cpu" or "cuda:N".
+    pub kind: String,
+    /// Memory budget in MiB.
+    pub memory_mb: u64,
+}
+
+/// `[[actors]]`: an actor the root supervisor starts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ActorConfig {
+    /// Actor kind: "hello-expert".
+    pub kind: String,
+    /// Registered name (defaults to the kind).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// `[job]`: work this node runs once the cluster is up.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// Job kind: "hello".
+    pub kind: String,
+    /// Number of experts to wait for.
+    #[serde(default = "default_experts")]
+    pub experts: usize,
+    /// The question the hello job asks.
+    #[serde(default = "default_question")]
+    pub question: String,
+    /// Give up after this many seconds.
+    #[serde(default = "default_job_timeout")]
+    pub timeout_s: u64,
+}
+
+fn default_experts() -> usize {
+    2
+}
+fn default_question() -> String {
+    "What do the experts of this troupe say?".into()
+}
+fn default_job_timeout() -> u64 {
+    60
+}
+
+/// A config problem, naming the file and the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {field}: {problem}")]
+pub struct ConfigError {
+    /// The config file.
+    pub file: String,
+    /// The field (dotted path) or "file".
+    pub field: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// Known actor kinds in `[[actors]]`.
+pub const ACTOR_KINDS: &[&str] = &["hello-expert"];
+/// Known job kinds in `[job]`.
+pub const JOB_KINDS: &[&str] = &["hello"];
+
+impl NodeConfig {
+    /// Reads, parses and validates a config file; relative paths resolve against its folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let err = |field: &str, problem: String| ConfigError { file: file.clone(), field: field.into(), problem };
+        let meta = std::fs::metadata(path).map_err(|e| err("file", e.to_string()))?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(err("file", format!("{} bytes is larger than the {MAX_CONFIG_BYTES}-byte cap", meta.len())));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| err("file", e.to_string()))?;
+        let mut cfg: NodeConfig = toml::from_str(&text).map_err(|e| {
+            let field = e.message().split('`').nth(1).unwrap_or("file").to_string();
+            err(&field, e.to_string().trim().replace('\n', " "))
+        })?;
+        if cfg.keys.is_relative() {
+            cfg.keys = path.parent().unwrap_or(Path::new(".")).join(&cfg.keys);
+        }
+        cfg.validate().map_err(|(field, problem)| err(&field, problem))?;
+        Ok(cfg)
+    }
+
+    /// Checks values that parse but make no sense: `Err((field, problem))`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |f: &str, p: String| Err((f.to_string(), p));
+        if let Err(e) = troupe_transport::identity::validate_node_name(&self.name) {
+            return bad("name", e.to_string());
+        }
+        let m = self.membership;
+        if m.heartbeat_ms == 0 {
+            return bad("membership.heartbeat_ms", "must be at least 1".into());
+        }
+        if m.timeout_ms <= m.heartbeat_ms {
+            return bad(
+                "membership.timeout_ms",
+                format!("must be greater than heartbeat_ms ({}), or every member flaps down", m.heartbeat_ms),
+            );
+        }
+        if self.transport.max_frame_mb == 0 || self.transport.max_frame_mb > 4095 {
+            return bad("transport.max_frame_mb", "must be between 1 and 4095".into());
+        }
+        if self.transport.idle_timeout_ms <= m.heartbeat_ms {
+            return bad("transport.idle_timeout_ms", "must be greater than membership.heartbeat_ms".into());
+        }
+        if self.supervision.period_s == 0 {
+            return bad("supervision.period_s", "must be at least 1".into());
+        }
+        for (i, p) in self.peers.iter().enumerate() {
+            if let Err(e) = troupe_transport::identity::validate_node_name(&p.name) {
+                return bad(&format!("peers[{i}].name"), e.to_string());
+            }
+            if p.name == self.name {
+                return bad(&format!("peers[{i}].name"), "a node cannot be its own peer".into());
+            }
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            if d.kind != "cpu" && !d.kind.starts_with("cuda:") {
+                return bad(&format!("devices[{i}].kind"), format!("unknown device kind {:?} (use \"cpu\" or \"cuda:N\")", d.kind));
+            }
+            if d.memory_mb == 0 {
+                return bad(&format!("devices[{i}].memory_mb"), "must be at least 1".into());
+            }
+        }
+        for (i, a) in self.actors.iter().enumerate() {
+            if !ACTOR_KINDS.contains(&a.kind.as_str()) {
+                return bad(&format!("actors[{i}].kind"), format!("unknown actor kind {:?} (known: {ACTOR_KINDS:?})", a.kind));
+            }
+        }
+        if let Some(j) = &self.job
+            && !JOB_KINDS.contains(&j.kind.as_str())
+        {
+            return bad("job.kind", format!("unknown job kind {:?} (known: {JOB_KINDS:?})", j.kind));
+        }
+        Ok(())
+    }
+
+    /// Heartbeat period.
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.membership.heartbeat_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("node.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    const GOOD: &str = "name = \"a\"\nlisten = \"127.0.0.1:7000\"\nkeys = \"keys\"\n";
+
+    #[test]
+    fn good_config_resolves_keys_next_to_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        assert_eq!(c.keys, d.path().join("keys"));
+        assert_eq!(c.membership, MembershipSection::default());
+    }
+
+    #[test]
+    fn errors_name_file_field_and_problem() {
+        let d = tempfile::tempdir().unwrap();
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
+        assert!(e.to_string().contains("node.toml") && e.field == "colour", "{e}");
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n")))
+            .unwrap_err();
+        assert_eq!(e.field, "membership.timeout_ms", "{e}");
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n"))).unwrap_err();
+        assert_eq!(e.field, "actors[0].kind");
+        assert!(e.problem.contains("dragon"));
+        let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n")).unwrap_err();
+        assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
+        let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+    }
+}
