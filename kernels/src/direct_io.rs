@@ -114,7 +114,8 @@ fn is_einval(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
 }
 
-fn open_direct(path: &Path) -> io::Result<File> {
+/// Open `path` read-only with `O_DIRECT`.
+pub(crate) fn open_direct(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)

@@ -21,7 +21,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::cuda::CudaDevice;
 use crate::device::Device;
-use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, read_range};
+use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, open_direct, read_range_with};
 use crate::error::{KernelError, Result};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 
@@ -125,6 +125,13 @@ pub struct StoreStats {
     pub odirect_fallbacks: u64,
 }
 
+impl StoreStats {
+    /// Whether any disk read had to fall back to the page cache.
+    pub fn odirect_refused(&self) -> bool {
+        self.odirect_fallbacks > 0
+    }
+}
+
 struct Entry {
     len: u64,
     hash: blake3::Hash,
@@ -147,6 +154,8 @@ pub struct WeightStore {
     host_budget: u64,
     host_used: u64,
     stats: StoreStats,
+    /// Opens blob files with O_DIRECT (tests swap in one that refuses, like some filesystems do).
+    open_direct: fn(&Path) -> std::io::Result<File>,
 }
 
 impl std::fmt::Debug for WeightStore {
@@ -224,6 +233,7 @@ impl WeightStore {
             arena,
             host_budget,
             host_used: 0,
+            open_direct,
         };
         store.index()?;
         Ok(store)
@@ -390,7 +400,7 @@ impl WeightStore {
         };
         let len =
             usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
-        let (bytes, mode) = read_range(&path, HEADER as u64, len)?;
+        let (bytes, mode) = read_range_with(&path, HEADER as u64, len, self.open_direct)?;
         if mode == ReadMode::BufferedFallback {
             if self.stats.odirect_fallbacks == 0 {
                 tracing::warn!(
@@ -586,5 +596,32 @@ impl WeightStore {
         s.host_budget = self.host_budget;
         s.device = self.pool.stats();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_odirect_is_reported_in_stats() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let mut s = WeightStore::open(dir.path(), &Device::Cpu, 0, 1 << 20).unwrap();
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 241) as u8).collect();
+        let id = s.put("fallback", &data).unwrap();
+        // A filesystem that refuses O_DIRECT fails the open with EINVAL.
+        s.open_direct = |_| Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(&s.load_to_host(&id).unwrap()[..], &data[..]);
+        assert_eq!(s.stats().odirect_fallbacks, 1);
+        assert!(s.stats().odirect_refused());
+        s.evict(&id).unwrap();
+        s.open_direct = open_direct;
+        s.load_to_host(&id).unwrap();
+        assert_eq!(
+            s.stats().odirect_fallbacks,
+            1,
+            "a direct read does not count"
+        );
     }
 }

@@ -171,6 +171,25 @@ mod tests {
     }
 
     #[test]
+    fn bias_gradient_matches_finite_differences() {
+        let (rows, cols) = (3, 4);
+        let x = Tensor::from_f32(&[rows, cols], random_vec(11, rows * cols, 1.0)).unwrap();
+        let b = random_vec(12, cols, 1.0);
+        let r = random_vec(13, rows * cols, 1.0);
+        let analytic = bias_grad(&Tensor::from_f32(&[rows, cols], r.clone()).unwrap())
+            .unwrap()
+            .to_vec_f32();
+        check_grad("bias_add", &b, &analytic, |b| {
+            let y = bias_add(&x, &Tensor::from_f32(&[cols], b.to_vec()).unwrap()).unwrap();
+            y.to_vec_f32()
+                .iter()
+                .zip(&r)
+                .map(|(&a, &w)| f64::from(a) * f64::from(w))
+                .sum()
+        });
+    }
+
+    #[test]
     fn bias_add_and_grad() {
         let x = Tensor::from_f32(&[2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
         let b = Tensor::from_f32(&[3], vec![10., 20., 30.]).unwrap();
