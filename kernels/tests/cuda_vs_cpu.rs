@@ -150,3 +150,22 @@ fn store_device_tier_round_trips_through_gpu_memory() {
     assert_eq!(s.evict(&id).unwrap(), Tier::Host);
     assert_eq!(s.read(&id).unwrap(), data);
 }
+
+#[test]
+fn ffn_kernel_source_compiles_with_nvrtc() {
+    // NVRTC needs no GPU: this runs wherever libnvrtc is on the library path.
+    match troupe_kernels::cuda::ffn_kernels_ptx() {
+        Ok(ptx) => {
+            for entry in ["bias_gelu_fwd", "bias_add_rows", "gelu_bwd_inplace"] {
+                assert!(
+                    ptx.contains(&format!(".entry {entry}")),
+                    "{entry} missing from PTX"
+                );
+            }
+        }
+        Err(KernelError::CudaUnavailable(reason)) => {
+            let _ = writeln!(std::io::stderr(), "skipped: no NVRTC ({reason})");
+        }
+        Err(e) => panic!("NVRTC rejected the kernel source: {e}"),
+    }
+}
