@@ -7,7 +7,7 @@
 //!   the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
 //! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
 //! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
-//! - [`bench`]: kernel figures for `troupe bench kernels`.
+//! - [`mod@bench`]: kernel figures for `troupe bench kernels`.
 
 pub mod bench;
 pub mod cuda;
