@@ -380,9 +380,18 @@ impl WeightStore {
     }
 
     fn verify(&self, id: &BlobId, bytes: &[u8], source_tier: &'static str) -> Result<()> {
+        self.check(id, bytes.len(), blake3::hash(bytes), source_tier)
+    }
+
+    fn check(
+        &self,
+        id: &BlobId,
+        len: usize,
+        got: blake3::Hash,
+        source_tier: &'static str,
+    ) -> Result<()> {
         let e = self.entry(id)?;
-        let got = blake3::hash(bytes);
-        if bytes.len() as u64 != e.len || got != e.hash {
+        if len as u64 != e.len || got != e.hash {
             return Err(KernelError::Corrupted {
                 blob: id.to_string(),
                 source_tier,
@@ -400,7 +409,12 @@ impl WeightStore {
         };
         let len =
             usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
-        let (bytes, mode) = read_range_with(&path, HEADER as u64, len, self.open_direct)?;
+        // The checksum is computed on a helper thread while the next block is read.
+        let mut hasher = blake3::Hasher::new();
+        let (bytes, mode) =
+            read_range_with(&path, HEADER as u64, len, self.open_direct, &mut |p| {
+                hasher.update(p);
+            })?;
         if mode == ReadMode::BufferedFallback {
             if self.stats.odirect_fallbacks == 0 {
                 tracing::warn!(
@@ -410,7 +424,7 @@ impl WeightStore {
             }
             self.stats.odirect_fallbacks += 1;
         }
-        self.verify(id, &bytes, "disk")?;
+        self.check(id, bytes.len(), hasher.finalize(), "disk")?;
         Ok(bytes)
     }
 

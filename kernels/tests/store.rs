@@ -139,6 +139,28 @@ fn corrupted_blob_is_detected_by_name() {
 }
 
 #[test]
+fn corruption_in_a_later_block_is_detected() {
+    // Over one 4 MiB read block: the checksum runs on a helper thread while blocks stream in.
+    let dir = tmpdir();
+    let mut s = WeightStore::open(dir.path(), &Device::Cpu, 0, 16 << 20).unwrap();
+    let data = pattern((9 << 20) + 17, 3);
+    let id = s.put("big-expert", &data).unwrap();
+    assert_eq!(&s.load_to_host(&id).unwrap()[..], &data[..]);
+    s.evict(&id).unwrap();
+    let path = s.path_of(&id).unwrap().to_path_buf();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.seek(SeekFrom::Start(WeightStore::data_offset() + (9 << 20) + 3))
+        .unwrap();
+    f.write_all(&[0x55]).unwrap();
+    f.sync_all().unwrap();
+    let err = s.load_to_host(&id).unwrap_err().to_string();
+    assert!(
+        err.contains("big-expert") && err.contains("corrupted"),
+        "{err}"
+    );
+}
+
+#[test]
 fn reopen_indexes_blobs_and_rejects_bad_headers() {
     let dir = tmpdir();
     let data = pattern(5000, 5);
