@@ -181,6 +181,16 @@ impl CudaDevice {
             .map_err(|e| KernelError::cuda("device-to-host copy", e))
     }
 
+    /// Make this device's context current on the calling thread (cuBLAS calls do not do it
+    /// themselves; actors may call from any worker thread).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| KernelError::cuda("bind context", e))
+    }
+
     /// The cuBLAS handle (created on first use).
     pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
         let mut slot = self

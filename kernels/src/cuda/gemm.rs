@@ -50,6 +50,7 @@ pub fn gemm_device(
         ldc: as_i32("ldc", g.n.max(1))?,
     };
     let blas = dev.blas()?;
+    dev.bind()?;
     // SAFETY: `check` proved the buffers hold exactly the elements the dimensions and leading
     // dimensions above address; all three live on this device's stream.
     unsafe { blas.gemm(cfg, b, a, c) }.map_err(|e| KernelError::cuda("cublasSgemm", e))
