@@ -30,7 +30,7 @@ impl Lcg {
 }
 
 fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
-    Tensor::from_f32(shape, v).unwrap()
+    Tensor::from_f32(shape, v).expect("shape matches data")
 }
 
 /// A batch: class c tokens sit around mean_c (plus noise).
