@@ -448,14 +448,15 @@ impl WeightStore {
         if let Some(h) = &e.host {
             return Ok(h.clone());
         }
-        let len = e.len;
-        if e.device.is_some() {
+        let (len, on_device) = (e.len, e.device.is_some());
+        self.host_room(id, len)?;
+        if on_device {
+            // Room was checked, so this moves the blob to the host tier.
             self.evict(id)?;
             if let Some(h) = &self.entry(id)?.host {
                 return Ok(h.clone());
             }
         }
-        self.host_room(id, len)?;
         let start = Instant::now();
         let bytes = Arc::new(self.read_disk(id)?);
         self.stats.disk_to_host.record(bytes.len(), start);

@@ -104,10 +104,18 @@ fn budgets_are_enforced_with_clear_errors() {
     s.promote_to_device(&other).unwrap();
     assert_eq!(s.stats().device.used, 2 * 768);
 
-    // Host full: evicting from the device falls through to disk.
+    // Host full: loading a device blob to the host is refused and leaves it on the device;
+    // evicting it falls through to disk.
     let filler = s.put("filler", &pattern(1000, 4)).unwrap();
     s.load_to_host(&filler).unwrap();
+    let err = s.load_to_host(&small).unwrap_err();
+    assert!(
+        matches!(err, KernelError::TierFull { tier: "host", .. }),
+        "{err}"
+    );
+    assert_eq!(s.tier(&small).unwrap(), Tier::Device);
     assert_eq!(s.evict(&small).unwrap(), Tier::Disk);
+    assert_eq!(s.read(&small).unwrap(), pattern(600, 1));
 }
 
 #[test]
