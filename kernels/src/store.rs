@@ -524,7 +524,9 @@ impl WeightStore {
         })?;
         let start = Instant::now();
         let result = match &host {
-            Some(bytes) => self.arena_write(alloc, bytes),
+            Some(bytes) => self
+                .verify(id, bytes, "host")
+                .and_then(|()| self.arena_write(alloc, bytes)),
             None => self
                 .read_disk(id)
                 .and_then(|bytes| self.arena_write(alloc, &bytes)),
