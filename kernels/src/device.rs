@@ -1,5 +1,5 @@
 //! `Device`: where a computation runs. The CUDA variant always exists; whether a GPU is usable is
-//! decided at run time (no driver or no device is a clear [`KernelError::CudaUnavailable`], never a panic).
+//! decided at run time (no driver or no device is a clear [`crate::KernelError::CudaUnavailable`], never a panic).
 
 use crate::cuda::CudaDevice;
 use crate::error::Result;

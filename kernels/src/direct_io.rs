@@ -114,7 +114,8 @@ fn is_einval(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
 }
 
-fn open_direct(path: &Path) -> io::Result<File> {
+/// Open `path` read-only with `O_DIRECT`.
+pub(crate) fn open_direct(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -123,28 +124,63 @@ fn open_direct(path: &Path) -> io::Result<File> {
 
 /// Read `len` bytes at `offset` of `path`, bypassing the page cache where the filesystem allows.
 pub fn read_range(path: &Path, offset: u64, len: usize) -> Result<(ReadBytes, ReadMode)> {
-    read_range_with(path, offset, len, open_direct)
+    read_range_with(path, offset, len, open_direct, &mut |_| {})
 }
 
-/// [`read_range`] with the `O_DIRECT` opener injectable (tests simulate a refusing filesystem).
+/// [`read_range`] that also hands the bytes, in order and in pieces, to `on_data` as they arrive.
+/// For reads longer than one block `on_data` runs on a helper thread while the next block is
+/// read, so a checksum over the data costs (almost) no extra time.
+pub fn read_range_streaming(
+    path: &Path,
+    offset: u64,
+    len: usize,
+    on_data: &mut (dyn FnMut(&[u8]) + Send),
+) -> Result<(ReadBytes, ReadMode)> {
+    read_range_with(path, offset, len, open_direct, on_data)
+}
+
+/// [`read_range_streaming`] with the `O_DIRECT` opener injectable (tests simulate a refusing
+/// filesystem).
 pub(crate) fn read_range_with(
     path: &Path,
     offset: u64,
     len: usize,
     open: impl Fn(&Path) -> io::Result<File>,
+    on_data: &mut (dyn FnMut(&[u8]) + Send),
 ) -> Result<(ReadBytes, ReadMode)> {
-    match open(path) {
-        Ok(f) => match read_direct(&f, path, offset, len)? {
-            Some(bytes) => Ok((bytes, ReadMode::Direct)),
-            None => fallback(path, offset, len),
-        },
-        Err(e) if is_einval(&e) => fallback(path, offset, len),
-        Err(e) => Err(KernelError::io("opening (O_DIRECT)", path, e)),
+    let done = match open(path) {
+        Ok(f) => read_direct(&f, path, offset, len, on_data)?,
+        Err(e) if is_einval(&e) => None,
+        Err(e) => return Err(KernelError::io("opening (O_DIRECT)", path, e)),
+    };
+    match done {
+        Some(bytes) => Ok((bytes, ReadMode::Direct)),
+        None => {
+            let bytes = fallback(path, offset, len)?;
+            on_data(&bytes);
+            Ok((bytes, ReadMode::BufferedFallback))
+        }
     }
 }
 
-/// `Ok(None)` when the first read is refused with EINVAL.
-fn read_direct(f: &File, path: &Path, offset: u64, len: usize) -> Result<Option<ReadBytes>> {
+/// Fill `dst` from `offset`; returns the bytes read (fewer only at end of file).
+fn read_block(f: &File, dst: &mut [u8], offset: u64) -> io::Result<usize> {
+    loop {
+        match f.read_at(dst, offset) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
+/// `Ok(None)` when the first read is refused with EINVAL (nothing was passed to `on_data`).
+fn read_direct(
+    f: &File,
+    path: &Path,
+    offset: u64,
+    len: usize,
+    on_data: &mut (dyn FnMut(&[u8]) + Send),
+) -> Result<Option<ReadBytes>> {
     let align = DIRECT_ALIGN as u64;
     let aligned_start = offset & !(align - 1);
     let skip = (offset - aligned_start) as usize;
@@ -153,32 +189,83 @@ fn read_direct(f: &File, path: &Path, offset: u64, len: usize) -> Result<Option<
         .ok_or_else(|| KernelError::invalid("read_range", "length overflows"))?;
     let total = want.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
     let mut buf = AlignedBuf::zeroed(total)?;
-    let mut done = 0usize;
-    while done < want {
-        let chunk = DIRECT_BLOCK.min(total - done);
-        let dst = &mut buf.as_mut_slice()[done..done + chunk];
-        match f.read_at(dst, aligned_start + done as u64) {
-            Ok(0) => break,
-            Ok(n) => {
-                done += n;
-                if n < chunk {
-                    break; // end of file inside this block: the unaligned tail is in.
-                }
-            }
-            Err(e) if done == 0 && is_einval(&e) => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(KernelError::io("reading (O_DIRECT)", path, e)),
-        }
-    }
-    if done < want {
-        return Err(KernelError::io(
+    let eof = || {
+        KernelError::io(
             "reading (O_DIRECT)",
             path,
             io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!("file ends before byte {}", offset + len as u64),
             ),
-        ));
+        )
+    };
+    let mut blocks = buf.as_mut_slice().chunks_mut(DIRECT_BLOCK);
+    // The first block is read here, so a refused O_DIRECT is seen before any thread starts.
+    let Some(first) = blocks.next() else {
+        return Ok(Some(ReadBytes {
+            buf: AlignedBuf::zeroed(0)?,
+            start: 0,
+            len: 0,
+        }));
+    };
+    let n = match read_block(f, first, aligned_start) {
+        Err(e) if is_einval(&e) => return Ok(None),
+        Err(e) => return Err(KernelError::io("reading (O_DIRECT)", path, e)),
+        Ok(n) => n,
+    };
+    let piece = |pos: usize, n: usize| {
+        (
+            skip.saturating_sub(pos).min(n),
+            want.saturating_sub(pos).min(n),
+        )
+    };
+    let (lo, hi) = piece(0, n);
+    let first: &[u8] = first;
+    if n >= want || n < first.len() {
+        // One block holds everything (or the file ended inside it): no thread needed.
+        if n < want {
+            return Err(eof());
+        }
+        on_data(&first[lo..hi]);
+    } else {
+        let mut pos = n;
+        std::thread::scope(|sc| -> Result<()> {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(2);
+            let consumer = sc.spawn(move || {
+                for p in rx {
+                    on_data(p);
+                }
+            });
+            let sent = tx.send(&first[lo..hi]);
+            let mut result =
+                sent.map_err(|_| KernelError::invalid("read_range", "consumer stopped"));
+            for block in blocks.by_ref() {
+                if result.is_err() || pos >= want {
+                    break;
+                }
+                let block_len = block.len();
+                match read_block(f, block, aligned_start + pos as u64) {
+                    Ok(n) => {
+                        let (lo, hi) = piece(pos, n);
+                        let block: &[u8] = block;
+                        if hi > lo && tx.send(&block[lo..hi]).is_err() {
+                            result = Err(KernelError::invalid("read_range", "consumer stopped"));
+                        }
+                        pos += n;
+                        if n < block_len {
+                            break; // end of file inside this block: the unaligned tail is in.
+                        }
+                    }
+                    Err(e) => result = Err(KernelError::io("reading (O_DIRECT)", path, e)),
+                }
+            }
+            drop(tx);
+            if consumer.join().is_err() {
+                return Err(KernelError::invalid("read_range", "data consumer panicked"));
+            }
+            result?;
+            if pos < want { Err(eof()) } else { Ok(()) }
+        })?;
     }
     Ok(Some(ReadBytes {
         buf,
@@ -187,7 +274,7 @@ fn read_direct(f: &File, path: &Path, offset: u64, len: usize) -> Result<Option<
     }))
 }
 
-fn fallback(path: &Path, offset: u64, len: usize) -> Result<(ReadBytes, ReadMode)> {
+fn fallback(path: &Path, offset: u64, len: usize) -> Result<ReadBytes> {
     let f =
         File::open(path).map_err(|e| KernelError::io("opening (buffered fallback)", path, e))?;
     let mut buf = AlignedBuf::zeroed(len)?;
@@ -205,7 +292,7 @@ fn fallback(path: &Path, offset: u64, len: usize) -> Result<(ReadBytes, ReadMode
     if rc != 0 {
         tracing::debug!(path = %path.display(), rc, "posix_fadvise(DONTNEED) failed");
     }
-    Ok((ReadBytes { buf, start: 0, len }, ReadMode::BufferedFallback))
+    Ok(ReadBytes { buf, start: 0, len })
 }
 
 #[cfg(test)]
@@ -233,17 +320,22 @@ mod tests {
             (1, 10),
             (4095, 4098),
             (DIRECT_BLOCK - 3, DIRECT_BLOCK + 100),
+            (4096, 2 * DIRECT_BLOCK),
             (len - 7, 7),
             (5, 0),
         ] {
-            let (bytes, mode) = read_range(&path, off as u64, n).unwrap();
+            let mut seen = Vec::new();
+            let (bytes, mode) =
+                read_range_streaming(&path, off as u64, n, &mut |p| seen.extend_from_slice(p))
+                    .unwrap();
             assert_eq!(mode, ReadMode::Direct, "this disk accepts O_DIRECT");
             assert_eq!(&bytes[..], &data[off..off + n], "range {off}+{n}");
+            assert_eq!(seen, &data[off..off + n], "streamed pieces of {off}+{n}");
         }
-        let err = read_range(&path, (len - 5) as u64, 10)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("file ends before"), "{err}");
+        for (off, n) in [((len - 5) as u64, 10), (100, len)] {
+            let err = read_range(&path, off, n).unwrap_err().to_string();
+            assert!(err.contains("file ends before"), "{err}");
+        }
     }
 
     #[test]
@@ -251,13 +343,16 @@ mod tests {
         let (_d, path, data) = file_with(10_000);
         let refuse =
             |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EINVAL)) };
-        let (bytes, mode) = read_range_with(&path, 3, 9_000, refuse).unwrap();
+        let mut seen = Vec::new();
+        let (bytes, mode) =
+            read_range_with(&path, 3, 9_000, refuse, &mut |p| seen.extend_from_slice(p)).unwrap();
         assert_eq!(mode, ReadMode::BufferedFallback);
         assert_eq!(&bytes[..], &data[3..9_003]);
+        assert_eq!(seen, &data[3..9_003]);
         let other =
             |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EACCES)) };
         assert!(
-            read_range_with(&path, 0, 1, other).is_err(),
+            read_range_with(&path, 0, 1, other, &mut |_| {}).is_err(),
             "only EINVAL falls back"
         );
     }

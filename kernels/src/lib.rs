@@ -9,7 +9,7 @@
 //! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
 //! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
 //! - [`assets`]: models and data made by `scripts/setup`, checksummed.
-//! - [`bench`]: kernel figures for `troupe bench kernels`.
+//! - [`mod@bench`]: kernel figures for `troupe bench kernels`.
 
 pub mod assets;
 pub mod bench;

@@ -21,7 +21,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::cuda::CudaDevice;
 use crate::device::Device;
-use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, read_range};
+use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, open_direct, read_range_with};
 use crate::error::{KernelError, Result};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 
@@ -125,6 +125,13 @@ pub struct StoreStats {
     pub odirect_fallbacks: u64,
 }
 
+impl StoreStats {
+    /// Whether any disk read had to fall back to the page cache.
+    pub fn odirect_refused(&self) -> bool {
+        self.odirect_fallbacks > 0
+    }
+}
+
 struct Entry {
     len: u64,
     hash: blake3::Hash,
@@ -147,6 +154,8 @@ pub struct WeightStore {
     host_budget: u64,
     host_used: u64,
     stats: StoreStats,
+    /// Opens blob files with O_DIRECT (tests swap in one that refuses, like some filesystems do).
+    open_direct: fn(&Path) -> std::io::Result<File>,
 }
 
 impl std::fmt::Debug for WeightStore {
@@ -224,6 +233,7 @@ impl WeightStore {
             arena,
             host_budget,
             host_used: 0,
+            open_direct,
         };
         store.index()?;
         Ok(store)
@@ -370,9 +380,18 @@ impl WeightStore {
     }
 
     fn verify(&self, id: &BlobId, bytes: &[u8], source_tier: &'static str) -> Result<()> {
+        self.check(id, bytes.len(), blake3::hash(bytes), source_tier)
+    }
+
+    fn check(
+        &self,
+        id: &BlobId,
+        len: usize,
+        got: blake3::Hash,
+        source_tier: &'static str,
+    ) -> Result<()> {
         let e = self.entry(id)?;
-        let got = blake3::hash(bytes);
-        if bytes.len() as u64 != e.len || got != e.hash {
+        if len as u64 != e.len || got != e.hash {
             return Err(KernelError::Corrupted {
                 blob: id.to_string(),
                 source_tier,
@@ -390,7 +409,12 @@ impl WeightStore {
         };
         let len =
             usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
-        let (bytes, mode) = read_range(&path, HEADER as u64, len)?;
+        // The checksum is computed on a helper thread while the next block is read.
+        let mut hasher = blake3::Hasher::new();
+        let (bytes, mode) =
+            read_range_with(&path, HEADER as u64, len, self.open_direct, &mut |p| {
+                hasher.update(p);
+            })?;
         if mode == ReadMode::BufferedFallback {
             if self.stats.odirect_fallbacks == 0 {
                 tracing::warn!(
@@ -400,7 +424,7 @@ impl WeightStore {
             }
             self.stats.odirect_fallbacks += 1;
         }
-        self.verify(id, &bytes, "disk")?;
+        self.check(id, bytes.len(), hasher.finalize(), "disk")?;
         Ok(bytes)
     }
 
@@ -424,14 +448,15 @@ impl WeightStore {
         if let Some(h) = &e.host {
             return Ok(h.clone());
         }
-        let len = e.len;
-        if e.device.is_some() {
+        let (len, on_device) = (e.len, e.device.is_some());
+        self.host_room(id, len)?;
+        if on_device {
+            // Room was checked, so this moves the blob to the host tier.
             self.evict(id)?;
             if let Some(h) = &self.entry(id)?.host {
                 return Ok(h.clone());
             }
         }
-        self.host_room(id, len)?;
         let start = Instant::now();
         let bytes = Arc::new(self.read_disk(id)?);
         self.stats.disk_to_host.record(bytes.len(), start);
@@ -499,7 +524,9 @@ impl WeightStore {
         })?;
         let start = Instant::now();
         let result = match &host {
-            Some(bytes) => self.arena_write(alloc, bytes),
+            Some(bytes) => self
+                .verify(id, bytes, "host")
+                .and_then(|()| self.arena_write(alloc, bytes)),
             None => self
                 .read_disk(id)
                 .and_then(|bytes| self.arena_write(alloc, &bytes)),
@@ -586,5 +613,32 @@ impl WeightStore {
         s.host_budget = self.host_budget;
         s.device = self.pool.stats();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_odirect_is_reported_in_stats() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let mut s = WeightStore::open(dir.path(), &Device::Cpu, 0, 1 << 20).unwrap();
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 241) as u8).collect();
+        let id = s.put("fallback", &data).unwrap();
+        // A filesystem that refuses O_DIRECT fails the open with EINVAL.
+        s.open_direct = |_| Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(&s.load_to_host(&id).unwrap()[..], &data[..]);
+        assert_eq!(s.stats().odirect_fallbacks, 1);
+        assert!(s.stats().odirect_refused());
+        s.evict(&id).unwrap();
+        s.open_direct = open_direct;
+        s.load_to_host(&id).unwrap();
+        assert_eq!(
+            s.stats().odirect_fallbacks,
+            1,
+            "a direct read does not count"
+        );
     }
 }

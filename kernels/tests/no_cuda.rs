@@ -39,8 +39,22 @@ fn without_driver_library_cuda_is_a_clear_error() {
     assert_eq!(Softmax.run(&best, &x).unwrap().to_vec_f32(), vec![0.5, 0.5]);
 }
 
+/// The stub's C source, embedded so the test binary also runs away from the source tree.
+const STUB_C: &str = include_str!("stub-libcuda/stub.c");
+
+/// A scratch directory: under the target directory when it exists (a real disk), else the system's.
+fn scratch_dir() -> tempfile::TempDir {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    if base.is_dir() {
+        tempfile::tempdir_in(base).expect("temp dir under the target dir")
+    } else {
+        tempfile::tempdir().expect("temp dir")
+    }
+}
+
 fn compile_stub(dir: &Path) -> Option<()> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stub-libcuda/stub.c");
+    let src = dir.join("stub.c");
+    std::fs::write(&src, STUB_C).expect("write stub.c");
     let so = dir.join("libcuda.so.1");
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
     let status = match Command::new(&cc)
@@ -79,7 +93,7 @@ fn stub_driver_without_device_is_an_error_not_a_panic() {
         println!("CHILD-BEST: {}", Device::best().name());
         return;
     }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = scratch_dir();
     if compile_stub(dir.path()).is_none() {
         return;
     }

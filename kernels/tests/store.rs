@@ -104,10 +104,18 @@ fn budgets_are_enforced_with_clear_errors() {
     s.promote_to_device(&other).unwrap();
     assert_eq!(s.stats().device.used, 2 * 768);
 
-    // Host full: evicting from the device falls through to disk.
+    // Host full: loading a device blob to the host is refused and leaves it on the device;
+    // evicting it falls through to disk.
     let filler = s.put("filler", &pattern(1000, 4)).unwrap();
     s.load_to_host(&filler).unwrap();
+    let err = s.load_to_host(&small).unwrap_err();
+    assert!(
+        matches!(err, KernelError::TierFull { tier: "host", .. }),
+        "{err}"
+    );
+    assert_eq!(s.tier(&small).unwrap(), Tier::Device);
     assert_eq!(s.evict(&small).unwrap(), Tier::Disk);
+    assert_eq!(s.read(&small).unwrap(), pattern(600, 1));
 }
 
 #[test]
@@ -135,6 +143,28 @@ fn corrupted_blob_is_detected_by_name() {
         s.stats().device.used,
         0,
         "a failed promotion frees its allocation"
+    );
+}
+
+#[test]
+fn corruption_in_a_later_block_is_detected() {
+    // Over one 4 MiB read block: the checksum runs on a helper thread while blocks stream in.
+    let dir = tmpdir();
+    let mut s = WeightStore::open(dir.path(), &Device::Cpu, 0, 16 << 20).unwrap();
+    let data = pattern((9 << 20) + 17, 3);
+    let id = s.put("big-expert", &data).unwrap();
+    assert_eq!(&s.load_to_host(&id).unwrap()[..], &data[..]);
+    s.evict(&id).unwrap();
+    let path = s.path_of(&id).unwrap().to_path_buf();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.seek(SeekFrom::Start(WeightStore::data_offset() + (9 << 20) + 3))
+        .unwrap();
+    f.write_all(&[0x55]).unwrap();
+    f.sync_all().unwrap();
+    let err = s.load_to_host(&id).unwrap_err().to_string();
+    assert!(
+        err.contains("big-expert") && err.contains("corrupted"),
+        "{err}"
     );
 }
 

@@ -39,6 +39,24 @@ pub fn driver_library_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// Compile CUDA C to PTX with NVRTC (needs libnvrtc, not a GPU).
+pub(crate) fn compile(src: &str) -> Result<cudarc::nvrtc::Ptx> {
+    // SAFETY: only tries to dlopen libnvrtc; without it compile_ptx would panic.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(KernelError::CudaUnavailable(
+            "libnvrtc was not found on the library path".to_string(),
+        ));
+    }
+    guarded("compiling CUDA kernels", || {
+        cudarc::nvrtc::compile_ptx(src).map_err(|e| KernelError::cuda("NVRTC compile", e))
+    })
+}
+
+/// The PTX of the expert-FFN elementwise kernels, compiled now (checks the CUDA C without a GPU).
+pub fn ffn_kernels_ptx() -> Result<String> {
+    Ok(compile(super::kernels::SRC)?.to_src())
+}
+
 /// Whether CUDA device `ordinal` can be opened; `Err` carries the reason. Never panics.
 pub fn cuda_available(ordinal: usize) -> Result<()> {
     probe(ordinal).map(|_| ())
@@ -163,6 +181,16 @@ impl CudaDevice {
             .map_err(|e| KernelError::cuda("device-to-host copy", e))
     }
 
+    /// Make this device's context current on the calling thread (cuBLAS calls do not do it
+    /// themselves; actors may call from any worker thread).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| KernelError::cuda("bind context", e))
+    }
+
     /// The cuBLAS handle (created on first use).
     pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
         let mut slot = self
@@ -203,16 +231,7 @@ impl CudaDevice {
         let m = match modules.get(module) {
             Some(m) => m.clone(),
             None => {
-                // SAFETY: only tries to dlopen libnvrtc; without it compile_ptx would panic.
-                if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                    return Err(KernelError::CudaUnavailable(
-                        "libnvrtc was not found on the library path".to_string(),
-                    ));
-                }
-                let ptx = guarded("compiling CUDA kernels", || {
-                    cudarc::nvrtc::compile_ptx(src)
-                        .map_err(|e| KernelError::cuda("NVRTC compile", e))
-                })?;
+                let ptx = compile(src)?;
                 let m = self
                     .inner
                     .stream

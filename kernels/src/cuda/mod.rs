@@ -8,6 +8,6 @@ mod gemm;
 mod kernels;
 mod moe;
 
-pub use device::{CudaDevice, cuda_available, driver_library_present};
+pub use device::{CudaDevice, cuda_available, driver_library_present, ffn_kernels_ptx};
 pub use gemm::{gemm_device, matmul};
 pub use moe::{moe_ffn_backward, moe_ffn_forward};

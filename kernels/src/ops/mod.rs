@@ -27,7 +27,7 @@ pub use moe::{
     moe_ffn_backward, moe_ffn_forward,
 };
 pub use optim::{AdamW, Sgd};
-pub use routing::{Assignment, Routing, TopKRouting, top_k_route};
+pub use routing::{Assignment, Dropped, Routing, TopKRouting, top_k_route};
 pub use softmax::{Softmax, softmax, softmax_backward};
 
 use crate::cuda::CudaDevice;
