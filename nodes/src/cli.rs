@@ -1,0 +1,176 @@
+//! Command-line interface: `troupe keys | node | up | status | embed | bench`.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use troupe_transport::{ClusterCa, NodeIdentity};
+
+use crate::config::NodeConfig;
+
+/// troupe: an actor runtime for edge ML.
+#[derive(Parser, Debug)]
+#[command(name = "troupe", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Cluster identity: a CA and node certificates.
+    Keys {
+        /// Keys subcommand.
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Runs one node from a TOML config.
+    Node {
+        /// The node's config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Starts every node of a local topology as its own process on loopback.
+    Up {
+        /// The topology file (e.g. examples/hello.toml).
+        topology: PathBuf,
+        /// Working folder for keys and generated configs (default .cache/up/NAME).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+    },
+    /// Asks a node for its members, actors and device budgets.
+    Status {
+        /// The node's address.
+        #[arg(long)]
+        node: SocketAddr,
+        /// Keys folder holding the identity to connect with.
+        #[arg(long, default_value = "keys")]
+        keys: PathBuf,
+        /// Which identity in the keys folder to use.
+        #[arg(long = "as", default_value = "admin")]
+        as_name: String,
+    },
+    /// Sentence embeddings with all-MiniLM-L6-v2 on ONNX Runtime.
+    Embed {
+        /// Texts to embed.
+        #[arg(required = true)]
+        texts: Vec<String>,
+    },
+    /// Benchmarks: ratios measured in one run.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: crate::bench::BenchCommand,
+    },
+}
+
+/// `troupe keys ...`.
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Creates a cluster CA (and an `admin` identity for `troupe status`).
+    Init {
+        /// Folder to write into.
+        #[arg(long, default_value = "keys")]
+        out: PathBuf,
+        /// Cluster name written into the CA certificate.
+        #[arg(long, default_value = "troupe")]
+        cluster: String,
+    },
+    /// Issues a node certificate signed by the cluster CA.
+    Node {
+        /// The node's name.
+        name: String,
+        /// Folder holding the CA.
+        #[arg(long, default_value = "keys")]
+        keys: PathBuf,
+    },
+}
+
+/// Parses arguments, sets up logging and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("troupe: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("troupe: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor_cluster=warn,ractor=warn,quinn=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
+        Command::Node { config } => {
+            let cfg = NodeConfig::load(&config)?;
+            crate::node_cmd::run(cfg).await.map(|_| ExitCode::SUCCESS)
+        }
+        Command::Up { topology, workdir } => crate::up::run(&topology, workdir).await,
+        Command::Status { node, keys, as_name } => {
+            let id = NodeIdentity::load(&keys, &as_name)
+                .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;
+            let status = troupe_actors::node::query_status(&id, node, Duration::from_secs(5)).await?;
+            print!("{}", crate::status::render(&status));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Embed { texts } => {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let embeddings = troupe_kernels::onnx::embed(&refs)?;
+            for (t, e) in texts.iter().zip(&embeddings) {
+                let head: Vec<String> = e.iter().take(8).map(|x| format!("{x:+.4}")).collect();
+                println!("{t:?}: dim {} [{} ...]", e.len(), head.join(", "));
+            }
+            if embeddings.len() > 1 {
+                for i in 1..embeddings.len() {
+                    let c = troupe_kernels::onnx::cosine(&embeddings[0], &embeddings[i]);
+                    println!("cosine(text 1, text {}) = {c:.4}", i + 1);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
+    }
+}
+
+fn keys(cmd: KeysCommand) -> Result<()> {
+    match cmd {
+        KeysCommand::Init { out, cluster } => {
+            let ca = ClusterCa::generate(&cluster)?;
+            ca.write(&out)?;
+            ca.issue_node("admin")?.write(&out)?;
+            println!("cluster CA and the admin identity written to {}", out.display());
+            println!("next: troupe keys node NAME --keys {}", out.display());
+        }
+        KeysCommand::Node { name, keys } => {
+            let ca = ClusterCa::load(&keys)?;
+            ca.issue_node(&name)?.write(&keys)?;
+            println!("{}/{name}.crt and {name}.key written (signed by the cluster CA)", keys.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Renders a node's status for `troupe status`.
+
+use std::fmt::Write;
+
+use troupe_actors::wire::NodeStatus;
+
+/// A plain-text report: members, actors, device budgets.
+pub fn render(s: &NodeStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "node {}", s.node);
+    let _ = writeln!(out, "members ({}):", s.members.len());
+    for m in &s.members {
+        let _ = writeln!(out, "  {:<20} {:<5} last heard {} ms ago", m.name, m.status, m.last_heard_ms_ago);
+    }
+    let _ = writeln!(out, "actors ({}):", s.actors.len());
+    for a in &s.actors {
+        let _ = writeln!(out, "  {a}");
+    }
+    let _ = writeln!(out, "devices ({}):", s.devices.len());
+    for d in &s.devices {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<7} {:>8.1} / {:>8.1} MiB used, fragmentation {:.3}",
+            d.name,
+            d.kind,
+            d.used_bytes as f64 / 1048576.0,
+            d.budget_bytes as f64 / 1048576.0,
+            d.fragmentation
+        );
+    }
+    out
+}

@@ -1,0 +1,250 @@
+//! `troupe up TOPOLOGY`: starts every node of a local topology as a separate OS process on
+//! loopback, with generated keys and configs, prefixes their logs with the node name, and tears
+//! all of them down on ctrl-c or when the topology's job ends.
+//!
+//! Idempotent: the CA and node certificates in the working folder are reused when present.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use troupe_transport::ClusterCa;
+
+use crate::config::{
+    ActorConfig, DeviceConfig, JobConfig, MembershipSection, NodeConfig, PeerConfig, SupervisionSection,
+    TransportSection,
+};
+
+/// Largest topology file read.
+const MAX_TOPOLOGY_BYTES: u64 = 1 << 20;
+
+/// A local topology: cluster-wide settings and the nodes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// Topology (and cluster) name.
+    pub name: String,
+    /// Heartbeats and failure detection for every node.
+    #[serde(default)]
+    pub membership: MembershipSection,
+    /// Restart intensity for every node.
+    #[serde(default)]
+    pub supervision: SupervisionSection,
+    /// Transport limits for every node.
+    #[serde(default)]
+    pub transport: TransportSection,
+    /// The nodes, started in order.
+    pub nodes: Vec<TopologyNode>,
+}
+
+/// One node of a topology.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyNode {
+    /// Node name.
+    pub name: String,
+    /// Devices.
+    #[serde(default)]
+    pub devices: Vec<DeviceConfig>,
+    /// Actors.
+    #[serde(default)]
+    pub actors: Vec<ActorConfig>,
+    /// The job, if this node runs one; the topology ends when it ends.
+    #[serde(default)]
+    pub job: Option<JobConfig>,
+}
+
+impl Topology {
+    /// Reads and parses a topology file, naming the file in every error.
+    pub fn load(path: &Path) -> Result<Self> {
+        let len = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?.len();
+        if len > MAX_TOPOLOGY_BYTES {
+            bail!("{}: {len} bytes exceeds the {MAX_TOPOLOGY_BYTES}-byte cap", path.display());
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let t: Topology = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e))?;
+        if t.nodes.is_empty() {
+            bail!("{}: nodes: a topology needs at least one node", path.display());
+        }
+        let mut names: Vec<&str> = t.nodes.iter().map(|n| n.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            bail!("{}: nodes: the name {:?} is used twice", path.display(), w[0]);
+        }
+        Ok(t)
+    }
+
+    /// Full node configs: ports chosen, node `i` dials nodes `0..i` (each pair once).
+    pub fn node_configs(&self, keys: &Path, ports: &[u16]) -> Vec<NodeConfig> {
+        let addrs: Vec<SocketAddr> = ports.iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeConfig {
+                name: n.name.clone(),
+                listen: addrs[i],
+                keys: keys.to_path_buf(),
+                cookie: self.name.clone(),
+                peers: self.nodes[..i]
+                    .iter()
+                    .zip(&addrs)
+                    .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: *a })
+                    .collect(),
+                membership: self.membership,
+                supervision: self.supervision,
+                transport: self.transport,
+                devices: n.devices.clone(),
+                actors: n.actors.clone(),
+                job: n.job.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Makes the CA and every node's certificate (plus `admin`) unless they exist.
+pub fn ensure_keys(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<()> {
+    if !dir.join("ca.crt").exists() {
+        ClusterCa::generate(cluster)?.write(dir)?;
+    }
+    let ca = ClusterCa::load(dir)?;
+    for name in nodes.iter().copied().chain(std::iter::once("admin")) {
+        if !dir.join(format!("{name}.crt")).exists() {
+            ca.issue_node(name)?.write(dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Free UDP ports on loopback (bound then released; a rare race with other programs is possible).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    Ok(sockets.iter().map(|s| s.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
+}
+
+/// Writes the configs of a topology into `workdir` and returns their paths.
+pub fn prepare(topology: &Topology, workdir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
+    let keys = workdir.join("keys");
+    let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
+    ensure_keys(&keys, &topology.name, &names)?;
+    let ports = free_ports(topology.nodes.len())?;
+    let keys = keys.canonicalize()?;
+    let mut out = Vec::new();
+    for cfg in topology.node_configs(&keys, &ports) {
+        cfg.validate().map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
+        let path = workdir.join(format!("{}.toml", cfg.name));
+        std::fs::write(&path, toml::to_string_pretty(&cfg)?).with_context(|| format!("writing {}", path.display()))?;
+        out.push((cfg.name.clone(), path));
+    }
+    Ok(out)
+}
+
+fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize) -> Result<Child> {
+    let mut child = Command::new(exe)
+        .arg("node")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting node {name}"))?;
+    let prefix = format!("[{name:<width$}]");
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(prefix_lines(BufReader::new(out), prefix.clone(), false));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(prefix_lines(BufReader::new(err), prefix, true));
+    }
+    Ok(child)
+}
+
+async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(reader: BufReader<R>, prefix: String, stderr: bool) {
+    let mut lines = reader.lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if stderr {
+            eprintln!("{prefix} {line}");
+        } else {
+            println!("{prefix} {line}");
+        }
+    }
+}
+
+/// Asks a child to stop (SIGINT, like ctrl-c), then kills it after a grace period.
+async fn stop_child(name: &str, child: &mut Child) {
+    if let Some(pid) = child.id()
+        && let Ok(pid) = i32::try_from(pid)
+    {
+        // SAFETY: sending a signal to a child process we own; no memory is touched.
+        unsafe {
+            libc::kill(pid, libc::SIGINT);
+        }
+    }
+    if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
+        eprintln!("[up] {name} did not stop within 3 s; killing it");
+        let _ = child.kill().await;
+    }
+}
+
+/// Runs `troupe up`.
+pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
+    let topology = Topology::load(path)?;
+    let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
+    let configs = prepare(&topology, &workdir)?;
+    let exe = std::env::current_exe().context("locating the troupe binary")?;
+    let width = configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
+    let job_node = topology.nodes.iter().find(|n| n.job.is_some()).map(|n| n.name.clone());
+    println!(
+        "[up] topology {} : {} nodes on loopback, keys and configs in {}",
+        topology.name,
+        configs.len(),
+        workdir.display()
+    );
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for (name, cfg) in &configs {
+        children.push((name.clone(), spawn_node(&exe, name, cfg, width)?));
+    }
+    let code = supervise(&mut children, job_node.as_deref()).await;
+    for (name, child) in children.iter_mut() {
+        if child.try_wait().ok().flatten().is_none() {
+            stop_child(name, child).await;
+        }
+    }
+    println!("[up] all nodes stopped");
+    Ok(code)
+}
+
+/// Waits for ctrl-c, for the job node to end, or for every node to end.
+async fn supervise(children: &mut [(String, Child)], job_node: Option<&str>) -> ExitCode {
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                println!("[up] ctrl-c: stopping every node");
+                return ExitCode::SUCCESS;
+            }
+            _ = ticker.tick() => {}
+        }
+        let mut running = 0;
+        for (name, child) in children.iter_mut() {
+            match child.try_wait() {
+                Ok(None) => running += 1,
+                Ok(Some(status)) if Some(name.as_str()) == job_node => {
+                    println!("[up] job on {name} finished: {status}");
+                    return if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+                }
+                Ok(Some(_)) | Err(_) => {}
+            }
+        }
+        if running == 0 {
+            println!("[up] every node has exited");
+            return ExitCode::FAILURE;
+        }
+    }
+}
