@@ -1,8 +1,17 @@
 //! troupe's transport: QUIC endpoints with mutual TLS, framed rkyv messages, tensor codecs,
 //! content-addressed blobs, and the [`Link`] seam with a seeded in-memory implementation.
 
+pub mod blob;
+pub mod codec;
 pub mod frame;
 pub mod link;
+pub mod sim;
 
+pub use blob::{BlobError, BlobId, BlobRef, BlobRequest, BlobStore};
+pub use codec::{
+    CodecError, DecodedTensor, EncodeReport, TensorDecoder, TensorEncodeOptions, TensorEncoder,
+    TensorLimits, WireTensor, decode_tensor, encode_tensor,
+};
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
+pub use sim::{SimConfig, SimHub, SimLink, SimNet};
