@@ -478,12 +478,13 @@ impl TensorDecoder {
         let dtype = wire.dtype_on_wire.to_native();
         let raw_len = wire.raw_len.to_native();
         let shape_u64 = || wire.shape.iter().map(|d| d.to_native()).collect::<Vec<_>>();
-        let count = wire
+        let expected = wire
             .shape
             .iter()
-            .try_fold(1u128, |acc, d| acc.checked_mul(u128::from(d.to_native())))
+            .try_fold(dtype.size() as u128, |acc, d| {
+                acc.checked_mul(u128::from(d.to_native()))
+            })
             .ok_or_else(|| CodecError::ShapeOverflow(shape_u64()))?;
-        let expected = count * dtype.size() as u128;
         if expected != u128::from(raw_len) {
             return Err(CodecError::ShapeMismatch {
                 shape: shape_u64(),
@@ -492,6 +493,8 @@ impl TensorDecoder {
                 raw_len,
             });
         }
+        // raw_len fits in u64, so neither of these can overflow u128.
+        let count = u128::from(raw_len) / dtype.size() as u128;
         let out_bytes = count * 4;
         if out_bytes > self.limits.max_decoded_bytes as u128 {
             return Err(CodecError::TooLarge {
@@ -1008,6 +1011,13 @@ mod tests {
         );
         let overflow = WireTensor {
             shape: vec![u64::MAX, u64::MAX, 4],
+            ..base.clone()
+        };
+        let e = decode_tensor(&frame_of(&overflow), &limits).unwrap_err();
+        assert!(matches!(e, CodecError::ShapeOverflow(_)), "{e}");
+        // The element count fits u128 but the byte count does not (found by frame_fuzz).
+        let overflow = WireTensor {
+            shape: vec![u64::MAX, u64::MAX],
             ..base.clone()
         };
         let e = decode_tensor(&frame_of(&overflow), &limits).unwrap_err();

@@ -116,7 +116,12 @@ fn run(seed: u64) -> Run {
         })
         .collect();
     let ids: Vec<NodeId> = nodes.iter().map(|n| n.id.clone()).collect();
-    let index = |name: &str| NAMES.iter().position(|n| *n == name).unwrap();
+    let index = |name: &str| {
+        NAMES
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or_else(|| panic!("unknown node {name}"))
+    };
     let group = |names: &[&str]| names.iter().map(|n| NodeId::new(*n)).collect::<Vec<_>>();
     let mut faults = schedule().into_iter().peekable();
     let mut seen = Vec::new();
@@ -164,18 +169,17 @@ fn run(seed: u64) -> Run {
             node.detector.handle_heard(at, d.from);
             drain(node, &mut net, &mut seen);
         }
-        for i in 0..nodes.len() {
-            if !nodes[i].alive || nodes[i].next_beat > now {
+        for node in nodes.iter_mut() {
+            if !node.alive || node.next_beat > now {
                 continue;
             }
-            let from = nodes[i].id.clone();
-            let body = nodes[i].beats.to_le_bytes();
-            for to in ids.iter().filter(|to| **to != from) {
+            let body = node.beats.to_le_bytes();
+            for to in ids.iter().filter(|to| **to != node.id) {
                 let f = Frame::from_bytes(FrameKind::Heartbeat, 0, &body);
-                let _ = net.send(now, &from, to, Channel::Control, f);
+                let _ = net.send(now, &node.id, to, Channel::Control, f);
             }
-            nodes[i].beats += 1;
-            nodes[i].next_beat = now + HEARTBEAT;
+            node.beats += 1;
+            node.next_beat = now + HEARTBEAT;
         }
         for node in nodes.iter_mut().filter(|n| n.alive) {
             if node.detector.poll_timeout().is_some_and(|t| t <= now) {
