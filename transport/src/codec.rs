@@ -8,8 +8,13 @@
 //! decoded size is capped before anything is allocated, and decompression is bounded by the
 //! declared size, so a zstd bomb is an error rather than an allocation.
 
+use std::borrow::Cow;
+
+use rkyv::Place;
 use rkyv::rancor;
+use rkyv::ser::{Allocator, Writer};
 use rkyv::util::AlignedVec;
+use rkyv::vec::{ArchivedVec, VecResolver};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::frame::{FLAG_BY_REFERENCE, Frame, FrameError, FrameKind, HEADER_LEN};
@@ -262,11 +267,69 @@ pub enum CodecError {
     Compress(String),
 }
 
+/// Serialises exactly like [`WireTensor`] but borrows the shape and payload, so encoding a frame
+/// copies the tensor bytes once (into the frame body) instead of twice.
+struct WireTensorRef<'a> {
+    dtype_on_wire: WireDtype,
+    shape: &'a [u64],
+    raw_len: u64,
+    encoding: Encoding,
+    payload: &'a [u8],
+}
+
+/// Where the out-of-line parts of a [`WireTensorRef`] were written.
+struct WireTensorRefResolver {
+    dtype_on_wire: WireDtypeResolver,
+    shape: VecResolver,
+    encoding: encoding::EncodingResolver,
+    payload: VecResolver,
+}
+
+impl Archive for WireTensorRef<'_> {
+    type Archived = ArchivedWireTensor;
+    type Resolver = WireTensorRefResolver;
+
+    fn resolve(&self, resolver: Self::Resolver, out: Place<Self::Archived>) {
+        rkyv::munge::munge!(let ArchivedWireTensor { dtype_on_wire, shape, raw_len, encoding, payload } = out);
+        self.dtype_on_wire
+            .resolve(resolver.dtype_on_wire, dtype_on_wire);
+        ArchivedVec::resolve_from_slice(self.shape, resolver.shape, shape);
+        self.raw_len.resolve((), raw_len);
+        self.encoding.resolve(resolver.encoding, encoding);
+        ArchivedVec::resolve_from_slice(self.payload, resolver.payload, payload);
+    }
+}
+
+impl<S> Serialize<S> for WireTensorRef<'_>
+where
+    S: rancor::Fallible + Allocator + Writer + ?Sized,
+{
+    fn serialize(&self, serializer: &mut S) -> Result<Self::Resolver, S::Error> {
+        Ok(WireTensorRefResolver {
+            dtype_on_wire: self.dtype_on_wire.serialize(serializer)?,
+            shape: ArchivedVec::serialize_from_slice(self.shape, serializer)?,
+            encoding: self.encoding.serialize(serializer)?,
+            payload: ArchivedVec::serialize_from_slice(self.payload, serializer)?,
+        })
+    }
+}
+
+/// Where the payload of a prepared encode lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PayloadSource {
+    /// The caller's f32 data, as little-endian bytes.
+    Input,
+    /// The encoder's `plain` buffer (bf16 elements).
+    Plain,
+    /// The encoder's `packed` buffer (zstd output).
+    Packed,
+}
+
 /// Encodes tensors, reusing its zstd context and scratch buffers between calls.
 pub struct TensorEncoder {
     options: TensorEncodeOptions,
     compressor: Option<zstd::bulk::Compressor<'static>>,
-    /// Little-endian (or byte-plane) element bytes before compression.
+    /// Element bytes before compression (byte planes when compressing).
     plain: Vec<u8>,
     /// Compressed bytes.
     packed: Vec<u8>,
@@ -294,17 +357,35 @@ impl TensorEncoder {
         shape: &[usize],
         data: &[f32],
     ) -> Result<(Frame, EncodeReport), CodecError> {
-        let (wire, mut report) = self.encode_wire(shape, data)?;
-        let capacity = wire.payload.len() + 8 * wire.shape.len() + 64;
-        let body = rkyv::api::high::to_bytes_in::<_, rancor::Error>(
-            &wire,
-            AlignedVec::<16>::with_capacity(capacity),
-        )
-        .map_err(|e| FrameError::Body {
-            what: "WireTensor",
-            detail: e.to_string(),
+        self.encode_frame_reusing(shape, data, AlignedVec::new())
+    }
+
+    /// Like [`Self::encode_frame`], writing into `body` (e.g. the body of a frame already sent)
+    /// so a steady stream of tensors does not allocate a fresh body each time.
+    pub fn encode_frame_reusing(
+        &mut self,
+        shape: &[usize],
+        data: &[f32],
+        mut body: AlignedVec<16>,
+    ) -> Result<(Frame, EncodeReport), CodecError> {
+        let (prepared, mut report) = self.prepare(shape, data)?;
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let payload = self.payload(prepared.source, data);
+        let wire = WireTensorRef {
+            dtype_on_wire: prepared.dtype,
+            shape: &dims,
+            raw_len: prepared.raw_len as u64,
+            encoding: prepared.encoding,
+            payload: &payload,
+        };
+        body.clear();
+        body.reserve(wire.payload.len() + 8 * shape.len() + 64);
+        let body = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&wire, body).map_err(|e| {
+            FrameError::Body {
+                what: "WireTensor",
+                detail: e.to_string(),
+            }
         })?;
-        self.recycle(wire);
         report.wire_bytes = HEADER_LEN + body.len();
         Ok((
             Frame {
@@ -316,13 +397,30 @@ impl TensorEncoder {
         ))
     }
 
-    /// Encodes into a [`WireTensor`] (to embed in a larger message); `wire_bytes` in the report
-    /// counts the payload only. Hand the tensor back with [`Self::recycle`] to reuse its buffer.
+    /// Encodes into an owned [`WireTensor`] (to embed in a larger message); `wire_bytes` in the
+    /// report counts the payload only.
     pub fn encode_wire(
         &mut self,
         shape: &[usize],
         data: &[f32],
     ) -> Result<(WireTensor, EncodeReport), CodecError> {
+        let (prepared, report) = self.prepare(shape, data)?;
+        let wire = WireTensor {
+            dtype_on_wire: prepared.dtype,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            raw_len: prepared.raw_len as u64,
+            encoding: prepared.encoding,
+            payload: self.payload(prepared.source, data).into_owned(),
+        };
+        Ok((wire, report))
+    }
+
+    /// Chooses dtype and encoding, fills the scratch buffers, and says where the payload is.
+    fn prepare(
+        &mut self,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<(Prepared, EncodeReport), CodecError> {
         let expected = shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -348,75 +446,70 @@ impl TensorEncoder {
             Compression::Auto => raw_bytes >= opts.min_compress_bytes,
         };
 
-        // Element bytes: byte planes when compressing, plain little-endian otherwise.
-        self.plain.clear();
-        self.plain.resize(raw_len, 0);
-        let max_abs_error = match (dtype, try_compress) {
-            (WireDtype::F32, true) => {
-                shuffle_f32(data, &mut self.plain);
-                0.0
-            }
-            (WireDtype::F32, false) => {
-                f32_to_le(data, &mut self.plain);
-                0.0
-            }
-            (WireDtype::Bf16, shuffled) => bf16_encode(data, &mut self.plain, shuffled),
-        };
-
+        let mut max_abs_error = 0.0;
         let mut compressed = false;
         if try_compress {
+            // Byte planes, then zstd.
+            self.plain.clear();
+            self.plain.resize(raw_len, 0);
+            match dtype {
+                WireDtype::F32 => shuffle_f32(data, &mut self.plain),
+                WireDtype::Bf16 => max_abs_error = bf16_encode(data, &mut self.plain, true),
+            }
             self.compress_plain(opts.level)?;
-            let keep = match opts.compress {
+            compressed = match opts.compress {
                 Compression::Always => true,
                 _ => (self.packed.len() as f64) < f64::from(opts.keep_ratio) * raw_len as f64,
             };
-            if keep {
-                compressed = true;
-            } else {
-                // Not worth it: send plain little-endian instead of byte planes.
-                match dtype {
-                    WireDtype::F32 => f32_to_le(data, &mut self.plain),
-                    WireDtype::Bf16 => {
-                        bf16_encode(data, &mut self.plain, false);
-                    }
+        }
+        let source = if compressed {
+            PayloadSource::Packed
+        } else {
+            match dtype {
+                WireDtype::F32 => PayloadSource::Input,
+                WireDtype::Bf16 => {
+                    // Plain little-endian pairs (recomputed if the planes were not kept).
+                    self.plain.clear();
+                    self.plain.resize(raw_len, 0);
+                    max_abs_error = bf16_encode(data, &mut self.plain, false);
+                    PayloadSource::Plain
                 }
             }
-        }
-
-        let (encoding, payload) = if compressed {
-            (
-                Encoding::ShuffleZstd { level: opts.level },
-                std::mem::take(&mut self.packed),
-            )
+        };
+        let encoding = if compressed {
+            Encoding::ShuffleZstd { level: opts.level }
         } else {
-            (Encoding::Raw, std::mem::take(&mut self.plain))
+            Encoding::Raw
+        };
+        let payload_len = match source {
+            PayloadSource::Input => raw_bytes,
+            PayloadSource::Plain => self.plain.len(),
+            PayloadSource::Packed => self.packed.len(),
         };
         let report = EncodeReport {
             raw_bytes,
-            wire_bytes: payload.len(),
+            wire_bytes: payload_len,
             lossy: dtype == WireDtype::Bf16,
             max_abs_error,
             compressed,
             dtype_on_wire: dtype,
         };
-        let wire = WireTensor {
-            dtype_on_wire: dtype,
-            shape: shape.iter().map(|&d| d as u64).collect(),
-            raw_len: raw_len as u64,
-            encoding,
-            payload,
-        };
-        Ok((wire, report))
+        Ok((
+            Prepared {
+                dtype,
+                raw_len,
+                encoding,
+                source,
+            },
+            report,
+        ))
     }
 
-    /// Takes back a tensor's payload buffer for reuse by the next encode.
-    pub fn recycle(&mut self, wire: WireTensor) {
-        let mut buf = wire.payload;
-        buf.clear();
-        if buf.capacity() > self.plain.capacity() {
-            self.plain = buf;
-        } else if buf.capacity() > self.packed.capacity() {
-            self.packed = buf;
+    fn payload<'a>(&'a self, source: PayloadSource, data: &'a [f32]) -> Cow<'a, [u8]> {
+        match source {
+            PayloadSource::Input => f32_le_bytes(data),
+            PayloadSource::Plain => Cow::Borrowed(&self.plain),
+            PayloadSource::Packed => Cow::Borrowed(&self.packed),
         }
     }
 
@@ -435,6 +528,31 @@ impl TensorEncoder {
             .compress_to_buffer(&self.plain, &mut self.packed)
             .map_err(|e| CodecError::Compress(e.to_string()))?;
         Ok(())
+    }
+}
+
+/// The choices of one encode.
+struct Prepared {
+    dtype: WireDtype,
+    raw_len: usize,
+    encoding: Encoding,
+    source: PayloadSource,
+}
+
+/// The little-endian bytes of `data`: a view on little-endian targets, a copy elsewhere.
+fn f32_le_bytes(data: &[f32]) -> Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding and no invalid bit patterns, u8 has alignment 1, and the
+        // slice covers exactly the memory of `data` (size_of_val), borrowed for its lifetime. On
+        // a little-endian target these bytes are the wire's little-endian encoding.
+        Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        Cow::Owned(data.iter().flat_map(|x| x.to_le_bytes()).collect())
     }
 }
 
@@ -463,11 +581,21 @@ impl TensorDecoder {
 
     /// Decodes a [`FrameKind::Tensor`] frame (refusing by-reference frames and other kinds).
     pub fn decode_frame(&mut self, frame: &Frame) -> Result<DecodedTensor, CodecError> {
+        self.decode_frame_into(frame, Vec::new())
+    }
+
+    /// Like [`Self::decode_frame`], writing the elements into `out` (e.g. the `data` of a tensor
+    /// decoded earlier) so a steady stream of tensors does not allocate each time.
+    pub fn decode_frame_into(
+        &mut self,
+        frame: &Frame,
+        out: Vec<f32>,
+    ) -> Result<DecodedTensor, CodecError> {
         if frame.flags & FLAG_BY_REFERENCE != 0 {
             return Err(CodecError::ByReference { flags: frame.flags });
         }
         let wire = frame.access_as::<WireTensor>(FrameKind::Tensor)?;
-        self.decode_archived(wire)
+        self.decode_archived_into(wire, out)
     }
 
     /// Decodes an archived tensor that was already accessed with checked rkyv access.
@@ -475,16 +603,26 @@ impl TensorDecoder {
         &mut self,
         wire: &ArchivedWireTensor,
     ) -> Result<DecodedTensor, CodecError> {
+        self.decode_archived_into(wire, Vec::new())
+    }
+
+    /// Like [`Self::decode_archived`], writing the elements into `out`.
+    pub fn decode_archived_into(
+        &mut self,
+        wire: &ArchivedWireTensor,
+        mut out: Vec<f32>,
+    ) -> Result<DecodedTensor, CodecError> {
         let dtype = wire.dtype_on_wire.to_native();
         let raw_len = wire.raw_len.to_native();
         let shape_u64 = || wire.shape.iter().map(|d| d.to_native()).collect::<Vec<_>>();
-        let expected = wire
+        // Every prefix product must fit: a shape like [2^40, 2^40, 0] has no elements but would
+        // overflow whoever multiplies its dimensions in order.
+        let count = wire
             .shape
             .iter()
-            .try_fold(dtype.size() as u128, |acc, d| {
-                acc.checked_mul(u128::from(d.to_native()))
-            })
+            .try_fold(1u64, |acc, d| acc.checked_mul(d.to_native()))
             .ok_or_else(|| CodecError::ShapeOverflow(shape_u64()))?;
+        let expected = u128::from(count) * dtype.size() as u128;
         if expected != u128::from(raw_len) {
             return Err(CodecError::ShapeMismatch {
                 shape: shape_u64(),
@@ -493,9 +631,7 @@ impl TensorDecoder {
                 raw_len,
             });
         }
-        // raw_len fits in u64, so neither of these can overflow u128.
-        let count = u128::from(raw_len) / dtype.size() as u128;
-        let out_bytes = count * 4;
+        let out_bytes = u128::from(count) * 4;
         if out_bytes > self.limits.max_decoded_bytes as u128 {
             return Err(CodecError::TooLarge {
                 bytes: out_bytes,
@@ -507,12 +643,14 @@ impl TensorDecoder {
         let raw_len_usize = raw_len as usize;
         let mut shape = Vec::with_capacity(wire.shape.len());
         for d in wire.shape.iter() {
-            // Every dimension is at most the element count (or zero), so it fits.
-            shape.push(usize::try_from(d.to_native()).unwrap_or(usize::MAX));
+            let d = usize::try_from(d.to_native())
+                .map_err(|_| CodecError::ShapeOverflow(shape_u64()))?;
+            shape.push(d);
         }
 
         let payload = wire.payload.as_slice();
-        let mut data = vec![0.0f32; count];
+        out.clear();
+        out.reserve_exact(count);
         let compressed = match wire.encoding {
             ArchivedEncoding::Raw => {
                 if payload.len() != raw_len_usize {
@@ -522,23 +660,25 @@ impl TensorDecoder {
                     });
                 }
                 match dtype {
-                    WireDtype::F32 => le_to_f32(payload, &mut data),
-                    WireDtype::Bf16 => bf16_decode(payload, &mut data, false),
+                    WireDtype::F32 => le_to_f32(payload, &mut out),
+                    WireDtype::Bf16 => bf16_decode(payload, count, false, &mut out),
                 }
                 false
             }
             ArchivedEncoding::ShuffleZstd { .. } => {
                 self.decompress(payload, raw_len)?;
+                let planes = &self.scratch[..raw_len_usize];
                 match dtype {
-                    WireDtype::F32 => unshuffle_f32(&self.scratch[..raw_len_usize], &mut data),
-                    WireDtype::Bf16 => bf16_decode(&self.scratch[..raw_len_usize], &mut data, true),
+                    WireDtype::F32 => unshuffle_f32(planes, count, &mut out),
+                    WireDtype::Bf16 => bf16_decode(planes, count, true, &mut out),
                 }
                 true
             }
         };
+        debug_assert_eq!(out.len(), count);
         Ok(DecodedTensor {
             shape,
-            data,
+            data: out,
             dtype_on_wire: dtype,
             compressed,
         })
@@ -601,11 +741,10 @@ pub fn decode_tensor(frame: &Frame, limits: &TensorLimits) -> Result<DecodedTens
 /// Rounds an f32 to bf16 bits, nearest even; NaN stays NaN (quieted).
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) as u16) | 0x0040;
-    }
-    let round = 0x7FFF + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
+    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    let quiet_nan = ((bits >> 16) as u16) | 0x0040;
+    // Both computed, one selected: keeps the conversion loops branch-free and vectorisable.
+    if x.is_nan() { quiet_nan } else { rounded }
 }
 
 /// The f32 value of bf16 bits (exact).
@@ -613,16 +752,13 @@ pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
-/// Little-endian f32 bytes into `out` (`out.len() == 4 * src.len()`).
-fn f32_to_le(src: &[f32], out: &mut [u8]) {
-    for (dst, x) in out.chunks_exact_mut(4).zip(src) {
-        dst.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// f32 values from little-endian bytes (`src.len() == 4 * out.len()`).
-fn le_to_f32(src: &[u8], out: &mut [f32]) {
-    for (x, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+/// Appends the f32 values of little-endian bytes (`src.len()` a multiple of 4) to `out`.
+fn le_to_f32(src: &[u8], out: &mut Vec<f32>) {
+    // Grow once, then a plain zip loop: the compiler turns it into a vectorised copy (an
+    // `extend` over `chunks_exact` is not `TrustedLen` and would push element by element).
+    let start = out.len();
+    out.resize(start + src.len() / 4, 0.0);
+    for (x, b) in out[start..].iter_mut().zip(src.chunks_exact(4)) {
         *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
@@ -663,13 +799,14 @@ fn shuffle_f32(src: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Inverse of [`shuffle_f32`].
-fn unshuffle_f32(src: &[u8], out: &mut [f32]) {
-    let n = out.len();
+/// Inverse of [`shuffle_f32`]: appends the `n` elements stored as four byte planes to `out`.
+fn unshuffle_f32(src: &[u8], n: usize, out: &mut Vec<f32>) {
     let (p0, rest) = src.split_at(n);
     let (p1, rest) = rest.split_at(n);
     let (p2, p3) = rest.split_at(n);
-    let mut blocks = out.chunks_exact_mut(BLOCK);
+    let start = out.len();
+    out.resize(start + n, 0.0);
+    let mut blocks = out[start..].chunks_exact_mut(BLOCK);
     let mut i = 0;
     for block in &mut blocks {
         let (a, b, c, d) = (
@@ -679,65 +816,62 @@ fn unshuffle_f32(src: &[u8], out: &mut [f32]) {
             &p3[i..i + BLOCK],
         );
         for j in 0..BLOCK {
-            block[j] = f32::from_bits(
-                u32::from(a[j])
-                    | u32::from(b[j]) << 8
-                    | u32::from(c[j]) << 16
-                    | u32::from(d[j]) << 24,
-            );
+            block[j] = f32::from_bits(u32::from_le_bytes([a[j], b[j], c[j], d[j]]));
         }
         i += BLOCK;
     }
     for (j, x) in blocks.into_remainder().iter_mut().enumerate() {
-        *x = f32::from_bits(
-            u32::from(p0[i + j])
-                | u32::from(p1[i + j]) << 8
-                | u32::from(p2[i + j]) << 16
-                | u32::from(p3[i + j]) << 24,
-        );
+        *x = f32::from_bits(u32::from_le_bytes([
+            p0[i + j],
+            p1[i + j],
+            p2[i + j],
+            p3[i + j],
+        ]));
     }
 }
 
 /// Rounds to bf16 into `out` (two planes when `shuffled`, else little-endian pairs) and returns
 /// the largest absolute error caused.
 fn bf16_encode(src: &[f32], out: &mut [u8], shuffled: bool) -> f32 {
-    let n = src.len();
-    let mut max_err = 0.0f32;
-    let mut track = |x: f32, b: u16| {
+    // The error of one element as the bits of a non-negative float, which order like the floats;
+    // a NaN input (NaN error) counts as 0, a finite value rounded to infinity as infinity.
+    fn err_bits(x: f32, b: u16) -> u32 {
         let err = (x - bf16_to_f32(b)).abs();
-        // NaN in gives NaN out: no error worth reporting; a finite value rounded to infinity is.
-        if err > max_err {
-            max_err = err;
-        }
-    };
+        if err.is_nan() { 0 } else { err.to_bits() }
+    }
+    let n = src.len();
+    let mut max_bits = 0u32;
     if shuffled {
         let (lo, hi) = out.split_at_mut(n);
         for ((x, l), h) in src.iter().zip(lo).zip(hi) {
             let b = f32_to_bf16(*x);
             *l = b as u8;
             *h = (b >> 8) as u8;
-            track(*x, b);
+            max_bits = max_bits.max(err_bits(*x, b));
         }
     } else {
         for (x, dst) in src.iter().zip(out.chunks_exact_mut(2)) {
             let b = f32_to_bf16(*x);
             dst.copy_from_slice(&b.to_le_bytes());
-            track(*x, b);
+            max_bits = max_bits.max(err_bits(*x, b));
         }
     }
-    max_err
+    f32::from_bits(max_bits)
 }
 
-/// f32 values from bf16 bytes (two planes when `shuffled`, else little-endian pairs).
-fn bf16_decode(src: &[u8], out: &mut [f32], shuffled: bool) {
-    let n = out.len();
+/// Appends the `n` f32 values of bf16 bytes (two planes when `shuffled`, else little-endian
+/// pairs) to `out`.
+fn bf16_decode(src: &[u8], n: usize, shuffled: bool, out: &mut Vec<f32>) {
+    let start = out.len();
+    out.resize(start + n, 0.0);
+    let dst = &mut out[start..];
     if shuffled {
         let (lo, hi) = src.split_at(n);
-        for ((x, l), h) in out.iter_mut().zip(lo).zip(hi) {
-            *x = bf16_to_f32(u16::from(*l) | u16::from(*h) << 8);
+        for ((x, l), h) in dst.iter_mut().zip(lo).zip(hi) {
+            *x = bf16_to_f32(u16::from_le_bytes([*l, *h]));
         }
     } else {
-        for (x, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+        for (x, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
             *x = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
         }
     }
@@ -1072,6 +1206,140 @@ mod tests {
         let (f, _) = encode_tensor(&[0, 5], &[], &opts(Compression::Always, false)).unwrap();
         let back = decode_tensor(&f, &TensorLimits::default()).unwrap();
         assert_eq!((back.shape, back.data), (vec![0, 5], vec![]));
+    }
+
+    /// Measurement, not a check: wire/raw ratios and encode+decode time over memcpy of the same
+    /// bytes. Run with
+    /// `cargo test --release -p troupe-transport codec_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "measurement; run in release"]
+    fn codec_throughput() {
+        use std::time::Instant;
+
+        fn median(mut v: Vec<f64>) -> f64 {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        }
+        // Activation-like: the smooth signal plus deterministic noise of ~5% of its range.
+        fn noisy(n: usize) -> Vec<f32> {
+            let mut state = 0x2545_F491_4F6C_DD1Du64;
+            smooth_activation(n)
+                .into_iter()
+                .map(|x| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    x + ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+                })
+                .collect()
+        }
+        let modes = [
+            ("raw f32", opts(Compression::Never, false)),
+            ("shuffle+zstd1 f32", opts(Compression::Always, false)),
+            ("auto f32", opts(Compression::Auto, false)),
+            ("bf16 raw", opts(Compression::Never, true)),
+            ("bf16 shuffle+zstd1", opts(Compression::Always, true)),
+        ];
+        for (signal, make) in [
+            ("smooth", smooth_activation as fn(usize) -> Vec<f32>),
+            ("smooth+noise", noisy),
+        ] {
+            for mib in [1usize, 64] {
+                let n = (mib << 20) / 4;
+                let data = make(n);
+                let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let reps = if mib == 1 { 41 } else { 5 };
+                let mut dst = vec![0u8; bytes.len()];
+                let warm: Vec<f64> = (0..reps)
+                    .map(|_| {
+                        let t = Instant::now();
+                        dst.copy_from_slice(std::hint::black_box(&bytes));
+                        std::hint::black_box(&dst);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                let memcpy = median(warm);
+                let cold = median(
+                    (0..reps)
+                        .map(|_| {
+                            let t = Instant::now();
+                            let v = std::hint::black_box(&bytes).to_vec();
+                            std::hint::black_box(&v);
+                            t.elapsed().as_secs_f64()
+                        })
+                        .collect(),
+                );
+                println!(
+                    "{signal} {mib} MiB: memcpy warm {:.0} MB/s, into fresh Vec {:.0} MB/s",
+                    bytes.len() as f64 / memcpy / 1e6,
+                    bytes.len() as f64 / cold / 1e6
+                );
+                for (name, o) in modes {
+                    let mut enc = TensorEncoder::new(o);
+                    let mut dec = TensorDecoder::default();
+                    let mut report = None;
+                    let (mut te, mut td, mut tr) = (Vec::new(), Vec::new(), Vec::new());
+                    let (mut body, mut out) = (AlignedVec::new(), Vec::new());
+                    for _ in 0..reps {
+                        // Fresh buffers each time (a new frame body and a new output tensor).
+                        let t = Instant::now();
+                        let (f, r) = enc.encode_frame(&[n], &data).unwrap();
+                        te.push(t.elapsed().as_secs_f64());
+                        let t = Instant::now();
+                        let back = dec.decode_frame(&f).unwrap();
+                        td.push(t.elapsed().as_secs_f64());
+                        std::hint::black_box(&back);
+                        report = Some(r);
+                        // Steady state: the previous body and output reused.
+                        let t = Instant::now();
+                        let (f, _) = enc.encode_frame_reusing(&[n], &data, body).unwrap();
+                        let back = dec.decode_frame_into(&f, out).unwrap();
+                        tr.push(t.elapsed().as_secs_f64());
+                        (body, out) = (f.body, back.data);
+                    }
+                    let r = report.unwrap();
+                    let (e, d, reuse) = (median(te), median(td), median(tr));
+                    let mbs = |t: f64| bytes.len() as f64 / t / 1e6;
+                    println!(
+                        "  {name:<19} wire/raw {:.4} (compressed {}, lossy {}, max err {:.2e}) \
+                         enc {:.0} MB/s, dec {:.0} MB/s, enc+dec {:.1}x memcpy; \
+                         reusing buffers enc+dec {:.0} MB/s = {:.1}x memcpy",
+                        r.ratio(),
+                        r.compressed,
+                        r.lossy,
+                        r.max_abs_error,
+                        mbs(e),
+                        mbs(d),
+                        (e + d) / memcpy,
+                        mbs(reuse),
+                        reuse / memcpy
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn borrowed_serialisation_matches_the_owned_type_byte_for_byte() {
+        for (c, bf16) in [
+            (Compression::Never, false),
+            (Compression::Always, false),
+            (Compression::Never, true),
+            (Compression::Always, true),
+        ] {
+            let data = smooth_activation(5000);
+            let mut enc = TensorEncoder::new(opts(c, bf16));
+            let (frame, report) = enc.encode_frame(&[50, 100], &data).unwrap();
+            let (wire, wire_report) = enc.encode_wire(&[50, 100], &data).unwrap();
+            assert_eq!(wire.payload.len(), wire_report.wire_bytes);
+            assert_eq!(report.compressed, wire_report.compressed);
+            let owned = Frame::encode(FrameKind::Tensor, &wire).unwrap();
+            assert_eq!(
+                frame.body.as_slice(),
+                owned.body.as_slice(),
+                "{c:?} bf16 {bf16}"
+            );
+        }
     }
 
     #[test]
