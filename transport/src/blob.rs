@@ -16,12 +16,17 @@ use std::sync::Arc;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
-use crate::frame::{FLAG_BY_REFERENCE, Frame, FrameError, FrameKind};
+use crate::frame::{DEFAULT_MAX_BODY, FLAG_BY_REFERENCE, Frame, FrameError, FrameKind};
 
 /// Default size above which a frame body travels by reference.
 pub const DEFAULT_BY_REFERENCE_ABOVE: usize = 1 << 20;
-/// Default cap on one blob (a pulled blob or a cached file larger than this is refused).
+/// Default cap on one blob in a [`BlobStore`] (a cached file larger than this is refused).
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 1 << 30;
+/// Room a [`BlobData`] body needs besides the blob's bytes (id, vector header, alignment).
+pub const BLOB_DATA_OVERHEAD: u64 = 64;
+/// Default cap on a pulled blob: the largest that fits one [`BlobData`] frame of the default
+/// frame cap (a larger one would need chunked pulls, which this protocol version lacks).
+pub const DEFAULT_MAX_PULL_BYTES: u64 = DEFAULT_MAX_BODY as u64 - BLOB_DATA_OVERHEAD;
 
 /// A blob's identity: the blake3 hash of its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -96,7 +101,8 @@ pub struct BlobData {
 pub struct BlobPolicy {
     /// Bodies strictly larger than this are sent as a [`BlobRef`].
     pub by_reference_above: usize,
-    /// Largest blob a receiver agrees to pull.
+    /// Largest blob a receiver agrees to pull; keep it within the frame cap minus
+    /// [`BLOB_DATA_OVERHEAD`], since one [`BlobData`] frame carries the whole blob.
     pub max_blob_bytes: u64,
 }
 
@@ -104,7 +110,7 @@ impl Default for BlobPolicy {
     fn default() -> Self {
         Self {
             by_reference_above: DEFAULT_BY_REFERENCE_ABOVE,
-            max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
+            max_blob_bytes: DEFAULT_MAX_PULL_BYTES,
         }
     }
 }
@@ -763,6 +769,25 @@ mod tests {
         assert!(
             matches!(classify_incoming(out, &policy).unwrap(), Incoming::Ready(f) if f.body.len() == 3)
         );
+    }
+
+    #[test]
+    fn blob_data_overhead_covers_the_envelope() {
+        for len in [0usize, 1, 15, 16, 17, 1000, 4096] {
+            let f = Frame::encode(
+                FrameKind::BlobData,
+                &BlobData {
+                    id: [7; 32],
+                    bytes: vec![1; len],
+                },
+            )
+            .unwrap();
+            assert!(
+                f.body.len() as u64 <= len as u64 + BLOB_DATA_OVERHEAD,
+                "{len}: {}",
+                f.body.len()
+            );
+        }
     }
 
     #[test]

@@ -7,11 +7,15 @@ pub mod frame;
 pub mod link;
 pub mod sim;
 
-pub use blob::{BlobError, BlobId, BlobRef, BlobRequest, BlobStore};
+pub use blob::{
+    BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig,
+    Incoming,
+};
 pub use codec::{
-    CodecError, DecodedTensor, EncodeReport, TensorDecoder, TensorEncodeOptions, TensorEncoder,
-    TensorLimits, WireTensor, decode_tensor, encode_tensor,
+    CodecError, Compression, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
+    TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor,
+    encode_tensor,
 };
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
-pub use sim::{SimConfig, SimHub, SimLink, SimNet};
+pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};
