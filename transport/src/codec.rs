@@ -290,7 +290,10 @@ impl Archive for WireTensorRef<'_> {
     type Resolver = WireTensorRefResolver;
 
     fn resolve(&self, resolver: Self::Resolver, out: Place<Self::Archived>) {
-        rkyv::munge::munge!(let ArchivedWireTensor { dtype_on_wire, shape, raw_len, encoding, payload } = out);
+        // An exhaustive pattern: a field added to WireTensor stops this from compiling.
+        rkyv::munge::munge!(
+            let ArchivedWireTensor { dtype_on_wire, shape, raw_len, encoding, payload } = out
+        );
         self.dtype_on_wire
             .resolve(resolver.dtype_on_wire, dtype_on_wire);
         ArchivedVec::resolve_from_slice(self.shape, resolver.shape, shape);
