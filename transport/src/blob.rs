@@ -13,8 +13,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rkyv::ser::{Allocator, Writer};
 use rkyv::util::AlignedVec;
-use rkyv::{Archive, Deserialize, Serialize};
+use rkyv::vec::{ArchivedVec, VecResolver};
+use rkyv::{Archive, Deserialize, Place, Serialize};
 
 use crate::frame::{DEFAULT_MAX_BODY, FLAG_BY_REFERENCE, Frame, FrameError, FrameKind};
 
@@ -537,11 +539,52 @@ pub fn parse_request(frame: &Frame) -> Result<BlobId, BlobError> {
 pub fn answer_request(request: &Frame, store: &mut BlobStore) -> Result<Frame, BlobError> {
     let id = parse_request(request)?;
     let bytes = store.get(&id)?.ok_or(BlobError::NotFound(id))?;
-    let data = BlobData {
-        id: id.0,
-        bytes: bytes.to_vec(),
-    };
-    Ok(Frame::encode(FrameKind::BlobData, &data)?)
+    data_frame(id, &bytes)
+}
+
+/// A [`FrameKind::BlobData`] frame carrying `bytes` (copied once, straight into the body).
+pub fn data_frame(id: BlobId, bytes: &[u8]) -> Result<Frame, BlobError> {
+    let mut body = AlignedVec::<16>::with_capacity(bytes.len() + BLOB_DATA_OVERHEAD as usize);
+    body = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(
+        &BlobDataRef { id: id.0, bytes },
+        body,
+    )
+    .map_err(|e| FrameError::Body {
+        what: "BlobData",
+        detail: e.to_string(),
+    })?;
+    Ok(Frame {
+        kind: FrameKind::BlobData,
+        flags: 0,
+        body,
+    })
+}
+
+/// Serialises exactly like [`BlobData`] while borrowing the bytes.
+struct BlobDataRef<'a> {
+    id: [u8; 32],
+    bytes: &'a [u8],
+}
+
+impl Archive for BlobDataRef<'_> {
+    type Archived = ArchivedBlobData;
+    type Resolver = VecResolver;
+
+    fn resolve(&self, resolver: VecResolver, out: Place<ArchivedBlobData>) {
+        // An exhaustive pattern: a field added to BlobData stops this from compiling.
+        rkyv::munge::munge!(let ArchivedBlobData { id, bytes } = out);
+        self.id.resolve([(); 32], id);
+        ArchivedVec::resolve_from_slice(self.bytes, resolver, bytes);
+    }
+}
+
+impl<S> Serialize<S> for BlobDataRef<'_>
+where
+    S: rkyv::rancor::Fallible + Allocator + Writer + ?Sized,
+{
+    fn serialize(&self, serializer: &mut S) -> Result<VecResolver, S::Error> {
+        ArchivedVec::serialize_from_slice(self.bytes, serializer)
+    }
 }
 
 /// Receiver side: checks a [`FrameKind::BlobData`] answer against the reference it was pulled
@@ -769,6 +812,26 @@ mod tests {
         assert!(
             matches!(classify_incoming(out, &policy).unwrap(), Incoming::Ready(f) if f.body.len() == 3)
         );
+    }
+
+    #[test]
+    fn borrowed_data_frame_matches_the_owned_type() {
+        for len in [0usize, 3, 100, 5000] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let id = BlobId::of(&bytes);
+            let owned = Frame::encode(
+                FrameKind::BlobData,
+                &BlobData {
+                    id: id.0,
+                    bytes: bytes.clone(),
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                data_frame(id, &bytes).unwrap().body.as_slice(),
+                owned.body.as_slice()
+            );
+        }
     }
 
     #[test]
