@@ -506,6 +506,14 @@ impl SimHub {
         released
     }
 
+    /// Advances to the next due frame's time and releases what is due then; `None` when nothing
+    /// is in flight (the network is idle).
+    pub fn step(&self) -> Option<Micros> {
+        let t = self.next_event_time()?;
+        self.advance_to(t);
+        Some(t)
+    }
+
     /// Moves virtual time forward by `d`.
     pub fn advance_by(&self, d: Micros) -> usize {
         let t = self.now() + d;
@@ -859,10 +867,9 @@ mod tests {
                 for _ in 0..4 {
                     tokio::task::yield_now().await;
                 }
-                let Some(t) = hub.next_event_time() else {
+                if hub.step().is_none() {
                     break;
-                };
-                hub.advance_to(t);
+                }
                 steps += 1;
                 assert!(steps < 100_000, "gossip does not settle");
             }
@@ -903,9 +910,7 @@ mod tests {
                 if let Some(d) = a.try_recv() {
                     break d;
                 }
-                if let Some(t) = hub.next_event_time() {
-                    hub.advance_to(t);
-                }
+                let _ = hub.step();
                 tokio::task::yield_now().await;
                 rounds += 1;
                 assert!(rounds < 1000, "no reply");
