@@ -35,7 +35,10 @@ impl ClusterBidiStream for QuicBidi {
 
 /// Starts this node's ractor_cluster server. Its own TCP listener binds loopback only and is
 /// never used: sessions arrive over QUIC.
-pub async fn start_node_server(node: &str, cookie: &str) -> Result<ActorRef<NodeServerMessage>, ractor::SpawnErr> {
+pub async fn start_node_server(
+    node: &str,
+    cookie: &str,
+) -> Result<ActorRef<NodeServerMessage>, ractor::SpawnErr> {
     let server = NodeServer::new(
         0,
         cookie.to_string(),
@@ -56,5 +59,6 @@ pub fn open_session(
     stream: QuicBidi,
     outbound: bool,
 ) -> Result<(), ractor::MessagingErr<NodeServerMessage>> {
-    server.cast(NodeServerMessage::ConnectionOpenedExternal { stream: Box::new(stream), is_server: !outbound })
+    server
+        .cast(NodeServerMessage::ConnectionOpenedExternal { stream: Box::new(stream), is_server: !outbound })
 }

@@ -38,7 +38,12 @@ impl Actor for HelloExpert {
         Ok(node)
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, node: &mut String) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        node: &mut String,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             HelloExpertMsg::Ask(q, reply) => {
                 let _ = reply.send(answer(node, &q));
@@ -59,7 +64,11 @@ pub fn remote_experts() -> Vec<ActorCell> {
 }
 
 /// Asks every expert in `experts` the same question over the cluster; answers in order.
-pub async fn ask_all(experts: &[ActorCell], question: &str, timeout: Duration) -> Result<Vec<String>, String> {
+pub async fn ask_all(
+    experts: &[ActorCell],
+    question: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
     let mut answers = Vec::new();
     for cell in experts {
         let expert: ActorRef<HelloExpertMsg> = cell.clone().into();

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ractor_cluster::RactorMessage;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};
@@ -92,7 +92,11 @@ impl Actor for Membership {
     type State = MembershipState;
     type Arguments = MembershipArgs;
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, args: MembershipArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        args: MembershipArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         ractor::time::send_interval(args.config.heartbeat, me.get_cell(), || MembershipMsg::Tick);
         Ok(MembershipState {
             link: args.link,
@@ -103,7 +107,12 @@ impl Actor for Membership {
         })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             MembershipMsg::Tick => {
                 st.seq += 1;

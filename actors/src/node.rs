@@ -12,7 +12,8 @@ use tokio::sync::broadcast;
 use tracing::{debug, info, warn};
 use troupe_policy::{MemberStatus, MembershipEvent};
 use troupe_transport::{
-    Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError, QuicNode,
+    Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError,
+    QuicNode,
 };
 
 use crate::cluster::{QuicBidi, open_session, start_node_server};
@@ -104,8 +105,11 @@ impl NodeRuntime {
     pub async fn start(spec: NodeSpec) -> Result<Self, RuntimeError> {
         let name = NodeId::new(spec.identity.name.clone());
         let link = QuicNode::bind(&spec.identity, spec.quic).await?;
-        let spawn_err = |what: &'static str| move |e: ractor::SpawnErr| RuntimeError::Spawn { what, detail: e.to_string() };
-        let cluster = start_node_server(name.as_str(), &spec.cookie).await.map_err(spawn_err("cluster node server"))?;
+        let spawn_err = |what: &'static str| {
+            move |e: ractor::SpawnErr| RuntimeError::Spawn { what, detail: e.to_string() }
+        };
+        let cluster =
+            start_node_server(name.as_str(), &spec.cookie).await.map_err(spawn_err("cluster node server"))?;
         let (membership_events, _) = broadcast::channel(1024);
         let (membership, _) = Actor::spawn(
             None,
@@ -209,7 +213,10 @@ fn escalation(rx: &mut broadcast::Receiver<SupervisorEvent>) -> Result<(), Runti
     Ok(())
 }
 
-async fn local_status(name: &NodeId, membership: &ActorRef<MembershipMsg>) -> Result<NodeStatus, RuntimeError> {
+async fn local_status(
+    name: &NodeId,
+    membership: &ActorRef<MembershipMsg>,
+) -> Result<NodeStatus, RuntimeError> {
     let err = |e: String| RuntimeError::Status(e);
     let now = ractor::call_t!(membership, MembershipMsg::Now, 2000).map_err(|e| err(e.to_string()))?;
     let members = ractor::call_t!(membership, MembershipMsg::Members, 2000)
@@ -250,7 +257,9 @@ async fn peer_events(
                 if outbound {
                     match link.open_control(&peer).await {
                         Ok((send, recv)) => {
-                            if let Err(e) = open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), true) {
+                            if let Err(e) =
+                                open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), true)
+                            {
                                 warn!(%peer, error = %e, "could not open the control-plane session");
                             }
                         }
@@ -269,7 +278,11 @@ async fn peer_events(
     }
 }
 
-async fn dispatch(link: QuicNode, membership: ActorRef<MembershipMsg>, handler: Arc<std::sync::RwLock<Option<FrameHandler>>>) {
+async fn dispatch(
+    link: QuicNode,
+    membership: ActorRef<MembershipMsg>,
+    handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
+) {
     while let Ok(d) = link.recv().await {
         let _ = membership.cast(MembershipMsg::Heard(d.from.clone()));
         match (d.channel, d.frame.kind) {
@@ -315,7 +328,11 @@ async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
 }
 
 /// Asks the node at `addr` for its status, connecting with `identity` (any node of the cluster).
-pub async fn query_status(identity: &NodeIdentity, addr: SocketAddr, timeout: Duration) -> Result<NodeStatus, RuntimeError> {
+pub async fn query_status(
+    identity: &NodeIdentity,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<NodeStatus, RuntimeError> {
     let link = QuicNode::bind(identity, QuicConfig::default()).await?;
     let result = tokio::time::timeout(timeout, async {
         let peer = link.connect_any(addr).await?;

@@ -8,8 +8,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent,
+};
 use ractor_cluster::RactorMessage;
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use tokio::sync::broadcast;
 use tracing::{error, info, warn};
 use troupe_policy::{Micros, RestartDecision, RestartIntensity};
@@ -148,7 +150,11 @@ impl Actor for Supervisor {
     type State = SupervisorState;
     type Arguments = SupervisorArgs;
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, args: SupervisorArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        args: SupervisorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         let n = args.children.len();
         let mut st = SupervisorState {
             name: args.name,
@@ -165,7 +171,12 @@ impl Actor for Supervisor {
         Ok(st)
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Children(reply) => {
                 let list = st
@@ -231,6 +242,9 @@ impl Actor for Supervisor {
 }
 
 /// Child spec for a nested supervisor (its failures escalate to the parent).
-pub fn supervisor_child(args: impl Fn() -> SupervisorArgs + Send + Sync + 'static, name: impl Into<String>) -> ChildSpec {
+pub fn supervisor_child(
+    args: impl Fn() -> SupervisorArgs + Send + Sync + 'static,
+    name: impl Into<String>,
+) -> ChildSpec {
     ChildSpec::new(name, move || (Supervisor, args()))
 }

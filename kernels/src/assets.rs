@@ -21,11 +21,8 @@ pub const CACHE_ENV: &str = "TROUPE_CACHE";
 /// all-MiniLM-L6-v2 as one graph: `input_ids`, `attention_mask` (i64 `[B,S]`) -> `sentence_embedding` (`[B,384]`).
 pub const MINILM_WHOLE: &str = "models/minilm_whole.onnx";
 /// The same graph in 3 stages, cut after encoder layer 2 (`hidden_2`) and layer 5 (`hidden_5`).
-pub const MINILM_STAGES: [&str; 3] = [
-    "models/minilm_stage0.onnx",
-    "models/minilm_stage1.onnx",
-    "models/minilm_stage2.onnx",
-];
+pub const MINILM_STAGES: [&str; 3] =
+    ["models/minilm_stage0.onnx", "models/minilm_stage1.onnx", "models/minilm_stage2.onnx"];
 /// Reference ids, masks and embeddings from Python onnxruntime for a few sentences.
 pub const MINILM_CHECK: &str = "models/minilm_check.json";
 /// 4->3->2 MLP with formula weights (`x` f32 `[N,4]` -> `y` f32 `[N,2]`, see scripts/tools/make_tiny.py).
@@ -54,9 +51,7 @@ const MAX_DIGITS_BYTES: u64 = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {
     /// No `.cache/manifest.json` above the current directory or the executable, and no `TROUPE_CACHE`.
-    #[error(
-        "no asset cache found (looked for .cache/manifest.json above {searched}); {SETUP_HINT}"
-    )]
+    #[error("no asset cache found (looked for .cache/manifest.json above {searched}); {SETUP_HINT}")]
     CacheNotFound {
         /// The directories whose ancestors were searched.
         searched: String,
@@ -135,9 +130,7 @@ impl Assets {
         }
         let starts: Vec<PathBuf> = [
             std::env::current_dir().ok(),
-            std::env::current_exe()
-                .ok()
-                .and_then(|e| e.parent().map(Path::to_path_buf)),
+            std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)),
         ]
         .into_iter()
         .flatten()
@@ -150,54 +143,32 @@ impl Assets {
                 }
             }
         }
-        let searched = starts
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" and ");
+        let searched = starts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and ");
         Err(AssetError::CacheNotFound { searched })
     }
 
     /// Opens the cache directory `dir` (the one holding `manifest.json`).
     pub fn open(dir: &Path) -> Result<Self, AssetError> {
         let path = dir.join("manifest.json");
-        let bad = |detail: String| AssetError::Manifest {
-            path: path.clone(),
-            detail,
-        };
+        let bad = |detail: String| AssetError::Manifest { path: path.clone(), detail };
         let text = read_capped(&path, MAX_MANIFEST_BYTES)?;
         let json: serde_json::Value =
             serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let listed = json
-            .get("files")
-            .and_then(|f| f.as_object())
-            .ok_or_else(|| bad("no \"files\" object".into()))?;
+        let listed =
+            json.get("files").and_then(|f| f.as_object()).ok_or_else(|| bad("no \"files\" object".into()))?;
         let mut files = BTreeMap::new();
         for (name, entry) in listed {
             let sha256 = entry.get("sha256").and_then(|s| s.as_str());
             let bytes = entry.get("bytes").and_then(|b| b.as_u64());
             match (sha256, bytes) {
                 (Some(sha), Some(bytes)) if sha.len() == 64 => {
-                    files.insert(
-                        name.clone(),
-                        FileEntry {
-                            sha256: sha.to_ascii_lowercase(),
-                            bytes,
-                        },
-                    );
+                    files.insert(name.clone(), FileEntry { sha256: sha.to_ascii_lowercase(), bytes });
                 }
                 _ => return Err(bad(format!("entry {name} lacks sha256/bytes"))),
             }
         }
-        let ort_library = json
-            .get("ort_library")
-            .and_then(|s| s.as_str())
-            .map(str::to_owned);
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            files,
-            ort_library,
-        })
+        let ort_library = json.get("ort_library").and_then(|s| s.as_str()).map(str::to_owned);
+        Ok(Self { dir: dir.to_path_buf(), files, ort_library })
     }
 
     /// The cache directory.
@@ -246,20 +217,15 @@ impl Assets {
 
     /// Checks every listed file; the first problem is returned.
     pub fn verify_all(&self) -> Result<(), AssetError> {
-        self.files
-            .keys()
-            .try_for_each(|name| self.verify(name).map(drop))
+        self.files.keys().try_for_each(|name| self.verify(name).map(drop))
     }
 
     /// The ONNX Runtime shared library setup recorded (the one inside the onnxruntime wheel).
     pub fn ort_library(&self) -> Result<PathBuf, AssetError> {
-        let name = self
-            .ort_library
-            .as_deref()
-            .ok_or_else(|| AssetError::Manifest {
-                path: self.dir.join("manifest.json"),
-                detail: "no \"ort_library\" entry".into(),
-            })?;
+        let name = self.ort_library.as_deref().ok_or_else(|| AssetError::Manifest {
+            path: self.dir.join("manifest.json"),
+            detail: "no \"ort_library\" entry".into(),
+        })?;
         self.path(name)
     }
 
@@ -271,10 +237,7 @@ impl Assets {
 
 /// Lowercase hex sha256 of a file, read in 1 MiB blocks.
 pub fn sha256_file(path: &Path) -> Result<String, AssetError> {
-    let io = |source| AssetError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| AssetError::Io { path: path.to_path_buf(), source };
     let mut file = fs::File::open(path).map_err(io)?;
     let mut hasher = Sha256::new();
     let mut block = vec![0u8; 1 << 20];
@@ -285,23 +248,14 @@ pub fn sha256_file(path: &Path) -> Result<String, AssetError> {
         }
         hasher.update(&block[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Reads a whole file, refusing files larger than `cap` bytes before allocating.
 fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, AssetError> {
-    let io = |source| AssetError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| AssetError::Io { path: path.to_path_buf(), source };
     let file = fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => AssetError::Missing {
-            path: path.to_path_buf(),
-        },
+        std::io::ErrorKind::NotFound => AssetError::Missing { path: path.to_path_buf() },
         _ => io(e),
     })?;
     let len = file.metadata().map_err(io)?.len();
@@ -341,10 +295,7 @@ impl Digits {
     /// Reads and validates a digits file.
     pub fn load(path: &Path) -> Result<Self, AssetError> {
         let bytes = read_capped(path, MAX_DIGITS_BYTES)?;
-        Self::parse(&bytes).map_err(|detail| AssetError::Malformed {
-            path: path.to_path_buf(),
-            detail,
-        })
+        Self::parse(&bytes).map_err(|detail| AssetError::Malformed { path: path.to_path_buf(), detail })
     }
 
     /// Parses the bytes of a digits file; the error says what is wrong.
@@ -361,14 +312,10 @@ impl Digits {
             u32::from_le_bytes(w) as usize
         };
         let (count, rows, cols) = (word(8), word(12), word(16));
-        let pixel_len = count
-            .checked_mul(rows)
-            .and_then(|n| n.checked_mul(cols))
-            .ok_or("header sizes overflow")?;
-        let want = pixel_len
-            .checked_add(count)
-            .and_then(|n| n.checked_add(20))
-            .ok_or("header sizes overflow")?;
+        let pixel_len =
+            count.checked_mul(rows).and_then(|n| n.checked_mul(cols)).ok_or("header sizes overflow")?;
+        let want =
+            pixel_len.checked_add(count).and_then(|n| n.checked_add(20)).ok_or("header sizes overflow")?;
         if bytes.len() != want {
             return Err(format!(
                 "header says {count} images of {rows}x{cols} ({want} bytes), file has {}",
@@ -383,12 +330,7 @@ impl Digits {
         if let Some(l) = labels.iter().find(|&&l| l > 9) {
             return Err(format!("label {l} above 9"));
         }
-        Ok(Self {
-            rows,
-            cols,
-            pixels,
-            labels,
-        })
+        Ok(Self { rows, cols, pixels, labels })
     }
 
     /// Number of images.
@@ -430,22 +372,14 @@ mod tests {
         assert_eq!(d.image(1), Some(&[3u8, 4][..]));
         assert_eq!(d.image(2), None);
         assert!(Digits::parse(&ok[..19]).unwrap_err().contains("header"));
-        assert!(
-            Digits::parse(&ok[..ok.len() - 1])
-                .unwrap_err()
-                .contains("file has")
-        );
+        assert!(Digits::parse(&ok[..ok.len() - 1]).unwrap_err().contains("file has"));
         let mut magic = ok.clone();
         magic[0] = b'X';
         assert!(Digits::parse(&magic).unwrap_err().contains("magic"));
         let huge = digits_bytes(u32::MAX, u32::MAX, u32::MAX, &[], &[]);
         assert!(Digits::parse(&huge).is_err());
         let bright = digits_bytes(1, 1, 1, &[17], &[0]);
-        assert!(
-            Digits::parse(&bright)
-                .unwrap_err()
-                .contains("pixel value 17")
-        );
+        assert!(Digits::parse(&bright).unwrap_err().contains("pixel value 17"));
         let label = digits_bytes(1, 1, 1, &[1], &[10]);
         assert!(Digits::parse(&label).unwrap_err().contains("label 10"));
     }
@@ -464,30 +398,15 @@ mod tests {
         assert_eq!(assets.verify("a.txt").unwrap(), dir.path().join("a.txt"));
         assert_eq!(assets.ort_library().unwrap(), dir.path().join("a.txt"));
         let missing = assets.path("gone.txt").unwrap_err().to_string();
-        assert!(
-            missing.contains("gone.txt") && missing.contains(SETUP_HINT),
-            "{missing}"
-        );
-        assert!(matches!(
-            assets.path("other"),
-            Err(AssetError::NotListed { .. })
-        ));
+        assert!(missing.contains("gone.txt") && missing.contains(SETUP_HINT), "{missing}");
+        assert!(matches!(assets.path("other"), Err(AssetError::NotListed { .. })));
         fs::write(dir.path().join("a.txt"), b"HELLO").unwrap();
         let changed = assets.verify("a.txt").unwrap_err().to_string();
-        assert!(
-            changed.contains("sha256") && changed.contains("a.txt"),
-            "{changed}"
-        );
+        assert!(changed.contains("sha256") && changed.contains("a.txt"), "{changed}");
         fs::write(dir.path().join("a.txt"), b"hello!").unwrap();
-        assert!(matches!(
-            assets.path("a.txt"),
-            Err(AssetError::Changed { .. })
-        ));
+        assert!(matches!(assets.path("a.txt"), Err(AssetError::Changed { .. })));
         fs::write(dir.path().join("manifest.json"), b"{not json").unwrap();
         let bad = Assets::open(dir.path()).unwrap_err().to_string();
-        assert!(
-            bad.contains("manifest.json") && bad.contains(SETUP_HINT),
-            "{bad}"
-        );
+        assert!(bad.contains("manifest.json") && bad.contains(SETUP_HINT), "{bad}");
     }
 }

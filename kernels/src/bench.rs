@@ -100,10 +100,7 @@ impl KernelBench {
             ("peak_gflops", self.peak_gflops),
             ("peak_gflops_all_cores", self.peak_gflops_all_cores),
             ("gemm_fraction_of_peak", self.gemm_fraction_of_peak),
-            (
-                "moe_ffn_fwd_bwd_us_per_token",
-                self.moe_ffn_fwd_bwd_us_per_token,
-            ),
+            ("moe_ffn_fwd_bwd_us_per_token", self.moe_ffn_fwd_bwd_us_per_token),
             ("disk_load_mb_s", self.disk_load_mb_s),
             ("odirect_read_mb_s", self.odirect_read_mb_s),
             ("disk_load_over_odirect", self.disk_load_over_odirect),
@@ -181,9 +178,7 @@ mod fma {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 return Kind::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 return Kind::Avx2Fma;
             }
         }
@@ -287,10 +282,7 @@ mod fma {
 
 /// This thread's CPU time in seconds (time spent preempted by other processes does not count).
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -335,11 +327,7 @@ pub fn gemm_and_peak_gflops(n: usize, rounds: usize) -> Result<(f64, f64, usize,
 /// The FMA microkernel on every core at once, GFLOP/s (best of `rounds`).
 pub fn peak_gflops_all_cores(rounds: usize) -> f64 {
     let kind = fma::detect();
-    let iters: u64 = if kind == fma::Kind::Portable {
-        100_000
-    } else {
-        1_000_000
-    };
+    let iters: u64 = if kind == fma::Kind::Portable { 100_000 } else { 1_000_000 };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut best = f64::INFINITY;
     for _ in 0..rounds.max(1) {
@@ -357,23 +345,14 @@ pub fn peak_gflops_all_cores(rounds: usize) -> f64 {
 /// `cpu MHz` from /proc/cpuinfo x 2 FMA units x `lanes` x 2 flops.
 pub fn theoretical_peak_gflops_per_core(lanes: usize) -> Option<f64> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let mhz: f64 = info
-        .lines()
-        .find(|l| l.starts_with("cpu MHz"))?
-        .split(':')
-        .nth(1)?
-        .trim()
-        .parse()
-        .ok()?;
+    let mhz: f64 = info.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
     Some(mhz * 1e6 * 4.0 * lanes as f64 / 1e9)
 }
 
 fn moe_us_per_token(shape: (usize, usize, usize, usize, usize), reps: usize) -> Result<f64> {
     let (t, d, h, e, k) = shape;
     let v = |seed: usize, n: usize, s: f32| -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i * 7 + seed * 13) % 101) as f32 / 50.0 - 1.0) * s)
-            .collect()
+        (0..n).map(|i| (((i * 7 + seed * 13) % 101) as f32 / 50.0 - 1.0) * s).collect()
     };
     let experts: Vec<ExpertParams> = (0..e)
         .map(|i| -> Result<ExpertParams> {
@@ -400,9 +379,7 @@ fn moe_us_per_token(shape: (usize, usize, usize, usize, usize), reps: usize) -> 
 /// `(store load MB/s, plain O_DIRECT MB/s, fallback used)` for a `mib`-MiB blob in `dir`.
 fn disk_figures(cfg: &BenchConfig) -> Result<(f64, f64, bool)> {
     let len = cfg.disk_mib << 20;
-    let data: Vec<u8> = (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8)
-        .collect();
+    let data: Vec<u8> = (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect();
     let mut store = WeightStore::open(&cfg.dir, &Device::Cpu, 0, len as u64)?;
     let id = store.put("bench-disk-blob", &data)?;
     drop(data);
@@ -470,11 +447,7 @@ pub fn run(cfg: &BenchConfig) -> Result<KernelBench> {
         odirect_fallback: fallback,
         peak_from_asm,
         peak_vector_lanes: peak_lanes,
-        cuda_gemm_gflops: if cfg.try_cuda {
-            cuda_gemm_gflops()
-        } else {
-            None
-        },
+        cuda_gemm_gflops: if cfg.try_cuda { cuda_gemm_gflops() } else { None },
         debug_build: cfg!(debug_assertions),
     })
 }

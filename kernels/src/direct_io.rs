@@ -39,9 +39,8 @@ impl AlignedBuf {
             .map_err(|e| KernelError::invalid("AlignedBuf", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
-            KernelError::invalid("AlignedBuf", format!("allocation of {len} bytes failed"))
-        })?;
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| KernelError::invalid("AlignedBuf", format!("allocation of {len} bytes failed")))?;
         Ok(Self { ptr, len })
     }
 
@@ -116,10 +115,7 @@ fn is_einval(e: &io::Error) -> bool {
 
 /// Open `path` read-only with `O_DIRECT`.
 pub(crate) fn open_direct(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
+    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
 }
 
 /// Read `len` bytes at `offset` of `path`, bypassing the page cache where the filesystem allows.
@@ -184,9 +180,7 @@ fn read_direct(
     let align = DIRECT_ALIGN as u64;
     let aligned_start = offset & !(align - 1);
     let skip = (offset - aligned_start) as usize;
-    let want = skip
-        .checked_add(len)
-        .ok_or_else(|| KernelError::invalid("read_range", "length overflows"))?;
+    let want = skip.checked_add(len).ok_or_else(|| KernelError::invalid("read_range", "length overflows"))?;
     let total = want.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
     let mut buf = AlignedBuf::zeroed(total)?;
     let eof = || {
@@ -202,23 +196,14 @@ fn read_direct(
     let mut blocks = buf.as_mut_slice().chunks_mut(DIRECT_BLOCK);
     // The first block is read here, so a refused O_DIRECT is seen before any thread starts.
     let Some(first) = blocks.next() else {
-        return Ok(Some(ReadBytes {
-            buf: AlignedBuf::zeroed(0)?,
-            start: 0,
-            len: 0,
-        }));
+        return Ok(Some(ReadBytes { buf: AlignedBuf::zeroed(0)?, start: 0, len: 0 }));
     };
     let n = match read_block(f, first, aligned_start) {
         Err(e) if is_einval(&e) => return Ok(None),
         Err(e) => return Err(KernelError::io("reading (O_DIRECT)", path, e)),
         Ok(n) => n,
     };
-    let piece = |pos: usize, n: usize| {
-        (
-            skip.saturating_sub(pos).min(n),
-            want.saturating_sub(pos).min(n),
-        )
-    };
+    let piece = |pos: usize, n: usize| (skip.saturating_sub(pos).min(n), want.saturating_sub(pos).min(n));
     let (lo, hi) = piece(0, n);
     let first: &[u8] = first;
     if n >= want || n < first.len() {
@@ -237,8 +222,7 @@ fn read_direct(
                 }
             });
             let sent = tx.send(&first[lo..hi]);
-            let mut result =
-                sent.map_err(|_| KernelError::invalid("read_range", "consumer stopped"));
+            let mut result = sent.map_err(|_| KernelError::invalid("read_range", "consumer stopped"));
             for block in blocks.by_ref() {
                 if result.is_err() || pos >= want {
                     break;
@@ -267,16 +251,11 @@ fn read_direct(
             if pos < want { Err(eof()) } else { Ok(()) }
         })?;
     }
-    Ok(Some(ReadBytes {
-        buf,
-        start: skip,
-        len,
-    }))
+    Ok(Some(ReadBytes { buf, start: skip, len }))
 }
 
 fn fallback(path: &Path, offset: u64, len: usize) -> Result<ReadBytes> {
-    let f =
-        File::open(path).map_err(|e| KernelError::io("opening (buffered fallback)", path, e))?;
+    let f = File::open(path).map_err(|e| KernelError::io("opening (buffered fallback)", path, e))?;
     let mut buf = AlignedBuf::zeroed(len)?;
     f.read_exact_at(buf.as_mut_slice(), offset)
         .map_err(|e| KernelError::io("reading (buffered fallback)", path, e))?;
@@ -326,8 +305,7 @@ mod tests {
         ] {
             let mut seen = Vec::new();
             let (bytes, mode) =
-                read_range_streaming(&path, off as u64, n, &mut |p| seen.extend_from_slice(p))
-                    .unwrap();
+                read_range_streaming(&path, off as u64, n, &mut |p| seen.extend_from_slice(p)).unwrap();
             assert_eq!(mode, ReadMode::Direct, "this disk accepts O_DIRECT");
             assert_eq!(&bytes[..], &data[off..off + n], "range {off}+{n}");
             assert_eq!(seen, &data[off..off + n], "streamed pieces of {off}+{n}");
@@ -341,19 +319,14 @@ mod tests {
     #[test]
     fn refused_direct_falls_back_and_reports() {
         let (_d, path, data) = file_with(10_000);
-        let refuse =
-            |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EINVAL)) };
+        let refuse = |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EINVAL)) };
         let mut seen = Vec::new();
         let (bytes, mode) =
             read_range_with(&path, 3, 9_000, refuse, &mut |p| seen.extend_from_slice(p)).unwrap();
         assert_eq!(mode, ReadMode::BufferedFallback);
         assert_eq!(&bytes[..], &data[3..9_003]);
         assert_eq!(seen, &data[3..9_003]);
-        let other =
-            |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EACCES)) };
-        assert!(
-            read_range_with(&path, 0, 1, other, &mut |_| {}).is_err(),
-            "only EINVAL falls back"
-        );
+        let other = |_: &Path| -> io::Result<File> { Err(io::Error::from_raw_os_error(libc::EACCES)) };
+        assert!(read_range_with(&path, 0, 1, other, &mut |_| {}).is_err(), "only EINVAL falls back");
     }
 }

@@ -67,9 +67,7 @@ pub enum KernelError {
         len: u64,
     },
     /// A weight-store tier has no room for a blob.
-    #[error(
-        "{tier} tier cannot hold blob {blob}: needs {needed} bytes, {available} of {budget} available"
-    )]
+    #[error("{tier} tier cannot hold blob {blob}: needs {needed} bytes, {available} of {budget} available")]
     TierFull {
         /// Tier name.
         tier: &'static str,
@@ -124,34 +122,21 @@ pub type Result<T> = std::result::Result<T, KernelError>;
 impl KernelError {
     /// Shorthand for a [`KernelError::Shape`].
     pub fn shape(op: &'static str, detail: impl Into<String>) -> Self {
-        Self::Shape {
-            op,
-            detail: detail.into(),
-        }
+        Self::Shape { op, detail: detail.into() }
     }
 
     /// Shorthand for a [`KernelError::InvalidArgument`].
     pub fn invalid(op: &'static str, detail: impl Into<String>) -> Self {
-        Self::InvalidArgument {
-            op,
-            detail: detail.into(),
-        }
+        Self::InvalidArgument { op, detail: detail.into() }
     }
 
     /// Shorthand for a [`KernelError::Io`].
     pub fn io(context: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io {
-            context,
-            path: path.into(),
-            source,
-        }
+        Self::Io { context, path: path.into(), source }
     }
 
     /// Shorthand for a [`KernelError::Cuda`] from any displayable library error.
     pub fn cuda(context: &'static str, err: impl std::fmt::Display) -> Self {
-        Self::Cuda {
-            context,
-            detail: err.to_string(),
-        }
+        Self::Cuda { context, detail: err.to_string() }
     }
 }

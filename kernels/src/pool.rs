@@ -74,14 +74,7 @@ impl MemoryPool {
         if budget > 0 {
             free.insert(0, budget);
         }
-        Ok(Self {
-            label: label.into(),
-            budget,
-            align,
-            free,
-            live: HashMap::new(),
-            used: 0,
-        })
+        Ok(Self { label: label.into(), budget, align, free, live: HashMap::new(), used: 0 })
     }
 
     /// The pool's label (used in errors).
@@ -101,8 +94,7 @@ impl MemoryPool {
 
     /// `len` rounded up to the alignment (`None` on overflow).
     pub fn aligned_len(&self, len: u64) -> Option<u64> {
-        len.checked_add(self.align - 1)
-            .map(|v| v & !(self.align - 1))
+        len.checked_add(self.align - 1).map(|v| v & !(self.align - 1))
     }
 
     /// Reserve `len` bytes (at least one alignment unit). Errors with
@@ -138,11 +130,7 @@ impl MemoryPool {
     /// not a live allocation (wrong length, double free) is an error and changes nothing.
     pub fn free(&mut self, a: Allocation) -> Result<()> {
         if self.live.get(&a.offset) != Some(&a.len) {
-            return Err(KernelError::InvalidFree {
-                pool: self.label.clone(),
-                offset: a.offset,
-                len: a.len,
-            });
+            return Err(KernelError::InvalidFree { pool: self.label.clone(), offset: a.offset, len: a.len });
         }
         self.live.remove(&a.offset);
         self.used -= a.len;
@@ -178,11 +166,7 @@ impl MemoryPool {
             largest_free_block: largest,
             free_blocks: self.free.len(),
             allocations: self.live.len(),
-            external_fragmentation: if free == 0 {
-                0.0
-            } else {
-                1.0 - largest as f64 / free as f64
-            },
+            external_fragmentation: if free == 0 { 0.0 } else { 1.0 - largest as f64 / free as f64 },
         }
     }
 }
@@ -203,10 +187,7 @@ mod tests {
         p.free(b).unwrap();
         // Free: [128,192) and [256,960): 64 + 704 = 768 free, largest 704.
         let s = p.stats();
-        assert_eq!(
-            (s.used, s.free, s.largest_free_block, s.free_blocks),
-            (192, 768, 704, 2)
-        );
+        assert_eq!((s.used, s.free, s.largest_free_block, s.free_blocks), (192, 768, 704, 2));
         assert!((s.external_fragmentation - (1.0 - 704.0 / 768.0)).abs() < 1e-12);
         // Best fit puts a 64-byte request in the 64-byte hole, not the big block.
         let d = p.alloc(50).unwrap();

@@ -39,9 +39,7 @@ impl BlobId {
         let ok = !id.is_empty()
             && id.len() <= MAX_ID
             && !id.starts_with('.')
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !ok {
             return Err(KernelError::invalid(
                 "BlobId",
@@ -88,11 +86,7 @@ pub struct Transfer {
 impl Transfer {
     /// Bandwidth in MB/s (10^6 bytes), 0 when nothing moved.
     pub fn mb_per_s(&self) -> f64 {
-        if self.seconds > 0.0 {
-            self.bytes as f64 / self.seconds / 1e6
-        } else {
-            0.0
-        }
+        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e6 } else { 0.0 }
     }
 
     fn record(&mut self, bytes: usize, since: Instant) {
@@ -174,10 +168,7 @@ fn hex(h: &blake3::Hash) -> String {
 }
 
 fn parse_header(path: &Path, h: &[u8], file_len: u64) -> Result<(BlobId, u64, blake3::Hash)> {
-    let bad = |detail: String| KernelError::BadBlobFile {
-        path: path.to_path_buf(),
-        detail,
-    };
+    let bad = |detail: String| KernelError::BadBlobFile { path: path.to_path_buf(), detail };
     if h.len() < HEADER || &h[..8] != MAGIC {
         return Err(bad("missing TRPBLOB1 magic".to_string()));
     }
@@ -208,9 +199,8 @@ impl WeightStore {
     pub fn open(dir: &Path, device: &Device, device_budget: u64, host_budget: u64) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| KernelError::io("creating store directory", dir, e))?;
         let pool = MemoryPool::new(format!("{} weights", device.name()), device_budget, 256)?;
-        let arena_len = usize::try_from(pool.budget()).map_err(|_| {
-            KernelError::invalid("WeightStore::open", "device budget exceeds usize")
-        })?;
+        let arena_len = usize::try_from(pool.budget())
+            .map_err(|_| KernelError::invalid("WeightStore::open", "device budget exceeds usize"))?;
         let arena = match device {
             Device::Cpu => Arena::Host(vec![0u8; arena_len]),
             Device::Cuda(d) => Arena::Cuda(d.clone(), d.alloc_bytes(arena_len)?),
@@ -242,17 +232,12 @@ impl WeightStore {
     fn index(&mut self) -> Result<()> {
         let rd = fs::read_dir(&self.dir).map_err(|e| KernelError::io("listing", &self.dir, e))?;
         for ent in rd {
-            let path = ent
-                .map_err(|e| KernelError::io("listing", &self.dir, e))?
-                .path();
+            let path = ent.map_err(|e| KernelError::io("listing", &self.dir, e))?.path();
             if path.extension().and_then(|e| e.to_str()) != Some("blob") {
                 continue;
             }
             let mut f = File::open(&path).map_err(|e| KernelError::io("opening", &path, e))?;
-            let file_len = f
-                .metadata()
-                .map_err(|e| KernelError::io("stat", &path, e))?
-                .len();
+            let file_len = f.metadata().map_err(|e| KernelError::io("stat", &path, e))?.len();
             let mut h = vec![0u8; HEADER];
             f.read_exact(&mut h).map_err(|_| KernelError::BadBlobFile {
                 path: path.clone(),
@@ -265,24 +250,13 @@ impl WeightStore {
                     detail: format!("header names blob {id}, file name differs"),
                 });
             }
-            self.entries.insert(
-                id,
-                Entry {
-                    len,
-                    hash,
-                    path,
-                    host: None,
-                    device: None,
-                },
-            );
+            self.entries.insert(id, Entry { len, hash, path, host: None, device: None });
         }
         Ok(())
     }
 
     fn entry(&self, id: &BlobId) -> Result<&Entry> {
-        self.entries
-            .get(id)
-            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))
+        self.entries.get(id).ok_or_else(|| KernelError::UnknownBlob(id.to_string()))
     }
 
     /// Write `data` as blob `id` (replacing any blob of that id) and fsync it. Returns the id.
@@ -303,11 +277,7 @@ impl WeightStore {
         header[50..50 + id.0.len()].copy_from_slice(id.0.as_bytes());
         let pad = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - data.len();
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
             f.write_all(&header)?;
             f.write_all(data)?;
             f.write_all(&vec![0u8; pad])?;
@@ -316,16 +286,8 @@ impl WeightStore {
         };
         write().map_err(|e| KernelError::io("writing blob", &path, e))?;
         self.stats.disk_writes.record(data.len(), start);
-        self.entries.insert(
-            id.clone(),
-            Entry {
-                len: data.len() as u64,
-                hash,
-                path,
-                host: None,
-                device: None,
-            },
-        );
+        self.entries
+            .insert(id.clone(), Entry { len: data.len() as u64, hash, path, host: None, device: None });
         Ok(id)
     }
 
@@ -335,10 +297,7 @@ impl WeightStore {
         if let Some(a) = self.entries.get_mut(id).and_then(|e| e.device.take()) {
             self.pool.free(a)?;
         }
-        let e = self
-            .entries
-            .remove(id)
-            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
+        let e = self.entries.remove(id).ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
         fs::remove_file(&e.path).map_err(|err| KernelError::io("deleting blob", &e.path, err))
     }
 
@@ -383,13 +342,7 @@ impl WeightStore {
         self.check(id, bytes.len(), blake3::hash(bytes), source_tier)
     }
 
-    fn check(
-        &self,
-        id: &BlobId,
-        len: usize,
-        got: blake3::Hash,
-        source_tier: &'static str,
-    ) -> Result<()> {
+    fn check(&self, id: &BlobId, len: usize, got: blake3::Hash, source_tier: &'static str) -> Result<()> {
         let e = self.entry(id)?;
         if len as u64 != e.len || got != e.hash {
             return Err(KernelError::Corrupted {
@@ -407,14 +360,12 @@ impl WeightStore {
             let e = self.entry(id)?;
             (e.path.clone(), e.len)
         };
-        let len =
-            usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
+        let len = usize::try_from(len).map_err(|_| KernelError::invalid("load", "blob exceeds usize"))?;
         // The checksum is computed on a helper thread while the next block is read.
         let mut hasher = blake3::Hasher::new();
-        let (bytes, mode) =
-            read_range_with(&path, HEADER as u64, len, self.open_direct, &mut |p| {
-                hasher.update(p);
-            })?;
+        let (bytes, mode) = read_range_with(&path, HEADER as u64, len, self.open_direct, &mut |p| {
+            hasher.update(p);
+        })?;
         if mode == ReadMode::BufferedFallback {
             if self.stats.odirect_fallbacks == 0 {
                 tracing::warn!(
@@ -468,10 +419,7 @@ impl WeightStore {
     }
 
     fn release_host(&mut self, id: &BlobId) -> Result<()> {
-        let e = self
-            .entries
-            .get_mut(id)
-            .ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
+        let e = self.entries.get_mut(id).ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
         if e.host.take().is_some() {
             self.host_used -= e.len;
         }
@@ -508,12 +456,7 @@ impl WeightStore {
         }
         let (len, host) = (e.len, e.host.clone());
         let alloc = self.pool.alloc(len).map_err(|err| match err {
-            KernelError::OutOfMemory {
-                free,
-                largest_free,
-                budget,
-                ..
-            } => KernelError::TierFull {
+            KernelError::OutOfMemory { free, largest_free, budget, .. } => KernelError::TierFull {
                 tier: "device",
                 blob: id.to_string(),
                 needed: len,
@@ -524,12 +467,8 @@ impl WeightStore {
         })?;
         let start = Instant::now();
         let result = match &host {
-            Some(bytes) => self
-                .verify(id, bytes, "host")
-                .and_then(|()| self.arena_write(alloc, bytes)),
-            None => self
-                .read_disk(id)
-                .and_then(|bytes| self.arena_write(alloc, &bytes)),
+            Some(bytes) => self.verify(id, bytes, "host").and_then(|()| self.arena_write(alloc, bytes)),
+            None => self.read_disk(id).and_then(|bytes| self.arena_write(alloc, &bytes)),
         };
         if let Err(err) = result {
             self.pool.free(alloc)?;
@@ -635,10 +574,6 @@ mod tests {
         s.evict(&id).unwrap();
         s.open_direct = open_direct;
         s.load_to_host(&id).unwrap();
-        assert_eq!(
-            s.stats().odirect_fallbacks,
-            1,
-            "a direct read does not count"
-        );
+        assert_eq!(s.stats().odirect_fallbacks, 1, "a direct read does not count");
     }
 }

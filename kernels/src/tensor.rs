@@ -75,11 +75,7 @@ impl Tensor {
                 format!("shape {shape:?} needs {n} elements, got {}", data.len()),
             ));
         }
-        Ok(Self {
-            shape: shape.to_vec(),
-            buf: Buffer::F32(Arc::new(data)),
-            offset: 0,
-        })
+        Ok(Self { shape: shape.to_vec(), buf: Buffer::F32(Arc::new(data)), offset: 0 })
     }
 
     /// A bf16 tensor from raw bf16 bits.
@@ -91,11 +87,7 @@ impl Tensor {
                 format!("shape {shape:?} needs {n} elements, got {}", bits.len()),
             ));
         }
-        Ok(Self {
-            shape: shape.to_vec(),
-            buf: Buffer::Bf16(Arc::new(bits)),
-            offset: 0,
-        })
+        Ok(Self { shape: shape.to_vec(), buf: Buffer::Bf16(Arc::new(bits)), offset: 0 })
     }
 
     /// An f32 tensor filled with `value`.
@@ -118,26 +110,17 @@ impl Tensor {
         if bytes.len() != want {
             return Err(KernelError::shape(
                 "from_le_bytes",
-                format!(
-                    "{dtype:?} {shape:?} needs {want} bytes, got {}",
-                    bytes.len()
-                ),
+                format!("{dtype:?} {shape:?} needs {want} bytes, got {}", bytes.len()),
             ));
         }
         match dtype {
             DType::F32 => Self::from_f32(
                 shape,
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             ),
             DType::BF16 => Self::from_bf16_bits(
                 shape,
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
+                bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
             ),
         }
     }
@@ -145,14 +128,8 @@ impl Tensor {
     /// The tensor's elements as little-endian bytes of its dtype.
     pub fn to_le_bytes(&self) -> Vec<u8> {
         match &self.buf {
-            Buffer::F32(v) => v[self.range()]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            Buffer::Bf16(v) => v[self.range()]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
+            Buffer::F32(v) => v[self.range()].iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Buffer::Bf16(v) => v[self.range()].iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 
@@ -187,10 +164,7 @@ impl Tensor {
     pub fn dims2(&self) -> Result<(usize, usize)> {
         match self.shape[..] {
             [r, c] => Ok((r, c)),
-            _ => Err(KernelError::shape(
-                "dims2",
-                format!("expected rank 2, got {:?}", self.shape),
-            )),
+            _ => Err(KernelError::shape("dims2", format!("expected rank 2, got {:?}", self.shape))),
         }
     }
 
@@ -203,20 +177,13 @@ impl Tensor {
                 format!("cannot reshape {:?} to {shape:?}", self.shape),
             ));
         }
-        Ok(Self {
-            shape: shape.to_vec(),
-            buf: self.buf.clone(),
-            offset: self.offset,
-        })
+        Ok(Self { shape: shape.to_vec(), buf: self.buf.clone(), offset: self.offset })
     }
 
     /// Rows `start..start+len` along the first dimension (no copy).
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Self> {
         let Some(&rows) = self.shape.first() else {
-            return Err(KernelError::shape(
-                "narrow_rows",
-                "rank-0 tensor has no rows",
-            ));
+            return Err(KernelError::shape("narrow_rows", "rank-0 tensor has no rows"));
         };
         if start.checked_add(len).is_none_or(|end| end > rows) {
             return Err(KernelError::shape(
@@ -227,21 +194,16 @@ impl Tensor {
         let row_len: usize = self.shape[1..].iter().product();
         let mut shape = self.shape.clone();
         shape[0] = len;
-        Ok(Self {
-            shape,
-            buf: self.buf.clone(),
-            offset: self.offset + start * row_len,
-        })
+        Ok(Self { shape, buf: self.buf.clone(), offset: self.offset + start * row_len })
     }
 
     /// The f32 elements, borrowed; an error for bf16 tensors (use [`Tensor::f32_cow`]).
     pub fn as_f32(&self) -> Result<&[f32]> {
         match &self.buf {
             Buffer::F32(v) => Ok(&v[self.range()]),
-            Buffer::Bf16(_) => Err(KernelError::invalid(
-                "as_f32",
-                "tensor is bf16; convert with to_dtype(F32)",
-            )),
+            Buffer::Bf16(_) => {
+                Err(KernelError::invalid("as_f32", "tensor is bf16; convert with to_dtype(F32)"))
+            }
         }
     }
 
@@ -257,9 +219,7 @@ impl Tensor {
     pub fn f32_cow(&self) -> Cow<'_, [f32]> {
         match &self.buf {
             Buffer::F32(v) => Cow::Borrowed(&v[self.range()]),
-            Buffer::Bf16(v) => {
-                Cow::Owned(v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect())
-            }
+            Buffer::Bf16(v) => Cow::Owned(v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect()),
         }
     }
 
@@ -274,19 +234,15 @@ impl Tensor {
             return self.clone();
         }
         let buf = match (&self.buf, dtype) {
-            (Buffer::F32(v), DType::BF16) => Buffer::Bf16(Arc::new(
-                v[self.range()].iter().map(|&x| f32_to_bf16(x)).collect(),
-            )),
-            (Buffer::Bf16(v), DType::F32) => Buffer::F32(Arc::new(
-                v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect(),
-            )),
+            (Buffer::F32(v), DType::BF16) => {
+                Buffer::Bf16(Arc::new(v[self.range()].iter().map(|&x| f32_to_bf16(x)).collect()))
+            }
+            (Buffer::Bf16(v), DType::F32) => {
+                Buffer::F32(Arc::new(v[self.range()].iter().map(|&b| bf16_to_f32(b)).collect()))
+            }
             _ => self.buf.clone(),
         };
-        Self {
-            shape: self.shape.clone(),
-            buf,
-            offset: 0,
-        }
+        Self { shape: self.shape.clone(), buf, offset: 0 }
     }
 
     /// Mutable f32 elements; copies first if the buffer is shared or this is a view (copy-on-write).
@@ -300,10 +256,9 @@ impl Tensor {
                 }
                 Ok(Arc::make_mut(v).as_mut_slice())
             }
-            Buffer::Bf16(_) => Err(KernelError::invalid(
-                "f32_mut",
-                "tensor is bf16; convert with to_dtype(F32)",
-            )),
+            Buffer::Bf16(_) => {
+                Err(KernelError::invalid("f32_mut", "tensor is bf16; convert with to_dtype(F32)"))
+            }
         }
     }
 
@@ -330,10 +285,7 @@ mod tests {
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
         assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0)), 1.0);
         // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 (even): rounds up.
-        assert_eq!(
-            bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)),
-            1.0 + 1.0 / 64.0
-        );
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 1.0 / 64.0);
         assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
         assert_eq!(bf16_to_f32(f32_to_bf16(f32::MAX)), f32::INFINITY);
         // bf16 keeps 8 significant bits, so round-to-nearest is within 2^-8 relative.

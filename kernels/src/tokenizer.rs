@@ -80,10 +80,7 @@ impl WordPiece {
 
     /// Reads a `vocab.txt`; `[CLS]`, `[SEP]`, `[PAD]` and `[UNK]` must be in it.
     pub fn from_vocab_file(path: &Path) -> Result<Self, TokenizerError> {
-        let io = |source| TokenizerError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| TokenizerError::Io { path: path.to_path_buf(), source };
         let len = std::fs::metadata(path).map_err(io)?.len();
         if len > MAX_VOCAB_BYTES {
             return Err(TokenizerError::BadVocab {
@@ -92,10 +89,8 @@ impl WordPiece {
             });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        Self::from_vocab_text(&text).map_err(|detail| TokenizerError::BadVocab {
-            path: path.to_path_buf(),
-            detail,
-        })
+        Self::from_vocab_text(&text)
+            .map_err(|detail| TokenizerError::BadVocab { path: path.to_path_buf(), detail })
     }
 
     /// Builds the tokenizer from the text of a `vocab.txt`; the error says what is missing.
@@ -106,12 +101,7 @@ impl WordPiece {
             // Later duplicates win, as in the `tokenizers` package.
             vocab.insert(line.trim_end().to_owned(), id);
         }
-        let special = |tok: &str| {
-            vocab
-                .get(tok)
-                .copied()
-                .ok_or_else(|| format!("no {tok} token"))
-        };
+        let special = |tok: &str| vocab.get(tok).copied().ok_or_else(|| format!("no {tok} token"));
         Ok(Self {
             cls: special("[CLS]")?,
             sep: special("[SEP]")?,
@@ -166,19 +156,11 @@ impl WordPiece {
         let mut attention_mask = Vec::with_capacity(encoded.len() * seq_len);
         for seq in &encoded {
             ids.extend(seq.iter().map(|&i| i64::from(i)));
-            ids.extend(std::iter::repeat_n(
-                i64::from(self.pad),
-                seq_len - seq.len(),
-            ));
+            ids.extend(std::iter::repeat_n(i64::from(self.pad), seq_len - seq.len()));
             attention_mask.extend(std::iter::repeat_n(1, seq.len()));
             attention_mask.extend(std::iter::repeat_n(0, seq_len - seq.len()));
         }
-        Batch {
-            batch: encoded.len(),
-            seq_len,
-            ids,
-            attention_mask,
-        }
+        Batch { batch: encoded.len(), seq_len, ids, attention_mask }
     }
 
     /// Greedy longest-match-first split of one word; the whole word is `[UNK]` if any piece is unknown.
@@ -237,10 +219,8 @@ fn normalize(text: &str) -> String {
             cleaned.push(c);
         }
     }
-    let stripped: String = cleaned
-        .nfd()
-        .filter(|&c| c.general_category() != GeneralCategory::NonspacingMark)
-        .collect();
+    let stripped: String =
+        cleaned.nfd().filter(|&c| c.general_category() != GeneralCategory::NonspacingMark).collect();
     stripped.to_lowercase()
 }
 
@@ -337,9 +317,6 @@ mod tests {
     fn normalisation_matches_bert_rules() {
         assert_eq!(normalize("Héllo\tWÖRLD\u{200b}!"), "hello world!");
         assert_eq!(normalize("a中b"), "a 中 b");
-        assert_eq!(
-            pre_tokenize("don't  stop-it $5"),
-            vec!["don", "'", "t", "stop", "-", "it", "$", "5"]
-        );
+        assert_eq!(pre_tokenize("don't  stop-it $5"), vec!["don", "'", "t", "stop", "-", "it", "$", "5"]);
     }
 }

@@ -4,8 +4,7 @@
 use std::io::Write;
 
 use troupe_kernels::ops::{
-    ExpertParams, Matmul, MoeFfn, MoeFfnBackward, Op, Softmax, moe_ffn_backward, moe_ffn_forward,
-    top_k_route,
+    ExpertParams, Matmul, MoeFfn, MoeFfnBackward, Op, Softmax, moe_ffn_backward, moe_ffn_forward, top_k_route,
 };
 use troupe_kernels::{CudaDevice, Device, KernelError, Tensor, Tier, WeightStore};
 
@@ -21,18 +20,13 @@ fn gpu_or_skip() -> Option<CudaDevice> {
 }
 
 fn values(seed: u32, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.37).sin())
-        .collect()
+    (0..n).map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.37).sin()).collect()
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}[{i}]: gpu {g} vs cpu {w}"
-        );
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: gpu {g} vs cpu {w}");
     }
 }
 
@@ -46,19 +40,11 @@ fn gemm_matches_cpu_for_all_transposes() {
         let b_shape = if tb { [n, k] } else { [k, n] };
         let a = Tensor::from_f32(&a_shape, values(1, m * k)).unwrap();
         let b = Tensor::from_f32(&b_shape, values(2, k * n)).unwrap();
-        let op = Matmul {
-            trans_a: ta,
-            trans_b: tb,
-        };
+        let op = Matmul { trans_a: ta, trans_b: tb };
         let want = op.cpu((&a, &b)).unwrap();
         let got = op.run(&dev, (&a, &b)).unwrap();
         assert_eq!(got.shape(), want.shape());
-        assert_close(
-            &format!("gemm ta={ta} tb={tb}"),
-            &got.to_vec_f32(),
-            &want.to_vec_f32(),
-            1e-4,
-        );
+        assert_close(&format!("gemm ta={ta} tb={tb}"), &got.to_vec_f32(), &want.to_vec_f32(), 1e-4);
     }
 }
 
@@ -85,40 +71,13 @@ fn moe_forward_and_backward_match_cpu() {
     assert_close("moe y", &y_gpu.to_vec_f32(), &y_cpu.to_vec_f32(), 1e-4);
 
     let g_cpu = moe_ffn_backward(&dy, &cache_cpu, &experts).unwrap();
-    let g_gpu = MoeFfnBackward
-        .run(&dev, (&dy, &cache_gpu, &experts))
-        .unwrap();
-    assert_close(
-        "moe dx",
-        &g_gpu.dx.to_vec_f32(),
-        &g_cpu.dx.to_vec_f32(),
-        1e-4,
-    );
+    let g_gpu = MoeFfnBackward.run(&dev, (&dy, &cache_gpu, &experts)).unwrap();
+    assert_close("moe dx", &g_gpu.dx.to_vec_f32(), &g_cpu.dx.to_vec_f32(), 1e-4);
     for (i, (a, b)) in g_gpu.experts.iter().zip(&g_cpu.experts).enumerate() {
-        assert_close(
-            &format!("dw1[{i}]"),
-            &a.w1.to_vec_f32(),
-            &b.w1.to_vec_f32(),
-            1e-4,
-        );
-        assert_close(
-            &format!("db1[{i}]"),
-            &a.b1.to_vec_f32(),
-            &b.b1.to_vec_f32(),
-            1e-4,
-        );
-        assert_close(
-            &format!("dw2[{i}]"),
-            &a.w2.to_vec_f32(),
-            &b.w2.to_vec_f32(),
-            1e-4,
-        );
-        assert_close(
-            &format!("db2[{i}]"),
-            &a.b2.to_vec_f32(),
-            &b.b2.to_vec_f32(),
-            1e-4,
-        );
+        assert_close(&format!("dw1[{i}]"), &a.w1.to_vec_f32(), &b.w1.to_vec_f32(), 1e-4);
+        assert_close(&format!("db1[{i}]"), &a.b1.to_vec_f32(), &b.b1.to_vec_f32(), 1e-4);
+        assert_close(&format!("dw2[{i}]"), &a.w2.to_vec_f32(), &b.w2.to_vec_f32(), 1e-4);
+        assert_close(&format!("db2[{i}]"), &a.b2.to_vec_f32(), &b.b2.to_vec_f32(), 1e-4);
     }
     for (a, b) in g_gpu.dgates.iter().zip(&g_cpu.dgates) {
         assert_close("dgate", a, b, 1e-4);
@@ -130,10 +89,7 @@ fn ops_without_cuda_code_say_unsupported() {
     let Some(gpu) = gpu_or_skip() else { return };
     let x = Tensor::zeros(&[2, 2]).unwrap();
     let err = Softmax.run(&Device::Cuda(gpu), &x).unwrap_err();
-    assert!(
-        matches!(err, KernelError::Unsupported { op: "softmax", .. }),
-        "{err}"
-    );
+    assert!(matches!(err, KernelError::Unsupported { op: "softmax", .. }), "{err}");
 }
 
 #[test]
@@ -142,11 +98,7 @@ fn store_device_tier_round_trips_through_gpu_memory() {
     // The target directory when it exists here (a real disk); the system's temp dir on a GPU
     // machine that runs a carried test binary.
     let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let dir = if base.is_dir() {
-        tempfile::tempdir_in(base).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
+    let dir = if base.is_dir() { tempfile::tempdir_in(base).unwrap() } else { tempfile::tempdir().unwrap() };
     let mut s = WeightStore::open(dir.path(), &Device::Cuda(gpu), 1 << 20, 1 << 20).unwrap();
     let data: Vec<u8> = (0..200_003u32).map(|i| (i % 253) as u8).collect();
     let id = s.put("gpu-blob", &data).unwrap();
@@ -164,10 +116,7 @@ fn ffn_kernel_source_compiles_with_nvrtc() {
     match troupe_kernels::cuda::ffn_kernels_ptx() {
         Ok(ptx) => {
             for entry in ["bias_gelu_fwd", "bias_add_rows", "gelu_bwd_inplace"] {
-                assert!(
-                    ptx.contains(&format!(".entry {entry}")),
-                    "{entry} missing from PTX"
-                );
+                assert!(ptx.contains(&format!(".entry {entry}")), "{entry} missing from PTX");
             }
         }
         Err(KernelError::CudaUnavailable(reason)) => {

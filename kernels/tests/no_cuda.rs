@@ -57,18 +57,11 @@ fn compile_stub(dir: &Path) -> Option<()> {
     std::fs::write(&src, STUB_C).expect("write stub.c");
     let so = dir.join("libcuda.so.1");
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
-    let status = match Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .status()
-    {
+    let status = match Command::new(&cc).args(["-shared", "-fPIC", "-O1", "-o"]).arg(&so).arg(&src).status() {
         Ok(s) => s,
         Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: no C compiler {cc:?} to build the stub driver ({e})"
-            );
+            let _ =
+                writeln!(std::io::stderr(), "skipped: no C compiler {cc:?} to build the stub driver ({e})");
             return None;
         }
     };
@@ -82,10 +75,7 @@ fn compile_stub(dir: &Path) -> Option<()> {
 fn stub_driver_without_device_is_an_error_not_a_panic() {
     if std::env::var_os(CHILD_ENV).is_some() {
         // Child: the stub is first on LD_LIBRARY_PATH.
-        println!(
-            "CHILD-DRIVER-PRESENT: {}",
-            troupe_kernels::cuda::driver_library_present()
-        );
+        println!("CHILD-DRIVER-PRESENT: {}", troupe_kernels::cuda::driver_library_present());
         match Device::cuda(0) {
             Err(e) => println!("CHILD-RESULT: Err({e})"),
             Ok(d) => println!("CHILD-RESULT: Ok({})", d.name()),
@@ -116,10 +106,7 @@ fn stub_driver_without_device_is_an_error_not_a_panic() {
         !stderr.contains("panicked") && !stdout.contains("panicked"),
         "child panicked:\n{stdout}\n{stderr}"
     );
-    assert!(
-        stdout.contains("CHILD-DRIVER-PRESENT: true"),
-        "stub not loaded:\n{stdout}"
-    );
+    assert!(stdout.contains("CHILD-DRIVER-PRESENT: true"), "stub not loaded:\n{stdout}");
     assert!(
         stdout.contains("CHILD-RESULT: Err(CUDA unavailable: no CUDA device"),
         "expected a no-device error:\n{stdout}"

@@ -23,17 +23,10 @@ fn minilm_cosine_of_known_pair() {
 fn batching_does_not_change_embeddings() {
     let assets = Assets::locate().unwrap_or_else(|e| panic!("{e}"));
     let mut embedder = Embedder::from_assets(&assets, &SessionConfig::default()).unwrap();
-    let texts = [
-        "Short.",
-        "A much longer sentence that needs padding for the short one.",
-    ];
+    let texts = ["Short.", "A much longer sentence that needs padding for the short one."];
     let together = embedder.embed(&texts).unwrap();
     let alone = embedder.embed(&texts[..1]).unwrap();
-    let diff = together[0]
-        .iter()
-        .zip(&alone[0])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let diff = together[0].iter().zip(&alone[0]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(diff < 1e-5, "padding changed the embedding by {diff}");
     // unrelated sentences are less similar than paraphrases
     let related = cosine(&together[0], &together[1]);

@@ -17,27 +17,15 @@ fn assets() -> Assets {
 fn run_child(test: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args([
-        "--exact",
-        test,
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.args(["--exact", test, "--ignored", "--nocapture", "--test-threads=1"]);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "child {test} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "child {test} did not run:\n{stdout}"
-    );
+    assert!(out.status.success(), "child {test} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("1 passed"), "child {test} did not run:\n{stdout}");
     stdout
 }
 
@@ -67,10 +55,7 @@ fn child_bogus_library() {
 #[ignore = "run by unconfigured_library_is_a_clear_error in a child process"]
 fn child_unconfigured_library() {
     let err = OnnxSession::from_bytes(b"", "empty", &SessionConfig::default()).unwrap_err();
-    assert!(
-        matches!(err, OnnxError::LibraryNotConfigured { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, OnnxError::LibraryNotConfigured { .. }), "{err:?}");
     println!("CHILD-ERROR: {err}");
 }
 
@@ -84,10 +69,7 @@ fn missing_library_is_a_clear_error() {
         )),
         "{out}"
     );
-    assert!(
-        out.contains("run scripts/setup or set ORT_DYLIB_PATH"),
-        "{out}"
-    );
+    assert!(out.contains("run scripts/setup or set ORT_DYLIB_PATH"), "{out}");
 }
 
 #[test]
@@ -95,10 +77,7 @@ fn bogus_library_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("libonnxruntime.so");
     std::fs::write(&fake, b"this is not a shared library").unwrap();
-    let out = run_child(
-        "child_bogus_library",
-        &[("ORT_DYLIB_PATH", fake.to_str().unwrap())],
-    );
+    let out = run_child("child_bogus_library", &[("ORT_DYLIB_PATH", fake.to_str().unwrap())]);
     assert!(
         out.contains(&format!(
             "CHILD-ERROR: ONNX Runtime library {} could not be initialised",
@@ -112,15 +91,9 @@ fn bogus_library_is_a_clear_error() {
 fn unconfigured_library_is_a_clear_error() {
     let out = run_child(
         "child_unconfigured_library",
-        &[
-            ("ORT_DYLIB_PATH", ""),
-            ("TROUPE_CACHE", "/nonexistent/cache"),
-        ],
+        &[("ORT_DYLIB_PATH", ""), ("TROUPE_CACHE", "/nonexistent/cache")],
     );
-    assert!(
-        out.contains("CHILD-ERROR: no ONNX Runtime library configured"),
-        "{out}"
-    );
+    assert!(out.contains("CHILD-ERROR: no ONNX Runtime library configured"), "{out}");
     assert!(out.contains("/nonexistent/cache/manifest.json"), "{out}");
 }
 
@@ -148,74 +121,37 @@ fn noise(len: usize, mut state: u64) -> Vec<u8> {
 #[test]
 fn malformed_model_file_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    for (i, bytes) in [
-        noise(4096, 0x9e37_79b9_7f4a_7c15),
-        Vec::new(),
-        b"\x08\x07".to_vec(),
-    ]
-    .iter()
-    .enumerate()
+    for (i, bytes) in
+        [noise(4096, 0x9e37_79b9_7f4a_7c15), Vec::new(), b"\x08\x07".to_vec()].iter().enumerate()
     {
         let path = dir.path().join(format!("garbage{i}.onnx"));
         std::fs::write(&path, bytes).unwrap();
         let err = OnnxSession::from_file(&path, &SessionConfig::default()).unwrap_err();
-        assert!(
-            matches!(err, OnnxError::ModelMalformed { .. }),
-            "{i}: {err:?}"
-        );
-        assert!(
-            err.to_string().contains(&format!("garbage{i}.onnx")),
-            "{err}"
-        );
-        let err =
-            OnnxSession::from_bytes(bytes, "peer-bytes", &SessionConfig::default()).unwrap_err();
-        assert!(
-            matches!(err, OnnxError::ModelMalformed { .. }),
-            "{i}: {err:?}"
-        );
+        assert!(matches!(err, OnnxError::ModelMalformed { .. }), "{i}: {err:?}");
+        assert!(err.to_string().contains(&format!("garbage{i}.onnx")), "{err}");
+        let err = OnnxSession::from_bytes(bytes, "peer-bytes", &SessionConfig::default()).unwrap_err();
+        assert!(matches!(err, OnnxError::ModelMalformed { .. }), "{i}: {err:?}");
         assert!(err.to_string().contains("peer-bytes"), "{err}");
     }
     // a valid model cut short
     let whole = std::fs::read(assets().path(assets::TINY_MLP).unwrap()).unwrap();
-    let err = OnnxSession::from_bytes(
-        &whole[..whole.len() / 2],
-        "truncated",
-        &SessionConfig::default(),
-    )
-    .unwrap_err();
+    let err = OnnxSession::from_bytes(&whole[..whole.len() / 2], "truncated", &SessionConfig::default())
+        .unwrap_err();
     assert!(matches!(err, OnnxError::ModelMalformed { .. }), "{err:?}");
 }
 
 #[test]
 fn wrong_inputs_are_named() {
-    let mut s = OnnxSession::from_file(
-        &assets().path(assets::TINY_MLP).unwrap(),
-        &SessionConfig::default(),
-    )
-    .unwrap();
+    let mut s =
+        OnnxSession::from_file(&assets().path(assets::TINY_MLP).unwrap(), &SessionConfig::default()).unwrap();
     let cases = [
         (vec![], "input x not given"),
+        (vec![NamedTensor::i64("x", vec![1, 4], vec![0; 4])], "x is i64, the model wants f32"),
+        (vec![NamedTensor::f32("x", vec![4], vec![0.0; 4])], "x has rank 1"),
+        (vec![NamedTensor::f32("x", vec![1, 3], vec![0.0; 3])], "x has 3 on axis 1, the model wants 4"),
+        (vec![NamedTensor::f32("x", vec![2, 4], vec![0.0; 4])], "8 elements but 4"),
         (
-            vec![NamedTensor::i64("x", vec![1, 4], vec![0; 4])],
-            "x is i64, the model wants f32",
-        ),
-        (
-            vec![NamedTensor::f32("x", vec![4], vec![0.0; 4])],
-            "x has rank 1",
-        ),
-        (
-            vec![NamedTensor::f32("x", vec![1, 3], vec![0.0; 3])],
-            "x has 3 on axis 1, the model wants 4",
-        ),
-        (
-            vec![NamedTensor::f32("x", vec![2, 4], vec![0.0; 4])],
-            "8 elements but 4",
-        ),
-        (
-            vec![
-                NamedTensor::f32("x", vec![1, 4], vec![0.0; 4]),
-                NamedTensor::f32("z", vec![1], vec![0.0]),
-            ],
+            vec![NamedTensor::f32("x", vec![1, 4], vec![0.0; 4]), NamedTensor::f32("z", vec![1], vec![0.0])],
             "z is not an input (inputs: x)",
         ),
     ];
@@ -225,8 +161,5 @@ fn wrong_inputs_are_named() {
         assert!(err.to_string().contains(want), "{err} lacks {want}");
     }
     // the session still works afterwards
-    assert!(
-        s.run(&[NamedTensor::f32("x", vec![1, 4], vec![0.0; 4])])
-            .is_ok()
-    );
+    assert!(s.run(&[NamedTensor::f32("x", vec![1, 4], vec![0.0; 4])]).is_ok());
 }

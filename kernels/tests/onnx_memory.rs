@@ -7,8 +7,7 @@ use std::process::Command;
 
 use troupe_kernels::assets::{self, Assets};
 use troupe_kernels::onnx::{
-    ElementType, NamedTensor, OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes,
-    runtime,
+    ElementType, NamedTensor, OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes, runtime,
 };
 
 const MODEL_ENV: &str = "TROUPE_TEST_MEASURE_MODEL";
@@ -59,27 +58,15 @@ fn child_measure_session() {
 
 fn measure(name: &str) -> u64 {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_measure_session",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", "child_measure_session", "--ignored", "--nocapture"])
         .env(MODEL_ENV, name)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let line = stdout.lines().find(|l| l.starts_with("MEASURE")).unwrap();
     println!("{line}");
-    let field = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("resident="))
-        .unwrap();
+    let field = line.split_whitespace().find_map(|f| f.strip_prefix("resident=")).unwrap();
     field.parse().unwrap()
 }
 
@@ -90,9 +77,6 @@ fn stage_sessions_need_less_memory_than_the_whole_model() {
     let tiny = measure(assets::TINY_MLP);
     // whole holds 90 MB of weights, stage0 69 MB, stage1 21 MB, stage2 none.
     assert!(whole > 80_000_000, "whole {whole}");
-    assert!(
-        stages[0] < whole && stages[1] < stages[0] && stages[2] < stages[1],
-        "{stages:?} vs {whole}"
-    );
+    assert!(stages[0] < whole && stages[1] < stages[0] && stages[2] < stages[1], "{stages:?} vs {whole}");
     assert!(tiny < stages[1], "tiny {tiny}");
 }

@@ -25,21 +25,12 @@ fn reference(a: &Assets) -> Reference {
     let rows = |key: &str| -> Vec<Vec<i64>> { serde_json::from_value(json[key].clone()).unwrap() };
     let (ids, mask) = (rows("ids"), rows("attention_mask"));
     let embeddings: Vec<f32> = serde_json::from_value(json["embeddings"].clone()).unwrap();
-    Reference {
-        batch: ids.len(),
-        seq: ids[0].len(),
-        ids: ids.concat(),
-        mask: mask.concat(),
-        embeddings,
-    }
+    Reference { batch: ids.len(), seq: ids[0].len(), ids: ids.concat(), mask: mask.concat(), embeddings }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 fn output<'a>(outs: &'a [NamedTensor], name: &str) -> &'a NamedTensor {
@@ -93,28 +84,17 @@ fn stage_io_introspection_and_chain_check() {
     let s0 = &stages[0];
     let input_names: Vec<&str> = s0.inputs().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(input_names, ["input_ids", "attention_mask"]);
-    assert!(
-        s0.inputs()
-            .iter()
-            .all(|s| s.dtype == ElementType::I64 && s.rank() == 2)
-    );
+    assert!(s0.inputs().iter().all(|s| s.dtype == ElementType::I64 && s.rank() == 2));
     let h2 = &s0.outputs()[0];
-    assert_eq!(
-        (h2.name.as_str(), &h2.dtype),
-        ("hidden_2", &ElementType::F32)
-    );
+    assert_eq!((h2.name.as_str(), &h2.dtype), ("hidden_2", &ElementType::F32));
     assert_eq!(h2.dims, vec![None, None, Some(384)]);
     assert_eq!(stages[1].outputs()[0].name, "hidden_5");
     assert_eq!(stages[2].outputs()[0].dims, vec![None, Some(384)]);
 
     let all: Vec<&OnnxSession> = stages.iter().collect();
     check_chain(&all).unwrap();
-    let err = check_chain(&[&stages[0], &stages[2]])
-        .unwrap_err()
-        .to_string();
+    let err = check_chain(&[&stages[0], &stages[2]]).unwrap_err().to_string();
     assert!(err.contains("hidden_5") && err.contains("stage 1"), "{err}");
-    let err = check_chain(&[&stages[1], &stages[0]])
-        .unwrap_err()
-        .to_string();
+    let err = check_chain(&[&stages[1], &stages[0]]).unwrap_err().to_string();
     assert!(err.contains("input_ids"), "{err}");
 }

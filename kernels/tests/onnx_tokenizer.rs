@@ -29,17 +29,9 @@ fn single_sentences_match_reference_ids() {
             failures.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     // hand-checked: [CLS] a man is eating food . [SEP]
-    assert_eq!(
-        tok.encode("A man is eating food."),
-        vec![101, 1037, 2158, 2003, 5983, 2833, 1012, 102]
-    );
+    assert_eq!(tok.encode("A man is eating food."), vec![101, 1037, 2158, 2003, 5983, 2833, 1012, 102]);
     // the long case is cut to 256 ids ending in [SEP]
     let long = tok.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(40));
     assert_eq!((long.len(), long[255]), (256, 102));
@@ -50,8 +42,7 @@ fn padded_batch_matches_reference() {
     let (tok, check) = load();
     let texts: Vec<String> = serde_json::from_value(check["batch"]["texts"].clone()).unwrap();
     let ids: Vec<Vec<i64>> = serde_json::from_value(check["batch"]["ids"].clone()).unwrap();
-    let mask: Vec<Vec<i64>> =
-        serde_json::from_value(check["batch"]["attention_mask"].clone()).unwrap();
+    let mask: Vec<Vec<i64>> = serde_json::from_value(check["batch"]["attention_mask"].clone()).unwrap();
     let b = tok.encode_batch(&texts);
     assert_eq!((b.batch, b.seq_len), (ids.len(), ids[0].len()));
     assert_eq!(b.ids, ids.concat());

@@ -10,9 +10,7 @@ fn tmpdir() -> tempfile::TempDir {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 #[test]
@@ -30,11 +28,7 @@ fn round_trip_through_all_tiers() {
 
     let a = s.promote_to_device(&id).unwrap();
     assert_eq!(s.tier(&id).unwrap(), Tier::Device);
-    assert_eq!(
-        s.stats().host_used,
-        0,
-        "tiers are exclusive: host copy released"
-    );
+    assert_eq!(s.stats().host_used, 0, "tiers are exclusive: host copy released");
     assert_eq!(a.len, 300_032, "rounded to the arena's 256-byte alignment");
     assert_eq!(s.read(&id).unwrap(), data);
 
@@ -56,10 +50,7 @@ fn round_trip_through_all_tiers() {
     assert_eq!(st.disk_to_device.count, 1);
     assert_eq!(st.disk_writes.bytes, 300_001);
     assert!(st.disk_to_host.seconds > 0.0 && st.disk_to_host.mb_per_s() > 0.0);
-    assert_eq!(
-        st.odirect_fallbacks, 0,
-        "the target directory's filesystem accepts O_DIRECT"
-    );
+    assert_eq!(st.odirect_fallbacks, 0, "the target directory's filesystem accepts O_DIRECT");
 }
 
 #[test]
@@ -71,13 +62,7 @@ fn budgets_are_enforced_with_clear_errors() {
     s.load_to_host(&small).unwrap();
     let err = s.load_to_host(&other).unwrap_err();
     match &err {
-        KernelError::TierFull {
-            tier,
-            blob,
-            needed,
-            available,
-            budget,
-        } => {
+        KernelError::TierFull { tier, blob, needed, available, budget } => {
             assert_eq!(
                 (*tier, blob.as_str(), *needed, *available, *budget),
                 ("host", "other", 600, 400, 1000)
@@ -86,18 +71,11 @@ fn budgets_are_enforced_with_clear_errors() {
         e => panic!("wrong error {e}"),
     }
     assert!(err.to_string().contains("other"), "{err}");
-    assert_eq!(
-        s.tier(&other).unwrap(),
-        Tier::Disk,
-        "a refused load changes nothing"
-    );
+    assert_eq!(s.tier(&other).unwrap(), Tier::Disk, "a refused load changes nothing");
 
     let big = s.put("big", &pattern(5000, 3)).unwrap();
     let err = s.promote_to_device(&big).unwrap_err();
-    assert!(
-        matches!(err, KernelError::TierFull { tier: "device", .. }),
-        "{err}"
-    );
+    assert!(matches!(err, KernelError::TierFull { tier: "device", .. }), "{err}");
     assert!(err.to_string().contains("big"));
     // Device full of `small` (768 of 4096 after alignment) still takes `other`.
     s.promote_to_device(&small).unwrap();
@@ -109,10 +87,7 @@ fn budgets_are_enforced_with_clear_errors() {
     let filler = s.put("filler", &pattern(1000, 4)).unwrap();
     s.load_to_host(&filler).unwrap();
     let err = s.load_to_host(&small).unwrap_err();
-    assert!(
-        matches!(err, KernelError::TierFull { tier: "host", .. }),
-        "{err}"
-    );
+    assert!(matches!(err, KernelError::TierFull { tier: "host", .. }), "{err}");
     assert_eq!(s.tier(&small).unwrap(), Tier::Device);
     assert_eq!(s.evict(&small).unwrap(), Tier::Disk);
     assert_eq!(s.read(&small).unwrap(), pattern(600, 1));
@@ -125,25 +100,17 @@ fn corrupted_blob_is_detected_by_name() {
     let id = s.put("expert-3", &pattern(10_000, 9)).unwrap();
     let path = s.path_of(&id).unwrap().to_path_buf();
     let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.seek(SeekFrom::Start(WeightStore::data_offset() + 1234))
-        .unwrap();
+    f.seek(SeekFrom::Start(WeightStore::data_offset() + 1234)).unwrap();
     f.write_all(&[0xAA]).unwrap();
     f.sync_all().unwrap();
     let err = s.load_to_host(&id).unwrap_err();
     assert!(matches!(err, KernelError::Corrupted { .. }), "{err}");
     let msg = err.to_string();
-    assert!(
-        msg.contains("expert-3") && msg.contains("corrupted"),
-        "{msg}"
-    );
+    assert!(msg.contains("expert-3") && msg.contains("corrupted"), "{msg}");
     assert_eq!(s.tier(&id).unwrap(), Tier::Disk);
     assert_eq!(s.stats().host_used, 0);
     assert!(s.promote_to_device(&id).is_err());
-    assert_eq!(
-        s.stats().device.used,
-        0,
-        "a failed promotion frees its allocation"
-    );
+    assert_eq!(s.stats().device.used, 0, "a failed promotion frees its allocation");
 }
 
 #[test]
@@ -157,15 +124,11 @@ fn corruption_in_a_later_block_is_detected() {
     s.evict(&id).unwrap();
     let path = s.path_of(&id).unwrap().to_path_buf();
     let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.seek(SeekFrom::Start(WeightStore::data_offset() + (9 << 20) + 3))
-        .unwrap();
+    f.seek(SeekFrom::Start(WeightStore::data_offset() + (9 << 20) + 3)).unwrap();
     f.write_all(&[0x55]).unwrap();
     f.sync_all().unwrap();
     let err = s.load_to_host(&id).unwrap_err().to_string();
-    assert!(
-        err.contains("big-expert") && err.contains("corrupted"),
-        "{err}"
-    );
+    assert!(err.contains("big-expert") && err.contains("corrupted"), "{err}");
 }
 
 #[test]
@@ -186,8 +149,5 @@ fn reopen_indexes_blobs_and_rejects_bad_headers() {
     let err = WeightStore::open(dir.path(), &Device::Cpu, 0, 1 << 16).unwrap_err();
     assert!(matches!(err, KernelError::BadBlobFile { .. }), "{err}");
     assert!(err.to_string().contains("junk.blob"));
-    assert!(
-        s.put("../escape", &data).is_err(),
-        "ids cannot name other paths"
-    );
+    assert!(s.put("../escape", &data).is_err(), "ids cannot name other paths");
 }

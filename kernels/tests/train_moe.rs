@@ -4,8 +4,8 @@
 
 use troupe_kernels::Tensor;
 use troupe_kernels::ops::{
-    AdamW, ExpertParams, bias_add, bias_grad, cross_entropy, matmul, moe_ffn_backward,
-    moe_ffn_forward, top_k_route,
+    AdamW, ExpertParams, bias_add, bias_grad, cross_entropy, matmul, moe_ffn_backward, moe_ffn_forward,
+    top_k_route,
 };
 
 const T: usize = 48; // tokens per batch
@@ -18,10 +18,7 @@ const C: usize = 3; // classes
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
@@ -46,12 +43,7 @@ fn batch(rng: &mut Lcg, means: &[Vec<f32>]) -> (Tensor, Vec<usize>) {
 }
 
 fn add(a: &Tensor, b: &Tensor) -> Tensor {
-    let v = a
-        .to_vec_f32()
-        .iter()
-        .zip(b.to_vec_f32())
-        .map(|(x, y)| x + y)
-        .collect();
+    let v = a.to_vec_f32().iter().zip(b.to_vec_f32()).map(|(x, y)| x + y).collect();
     t(a.shape(), v)
 }
 
@@ -97,9 +89,7 @@ fn moe_classifier_learns_with_adamw() {
 
         // Updates.
         let mut step = |i: usize, p: &mut Tensor, grad: &Tensor| {
-            opts[i]
-                .step(p.f32_mut().unwrap(), &grad.to_vec_f32())
-                .unwrap();
+            opts[i].step(p.f32_mut().unwrap(), &grad.to_vec_f32()).unwrap();
         };
         step(0, &mut router, &d_router);
         step(1, &mut head_w, &d_head_w);
@@ -113,14 +103,8 @@ fn moe_classifier_learns_with_adamw() {
     }
     let first: f32 = losses[..10].iter().sum::<f32>() / 10.0;
     let last: f32 = losses[losses.len() - 10..].iter().sum::<f32>() / 10.0;
-    assert!(
-        dropped_seen > 0,
-        "capacity should have dropped some choices"
-    );
+    assert!(dropped_seen > 0, "capacity should have dropped some choices");
     // An untrained model is near or above chance (ln 3 = 1.10); a learnable task ends far below.
     assert!(losses[0] > 1.0, "initial loss {}", losses[0]);
-    assert!(
-        last < 0.25 * first && last < 0.3,
-        "loss {first:.3} -> {last:.3}"
-    );
+    assert!(last < 0.25 * first && last < 0.3, "loss {first:.3} -> {last:.3}");
 }

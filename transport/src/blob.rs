@@ -110,10 +110,7 @@ pub struct BlobPolicy {
 
 impl Default for BlobPolicy {
     fn default() -> Self {
-        Self {
-            by_reference_above: DEFAULT_BY_REFERENCE_ABOVE,
-            max_blob_bytes: DEFAULT_MAX_PULL_BYTES,
-        }
+        Self { by_reference_above: DEFAULT_BY_REFERENCE_ABOVE, max_blob_bytes: DEFAULT_MAX_PULL_BYTES }
     }
 }
 
@@ -210,11 +207,7 @@ pub struct BlobStoreConfig {
 
 impl Default for BlobStoreConfig {
     fn default() -> Self {
-        Self {
-            memory_budget: 256 << 20,
-            disk_dir: None,
-            max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
-        }
+        Self { memory_budget: 256 << 20, disk_dir: None, max_blob_bytes: DEFAULT_MAX_BLOB_BYTES }
     }
 }
 
@@ -238,27 +231,15 @@ impl BlobStore {
     /// A store; creates the disk cache directory when one is configured.
     pub fn new(config: BlobStoreConfig) -> Result<Self, BlobError> {
         if let Some(dir) = &config.disk_dir {
-            std::fs::create_dir_all(dir).map_err(|source| BlobError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            std::fs::create_dir_all(dir).map_err(|source| BlobError::Io { path: dir.clone(), source })?;
         }
-        Ok(Self {
-            config,
-            entries: HashMap::new(),
-            lru: BTreeMap::new(),
-            tick: 0,
-            held: 0,
-        })
+        Ok(Self { config, entries: HashMap::new(), lru: BTreeMap::new(), tick: 0, held: 0 })
     }
 
     /// A memory-only store with the given byte budget.
     pub fn in_memory(memory_budget: usize) -> Self {
         Self {
-            config: BlobStoreConfig {
-                memory_budget,
-                ..BlobStoreConfig::default()
-            },
+            config: BlobStoreConfig { memory_budget, ..BlobStoreConfig::default() },
             entries: HashMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
@@ -306,18 +287,11 @@ impl BlobStore {
 
     /// Stores bytes that must hash to `id` (pulled from a peer): a mismatch is an error and
     /// nothing is stored.
-    pub fn put_verified(
-        &mut self,
-        id: BlobId,
-        bytes: impl Into<Arc<[u8]>>,
-    ) -> Result<(), BlobError> {
+    pub fn put_verified(&mut self, id: BlobId, bytes: impl Into<Arc<[u8]>>) -> Result<(), BlobError> {
         let bytes = bytes.into();
         let actual = BlobId::of(&bytes);
         if actual != id {
-            return Err(BlobError::HashMismatch {
-                expected: id,
-                actual,
-            });
+            return Err(BlobError::HashMismatch { expected: id, actual });
         }
         self.insert(id, bytes)
     }
@@ -363,20 +337,12 @@ impl BlobStore {
     fn insert(&mut self, id: BlobId, bytes: Arc<[u8]>) -> Result<(), BlobError> {
         let len = bytes.len() as u64;
         if len > self.config.max_blob_bytes {
-            return Err(BlobError::TooLarge {
-                id,
-                len,
-                max: self.config.max_blob_bytes,
-            });
+            return Err(BlobError::TooLarge { id, len, max: self.config.max_blob_bytes });
         }
         if let Some(path) = self.disk_path(&id) {
             write_once(&path, &bytes)?;
         } else if bytes.len() > self.config.memory_budget {
-            return Err(BlobError::ExceedsBudget {
-                id,
-                len: bytes.len(),
-                budget: self.config.memory_budget,
-            });
+            return Err(BlobError::ExceedsBudget { id, len: bytes.len(), budget: self.config.memory_budget });
         }
         if bytes.len() <= self.config.memory_budget {
             self.insert_in_memory(id, bytes);
@@ -400,13 +366,7 @@ impl BlobStore {
         self.tick += 1;
         self.held += bytes.len();
         self.lru.insert(self.tick, id);
-        self.entries.insert(
-            id,
-            Entry {
-                bytes,
-                last_used: self.tick,
-            },
-        );
+        self.entries.insert(id, Entry { bytes, last_used: self.tick });
     }
 
     fn disk_path(&self, id: &BlobId) -> Option<PathBuf> {
@@ -419,10 +379,7 @@ fn write_once(path: &Path, bytes: &[u8]) -> Result<(), BlobError> {
     if path.is_file() {
         return Ok(());
     }
-    let io = |source| BlobError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| BlobError::Io { path: path.to_path_buf(), source };
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
@@ -430,10 +387,7 @@ fn write_once(path: &Path, bytes: &[u8]) -> Result<(), BlobError> {
 
 /// Reads a cache file (capped at `max` bytes) and checks it hashes to `id`.
 fn read_verified(path: &Path, id: &BlobId, max: u64) -> Result<Option<Vec<u8>>, BlobError> {
-    let io = |source| BlobError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| BlobError::Io { path: path.to_path_buf(), source };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -447,18 +401,11 @@ fn read_verified(path: &Path, id: &BlobId, max: u64) -> Result<Option<Vec<u8>>, 
     // Read at most max + 1 bytes, in case the file grew after the metadata call.
     file.take(max + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > max {
-        return Err(BlobError::TooLarge {
-            id: *id,
-            len: bytes.len() as u64,
-            max,
-        });
+        return Err(BlobError::TooLarge { id: *id, len: bytes.len() as u64, max });
     }
     let actual = BlobId::of(&bytes);
     if actual != *id {
-        return Err(BlobError::Corrupt {
-            path: path.to_path_buf(),
-            actual,
-        });
+        return Err(BlobError::Corrupt { path: path.to_path_buf(), actual });
     }
     Ok(Some(bytes))
 }
@@ -503,10 +450,7 @@ pub fn classify_incoming(frame: Frame, policy: &BlobPolicy) -> Result<Incoming, 
         return Ok(Incoming::Ready(frame));
     }
     let archived = frame.access::<BlobRef>()?;
-    let reference = BlobRef {
-        id: archived.id,
-        len: archived.len.to_native(),
-    };
+    let reference = BlobRef { id: archived.id, len: archived.len.to_native() };
     if reference.len > policy.max_blob_bytes {
         return Err(BlobError::TooLarge {
             id: reference.blob_id(),
@@ -514,19 +458,12 @@ pub fn classify_incoming(frame: Frame, policy: &BlobPolicy) -> Result<Incoming, 
             max: policy.max_blob_bytes,
         });
     }
-    Ok(Incoming::NeedsBlob {
-        kind: frame.kind,
-        flags: frame.flags & !FLAG_BY_REFERENCE,
-        reference,
-    })
+    Ok(Incoming::NeedsBlob { kind: frame.kind, flags: frame.flags & !FLAG_BY_REFERENCE, reference })
 }
 
 /// The frame that asks a peer for a blob.
 pub fn request_frame(id: BlobId) -> Result<Frame, BlobError> {
-    Ok(Frame::encode(
-        FrameKind::BlobRequest,
-        &BlobRequest { id: id.0 },
-    )?)
+    Ok(Frame::encode(FrameKind::BlobRequest, &BlobRequest { id: id.0 })?)
 }
 
 /// Reads a [`FrameKind::BlobRequest`] frame.
@@ -545,19 +482,9 @@ pub fn answer_request(request: &Frame, store: &mut BlobStore) -> Result<Frame, B
 /// A [`FrameKind::BlobData`] frame carrying `bytes` (copied once, straight into the body).
 pub fn data_frame(id: BlobId, bytes: &[u8]) -> Result<Frame, BlobError> {
     let mut body = AlignedVec::<16>::with_capacity(bytes.len() + BLOB_DATA_OVERHEAD as usize);
-    body = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(
-        &BlobDataRef { id: id.0, bytes },
-        body,
-    )
-    .map_err(|e| FrameError::Body {
-        what: "BlobData",
-        detail: e.to_string(),
-    })?;
-    Ok(Frame {
-        kind: FrameKind::BlobData,
-        flags: 0,
-        body,
-    })
+    body = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(&BlobDataRef { id: id.0, bytes }, body)
+        .map_err(|e| FrameError::Body { what: "BlobData", detail: e.to_string() })?;
+    Ok(Frame { kind: FrameKind::BlobData, flags: 0, body })
 }
 
 /// Serialises exactly like [`BlobData`] while borrowing the bytes.
@@ -589,26 +516,15 @@ where
 
 /// Receiver side: checks a [`FrameKind::BlobData`] answer against the reference it was pulled
 /// for (id, length, then the hash of the bytes) and caches it; returns the verified bytes.
-pub fn accept_data(
-    data: &Frame,
-    expected: &BlobRef,
-    store: &mut BlobStore,
-) -> Result<Arc<[u8]>, BlobError> {
+pub fn accept_data(data: &Frame, expected: &BlobRef, store: &mut BlobStore) -> Result<Arc<[u8]>, BlobError> {
     let archived = data.access_as::<BlobData>(FrameKind::BlobData)?;
     let want = expected.blob_id();
     if archived.id != expected.id {
-        return Err(BlobError::WrongBlob {
-            expected: want,
-            got: BlobId(archived.id),
-        });
+        return Err(BlobError::WrongBlob { expected: want, got: BlobId(archived.id) });
     }
     let got = archived.bytes.len() as u64;
     if got != expected.len {
-        return Err(BlobError::LengthMismatch {
-            id: want,
-            expected: expected.len,
-            got,
-        });
+        return Err(BlobError::LengthMismatch { id: want, expected: expected.len, got });
     }
     let bytes: Arc<[u8]> = archived.bytes.as_slice().into();
     store.put_verified(want, bytes.clone())?;
@@ -619,11 +535,7 @@ pub fn accept_data(
 pub fn rebuild_frame(kind: FrameKind, flags: u16, bytes: &[u8]) -> Frame {
     let mut body = AlignedVec::<16>::with_capacity(bytes.len());
     body.extend_from_slice(bytes);
-    Frame {
-        kind,
-        flags: flags & !FLAG_BY_REFERENCE,
-        body,
-    }
+    Frame { kind, flags: flags & !FLAG_BY_REFERENCE, body }
 }
 
 #[cfg(test)]
@@ -635,10 +547,7 @@ mod tests {
     fn ids_are_blake3_and_print_as_hex() {
         let id = BlobId::of(b"abc");
         // blake3("abc") from the reference test vectors.
-        assert_eq!(
-            id.to_hex(),
-            "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
-        );
+        assert_eq!(id.to_hex(), "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85");
         assert_eq!(id.to_string(), id.to_hex());
         assert_eq!(BlobId::from_hex(&id.to_hex()), Some(id));
         assert_eq!(BlobId::from_hex("zz"), None);
@@ -681,10 +590,7 @@ mod tests {
         store.put(vec![5u8; 250]).unwrap();
         assert_eq!((store.held_bytes(), store.len()), (250, 1));
         let e = store.put(vec![6u8; 301]).unwrap_err();
-        assert!(
-            matches!(e, BlobError::ExceedsBudget { len: 301, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, BlobError::ExceedsBudget { len: 301, .. }), "{e}");
     }
 
     #[test]
@@ -714,10 +620,7 @@ mod tests {
         bytes[10] ^= 1;
         std::fs::write(&b_path, &bytes).unwrap();
         let e = store.get(&b).unwrap_err();
-        assert!(
-            matches!(&e, BlobError::Corrupt { path, .. } if *path == b_path),
-            "{e}"
-        );
+        assert!(matches!(&e, BlobError::Corrupt { path, .. } if *path == b_path), "{e}");
         assert!(e.to_string().contains(&b.to_hex()), "{e}");
 
         // A fresh store over the same directory finds a, and still refuses b.
@@ -742,25 +645,12 @@ mod tests {
         })
         .unwrap();
         let e = store.get(&id).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                BlobError::TooLarge {
-                    len: 4096,
-                    max: 1024,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, BlobError::TooLarge { len: 4096, max: 1024, .. }), "{e}");
     }
 
     #[test]
     fn a_big_tensor_travels_by_reference_and_is_verified() {
-        let policy = BlobPolicy {
-            by_reference_above: 64 << 10,
-            ..Default::default()
-        };
+        let policy = BlobPolicy { by_reference_above: 64 << 10, ..Default::default() };
         let mut sender = BlobStore::in_memory(16 << 20);
         let mut receiver = BlobStore::in_memory(16 << 20);
         let data = smooth_activation(100_000);
@@ -770,32 +660,19 @@ mod tests {
         assert_eq!(out.flags & FLAG_BY_REFERENCE, FLAG_BY_REFERENCE);
         assert!(out.body.len() < 100, "only the reference travels inline");
 
-        let Incoming::NeedsBlob {
-            kind,
-            flags,
-            reference,
-        } = classify_incoming(out, &policy).unwrap()
-        else {
+        let Incoming::NeedsBlob { kind, flags, reference } = classify_incoming(out, &policy).unwrap() else {
             panic!("expected a reference");
         };
-        assert_eq!(
-            (kind, flags, reference.len),
-            (FrameKind::Tensor, 0, original_len as u64)
-        );
+        assert_eq!((kind, flags, reference.len), (FrameKind::Tensor, 0, original_len as u64));
         let req = request_frame(reference.blob_id()).unwrap();
         let answer = answer_request(&req, &mut sender).unwrap();
 
         // Tampered answer: same id and length, different bytes.
         let mut tampered_bytes = sender.get(&reference.blob_id()).unwrap().unwrap().to_vec();
         tampered_bytes[500] ^= 0x10;
-        let tampered = Frame::encode(
-            FrameKind::BlobData,
-            &BlobData {
-                id: reference.id,
-                bytes: tampered_bytes,
-            },
-        )
-        .unwrap();
+        let tampered =
+            Frame::encode(FrameKind::BlobData, &BlobData { id: reference.id, bytes: tampered_bytes })
+                .unwrap();
         let e = accept_data(&tampered, &reference, &mut receiver).unwrap_err();
         assert!(matches!(e, BlobError::HashMismatch { .. }), "{e}");
         assert!(!receiver.contains(&reference.blob_id()));
@@ -809,9 +686,7 @@ mod tests {
         // Small frames pass through untouched.
         let small = Frame::from_bytes(FrameKind::Message, 0, &[1, 2, 3]);
         let out = prepare_outgoing(small, &policy, &mut sender).unwrap();
-        assert!(
-            matches!(classify_incoming(out, &policy).unwrap(), Incoming::Ready(f) if f.body.len() == 3)
-        );
+        assert!(matches!(classify_incoming(out, &policy).unwrap(), Incoming::Ready(f) if f.body.len() == 3));
     }
 
     #[test]
@@ -819,101 +694,45 @@ mod tests {
         for len in [0usize, 3, 100, 5000] {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
             let id = BlobId::of(&bytes);
-            let owned = Frame::encode(
-                FrameKind::BlobData,
-                &BlobData {
-                    id: id.0,
-                    bytes: bytes.clone(),
-                },
-            )
-            .unwrap();
-            assert_eq!(
-                data_frame(id, &bytes).unwrap().body.as_slice(),
-                owned.body.as_slice()
-            );
+            let owned =
+                Frame::encode(FrameKind::BlobData, &BlobData { id: id.0, bytes: bytes.clone() }).unwrap();
+            assert_eq!(data_frame(id, &bytes).unwrap().body.as_slice(), owned.body.as_slice());
         }
     }
 
     #[test]
     fn blob_data_overhead_covers_the_envelope() {
         for len in [0usize, 1, 15, 16, 17, 1000, 4096] {
-            let f = Frame::encode(
-                FrameKind::BlobData,
-                &BlobData {
-                    id: [7; 32],
-                    bytes: vec![1; len],
-                },
-            )
-            .unwrap();
-            assert!(
-                f.body.len() as u64 <= len as u64 + BLOB_DATA_OVERHEAD,
-                "{len}: {}",
-                f.body.len()
-            );
+            let f =
+                Frame::encode(FrameKind::BlobData, &BlobData { id: [7; 32], bytes: vec![1; len] }).unwrap();
+            assert!(f.body.len() as u64 <= len as u64 + BLOB_DATA_OVERHEAD, "{len}: {}", f.body.len());
         }
     }
 
     #[test]
     fn bad_answers_and_references_are_refused() {
-        let policy = BlobPolicy {
-            by_reference_above: 10,
-            max_blob_bytes: 1000,
-        };
+        let policy = BlobPolicy { by_reference_above: 10, max_blob_bytes: 1000 };
         let mut store = BlobStore::in_memory(1 << 20);
-        let reference = BlobRef {
-            id: BlobId::of(b"wanted").0,
-            len: 6,
-        };
+        let reference = BlobRef { id: BlobId::of(b"wanted").0, len: 6 };
         let other = Frame::encode(
             FrameKind::BlobData,
-            &BlobData {
-                id: BlobId::of(b"other!").0,
-                bytes: b"other!".to_vec(),
-            },
+            &BlobData { id: BlobId::of(b"other!").0, bytes: b"other!".to_vec() },
         )
         .unwrap();
-        assert!(matches!(
-            accept_data(&other, &reference, &mut store),
-            Err(BlobError::WrongBlob { .. })
-        ));
-        let short = Frame::encode(
-            FrameKind::BlobData,
-            &BlobData {
-                id: reference.id,
-                bytes: b"want".to_vec(),
-            },
-        )
-        .unwrap();
+        assert!(matches!(accept_data(&other, &reference, &mut store), Err(BlobError::WrongBlob { .. })));
+        let short =
+            Frame::encode(FrameKind::BlobData, &BlobData { id: reference.id, bytes: b"want".to_vec() })
+                .unwrap();
         assert!(matches!(
             accept_data(&short, &reference, &mut store),
-            Err(BlobError::LengthMismatch {
-                expected: 6,
-                got: 4,
-                ..
-            })
+            Err(BlobError::LengthMismatch { expected: 6, got: 4, .. })
         ));
-        let mut huge = Frame::encode(
-            FrameKind::Tensor,
-            &BlobRef {
-                id: [0; 32],
-                len: 5000,
-            },
-        )
-        .unwrap();
+        let mut huge = Frame::encode(FrameKind::Tensor, &BlobRef { id: [0; 32], len: 5000 }).unwrap();
         huge.flags = FLAG_BY_REFERENCE;
-        assert!(matches!(
-            classify_incoming(huge, &policy),
-            Err(BlobError::TooLarge { len: 5000, .. })
-        ));
+        assert!(matches!(classify_incoming(huge, &policy), Err(BlobError::TooLarge { len: 5000, .. })));
         let req = request_frame(BlobId::of(b"absent")).unwrap();
-        assert!(matches!(
-            answer_request(&req, &mut store),
-            Err(BlobError::NotFound(_))
-        ));
+        assert!(matches!(answer_request(&req, &mut store), Err(BlobError::NotFound(_))));
         let garbage = Frame::from_bytes(FrameKind::Tensor, FLAG_BY_REFERENCE, &[0xAB; 7]);
-        assert!(matches!(
-            classify_incoming(garbage, &policy),
-            Err(BlobError::Frame(_))
-        ));
+        assert!(matches!(classify_incoming(garbage, &policy), Err(BlobError::Frame(_))));
     }
 }

@@ -172,9 +172,7 @@ pub struct TensorLimits {
 
 impl Default for TensorLimits {
     fn default() -> Self {
-        Self {
-            max_decoded_bytes: DEFAULT_MAX_DECODED_BYTES,
-        }
+        Self { max_decoded_bytes: DEFAULT_MAX_DECODED_BYTES }
     }
 }
 
@@ -217,9 +215,7 @@ pub enum CodecError {
     #[error("tensor shape {0:?} overflows the element count")]
     ShapeOverflow(Vec<u64>),
     /// The shape, dtype and declared decoded length disagree.
-    #[error(
-        "tensor shape {shape:?} of {dtype:?} needs {expected} bytes but raw_len says {raw_len}"
-    )]
+    #[error("tensor shape {shape:?} of {dtype:?} needs {expected} bytes but raw_len says {raw_len}")]
     ShapeMismatch {
         /// Shape on the wire.
         shape: Vec<u64>,
@@ -294,8 +290,7 @@ impl Archive for WireTensorRef<'_> {
         rkyv::munge::munge!(
             let ArchivedWireTensor { dtype_on_wire, shape, raw_len, encoding, payload } = out
         );
-        self.dtype_on_wire
-            .resolve(resolver.dtype_on_wire, dtype_on_wire);
+        self.dtype_on_wire.resolve(resolver.dtype_on_wire, dtype_on_wire);
         ArchivedVec::resolve_from_slice(self.shape, resolver.shape, shape);
         self.raw_len.resolve((), raw_len);
         self.encoding.resolve(resolver.encoding, encoding);
@@ -341,12 +336,7 @@ pub struct TensorEncoder {
 impl TensorEncoder {
     /// An encoder with the given options.
     pub fn new(options: TensorEncodeOptions) -> Self {
-        Self {
-            options,
-            compressor: None,
-            plain: Vec::new(),
-            packed: Vec::new(),
-        }
+        Self { options, compressor: None, plain: Vec::new(), packed: Vec::new() }
     }
 
     /// The options in use.
@@ -383,21 +373,10 @@ impl TensorEncoder {
         };
         body.clear();
         body.reserve(wire.payload.len() + 8 * shape.len() + 64);
-        let body = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&wire, body).map_err(|e| {
-            FrameError::Body {
-                what: "WireTensor",
-                detail: e.to_string(),
-            }
-        })?;
+        let body = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&wire, body)
+            .map_err(|e| FrameError::Body { what: "WireTensor", detail: e.to_string() })?;
         report.wire_bytes = HEADER_LEN + body.len();
-        Ok((
-            Frame {
-                kind: FrameKind::Tensor,
-                flags: 0,
-                body,
-            },
-            report,
-        ))
+        Ok((Frame { kind: FrameKind::Tensor, flags: 0, body }, report))
     }
 
     /// Encodes into an owned [`WireTensor`] (to embed in a larger message); `wire_bytes` in the
@@ -419,29 +398,17 @@ impl TensorEncoder {
     }
 
     /// Chooses dtype and encoding, fills the scratch buffers, and says where the payload is.
-    fn prepare(
-        &mut self,
-        shape: &[usize],
-        data: &[f32],
-    ) -> Result<(Prepared, EncodeReport), CodecError> {
+    fn prepare(&mut self, shape: &[usize], data: &[f32]) -> Result<(Prepared, EncodeReport), CodecError> {
         let expected = shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| CodecError::ShapeOverflow(shape.iter().map(|&d| d as u64).collect()))?;
         if expected != data.len() {
-            return Err(CodecError::DataShapeMismatch {
-                shape: shape.to_vec(),
-                expected,
-                got: data.len(),
-            });
+            return Err(CodecError::DataShapeMismatch { shape: shape.to_vec(), expected, got: data.len() });
         }
         let opts = self.options;
         let raw_bytes = data.len() * 4;
-        let dtype = if opts.lossy_bf16 {
-            WireDtype::Bf16
-        } else {
-            WireDtype::F32
-        };
+        let dtype = if opts.lossy_bf16 { WireDtype::Bf16 } else { WireDtype::F32 };
         let raw_len = data.len() * dtype.size();
         let try_compress = match opts.compress {
             Compression::Never => false,
@@ -479,11 +446,7 @@ impl TensorEncoder {
                 }
             }
         };
-        let encoding = if compressed {
-            Encoding::ShuffleZstd { level: opts.level }
-        } else {
-            Encoding::Raw
-        };
+        let encoding = if compressed { Encoding::ShuffleZstd { level: opts.level } } else { Encoding::Raw };
         let payload_len = match source {
             PayloadSource::Input => raw_bytes,
             PayloadSource::Plain => self.plain.len(),
@@ -497,15 +460,7 @@ impl TensorEncoder {
             compressed,
             dtype_on_wire: dtype,
         };
-        Ok((
-            Prepared {
-                dtype,
-                raw_len,
-                encoding,
-                source,
-            },
-            report,
-        ))
+        Ok((Prepared { dtype, raw_len, encoding, source }, report))
     }
 
     fn payload<'a>(&'a self, source: PayloadSource, data: &'a [f32]) -> Cow<'a, [u8]> {
@@ -519,14 +474,11 @@ impl TensorEncoder {
     fn compress_plain(&mut self, level: i32) -> Result<(), CodecError> {
         let compressor = match &mut self.compressor {
             Some(c) => c,
-            none => none.insert(
-                zstd::bulk::Compressor::new(level)
-                    .map_err(|e| CodecError::Compress(e.to_string()))?,
-            ),
+            none => none
+                .insert(zstd::bulk::Compressor::new(level).map_err(|e| CodecError::Compress(e.to_string()))?),
         };
         self.packed.clear();
-        self.packed
-            .reserve(zstd::zstd_safe::compress_bound(self.plain.len()));
+        self.packed.reserve(zstd::zstd_safe::compress_bound(self.plain.len()));
         compressor
             .compress_to_buffer(&self.plain, &mut self.packed)
             .map_err(|e| CodecError::Compress(e.to_string()))?;
@@ -575,11 +527,7 @@ pub struct TensorDecoder {
 impl TensorDecoder {
     /// A decoder enforcing `limits`.
     pub fn new(limits: TensorLimits) -> Self {
-        Self {
-            limits,
-            decompressor: None,
-            scratch: Vec::new(),
-        }
+        Self { limits, decompressor: None, scratch: Vec::new() }
     }
 
     /// Decodes a [`FrameKind::Tensor`] frame (refusing by-reference frames and other kinds).
@@ -589,11 +537,7 @@ impl TensorDecoder {
 
     /// Like [`Self::decode_frame`], writing the elements into `out` (e.g. the `data` of a tensor
     /// decoded earlier) so a steady stream of tensors does not allocate each time.
-    pub fn decode_frame_into(
-        &mut self,
-        frame: &Frame,
-        out: Vec<f32>,
-    ) -> Result<DecodedTensor, CodecError> {
+    pub fn decode_frame_into(&mut self, frame: &Frame, out: Vec<f32>) -> Result<DecodedTensor, CodecError> {
         if frame.flags & FLAG_BY_REFERENCE != 0 {
             return Err(CodecError::ByReference { flags: frame.flags });
         }
@@ -602,10 +546,7 @@ impl TensorDecoder {
     }
 
     /// Decodes an archived tensor that was already accessed with checked rkyv access.
-    pub fn decode_archived(
-        &mut self,
-        wire: &ArchivedWireTensor,
-    ) -> Result<DecodedTensor, CodecError> {
+    pub fn decode_archived(&mut self, wire: &ArchivedWireTensor) -> Result<DecodedTensor, CodecError> {
         self.decode_archived_into(wire, Vec::new())
     }
 
@@ -627,27 +568,18 @@ impl TensorDecoder {
             .ok_or_else(|| CodecError::ShapeOverflow(shape_u64()))?;
         let expected = u128::from(count) * dtype.size() as u128;
         if expected != u128::from(raw_len) {
-            return Err(CodecError::ShapeMismatch {
-                shape: shape_u64(),
-                dtype,
-                expected,
-                raw_len,
-            });
+            return Err(CodecError::ShapeMismatch { shape: shape_u64(), dtype, expected, raw_len });
         }
         let out_bytes = u128::from(count) * 4;
         if out_bytes > self.limits.max_decoded_bytes as u128 {
-            return Err(CodecError::TooLarge {
-                bytes: out_bytes,
-                max: self.limits.max_decoded_bytes,
-            });
+            return Err(CodecError::TooLarge { bytes: out_bytes, max: self.limits.max_decoded_bytes });
         }
         // Both fit in usize now: they are below a usize cap.
         let count = count as usize;
         let raw_len_usize = raw_len as usize;
         let mut shape = Vec::with_capacity(wire.shape.len());
         for d in wire.shape.iter() {
-            let d = usize::try_from(d.to_native())
-                .map_err(|_| CodecError::ShapeOverflow(shape_u64()))?;
+            let d = usize::try_from(d.to_native()).map_err(|_| CodecError::ShapeOverflow(shape_u64()))?;
             shape.push(d);
         }
 
@@ -657,10 +589,7 @@ impl TensorDecoder {
         let compressed = match wire.encoding {
             ArchivedEncoding::Raw => {
                 if payload.len() != raw_len_usize {
-                    return Err(CodecError::PayloadLength {
-                        expected: raw_len,
-                        got: payload.len(),
-                    });
+                    return Err(CodecError::PayloadLength { expected: raw_len, got: payload.len() });
                 }
                 match dtype {
                     WireDtype::F32 => le_to_f32(payload, &mut out),
@@ -679,12 +608,7 @@ impl TensorDecoder {
             }
         };
         debug_assert_eq!(out.len(), count);
-        Ok(DecodedTensor {
-            shape,
-            data: out,
-            dtype_on_wire: dtype,
-            compressed,
-        })
+        Ok(DecodedTensor { shape, data: out, dtype_on_wire: dtype, compressed })
     }
 
     /// Decompresses into `scratch[..raw_len]`, bounded by `raw_len` (already checked against the cap).
@@ -700,9 +624,7 @@ impl TensorDecoder {
         if let Ok(Some(declared)) = zstd::zstd_safe::get_frame_content_size(payload)
             && declared > raw_len
         {
-            return Err(zerr(format!(
-                "zstd frame declares {declared} bytes, more than raw_len"
-            )));
+            return Err(zerr(format!("zstd frame declares {declared} bytes, more than raw_len")));
         }
         // The scratch buffer keeps its high-water length, so it is zeroed only when it grows.
         if self.scratch.len() < bound {
@@ -712,10 +634,7 @@ impl TensorDecoder {
             .decompress_to_buffer(payload, &mut self.scratch[..bound])
             .map_err(|e| zerr(e.to_string()))?;
         if got != bound {
-            return Err(CodecError::DecodedSize {
-                expected: raw_len,
-                got,
-            });
+            return Err(CodecError::DecodedSize { expected: raw_len, got });
         }
         Ok(())
     }
@@ -778,12 +697,8 @@ fn shuffle_f32(src: &[f32], out: &mut [u8]) {
     let mut blocks = src.chunks_exact(BLOCK);
     let mut i = 0;
     for block in &mut blocks {
-        let (a, b, c, d) = (
-            &mut p0[i..i + BLOCK],
-            &mut p1[i..i + BLOCK],
-            &mut p2[i..i + BLOCK],
-            &mut p3[i..i + BLOCK],
-        );
+        let (a, b, c, d) =
+            (&mut p0[i..i + BLOCK], &mut p1[i..i + BLOCK], &mut p2[i..i + BLOCK], &mut p3[i..i + BLOCK]);
         for j in 0..BLOCK {
             let v = block[j].to_bits();
             a[j] = v as u8;
@@ -812,24 +727,14 @@ fn unshuffle_f32(src: &[u8], n: usize, out: &mut Vec<f32>) {
     let mut blocks = out[start..].chunks_exact_mut(BLOCK);
     let mut i = 0;
     for block in &mut blocks {
-        let (a, b, c, d) = (
-            &p0[i..i + BLOCK],
-            &p1[i..i + BLOCK],
-            &p2[i..i + BLOCK],
-            &p3[i..i + BLOCK],
-        );
+        let (a, b, c, d) = (&p0[i..i + BLOCK], &p1[i..i + BLOCK], &p2[i..i + BLOCK], &p3[i..i + BLOCK]);
         for j in 0..BLOCK {
             block[j] = f32::from_bits(u32::from_le_bytes([a[j], b[j], c[j], d[j]]));
         }
         i += BLOCK;
     }
     for (j, x) in blocks.into_remainder().iter_mut().enumerate() {
-        *x = f32::from_bits(u32::from_le_bytes([
-            p0[i + j],
-            p1[i + j],
-            p2[i + j],
-            p3[i + j],
-        ]));
+        *x = f32::from_bits(u32::from_le_bytes([p0[i + j], p1[i + j], p2[i + j], p3[i + j]]));
     }
 }
 
@@ -896,11 +801,7 @@ mod tests {
     use super::*;
 
     fn opts(compress: Compression, lossy_bf16: bool) -> TensorEncodeOptions {
-        TensorEncodeOptions {
-            compress,
-            lossy_bf16,
-            ..Default::default()
-        }
+        TensorEncodeOptions { compress, lossy_bf16, ..Default::default() }
     }
 
     #[test]
@@ -926,33 +827,17 @@ mod tests {
 
     #[test]
     fn special_values_survive_f32_and_bf16() {
-        let data = [
-            0.0,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MIN_POSITIVE,
-            1.0,
-        ];
+        let data = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, 1.0];
         let (frame, _) = encode_tensor(&[6], &data, &opts(Compression::Always, false)).unwrap();
         let back = decode_tensor(&frame, &TensorLimits::default()).unwrap();
         assert_eq!(back.data, data.to_vec());
         let (frame, report) = encode_tensor(&[6], &data, &opts(Compression::Never, true)).unwrap();
         let back = decode_tensor(&frame, &TensorLimits::default()).unwrap();
-        assert_eq!(
-            back.data,
-            data.to_vec(),
-            "all exactly representable in bf16"
-        );
+        assert_eq!(back.data, data.to_vec(), "all exactly representable in bf16");
         assert!(report.lossy);
         assert_eq!(report.max_abs_error, 0.0);
         let nan = encode_tensor(&[1], &[f32::NAN], &opts(Compression::Never, true)).unwrap();
-        assert!(
-            decode_tensor(&nan.0, &TensorLimits::default())
-                .unwrap()
-                .data[0]
-                .is_nan()
-        );
+        assert!(decode_tensor(&nan.0, &TensorLimits::default()).unwrap().data[0].is_nan());
     }
 
     #[test]
@@ -960,15 +845,9 @@ mod tests {
         // 1.0 + 2^-8 is exactly halfway between bf16 1.0 and 1.0 + 2^-7: ties go to even (1.0).
         assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0)), 1.0);
         // 1.0 + 3 * 2^-8 is halfway between 1+2^-7 (odd mantissa) and 1+2^-6: goes to 1+2^-6.
-        assert_eq!(
-            bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)),
-            1.0 + 1.0 / 64.0
-        );
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 1.0 / 64.0);
         // Just above the halfway point rounds up.
-        assert_eq!(
-            bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0 + 1.0 / 65536.0)),
-            1.0 + 1.0 / 128.0
-        );
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0 + 1.0 / 65536.0)), 1.0 + 1.0 / 128.0);
         // The largest finite f32 overflows bf16 to infinity.
         assert_eq!(bf16_to_f32(f32_to_bf16(f32::MAX)), f32::INFINITY);
     }
@@ -976,31 +855,19 @@ mod tests {
     #[test]
     fn bf16_error_is_bounded_and_reported() {
         let data = smooth_activation(100_000);
-        let (frame, report) =
-            encode_tensor(&[100_000], &data, &opts(Compression::Auto, true)).unwrap();
+        let (frame, report) = encode_tensor(&[100_000], &data, &opts(Compression::Auto, true)).unwrap();
         assert!(report.lossy);
         assert_eq!(report.dtype_on_wire, WireDtype::Bf16);
         let back = decode_tensor(&frame, &TensorLimits::default()).unwrap();
-        let actual = data
-            .iter()
-            .zip(&back.data)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let actual = data.iter().zip(&back.data).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert_eq!(report.max_abs_error, actual, "the report is the real error");
         assert!(actual > 0.0);
         // |x| < 1.2 here, and bf16 keeps 8 significant bits: half an ulp at [1, 2) is 2^-8.
         assert!(actual <= 1.0 / 256.0, "{actual}");
         for (a, b) in data.iter().zip(&back.data) {
-            assert!(
-                (a - b).abs() <= a.abs() / 256.0 + f32::MIN_POSITIVE,
-                "{a} {b}"
-            );
+            assert!((a - b).abs() <= a.abs() / 256.0 + f32::MIN_POSITIVE, "{a} {b}");
         }
-        assert!(
-            report.ratio() < 0.55,
-            "bf16 at least halves: {}",
-            report.ratio()
-        );
+        assert!(report.ratio() < 0.55, "bf16 at least halves: {}", report.ratio());
     }
 
     #[test]
@@ -1021,8 +888,7 @@ mod tests {
                 f32::from_bits((state >> 32) as u32)
             })
             .collect();
-        let (frame, r) =
-            encode_tensor(&[100_000], &noise, &opts(Compression::Auto, false)).unwrap();
+        let (frame, r) = encode_tensor(&[100_000], &noise, &opts(Compression::Auto, false)).unwrap();
         assert!(!r.compressed, "{r:?}");
         let back = decode_tensor(&frame, &TensorLimits::default()).unwrap();
         assert_eq!(
@@ -1051,10 +917,7 @@ mod tests {
             payload: bomb,
         };
         let e = decode_tensor(&frame_of(&wire), &TensorLimits::default()).unwrap_err();
-        assert!(
-            matches!(e, CodecError::Decompress { raw_len: 4096, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, CodecError::Decompress { raw_len: 4096, .. }), "{e}");
         assert!(e.to_string().contains("decompression failed"), "{e}");
 
         // A stream that does not declare its size must also stop at raw_len.
@@ -1062,30 +925,15 @@ mod tests {
         enc.include_contentsize(false).unwrap();
         std::io::Write::write_all(&mut enc, &vec![0u8; 1 << 20]).unwrap();
         let undeclared = enc.finish().unwrap();
-        let wire = WireTensor {
-            payload: undeclared,
-            ..wire
-        };
+        let wire = WireTensor { payload: undeclared, ..wire };
         let e = decode_tensor(&frame_of(&wire), &TensorLimits::default()).unwrap_err();
         assert!(matches!(e, CodecError::Decompress { .. }), "{e}");
 
         // Too short is an error too.
         let short = zstd::bulk::compress(&[0u8; 100], 3).unwrap();
-        let wire = WireTensor {
-            payload: short,
-            ..wire
-        };
+        let wire = WireTensor { payload: short, ..wire };
         let e = decode_tensor(&frame_of(&wire), &TensorLimits::default()).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                CodecError::DecodedSize {
-                    expected: 4096,
-                    got: 100
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, CodecError::DecodedSize { expected: 4096, got: 100 }), "{e}");
     }
 
     #[test]
@@ -1098,9 +946,7 @@ mod tests {
             encoding: Encoding::ShuffleZstd { level: 1 },
             payload: vec![1, 2, 3],
         };
-        let limits = TensorLimits {
-            max_decoded_bytes: 1 << 20,
-        };
+        let limits = TensorLimits { max_decoded_bytes: 1 << 20 };
         let e = decode_tensor(&frame_of(&wire), &limits).unwrap_err();
         assert!(
             matches!(e, CodecError::TooLarge { bytes, max } if bytes == 1 << 40 && max == 1 << 20),
@@ -1115,16 +961,7 @@ mod tests {
             payload: vec![0; 600_000],
         };
         let e = decode_tensor(&frame_of(&wire), &limits).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                CodecError::TooLarge {
-                    bytes: 1_200_000,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, CodecError::TooLarge { bytes: 1_200_000, .. }), "{e}");
     }
 
     #[test]
@@ -1137,49 +974,22 @@ mod tests {
             payload: vec![0; 24],
         };
         let limits = TensorLimits::default();
-        let wrong_len = WireTensor {
-            raw_len: 20,
-            ..base.clone()
-        };
+        let wrong_len = WireTensor { raw_len: 20, ..base.clone() };
         let e = decode_tensor(&frame_of(&wrong_len), &limits).unwrap_err();
-        assert!(
-            e.to_string().contains("needs 24 bytes but raw_len says 20"),
-            "{e}"
-        );
-        let overflow = WireTensor {
-            shape: vec![u64::MAX, u64::MAX, 4],
-            ..base.clone()
-        };
+        assert!(e.to_string().contains("needs 24 bytes but raw_len says 20"), "{e}");
+        let overflow = WireTensor { shape: vec![u64::MAX, u64::MAX, 4], ..base.clone() };
         let e = decode_tensor(&frame_of(&overflow), &limits).unwrap_err();
         assert!(matches!(e, CodecError::ShapeOverflow(_)), "{e}");
         // The element count fits u128 but the byte count does not (found by frame_fuzz).
-        let overflow = WireTensor {
-            shape: vec![u64::MAX, u64::MAX],
-            ..base.clone()
-        };
+        let overflow = WireTensor { shape: vec![u64::MAX, u64::MAX], ..base.clone() };
         let e = decode_tensor(&frame_of(&overflow), &limits).unwrap_err();
         assert!(matches!(e, CodecError::ShapeOverflow(_)), "{e}");
-        let short = WireTensor {
-            payload: vec![0; 23],
-            ..base.clone()
-        };
+        let short = WireTensor { payload: vec![0; 23], ..base.clone() };
         let e = decode_tensor(&frame_of(&short), &limits).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                CodecError::PayloadLength {
-                    expected: 24,
-                    got: 23
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, CodecError::PayloadLength { expected: 24, got: 23 }), "{e}");
         let mut by_ref = frame_of(&base);
         by_ref.flags = FLAG_BY_REFERENCE;
-        assert!(matches!(
-            decode_tensor(&by_ref, &limits),
-            Err(CodecError::ByReference { .. })
-        ));
+        assert!(matches!(decode_tensor(&by_ref, &limits), Err(CodecError::ByReference { .. })));
         let mut other = frame_of(&base);
         other.kind = FrameKind::Message;
         assert!(matches!(
@@ -1188,17 +998,7 @@ mod tests {
         ));
         assert!(decode_tensor(&frame_of(&base), &limits).is_ok());
         let e = encode_tensor(&[2, 2], &[1.0; 3], &TensorEncodeOptions::default()).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                CodecError::DataShapeMismatch {
-                    expected: 4,
-                    got: 3,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, CodecError::DataShapeMismatch { expected: 4, got: 3, .. }), "{e}");
     }
 
     #[test]
@@ -1243,10 +1043,9 @@ mod tests {
             ("bf16 raw", opts(Compression::Never, true)),
             ("bf16 shuffle+zstd1", opts(Compression::Always, true)),
         ];
-        for (signal, make) in [
-            ("smooth", smooth_activation as fn(usize) -> Vec<f32>),
-            ("smooth+noise", noisy),
-        ] {
+        for (signal, make) in
+            [("smooth", smooth_activation as fn(usize) -> Vec<f32>), ("smooth+noise", noisy)]
+        {
             for mib in [1usize, 64] {
                 let n = (mib << 20) / 4;
                 let data = make(n);
@@ -1337,11 +1136,7 @@ mod tests {
             assert_eq!(wire.payload.len(), wire_report.wire_bytes);
             assert_eq!(report.compressed, wire_report.compressed);
             let owned = Frame::encode(FrameKind::Tensor, &wire).unwrap();
-            assert_eq!(
-                frame.body.as_slice(),
-                owned.body.as_slice(),
-                "{c:?} bf16 {bf16}"
-            );
+            assert_eq!(frame.body.as_slice(), owned.body.as_slice(), "{c:?} bf16 {bf16}");
         }
     }
 
@@ -1352,10 +1147,7 @@ mod tests {
         for n in [100_000usize, 20, 70_000, 100_000] {
             let data = smooth_activation(n);
             let (f, r) = enc.encode_frame(&[n], &data).unwrap();
-            assert_eq!(
-                r.compressed,
-                n * 4 >= DEFAULT_MIN_COMPRESS_BYTES && r.ratio() < 0.95
-            );
+            assert_eq!(r.compressed, n * 4 >= DEFAULT_MIN_COMPRESS_BYTES && r.ratio() < 0.95);
             assert_eq!(dec.decode_frame(&f).unwrap().data, data);
         }
     }

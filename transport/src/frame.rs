@@ -21,8 +21,10 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 12;
 /// Default cap on a frame body (configurable per endpoint).
 pub const DEFAULT_MAX_BODY: u32 = 128 << 20;
-/// The body buffer grows by at most this much per read, bounding memory by bytes received.
+/// The body buffer starts at most this large; after that it grows with the bytes received.
 const READ_CHUNK: usize = 1 << 20;
+/// Size of the scratch buffer a body is read through.
+const SCRATCH: usize = 256 << 10;
 
 /// What a frame carries; unknown kinds are rejected before the body is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,9 +79,7 @@ pub struct FrameLimits {
 
 impl Default for FrameLimits {
     fn default() -> Self {
-        Self {
-            max_body: DEFAULT_MAX_BODY,
-        }
+        Self { max_body: DEFAULT_MAX_BODY }
     }
 }
 
@@ -166,10 +166,7 @@ impl FrameHeader {
         }
         let len = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
         if len > limits.max_body {
-            return Err(FrameError::TooLong {
-                len: u64::from(len),
-                max: limits.max_body,
-            });
+            return Err(FrameError::TooLong { len: u64::from(len), max: limits.max_body });
         }
         Ok(Self { kind, flags, len })
     }
@@ -205,11 +202,7 @@ impl Frame {
     pub fn from_bytes(kind: FrameKind, flags: u16, body: &[u8]) -> Self {
         let mut aligned = AlignedVec::<16>::with_capacity(body.len());
         aligned.extend_from_slice(body);
-        Self {
-            kind,
-            flags,
-            body: aligned,
-        }
+        Self { kind, flags, body: aligned }
     }
 
     /// A frame whose body is the rkyv archive of `value`.
@@ -217,15 +210,9 @@ impl Frame {
     where
         T: for<'a> Serialize<BodySerializer<'a>>,
     {
-        let body = rkyv::to_bytes::<rancor::Error>(value).map_err(|e| FrameError::Body {
-            what: std::any::type_name::<T>(),
-            detail: e.to_string(),
-        })?;
-        Ok(Self {
-            kind,
-            flags: 0,
-            body,
-        })
+        let body = rkyv::to_bytes::<rancor::Error>(value)
+            .map_err(|e| FrameError::Body { what: std::any::type_name::<T>(), detail: e.to_string() })?;
+        Ok(Self { kind, flags: 0, body })
     }
 
     /// Checked, zero-copy access to the body as an archived `T`.
@@ -234,10 +221,8 @@ impl Frame {
         T: Archive,
         T::Archived: Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
     {
-        rkyv::access::<T::Archived, rancor::Error>(&self.body).map_err(|e| FrameError::Body {
-            what: std::any::type_name::<T>(),
-            detail: e.to_string(),
-        })
+        rkyv::access::<T::Archived, rancor::Error>(&self.body)
+            .map_err(|e| FrameError::Body { what: std::any::type_name::<T>(), detail: e.to_string() })
     }
 
     /// Checked access that also requires a given kind.
@@ -247,25 +232,16 @@ impl Frame {
         T::Archived: Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
     {
         if self.kind != kind {
-            return Err(FrameError::UnexpectedKind {
-                expected: kind,
-                got: self.kind,
-            });
+            return Err(FrameError::UnexpectedKind { expected: kind, got: self.kind });
         }
         self.access::<T>()
     }
 
     /// The header this frame will be sent with.
     pub fn header(&self) -> Result<FrameHeader, FrameError> {
-        let len = u32::try_from(self.body.len()).map_err(|_| FrameError::TooLong {
-            len: self.body.len() as u64,
-            max: u32::MAX,
-        })?;
-        Ok(FrameHeader {
-            kind: self.kind,
-            flags: self.flags,
-            len,
-        })
+        let len = u32::try_from(self.body.len())
+            .map_err(|_| FrameError::TooLong { len: self.body.len() as u64, max: u32::MAX })?;
+        Ok(FrameHeader { kind: self.kind, flags: self.flags, len })
     }
 
     /// Header and body as one contiguous byte vector.
@@ -282,16 +258,11 @@ pub fn decode_frame(bytes: &[u8], limits: &FrameLimits) -> Result<(Frame, usize)
     let raw: &[u8; HEADER_LEN] = bytes
         .get(..HEADER_LEN)
         .and_then(|h| h.try_into().ok())
-        .ok_or(FrameError::Truncated {
-            expected: HEADER_LEN,
-            got: bytes.len(),
-        })?;
+        .ok_or(FrameError::Truncated { expected: HEADER_LEN, got: bytes.len() })?;
     let header = FrameHeader::parse(raw, limits)?;
     let total = HEADER_LEN + header.len as usize;
-    let body = bytes.get(HEADER_LEN..total).ok_or(FrameError::Truncated {
-        expected: total,
-        got: bytes.len(),
-    })?;
+    let body =
+        bytes.get(HEADER_LEN..total).ok_or(FrameError::Truncated { expected: total, got: bytes.len() })?;
     Ok((Frame::from_bytes(header.kind, header.flags, body), total))
 }
 
@@ -308,34 +279,24 @@ where
             if got == 0 {
                 return Ok(None);
             }
-            return Err(FrameError::Truncated {
-                expected: HEADER_LEN,
-                got,
-            });
+            return Err(FrameError::Truncated { expected: HEADER_LEN, got });
         }
         got += n;
     }
     let header = FrameHeader::parse(&raw, limits)?;
     let len = header.len as usize;
     let mut body = AlignedVec::<16>::with_capacity(len.min(READ_CHUNK));
+    // read through a small scratch buffer: nothing is zero-filled or reserved beyond what arrived
+    let mut scratch = vec![0u8; len.min(SCRATCH)];
     while body.len() < len {
-        let start = body.len();
-        let step = (len - start).min(READ_CHUNK);
-        body.resize(start + step, 0);
-        let n = r.read(&mut body[start..start + step]).await?;
+        let want = (len - body.len()).min(scratch.len());
+        let n = r.read(&mut scratch[..want]).await?;
         if n == 0 {
-            return Err(FrameError::Truncated {
-                expected: HEADER_LEN + len,
-                got: HEADER_LEN + start,
-            });
+            return Err(FrameError::Truncated { expected: HEADER_LEN + len, got: HEADER_LEN + body.len() });
         }
-        body.resize(start + n, 0);
+        body.extend_from_slice(&scratch[..n]);
     }
-    Ok(Some(Frame {
-        kind: header.kind,
-        flags: header.flags,
-        body,
-    }))
+    Ok(Some(Frame { kind: header.kind, flags: header.flags, body }))
 }
 
 /// Writes one frame (header then body).
@@ -360,11 +321,7 @@ mod tests {
     }
 
     fn probe() -> Probe {
-        Probe {
-            id: 7,
-            name: "expert-3".into(),
-            data: vec![1.0, -2.5, 3.25],
-        }
+        Probe { id: 7, name: "expert-3".into(), data: vec![1.0, -2.5, 3.25] }
     }
 
     #[test]
@@ -376,52 +333,27 @@ mod tests {
         let a = back.access::<Probe>().unwrap();
         assert_eq!(a.id, 7);
         assert_eq!(a.name.as_str(), "expert-3");
-        assert_eq!(
-            a.data.iter().map(|x| x.to_native()).collect::<Vec<_>>(),
-            probe().data
-        );
+        assert_eq!(a.data.iter().map(|x| x.to_native()).collect::<Vec<_>>(), probe().data);
     }
 
     #[test]
     fn header_errors_name_the_problem() {
         let limits = FrameLimits { max_body: 1024 };
-        let good = FrameHeader {
-            kind: FrameKind::Tensor,
-            flags: 0,
-            len: 10,
-        }
-        .to_bytes();
+        let good = FrameHeader { kind: FrameKind::Tensor, flags: 0, len: 10 }.to_bytes();
         let mut bad = good;
         bad[0] = b'X';
-        assert!(matches!(
-            FrameHeader::parse(&bad, &limits),
-            Err(FrameError::BadMagic(_))
-        ));
+        assert!(matches!(FrameHeader::parse(&bad, &limits), Err(FrameError::BadMagic(_))));
         let mut bad = good;
         bad[4] = 9;
         let e = FrameHeader::parse(&bad, &limits).unwrap_err();
-        assert!(
-            e.to_string().contains("unsupported protocol version 9"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("unsupported protocol version 9"), "{e}");
         let mut bad = good;
         bad[5] = 200;
-        assert!(matches!(
-            FrameHeader::parse(&bad, &limits),
-            Err(FrameError::UnknownKind(200))
-        ));
+        assert!(matches!(FrameHeader::parse(&bad, &limits), Err(FrameError::UnknownKind(200))));
         let mut bad = good;
         bad[6] = 0x80;
-        assert!(matches!(
-            FrameHeader::parse(&bad, &limits),
-            Err(FrameError::UnknownFlags(_))
-        ));
-        let big = FrameHeader {
-            kind: FrameKind::Tensor,
-            flags: 0,
-            len: 1025,
-        }
-        .to_bytes();
+        assert!(matches!(FrameHeader::parse(&bad, &limits), Err(FrameError::UnknownFlags(_))));
+        let big = FrameHeader { kind: FrameKind::Tensor, flags: 0, len: 1025 }.to_bytes();
         let e = FrameHeader::parse(&big, &limits).unwrap_err();
         assert!(e.to_string().contains("exceeds the cap of 1024"), "{e}");
     }
@@ -451,13 +383,7 @@ mod tests {
         assert!(matches!(e, FrameError::Truncated { .. }), "{e}");
         let mut half_header = &wire[..5];
         let e = read_frame(&mut half_header, &limits).await.unwrap_err();
-        assert!(matches!(
-            e,
-            FrameError::Truncated {
-                expected: HEADER_LEN,
-                got: 5
-            }
-        ));
+        assert!(matches!(e, FrameError::Truncated { expected: HEADER_LEN, got: 5 }));
     }
 
     #[tokio::test]
@@ -465,13 +391,7 @@ mod tests {
         // A header announcing the full cap followed by 10 bytes: the reader fails with Truncated
         // and never holds more than what arrived plus one chunk.
         let limits = FrameLimits { max_body: 64 << 20 };
-        let mut wire = FrameHeader {
-            kind: FrameKind::Tensor,
-            flags: 0,
-            len: 64 << 20,
-        }
-        .to_bytes()
-        .to_vec();
+        let mut wire = FrameHeader { kind: FrameKind::Tensor, flags: 0, len: 64 << 20 }.to_bytes().to_vec();
         wire.extend_from_slice(&[0u8; 10]);
         let mut r = &wire[..];
         let e = read_frame(&mut r, &limits).await.unwrap_err();

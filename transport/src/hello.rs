@@ -38,9 +38,7 @@ pub fn check_hello(node: &str, protocol: u32, cert_names: &[String]) -> Result<(
         return Err(format!("invalid node name {node:?} in hello"));
     }
     if !cert_names.iter().any(|n| n == node) {
-        return Err(format!(
-            "hello names node {node:?} but its certificate is for {cert_names:?}"
-        ));
+        return Err(format!("hello names node {node:?} but its certificate is for {cert_names:?}"));
     }
     Ok(())
 }
@@ -53,20 +51,8 @@ mod tests {
     fn hello_must_match_certificate_and_version() {
         let names = vec!["a".to_string()];
         assert!(check_hello("a", 1, &names).is_ok());
-        assert!(
-            check_hello("b", 1, &names)
-                .unwrap_err()
-                .contains("certificate is for")
-        );
-        assert!(
-            check_hello("a", 2, &names)
-                .unwrap_err()
-                .contains("protocol version 2")
-        );
-        assert!(
-            check_hello("A!", 1, &names)
-                .unwrap_err()
-                .contains("invalid node name")
-        );
+        assert!(check_hello("b", 1, &names).unwrap_err().contains("certificate is for"));
+        assert!(check_hello("a", 2, &names).unwrap_err().contains("protocol version 2"));
+        assert!(check_hello("A!", 1, &names).unwrap_err().contains("invalid node name"));
     }
 }

@@ -76,36 +76,21 @@ pub fn validate_node_name(name: &str) -> Result<(), IdentityError> {
         && name.len() <= 63
         && !name.starts_with('-')
         && !name.ends_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(IdentityError::InvalidName(name.to_string()))
-    }
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok { Ok(()) } else { Err(IdentityError::InvalidName(name.to_string())) }
 }
 
 fn read_capped(path: &Path) -> Result<Vec<u8>, IdentityError> {
-    let io = |source| IdentityError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| IdentityError::Io { path: path.to_path_buf(), source };
     let len = fs::metadata(path).map_err(io)?.len();
     if len > MAX_PEM_BYTES {
-        return Err(IdentityError::TooLarge {
-            path: path.to_path_buf(),
-            len,
-        });
+        return Err(IdentityError::TooLarge { path: path.to_path_buf(), len });
     }
     fs::read(path).map_err(io)
 }
 
 fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), IdentityError> {
-    let io = |source| IdentityError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| IdentityError::Io { path: path.to_path_buf(), source };
     fs::write(path, contents).map_err(io)?;
     if private {
         use std::os::unix::fs::PermissionsExt;
@@ -142,18 +127,12 @@ impl ClusterCa {
         let key = KeyPair::generate()?;
         let params = ca_params(cluster)?;
         let cert = params.self_signed(&key)?;
-        Ok(Self {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        Ok(Self { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
     /// Writes `ca.crt` and `ca.key` (mode 0600) into `dir`, refusing to overwrite a CA.
     pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
-        fs::create_dir_all(dir).map_err(|source| IdentityError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        fs::create_dir_all(dir).map_err(|source| IdentityError::Io { path: dir.to_path_buf(), source })?;
         let crt = dir.join("ca.crt");
         if crt.exists() {
             return Err(IdentityError::CaExists(dir.to_path_buf()));
@@ -165,12 +144,11 @@ impl ClusterCa {
     /// Loads `ca.crt` and `ca.key` from `dir`.
     pub fn load(dir: &Path) -> Result<Self, IdentityError> {
         let crt = dir.join("ca.crt");
-        let cert_pem =
-            String::from_utf8(read_capped(&crt)?).map_err(|e| IdentityError::BadPem {
-                path: crt.clone(),
-                what: "certificate",
-                detail: e.to_string(),
-            })?;
+        let cert_pem = String::from_utf8(read_capped(&crt)?).map_err(|e| IdentityError::BadPem {
+            path: crt.clone(),
+            what: "certificate",
+            detail: e.to_string(),
+        })?;
         let key_pem = read_key_pem(&dir.join("ca.key"))?;
         let ca = Self { cert_pem, key_pem };
         ca.issuer()?; // validate now, with the file names in the error
@@ -195,10 +173,8 @@ impl ClusterCa {
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.extended_key_usages =
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&key, &self.issuer()?)?;
         Ok(NodeIdentity {
             name: name.to_string(),
@@ -214,18 +190,11 @@ impl ClusterCa {
 
 fn ca_params(cluster: &str) -> Result<CertificateParams, IdentityError> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, format!("troupe cluster CA {cluster}"));
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "troupe");
+    params.distinguished_name.push(DnType::CommonName, format!("troupe cluster CA {cluster}"));
+    params.distinguished_name.push(DnType::OrganizationName, "troupe");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     Ok(params)
 }
 
@@ -246,11 +215,7 @@ impl NodeIdentity {
     /// Writes `NAME.crt` and `NAME.key` (0600) into `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
         write_file(&dir.join(format!("{}.key", self.name)), &self.key_pem, true)?;
-        write_file(
-            &dir.join(format!("{}.crt", self.name)),
-            &self.cert_pem,
-            false,
-        )
+        write_file(&dir.join(format!("{}.crt", self.name)), &self.cert_pem, false)
     }
 
     /// Loads node `name`'s identity and the CA certificate from `dir`.
@@ -285,9 +250,7 @@ impl NodeIdentity {
 
     fn roots(&self) -> Result<Arc<rustls::RootCertStore>, IdentityError> {
         let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(self.ca.clone())
-            .map_err(|e| IdentityError::Tls(format!("cluster CA: {e}")))?;
+        roots.add(self.ca.clone()).map_err(|e| IdentityError::Tls(format!("cluster CA: {e}")))?;
         Ok(Arc::new(roots))
     }
 
@@ -298,12 +261,10 @@ impl NodeIdentity {
         transport: Arc<quinn::TransportConfig>,
     ) -> Result<quinn::ServerConfig, IdentityError> {
         let provider = crypto_provider();
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            self.roots()?,
-            provider.clone(),
-        )
-        .build()
-        .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(self.roots()?, provider.clone())
+                .build()
+                .map_err(|e| IdentityError::Tls(e.to_string()))?;
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| IdentityError::Tls(e.to_string()))?
@@ -311,8 +272,7 @@ impl NodeIdentity {
             .with_single_cert(vec![self.cert.clone()], self.key()?)
             .map_err(|e| IdentityError::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic =
-            QuicServerConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let quic = QuicServerConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
         let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(quic));
         cfg.transport_config(transport);
         Ok(cfg)
@@ -330,8 +290,7 @@ impl NodeIdentity {
             .with_client_auth_cert(vec![self.cert.clone()], self.key()?)
             .map_err(|e| IdentityError::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic =
-            QuicClientConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let quic = QuicClientConfig::try_from(tls).map_err(|e| IdentityError::Tls(e.to_string()))?;
         let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
         cfg.transport_config(transport);
         Ok(cfg)
@@ -387,10 +346,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = ClusterCa::generate("test").unwrap();
         ca.write(dir.path()).unwrap();
-        assert!(matches!(
-            ca.write(dir.path()),
-            Err(IdentityError::CaExists(_))
-        ));
+        assert!(matches!(ca.write(dir.path()), Err(IdentityError::CaExists(_))));
         let ca = ClusterCa::load(dir.path()).unwrap();
         let node = ca.issue_node("worker-1").unwrap();
         node.write(dir.path()).unwrap();

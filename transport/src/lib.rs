@@ -11,13 +11,11 @@ pub mod quic;
 pub mod sim;
 
 pub use blob::{
-    BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig,
-    Incoming,
+    BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig, Incoming,
 };
 pub use codec::{
-    CodecError, Compression, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
-    TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor,
-    encode_tensor,
+    CodecError, Compression, DecodedTensor, EncodeReport, Encoding, TensorDecoder, TensorEncodeOptions,
+    TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{ClusterCa, IdentityError, NodeIdentity};

@@ -16,9 +16,7 @@ use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::sync::{Mutex, mpsc};
 use tracing::{debug, info, warn};
 
-use crate::frame::{
-    Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, write_frame,
-};
+use crate::frame::{Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, write_frame};
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
@@ -236,11 +234,7 @@ impl QuicNode {
             (Channel::Data, data_tx),
             (Channel::Blob, blob_tx),
         ]);
-        let inbox_rx = Inbox {
-            control,
-            data,
-            blob,
-        };
+        let inbox_rx = Inbox { control, data, blob };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let node = Self {
             inner: Arc::new(Inner {
@@ -309,46 +303,25 @@ impl QuicNode {
             .inner
             .endpoint
             .connect_with(self.inner.client_config.clone(), addr, server_name)
-            .map_err(|e| QuicError::Connect {
-                addr,
-                detail: e.to_string(),
-            })?;
-        let conn = connecting.await.map_err(|e| QuicError::Connect {
-            addr,
-            detail: e.to_string(),
-        })?;
+            .map_err(|e| QuicError::Connect { addr, detail: e.to_string() })?;
+        let conn = connecting.await.map_err(|e| QuicError::Connect { addr, detail: e.to_string() })?;
         let refused = |reason: String| QuicError::Refused { addr, reason };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| refused(e.to_string()))?;
-        send.write_all(&[TAG_HELLO])
-            .await
-            .map_err(|e| refused(e.to_string()))?;
-        let hello = Hello {
-            node: self.inner.id.0.clone(),
-            protocol: u32::from(PROTOCOL_VERSION),
-        };
+        send.write_all(&[TAG_HELLO]).await.map_err(|e| refused(e.to_string()))?;
+        let hello = Hello { node: self.inner.id.0.clone(), protocol: u32::from(PROTOCOL_VERSION) };
         write_frame(&mut send, &Frame::encode(FrameKind::Hello, &hello)?)
             .await
             .map_err(|e| refused(format!("sending hello: {e}")))?;
         let ack = read_frame(&mut recv, &HELLO_LIMITS)
             .await
             .map_err(|e| refused(connection_reason(&conn, e)))?
-            .ok_or_else(|| {
-                refused(connection_reason(
-                    &conn,
-                    "stream closed before the hello ack",
-                ))
-            })?;
+            .ok_or_else(|| refused(connection_reason(&conn, "stream closed before the hello ack")))?;
         let ack_view: &ArchivedHelloAck = ack.access_as::<HelloAck>(FrameKind::HelloAck)?;
         if !ack_view.accepted {
             return Err(refused(ack_view.reason.to_string()));
         }
         let names = peer_certificate_names(&conn);
-        check_hello(
-            ack_view.node.as_str(),
-            ack_view.protocol.to_native(),
-            &names,
-        )
-        .map_err(refused)?;
+        check_hello(ack_view.node.as_str(), ack_view.protocol.to_native(), &names).map_err(refused)?;
         if let Some(expected) = expected
             && ack_view.node.as_str() != expected.as_str()
         {
@@ -363,40 +336,19 @@ impl QuicNode {
     /// Opens the control-plane stream to a joined peer (the dialing side of ractor_cluster).
     pub async fn open_control(&self, peer: &NodeId) -> Result<(SendStream, RecvStream), QuicError> {
         let conn = self.connection(peer)?;
-        let (mut send, recv) = conn
-            .open_bi()
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
-        send.write_all(&[TAG_CONTROL])
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[TAG_CONTROL]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
         Ok((send, recv))
     }
 
     /// Pulls blob `id` from `peer` on its own stream; verifies length and content hash.
-    pub async fn fetch_blob(
-        &self,
-        peer: &NodeId,
-        id: [u8; 32],
-        max_len: u32,
-    ) -> Result<Vec<u8>, QuicError> {
+    pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
         let conn = self.connection(peer)?;
-        let (mut send, mut recv) = conn
-            .open_bi()
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
-        send.write_all(&[TAG_BLOB])
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
-        write_frame(
-            &mut send,
-            &Frame::from_bytes(FrameKind::BlobRequest, 0, &id),
-        )
-        .await?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[TAG_BLOB]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        write_frame(&mut send, &Frame::from_bytes(FrameKind::BlobRequest, 0, &id)).await?;
         let _ = send.finish();
-        let limits = FrameLimits {
-            max_body: max_len.min(self.inner.config.limits.max_body),
-        };
+        let limits = FrameLimits { max_body: max_len.min(self.inner.config.limits.max_body) };
         let frame = read_frame(&mut recv, &limits)
             .await?
             .ok_or_else(|| QuicError::Stream(format!("{peer} closed the blob stream")))?;
@@ -411,40 +363,28 @@ impl QuicNode {
                 }
                 Ok(frame.body.to_vec())
             }
-            FrameKind::Error => Err(QuicError::Stream(format!(
-                "{peer}: {}",
-                String::from_utf8_lossy(&frame.body)
-            ))),
-            other => Err(FrameError::UnexpectedKind {
-                expected: FrameKind::BlobData,
-                got: other,
+            FrameKind::Error => {
+                Err(QuicError::Stream(format!("{peer}: {}", String::from_utf8_lossy(&frame.body))))
             }
-            .into()),
+            other => Err(FrameError::UnexpectedKind { expected: FrameKind::BlobData, got: other }.into()),
         }
     }
 
     /// Closes every connection and the endpoint, waiting until peers were told.
     pub async fn shutdown(&self) {
-        self.inner
-            .endpoint
-            .close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
+        self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
         self.inner.endpoint.wait_idle().await;
     }
 
     /// Drops the connection to `peer` (for tests and operator commands).
     pub fn disconnect(&self, peer: &NodeId, reason: &str) {
         if let Some((_, p)) = self.inner.peers.remove(peer) {
-            p.conn
-                .close(VarInt::from_u32(CODE_SHUTDOWN), reason.as_bytes());
+            p.conn.close(VarInt::from_u32(CODE_SHUTDOWN), reason.as_bytes());
         }
     }
 
     fn connection(&self, peer: &NodeId) -> Result<Connection, LinkError> {
-        self.inner
-            .peers
-            .get(peer)
-            .map(|p| p.conn.clone())
-            .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))
+        self.inner.peers.get(peer).map(|p| p.conn.clone()).ok_or_else(|| LinkError::UnknownPeer(peer.clone()))
     }
 
     fn emit(&self, ev: PeerEvent) {
@@ -475,18 +415,14 @@ impl QuicNode {
             let mut tag = [0u8; 1];
             recv.read_exact(&mut tag).await.map_err(|e| e.to_string())?;
             if tag[0] != TAG_HELLO {
-                return Err(format!(
-                    "first stream has tag {:#04x}, expected a hello",
-                    tag[0]
-                ));
+                return Err(format!("first stream has tag {:#04x}, expected a hello", tag[0]));
             }
             let frame = read_frame(&mut recv, &HELLO_LIMITS)
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or("stream closed before the hello")?;
-            let hello: &ArchivedHello = frame
-                .access_as::<Hello>(FrameKind::Hello)
-                .map_err(|e| e.to_string())?;
+            let hello: &ArchivedHello =
+                frame.access_as::<Hello>(FrameKind::Hello).map_err(|e| e.to_string())?;
             let names = peer_certificate_names(&conn);
             let verdict = check_hello(hello.node.as_str(), hello.protocol.to_native(), &names);
             let ack = HelloAck {
@@ -496,9 +432,7 @@ impl QuicNode {
                 reason: verdict.as_ref().err().cloned().unwrap_or_default(),
             };
             let ack = Frame::encode(FrameKind::HelloAck, &ack).map_err(|e| e.to_string())?;
-            write_frame(&mut send, &ack)
-                .await
-                .map_err(|e| e.to_string())?;
+            write_frame(&mut send, &ack).await.map_err(|e| e.to_string())?;
             let _ = send.finish();
             verdict?;
             Ok(NodeId::new(hello.node.as_str()))
@@ -519,28 +453,14 @@ impl QuicNode {
 
     fn register(&self, peer: NodeId, conn: Connection, outbound: bool) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
-        let senders = Channel::ALL
-            .iter()
-            .map(|c| (*c, Arc::new(Mutex::new(None))))
-            .collect();
-        let entry = Arc::new(Peer {
-            conn: conn.clone(),
-            generation,
-            senders,
-        });
+        let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
+        let entry = Arc::new(Peer { conn: conn.clone(), generation, senders });
         if let Some(old) = self.inner.peers.insert(peer.clone(), entry) {
-            old.conn.close(
-                VarInt::from_u32(CODE_REPLACED),
-                b"replaced by a newer connection",
-            );
+            old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
         }
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
-        self.emit(PeerEvent::Joined {
-            peer: peer.clone(),
-            addr,
-            outbound,
-        });
+        self.emit(PeerEvent::Joined { peer: peer.clone(), addr, outbound });
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
     }
@@ -565,15 +485,8 @@ impl QuicNode {
             }
         };
         tokio::join!(uni, bi);
-        let reason = conn
-            .close_reason()
-            .map(|r| r.to_string())
-            .unwrap_or_else(|| "closed".into());
-        let removed = self
-            .inner
-            .peers
-            .remove_if(&peer, |_, p| p.generation == generation)
-            .is_some();
+        let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
+        let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
             info!(node = %self.inner.id, %peer, %reason, "peer left");
             self.emit(PeerEvent::Left { peer, reason });
@@ -588,10 +501,7 @@ impl QuicNode {
         let Some(channel) = Channel::from_u8(tag[0]) else {
             warn!(node = %self.inner.id, %peer, tag = tag[0], "stream with unknown channel tag; stopping it");
             let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-            self.emit(PeerEvent::BadStream {
-                peer,
-                detail: format!("unknown channel tag {:#04x}", tag[0]),
-            });
+            self.emit(PeerEvent::BadStream { peer, detail: format!("unknown channel tag {:#04x}", tag[0]) });
             return;
         };
         let Some(tx) = self.inner.inbox_tx.get(&channel) else {
@@ -600,15 +510,7 @@ impl QuicNode {
         loop {
             match read_frame(&mut recv, &self.inner.config.limits).await {
                 Ok(Some(frame)) => {
-                    if tx
-                        .send(Delivery {
-                            from: peer.clone(),
-                            channel,
-                            frame,
-                        })
-                        .await
-                        .is_err()
-                    {
+                    if tx.send(Delivery { from: peer.clone(), channel, frame }).await.is_err() {
                         return;
                     }
                 }
@@ -620,10 +522,7 @@ impl QuicNode {
                 Err(e) => {
                     warn!(node = %self.inner.id, %peer, ?channel, error = %e, "bad frame; stopping the stream");
                     let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-                    self.emit(PeerEvent::BadStream {
-                        peer,
-                        detail: e.to_string(),
-                    });
+                    self.emit(PeerEvent::BadStream { peer, detail: e.to_string() });
                     return;
                 }
             }
@@ -649,8 +548,7 @@ impl QuicNode {
                             None => Frame::from_bytes(
                                 FrameKind::Error,
                                 0,
-                                format!("no blob {}", blake3::Hash::from_bytes(id).to_hex())
-                                    .as_bytes(),
+                                format!("no blob {}", blake3::Hash::from_bytes(id).to_hex()).as_bytes(),
                             ),
                         }
                     }
@@ -673,36 +571,17 @@ impl QuicNode {
         }
     }
 
-    async fn send_frame(
-        &self,
-        to: &NodeId,
-        channel: Channel,
-        frame: &Frame,
-    ) -> Result<(), LinkError> {
-        let peer = self
-            .inner
-            .peers
-            .get(to)
-            .map(|p| p.clone())
-            .ok_or_else(|| LinkError::UnknownPeer(to.clone()))?;
-        let slot = peer
-            .senders
-            .get(&channel)
-            .cloned()
-            .ok_or(LinkError::Closed)?;
+    async fn send_frame(&self, to: &NodeId, channel: Channel, frame: &Frame) -> Result<(), LinkError> {
+        let peer =
+            self.inner.peers.get(to).map(|p| p.clone()).ok_or_else(|| LinkError::UnknownPeer(to.clone()))?;
+        let slot = peer.senders.get(&channel).cloned().ok_or(LinkError::Closed)?;
         let mut guard = slot.lock().await;
         let down = |e: String| LinkError::PeerDown(to.clone(), e);
         if guard.is_none() {
-            let mut s = peer
-                .conn
-                .open_uni()
-                .await
-                .map_err(|e| down(e.to_string()))?;
+            let mut s = peer.conn.open_uni().await.map_err(|e| down(e.to_string()))?;
             // control traffic (heartbeats) goes first when streams compete
             let _ = s.set_priority(if channel == Channel::Control { 10 } else { 0 });
-            s.write_all(&[channel as u8])
-                .await
-                .map_err(|e| down(e.to_string()))?;
+            s.write_all(&[channel as u8]).await.map_err(|e| down(e.to_string()))?;
             *guard = Some(s);
         }
         let Some(stream) = guard.as_mut() else {
@@ -719,23 +598,11 @@ impl QuicNode {
     }
 
     /// Sends raw bytes on a fresh stream tagged as `channel` (for tests of the receive path).
-    pub async fn send_raw(
-        &self,
-        to: &NodeId,
-        channel_tag: u8,
-        bytes: &[u8],
-    ) -> Result<(), QuicError> {
+    pub async fn send_raw(&self, to: &NodeId, channel_tag: u8, bytes: &[u8]) -> Result<(), QuicError> {
         let conn = self.connection(to)?;
-        let mut s = conn
-            .open_uni()
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
-        s.write_all(&[channel_tag])
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
-        s.write_all(bytes)
-            .await
-            .map_err(|e| QuicError::Stream(e.to_string()))?;
+        let mut s = conn.open_uni().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        s.write_all(&[channel_tag]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        s.write_all(bytes).await.map_err(|e| QuicError::Stream(e.to_string()))?;
         let _ = s.finish();
         // `stopped` resolves when the peer stops the stream or has read everything
         let _ = s.stopped().await;

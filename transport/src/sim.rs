@@ -39,12 +39,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self {
-            seed: 0,
-            min_delay: Micros::from_millis(1),
-            max_delay: Micros::from_millis(10),
-            loss: 0.0,
-        }
+        Self { seed: 0, min_delay: Micros::from_millis(1), max_delay: Micros::from_millis(10), loss: 0.0 }
     }
 }
 
@@ -143,11 +138,7 @@ impl SimNet {
         if config.min_delay > config.max_delay {
             std::mem::swap(&mut config.min_delay, &mut config.max_delay);
         }
-        config.loss = if config.loss.is_nan() {
-            0.0
-        } else {
-            config.loss.clamp(0.0, 1.0)
-        };
+        config.loss = if config.loss.is_nan() { 0.0 } else { config.loss.clamp(0.0, 1.0) };
         Self {
             rng: SmallRng::seed_from_u64(config.seed),
             config,
@@ -197,10 +188,7 @@ impl SimNet {
         self.stats.sent += 1;
         // Always draw both, so a fault elsewhere does not shift the random stream of this send.
         let lost = self.rng.random_bool(self.config.loss);
-        let delay = Micros(
-            self.rng
-                .random_range(self.config.min_delay.0..=self.config.max_delay.0),
-        );
+        let delay = Micros(self.rng.random_range(self.config.min_delay.0..=self.config.max_delay.0));
         self.log.push(format!(
             "{now} send {from}->{to} {channel:?} {kind:?} {len}B #{seq}",
             kind = frame.kind,
@@ -225,16 +213,7 @@ impl SimNet {
         let earliest = self.flows.get(&flow).copied().unwrap_or(Micros::ZERO);
         let at = (now + delay).max(earliest);
         self.flows.insert(flow, at);
-        self.queue.insert(
-            (at, seq),
-            InFlight {
-                seq,
-                from: from.clone(),
-                to: to.clone(),
-                channel,
-                frame,
-            },
-        );
+        self.queue.insert((at, seq), InFlight { seq, from: from.clone(), to: to.clone(), channel, frame });
         SendOutcome::Queued { at, seq }
     }
 
@@ -262,30 +241,12 @@ impl SimNet {
             let msg = self.queue.remove(&key)?;
             let at = self.advance(key.0);
             if self.is_partitioned(&msg.from, &msg.to) {
-                self.log_drop(
-                    at,
-                    &msg.from,
-                    &msg.to,
-                    msg.channel,
-                    msg.seq,
-                    DropReason::Partitioned,
-                );
+                self.log_drop(at, &msg.from, &msg.to, msg.channel, msg.seq, DropReason::Partitioned);
                 continue;
             }
             self.stats.delivered += 1;
-            self.log.push(format!(
-                "{at} deliver {}->{} {:?} #{}",
-                msg.from, msg.to, msg.channel, msg.seq
-            ));
-            return Some((
-                at,
-                msg.to,
-                Delivery {
-                    from: msg.from,
-                    channel: msg.channel,
-                    frame: msg.frame,
-                },
-            ));
+            self.log.push(format!("{at} deliver {}->{} {:?} #{}", msg.from, msg.to, msg.channel, msg.seq));
+            return Some((at, msg.to, Delivery { from: msg.from, channel: msg.channel, frame: msg.frame }));
         }
     }
 
@@ -339,22 +300,11 @@ impl SimNet {
             return;
         }
         self.log.push(format!("{now} crash {node}"));
-        let doomed: Vec<_> = self
-            .queue
-            .iter()
-            .filter(|(_, m)| &m.from == node || &m.to == node)
-            .map(|(k, _)| *k)
-            .collect();
+        let doomed: Vec<_> =
+            self.queue.iter().filter(|(_, m)| &m.from == node || &m.to == node).map(|(k, _)| *k).collect();
         for key in doomed {
             if let Some(m) = self.queue.remove(&key) {
-                self.log_drop(
-                    now,
-                    &m.from,
-                    &m.to,
-                    m.channel,
-                    m.seq,
-                    DropReason::CrashedInFlight,
-                );
+                self.log_drop(now, &m.from, &m.to, m.channel, m.seq, DropReason::CrashedInFlight);
             }
         }
         self.flows.retain(|(f, t, _), _| f != node && t != node);
@@ -404,18 +354,12 @@ impl SimNet {
         reason: DropReason,
     ) {
         self.stats.dropped += 1;
-        self.log.push(format!(
-            "{now} drop {from}->{to} {channel:?} #{seq} {reason}"
-        ));
+        self.log.push(format!("{now} drop {from}->{to} {channel:?} #{seq} {reason}"));
     }
 }
 
 fn pair(a: &NodeId, b: &NodeId) -> (NodeId, NodeId) {
-    if a <= b {
-        (a.clone(), b.clone())
-    } else {
-        (b.clone(), a.clone())
-    }
+    if a <= b { (a.clone(), b.clone()) } else { (b.clone(), a.clone()) }
 }
 
 struct HubState {
@@ -455,16 +399,8 @@ impl SimHub {
     pub fn link(&self, id: NodeId) -> SimLink {
         let mut s = self.lock();
         s.inboxes.entry(id.clone()).or_default();
-        let notify = s
-            .notifies
-            .entry(id.clone())
-            .or_insert_with(|| Arc::new(Notify::new()))
-            .clone();
-        SimLink {
-            id,
-            hub: self.clone(),
-            notify,
-        }
+        let notify = s.notifies.entry(id.clone()).or_insert_with(|| Arc::new(Notify::new())).clone();
+        SimLink { id, hub: self.clone(), notify }
     }
 
     /// The hub's virtual time.
@@ -492,12 +428,7 @@ impl SimHub {
                     released += 1;
                 }
                 None => {
-                    let line = format!(
-                        "drop {}->{to} {:?} {}",
-                        d.from,
-                        d.channel,
-                        DropReason::NoLink
-                    );
+                    let line = format!("drop {}->{to} {:?} {}", d.from, d.channel, DropReason::NoLink);
                     s.net.note(at, &line);
                 }
             }
@@ -620,12 +551,7 @@ mod tests {
     }
 
     fn net(seed: u64, loss: f64) -> SimNet {
-        SimNet::new(SimConfig {
-            seed,
-            min_delay: Micros(100),
-            max_delay: Micros(10_000),
-            loss,
-        })
+        SimNet::new(SimConfig { seed, min_delay: Micros(100), max_delay: Micros(10_000), loss })
     }
 
     #[test]
@@ -634,10 +560,7 @@ mod tests {
         let (a, b, c) = (id("a"), id("b"), id("c"));
         for i in 0..200u64 {
             let t = Micros(i * 50);
-            assert!(matches!(
-                n.send(t, &a, &b, Channel::Data, frame(i)),
-                SendOutcome::Queued { .. }
-            ));
+            assert!(matches!(n.send(t, &a, &b, Channel::Data, frame(i)), SendOutcome::Queued { .. }));
             let _ = n.send(t, &c, &b, Channel::Data, frame(1000 + i));
             let _ = n.send(t, &a, &b, Channel::Control, frame(2000 + i));
         }
@@ -650,12 +573,7 @@ mod tests {
             prev_t = t;
             let v = payload(&d.frame);
             if let Some(p) = last.insert((d.from.0.clone(), d.channel), v) {
-                assert!(
-                    v > p,
-                    "flow {}/{:?} reordered: {p} then {v}",
-                    d.from,
-                    d.channel
-                );
+                assert!(v > p, "flow {}/{:?} reordered: {p} then {v}", d.from, d.channel);
             }
             // Global send index: three sends per step i.
             send_order.push(3 * (v % 1000) + v / 1000);
@@ -665,14 +583,7 @@ mod tests {
             send_order.windows(2).any(|w| w[0] > w[1]),
             "random delays do reorder across flows, so per-flow order is not trivial"
         );
-        assert_eq!(
-            n.stats(),
-            SimStats {
-                sent: 600,
-                delivered: 600,
-                dropped: 0
-            }
-        );
+        assert_eq!(n.stats(), SimStats { sent: 600, delivered: 600, dropped: 0 });
     }
 
     #[test]
@@ -703,10 +614,8 @@ mod tests {
         let mut n = net(3, 0.25);
         let mut lost = 0;
         for i in 0..4000 {
-            if let SendOutcome::Dropped {
-                reason: DropReason::Lost,
-                ..
-            } = n.send(Micros(i), &id("a"), &id("b"), Channel::Data, frame(i))
+            if let SendOutcome::Dropped { reason: DropReason::Lost, .. } =
+                n.send(Micros(i), &id("a"), &id("b"), Channel::Data, frame(i))
             {
                 lost += 1;
             }
@@ -724,15 +633,9 @@ mod tests {
         assert!(n.is_partitioned(&a, &b));
         assert!(matches!(
             n.send(Micros(60), &b, &a, Channel::Data, frame(2)),
-            SendOutcome::Dropped {
-                reason: DropReason::Partitioned,
-                ..
-            }
+            SendOutcome::Dropped { reason: DropReason::Partitioned, .. }
         ));
-        assert!(
-            n.next_delivery().is_none(),
-            "in-flight frame dropped at delivery"
-        );
+        assert!(n.next_delivery().is_none(), "in-flight frame dropped at delivery");
         n.heal(Micros(20_000), &a, &b);
         let _ = n.send(Micros(20_000), &a, &b, Channel::Data, frame(3));
         let (_, to, d) = n.next_delivery().unwrap();
@@ -756,17 +659,11 @@ mod tests {
         assert_eq!(n.in_flight(), 1, "only a->c survives");
         assert!(matches!(
             n.send(Micros(20), &a, &b, Channel::Data, frame(4)),
-            SendOutcome::Dropped {
-                reason: DropReason::ReceiverCrashed,
-                ..
-            }
+            SendOutcome::Dropped { reason: DropReason::ReceiverCrashed, .. }
         ));
         assert!(matches!(
             n.send(Micros(20), &b, &a, Channel::Data, frame(5)),
-            SendOutcome::Dropped {
-                reason: DropReason::SenderCrashed,
-                ..
-            }
+            SendOutcome::Dropped { reason: DropReason::SenderCrashed, .. }
         ));
         let (_, to, _) = n.next_delivery().unwrap();
         assert_eq!(to, c);
@@ -775,13 +672,7 @@ mod tests {
         let (t, to, d) = n.next_delivery().unwrap();
         assert!(t >= Micros(30_100));
         assert_eq!((to, payload(&d.frame)), (b, 6));
-        assert_eq!(
-            n.log()
-                .iter()
-                .filter(|l| l.contains("crashed-in-flight"))
-                .count(),
-            2
-        );
+        assert_eq!(n.log().iter().filter(|l| l.contains("crashed-in-flight")).count(), 2);
     }
 
     fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
@@ -800,10 +691,7 @@ mod tests {
         let b = hub.link(id("b"));
         assert!(poll_once(pin!(a.send(&id("b"), Channel::Control, frame(42)))).is_ready());
         let mut recv = pin!(b.recv());
-        assert!(
-            poll_once(recv.as_mut()).is_pending(),
-            "nothing before time moves"
-        );
+        assert!(poll_once(recv.as_mut()).is_pending(), "nothing before time moves");
         assert_eq!(hub.advance_to(Micros::from_millis(1) - Micros(1)), 0);
         assert!(poll_once(recv.as_mut()).is_pending());
         assert_eq!(hub.advance_to(Micros::from_millis(5)), 1);
@@ -829,15 +717,9 @@ mod tests {
 
     /// Three tasks gossip counters over lossy sim links; the driver only advances virtual time.
     fn gossip_log(seed: u64) -> Vec<String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
-            let hub = SimHub::new(SimConfig {
-                seed,
-                loss: 0.2,
-                ..SimConfig::default()
-            });
+            let hub = SimHub::new(SimConfig { seed, loss: 0.2, ..SimConfig::default() });
             let names = ["a", "b", "c"];
             for n in names {
                 let link = hub.link(id(n));
@@ -848,11 +730,7 @@ mod tests {
                             continue;
                         }
                         for to in names.iter().filter(|m| **m != n) {
-                            if link
-                                .send(&id(to), Channel::Data, frame(v + 1))
-                                .await
-                                .is_err()
-                            {
+                            if link.send(&id(to), Channel::Data, frame(v + 1)).await.is_err() {
                                 return;
                             }
                         }
@@ -901,9 +779,7 @@ mod tests {
         });
         let mut got = Vec::new();
         for i in 0..3u64 {
-            a.send(&id("b"), Channel::Data, frame(i * 10))
-                .await
-                .unwrap();
+            a.send(&id("b"), Channel::Data, frame(i * 10)).await.unwrap();
             // Release due frames in time order and let the echo task run until the pong is back.
             let mut rounds = 0;
             let reply = loop {
@@ -919,9 +795,6 @@ mod tests {
         }
         echo.await.unwrap().unwrap();
         assert_eq!(got, vec![1, 11, 21]);
-        assert!(
-            hub.now() >= Micros::from_millis(6),
-            "three round trips of >= 2 ms"
-        );
+        assert!(hub.now() >= Micros::from_millis(6), "three round trips of >= 2 ms");
     }
 }

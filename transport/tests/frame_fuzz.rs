@@ -17,9 +17,7 @@ use troupe_transport::codec::{
     Compression, Encoding, TensorEncodeOptions, TensorLimits, WireDtype, WireTensor, decode_tensor,
     encode_tensor, smooth_activation,
 };
-use troupe_transport::frame::{
-    FrameHeader, FrameKind, FrameLimits, HEADER_LEN, decode_frame, read_frame,
-};
+use troupe_transport::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, decode_frame, read_frame};
 
 /// `frame::READ_CHUNK`: the reader grows its body buffer by at most this much per read.
 const READ_CHUNK: usize = 1 << 20;
@@ -142,22 +140,14 @@ fn kind_strategy() -> impl Strategy<Value = FrameKind> {
 
 /// A valid frame on the wire: header plus a body of arbitrary bytes.
 fn valid_wire() -> impl Strategy<Value = Vec<u8>> {
-    (
-        kind_strategy(),
-        prop::bool::ANY,
-        prop::collection::vec(any::<u8>(), 0..600),
-    )
-        .prop_map(|(kind, by_ref, body)| {
-            let mut wire = FrameHeader {
-                kind,
-                flags: u16::from(by_ref),
-                len: body.len() as u32,
-            }
-            .to_bytes()
-            .to_vec();
+    (kind_strategy(), prop::bool::ANY, prop::collection::vec(any::<u8>(), 0..600)).prop_map(
+        |(kind, by_ref, body)| {
+            let mut wire =
+                FrameHeader { kind, flags: u16::from(by_ref), len: body.len() as u32 }.to_bytes().to_vec();
             wire.extend_from_slice(&body);
             wire
-        })
+        },
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -204,13 +194,8 @@ fn apply(wire: &mut Vec<u8>, m: &Mutation) {
         Mutation::SetMagic(i, v) if wire.len() >= HEADER_LEN => wire[*i] = *v,
         Mutation::SetVersion(v) if wire.len() >= HEADER_LEN => wire[4] = *v,
         Mutation::SetKind(v) if wire.len() >= HEADER_LEN => wire[5] = *v,
-        Mutation::SetFlags(f) if wire.len() >= HEADER_LEN => {
-            wire[6..8].copy_from_slice(&f.to_le_bytes())
-        }
-        Mutation::SetMagic(..)
-        | Mutation::SetVersion(_)
-        | Mutation::SetKind(_)
-        | Mutation::SetFlags(_) => {}
+        Mutation::SetFlags(f) if wire.len() >= HEADER_LEN => wire[6..8].copy_from_slice(&f.to_le_bytes()),
+        Mutation::SetMagic(..) | Mutation::SetVersion(_) | Mutation::SetKind(_) | Mutation::SetFlags(_) => {}
         Mutation::Append(extra) => wire.extend_from_slice(extra),
         Mutation::Overwrite(i, v) => {
             // Eight bytes anywhere in the body: hits lengths, offsets and fields of rkyv roots.
@@ -232,46 +217,26 @@ fn check_frame_decoders(wire: &[u8], limits: &FrameLimits, step: usize) {
         assert_eq!(&frame.body[..], &wire[HEADER_LEN..*used]);
     }
     // decode_frame copies only bytes it was given.
-    assert!(
-        largest <= wire.len(),
-        "largest {largest} for {}",
-        wire.len()
-    );
+    assert!(largest <= wire.len(), "largest {largest} for {}", wire.len());
     assert!(peak <= wire.len(), "peak {peak} for {}", wire.len());
 
-    let mut reader = Trickle {
-        data: wire,
-        step,
-        supplied: 0,
-    };
+    let mut reader = Trickle { data: wire, step, supplied: 0 };
     let (res, largest, peak) = measure(|| block_on(read_frame(&mut reader, limits)));
     let supplied = reader.supplied;
     if let Ok(Some(frame)) = &res {
         assert!(frame.body.len() <= limits.max_body as usize);
-        assert_eq!(
-            &frame.body[..],
-            &wire[HEADER_LEN..HEADER_LEN + frame.body.len()]
-        );
+        assert_eq!(&frame.body[..], &wire[HEADER_LEN..HEADER_LEN + frame.body.len()]);
     }
     // Never more than the bytes that arrived plus one read chunk (rounded up to a power of two
     // by the buffer's growth), whatever the header announced: the bound frame.rs documents.
     let bound = (supplied + READ_CHUNK).next_power_of_two();
-    assert!(
-        largest <= bound,
-        "allocated {largest} with {supplied} supplied"
-    );
+    assert!(largest <= bound, "allocated {largest} with {supplied} supplied");
     assert!(peak <= bound, "held {peak} with {supplied} supplied");
 }
 
 fn limits_strategy() -> impl Strategy<Value = FrameLimits> {
-    prop_oneof![
-        Just(16u32),
-        Just(300),
-        Just(4096),
-        Just(64 << 20),
-        Just(u32::MAX)
-    ]
-    .prop_map(|max_body| FrameLimits { max_body })
+    prop_oneof![Just(16u32), Just(300), Just(4096), Just(64 << 20), Just(u32::MAX)]
+        .prop_map(|max_body| FrameLimits { max_body })
 }
 
 proptest! {
@@ -329,17 +294,10 @@ fn tensor_body() -> impl Strategy<Value = Vec<u8>> {
         prop::bool::ANY,
     )
         .prop_map(|(n, compress, lossy_bf16, smooth)| {
-            let data: Vec<f32> = if smooth {
-                smooth_activation(n)
-            } else {
-                (0..n).map(|i| (i % 7) as f32 - 3.0).collect()
-            };
+            let data: Vec<f32> =
+                if smooth { smooth_activation(n) } else { (0..n).map(|i| (i % 7) as f32 - 3.0).collect() };
             let shape = if n % 2 == 0 { vec![2, n / 2] } else { vec![n] };
-            let opts = TensorEncodeOptions {
-                compress,
-                lossy_bf16,
-                ..Default::default()
-            };
+            let opts = TensorEncodeOptions { compress, lossy_bf16, ..Default::default() };
             let (frame, _) = encode_tensor(&shape, &data, &opts).expect("valid input encodes");
             frame.body.to_vec()
         })
@@ -347,9 +305,7 @@ fn tensor_body() -> impl Strategy<Value = Vec<u8>> {
 
 fn check_tensor_decode(body: &[u8]) {
     let frame = troupe_transport::Frame::from_bytes(FrameKind::Tensor, 0, body);
-    let limits = TensorLimits {
-        max_decoded_bytes: TENSOR_CAP,
-    };
+    let limits = TensorLimits { max_decoded_bytes: TENSOR_CAP };
     let (res, largest, _peak) = measure(|| decode_tensor(&frame, &limits));
     if let Ok(t) = &res {
         assert!(t.data.len() * 4 <= TENSOR_CAP);

@@ -8,14 +8,10 @@ use std::time::Duration;
 use quinn::crypto::rustls::QuicClientConfig;
 use troupe_transport::frame::{FrameHeader, HEADER_LEN};
 use troupe_transport::identity::{ALPN, crypto_provider};
-use troupe_transport::{
-    Channel, ClusterCa, Frame, FrameKind, Link, NodeId, PeerEvent, QuicConfig, QuicNode,
-};
+use troupe_transport::{Channel, ClusterCa, Frame, FrameKind, Link, NodeId, PeerEvent, QuicConfig, QuicNode};
 
 async fn node(ca: &ClusterCa, name: &str) -> QuicNode {
-    QuicNode::bind(&ca.issue_node(name).unwrap(), QuicConfig::default())
-        .await
-        .unwrap()
+    QuicNode::bind(&ca.issue_node(name).unwrap(), QuicConfig::default()).await.unwrap()
 }
 
 /// Waits (bounded) for the first event matching `want`.
@@ -41,26 +37,14 @@ async fn mutual_tls_hello_and_channels() {
     let a = node(&ca, "node-a").await;
     let b = node(&ca, "node-b").await;
     let mut b_events = b.events().unwrap();
-    let peer = a
-        .connect(b.local_addr().unwrap(), &NodeId::new("node-b"))
-        .await
-        .unwrap();
+    let peer = a.connect(b.local_addr().unwrap(), &NodeId::new("node-b")).await.unwrap();
     assert_eq!(peer.as_str(), "node-b");
-    wait_event(
-        &mut b_events,
-        |e| matches!(e, PeerEvent::Joined { peer, .. } if peer.as_str() == "node-a"),
-    )
-    .await;
+    wait_event(&mut b_events, |e| matches!(e, PeerEvent::Joined { peer, .. } if peer.as_str() == "node-a"))
+        .await;
     assert_eq!(b.peers(), vec![NodeId::new("node-a")]);
 
     for (i, ch) in Channel::ALL.iter().enumerate() {
-        a.send(
-            &peer,
-            *ch,
-            Frame::from_bytes(FrameKind::Message, 0, &[i as u8; 100]),
-        )
-        .await
-        .unwrap();
+        a.send(&peer, *ch, Frame::from_bytes(FrameKind::Message, 0, &[i as u8; 100])).await.unwrap();
     }
     let mut seen = Vec::new();
     for _ in 0..3 {
@@ -70,22 +54,11 @@ async fn mutual_tls_hello_and_channels() {
         seen.push((d.channel, d.frame.body[0]));
     }
     seen.sort();
-    assert_eq!(
-        seen,
-        vec![
-            (Channel::Control, 0),
-            (Channel::Data, 1),
-            (Channel::Blob, 2)
-        ]
-    );
+    assert_eq!(seen, vec![(Channel::Control, 0), (Channel::Data, 1), (Channel::Blob, 2)]);
     // and back, on the same connection
-    b.send(
-        &NodeId::new("node-a"),
-        Channel::Data,
-        Frame::from_bytes(FrameKind::Message, 0, b"pong"),
-    )
-    .await
-    .unwrap();
+    b.send(&NodeId::new("node-a"), Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"pong"))
+        .await
+        .unwrap();
     assert_eq!(&a.recv().await.unwrap().frame.body[..], b"pong");
 }
 
@@ -96,21 +69,13 @@ async fn certificate_from_another_ca_is_refused() {
     let server = node(&ca, "server").await;
     let mut events = server.events().unwrap();
     let intruder = node(&other, "intruder").await;
-    let err = intruder
-        .connect(server.local_addr().unwrap(), &NodeId::new("server"))
-        .await
-        .unwrap_err();
+    let err = intruder.connect(server.local_addr().unwrap(), &NodeId::new("server")).await.unwrap_err();
     // the client cannot verify the server either (different CA): it fails on its side
     assert!(err.to_string().contains("connect to"), "{err}");
     // a node of another CA that trusts ours still has its certificate refused by the server
     let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::Refused { .. })).await;
-    let PeerEvent::Refused { reason, .. } = ev else {
-        unreachable!()
-    };
-    assert!(
-        reason.to_lowercase().contains("cert") || reason.contains("alert"),
-        "{reason}"
-    );
+    let PeerEvent::Refused { reason, .. } = ev else { unreachable!() };
+    assert!(reason.to_lowercase().contains("cert") || reason.contains("alert"), "{reason}");
     assert!(server.peers().is_empty());
 }
 
@@ -131,9 +96,7 @@ async fn client_without_certificate_is_refused() {
     let cfg = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let outcome = async {
-        let conn = ep
-            .connect_with(cfg, server.local_addr().unwrap(), "server")?
-            .await?;
+        let conn = ep.connect_with(cfg, server.local_addr().unwrap(), "server")?.await?;
         // the handshake may look complete to the client: the refusal shows on first use
         let (mut s, mut r) = conn.open_bi().await?;
         s.write_all(b"H").await?;
@@ -142,14 +105,9 @@ async fn client_without_certificate_is_refused() {
         Ok::<_, Box<dyn std::error::Error>>(())
     }
     .await;
-    assert!(
-        outcome.is_err(),
-        "a client without a certificate got through"
-    );
+    assert!(outcome.is_err(), "a client without a certificate got through");
     let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::Refused { .. })).await;
-    let PeerEvent::Refused { reason, .. } = ev else {
-        unreachable!()
-    };
+    let PeerEvent::Refused { reason, .. } = ev else { unreachable!() };
     assert!(reason.to_lowercase().contains("certificate"), "{reason}");
     assert!(server.peers().is_empty());
 }
@@ -166,28 +124,15 @@ async fn bad_frames_stop_one_stream_and_the_node_keeps_serving() {
     bad.connect(addr, &s).await.unwrap();
     good.connect(addr, &s).await.unwrap();
 
-    let valid = Frame::from_bytes(FrameKind::Message, 0, b"ok")
-        .to_wire()
-        .unwrap();
+    let valid = Frame::from_bytes(FrameKind::Message, 0, b"ok").to_wire().unwrap();
     let mut wrong_magic = valid.clone();
     wrong_magic[0] = b'Z';
     let mut wrong_version = valid.clone();
     wrong_version[4] = 99;
-    let oversized = FrameHeader {
-        kind: FrameKind::Tensor,
-        flags: 0,
-        len: u32::MAX,
-    }
-    .to_bytes();
+    let oversized = FrameHeader { kind: FrameKind::Tensor, flags: 0, len: u32::MAX }.to_bytes();
     let garbage: Vec<u8> = (0..500u32).map(|i| (i * 7919 % 251) as u8).collect();
     let truncated = &valid[..HEADER_LEN + 1];
-    for bytes in [
-        &wrong_magic[..],
-        &wrong_version[..],
-        &oversized[..],
-        &garbage[..],
-        truncated,
-    ] {
+    for bytes in [&wrong_magic[..], &wrong_version[..], &oversized[..], &garbage[..], truncated] {
         bad.send_raw(&s, Channel::Data as u8, bytes).await.unwrap();
     }
     bad.send_raw(&s, 0xEE, &valid).await.unwrap();
@@ -201,45 +146,23 @@ async fn bad_frames_stop_one_stream_and_the_node_keeps_serving() {
         }
     }
     let all = details.join(" | ");
-    for needle in [
-        "bad magic",
-        "protocol version 99",
-        "exceeds the cap",
-        "truncated frame",
-        "unknown channel tag 0xee",
-    ] {
+    for needle in
+        ["bad magic", "protocol version 99", "exceeds the cap", "truncated frame", "unknown channel tag 0xee"]
+    {
         assert!(all.contains(needle), "no error naming {needle:?} in {all}");
     }
 
     // the server still serves both peers, on the same connections
-    good.send(
-        &s,
-        Channel::Data,
-        Frame::from_bytes(FrameKind::Message, 0, b"from good"),
-    )
-    .await
-    .unwrap();
-    bad.send(
-        &s,
-        Channel::Data,
-        Frame::from_bytes(FrameKind::Message, 0, b"from bad"),
-    )
-    .await
-    .unwrap();
+    good.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"from good")).await.unwrap();
+    bad.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"from bad")).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..2 {
-        let d = tokio::time::timeout(Duration::from_secs(10), server.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
         got.push(String::from_utf8(d.frame.body.to_vec()).unwrap());
     }
     got.sort();
     assert_eq!(got, vec!["from bad".to_string(), "from good".to_string()]);
-    assert_eq!(
-        server.peers(),
-        vec![NodeId::new("bad"), NodeId::new("good")]
-    );
+    assert_eq!(server.peers(), vec![NodeId::new("bad"), NodeId::new("good")]);
 }
 
 #[tokio::test]
@@ -255,10 +178,7 @@ async fn blob_pull_verifies_the_hash() {
     let b = node(&ca, "b").await;
     let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
     b.set_blob_server(Arc::new(One(bytes.clone())));
-    let peer = a
-        .connect(b.local_addr().unwrap(), &NodeId::new("b"))
-        .await
-        .unwrap();
+    let peer = a.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
     let id = *blake3::hash(&bytes).as_bytes();
     assert_eq!(a.fetch_blob(&peer, id, 8 << 20).await.unwrap(), bytes);
     let e = a.fetch_blob(&peer, [7u8; 32], 8 << 20).await.unwrap_err();

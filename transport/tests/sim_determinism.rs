@@ -30,10 +30,7 @@ enum Fault {
 
 fn schedule() -> Vec<(Micros, Fault)> {
     vec![
-        (
-            PARTITION_AT,
-            Fault::Partition(&["a", "b"], &["c", "d", "e"]),
-        ),
+        (PARTITION_AT, Fault::Partition(&["a", "b"], &["c", "d", "e"])),
         (HEAL_AT, Fault::HealAll),
         (CRASH_AT, Fault::Crash("c")),
         (RESTART_AT, Fault::Restart("c")),
@@ -67,42 +64,23 @@ struct Run {
 fn drain(node: &mut Node, net: &mut SimNet, seen: &mut Vec<Seen>) {
     while let Some(ev) = node.detector.poll_event() {
         let s = match ev {
-            MembershipEvent::Up {
-                member,
-                at,
-                rejoined,
-            } => Seen {
-                at,
-                observer: node.id.0.clone(),
-                member: member.0,
-                up: true,
-                rejoined,
-            },
-            MembershipEvent::Down { member, at, .. } => Seen {
-                at,
-                observer: node.id.0.clone(),
-                member: member.0,
-                up: false,
-                rejoined: false,
-            },
+            MembershipEvent::Up { member, at, rejoined } => {
+                Seen { at, observer: node.id.0.clone(), member: member.0, up: true, rejoined }
+            }
+            MembershipEvent::Down { member, at, .. } => {
+                Seen { at, observer: node.id.0.clone(), member: member.0, up: false, rejoined: false }
+            }
         };
         let what = if s.up { "up" } else { "down" };
         let extra = if s.rejoined { " (rejoined)" } else { "" };
-        net.note(
-            s.at,
-            &format!("{} sees {} {what}{extra}", s.observer, s.member),
-        );
+        net.note(s.at, &format!("{} sees {} {what}{extra}", s.observer, s.member));
         seen.push(s);
     }
 }
 
 fn run(seed: u64) -> Run {
-    let mut net = SimNet::new(SimConfig {
-        seed,
-        min_delay: Micros::from_millis(1),
-        max_delay: MAX_DELAY,
-        loss: 0.01,
-    });
+    let mut net =
+        SimNet::new(SimConfig { seed, min_delay: Micros::from_millis(1), max_delay: MAX_DELAY, loss: 0.01 });
     let mut nodes: Vec<Node> = NAMES
         .iter()
         .enumerate()
@@ -116,12 +94,8 @@ fn run(seed: u64) -> Run {
         })
         .collect();
     let ids: Vec<NodeId> = nodes.iter().map(|n| n.id.clone()).collect();
-    let index = |name: &str| {
-        NAMES
-            .iter()
-            .position(|n| *n == name)
-            .unwrap_or_else(|| panic!("unknown node {name}"))
-    };
+    let index =
+        |name: &str| NAMES.iter().position(|n| *n == name).unwrap_or_else(|| panic!("unknown node {name}"));
     let group = |names: &[&str]| names.iter().map(|n| NodeId::new(*n)).collect::<Vec<_>>();
     let mut faults = schedule().into_iter().peekable();
     let mut seen = Vec::new();
@@ -193,31 +167,19 @@ fn run(seed: u64) -> Run {
         .iter()
         .flat_map(|n| {
             n.detector.members().map(|(m, status, _)| {
-                (
-                    n.id.0.clone(),
-                    m.0.clone(),
-                    status == troupe_policy::MemberStatus::Up,
-                )
+                (n.id.0.clone(), m.0.clone(), status == troupe_policy::MemberStatus::Up)
             })
         })
         .collect();
-    Run {
-        log: net.take_log(),
-        seen,
-        final_status,
-    }
+    Run { log: net.take_log(), seen, final_status }
 }
 
 fn downs<'a>(seen: &'a [Seen], observer: &str, member: &str) -> Vec<&'a Seen> {
-    seen.iter()
-        .filter(|s| !s.up && s.observer == observer && s.member == member)
-        .collect()
+    seen.iter().filter(|s| !s.up && s.observer == observer && s.member == member).collect()
 }
 
 fn rejoins<'a>(seen: &'a [Seen], observer: &str, member: &str) -> Vec<&'a Seen> {
-    seen.iter()
-        .filter(|s| s.up && s.rejoined && s.observer == observer && s.member == member)
-        .collect()
+    seen.iter().filter(|s| s.up && s.rejoined && s.observer == observer && s.member == member).collect()
 }
 
 /// The fault-tolerance properties every seed must satisfy.
@@ -240,8 +202,7 @@ fn check_membership(seed: u64, r: &Run) {
                 let up = rejoins(&r.seen, o, m);
                 assert!(
                     up.iter()
-                        .any(|s| s.at > HEAL_AT
-                            && s.at <= HEAL_AT + Micros(3 * HEARTBEAT.0) + MAX_DELAY),
+                        .any(|s| s.at > HEAL_AT && s.at <= HEAL_AT + Micros(3 * HEARTBEAT.0) + MAX_DELAY),
                     "seed {seed}: {o} did not see {m} back after the heal: {up:?}"
                 );
             }
@@ -249,20 +210,14 @@ fn check_membership(seed: u64, r: &Run) {
     }
     // Crash of c: everyone else sees it down after the crash and back after the restart.
     for o in ["a", "b", "d", "e"] {
-        let d: Vec<_> = downs(&r.seen, o, "c")
-            .into_iter()
-            .filter(|s| s.at > CRASH_AT)
-            .collect();
+        let d: Vec<_> = downs(&r.seen, o, "c").into_iter().filter(|s| s.at > CRASH_AT).collect();
         assert_eq!(d.len(), 1, "seed {seed}: {o} saw c down {d:?}");
         assert!(
             d[0].at <= CRASH_AT + TIMEOUT + Micros(1),
             "seed {seed}: {o} was slow to see c down: {}",
             d[0].at
         );
-        let up: Vec<_> = rejoins(&r.seen, o, "c")
-            .into_iter()
-            .filter(|s| s.at > CRASH_AT)
-            .collect();
+        let up: Vec<_> = rejoins(&r.seen, o, "c").into_iter().filter(|s| s.at > CRASH_AT).collect();
         assert_eq!(up.len(), 1, "seed {seed}: {o} saw c rejoin {up:?}");
         assert!(
             up[0].at >= RESTART_AT && up[0].at <= RESTART_AT + Micros(3 * HEARTBEAT.0) + MAX_DELAY,
@@ -298,16 +253,8 @@ fn check_membership(seed: u64, r: &Run) {
 fn same_seed_same_log_and_different_seed_different_log() {
     let first = run(42);
     let second = run(42);
-    assert!(
-        first.log.len() > 1000,
-        "a real run: {} lines",
-        first.log.len()
-    );
-    assert_eq!(
-        first.log.join("\n"),
-        second.log.join("\n"),
-        "same seed, same bytes"
-    );
+    assert!(first.log.len() > 1000, "a real run: {} lines", first.log.len());
+    assert_eq!(first.log.join("\n"), second.log.join("\n"), "same seed, same bytes");
     assert_eq!(first.seen, second.seen);
     let other = run(43);
     assert_ne!(first.log, other.log, "another seed, another run");

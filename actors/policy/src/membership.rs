@@ -58,11 +58,7 @@ pub struct FailureDetector<K> {
 impl<K: Ord + Clone> FailureDetector<K> {
     /// A detector declaring members down after `timeout` of silence.
     pub fn new(timeout: Micros) -> Self {
-        Self {
-            timeout,
-            members: BTreeMap::new(),
-            events: VecDeque::new(),
-        }
+        Self { timeout, members: BTreeMap::new(), events: VecDeque::new() }
     }
 
     /// The configured timeout.
@@ -77,26 +73,12 @@ impl<K: Ord + Clone> FailureDetector<K> {
                 m.last_heard = m.last_heard.max(now);
                 if m.status == MemberStatus::Down {
                     m.status = MemberStatus::Up;
-                    self.events.push_back(MembershipEvent::Up {
-                        member,
-                        at: now,
-                        rejoined: true,
-                    });
+                    self.events.push_back(MembershipEvent::Up { member, at: now, rejoined: true });
                 }
             }
             None => {
-                self.members.insert(
-                    member.clone(),
-                    Member {
-                        last_heard: now,
-                        status: MemberStatus::Up,
-                    },
-                );
-                self.events.push_back(MembershipEvent::Up {
-                    member,
-                    at: now,
-                    rejoined: false,
-                });
+                self.members.insert(member.clone(), Member { last_heard: now, status: MemberStatus::Up });
+                self.events.push_back(MembershipEvent::Up { member, at: now, rejoined: false });
             }
         }
     }
@@ -143,9 +125,7 @@ impl<K: Ord + Clone> FailureDetector<K> {
 
     /// Every known member with its status and when it was last heard.
     pub fn members(&self) -> impl Iterator<Item = (&K, MemberStatus, Micros)> {
-        self.members
-            .iter()
-            .map(|(k, m)| (k, m.status, m.last_heard))
+        self.members.iter().map(|(k, m)| (k, m.status, m.last_heard))
     }
 }
 
@@ -166,28 +146,17 @@ mod tests {
         assert_eq!(d.poll_timeout(), Some(Micros(100_001)));
         d.handle_heard(Micros::from_millis(90), "b");
         d.handle_timeout(Micros::from_millis(100));
-        assert!(
-            drain(&mut d).is_empty(),
-            "exactly at the timeout nobody is down yet"
-        );
+        assert!(drain(&mut d).is_empty(), "exactly at the timeout nobody is down yet");
         d.handle_timeout(Micros(100_001));
         assert_eq!(
             drain(&mut d),
-            vec![MembershipEvent::Down {
-                member: "a",
-                at: Micros(100_001),
-                last_heard: Micros(0)
-            }]
+            vec![MembershipEvent::Down { member: "a", at: Micros(100_001), last_heard: Micros(0) }]
         );
         assert_eq!(d.poll_timeout(), Some(Micros(190_001)));
         d.handle_heard(Micros::from_millis(150), "a");
         assert_eq!(
             drain(&mut d),
-            vec![MembershipEvent::Up {
-                member: "a",
-                at: Micros(150_000),
-                rejoined: true
-            }]
+            vec![MembershipEvent::Up { member: "a", at: Micros(150_000), rejoined: true }]
         );
         assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
     }

@@ -25,11 +25,7 @@ pub struct RestartIntensity {
 impl RestartIntensity {
     /// At most `max_restarts` restarts in any window of length `period`.
     pub fn new(max_restarts: u32, period: Micros) -> Self {
-        Self {
-            max_restarts,
-            period,
-            recent: VecDeque::new(),
-        }
+        Self { max_restarts, period, recent: VecDeque::new() }
     }
 
     /// Records a failure at `now` and decides.
@@ -61,23 +57,11 @@ mod tests {
     #[test]
     fn escalates_past_intensity_and_forgets_old_failures() {
         let mut r = RestartIntensity::new(2, Micros::from_secs(5));
-        assert_eq!(
-            r.handle_failure(Micros::from_secs(0)),
-            RestartDecision::Restart
-        );
-        assert_eq!(
-            r.handle_failure(Micros::from_secs(1)),
-            RestartDecision::Restart
-        );
-        assert_eq!(
-            r.handle_failure(Micros::from_secs(2)),
-            RestartDecision::Escalate
-        );
+        assert_eq!(r.handle_failure(Micros::from_secs(0)), RestartDecision::Restart);
+        assert_eq!(r.handle_failure(Micros::from_secs(1)), RestartDecision::Restart);
+        assert_eq!(r.handle_failure(Micros::from_secs(2)), RestartDecision::Escalate);
         // the first failure leaves the window at t=5
-        assert_eq!(
-            r.handle_failure(Micros::from_secs(5)),
-            RestartDecision::Restart
-        );
+        assert_eq!(r.handle_failure(Micros::from_secs(5)), RestartDecision::Restart);
         assert_eq!(r.restarts_in_window(), 2);
     }
 

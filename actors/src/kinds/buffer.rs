@@ -39,11 +39,20 @@ impl<T: Send + 'static> Actor for BufferActor<T> {
     type State = BufferState<T>;
     type Arguments = usize;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, capacity: usize) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        capacity: usize,
+    ) -> Result<Self::State, ActorProcessingErr> {
         Ok(BufferState { items: VecDeque::with_capacity(capacity.min(1024)), capacity })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             BufferMsg::Push(item, reply) => {
                 if st.items.len() >= st.capacity {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ractor_cluster::RactorMessage;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
 use troupe_kernels::{Allocation, MemoryPool};
 
@@ -66,7 +66,11 @@ impl Actor for DeviceActor {
     type State = DeviceState;
     type Arguments = DeviceArgs;
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, a: DeviceArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        a: DeviceArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join_scoped("troupe".into(), "devices".into(), vec![me.get_cell()]);
         ractor::time::send_interval(a.telemetry_period, me.get_cell(), || DeviceMsg::Tick);
         Ok(DeviceState {
@@ -77,7 +81,12 @@ impl Actor for DeviceActor {
         })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             DeviceMsg::Alloc(bytes, reply) => {
                 let _ = reply.send(st.pool.alloc(bytes).map_err(|e| e.to_string()));

@@ -54,7 +54,12 @@ impl<E: Expert> Actor for ExpertActor<E> {
         Ok(expert)
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, e: &mut E) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        e: &mut E,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ExpertMsg::Execute(batch, reply) => {
                 let out = (|| {

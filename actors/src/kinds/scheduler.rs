@@ -27,7 +27,10 @@ pub trait DrivenPolicy: Send + 'static {
 /// Carries out a policy's actions (load weights, send a frame, run a kernel).
 pub trait Effects<A>: Send + 'static {
     /// Performs one action; an error fails the actor, so its supervisor restarts it.
-    fn perform(&mut self, action: A) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send;
+    fn perform(
+        &mut self,
+        action: A,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send;
 }
 
 /// Messages of a scheduler actor.
@@ -71,11 +74,20 @@ where
     type State = SchedulerState<P, E>;
     type Arguments = (P, E);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (policy, effects): (P, E)) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        (policy, effects): (P, E),
+    ) -> Result<Self::State, ActorProcessingErr> {
         Ok(SchedulerState { policy, effects, clock: Clock::start(), timer_generation: 0 })
     }
 
-    async fn handle(&self, me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SchedulerMsg::Input(input) => st.policy.handle(st.clock.now(), input),
             SchedulerMsg::Timeout(generation) if generation == st.timer_generation => {
@@ -93,7 +105,9 @@ where
             st.timer_generation += 1;
             let generation = st.timer_generation;
             let delay = std::time::Duration::from_micros(at.saturating_sub(st.clock.now()).0);
-            ractor::time::send_after(delay, me.get_cell(), move || SchedulerMsg::<P::Input>::Timeout(generation));
+            ractor::time::send_after(delay, me.get_cell(), move || {
+                SchedulerMsg::<P::Input>::Timeout(generation)
+            });
         }
         Ok(())
     }

@@ -43,9 +43,7 @@ pub fn driver_library_present() -> bool {
 pub(crate) fn compile(src: &str) -> Result<cudarc::nvrtc::Ptx> {
     // SAFETY: only tries to dlopen libnvrtc; without it compile_ptx would panic.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(KernelError::CudaUnavailable(
-            "libnvrtc was not found on the library path".to_string(),
-        ));
+        return Err(KernelError::CudaUnavailable("libnvrtc was not found on the library path".to_string()));
     }
     guarded("compiling CUDA kernels", || {
         cudarc::nvrtc::compile_ptx(src).map_err(|e| KernelError::cuda("NVRTC compile", e))
@@ -88,9 +86,7 @@ fn probe(ordinal: usize) -> Result<Arc<CudaContext>> {
     }
     guarded("probing the CUDA driver", || {
         let count = CudaContext::device_count().map_err(|e| {
-            KernelError::CudaUnavailable(format!(
-                "no CUDA device: driver initialisation failed: {e}"
-            ))
+            KernelError::CudaUnavailable(format!("no CUDA device: driver initialisation failed: {e}"))
         })?;
         if count <= 0 {
             return Err(KernelError::CudaUnavailable(
@@ -102,9 +98,8 @@ fn probe(ordinal: usize) -> Result<Arc<CudaContext>> {
                 "no CUDA device with ordinal {ordinal} ({count} present)"
             )));
         }
-        CudaContext::new(ordinal).map_err(|e| {
-            KernelError::CudaUnavailable(format!("cannot open CUDA device {ordinal}: {e}"))
-        })
+        CudaContext::new(ordinal)
+            .map_err(|e| KernelError::CudaUnavailable(format!("cannot open CUDA device {ordinal}: {e}")))
     })
 }
 
@@ -142,62 +137,39 @@ impl CudaDevice {
 
     /// (free, total) device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.inner
-            .stream
-            .context()
-            .mem_get_info()
-            .map_err(|e| KernelError::cuda("mem_get_info", e))
+        self.inner.stream.context().mem_get_info().map_err(|e| KernelError::cuda("mem_get_info", e))
     }
 
     /// Block until all queued work has finished.
     pub fn sync(&self) -> Result<()> {
-        self.inner
-            .stream
-            .synchronize()
-            .map_err(|e| KernelError::cuda("stream synchronize", e))
+        self.inner.stream.synchronize().map_err(|e| KernelError::cuda("stream synchronize", e))
     }
 
     /// Copy host f32s to a new device buffer.
     pub fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
-        self.inner
-            .stream
-            .clone_htod(data)
-            .map_err(|e| KernelError::cuda("host-to-device copy", e))
+        self.inner.stream.clone_htod(data).map_err(|e| KernelError::cuda("host-to-device copy", e))
     }
 
     /// A zeroed device buffer of `len` f32s.
     pub fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
-        self.inner
-            .stream
-            .alloc_zeros::<f32>(len)
-            .map_err(|e| KernelError::cuda("device alloc", e))
+        self.inner.stream.alloc_zeros::<f32>(len).map_err(|e| KernelError::cuda("device alloc", e))
     }
 
     /// Copy a device buffer back to the host.
     pub fn download(&self, data: &CudaSlice<f32>) -> Result<Vec<f32>> {
-        self.inner
-            .stream
-            .clone_dtoh(data)
-            .map_err(|e| KernelError::cuda("device-to-host copy", e))
+        self.inner.stream.clone_dtoh(data).map_err(|e| KernelError::cuda("device-to-host copy", e))
     }
 
     /// Make this device's context current on the calling thread (cuBLAS calls do not do it
     /// themselves; actors may call from any worker thread).
     pub(crate) fn bind(&self) -> Result<()> {
-        self.inner
-            .stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| KernelError::cuda("bind context", e))
+        self.inner.stream.context().bind_to_thread().map_err(|e| KernelError::cuda("bind context", e))
     }
 
     /// The cuBLAS handle (created on first use).
     pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
-        let mut slot = self
-            .inner
-            .blas
-            .lock()
-            .map_err(|_| KernelError::cuda("cuBLAS handle", "lock poisoned"))?;
+        let mut slot =
+            self.inner.blas.lock().map_err(|_| KernelError::cuda("cuBLAS handle", "lock poisoned"))?;
         if let Some(b) = slot.as_ref() {
             return Ok(b.clone());
         }
@@ -223,11 +195,8 @@ impl CudaDevice {
         src: &'static str,
         name: &str,
     ) -> Result<CudaFunction> {
-        let mut modules = self
-            .inner
-            .modules
-            .lock()
-            .map_err(|_| KernelError::cuda("module cache", "lock poisoned"))?;
+        let mut modules =
+            self.inner.modules.lock().map_err(|_| KernelError::cuda("module cache", "lock poisoned"))?;
         let m = match modules.get(module) {
             Some(m) => m.clone(),
             None => {
@@ -242,8 +211,7 @@ impl CudaDevice {
                 m
             }
         };
-        m.load_function(name)
-            .map_err(|e| KernelError::cuda("load kernel function", e))
+        m.load_function(name).map_err(|e| KernelError::cuda("load kernel function", e))
     }
 }
 
@@ -251,10 +219,7 @@ impl CudaDevice {
 impl CudaDevice {
     /// A zeroed device buffer of `len` bytes.
     pub fn alloc_bytes(&self, len: usize) -> Result<CudaSlice<u8>> {
-        self.inner
-            .stream
-            .alloc_zeros::<u8>(len)
-            .map_err(|e| KernelError::cuda("device alloc", e))
+        self.inner.stream.alloc_zeros::<u8>(len).map_err(|e| KernelError::cuda("device alloc", e))
     }
 
     /// Copy `data` into `buf` at `offset`.
@@ -262,14 +227,9 @@ impl CudaDevice {
         let end = offset
             .checked_add(data.len())
             .filter(|&e| e <= buf.len())
-            .ok_or_else(|| {
-                KernelError::invalid("write_bytes", "range outside the device buffer")
-            })?;
+            .ok_or_else(|| KernelError::invalid("write_bytes", "range outside the device buffer"))?;
         let mut dst = buf.slice_mut(offset..end);
-        self.inner
-            .stream
-            .memcpy_htod(data, &mut dst)
-            .map_err(|e| KernelError::cuda("host-to-device copy", e))
+        self.inner.stream.memcpy_htod(data, &mut dst).map_err(|e| KernelError::cuda("host-to-device copy", e))
     }
 
     /// Copy `len` bytes at `offset` of `buf` back to the host.
@@ -279,9 +239,6 @@ impl CudaDevice {
             .filter(|&e| e <= buf.len())
             .ok_or_else(|| KernelError::invalid("read_bytes", "range outside the device buffer"))?;
         let src = buf.slice(offset..end);
-        self.inner
-            .stream
-            .clone_dtoh(&src)
-            .map_err(|e| KernelError::cuda("device-to-host copy", e))
+        self.inner.stream.clone_dtoh(&src).map_err(|e| KernelError::cuda("device-to-host copy", e))
     }
 }

@@ -12,8 +12,7 @@ use crate::ops::{Gemm, Matmul};
 use crate::tensor::Tensor;
 
 fn as_i32(what: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v)
-        .map_err(|_| KernelError::invalid("cuBLAS gemm", format!("{what} = {v} exceeds i32")))
+    i32::try_from(v).map_err(|_| KernelError::invalid("cuBLAS gemm", format!("{what} = {v} exceeds i32")))
 }
 
 /// The cuBLAS (column-major) call that computes the row-major `g`: operands swapped, so cuBLAS's
@@ -23,11 +22,7 @@ fn as_i32(what: &'static str, v: usize) -> Result<i32> {
 /// (ld k); likewise for A. cuBLAS computes `C^T` (n x m, ld n) `= op'(B mem) * op'(A mem)`.
 pub(crate) fn cublas_config(g: &Gemm) -> Result<GemmConfig<f32>> {
     let op = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
+        if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N }
     };
     Ok(GemmConfig {
         transa: op(g.trans_b),
@@ -64,13 +59,7 @@ pub fn gemm_device(
 }
 
 /// `op(a) * op(b)` on the GPU (host tensors in and out).
-pub fn matmul(
-    dev: &CudaDevice,
-    a: &Tensor,
-    b: &Tensor,
-    trans_a: bool,
-    trans_b: bool,
-) -> Result<Tensor> {
+pub fn matmul(dev: &CudaDevice, a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     let g = Matmul { trans_a, trans_b }.plan(a, b)?;
     let da = dev.upload(&a.f32_cow())?;
     let db = dev.upload(&b.f32_cow())?;

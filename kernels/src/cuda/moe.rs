@@ -33,12 +33,7 @@ impl CudaExpert<'_> {
 }
 
 impl ExpertKernels for CudaExpert<'_> {
-    fn forward(
-        &self,
-        p: &ExpertParams,
-        x: &[f32],
-        n: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let dev = self.dev;
         let xd = dev.upload(x)?;
@@ -68,25 +63,12 @@ impl ExpertKernels for CudaExpert<'_> {
         let f = dev.function(MODULE, SRC, "bias_add_rows")?;
         let (total, cols, cfg) = dims_i32(n * d, d)?;
         // SAFETY: o holds `total` f32s, b2 holds `cols`; bounds-checked in the kernel.
-        unsafe {
-            dev.stream()
-                .launch_builder(&f)
-                .arg(&mut o)
-                .arg(&b2)
-                .arg(&total)
-                .arg(&cols)
-                .launch(cfg)
-        }
-        .map_err(|e| KernelError::cuda("launch bias_add_rows", e))?;
+        unsafe { dev.stream().launch_builder(&f).arg(&mut o).arg(&b2).arg(&total).arg(&cols).launch(cfg) }
+            .map_err(|e| KernelError::cuda("launch bias_add_rows", e))?;
         Ok((dev.download(&h)?, dev.download(&a)?, dev.download(&o)?))
     }
 
-    fn backward(
-        &self,
-        p: &ExpertParams,
-        c: &ExpertCache,
-        d_o: &[f32],
-    ) -> Result<(ExpertGrads, Vec<f32>)> {
+    fn backward(&self, p: &ExpertParams, c: &ExpertCache, d_o: &[f32]) -> Result<(ExpertGrads, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let n = c.tokens.len();
         let dev = self.dev;
@@ -104,15 +86,8 @@ impl ExpertKernels for CudaExpert<'_> {
         let f = dev.function(MODULE, SRC, "gelu_bwd_inplace")?;
         let (total, _, cfg) = dims_i32(n * hd, hd)?;
         // SAFETY: dh and h hold `total` f32s; bounds-checked in the kernel.
-        unsafe {
-            dev.stream()
-                .launch_builder(&f)
-                .arg(&mut dh)
-                .arg(&h)
-                .arg(&total)
-                .launch(cfg)
-        }
-        .map_err(|e| KernelError::cuda("launch gelu_bwd_inplace", e))?;
+        unsafe { dev.stream().launch_builder(&f).arg(&mut dh).arg(&h).arg(&total).launch(cfg) }
+            .map_err(|e| KernelError::cuda("launch gelu_bwd_inplace", e))?;
         let dw1 = self.gemm(Gemm::new(d, n, hd).transposed(true, false), &x, &dh)?;
         let db1 = self.gemm(Gemm::new(1, n, hd), &ones, &dh)?;
         let dx = self.gemm(Gemm::new(n, hd, d).transposed(false, true), &dh, &w1)?;

@@ -15,13 +15,8 @@ const REPEATS: usize = 5;
 pub fn session_ms_per_mb(path: &Path) -> Result<f64, OnnxError> {
     let bytes = std::fs::metadata(path)
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => OnnxError::ModelMissing {
-                path: path.to_path_buf(),
-            },
-            _ => OnnxError::Io {
-                path: path.to_path_buf(),
-                source: e,
-            },
+            std::io::ErrorKind::NotFound => OnnxError::ModelMissing { path: path.to_path_buf() },
+            _ => OnnxError::Io { path: path.to_path_buf(), source: e },
         })?
         .len();
     super::runtime::runtime()?;

@@ -39,26 +39,17 @@ impl Embedder {
             NamedTensor::i64("attention_mask", shape, batch.attention_mask),
         ])?;
         let origin = self.session.origin().to_owned();
-        let bad = |detail: String| OnnxError::Run {
-            origin: origin.clone(),
-            detail,
-        };
+        let bad = |detail: String| OnnxError::Run { origin: origin.clone(), detail };
         let out = outputs
             .iter()
             .find(|t| t.name == "sentence_embedding")
             .ok_or_else(|| bad("no sentence_embedding output".into()))?;
-        let data = out
-            .as_f32()
-            .ok_or_else(|| bad("sentence_embedding is not f32".into()))?;
+        let data = out.as_f32().ok_or_else(|| bad("sentence_embedding is not f32".into()))?;
         match out.shape[..] {
             [rows, dim] if rows == texts.len() && dim > 0 => {
                 Ok(data.chunks(dim).map(<[f32]>::to_vec).collect())
             }
-            _ => Err(bad(format!(
-                "sentence_embedding has shape {:?} for {} texts",
-                out.shape,
-                texts.len()
-            ))),
+            _ => Err(bad(format!("sentence_embedding has shape {:?} for {} texts", out.shape, texts.len()))),
         }
     }
 }
@@ -74,11 +65,7 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
     let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na * nb)
-    }
+    if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na * nb) }
 }
 
 #[cfg(test)]

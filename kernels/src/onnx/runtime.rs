@@ -48,13 +48,10 @@ pub fn library_path() -> Result<(PathBuf, LibrarySource), OnnxError> {
     })?;
     match assets.ort_library() {
         Ok(path) => Ok((path, LibrarySource::Cache)),
-        Err(crate::assets::AssetError::Missing { path }) => Err(OnnxError::LibraryMissing {
-            path,
-            source_kind: LibrarySource::Cache,
-        }),
-        Err(e) => Err(OnnxError::LibraryNotConfigured {
-            detail: e.to_string(),
-        }),
+        Err(crate::assets::AssetError::Missing { path }) => {
+            Err(OnnxError::LibraryMissing { path, source_kind: LibrarySource::Cache })
+        }
+        Err(e) => Err(OnnxError::LibraryNotConfigured { detail: e.to_string() }),
     }
 }
 
@@ -70,9 +67,7 @@ impl From<InitFailure> for OnnxError {
     fn from(f: InitFailure) -> Self {
         match f {
             InitFailure::NotConfigured(detail) => OnnxError::LibraryNotConfigured { detail },
-            InitFailure::Missing(path, source_kind) => {
-                OnnxError::LibraryMissing { path, source_kind }
-            }
+            InitFailure::Missing(path, source_kind) => OnnxError::LibraryMissing { path, source_kind },
             InitFailure::Load(path, detail) => OnnxError::LibraryLoad { path, detail },
         }
     }
@@ -82,10 +77,7 @@ static RUNTIME: OnceLock<Result<Environment, InitFailure>> = OnceLock::new();
 
 /// The process-wide ONNX Runtime environment, initialised on first use.
 pub fn runtime() -> Result<&'static Environment, OnnxError> {
-    RUNTIME
-        .get_or_init(init)
-        .as_ref()
-        .map_err(|f| f.clone().into())
+    RUNTIME.get_or_init(init).as_ref().map_err(|f| f.clone().into())
 }
 
 fn init() -> Result<Environment, InitFailure> {

@@ -87,8 +87,7 @@ impl SessionMemory {
 
     /// Growth from before creation to after the first run: the session's resident footprint.
     pub fn resident_bytes(&self) -> Option<u64> {
-        self.rss_after_first_run
-            .map(|r| r.max(self.rss_after_load).saturating_sub(self.rss_before))
+        self.rss_after_first_run.map(|r| r.max(self.rss_after_load).saturating_sub(self.rss_before))
     }
 }
 
@@ -106,33 +105,17 @@ impl OnnxSession {
     /// Loads the model at `path`.
     pub fn from_file(path: &Path, config: &SessionConfig) -> Result<Self, OnnxError> {
         if !path.is_file() {
-            return Err(OnnxError::ModelMissing {
-                path: path.to_path_buf(),
-            });
+            return Err(OnnxError::ModelMissing { path: path.to_path_buf() });
         }
         let env = runtime()?;
         let origin = path.display().to_string();
-        Self::create(
-            origin,
-            config,
-            |builder| builder.commit_from_file(path),
-            env,
-        )
+        Self::create(origin, config, |builder| builder.commit_from_file(path), env)
     }
 
     /// Loads a model from its bytes; `origin` labels it in errors (e.g. the peer or file it came from).
-    pub fn from_bytes(
-        bytes: &[u8],
-        origin: &str,
-        config: &SessionConfig,
-    ) -> Result<Self, OnnxError> {
+    pub fn from_bytes(bytes: &[u8], origin: &str, config: &SessionConfig) -> Result<Self, OnnxError> {
         let env = runtime()?;
-        Self::create(
-            origin.to_owned(),
-            config,
-            |builder| builder.commit_from_memory(bytes),
-            env,
-        )
+        Self::create(origin.to_owned(), config, |builder| builder.commit_from_memory(bytes), env)
     }
 
     fn create(
@@ -141,16 +124,12 @@ impl OnnxSession {
         commit: impl FnOnce(&mut ort::session::builder::SessionBuilder) -> ort::Result<Session>,
         env: &ort::environment::Environment,
     ) -> Result<Self, OnnxError> {
-        let session_err = |detail: String| OnnxError::Session {
-            origin: origin.clone(),
-            detail,
-        };
+        let session_err = |detail: String| OnnxError::Session { origin: origin.clone(), detail };
         let rss_before = resident_bytes().unwrap_or(0);
         let mut builder = Session::builder(env).map_err(|e| session_err(e.to_string()))?;
         if config.intra_threads > 0 {
-            builder = builder
-                .with_intra_threads(config.intra_threads)
-                .map_err(|e| session_err(e.to_string()))?;
+            builder =
+                builder.with_intra_threads(config.intra_threads).map_err(|e| session_err(e.to_string()))?;
         }
         let session = commit(&mut builder).map_err(|e| {
             use ort::error::ErrorCode as C;
@@ -161,34 +140,21 @@ impl OnnxSession {
                 | C::InvalidArgument
                 | C::NoModel
                 | C::NotImplemented
-                | C::GenericFailure => OnnxError::ModelMalformed {
-                    origin: origin.clone(),
-                    detail: e.to_string(),
-                },
+                | C::GenericFailure => {
+                    OnnxError::ModelMalformed { origin: origin.clone(), detail: e.to_string() }
+                }
                 _ => session_err(format!("{e} [code {:?}]", e.code())),
             }
         })?;
         let rss_after_load = resident_bytes().unwrap_or(0);
-        let inputs = session
-            .inputs()
-            .iter()
-            .map(|o| IoSpec::from_ort(o.name(), o.dtype()))
-            .collect();
-        let outputs = session
-            .outputs()
-            .iter()
-            .map(|o| IoSpec::from_ort(o.name(), o.dtype()))
-            .collect();
+        let inputs = session.inputs().iter().map(|o| IoSpec::from_ort(o.name(), o.dtype())).collect();
+        let outputs = session.outputs().iter().map(|o| IoSpec::from_ort(o.name(), o.dtype())).collect();
         Ok(Self {
             origin,
             session,
             inputs,
             outputs,
-            memory: SessionMemory {
-                rss_before,
-                rss_after_load,
-                rss_after_first_run: None,
-            },
+            memory: SessionMemory { rss_before, rss_after_load, rss_after_first_run: None },
         })
     }
 
@@ -216,10 +182,7 @@ impl OnnxSession {
     /// any fixed dimension); outputs come back in graph order.
     pub fn run(&mut self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>, OnnxError> {
         self.check_inputs(inputs)?;
-        let input_err = |detail: String| OnnxError::Input {
-            origin: self.origin.clone(),
-            detail,
-        };
+        let input_err = |detail: String| OnnxError::Input { origin: self.origin.clone(), detail };
         let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for t in inputs {
             let value: SessionInputValue<'_> = match &t.data {
@@ -233,10 +196,10 @@ impl OnnxSession {
             values.push((t.name.clone(), value));
         }
         let origin = &self.origin;
-        let outputs = self.session.run(values).map_err(|e| OnnxError::Run {
-            origin: origin.clone(),
-            detail: e.to_string(),
-        })?;
+        let outputs = self
+            .session
+            .run(values)
+            .map_err(|e| OnnxError::Run { origin: origin.clone(), detail: e.to_string() })?;
         let mut result = Vec::with_capacity(self.outputs.len());
         for spec in &self.outputs {
             let value = outputs.get(&spec.name).ok_or_else(|| OnnxError::Run {
@@ -250,15 +213,11 @@ impl OnnxSession {
             };
             let tensor = match value.dtype().tensor_type() {
                 Some(ort::value::TensorElementType::Float32) => {
-                    let (shape, data) = value
-                        .try_extract_tensor::<f32>()
-                        .map_err(|_| unsupported())?;
+                    let (shape, data) = value.try_extract_tensor::<f32>().map_err(|_| unsupported())?;
                     NamedTensor::f32(&spec.name, dims(shape), data.to_vec())
                 }
                 Some(ort::value::TensorElementType::Int64) => {
-                    let (shape, data) = value
-                        .try_extract_tensor::<i64>()
-                        .map_err(|_| unsupported())?;
+                    let (shape, data) = value.try_extract_tensor::<i64>().map_err(|_| unsupported())?;
                     NamedTensor::i64(&spec.name, dims(shape), data.to_vec())
                 }
                 _ => return Err(unsupported()),
@@ -273,25 +232,14 @@ impl OnnxSession {
     }
 
     fn check_inputs(&self, given: &[NamedTensor]) -> Result<(), OnnxError> {
-        let err = |detail: String| OnnxError::Input {
-            origin: self.origin.clone(),
-            detail,
-        };
+        let err = |detail: String| OnnxError::Input { origin: self.origin.clone(), detail };
         for (i, t) in given.iter().enumerate() {
             if given[..i].iter().any(|o| o.name == t.name) {
                 return Err(err(format!("{} given twice", t.name)));
             }
-            let spec = self
-                .inputs
-                .iter()
-                .find(|s| s.name == t.name)
-                .ok_or_else(|| {
-                    err(format!(
-                        "{} is not an input (inputs: {})",
-                        t.name,
-                        names(&self.inputs)
-                    ))
-                })?;
+            let spec = self.inputs.iter().find(|s| s.name == t.name).ok_or_else(|| {
+                err(format!("{} is not an input (inputs: {})", t.name, names(&self.inputs)))
+            })?;
             t.check_shape().map_err(&err)?;
             if spec.dtype != t.element_type() {
                 return Err(err(format!(
@@ -314,18 +262,11 @@ impl OnnxSession {
                 if let Some(want) = *want
                     && want != got as u64
                 {
-                    return Err(err(format!(
-                        "{} has {got} on axis {axis}, the model wants {want}",
-                        t.name
-                    )));
+                    return Err(err(format!("{} has {got} on axis {axis}, the model wants {want}", t.name)));
                 }
             }
         }
-        if let Some(missing) = self
-            .inputs
-            .iter()
-            .find(|s| !given.iter().any(|t| t.name == s.name))
-        {
+        if let Some(missing) = self.inputs.iter().find(|s| !given.iter().any(|t| t.name == s.name)) {
             return Err(err(format!("input {} not given", missing.name)));
         }
         Ok(())
@@ -378,17 +319,10 @@ pub fn check_chain(stages: &[&OnnxSession]) -> Result<(), OnnxError> {
 }
 
 fn names(specs: &[IoSpec]) -> String {
-    specs
-        .iter()
-        .map(|s| s.name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
+    specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// ONNX Runtime reports concrete output dims as non-negative i64.
 fn dims(shape: &[i64]) -> Vec<usize> {
-    shape
-        .iter()
-        .map(|&d| usize::try_from(d).unwrap_or(0))
-        .collect()
+    shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect()
 }

@@ -47,20 +47,12 @@ pub struct NamedTensor {
 impl NamedTensor {
     /// An f32 tensor.
     pub fn f32(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Self {
-        Self {
-            name: name.into(),
-            shape,
-            data: TensorData::F32(data),
-        }
+        Self { name: name.into(), shape, data: TensorData::F32(data) }
     }
 
     /// An i64 tensor.
     pub fn i64(name: impl Into<String>, shape: Vec<usize>, data: Vec<i64>) -> Self {
-        Self {
-            name: name.into(),
-            shape,
-            data: TensorData::I64(data),
-        }
+        Self { name: name.into(), shape, data: TensorData::I64(data) }
     }
 
     /// The element type.
@@ -125,18 +117,11 @@ mod tests {
 
     #[test]
     fn shape_checks() {
-        assert!(
-            NamedTensor::f32("x", vec![2, 3], vec![0.0; 6])
-                .check_shape()
-                .is_ok()
-        );
+        assert!(NamedTensor::f32("x", vec![2, 3], vec![0.0; 6]).check_shape().is_ok());
         let short = NamedTensor::i64("ids", vec![2, 3], vec![0; 5]).check_shape();
         assert!(short.unwrap_err().contains("6 elements but 5"));
         let huge = NamedTensor::f32("x", vec![usize::MAX, 2], vec![]).check_shape();
         assert!(huge.unwrap_err().contains("overflows"));
-        assert_eq!(
-            NamedTensor::i64("a", vec![0], vec![]).element_type(),
-            ElementType::I64
-        );
+        assert_eq!(NamedTensor::i64("a", vec![0], vec![]).element_type(), ElementType::I64);
     }
 }

@@ -59,17 +59,9 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
 /// `dy * GELU'(x)` elementwise (`x` is the forward input).
 pub fn gelu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     if x.shape() != dy.shape() {
-        return Err(KernelError::shape(
-            "gelu_backward",
-            format!("x {:?} vs dy {:?}", x.shape(), dy.shape()),
-        ));
+        return Err(KernelError::shape("gelu_backward", format!("x {:?} vs dy {:?}", x.shape(), dy.shape())));
     }
-    let out = x
-        .f32_cow()
-        .iter()
-        .zip(dy.f32_cow().iter())
-        .map(|(&x, &g)| g * gelu_grad_scalar(x))
-        .collect();
+    let out = x.f32_cow().iter().zip(dy.f32_cow().iter()).map(|(&x, &g)| g * gelu_grad_scalar(x)).collect();
     Tensor::from_f32(x.shape(), out)
 }
 
@@ -83,10 +75,7 @@ impl Op for Gelu {
     const NAME: &'static str = "gelu";
 
     fn cpu(&self, x: &Tensor) -> Result<Tensor> {
-        Tensor::from_f32(
-            x.shape(),
-            x.f32_cow().iter().map(|&v| gelu_scalar(v)).collect(),
-        )
+        Tensor::from_f32(x.shape(), x.f32_cow().iter().map(|&v| gelu_scalar(v)).collect())
     }
 }
 
@@ -151,11 +140,7 @@ mod tests {
             (2.0, 0.995_322_265_0),
             (-1.0, -0.842_700_792_9),
         ] {
-            assert!(
-                (erf(x) - want).abs() < 2e-7,
-                "erf({x}) = {} vs {want}",
-                erf(x)
-            );
+            assert!((erf(x) - want).abs() < 2e-7, "erf({x}) = {} vs {want}", erf(x));
         }
     }
 
@@ -182,14 +167,10 @@ mod tests {
         let x = random_vec(1, 24, 2.0);
         let r = random_vec(2, 24, 1.0);
         let xt = Tensor::from_f32(&[4, 6], x.clone()).unwrap();
-        let analytic = gelu_backward(&xt, &Tensor::from_f32(&[4, 6], r.clone()).unwrap())
-            .unwrap()
-            .to_vec_f32();
+        let analytic =
+            gelu_backward(&xt, &Tensor::from_f32(&[4, 6], r.clone()).unwrap()).unwrap().to_vec_f32();
         check_grad("gelu", &x, &analytic, |x| {
-            x.iter()
-                .zip(&r)
-                .map(|(&v, &w)| f64::from(gelu_scalar(v)) * f64::from(w))
-                .sum()
+            x.iter().zip(&r).map(|(&v, &w)| f64::from(gelu_scalar(v)) * f64::from(w)).sum()
         });
     }
 
@@ -199,16 +180,10 @@ mod tests {
         let x = Tensor::from_f32(&[rows, cols], random_vec(11, rows * cols, 1.0)).unwrap();
         let b = random_vec(12, cols, 1.0);
         let r = random_vec(13, rows * cols, 1.0);
-        let analytic = bias_grad(&Tensor::from_f32(&[rows, cols], r.clone()).unwrap())
-            .unwrap()
-            .to_vec_f32();
+        let analytic = bias_grad(&Tensor::from_f32(&[rows, cols], r.clone()).unwrap()).unwrap().to_vec_f32();
         check_grad("bias_add", &b, &analytic, |b| {
             let y = bias_add(&x, &Tensor::from_f32(&[cols], b.to_vec()).unwrap()).unwrap();
-            y.to_vec_f32()
-                .iter()
-                .zip(&r)
-                .map(|(&a, &w)| f64::from(a) * f64::from(w))
-                .sum()
+            y.to_vec_f32().iter().zip(&r).map(|(&a, &w)| f64::from(a) * f64::from(w)).sum()
         });
     }
 
@@ -216,10 +191,7 @@ mod tests {
     fn bias_add_and_grad() {
         let x = Tensor::from_f32(&[2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
         let b = Tensor::from_f32(&[3], vec![10., 20., 30.]).unwrap();
-        assert_eq!(
-            bias_add(&x, &b).unwrap().to_vec_f32(),
-            vec![11., 22., 33., 14., 25., 36.]
-        );
+        assert_eq!(bias_add(&x, &b).unwrap().to_vec_f32(), vec![11., 22., 33., 14., 25., 36.]);
         assert_eq!(bias_grad(&x).unwrap().to_vec_f32(), vec![5., 7., 9.]);
         assert!(bias_add(&x, &x).is_err());
     }

@@ -29,15 +29,7 @@ pub struct Gemm {
 impl Gemm {
     /// `C = A * B` with `A: m x k`, `B: k x n`.
     pub fn new(m: usize, k: usize, n: usize) -> Self {
-        Self {
-            m,
-            k,
-            n,
-            trans_a: false,
-            trans_b: false,
-            alpha: 1.0,
-            beta: 0.0,
-        }
+        Self { m, k, n, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 }
     }
 
     /// Set the transposes.
@@ -55,11 +47,8 @@ impl Gemm {
 
     /// Check the buffer lengths against the dimensions.
     pub fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
-        let (mk, kn, mn) = (
-            self.m.checked_mul(self.k),
-            self.k.checked_mul(self.n),
-            self.m.checked_mul(self.n),
-        );
+        let (mk, kn, mn) =
+            (self.m.checked_mul(self.k), self.k.checked_mul(self.n), self.m.checked_mul(self.n));
         if mk != Some(a) || kn != Some(b) || mn != Some(c) {
             return Err(KernelError::shape(
                 "gemm",
@@ -203,12 +192,9 @@ mod tests {
         let bt = Tensor::from_f32(&[n, k], transpose(&b, k, n)).unwrap();
         let a = Tensor::from_f32(&[m, k], a).unwrap();
         let b = Tensor::from_f32(&[k, n], b).unwrap();
-        for (x, y, ta, tb) in [
-            (&a, &b, false, false),
-            (&at, &b, true, false),
-            (&a, &bt, false, true),
-            (&at, &bt, true, true),
-        ] {
+        for (x, y, ta, tb) in
+            [(&a, &b, false, false), (&at, &b, true, false), (&a, &bt, false, true), (&at, &bt, true, true)]
+        {
             let got = matmul(x, y, ta, tb).unwrap().to_vec_f32();
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "ta={ta} tb={tb}: {g} vs {w}");

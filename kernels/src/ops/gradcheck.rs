@@ -2,14 +2,10 @@
 
 /// Deterministic pseudo-random values in `[-scale, scale]` (a tiny LCG; tests need no RNG crate here).
 pub(crate) fn random_vec(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1_442_695_040_888_963_407);
+    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
+            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             let u = (s >> 40) as f32 / (1u64 << 24) as f32;
             (2.0 * u - 1.0) * scale
         })

@@ -43,11 +43,7 @@ impl Op for LayerNorm {
         if gamma.numel() != cols || beta.numel() != cols || cols == 0 {
             return Err(KernelError::shape(
                 "layer_norm",
-                format!(
-                    "gamma {:?} / beta {:?} for {cols} columns",
-                    gamma.shape(),
-                    beta.shape()
-                ),
+                format!("gamma {:?} / beta {:?} for {cols} columns", gamma.shape(), beta.shape()),
             ));
         }
         let (xv, g, b) = (x.f32_cow(), gamma.f32_cow(), beta.f32_cow());
@@ -57,11 +53,7 @@ impl Op for LayerNorm {
         for r in 0..rows {
             let row = &xv[r * cols..(r + 1) * cols];
             let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / cols as f64;
-            let var = row
-                .iter()
-                .map(|&v| (f64::from(v) - mean).powi(2))
-                .sum::<f64>()
-                / cols as f64;
+            let var = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / cols as f64;
             let rs = 1.0 / (var + f64::from(self.eps)).sqrt();
             rstd[r] = rs as f32;
             for c in 0..cols {
@@ -70,42 +62,22 @@ impl Op for LayerNorm {
                 y[r * cols + c] = h * g[c] + b[c];
             }
         }
-        Ok((
-            Tensor::from_f32(&[rows, cols], y)?,
-            LayerNormCache {
-                x_hat,
-                rstd,
-                dims: (rows, cols),
-            },
-        ))
+        Ok((Tensor::from_f32(&[rows, cols], y)?, LayerNormCache { x_hat, rstd, dims: (rows, cols) }))
     }
 }
 
 /// Layer norm forward on the CPU.
-pub fn layer_norm(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f32,
-) -> Result<(Tensor, LayerNormCache)> {
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<(Tensor, LayerNormCache)> {
     LayerNorm { eps }.cpu((x, gamma, beta))
 }
 
 /// Layer norm backward: `dx = rstd/N (N dxh - sum dxh - x_hat sum(dxh x_hat))` with `dxh = dy gamma`.
-pub fn layer_norm_backward(
-    dy: &Tensor,
-    gamma: &Tensor,
-    cache: &LayerNormCache,
-) -> Result<LayerNormGrads> {
+pub fn layer_norm_backward(dy: &Tensor, gamma: &Tensor, cache: &LayerNormCache) -> Result<LayerNormGrads> {
     let (rows, cols) = cache.dims;
     if dy.shape() != [rows, cols] || gamma.numel() != cols {
         return Err(KernelError::shape(
             "layer_norm_backward",
-            format!(
-                "dy {:?}, gamma {:?} for {rows}x{cols}",
-                dy.shape(),
-                gamma.shape()
-            ),
+            format!("dy {:?}, gamma {:?} for {rows}x{cols}", dy.shape(), gamma.shape()),
         ));
     }
     let (dyv, g) = (dy.f32_cow(), gamma.f32_cow());
@@ -117,10 +89,7 @@ pub fn layer_norm_backward(
         let s = r * cols..(r + 1) * cols;
         let (mut sum_dxh, mut sum_dxh_xh) = (0f64, 0f64);
         for c in 0..cols {
-            let (d, h) = (
-                f64::from(dyv[s.start + c]),
-                f64::from(cache.x_hat[s.start + c]),
-            );
+            let (d, h) = (f64::from(dyv[s.start + c]), f64::from(cache.x_hat[s.start + c]));
             dgamma[c] += d * h;
             dbeta[c] += d;
             let dxh = d * f64::from(g[c]);
@@ -129,10 +98,7 @@ pub fn layer_norm_backward(
         }
         let rs = f64::from(cache.rstd[r]);
         for c in 0..cols {
-            let (d, h) = (
-                f64::from(dyv[s.start + c]),
-                f64::from(cache.x_hat[s.start + c]),
-            );
+            let (d, h) = (f64::from(dyv[s.start + c]), f64::from(cache.x_hat[s.start + c]));
             let dxh = d * f64::from(g[c]);
             dx[s.start + c] = (rs / n * (n * dxh - sum_dxh - h * sum_dxh_xh)) as f32;
         }
@@ -157,10 +123,7 @@ mod tests {
         let b = Tensor::full(&[2], 1.0).unwrap();
         let (y, _) = layer_norm(&x, &g, &b, 1e-12).unwrap();
         let y = y.to_vec_f32();
-        assert!(
-            (y[0] + 1.0).abs() < 1e-5 && (y[1] - 3.0).abs() < 1e-5,
-            "{y:?}"
-        );
+        assert!((y[0] + 1.0).abs() < 1e-5 && (y[1] - 3.0).abs() < 1e-5, "{y:?}");
     }
 
     #[test]
@@ -172,34 +135,14 @@ mod tests {
         let r = random_vec(8, rows * cols, 1.0);
         let t = |v: &[f32], s: &[usize]| Tensor::from_f32(s, v.to_vec()).unwrap();
         let loss = |x: &[f32], g: &[f32], b: &[f32]| -> f64 {
-            let (y, _) =
-                layer_norm(&t(x, &[rows, cols]), &t(g, &[cols]), &t(b, &[cols]), 1e-5).unwrap();
-            y.to_vec_f32()
-                .iter()
-                .zip(&r)
-                .map(|(&a, &w)| f64::from(a) * f64::from(w))
-                .sum()
+            let (y, _) = layer_norm(&t(x, &[rows, cols]), &t(g, &[cols]), &t(b, &[cols]), 1e-5).unwrap();
+            y.to_vec_f32().iter().zip(&r).map(|(&a, &w)| f64::from(a) * f64::from(w)).sum()
         };
-        let (_, cache) = layer_norm(
-            &t(&x, &[rows, cols]),
-            &t(&gamma, &[cols]),
-            &t(&beta, &[cols]),
-            1e-5,
-        )
-        .unwrap();
-        let grads =
-            layer_norm_backward(&t(&r, &[rows, cols]), &t(&gamma, &[cols]), &cache).unwrap();
-        check_grad("layer_norm dx", &x, &grads.dx.to_vec_f32(), |x| {
-            loss(x, &gamma, &beta)
-        });
-        check_grad(
-            "layer_norm dgamma",
-            &gamma,
-            &grads.dgamma.to_vec_f32(),
-            |g| loss(&x, g, &beta),
-        );
-        check_grad("layer_norm dbeta", &beta, &grads.dbeta.to_vec_f32(), |b| {
-            loss(&x, &gamma, b)
-        });
+        let (_, cache) =
+            layer_norm(&t(&x, &[rows, cols]), &t(&gamma, &[cols]), &t(&beta, &[cols]), 1e-5).unwrap();
+        let grads = layer_norm_backward(&t(&r, &[rows, cols]), &t(&gamma, &[cols]), &cache).unwrap();
+        check_grad("layer_norm dx", &x, &grads.dx.to_vec_f32(), |x| loss(x, &gamma, &beta));
+        check_grad("layer_norm dgamma", &gamma, &grads.dgamma.to_vec_f32(), |g| loss(&x, g, &beta));
+        check_grad("layer_norm dbeta", &beta, &grads.dbeta.to_vec_f32(), |b| loss(&x, &gamma, b));
     }
 }

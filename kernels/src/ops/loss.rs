@@ -38,20 +38,13 @@ impl Op for CrossEntropy {
             let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
             let lse = f64::from(max) + sum.ln();
             total += lse - f64::from(row[target]);
-            for (c, (&v, g)) in row
-                .iter()
-                .zip(&mut grad[r * cols..(r + 1) * cols])
-                .enumerate()
-            {
+            for (c, (&v, g)) in row.iter().zip(&mut grad[r * cols..(r + 1) * cols]).enumerate() {
                 let p = (f64::from(v) - lse).exp();
                 let onehot = if c == target { 1.0 } else { 0.0 };
                 *g = ((p - onehot) * inv_rows) as f32;
             }
         }
-        Ok((
-            (total * inv_rows) as f32,
-            Tensor::from_f32(&[rows, cols], grad)?,
-        ))
+        Ok(((total * inv_rows) as f32, Tensor::from_f32(&[rows, cols], grad)?))
     }
 }
 

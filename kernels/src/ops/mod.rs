@@ -23,8 +23,8 @@ pub use gemm::{Gemm, Matmul, matmul};
 pub use layer_norm::{LayerNorm, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward};
 pub use loss::{CrossEntropy, cross_entropy};
 pub use moe::{
-    ExpertCache, ExpertGrads, ExpertParams, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads,
-    moe_ffn_backward, moe_ffn_forward,
+    ExpertCache, ExpertGrads, ExpertParams, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads, moe_ffn_backward,
+    moe_ffn_forward,
 };
 pub use optim::{AdamW, Sgd};
 pub use routing::{Assignment, Dropped, Routing, TopKRouting, top_k_route};
@@ -49,10 +49,7 @@ pub trait Op {
     /// The CUDA implementation; unsupported unless the op provides one.
     fn cuda(&self, dev: &CudaDevice, args: Self::Args<'_>) -> Result<Self::Output> {
         let _ = args;
-        Err(KernelError::Unsupported {
-            op: Self::NAME,
-            device: format!("cuda:{}", dev.ordinal()),
-        })
+        Err(KernelError::Unsupported { op: Self::NAME, device: format!("cuda:{}", dev.ordinal()) })
     }
 
     /// Run on `device`.
@@ -66,6 +63,5 @@ pub trait Op {
 
 /// `(rows, cols)` of a rank-2 tensor, or a shape error naming `op`.
 pub(crate) fn rows_cols(op: &'static str, t: &crate::Tensor) -> Result<(usize, usize)> {
-    t.dims2()
-        .map_err(|_| KernelError::shape(op, format!("expected a matrix, got {:?}", t.shape())))
+    t.dims2().map_err(|_| KernelError::shape(op, format!("expected a matrix, got {:?}", t.shape())))
 }

@@ -101,19 +101,9 @@ pub struct MoeGrads {
 /// The per-expert dense work; the CPU and CUDA backends implement it.
 pub(crate) trait ExpertKernels {
     /// From gathered `x` (`n x d`): `(h, a, o)` as in [`ExpertCache`].
-    fn forward(
-        &self,
-        p: &ExpertParams,
-        x: &[f32],
-        n: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+    fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     /// From `d o` (`n x d`, already gate-weighted): the weight grads and `d x` (`n x d`).
-    fn backward(
-        &self,
-        p: &ExpertParams,
-        c: &ExpertCache,
-        d_o: &[f32],
-    ) -> Result<(ExpertGrads, Vec<f32>)>;
+    fn backward(&self, p: &ExpertParams, c: &ExpertCache, d_o: &[f32]) -> Result<(ExpertGrads, Vec<f32>)>;
 }
 
 /// The CPU reference of the per-expert work.
@@ -130,12 +120,7 @@ fn col_sums(x: &[f32], cols: usize) -> Vec<f32> {
 }
 
 impl ExpertKernels for CpuExpert {
-    fn forward(
-        &self,
-        p: &ExpertParams,
-        x: &[f32],
-        n: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let (b1, b2) = (p.b1.f32_cow(), p.b2.f32_cow());
         let mut h = vec![0.0; n * hd];
@@ -152,37 +137,20 @@ impl ExpertKernels for CpuExpert {
         Ok((h, a, o))
     }
 
-    fn backward(
-        &self,
-        p: &ExpertParams,
-        c: &ExpertCache,
-        d_o: &[f32],
-    ) -> Result<(ExpertGrads, Vec<f32>)> {
+    fn backward(&self, p: &ExpertParams, c: &ExpertCache, d_o: &[f32]) -> Result<(ExpertGrads, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let n = c.tokens.len();
         let mut dw2 = vec![0.0; hd * d];
-        Gemm::new(hd, n, d)
-            .transposed(true, false)
-            .run_cpu(&c.a, d_o, &mut dw2)?;
+        Gemm::new(hd, n, d).transposed(true, false).run_cpu(&c.a, d_o, &mut dw2)?;
         let db2 = col_sums(d_o, d);
         let mut da = vec![0.0; n * hd];
-        Gemm::new(n, d, hd)
-            .transposed(false, true)
-            .run_cpu(d_o, &p.w2.f32_cow(), &mut da)?;
-        let dh: Vec<f32> = da
-            .iter()
-            .zip(&c.h)
-            .map(|(&g, &h)| g * gelu_grad_scalar(h))
-            .collect();
+        Gemm::new(n, d, hd).transposed(false, true).run_cpu(d_o, &p.w2.f32_cow(), &mut da)?;
+        let dh: Vec<f32> = da.iter().zip(&c.h).map(|(&g, &h)| g * gelu_grad_scalar(h)).collect();
         let mut dw1 = vec![0.0; d * hd];
-        Gemm::new(d, n, hd)
-            .transposed(true, false)
-            .run_cpu(&c.x, &dh, &mut dw1)?;
+        Gemm::new(d, n, hd).transposed(true, false).run_cpu(&c.x, &dh, &mut dw1)?;
         let db1 = col_sums(&dh, hd);
         let mut dx = vec![0.0; n * d];
-        Gemm::new(n, hd, d)
-            .transposed(false, true)
-            .run_cpu(&dh, &p.w1.f32_cow(), &mut dx)?;
+        Gemm::new(n, hd, d).transposed(false, true).run_cpu(&dh, &p.w1.f32_cow(), &mut dx)?;
         Ok((
             ExpertGrads {
                 w1: Tensor::from_f32(&[d, hd], dw1)?,
@@ -230,11 +198,7 @@ pub(crate) fn forward_with(
         for a in assigned {
             xe.extend_from_slice(&xv[a.token * d..(a.token + 1) * d]);
         }
-        let (h, act, o) = if n == 0 {
-            Default::default()
-        } else {
-            k.forward(p, &xe, n)?
-        };
+        let (h, act, o) = if n == 0 { Default::default() } else { k.forward(p, &xe, n)? };
         for (a, orow) in assigned.iter().zip(o.chunks_exact(d.max(1))) {
             for (yv, &ov) in y[a.token * d..(a.token + 1) * d].iter_mut().zip(orow) {
                 *yv += a.gate * ov;
@@ -249,14 +213,7 @@ pub(crate) fn forward_with(
             o,
         });
     }
-    Ok((
-        Tensor::from_f32(&[tokens, d], y)?,
-        MoeCache {
-            experts: caches,
-            num_tokens: tokens,
-            d_model: d,
-        },
-    ))
+    Ok((Tensor::from_f32(&[tokens, d], y)?, MoeCache { experts: caches, num_tokens: tokens, d_model: d }))
 }
 
 /// Backward with the gather / gate / scatter shared by all backends.
@@ -286,10 +243,7 @@ pub(crate) fn backward_with(
     for (p, c) in experts.iter().zip(&cache.experts) {
         let (pd, hd) = p.dims()?;
         if pd != d {
-            return Err(KernelError::shape(
-                "moe_ffn_backward",
-                "expert width changed since forward",
-            ));
+            return Err(KernelError::shape("moe_ffn_backward", "expert width changed since forward"));
         }
         let n = c.tokens.len();
         let mut d_o = Vec::with_capacity(n * d);
@@ -297,12 +251,7 @@ pub(crate) fn backward_with(
         for (i, (&t, &g)) in c.tokens.iter().zip(&c.gates).enumerate() {
             let dyr = &dyv[t * d..(t + 1) * d];
             let orow = &c.o[i * d..(i + 1) * d];
-            dg.push(
-                dyr.iter()
-                    .zip(orow)
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum::<f64>() as f32,
-            );
+            dg.push(dyr.iter().zip(orow).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32);
             d_o.extend(dyr.iter().map(|&v| g * v));
         }
         let (eg, dxe) = if n == 0 {
@@ -326,11 +275,7 @@ pub(crate) fn backward_with(
         grads.push(eg);
         dgates.push(dg);
     }
-    Ok(MoeGrads {
-        experts: grads,
-        dgates,
-        dx: Tensor::from_f32(&[cache.num_tokens, d], dx)?,
-    })
+    Ok(MoeGrads { experts: grads, dgates, dx: Tensor::from_f32(&[cache.num_tokens, d], dx)? })
 }
 
 /// The MoE expert FFN forward: `(y, cache)`.
@@ -379,11 +324,7 @@ pub fn moe_ffn_forward(
 }
 
 /// MoE FFN backward on the CPU.
-pub fn moe_ffn_backward(
-    dy: &Tensor,
-    cache: &MoeCache,
-    experts: &[ExpertParams],
-) -> Result<MoeGrads> {
+pub fn moe_ffn_backward(dy: &Tensor, cache: &MoeCache, experts: &[ExpertParams]) -> Result<MoeGrads> {
     MoeFfnBackward.cpu((dy, cache, experts))
 }
 
@@ -415,11 +356,7 @@ mod tests {
     fn loss(x: &[f32], logits: &[f32], experts: &[ExpertParams], r: &[f32]) -> f64 {
         let routing = top_k_route(&t(logits, &[T, E]), 2, 3).unwrap();
         let (y, _) = moe_ffn_forward(&t(x, &[T, D]), &routing, experts).unwrap();
-        y.to_vec_f32()
-            .iter()
-            .zip(r)
-            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-            .sum()
+        y.to_vec_f32().iter().zip(r).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
     }
 
     #[test]
@@ -433,8 +370,7 @@ mod tests {
             b2: t(&[1.0], &[1]),
         };
         let routing = top_k_route(&t(&[0.0], &[1, 1]), 1, 1).unwrap();
-        let (y, _) =
-            moe_ffn_forward(&t(&[1.0], &[1, 1]), &routing, std::slice::from_ref(&e)).unwrap();
+        let (y, _) = moe_ffn_forward(&t(&[1.0], &[1, 1]), &routing, std::slice::from_ref(&e)).unwrap();
         assert!((y.to_vec_f32()[0] - (3.0 * 1.954_499_7 + 1.0)).abs() < 1e-5);
     }
 
@@ -446,23 +382,13 @@ mod tests {
         let experts: Vec<ExpertParams> = (0..E as u64).map(|i| expert(100 + 10 * i)).collect();
 
         let routing = top_k_route(&t(&logits, &[T, E]), 2, 3).unwrap();
-        assert!(
-            !routing.dropped.is_empty(),
-            "the test should exercise dropped choices"
-        );
+        assert!(!routing.dropped.is_empty(), "the test should exercise dropped choices");
         let (_, cache) = moe_ffn_forward(&t(&x, &[T, D]), &routing, &experts).unwrap();
         let g = moe_ffn_backward(&t(&r, &[T, D]), &cache, &experts).unwrap();
 
-        check_grad("moe dx", &x, &g.dx.to_vec_f32(), |x| {
-            loss(x, &logits, &experts, &r)
-        });
+        check_grad("moe dx", &x, &g.dx.to_vec_f32(), |x| loss(x, &logits, &experts, &r));
         let dlogits = routing.logits_grad(&g.dgates).unwrap();
-        check_grad(
-            "moe gate (via logits)",
-            &logits,
-            &dlogits.to_vec_f32(),
-            |l| loss(&x, l, &experts, &r),
-        );
+        check_grad("moe gate (via logits)", &logits, &dlogits.to_vec_f32(), |l| loss(&x, l, &experts, &r));
         for e in 0..E {
             let with = |f: &dyn Fn(&mut ExpertParams, &[f32]), v: &[f32]| {
                 let mut ex = experts.clone();
@@ -470,30 +396,18 @@ mod tests {
                 loss(&x, &logits, &ex, &r)
             };
             let gr = &g.experts[e];
-            check_grad(
-                "moe dw1",
-                &experts[e].w1.to_vec_f32(),
-                &gr.w1.to_vec_f32(),
-                |v| with(&|p, v| p.w1 = t(v, &[D, H]), v),
-            );
-            check_grad(
-                "moe db1",
-                &experts[e].b1.to_vec_f32(),
-                &gr.b1.to_vec_f32(),
-                |v| with(&|p, v| p.b1 = t(v, &[H]), v),
-            );
-            check_grad(
-                "moe dw2",
-                &experts[e].w2.to_vec_f32(),
-                &gr.w2.to_vec_f32(),
-                |v| with(&|p, v| p.w2 = t(v, &[H, D]), v),
-            );
-            check_grad(
-                "moe db2",
-                &experts[e].b2.to_vec_f32(),
-                &gr.b2.to_vec_f32(),
-                |v| with(&|p, v| p.b2 = t(v, &[D]), v),
-            );
+            check_grad("moe dw1", &experts[e].w1.to_vec_f32(), &gr.w1.to_vec_f32(), |v| {
+                with(&|p, v| p.w1 = t(v, &[D, H]), v)
+            });
+            check_grad("moe db1", &experts[e].b1.to_vec_f32(), &gr.b1.to_vec_f32(), |v| {
+                with(&|p, v| p.b1 = t(v, &[H]), v)
+            });
+            check_grad("moe dw2", &experts[e].w2.to_vec_f32(), &gr.w2.to_vec_f32(), |v| {
+                with(&|p, v| p.w2 = t(v, &[H, D]), v)
+            });
+            check_grad("moe db2", &experts[e].b2.to_vec_f32(), &gr.b2.to_vec_f32(), |v| {
+                with(&|p, v| p.b2 = t(v, &[D]), v)
+            });
         }
     }
 }

@@ -4,21 +4,14 @@ use crate::error::{KernelError, Result};
 
 fn check_lens(op: &'static str, params: &[f32], grads: &[f32], state: &mut Vec<f32>) -> Result<()> {
     if params.len() != grads.len() {
-        return Err(KernelError::shape(
-            op,
-            format!("{} params vs {} grads", params.len(), grads.len()),
-        ));
+        return Err(KernelError::shape(op, format!("{} params vs {} grads", params.len(), grads.len())));
     }
     if state.is_empty() {
         state.resize(params.len(), 0.0);
     } else if state.len() != params.len() {
         return Err(KernelError::shape(
             op,
-            format!(
-                "optimiser state for {} params, called with {}",
-                state.len(),
-                params.len()
-            ),
+            format!("optimiser state for {} params, called with {}", state.len(), params.len()),
         ));
     }
     Ok(())
@@ -39,12 +32,7 @@ pub struct Sgd {
 impl Sgd {
     /// Plain SGD with learning rate `lr`.
     pub fn new(lr: f32) -> Self {
-        Self {
-            lr,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            velocity: Vec::new(),
-        }
+        Self { lr, momentum: 0.0, weight_decay: 0.0, velocity: Vec::new() }
     }
 
     /// Set the momentum.
@@ -110,12 +98,7 @@ impl AdamW {
         self.t = self.t.saturating_add(1);
         let bc1 = 1.0 - self.beta1.powi(self.t);
         let bc2 = 1.0 - self.beta2.powi(self.t);
-        for (((p, &g), m), v) in params
-            .iter_mut()
-            .zip(grads)
-            .zip(&mut self.m)
-            .zip(&mut self.v)
-        {
+        for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
             *m = self.beta1 * *m + (1.0 - self.beta1) * g;
             *v = self.beta2 * *v + (1.0 - self.beta2) * g * g;
             let update = (*m / bc1) / ((*v / bc2).sqrt() + self.eps);
@@ -140,10 +123,7 @@ mod tests {
         mom.step(&mut q, &[1.0]).unwrap(); // v = 1, q = -1
         mom.step(&mut q, &[1.0]).unwrap(); // v = 1.5, q = -2.5
         assert_eq!(q, [-2.5]);
-        assert!(
-            opt.step(&mut [0.0; 3], &[0.0; 3]).is_err(),
-            "length fixed by first call"
-        );
+        assert!(opt.step(&mut [0.0; 3], &[0.0; 3]).is_err(), "length fixed by first call");
     }
 
     #[test]

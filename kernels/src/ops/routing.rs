@@ -70,10 +70,7 @@ impl Routing {
     /// scatter into a dense `tokens x experts` d probs, then back through the softmax.
     pub fn logits_grad(&self, dgates: &[Vec<f32>]) -> Result<Tensor> {
         if dgates.len() != self.num_experts
-            || dgates
-                .iter()
-                .zip(&self.experts)
-                .any(|(g, a)| g.len() != a.len())
+            || dgates.iter().zip(&self.experts).any(|(g, a)| g.len() != a.len())
         {
             return Err(KernelError::shape(
                 "routing logits_grad",
@@ -131,17 +128,9 @@ impl Op for TopKRouting {
             for (token, picks) in choices.iter().enumerate() {
                 let e = picks[choice];
                 if assigned[e].len() < self.capacity {
-                    assigned[e].push(Assignment {
-                        token,
-                        gate: p[token * experts + e],
-                        choice,
-                    });
+                    assigned[e].push(Assignment { token, gate: p[token * experts + e], choice });
                 } else {
-                    dropped.push(Dropped {
-                        token,
-                        expert: e,
-                        choice,
-                    });
+                    dropped.push(Dropped { token, expert: e, choice });
                 }
             }
         }

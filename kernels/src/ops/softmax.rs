@@ -36,11 +36,8 @@ pub fn softmax_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let mut dx = vec![0.0; rows * cols];
     for r in 0..rows {
         let s = r * cols..(r + 1) * cols;
-        let dot: f64 = y[s.clone()]
-            .iter()
-            .zip(&dy[s.clone()])
-            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-            .sum();
+        let dot: f64 =
+            y[s.clone()].iter().zip(&dy[s.clone()]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
         for ((o, &yv), &g) in dx[s.clone()].iter_mut().zip(&y[s.clone()]).zip(&dy[s]) {
             *o = (f64::from(yv) * (f64::from(g) - dot)) as f32;
         }
@@ -62,10 +59,7 @@ impl Op for Softmax {
         let xv = x.f32_cow();
         let mut out = vec![0.0; rows * cols];
         for r in 0..rows {
-            softmax_row(
-                &xv[r * cols..(r + 1) * cols],
-                &mut out[r * cols..(r + 1) * cols],
-            );
+            softmax_row(&xv[r * cols..(r + 1) * cols], &mut out[r * cols..(r + 1) * cols]);
         }
         Tensor::from_f32(&[rows, cols], out)
     }
@@ -91,16 +85,11 @@ mod tests {
         let x = random_vec(3, rows * cols, 2.0);
         let r = random_vec(4, rows * cols, 1.0);
         let y = softmax(&Tensor::from_f32(&[rows, cols], x.clone()).unwrap()).unwrap();
-        let dx = softmax_backward(&y, &Tensor::from_f32(&[rows, cols], r.clone()).unwrap())
-            .unwrap()
-            .to_vec_f32();
+        let dx =
+            softmax_backward(&y, &Tensor::from_f32(&[rows, cols], r.clone()).unwrap()).unwrap().to_vec_f32();
         check_grad("softmax", &x, &dx, |x| {
             let y = softmax(&Tensor::from_f32(&[rows, cols], x.to_vec()).unwrap()).unwrap();
-            y.to_vec_f32()
-                .iter()
-                .zip(&r)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum()
+            y.to_vec_f32().iter().zip(&r).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
         });
     }
 }

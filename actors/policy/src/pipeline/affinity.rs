@@ -135,12 +135,8 @@ pub fn entropy_weights<const N: usize>(rows: &[[f64; N]]) -> [f64; N] {
             // Equal everywhere: exactly uniform, so exactly 1 (no rounding residue).
             1.0
         } else if total > 0.0 && total.is_finite() {
-            let h: f64 = rows
-                .iter()
-                .map(|r| clean(r[j]) / total)
-                .filter(|&p| p > 0.0)
-                .map(|p| -p * p.ln())
-                .sum();
+            let h: f64 =
+                rows.iter().map(|r| clean(r[j]) / total).filter(|&p| p > 0.0).map(|p| -p * p.ln()).sum();
             (h / ln_m).clamp(0.0, 1.0)
         } else {
             // All zero: the metric is the same everywhere.
@@ -213,11 +209,7 @@ pub struct WorkerView {
 
 impl WorkerView {
     fn tier(&self, stage: usize) -> Tier {
-        classify(
-            self.live,
-            self.cached.get(stage).copied().unwrap_or(false),
-            stage,
-        )
+        classify(self.live, self.cached.get(stage).copied().unwrap_or(false), stage)
     }
     fn fits(&self, stage: usize) -> bool {
         self.fits.get(stage).copied().unwrap_or(false)
@@ -271,10 +263,7 @@ pub struct Claim {
 }
 
 fn by_score_then_id(a: &WorkerView, b: &WorkerView) -> Ordering {
-    b.score
-        .partial_cmp(&a.score)
-        .unwrap_or(Ordering::Equal)
-        .then(a.id.cmp(&b.id))
+    b.score.partial_cmp(&a.score).unwrap_or(Ordering::Equal).then(a.id.cmp(&b.id))
 }
 
 /// Tier-4 victim safety class: 0 its live stage has no unclaimed work, 1 another holder exists,
@@ -294,9 +283,7 @@ fn victim_class(w: &WorkerView, input: &DispatchInput) -> u8 {
 /// has unclaimed tasks and their upstream is in flight, so work for it is on the way.
 fn holds_for_incoming(w: &WorkerView, input: &DispatchInput) -> bool {
     let Some(live) = w.live else { return false };
-    victim_class(w, input) == 2
-        && live > 0
-        && input.in_flight.get(live - 1).copied().unwrap_or(0) > 0
+    victim_class(w, input) == 2 && live > 0 && input.in_flight.get(live - 1).copied().unwrap_or(0) > 0
 }
 
 /// Two-phase batch dispatch; see the module doc. Each worker and each task is claimed at most once.
@@ -311,29 +298,18 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     let mut stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
     stages.sort_unstable();
     stages.dedup();
-    let coverage = |s: usize| {
-        free.iter()
-            .filter(|w| w.live == Some(s) && w.fits(s))
-            .count()
-    };
+    let coverage = |s: usize| free.iter().filter(|w| w.live == Some(s) && w.fits(s)).count();
     let mut order: Vec<(usize, usize)> = stages.iter().map(|&s| (coverage(s), s)).collect();
     order.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     for (cov, s) in order {
         if cov == 0 {
             continue;
         }
-        let mut holders: Vec<&WorkerView> = free
-            .iter()
-            .copied()
-            .filter(|w| w.live == Some(s) && w.fits(s))
-            .collect();
+        let mut holders: Vec<&WorkerView> =
+            free.iter().copied().filter(|w| w.live == Some(s) && w.fits(s)).collect();
         holders.sort_by(|a, b| by_score_then_id(a, b));
         let mut taken: Vec<(TaskId, WorkerId)> = Vec::new();
-        let stage_tasks: Vec<ReadyTask> = ready
-            .iter()
-            .copied()
-            .filter(|r| r.task.stage == s)
-            .collect();
+        let stage_tasks: Vec<ReadyTask> = ready.iter().copied().filter(|r| r.task.stage == s).collect();
         // Pass A: a holder first claims the oldest task whose input it produced itself.
         let mut unmatched = Vec::new();
         for w in holders {
@@ -358,12 +334,7 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
         }
         taken.sort();
         for &(task, worker) in &taken {
-            claims.push(Claim {
-                task,
-                worker,
-                tier: Tier::Resident,
-                phase: Phase::WorkerClaim,
-            });
+            claims.push(Claim { task, worker, tier: Tier::Resident, phase: Phase::WorkerClaim });
         }
         ready.retain(|r| !taken.iter().any(|(task, _)| *task == r.task));
         free.retain(|w| !taken.iter().any(|(_, id)| *id == w.id));
@@ -405,12 +376,7 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
                 .then_with(|| by_score_then_id(a, b))
         });
         if let Some(w) = best {
-            claims.push(Claim {
-                task,
-                worker: w.id,
-                tier: w.tier(s),
-                phase: Phase::TaskClaim,
-            });
+            claims.push(Claim { task, worker: w.id, tier: w.tier(s), phase: Phase::TaskClaim });
             let id = w.id;
             free.retain(|v| v.id != id);
         }

@@ -89,9 +89,7 @@ impl FromStr for DType {
             "u8" => DType::U8,
             "bool" => DType::Bool,
             other => {
-                return Err(ChainError::UnknownDType {
-                    dtype: other.chars().take(32).collect(),
-                });
+                return Err(ChainError::UnknownDType { dtype: other.chars().take(32).collect() });
             }
         })
     }
@@ -111,11 +109,7 @@ pub struct TensorSig {
 impl TensorSig {
     /// Convenience constructor.
     pub fn new(name: &str, dtype: DType, rank: usize) -> Self {
-        TensorSig {
-            name: name.to_owned(),
-            dtype,
-            rank,
-        }
+        TensorSig { name: name.to_owned(), dtype, rank }
     }
 }
 
@@ -367,9 +361,7 @@ pub enum ChainError {
 
 /// Whether `s` is 64 lower-case hex digits.
 pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn check_name(owner: &str, name: &str) -> Result<(), ChainError> {
@@ -388,10 +380,7 @@ fn index_side<'a>(
     side: &'a [TensorSig],
 ) -> Result<BTreeMap<&'a str, &'a TensorSig>, ChainError> {
     if side.len() > MAX_TENSORS_PER_STAGE {
-        return Err(ChainError::TooManyTensors {
-            owner: owner.to_owned(),
-            count: side.len(),
-        });
+        return Err(ChainError::TooManyTensors { owner: owner.to_owned(), count: side.len() });
     }
     let mut map = BTreeMap::new();
     for t in side {
@@ -404,10 +393,7 @@ fn index_side<'a>(
             });
         }
         if map.insert(t.name.as_str(), t).is_some() {
-            return Err(ChainError::DuplicateTensor {
-                owner: owner.to_owned(),
-                tensor: t.name.clone(),
-            });
+            return Err(ChainError::DuplicateTensor { owner: owner.to_owned(), tensor: t.name.clone() });
         }
     }
     Ok(map)
@@ -445,17 +431,12 @@ fn connect(
 }
 
 /// Checks that `stages` form a linear DAG fed by `job_inputs`; see the module doc for the rule.
-pub fn check_chain(
-    stages: &[StageSignature],
-    job_inputs: &[TensorSig],
-) -> Result<Chain, ChainError> {
+pub fn check_chain(stages: &[StageSignature], job_inputs: &[TensorSig]) -> Result<Chain, ChainError> {
     if stages.is_empty() {
         return Err(ChainError::Empty);
     }
     if stages.len() > MAX_STAGES {
-        return Err(ChainError::TooManyStages {
-            count: stages.len(),
-        });
+        return Err(ChainError::TooManyStages { count: stages.len() });
     }
     let job = index_side("job inputs", job_inputs)?;
     let mut prev_outputs: Option<BTreeMap<&str, &TensorSig>> = None;
@@ -463,31 +444,19 @@ pub fn check_chain(
         check_name(&format!("stage #{k}"), &stage.name)?;
         let owner = format!("stage #{k} '{}'", stage.name);
         if !is_sha256_hex(&stage.sha256) {
-            return Err(ChainError::BadHash {
-                stage: k,
-                name: stage.name.clone(),
-            });
+            return Err(ChainError::BadHash { stage: k, name: stage.name.clone() });
         }
         if stage.size_bytes == 0 {
-            return Err(ChainError::EmptyStage {
-                stage: k,
-                name: stage.name.clone(),
-            });
+            return Err(ChainError::EmptyStage { stage: k, name: stage.name.clone() });
         }
         index_side(&owner, &stage.inputs)?;
         let outputs = index_side(&owner, &stage.outputs)?;
         if outputs.is_empty() {
-            return Err(ChainError::NoOutputs {
-                stage: k,
-                name: stage.name.clone(),
-            });
+            return Err(ChainError::NoOutputs { stage: k, name: stage.name.clone() });
         }
         let upstream = match k {
             0 => Producer::JobInputs,
-            _ => Producer::Stage {
-                index: k - 1,
-                name: stages[k - 1].name.clone(),
-            },
+            _ => Producer::Stage { index: k - 1, name: stages[k - 1].name.clone() },
         };
         let mut fed_by_prev = 0usize;
         for t in &stage.inputs {
@@ -522,8 +491,5 @@ pub fn check_chain(
         }
         prev_outputs = Some(outputs);
     }
-    Ok(Chain {
-        stages: stages.to_vec(),
-        job_inputs: job_inputs.to_vec(),
-    })
+    Ok(Chain { stages: stages.to_vec(), job_inputs: job_inputs.to_vec() })
 }

@@ -61,11 +61,7 @@ pub struct RssModel {
 impl Default for RssModel {
     /// 1.5 x the file size plus 16 MiB of runtime overhead.
     fn default() -> Self {
-        RssModel {
-            num: 3,
-            den: 2,
-            fixed_bytes: 16 << 20,
-        }
+        RssModel { num: 3, den: 2, fixed_bytes: 16 << 20 }
     }
 }
 
@@ -73,9 +69,7 @@ impl RssModel {
     /// Estimated session RSS for a stage file of `size_bytes`.
     pub fn estimate(&self, size_bytes: u64) -> u64 {
         let scaled = u128::from(size_bytes) * u128::from(self.num) / u128::from(self.den.max(1));
-        u64::try_from(scaled)
-            .unwrap_or(u64::MAX)
-            .saturating_add(self.fixed_bytes)
+        u64::try_from(scaled).unwrap_or(u64::MAX).saturating_add(self.fixed_bytes)
     }
 }
 
@@ -92,11 +86,7 @@ pub struct ForemanConfig {
 
 impl Default for ForemanConfig {
     fn default() -> Self {
-        ForemanConfig {
-            rss: RssModel::default(),
-            replan: ReplanWeights::default(),
-            max_attempts: 3,
-        }
+        ForemanConfig { rss: RssModel::default(), replan: ReplanWeights::default(), max_attempts: 3 }
     }
 }
 
@@ -219,11 +209,9 @@ impl fmt::Display for Action {
             }
             Action::Reassigned { task, from, to } => write!(f, "reassigned {task} {from} -> {to}"),
             Action::Requeued { task, from } => write!(f, "requeued {task} from {from}"),
-            Action::IgnoredCompletion {
-                task,
-                worker,
-                reason,
-            } => write!(f, "ignored completion {task} from {worker} ({reason:?})"),
+            Action::IgnoredCompletion { task, worker, reason } => {
+                write!(f, "ignored completion {task} from {worker} ({reason:?})")
+            }
             Action::Stalled { stage } => write!(f, "stalled s{stage}"),
             Action::InputDone { input } => write!(f, "input {input} done"),
             Action::JobDone => f.write_str("job done"),
@@ -309,8 +297,7 @@ impl JobState {
         self.chain.len()
     }
     fn index(&self, t: TaskId) -> Option<usize> {
-        (t.input < self.inputs && t.stage < self.stages())
-            .then(|| t.input * self.stages() + t.stage)
+        (t.input < self.inputs && t.stage < self.stages()).then(|| t.input * self.stages() + t.stage)
     }
     fn state(&self, t: TaskId) -> Option<TaskState> {
         self.index(t).map(|i| self.states[i])
@@ -326,12 +313,8 @@ impl JobState {
         if unclaimed(new) {
             self.unclaimed[t.stage] += 1;
         }
-        let active = |s: TaskState| {
-            matches!(
-                s,
-                TaskState::Pinned(_) | TaskState::Loading(_) | TaskState::Running(_)
-            )
-        };
+        let active =
+            |s: TaskState| matches!(s, TaskState::Pinned(_) | TaskState::Loading(_) | TaskState::Running(_));
         if active(old) {
             self.in_flight[t.stage] -= 1;
         }
@@ -460,12 +443,7 @@ impl Foreman {
         if tasks > MAX_TASKS {
             return Err(ForemanError::TooManyTasks { tasks });
         }
-        let rss = job
-            .chain
-            .stages()
-            .iter()
-            .map(|st| self.config.rss.estimate(st.size_bytes))
-            .collect();
+        let rss = job.chain.stages().iter().map(|st| self.config.rss.estimate(st.size_bytes)).collect();
         let mut state = JobState {
             chain: job.chain,
             inputs: job.inputs,
@@ -515,11 +493,7 @@ impl Foreman {
             if let Some((task, tier)) = loading.task {
                 w.running = Some(task);
                 job.set(task, TaskState::Running(id));
-                self.actions.push_back(Action::Assign {
-                    task,
-                    worker: id,
-                    tier,
-                });
+                self.actions.push_back(Action::Assign { task, worker: id, tier });
             }
         } else {
             w.failed = w.failed.saturating_add(1);
@@ -538,11 +512,7 @@ impl Foreman {
             self.ignore(task, id, IgnoreReason::NotAssigned);
             return;
         };
-        let Some(w) = self
-            .workers
-            .get_mut(&id)
-            .filter(|w| w.running == Some(task))
-        else {
+        let Some(w) = self.workers.get_mut(&id).filter(|w| w.running == Some(task)) else {
             let reason = if self.lost.contains(&id) {
                 IgnoreReason::WorkerLost
             } else if state == TaskState::Done {
@@ -575,8 +545,7 @@ impl Foreman {
                 }
             }
         } else {
-            self.actions
-                .push_back(Action::InputDone { input: task.input });
+            self.actions.push_back(Action::InputDone { input: task.input });
         }
         if job.done == job.states.len() && !job.finished {
             job.finished = true;
@@ -661,59 +630,37 @@ impl Foreman {
                     if let Some(target) = self.workers.get_mut(&to) {
                         target.pinned.push_back(m.task);
                     }
-                    self.actions.push_back(Action::Reassigned {
-                        task: m.task,
-                        from,
-                        to,
-                    });
+                    self.actions.push_back(Action::Reassigned { task: m.task, from, to });
                 }
                 None => {
                     job.set(m.task, TaskState::Ready);
-                    self.actions
-                        .push_back(Action::Requeued { task: m.task, from });
+                    self.actions.push_back(Action::Requeued { task: m.task, from });
                 }
             }
         }
     }
 
     fn clean_hashes(hashes: Vec<String>) -> BTreeSet<String> {
-        hashes
-            .into_iter()
-            .take(MAX_CACHED_REPORTED)
-            .filter(|h| is_sha256_hex(h))
-            .collect()
+        hashes.into_iter().take(MAX_CACHED_REPORTED).filter(|h| is_sha256_hex(h)).collect()
     }
 
     fn live_index(job: &JobState, w: &WorkerState) -> Option<usize> {
         if let Some(l) = w.loading {
             return Some(l.stage);
         }
-        w.live
-            .as_ref()
-            .map(|h| job.chain.stage_by_hash(h).unwrap_or(FOREIGN_STAGE))
+        w.live.as_ref().map(|h| job.chain.stage_by_hash(h).unwrap_or(FOREIGN_STAGE))
     }
 
     fn cached_flags(job: &JobState, w: &WorkerState) -> Vec<bool> {
-        job.chain
-            .stages()
-            .iter()
-            .map(|s| w.cached.contains(&s.sha256))
-            .collect()
+        job.chain.stages().iter().map(|s| w.cached.contains(&s.sha256)).collect()
     }
 
     fn fit_flags(job: &JobState, w: &WorkerState) -> Vec<bool> {
-        job.rss
-            .iter()
-            .map(|&r| r <= w.telemetry.ram_budget_bytes)
-            .collect()
+        job.rss.iter().map(|&r| r <= w.telemetry.ram_budget_bytes).collect()
     }
 
     fn ignore(&mut self, task: TaskId, worker: WorkerId, reason: IgnoreReason) {
-        self.actions.push_back(Action::IgnoredCompletion {
-            task,
-            worker,
-            reason,
-        });
+        self.actions.push_back(Action::IgnoredCompletion { task, worker, reason });
     }
 
     /// Sends the broadcast stage to a worker at job start (or when it joins mid-job); loads it too
@@ -731,8 +678,7 @@ impl Foreman {
         }
         if !w.cached.contains(&sig.sha256) {
             w.cached.insert(sig.sha256.clone());
-            self.actions
-                .push_back(Action::SendStage { worker: id, stage });
+            self.actions.push_back(Action::SendStage { worker: id, stage });
         }
         if stage == 0 && w.live.is_none() && w.is_free() && job.unclaimed[0] > 0 {
             w.loading = Some(Loading { stage, task: None });
@@ -767,11 +713,7 @@ impl Foreman {
         if Self::live_index(job, w) == Some(task.stage) {
             w.running = Some(task);
             job.set(task, TaskState::Running(id));
-            self.actions.push_back(Action::Assign {
-                task,
-                worker: id,
-                tier,
-            });
+            self.actions.push_back(Action::Assign { task, worker: id, tier });
             return;
         }
         if w.live.take().is_some() {
@@ -779,20 +721,11 @@ impl Foreman {
         }
         if !w.cached.contains(&sig.sha256) {
             w.cached.insert(sig.sha256.clone());
-            self.actions.push_back(Action::SendStage {
-                worker: id,
-                stage: task.stage,
-            });
+            self.actions.push_back(Action::SendStage { worker: id, stage: task.stage });
         }
-        w.loading = Some(Loading {
-            stage: task.stage,
-            task: Some((task, tier)),
-        });
+        w.loading = Some(Loading { stage: task.stage, task: Some((task, tier)) });
         job.set(task, TaskState::Loading(id));
-        self.actions.push_back(Action::Load {
-            worker: id,
-            stage: task.stage,
-        });
+        self.actions.push_back(Action::Load { worker: id, stage: task.stage });
     }
 
     /// Runs after every event: pinned tasks first, then two-phase dispatch, then stall detection.
@@ -808,10 +741,8 @@ impl Foreman {
             .filter(|(_, w)| w.is_free())
             .filter_map(|(&id, w)| w.pinned.pop_front().map(|t| (id, t)))
             .collect();
-        let pinned: Vec<(WorkerId, TaskId, Tier)> = pinned
-            .into_iter()
-            .map(|(id, t)| (id, t, self.workers_tier(job, id, t.stage)))
-            .collect();
+        let pinned: Vec<(WorkerId, TaskId, Tier)> =
+            pinned.into_iter().map(|(id, t)| (id, t, self.workers_tier(job, id, t.stage))).collect();
         for (id, t, tier) in pinned {
             self.start(id, t, tier);
         }
@@ -870,10 +801,7 @@ impl Foreman {
         let waiting_stages: BTreeSet<usize> = job.ready.iter().map(|t| t.stage).collect();
         let mut stalled_now = BTreeSet::new();
         for s in waiting_stages {
-            let fits_any = self
-                .workers
-                .values()
-                .any(|w| job.rss[s] <= w.telemetry.ram_budget_bytes);
+            let fits_any = self.workers.values().any(|w| job.rss[s] <= w.telemetry.ram_budget_bytes);
             if !fits_any {
                 stalled_now.insert(s);
                 if !job.stalled.contains(&s) {
@@ -888,9 +816,7 @@ impl Foreman {
         match self.workers.get(&id) {
             Some(w) => affinity::classify(
                 Self::live_index(job, w),
-                job.chain
-                    .stage(stage)
-                    .is_some_and(|s| w.cached.contains(&s.sha256)),
+                job.chain.stage(stage).is_some_and(|s| w.cached.contains(&s.sha256)),
                 stage,
             ),
             None => Tier::Swap,

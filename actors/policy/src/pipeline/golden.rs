@@ -16,10 +16,7 @@ struct Block {
 }
 
 fn path_of(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
-        .join("pipeline")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("pipeline").join(name)
 }
 
 fn parse(text: &str) -> Vec<Block> {
@@ -54,12 +51,7 @@ fn parse(text: &str) -> Vec<Block> {
             expected.push((*l).to_owned());
             lines.next();
         }
-        blocks.push(Block {
-            comments: std::mem::take(&mut comments),
-            command,
-            input,
-            expected,
-        });
+        blocks.push(Block { comments: std::mem::take(&mut comments), command, input, expected });
     }
     blocks
 }
@@ -108,10 +100,7 @@ pub(crate) fn run_golden(name: &str, mut run: impl FnMut(&str, &[String]) -> Str
 pub(crate) fn args(line: &str) -> Vec<(String, String)> {
     line.split_whitespace()
         .skip(1)
-        .filter_map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        })
+        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
         .collect()
 }
 
@@ -128,9 +117,7 @@ pub(crate) fn bytes(s: &str) -> u64 {
         Some(b'G') => (&s[..s.len() - 1], 1_000_000_000),
         _ => (s, 1),
     };
-    num.parse::<u64>()
-        .unwrap_or_else(|_| panic!("bad size {s}"))
-        * mult
+    num.parse::<u64>().unwrap_or_else(|_| panic!("bad size {s}")) * mult
 }
 
 /// Parses `none` or a comma list of stage indices, `all` as `0..stages`.
@@ -140,33 +127,21 @@ pub(crate) fn stage_list(s: &str, stages: usize) -> Vec<usize> {
         "all" => (0..stages).collect(),
         _ => s
             .split(',')
-            .map(|x| {
-                x.trim_start_matches('s')
-                    .parse()
-                    .unwrap_or_else(|_| panic!("bad stage {x}"))
-            })
+            .map(|x| x.trim_start_matches('s').parse().unwrap_or_else(|_| panic!("bad stage {x}")))
             .collect(),
     }
 }
 
 /// Parses `w3`.
 pub(crate) fn worker(s: &str) -> super::WorkerId {
-    super::WorkerId(
-        s.trim_start_matches('w')
-            .parse()
-            .unwrap_or_else(|_| panic!("bad worker {s}")),
-    )
+    super::WorkerId(s.trim_start_matches('w').parse().unwrap_or_else(|_| panic!("bad worker {s}")))
 }
 
 /// Parses `i2/s1`.
 pub(crate) fn task(s: &str) -> super::TaskId {
     let (i, k) = s.split_once('/').unwrap_or_else(|| panic!("bad task {s}"));
     super::TaskId::new(
-        i.trim_start_matches('i')
-            .parse()
-            .unwrap_or_else(|_| panic!("bad task {s}")),
-        k.trim_start_matches('s')
-            .parse()
-            .unwrap_or_else(|_| panic!("bad task {s}")),
+        i.trim_start_matches('i').parse().unwrap_or_else(|_| panic!("bad task {s}")),
+        k.trim_start_matches('s').parse().unwrap_or_else(|_| panic!("bad task {s}")),
     )
 }

@@ -33,13 +33,7 @@ pub struct ReplanWeights {
 
 impl Default for ReplanWeights {
     fn default() -> Self {
-        ReplanWeights {
-            success: 0.3,
-            ram: 0.2,
-            battery: 0.2,
-            tier: 0.3,
-            queue_penalty: 0.25,
-        }
+        ReplanWeights { success: 0.3, ram: 0.2, battery: 0.2, tier: 0.3, queue_penalty: 0.25 }
     }
 }
 
@@ -116,16 +110,9 @@ pub fn plan_reassignment(
             if !s.fits.get(st).copied().unwrap_or(false) {
                 continue;
             }
-            let ram = if max_ram > 0 {
-                s.free_ram_bytes as f64 / max_ram as f64
-            } else {
-                0.0
-            };
-            let battery = if s.battery_pct.is_finite() {
-                (s.battery_pct / 100.0).clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
+            let ram = if max_ram > 0 { s.free_ram_bytes as f64 / max_ram as f64 } else { 0.0 };
+            let battery =
+                if s.battery_pct.is_finite() { (s.battery_pct / 100.0).clamp(0.0, 1.0) } else { 0.0 };
             let tier = classify(s.live, s.cached.get(st).copied().unwrap_or(false), st);
             let score = weights.success * success_rate(s.ok, s.failed)
                 + weights.ram * ram
@@ -145,19 +132,9 @@ pub fn plan_reassignment(
                 let s = &mut pool[i];
                 s.queued += 1;
                 s.live = Some(st);
-                moves.push(Move {
-                    task,
-                    from,
-                    to: Some(s.id),
-                    score,
-                });
+                moves.push(Move { task, from, to: Some(s.id), score });
             }
-            None => moves.push(Move {
-                task,
-                from,
-                to: None,
-                score: 0.0,
-            }),
+            None => moves.push(Move { task, from, to: None, score: 0.0 }),
         }
     }
     moves

@@ -197,11 +197,7 @@ struct Sim<'a> {
 
 fn scaled(t: Micros, speed: f64) -> Micros {
     let v = (t.0 as f64 / speed).round();
-    if v.is_finite() && v >= 0.0 {
-        Micros(v.min(u64::MAX as f64) as u64)
-    } else {
-        Micros(u64::MAX)
-    }
+    if v.is_finite() && v >= 0.0 { Micros(v.min(u64::MAX as f64) as u64) } else { Micros(u64::MAX) }
 }
 
 impl Sim<'_> {
@@ -370,10 +366,7 @@ impl Sim<'_> {
 /// Runs the scenario to completion (or until nothing is left to happen).
 pub fn simulate(setup: &SimSetup) -> Result<SimReport, SimError> {
     if setup.costs.len() != setup.chain.len() {
-        return Err(SimError::CostsMismatch {
-            costs: setup.costs.len(),
-            stages: setup.chain.len(),
-        });
+        return Err(SimError::CostsMismatch { costs: setup.costs.len(), stages: setup.chain.len() });
     }
     let mut sim = Sim {
         setup,
@@ -382,10 +375,7 @@ pub fn simulate(setup: &SimSetup) -> Result<SimReport, SimError> {
         events: BinaryHeap::new(),
         seq: 0,
         computed_on: BTreeMap::new(),
-        report: SimReport {
-            answers: vec![0; setup.inputs],
-            ..SimReport::default()
-        },
+        report: SimReport { answers: vec![0; setup.inputs], ..SimReport::default() },
     };
     let now = Micros::ZERO;
     for w in &setup.workers {
@@ -395,46 +385,21 @@ pub fn simulate(setup: &SimSetup) -> Result<SimReport, SimError> {
         if sim.workers.contains_key(&w.id) {
             return Err(SimError::DuplicateWorker(w.id));
         }
-        let disk: BTreeSet<usize> = w
-            .cached
-            .iter()
-            .copied()
-            .filter(|&k| k < setup.chain.len())
-            .collect();
-        let hashes = disk
-            .iter()
-            .filter_map(|&k| setup.chain.stage(k).map(|s| s.sha256.clone()))
-            .collect();
-        sim.workers.insert(
-            w.id,
-            SimWorkerState {
-                alive: true,
-                speed: w.speed,
-                disk,
-                ..SimWorkerState::default()
-            },
-        );
+        let disk: BTreeSet<usize> = w.cached.iter().copied().filter(|&k| k < setup.chain.len()).collect();
+        let hashes = disk.iter().filter_map(|&k| setup.chain.stage(k).map(|s| s.sha256.clone())).collect();
+        sim.workers
+            .insert(w.id, SimWorkerState { alive: true, speed: w.speed, disk, ..SimWorkerState::default() });
         sim.foreman.handle_worker_joined(
             now,
             w.id,
-            WorkerReport {
-                telemetry: w.telemetry,
-                live: None,
-                cached: hashes,
-            },
+            WorkerReport { telemetry: w.telemetry, live: None, cached: hashes },
         )?;
     }
     for &(id, at) in &setup.crashes {
         sim.push(at, Event::Crash(id));
     }
-    sim.foreman.submit_job(
-        now,
-        Job {
-            chain: setup.chain.clone(),
-            inputs: setup.inputs,
-            mode: setup.mode,
-        },
-    )?;
+    sim.foreman
+        .submit_job(now, Job { chain: setup.chain.clone(), inputs: setup.inputs, mode: setup.mode })?;
     sim.drain(now);
     let mut processed = 0usize;
     while sim.report.makespan.is_none() {
@@ -459,11 +424,7 @@ fn speeds_summary(speeds: &[f64]) -> (f64, f64) {
 }
 
 fn micros_of(x: f64) -> Micros {
-    if x.is_finite() && x >= 0.0 {
-        Micros(x.round().min(u64::MAX as f64) as u64)
-    } else {
-        Micros(u64::MAX)
-    }
+    if x.is_finite() && x >= 0.0 { Micros(x.round().min(u64::MAX as f64) as u64) } else { Micros(u64::MAX) }
 }
 
 /// `max(sum_k t_k / s_max, N * sum_k t_k / sum_w s_w)`, compute only; a lower bound on makespan.
@@ -505,11 +466,5 @@ pub fn synthetic_chain(sizes: &[u64]) -> Result<Chain, ChainError> {
             outputs: vec![TensorSig::new(&format!("h{}", k + 1), DType::F32, 3)],
         })
         .collect();
-    check_chain(
-        &stages,
-        &[
-            TensorSig::new("h0", DType::F32, 3),
-            TensorSig::new("mask", DType::I64, 2),
-        ],
-    )
+    check_chain(&stages, &[TensorSig::new("h0", DType::F32, 3), TensorSig::new("mask", DType::I64, 2)])
 }

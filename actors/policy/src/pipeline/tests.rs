@@ -5,16 +5,16 @@ use std::fmt::Write as _;
 use proptest::prelude::*;
 
 use super::affinity::{
-    self, Claim, DispatchInput, Phase, ReadyTask, Telemetry, Tier, WorkerView, classify,
-    entropy_weights, two_phase_dispatch,
+    self, Claim, DispatchInput, Phase, ReadyTask, Telemetry, Tier, WorkerView, classify, entropy_weights,
+    two_phase_dispatch,
 };
 use super::chain::{ChainError, DType, Producer, StageSignature, TensorSig, check_chain};
 use super::foreman::{Action, Foreman, ForemanConfig, Job, WorkerReport};
 use super::golden::{arg, args, bytes, run_golden, stage_list, task, worker};
 use super::replan::{ReplanWeights, SurvivorView, plan_reassignment};
 use super::sim::{
-    SimSetup, SimWorker, SpanKind, StageCost, classic_pipeline_bound, ideal_pipeline_bound,
-    simulate, synthetic_chain,
+    SimSetup, SimWorker, SpanKind, StageCost, classic_pipeline_bound, ideal_pipeline_bound, simulate,
+    synthetic_chain,
 };
 use super::{Mode, TaskId, WorkerId};
 use crate::Micros;
@@ -29,11 +29,7 @@ fn tensor_list(s: &str) -> Vec<TensorSig> {
         .map(|t| {
             let parts: Vec<&str> = t.split(':').collect();
             assert_eq!(parts.len(), 3, "tensor spec {t} is name:dtype:rank");
-            TensorSig::new(
-                parts[0],
-                parts[1].parse::<DType>().unwrap(),
-                parts[2].parse().unwrap(),
-            )
+            TensorSig::new(parts[0], parts[1].parse::<DType>().unwrap(), parts[2].parse().unwrap())
         })
         .collect()
 }
@@ -68,8 +64,7 @@ fn run_chain(_cmd: &str, input: &[String]) -> String {
                 let a = args(line);
                 stages.push(StageSignature {
                     name,
-                    sha256: arg(&a, "sha")
-                        .map_or_else(|| default_hash(stages.len()), str::to_owned),
+                    sha256: arg(&a, "sha").map_or_else(|| default_hash(stages.len()), str::to_owned),
                     size_bytes: bytes(arg(&a, "size").unwrap_or("1M")),
                     inputs: tensor_list(arg(&a, "in").unwrap_or("none")),
                     outputs: tensor_list(arg(&a, "out").unwrap_or("none")),
@@ -81,11 +76,7 @@ fn run_chain(_cmd: &str, input: &[String]) -> String {
     match check_chain(&stages, &job) {
         Ok(c) => {
             let k = c.smallest_stage();
-            format!(
-                "ok: {} stages, smallest #{k} '{}'",
-                c.len(),
-                c.stages()[k].name
-            )
+            format!("ok: {} stages, smallest #{k} '{}'", c.len(), c.stages()[k].name)
         }
         Err(e) => format!("error: {e}"),
     }
@@ -115,18 +106,12 @@ fn chain_error_names_pair_and_tensor() {
         ],
         outputs: vec![TensorSig::new("logits", DType::F32, 2)],
     };
-    let job = [
-        TensorSig::new("input_ids", DType::I64, 2),
-        TensorSig::new("attention_mask", DType::I64, 2),
-    ];
+    let job = [TensorSig::new("input_ids", DType::I64, 2), TensorSig::new("attention_mask", DType::I64, 2)];
     let err = check_chain(&[a.clone(), b.clone()], &job).unwrap_err();
     assert_eq!(
         err,
         ChainError::DTypeMismatch {
-            from: Producer::Stage {
-                index: 0,
-                name: "cell_a".into()
-            },
+            from: Producer::Stage { index: 0, name: "cell_a".into() },
             to: 1,
             to_name: "cell_b".into(),
             tensor: "hidden".into(),
@@ -144,9 +129,7 @@ fn chain_error_names_pair_and_tensor() {
     assert_eq!(chain.len(), 2);
     // Without it among the job inputs, the side input is missing.
     let err = check_chain(&[a, b], &job[..1]).unwrap_err();
-    assert!(
-        matches!(err, ChainError::MissingInput { ref tensor, to: 1, .. } if tensor == "attention_mask")
-    );
+    assert!(matches!(err, ChainError::MissingInput { ref tensor, to: 1, .. } if tensor == "attention_mask"));
 }
 
 // ---------- tiers ----------
@@ -185,10 +168,7 @@ fn tiers_by_hand() {
 // ---------- entropy weights ----------
 
 fn run_entropy(_cmd: &str, input: &[String]) -> String {
-    let names: Vec<&str> = input
-        .iter()
-        .map(|l| l.split_whitespace().next().unwrap())
-        .collect();
+    let names: Vec<&str> = input.iter().map(|l| l.split_whitespace().next().unwrap()).collect();
     let crowd: Vec<Telemetry> = input.iter().map(|l| telemetry_of(&args(l))).collect();
     let (scores, weights) = affinity::rank_telemetry(&crowd);
     let mut out = String::from("weights");
@@ -285,40 +265,19 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
             Some("ready") => {
                 d.ready = words
                     .map(|w| match w.split_once('@') {
-                        Some((t, on)) => ReadyTask {
-                            task: task(t),
-                            input_on: Some(worker(on)),
-                        },
-                        None => ReadyTask {
-                            task: task(w),
-                            input_on: None,
-                        },
+                        Some((t, on)) => ReadyTask { task: task(t), input_on: Some(worker(on)) },
+                        None => ReadyTask { task: task(w), input_on: None },
                     })
                     .collect()
             }
             Some("inflight") => {
-                d.in_flight = words
-                    .next()
-                    .unwrap()
-                    .split(',')
-                    .map(|x| x.parse().unwrap())
-                    .collect()
+                d.in_flight = words.next().unwrap().split(',').map(|x| x.parse().unwrap()).collect()
             }
             Some("backlog") => {
-                d.backlog = words
-                    .next()
-                    .unwrap()
-                    .split(',')
-                    .map(|x| x.parse().unwrap())
-                    .collect()
+                d.backlog = words.next().unwrap().split(',').map(|x| x.parse().unwrap()).collect()
             }
             Some("holders") => {
-                d.holders = words
-                    .next()
-                    .unwrap()
-                    .split(',')
-                    .map(|x| x.parse().unwrap())
-                    .collect()
+                d.holders = words.next().unwrap().split(',').map(|x| x.parse().unwrap()).collect()
             }
             other => panic!("unknown dispatch line {other:?}"),
         }
@@ -362,22 +321,14 @@ fn dispatch_by_hand() {
         ],
         ready: [(0, 1), (1, 1), (2, 0)]
             .into_iter()
-            .map(|(i, s)| ReadyTask {
-                task: TaskId::new(i, s),
-                input_on: None,
-            })
+            .map(|(i, s)| ReadyTask { task: TaskId::new(i, s), input_on: None })
             .collect(),
         backlog: vec![1, 2],
         in_flight: vec![0, 0],
         holders: vec![1, 1],
     };
     let claims = two_phase_dispatch(&d);
-    let c = |i, s, w, tier, phase| Claim {
-        task: TaskId::new(i, s),
-        worker: WorkerId(w),
-        tier,
-        phase,
-    };
+    let c = |i, s, w, tier, phase| Claim { task: TaskId::new(i, s), worker: WorkerId(w), tier, phase };
     assert_eq!(
         claims,
         vec![
@@ -471,24 +422,11 @@ fn run_foreman(_cmd: &str, input: &[String]) -> String {
                 };
                 let chain = synthetic_chain(&sizes).unwrap();
                 let inputs = arg(&a, "inputs").unwrap().parse().unwrap();
-                f.submit_job(
-                    now,
-                    Job {
-                        chain,
-                        inputs,
-                        mode,
-                    },
-                )
-                .unwrap();
+                f.submit_job(now, Job { chain, inputs, mode }).unwrap();
             }
             "loaded" => {
                 let id = worker(words.next().unwrap());
-                let s: usize = words
-                    .next()
-                    .unwrap()
-                    .trim_start_matches('s')
-                    .parse()
-                    .unwrap();
+                let s: usize = words.next().unwrap().trim_start_matches('s').parse().unwrap();
                 f.handle_stage_loaded(now, id, s, words.next() != Some("fail"));
             }
             "done" => {
@@ -521,11 +459,7 @@ fn run_foreman(_cmd: &str, input: &[String]) -> String {
 }
 
 fn run_replan_or_script(cmd: &str, input: &[String]) -> String {
-    if cmd.starts_with("replan") {
-        run_replan(cmd, input)
-    } else {
-        run_foreman(cmd, input)
-    }
+    if cmd.starts_with("replan") { run_replan(cmd, input) } else { run_foreman(cmd, input) }
 }
 
 #[test]
@@ -553,12 +487,7 @@ fn replan_score_by_hand() {
         fits: vec![true, true],
         queued: 0,
     };
-    let moves = plan_reassignment(
-        WorkerId(9),
-        &[TaskId::new(0, 1)],
-        &[s],
-        &ReplanWeights::default(),
-    );
+    let moves = plan_reassignment(WorkerId(9), &[TaskId::new(0, 1)], &[s], &ReplanWeights::default());
     assert_eq!(moves.len(), 1);
     assert_eq!(moves[0].to, Some(WorkerId(1)));
     assert!((moves[0].score - 0.86).abs() < 1e-12, "{}", moves[0].score);
@@ -569,54 +498,28 @@ fn late_completion_from_lost_worker_is_ignored() {
     let mut f = Foreman::new(ForemanConfig::default());
     let now = Micros::ZERO;
     for id in [1, 2] {
-        f.handle_worker_joined(now, WorkerId(id), WorkerReport::default())
-            .unwrap();
+        f.handle_worker_joined(now, WorkerId(id), WorkerReport::default()).unwrap();
     }
     // Budget default in WorkerReport::default() is 0: give both a real one.
     for id in [1, 2] {
         f.handle_telemetry(
             now,
             WorkerId(id),
-            Telemetry {
-                ram_budget_bytes: 1 << 30,
-                ..Telemetry::default()
-            },
+            Telemetry { ram_budget_bytes: 1 << 30, ..Telemetry::default() },
         );
     }
     let chain = synthetic_chain(&[1000]).unwrap();
-    f.submit_job(
-        now,
-        Job {
-            chain,
-            inputs: 1,
-            mode: Mode::Streaming,
-        },
-    )
-    .unwrap();
+    f.submit_job(now, Job { chain, inputs: 1, mode: Mode::Streaming }).unwrap();
     let actions: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
     // Smallest stage is stage 0: sent and loaded on both; nothing assigned until a load lands.
     assert!(actions.iter().all(|a| !matches!(a, Action::Assign { .. })));
     f.handle_stage_loaded(now, WorkerId(1), 0, true);
     let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
     let task = TaskId::new(0, 0);
-    assert_eq!(
-        a,
-        vec![Action::Assign {
-            task,
-            worker: WorkerId(1),
-            tier: Tier::Resident
-        }]
-    );
+    assert_eq!(a, vec![Action::Assign { task, worker: WorkerId(1), tier: Tier::Resident }]);
     f.handle_worker_lost(now, WorkerId(1));
     let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
-    assert_eq!(
-        a[0],
-        Action::Reassigned {
-            task,
-            from: WorkerId(1),
-            to: WorkerId(2)
-        }
-    );
+    assert_eq!(a[0], Action::Reassigned { task, from: WorkerId(1), to: WorkerId(2) });
     // w2 is still loading s0: nothing more until it lands.
     assert_eq!(a.len(), 1);
     f.handle_task_done(now, WorkerId(1), task, true);
@@ -630,23 +533,13 @@ fn late_completion_from_lost_worker_is_ignored() {
     );
     assert_eq!(f.tasks_done(), 0);
     f.handle_stage_loaded(now, WorkerId(2), 0, true);
-    assert_eq!(
-        f.poll_action(),
-        Some(Action::Assign {
-            task,
-            worker: WorkerId(2),
-            tier: Tier::Resident
-        })
-    );
+    assert_eq!(f.poll_action(), Some(Action::Assign { task, worker: WorkerId(2), tier: Tier::Resident }));
     f.handle_task_done(now, WorkerId(2), task, true);
     let a: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
     assert_eq!(a, vec![Action::InputDone { input: 0 }, Action::JobDone]);
     // A second report of the same completion is ignored too.
     f.handle_task_done(now, WorkerId(2), task, true);
-    assert!(matches!(
-        f.poll_action(),
-        Some(Action::IgnoredCompletion { .. })
-    ));
+    assert!(matches!(f.poll_action(), Some(Action::IgnoredCompletion { .. })));
     assert_eq!(f.tasks_done(), 1);
 }
 
@@ -707,11 +600,7 @@ fn assert_exactly_once(s: &SimSetup) -> Micros {
     let makespan = r.makespan.expect("job finished");
     assert_eq!(r.residency_violations, 0);
     assert_eq!(r.completions.len(), s.inputs * s.chain.len());
-    assert!(
-        r.completions.values().all(|&n| n == 1),
-        "{:?}",
-        r.completions
-    );
+    assert!(r.completions.values().all(|&n| n == 1), "{:?}", r.completions);
     assert!(r.answers.iter().all(|&n| n == 1), "{:?}", r.answers);
     makespan
 }
@@ -773,49 +662,23 @@ fn jit_loads_wait_for_upstream_and_smallest_is_broadcast() {
             .map(|sp| sp.end)
             .min()
             .unwrap();
-        assert!(
-            first_load >= first_upstream_done,
-            "stage {k} loaded before any upstream completed"
-        );
+        assert!(first_load >= first_upstream_done, "stage {k} loaded before any upstream completed");
     }
     // The head was on every disk already: its loads are warm.
-    assert!(r.spans.iter().all(|sp| !matches!(
-        sp.kind,
-        SpanKind::Load {
-            stage: 2,
-            cold: true
-        }
-    )));
+    assert!(r.spans.iter().all(|sp| !matches!(sp.kind, SpanKind::Load { stage: 2, cold: true })));
 }
 
 #[test]
 fn crash_mid_job_completes_with_logged_moves() {
-    let mut s = setup(
-        &MINILM_SIZES,
-        &[1.0, 1.0, 1.0, 1.0, 0.5],
-        5,
-        Mode::Streaming,
-    );
+    let mut s = setup(&MINILM_SIZES, &[1.0, 1.0, 1.0, 1.0, 0.5], 5, Mode::Streaming);
     s.crashes = vec![(WorkerId(2), Micros::from_millis(4_000))];
     let r = simulate(&s).unwrap();
     assert!(r.makespan.is_some());
-    let moved = r.actions_matching(|a| {
-        matches!(
-            a,
-            Action::Reassigned {
-                from: WorkerId(2),
-                ..
-            }
-        )
-    });
+    let moved = r.actions_matching(|a| matches!(a, Action::Reassigned { from: WorkerId(2), .. }));
     assert!(!moved.is_empty(), "worker 2 held a task at 4 s");
     assert!(r.completions.values().all(|&n| n == 1));
     assert!(r.answers.iter().all(|&n| n == 1));
-    assert!(
-        r.spans
-            .iter()
-            .any(|sp| sp.worker == WorkerId(2) && !sp.completed)
-    );
+    assert!(r.spans.iter().any(|sp| sp.worker == WorkerId(2) && !sp.completed));
     for (_, a) in moved {
         println!("{a}");
     }
@@ -840,11 +703,7 @@ fn stage_over_budget_never_goes_there() {
     s.workers.truncate(1);
     let r = simulate(&s).unwrap();
     assert!(r.makespan.is_none());
-    assert!(
-        r.log
-            .iter()
-            .any(|(_, a)| *a == Action::Stalled { stage: 0 })
-    );
+    assert!(r.log.iter().any(|(_, a)| *a == Action::Stalled { stage: 0 }));
 }
 
 /// A crowd where every worker but one (`survivor_pick`) may crash at the given time.
@@ -856,11 +715,7 @@ fn crash_setup(
     survivor_pick: prop::sample::Index,
     crash_ms: &[Option<u64>],
 ) -> SimSetup {
-    let mode = if streaming {
-        Mode::Streaming
-    } else {
-        Mode::Barrier
-    };
+    let mode = if streaming { Mode::Streaming } else { Mode::Barrier };
     let mut s = setup(sizes, speeds, inputs, mode);
     let survivor = survivor_pick.index(speeds.len());
     s.crashes = (0..speeds.len())
@@ -971,21 +826,12 @@ fn streaming_vs_barrier_anomalies_are_rare_and_small() {
     let trials = 400;
     let (mut slower, mut worst, mut sum_ratio) = (0, 1.0f64, 0.0);
     for _ in 0..trials {
-        let sizes: Vec<u64> = (0..rng.random_range(1..4))
-            .map(|_| rng.random_range(1_000..80_000_000))
-            .collect();
-        let speeds: Vec<f64> = (0..rng.random_range(1..6))
-            .map(|_| rng.random_range(0.25..2.0))
-            .collect();
+        let sizes: Vec<u64> =
+            (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+        let speeds: Vec<f64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0.25..2.0)).collect();
         let n = rng.random_range(1..10);
-        let ms = simulate(&setup(&sizes, &speeds, n, Mode::Streaming))
-            .unwrap()
-            .makespan
-            .unwrap();
-        let mb = simulate(&setup(&sizes, &speeds, n, Mode::Barrier))
-            .unwrap()
-            .makespan
-            .unwrap();
+        let ms = simulate(&setup(&sizes, &speeds, n, Mode::Streaming)).unwrap().makespan.unwrap();
+        let mb = simulate(&setup(&sizes, &speeds, n, Mode::Barrier)).unwrap().makespan.unwrap();
         let ratio = ms.as_secs_f64() / mb.as_secs_f64();
         sum_ratio += ratio;
         if ms > mb {
@@ -997,10 +843,7 @@ fn streaming_vs_barrier_anomalies_are_rare_and_small() {
         "streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {:.3}",
         sum_ratio / trials as f64
     );
-    assert!(
-        slower * 20 <= trials,
-        "streaming slower in {slower}/{trials}"
-    );
+    assert!(slower * 20 <= trials, "streaming slower in {slower}/{trials}");
     assert!(worst < 1.5, "worst streaming/barrier {worst}");
     assert!(sum_ratio / (trials as f64) < 1.0);
 }
@@ -1049,15 +892,9 @@ fn timeline_respects_dependencies_and_residency() {
             }
             let dep = match mode {
                 Mode::Streaming => end_of(TaskId::new(t.input, t.stage - 1)),
-                Mode::Barrier => (0..s.inputs)
-                    .map(|i| end_of(TaskId::new(i, t.stage - 1)))
-                    .max()
-                    .unwrap(),
+                Mode::Barrier => (0..s.inputs).map(|i| end_of(TaskId::new(i, t.stage - 1))).max().unwrap(),
             };
-            assert!(
-                start >= dep,
-                "{t} started at {start} before its dependency ended at {dep}"
-            );
+            assert!(start >= dep, "{t} started at {start} before its dependency ended at {dep}");
         }
     }
 }
