@@ -1,0 +1,76 @@
+//! `troupe bench ...`: baseline and ours in one run on the same machine, reported as ratios in a
+//! table and as one flat JSON object (name -> number).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+
+pub mod kernels;
+pub mod stats;
+pub mod transport;
+
+/// Which benchmark to run.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// QUIC vs TCP goodput, remote ask vs UDP round trip, tell vs mpsc, rkyv vs memcpy.
+    Transport {
+        /// Write the figures as one flat JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Smaller run (fewer frames and asks) for smoke tests.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// GEMM vs measured peak, MoE FFN, ONNX session creation, disk tier vs O_DIRECT.
+    Kernels {
+        /// Write the figures as one flat JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Folder on the disk under test for the disk figures (default .cache/bench).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Runs a benchmark command.
+pub async fn run(cmd: BenchCommand) -> Result<()> {
+    let (title, figures, json) = match cmd {
+        BenchCommand::Transport { json, quick } => ("transport", transport::run(quick).await?, json),
+        BenchCommand::Kernels { json, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
+            ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
+        }
+    };
+    print!("{}", table(title, &figures));
+    if let Some(path) = json {
+        write_json(&path, &figures)?;
+        println!("figures written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// A two-column table of the figures.
+pub fn table(title: &str, figures: &BTreeMap<String, f64>) -> String {
+    let width = figures.keys().map(String::len).max().unwrap_or(10);
+    let mut out = format!("== troupe bench {title} ==\n");
+    for (k, v) in figures {
+        out.push_str(&format!("{k:<width$}  {v:>14.4}\n"));
+    }
+    out
+}
+
+/// Writes figures as one flat JSON object.
+pub fn write_json(path: &Path, figures: &BTreeMap<String, f64>) -> Result<()> {
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let clean: BTreeMap<&String, serde_json::Value> = figures
+        .iter()
+        .map(|(k, v)| (k, serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, serde_json::Value::Number)))
+        .collect();
+    std::fs::write(path, serde_json::to_string_pretty(&clean)?).with_context(|| format!("writing {}", path.display()))
+}
