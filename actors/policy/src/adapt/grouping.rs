@@ -38,6 +38,9 @@ pub struct GroupingConfig {
     pub eta_per_sec: f64,
     /// Most DP capacity cells; bytes are bucketed (rounded up) so the DP stays this small.
     pub max_dp_cells: usize,
+    /// Most experts per slice (e.g. the compute threads, since each expert needs at least one);
+    /// a DP choice above it keeps its highest-value experts and returns the rest to the pool.
+    pub max_slice_experts: usize,
 }
 
 impl Default for GroupingConfig {
@@ -47,6 +50,7 @@ impl Default for GroupingConfig {
             static_bytes: 0,
             eta_per_sec: 0.01,
             max_dp_cells: 1024,
+            max_slice_experts: usize::MAX,
         }
     }
 }
@@ -128,7 +132,16 @@ pub fn group_experts(
     let mut remaining: Vec<GroupingItem> = items.to_vec();
     let mut slices = Vec::new();
     while !remaining.is_empty() {
-        let chosen = knapsack(&remaining, cfg, unit, cells);
+        let mut chosen = knapsack(&remaining, cfg, unit, cells);
+        if chosen.len() > cfg.max_slice_experts.max(1) {
+            chosen.sort_by(|&a, &b| {
+                expert_value(&remaining[b], cfg)
+                    .total_cmp(&expert_value(&remaining[a], cfg))
+                    .then(a.cmp(&b))
+            });
+            chosen.truncate(cfg.max_slice_experts.max(1));
+            chosen.sort_unstable();
+        }
         if chosen.is_empty() {
             break;
         }
@@ -146,7 +159,12 @@ pub fn group_experts(
             .collect();
     }
     let fallback_experts = remaining.len();
-    slices.extend(aligned_random_grouping(&remaining, available, rng));
+    slices.extend(aligned_random_grouping(
+        &remaining,
+        available,
+        cfg.max_slice_experts,
+        rng,
+    ));
     slices.sort_by_key(|s| s.makespan);
     Ok(Grouping {
         slices,
@@ -155,10 +173,12 @@ pub fn group_experts(
 }
 
 /// Aligned random grouping: shuffle (seeded), then order by lifespan class (powers of two) so
-/// co-running experts have similar lifespans, then fill slices first-fit under `available`.
+/// co-running experts have similar lifespans, then fill slices first-fit under `available`
+/// bytes and `max_len` experts.
 pub fn aligned_random_grouping(
     items: &[GroupingItem],
     available: u64,
+    max_len: usize,
     rng: &mut SmallRng,
 ) -> Vec<TimeSlice> {
     let mut order: Vec<GroupingItem> = items.to_vec();
@@ -166,10 +186,9 @@ pub fn aligned_random_grouping(
     order.sort_by_key(|i| 64 - (i.lifespan.0 + 1).leading_zeros());
     let mut bins: Vec<(u64, Vec<GroupingItem>)> = Vec::new();
     for item in order {
-        match bins
-            .iter_mut()
-            .find(|(used, _)| used.saturating_add(item.temp_bytes) <= available)
-        {
+        match bins.iter_mut().find(|(used, m)| {
+            m.len() < max_len.max(1) && used.saturating_add(item.temp_bytes) <= available
+        }) {
             Some((used, members)) => {
                 *used += item.temp_bytes;
                 members.push(item);
@@ -262,6 +281,7 @@ mod tests {
             static_bytes,
             eta_per_sec: eta,
             max_dp_cells: 4096,
+            max_slice_experts: usize::MAX,
         }
     }
 
@@ -327,11 +347,12 @@ mod tests {
             static_bytes in 0u64..5_000,
             eta in 0.0f64..0.2,
             cells in 1usize..300,
+            max_len in 1usize..50,
             seed in any::<u64>(),
         ) {
             let items: Vec<_> = sizes.iter().enumerate()
                 .map(|(i, &(b, s))| item(i as u32, b, s)).collect();
-            let cfg = GroupingConfig { device_budget: budget, static_bytes, eta_per_sec: eta, max_dp_cells: cells };
+            let cfg = GroupingConfig { device_budget: budget, static_bytes, eta_per_sec: eta, max_dp_cells: cells, max_slice_experts: max_len };
             let mut rng = SmallRng::seed_from_u64(seed);
             match group_experts(&items, &cfg, &mut rng) {
                 Ok(g) => {
@@ -342,6 +363,7 @@ mod tests {
                         let sum: u64 = s.experts.iter().map(|e| items[e.0 as usize].temp_bytes).sum();
                         prop_assert_eq!(sum, s.temp_bytes);
                         prop_assert!(sum + static_bytes <= budget);
+                        prop_assert!(s.experts.len() <= max_len);
                     }
                     prop_assert!(g.slices.windows(2).all(|w| w[0].makespan <= w[1].makespan));
                 }

@@ -186,7 +186,7 @@ pub struct SimConfig {
     pub isolated_workspace: u64,
     /// DRAM of the reuse cache (150 MiB, paper §5.4.2).
     pub reuse_dram: u64,
-    /// Mini-batches per epoch (20).
+    /// Mini-batches per epoch (100).
     pub batches_per_epoch: u32,
     /// Tasks arrive uniformly in `[0, arrival_window]` (60 s).
     pub arrival_window: Micros,
@@ -213,7 +213,7 @@ impl Default for SimConfig {
             temp_reserve: 4 << 30,
             isolated_workspace: 5 << 29,
             reuse_dram: 150 << 20,
-            batches_per_epoch: 20,
+            batches_per_epoch: 100,
             arrival_window: Micros::from_secs(60),
             slo_gain: 0.10,
             slo_latency: Micros::from_secs(200),
@@ -311,7 +311,7 @@ fn make_task(cfg: &SimConfig, i: usize) -> SimTask {
             SimExpert {
                 id: ExpertId(i as u32 * 16 + j),
                 tokens,
-                per_token_us: rng.random_range(30.0..70.0),
+                per_token_us: rng.random_range(60.0..140.0),
                 saturation: rng.random_range(4..=12),
                 temp_bytes: mm.temporary_bytes(shape),
                 reuse_share: rng.random_range(0.1..0.6),
@@ -447,14 +447,21 @@ impl Engine<'_> {
                     let profiles: Vec<ExpertProfile> =
                         t.experts.iter().map(|e| profile(e, 1.0)).collect();
                     let alloc = uniform_split(&profiles, share);
-                    let expert_span = alloc.makespan_us(&profiles);
+                    // Fewer threads than experts: they run in waves (credited as perfectly packed).
+                    let expert_span = if (share as usize) < profiles.len() {
+                        profiles.iter().map(ExpertProfile::work).sum::<f64>() / share as f64
+                    } else {
+                        alloc.makespan_us(&profiles)
+                    };
                     let per_batch = t.backbone_work_us() / share as f64 + expert_span;
                     slowest = slowest.max(per_batch);
                     let blocks: Vec<(u64, f64)> = t
                         .experts
                         .iter()
                         .zip(&alloc.threads)
-                        .map(|(e, (_, th))| (e.temp_bytes, profile(e, 1.0).latency_us(*th)))
+                        .map(|(e, (_, th))| {
+                            (e.temp_bytes, profile(e, 1.0).latency_us((*th).max(1)))
+                        })
                         .collect();
                     cost.frag_weighted +=
                         slice_fragmentation(&blocks, cfg.isolated_workspace) * expert_span * b;
@@ -494,6 +501,7 @@ impl Engine<'_> {
                     static_bytes: 0,
                     eta_per_sec: 0.05,
                     max_dp_cells: 512,
+                    max_slice_experts: threads as usize,
                 };
                 self.grouping_calls += 1;
                 let slices = if grouping {
@@ -502,6 +510,7 @@ impl Engine<'_> {
                     Ok(aligned_random_grouping(
                         &items,
                         cfg.temp_reserve,
+                        threads as usize,
                         &mut self.rng,
                     ))
                 };
@@ -550,14 +559,16 @@ impl Engine<'_> {
         cost
     }
 
-    /// Runs the reuse cache for one epoch of `tasks`; returns each expert's computed share of
-    /// tokens and the prefetch I/O seconds.
+    /// Runs the reuse cache for one epoch of `tasks` (one representative mini-batch); returns
+    /// each expert's computed share of tokens and the epoch's prefetch I/O seconds.
     fn reuse_plan(&mut self, now: Micros, tasks: &[&SimTask]) -> (BTreeMap<ExpertId, f64>, f64) {
         let epoch_salt = now.0;
         let mut batches = Vec::new();
         for t in tasks {
             for e in &t.experts {
-                let group_tokens = e.tokens * self.cfg.batches_per_epoch as u64 / GROUPS;
+                // One entry is a token group's output in one mini-batch; every mini-batch of the
+                // epoch repeats the same pattern, so I/O scales with the batch count.
+                let group_tokens = e.tokens / GROUPS;
                 let stable = (e.reuse_share * GROUPS as f64).round() as u64;
                 let tokens = (0..GROUPS)
                     .map(|g| TokenRequest {
@@ -959,16 +970,35 @@ mod figures {
     fn figures() {
         let cfg = SimConfig::default();
         let k_max = 32;
-        for s in std::iter::once(Strategy::OURS)
-            .chain(Strategy::baselines())
+        let mut best_baseline = (0, "");
+        let ours = max_concurrency(&Strategy::OURS, &cfg, k_max, 0.9);
+        println!("max_concurrency {:<12} {ours}", Strategy::OURS.name);
+        for s in Strategy::baselines()
+            .into_iter()
             .chain(Strategy::ablations())
         {
             let mc = max_concurrency(&s, &cfg, k_max, 0.9);
             println!("max_concurrency {:<12} {mc}", s.name);
+            if Strategy::baselines().contains(&s) && mc > best_baseline.0 {
+                best_baseline = (mc, s.name);
+            }
         }
-        for k in [4, 8, 12, 17, 24] {
+        println!(
+            "concurrency ratio ours/best baseline ({}) = {:.2}",
+            best_baseline.1,
+            ours as f64 / best_baseline.0.max(1) as f64
+        );
+        for k in [4, 5, 8, 12, 17, 24] {
+            let mut best = (0.0f64, 0.0f64);
+            let o = simulate(&Strategy::OURS, k, &cfg);
             for s in std::iter::once(Strategy::OURS).chain(Strategy::baselines()) {
                 let r = simulate(&s, k, &cfg);
+                if s != Strategy::OURS {
+                    best = (
+                        best.0.max(r.slo_attainment),
+                        best.1.max(r.throughput_per_min),
+                    );
+                }
                 println!(
                     "K={k:<3} {:<10} slo {:>2}/{k:<3} ({:.2}) thr {:>6.2}/min lat {:>7.1}s frag {:.3} util {:.2} span {:.0}s cycles {}",
                     r.strategy,
@@ -982,6 +1012,63 @@ mod figures {
                     r.cycles
                 );
             }
+            println!(
+                "K={k:<3} ratios vs best baseline: slo {:.2}x throughput {:.2}x",
+                o.slo_attainment / best.0.max(1e-9),
+                o.throughput_per_min / best.1.max(1e-9)
+            );
+        }
+    }
+
+    /// Grouping + allocation overhead per mini-batch (paper: ~1.7 ms). Wall time is only printed.
+    #[test]
+    #[ignore = "prints timings"]
+    #[allow(clippy::disallowed_methods)]
+    fn grouping_overhead() {
+        let cfg = SimConfig::default();
+        for k in [4usize, 17] {
+            let tasks: Vec<SimTask> = (0..k).map(|i| make_task(&cfg, i)).collect();
+            let experts: Vec<SimExpert> = tasks
+                .iter()
+                .flat_map(|t| t.experts.iter().copied())
+                .collect();
+            let items: Vec<GroupingItem> = experts
+                .iter()
+                .map(|e| GroupingItem {
+                    expert: e.id,
+                    temp_bytes: e.temp_bytes,
+                    lifespan: Micros(profile(e, 1.0).latency_us(e.saturation) as u64),
+                })
+                .collect();
+            let gcfg = GroupingConfig {
+                device_budget: cfg.temp_reserve,
+                static_bytes: 0,
+                eta_per_sec: 0.05,
+                max_dp_cells: 512,
+                max_slice_experts: cfg.threads as usize,
+            };
+            let mut rng = SmallRng::seed_from_u64(1);
+            let by_id: BTreeMap<ExpertId, SimExpert> = experts.iter().map(|e| (e.id, *e)).collect();
+            let mut times = Vec::new();
+            for _ in 0..200 {
+                let t0 = std::time::Instant::now();
+                let g = group_experts(&items, &gcfg, &mut rng).unwrap();
+                for s in &g.slices {
+                    let ps: Vec<ExpertProfile> = s
+                        .experts
+                        .iter()
+                        .map(|id| profile(&by_id[id], 1.0))
+                        .collect();
+                    let _ = fill_clamp_refill(&ps, cfg.threads).unwrap();
+                }
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "grouping+allocation, {} experts ({k} tasks): median {:.3} ms per mini-batch",
+                items.len(),
+                times[times.len() / 2]
+            );
         }
     }
 }

@@ -35,9 +35,17 @@ impl ExpertProfile {
         self.tokens as f64 * self.per_token_us.max(0.0)
     }
 
-    /// Predicted latency in microseconds with `threads` threads (linear up to saturation).
+    /// Predicted latency in microseconds with `threads` threads (linear up to saturation);
+    /// infinite with no threads and some work.
     pub fn latency_us(&self, threads: u32) -> f64 {
-        let eff = threads.min(self.saturation.max(1)).max(1);
+        let eff = threads.min(self.saturation.max(1));
+        if eff == 0 {
+            return if self.work() > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            };
+        }
         self.work() / eff as f64
     }
 

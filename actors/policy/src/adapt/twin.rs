@@ -38,6 +38,9 @@ pub struct TwinConfig {
     pub error_smoothing: f64,
     /// How long before the expected end of a cycle the next one is preloaded.
     pub preload_lead: Micros,
+    /// Most tasks per cycle: the pipelines time-share the GPU rather than co-running every
+    /// task at once (processor sharing would finish every task late together under overload).
+    pub seats: usize,
 }
 
 impl Default for TwinConfig {
@@ -50,6 +53,7 @@ impl Default for TwinConfig {
             age_error_threshold: 0.5,
             error_smoothing: 0.3,
             preload_lead: Micros::from_secs(2),
+            seats: 4,
         }
     }
 }
@@ -193,6 +197,13 @@ impl TwinBufferScheduler {
         }
     }
 
+    /// The tasks of the next cycle: the service order filled into memory, at most `seats`.
+    pub fn next_set(&self) -> Vec<TaskId> {
+        let mut set = self.table.fill(&self.service_order());
+        set.truncate(self.cfg.seats.max(1));
+        set
+    }
+
     fn milestone(&self, accuracy: f64, target: f64) -> f64 {
         if accuracy < self.cfg.alpha {
             self.cfg.alpha.min(target)
@@ -205,8 +216,7 @@ impl TwinBufferScheduler {
         if !self.table.cycle_idle() {
             return;
         }
-        let order = self.service_order();
-        let chosen = self.table.fill(&order);
+        let chosen = self.next_set();
         for id in &chosen {
             if self.buffer_of(*id) == Some(Buffer::Alpha) {
                 if let Some(x) = self.extra.get_mut(id) {
@@ -227,7 +237,7 @@ impl TwinBufferScheduler {
     }
 
     fn preload_next(&mut self) {
-        let next = self.table.fill(&self.service_order());
+        let next = self.next_set();
         let needed: BTreeSet<ExpertId> = self
             .current
             .iter()
