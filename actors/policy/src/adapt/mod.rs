@@ -26,6 +26,8 @@ pub mod twin;
 
 #[cfg(test)]
 pub(crate) mod golden;
+#[cfg(test)]
+mod golden_tests;
 
 /// An expert in the co-adaptation pool (unique across the merged models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -114,11 +114,10 @@ impl ReusePredictor {
     }
 
     fn logit(&self, x: &[f64; FEATURES]) -> f64 {
-        let mut z = self.bias;
-        for k in 0..FEATURES {
-            z += self.weights[k] * (x[k] - self.mean[k]) / self.std[k];
-        }
-        z
+        self.bias
+            + (0..FEATURES)
+                .map(|k| self.weights[k] * (x[k] - self.mean[k]) / self.std[k])
+                .sum::<f64>()
     }
 }
 
@@ -165,14 +164,14 @@ pub fn train_reuse_predictor(
             for &i in chunk {
                 let y = if samples[i].reused { 1.0 } else { 0.0 };
                 let err = sigmoid(model.logit(&xs[i])) - y;
-                for k in 0..FEATURES {
-                    gw[k] += err * (xs[i][k] - mean[k]) / std[k];
+                for (k, g) in gw.iter_mut().enumerate() {
+                    *g += err * (xs[i][k] - mean[k]) / std[k];
                 }
                 gb += err;
             }
             let m = chunk.len() as f64;
-            for k in 0..FEATURES {
-                model.weights[k] -= cfg.learning_rate * (gw[k] / m + cfg.l2 * model.weights[k]);
+            for (w, g) in model.weights.iter_mut().zip(gw) {
+                *w -= cfg.learning_rate * (g / m + cfg.l2 * *w);
             }
             model.bias -= cfg.learning_rate * gb / m;
         }

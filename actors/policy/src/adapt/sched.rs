@@ -204,11 +204,11 @@ impl TaskTable {
         let mut left = self.limits.memory_budget;
         let mut chosen = Vec::new();
         for id in order {
-            if let Some(t) = self.tasks.get(id) {
-                if t.spec.footprint <= left {
-                    left -= t.spec.footprint;
-                    chosen.push(*id);
-                }
+            if let Some(t) = self.tasks.get(id)
+                && t.spec.footprint <= left
+            {
+                left -= t.spec.footprint;
+                chosen.push(*id);
             }
         }
         chosen

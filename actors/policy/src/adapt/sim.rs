@@ -953,9 +953,13 @@ mod tests {
         let ours = simulate(&Strategy::OURS, 16, &cfg);
         let iso = simulate(&Strategy::ISOLATED, 16, &cfg);
         assert!(ours.slo_met > iso.slo_met, "{ours:?} vs {iso:?}");
+        assert!(ours.utilisation > iso.utilisation, "{ours:?} vs {iso:?}");
+        // Lifespan alignment is what keeps the slices' temporary region free of holes.
+        let unaligned = simulate(&Strategy::ablations()[1], 16, &cfg);
+        assert_eq!(unaligned.strategy, "-align");
         assert!(
-            ours.fragmentation <= iso.fragmentation,
-            "{ours:?} vs {iso:?}"
+            ours.fragmentation < unaligned.fragmentation,
+            "{ours:?} vs {unaligned:?}"
         );
     }
 }
@@ -981,6 +985,20 @@ mod figures {
             println!("max_concurrency {:<12} {mc}", s.name);
             if Strategy::baselines().contains(&s) && mc > best_baseline.0 {
                 best_baseline = (mc, s.name);
+            }
+        }
+        for k in [8, 17] {
+            for s in std::iter::once(Strategy::OURS).chain(Strategy::ablations()) {
+                let r = simulate(&s, k, &cfg);
+                println!(
+                    "ablation K={k} {:<11} slo {:.2} thr {:.2}/min lat {:.1}s frag {:.3} util {:.2}",
+                    r.strategy,
+                    r.slo_attainment,
+                    r.throughput_per_min,
+                    r.mean_latency_s,
+                    r.fragmentation,
+                    r.utilisation
+                );
             }
         }
         println!(

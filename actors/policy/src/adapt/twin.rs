@@ -218,10 +218,10 @@ impl TwinBufferScheduler {
         }
         let chosen = self.next_set();
         for id in &chosen {
-            if self.buffer_of(*id) == Some(Buffer::Alpha) {
-                if let Some(x) = self.extra.get_mut(id) {
-                    x.slice_start.get_or_insert(now);
-                }
+            if self.buffer_of(*id) == Some(Buffer::Alpha)
+                && let Some(x) = self.extra.get_mut(id)
+            {
+                x.slice_start.get_or_insert(now);
             }
             if let Some(t) = self.table.tasks.get(id) {
                 self.resident.extend(t.spec.experts.iter().copied());
@@ -315,9 +315,12 @@ impl AdaptScheduler for TwinBufferScheduler {
                     }
                 }
             }
-            None => {
+            // Completed (or never admitted): drop its AGE model. An epoch for a task that is not
+            // in the current cycle is ignored and changes nothing.
+            None if !self.table.tasks.contains_key(&task) => {
                 self.extra.remove(&task);
             }
+            None => {}
         }
         if self.table.cycle_idle() {
             let dur = now.saturating_sub(self.table.cycle_started);
