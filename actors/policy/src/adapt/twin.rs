@@ -459,6 +459,27 @@ mod tests {
     }
 
     #[test]
+    fn a_cycle_never_takes_more_than_its_seats() {
+        let mut s = TwinBufferScheduler::new(TwinConfig {
+            seats: 2,
+            ..cfg(1_000)
+        });
+        for i in 1..=5 {
+            s.handle_arrival(Micros(0), spec(i, 0.5, 10));
+        }
+        let _ = drain(&mut s); // task 1 alone (the others arrived during its cycle)
+        s.handle_epoch_done(Micros(10), TaskId(1), 0.52);
+        let runs = drain(&mut s);
+        assert_eq!(
+            runs,
+            vec![
+                SchedAction::RunEpoch { task: TaskId(2) },
+                SchedAction::RunEpoch { task: TaskId(3) },
+            ]
+        );
+    }
+
+    #[test]
     fn large_age_errors_switch_to_round_robin() {
         let mut s = TwinBufferScheduler::new(TwinConfig {
             age_error_threshold: 0.2,
