@@ -136,10 +136,13 @@ impl TaskTable {
         }
     }
 
-    /// Adds a task; returns false (and completes it as not reached) when it can never fit or is
-    /// already at its target.
+    /// Adds a task; returns false when it is a duplicate of a live id (ignored), can never fit
+    /// (completed as not reached) or is already at its target (completed as reached).
     pub fn admit(&mut self, now: Micros, spec: TaskSpec) -> bool {
-        if spec.footprint > self.limits.memory_budget || self.tasks.contains_key(&spec.id) {
+        if self.tasks.contains_key(&spec.id) {
+            return false;
+        }
+        if spec.footprint > self.limits.memory_budget {
             self.actions.push_back(SchedAction::Complete {
                 task: spec.id,
                 reached: false,
@@ -254,6 +257,14 @@ mod tests {
         });
         assert!(!t.admit(Micros(0), spec(9, 0.5, 0.6, 11)));
         assert!(t.admit(Micros(0), spec(1, 0.5, 0.6, 6)));
+        assert!(
+            !t.admit(Micros(0), spec(1, 0.1, 0.6, 6)),
+            "duplicate id is ignored"
+        );
+        assert!(
+            !t.admit(Micros(0), spec(8, 0.7, 0.6, 6)),
+            "already at target"
+        );
         assert!(t.admit(Micros(0), spec(2, 0.5, 0.6, 5)));
         assert!(t.admit(Micros(0), spec(3, 0.5, 0.6, 4)));
         assert_eq!(

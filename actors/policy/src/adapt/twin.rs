@@ -480,6 +480,33 @@ mod tests {
     }
 
     #[test]
+    fn an_alpha_task_that_misses_alpha_within_tau_yields() {
+        let mut s = TwinBufferScheduler::new(TwinConfig {
+            tau: Micros::from_secs(10),
+            seats: 1,
+            ..cfg(1_000)
+        });
+        s.handle_arrival(Micros(0), spec(1, 0.30, 10));
+        s.handle_arrival(Micros(0), spec(2, 0.31, 10));
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        // t=6: same gap to alpha (0.14) for both, no rotation yet: task 1 keeps its slice.
+        s.handle_epoch_done(Micros::from_secs(6), TaskId(1), 0.31);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        // t=12: 12 s >= tau since its slice began at 0 and 0.32 < alpha: it goes behind task 2.
+        s.handle_epoch_done(Micros::from_secs(12), TaskId(1), 0.32);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(2) }]
+        );
+    }
+
+    #[test]
     fn large_age_errors_switch_to_round_robin() {
         let mut s = TwinBufferScheduler::new(TwinConfig {
             age_error_threshold: 0.2,
