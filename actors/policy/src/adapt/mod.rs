@@ -1,0 +1,42 @@
+//! Co-adaptation policies after AdaSprite (paper in `shared/seeds/adasprite-coadaptation.txt`).
+//!
+//! Several V-MoEs are merged into one co-adaptation pool (shared parts once, experts per model);
+//! these modules decide how that pool uses one edge device:
+//! * [`memory`]: per-expert temporary-memory estimator (§3.2.1);
+//! * [`grouping`]: knapsack DP packing experts into ordered time slices (§3.2.1);
+//! * [`threads`]: fill-clamp-refill compute allocation within a slice (§3.2.2);
+//! * [`reuse`] and [`predictor`]: budgeted disk-backed reuse cache with I/O-hiding token order
+//!   and importance-aware residency (§3.3);
+//! * [`age`], [`nnls`] and [`twin`]: twin-buffer scheduler driven by accuracy gain per epoch (§3.4);
+//! * [`baselines`]: isolated, AMS-like, RECL-like and MoE-SE schedulers (§5.1);
+//! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
+
+pub mod age;
+pub mod baselines;
+pub mod grouping;
+pub(crate) mod linalg;
+pub mod memory;
+pub mod nnls;
+pub mod predictor;
+pub mod reuse;
+pub mod sched;
+pub mod sim;
+pub mod threads;
+pub mod twin;
+
+#[cfg(test)]
+pub(crate) mod golden;
+#[cfg(test)]
+mod golden_tests;
+
+/// An expert in the co-adaptation pool (unique across the merged models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExpertId(pub u32);
+
+/// A V-MoE model (one per device) in the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelId(pub u32);
+
+/// One adaptation task (a job to re-train one model's experts after drift).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId(pub u32);

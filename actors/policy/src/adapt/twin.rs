@@ -1,0 +1,525 @@
+//! Twin-buffer scheduler (paper §3.4.1) driven by online AGE prediction (§3.4.2).
+//!
+//! * Buffer α holds tasks whose accuracy is below `α` or whose predicted accuracy gain per epoch
+//!   (AGE) is below `Δ`; it is served shortest-job-first by predicted epochs to the task's next
+//!   milestone (`α`, or the target once above `α`), with a maximum slice `τ`: a task that has
+//!   not reached `α` after `τ` of GPU time goes behind the others (time-slice rotation).
+//! * Buffer β holds the rest and is served by fastest AGE (unmeasured tasks first, to measure them).
+//! * Cycles interleave the buffers (β first: the high-priority pipeline), taking tasks while
+//!   their resident state fits the memory budget.
+//! * Before the current cycle is expected to end (`preload_lead` early), the tasks entering the
+//!   next cycle are preloaded: their inactive experts loaded, experts nobody needs dropped.
+//! * Fallback: when the smoothed relative AGE error exceeds `age_error_threshold`, β is served
+//!   round-robin and α by remaining accuracy gap (approximate SJF), until the error recovers.
+//!
+//! The calling protocol is the one in [`super::sched`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::age::AgeModel;
+use super::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec, TaskTable};
+use super::{ExpertId, TaskId};
+use crate::Micros;
+
+/// Knobs of the twin-buffer scheduler.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TwinConfig {
+    /// Memory budget per cycle and epoch cap per task.
+    pub limits: CycleLimits,
+    /// `α`: accuracy below which a task belongs to buffer α.
+    pub alpha: f64,
+    /// `Δ`: predicted AGE below which a task belongs to buffer α.
+    pub delta: f64,
+    /// `τ`: most GPU time an α task keeps its turn without reaching `α`.
+    pub tau: Micros,
+    /// Smoothed relative AGE error above which the scheduler falls back.
+    pub age_error_threshold: f64,
+    /// Weight of the newest error in the smoothed error (0..1).
+    pub error_smoothing: f64,
+    /// How long before the expected end of a cycle the next one is preloaded.
+    pub preload_lead: Micros,
+    /// Most tasks per cycle: the pipelines time-share the GPU rather than co-running every
+    /// task at once (processor sharing would finish every task late together under overload).
+    pub seats: usize,
+}
+
+impl Default for TwinConfig {
+    fn default() -> Self {
+        TwinConfig {
+            limits: CycleLimits::default(),
+            alpha: 0.45,
+            delta: 0.005,
+            tau: Micros::from_secs(60),
+            age_error_threshold: 0.5,
+            error_smoothing: 0.3,
+            preload_lead: Micros::from_secs(2),
+            seats: 4,
+        }
+    }
+}
+
+/// Which buffer a task is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    /// Low accuracy or low predicted gain: SJF with max slice τ.
+    Alpha,
+    /// The rest: fastest AGE first.
+    Beta,
+}
+
+#[derive(Debug, Clone, Default)]
+struct TwinTask {
+    age: AgeModel,
+    slice_start: Option<Micros>,
+    rotations: u32,
+}
+
+/// The twin-buffer scheduler (see the module doc).
+#[derive(Debug, Clone)]
+pub struct TwinBufferScheduler {
+    cfg: TwinConfig,
+    table: TaskTable,
+    extra: BTreeMap<TaskId, TwinTask>,
+    err_ewma: Option<f64>,
+    cycle_ewma: Option<Micros>,
+    preload_at: Option<Micros>,
+    current: Vec<TaskId>,
+    preloaded: BTreeSet<TaskId>,
+    resident: BTreeSet<ExpertId>,
+}
+
+impl TwinBufferScheduler {
+    /// A scheduler with no tasks.
+    pub fn new(cfg: TwinConfig) -> Self {
+        TwinBufferScheduler {
+            table: TaskTable::new(cfg.limits),
+            cfg,
+            extra: BTreeMap::new(),
+            err_ewma: None,
+            cycle_ewma: None,
+            preload_at: None,
+            current: Vec::new(),
+            preloaded: BTreeSet::new(),
+            resident: BTreeSet::new(),
+        }
+    }
+
+    /// Whether the AGE-error fallback (round-robin / approximate SJF) is active.
+    pub fn in_fallback(&self) -> bool {
+        self.err_ewma
+            .is_some_and(|e| e > self.cfg.age_error_threshold)
+    }
+
+    /// The smoothed relative AGE error.
+    pub fn age_error(&self) -> Option<f64> {
+        self.err_ewma
+    }
+
+    /// Buffer of a live task.
+    pub fn buffer_of(&self, task: TaskId) -> Option<Buffer> {
+        let t = self.table.tasks.get(&task)?;
+        let low_gain = self
+            .extra
+            .get(&task)
+            .and_then(|x| x.age.predicted_age())
+            .is_some_and(|g| g < self.cfg.delta);
+        Some(if t.accuracy < self.cfg.alpha || low_gain {
+            Buffer::Alpha
+        } else {
+            Buffer::Beta
+        })
+    }
+
+    /// Predicted AGE of a live task.
+    pub fn predicted_age(&self, task: TaskId) -> Option<f64> {
+        self.extra.get(&task)?.age.predicted_age()
+    }
+
+    /// The service order for the next cycle: β and α interleaved, β first.
+    pub fn service_order(&self) -> Vec<TaskId> {
+        let fallback = self.in_fallback();
+        let (mut beta, mut alpha): (Vec<TaskId>, Vec<TaskId>) = self
+            .table
+            .tasks
+            .keys()
+            .partition(|id| self.buffer_of(**id) == Some(Buffer::Beta));
+        if fallback {
+            beta.sort_by_key(|id| (self.table.tasks[id].last_cycle, *id));
+        } else {
+            beta.sort_by(|a, b| {
+                // Unmeasured tasks first (to measure them), least recently served among ties.
+                let ga = self.predicted_age(*a).unwrap_or(f64::INFINITY);
+                let gb = self.predicted_age(*b).unwrap_or(f64::INFINITY);
+                let (la, lb) = (
+                    self.table.tasks[a].last_cycle,
+                    self.table.tasks[b].last_cycle,
+                );
+                gb.total_cmp(&ga).then(la.cmp(&lb)).then(a.cmp(b))
+            });
+        }
+        alpha.sort_by_key(|id| {
+            let rot = self.extra.get(id).map_or(0, |x| x.rotations);
+            (rot, self.sjf_key(*id, fallback), *id)
+        });
+        let mut order = Vec::with_capacity(beta.len() + alpha.len());
+        let (mut b, mut a) = (beta.into_iter(), alpha.into_iter());
+        loop {
+            let nb = b.next();
+            let na = a.next();
+            if nb.is_none() && na.is_none() {
+                break;
+            }
+            order.extend(nb);
+            order.extend(na);
+        }
+        order
+    }
+
+    /// SJF key: predicted epochs to the next milestone (scaled gap when unpredicted or in fallback).
+    fn sjf_key(&self, id: TaskId, fallback: bool) -> u64 {
+        let Some(t) = self.table.tasks.get(&id) else {
+            return u64::MAX;
+        };
+        let milestone = self.milestone(t.accuracy, t.spec.target);
+        let gap = (milestone - t.accuracy).max(0.0);
+        let by_gap = (gap * 1000.0).ceil() as u64;
+        if fallback {
+            return by_gap;
+        }
+        match self
+            .extra
+            .get(&id)
+            .and_then(|x| x.age.epochs_to(milestone, self.cfg.limits.max_epochs))
+        {
+            Some(e) => e as u64 * 1000,
+            None if self.extra.get(&id).and_then(|x| x.age.curve()).is_some() => u64::MAX / 2,
+            None => by_gap,
+        }
+    }
+
+    /// The tasks of the next cycle: the service order filled into memory, at most `seats`.
+    pub fn next_set(&self) -> Vec<TaskId> {
+        let mut set = self.table.fill(&self.service_order());
+        set.truncate(self.cfg.seats.max(1));
+        set
+    }
+
+    fn milestone(&self, accuracy: f64, target: f64) -> f64 {
+        if accuracy < self.cfg.alpha {
+            self.cfg.alpha.min(target)
+        } else {
+            target
+        }
+    }
+
+    fn plan(&mut self, now: Micros) {
+        if !self.table.cycle_idle() {
+            return;
+        }
+        let chosen = self.next_set();
+        for id in &chosen {
+            if self.buffer_of(*id) == Some(Buffer::Alpha)
+                && let Some(x) = self.extra.get_mut(id)
+            {
+                x.slice_start.get_or_insert(now);
+            }
+            if let Some(t) = self.table.tasks.get(id) {
+                self.resident.extend(t.spec.experts.iter().copied());
+            }
+        }
+        self.table.dispatch(now, &chosen);
+        self.current = chosen;
+        self.preloaded.clear();
+        self.preload_at = match (self.current.is_empty(), self.cycle_ewma) {
+            (false, Some(d)) => Some(now + d.saturating_sub(self.cfg.preload_lead)),
+            _ => None,
+        };
+    }
+
+    fn preload_next(&mut self) {
+        let next = self.next_set();
+        let needed: BTreeSet<ExpertId> = self
+            .current
+            .iter()
+            .chain(&next)
+            .filter_map(|id| self.table.tasks.get(id))
+            .flat_map(|t| t.spec.experts.iter().copied())
+            .collect();
+        let mut unload: Vec<ExpertId> = self.resident.difference(&needed).copied().collect();
+        for id in next {
+            if self.current.contains(&id) || !self.preloaded.insert(id) {
+                continue;
+            }
+            let Some(t) = self.table.tasks.get(&id) else {
+                continue;
+            };
+            let load: Vec<ExpertId> = t
+                .spec
+                .experts
+                .iter()
+                .filter(|e| !self.resident.contains(e))
+                .copied()
+                .collect();
+            for e in &unload {
+                self.resident.remove(e);
+            }
+            self.resident.extend(load.iter().copied());
+            self.table.actions.push_back(SchedAction::Preload {
+                task: id,
+                load,
+                unload: std::mem::take(&mut unload),
+            });
+        }
+    }
+}
+
+impl AdaptScheduler for TwinBufferScheduler {
+    fn name(&self) -> &'static str {
+        "twin-buffer"
+    }
+
+    fn handle_arrival(&mut self, now: Micros, task: TaskSpec) {
+        let (id, acc) = (task.id, task.accuracy);
+        if self.table.admit(now, task) {
+            let mut x = TwinTask::default();
+            let _ = x.age.observe(0.0, acc);
+            self.extra.insert(id, x);
+            self.plan(now);
+        }
+    }
+
+    fn handle_epoch_done(&mut self, now: Micros, task: TaskId, accuracy: f64) {
+        let live = self
+            .table
+            .record_epoch(task, accuracy)
+            .map(|t| (t.epochs, t.accuracy, t.spec.target));
+        match live {
+            Some((epochs, acc, target)) => {
+                let alpha = self.cfg.alpha;
+                let milestone = self.milestone(acc, target);
+                if let Some(x) = self.extra.get_mut(&task) {
+                    if let Some(err) = x.age.observe(epochs as f64, acc) {
+                        let w = self.cfg.error_smoothing;
+                        self.err_ewma = Some(match self.err_ewma {
+                            Some(prev) => (1.0 - w) * prev + w * err,
+                            None => err,
+                        });
+                    }
+                    if let Some(start) = x.slice_start {
+                        if acc >= alpha || acc >= milestone {
+                            x.slice_start = None;
+                        } else if now.saturating_sub(start) >= self.cfg.tau {
+                            x.slice_start = None;
+                            x.rotations += 1;
+                        }
+                    }
+                }
+            }
+            // Completed (or never admitted): drop its AGE model. An epoch for a task that is not
+            // in the current cycle is ignored and changes nothing.
+            None if !self.table.tasks.contains_key(&task) => {
+                self.extra.remove(&task);
+            }
+            None => {}
+        }
+        if self.table.cycle_idle() {
+            let dur = now.saturating_sub(self.table.cycle_started);
+            self.cycle_ewma = Some(match self.cycle_ewma {
+                Some(p) => Micros((p.0 + dur.0) / 2),
+                None => dur,
+            });
+            self.plan(now);
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Micros) {
+        if self.preload_at.is_some_and(|t| t <= now) {
+            self.preload_at = None;
+            self.preload_next();
+        }
+    }
+
+    fn poll_action(&mut self) -> Option<SchedAction> {
+        self.table.actions.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Micros> {
+        self.preload_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapt::ModelId;
+
+    fn spec(id: u32, acc: f64, footprint: u64) -> TaskSpec {
+        TaskSpec {
+            id: TaskId(id),
+            model: ModelId(id),
+            experts: vec![ExpertId(10 * id), ExpertId(10 * id + 1)],
+            accuracy: acc,
+            target: acc + 0.2,
+            footprint,
+        }
+    }
+
+    fn cfg(budget: u64) -> TwinConfig {
+        TwinConfig {
+            limits: CycleLimits {
+                memory_budget: budget,
+                max_epochs: 50,
+            },
+            ..TwinConfig::default()
+        }
+    }
+
+    fn drain(s: &mut TwinBufferScheduler) -> Vec<SchedAction> {
+        std::iter::from_fn(|| s.poll_action()).collect()
+    }
+
+    #[test]
+    fn buffers_split_by_alpha_and_beta_is_served_by_age() {
+        let mut s = TwinBufferScheduler::new(cfg(10));
+        s.handle_arrival(Micros(0), spec(1, 0.30, 10));
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        s.handle_arrival(Micros(1), spec(2, 0.50, 10));
+        s.handle_arrival(Micros(1), spec(3, 0.55, 10));
+        assert!(drain(&mut s).is_empty(), "cycle still running");
+        assert_eq!(s.buffer_of(TaskId(1)), Some(Buffer::Alpha));
+        assert_eq!(s.buffer_of(TaskId(2)), Some(Buffer::Beta));
+        // Unmeasured β tasks tie at +inf AGE: id order. β first, then α.
+        assert_eq!(s.service_order(), vec![TaskId(2), TaskId(1), TaskId(3)]);
+        s.handle_epoch_done(Micros::from_secs(5), TaskId(1), 0.33);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(2) }]
+        );
+    }
+
+    #[test]
+    fn fills_the_budget_and_completes_at_target() {
+        let mut s = TwinBufferScheduler::new(cfg(25));
+        s.handle_arrival(Micros(0), spec(1, 0.5, 10));
+        let _ = drain(&mut s);
+        s.handle_arrival(Micros(0), spec(2, 0.5, 10));
+        s.handle_arrival(Micros(0), spec(3, 0.5, 10));
+        s.handle_epoch_done(Micros(10), TaskId(1), 0.71);
+        let acts = drain(&mut s);
+        assert_eq!(
+            acts,
+            vec![
+                SchedAction::Complete {
+                    task: TaskId(1),
+                    reached: true
+                },
+                SchedAction::RunEpoch { task: TaskId(2) },
+                SchedAction::RunEpoch { task: TaskId(3) },
+            ]
+        );
+    }
+
+    #[test]
+    fn preloads_the_next_cycle_before_it_starts() {
+        // Budget for one task per cycle; three unmeasured tasks take turns.
+        let mut s = TwinBufferScheduler::new(cfg(10));
+        for i in 1..=3 {
+            s.handle_arrival(Micros(0), spec(i, 0.5, 10));
+        }
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        assert_eq!(s.poll_timeout(), None, "no cycle estimate yet");
+        s.handle_epoch_done(Micros::from_secs(10), TaskId(1), 0.52);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(2) }]
+        );
+        // Cycle estimate 10 s, lead 2 s: preload at 10 + 8 = 18 s.
+        assert_eq!(s.poll_timeout(), Some(Micros::from_secs(18)));
+        s.handle_timeout(Micros::from_secs(18));
+        // Next is task 3 (never served): load its experts, drop task 1's (not needed next).
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::Preload {
+                task: TaskId(3),
+                load: vec![ExpertId(30), ExpertId(31)],
+                unload: vec![ExpertId(10), ExpertId(11)],
+            }]
+        );
+        s.handle_epoch_done(Micros::from_secs(20), TaskId(2), 0.52);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(3) }]
+        );
+    }
+
+    #[test]
+    fn a_cycle_never_takes_more_than_its_seats() {
+        let mut s = TwinBufferScheduler::new(TwinConfig {
+            seats: 2,
+            ..cfg(1_000)
+        });
+        for i in 1..=5 {
+            s.handle_arrival(Micros(0), spec(i, 0.5, 10));
+        }
+        let _ = drain(&mut s); // task 1 alone (the others arrived during its cycle)
+        s.handle_epoch_done(Micros(10), TaskId(1), 0.52);
+        let runs = drain(&mut s);
+        assert_eq!(
+            runs,
+            vec![
+                SchedAction::RunEpoch { task: TaskId(2) },
+                SchedAction::RunEpoch { task: TaskId(3) },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_alpha_task_that_misses_alpha_within_tau_yields() {
+        let mut s = TwinBufferScheduler::new(TwinConfig {
+            tau: Micros::from_secs(10),
+            seats: 1,
+            ..cfg(1_000)
+        });
+        s.handle_arrival(Micros(0), spec(1, 0.30, 10));
+        s.handle_arrival(Micros(0), spec(2, 0.31, 10));
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        // t=6: same gap to alpha (0.14) for both, no rotation yet: task 1 keeps its slice.
+        s.handle_epoch_done(Micros::from_secs(6), TaskId(1), 0.31);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(1) }]
+        );
+        // t=12: 12 s >= tau since its slice began at 0 and 0.32 < alpha: it goes behind task 2.
+        s.handle_epoch_done(Micros::from_secs(12), TaskId(1), 0.32);
+        assert_eq!(
+            drain(&mut s),
+            vec![SchedAction::RunEpoch { task: TaskId(2) }]
+        );
+    }
+
+    #[test]
+    fn large_age_errors_switch_to_round_robin() {
+        let mut s = TwinBufferScheduler::new(TwinConfig {
+            age_error_threshold: 0.2,
+            ..cfg(10)
+        });
+        s.handle_arrival(Micros(0), spec(1, 0.5, 10));
+        let _ = drain(&mut s);
+        // A noisy curve: gains alternate in sign, so predictions keep missing.
+        let accs = [0.55, 0.51, 0.58, 0.52, 0.60, 0.53];
+        for (i, a) in accs.iter().enumerate() {
+            s.handle_epoch_done(Micros(i as u64 + 1), TaskId(1), *a);
+            let _ = drain(&mut s);
+        }
+        assert!(s.in_fallback(), "error {:?}", s.age_error());
+    }
+}
