@@ -179,10 +179,14 @@ impl NodeConfig {
     /// Reads, parses and validates a config file; relative paths resolve against its folder.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
-        let err = |field: &str, problem: String| ConfigError { file: file.clone(), field: field.into(), problem };
+        let err =
+            |field: &str, problem: String| ConfigError { file: file.clone(), field: field.into(), problem };
         let meta = std::fs::metadata(path).map_err(|e| err("file", e.to_string()))?;
         if meta.len() > MAX_CONFIG_BYTES {
-            return Err(err("file", format!("{} bytes is larger than the {MAX_CONFIG_BYTES}-byte cap", meta.len())));
+            return Err(err(
+                "file",
+                format!("{} bytes is larger than the {MAX_CONFIG_BYTES}-byte cap", meta.len()),
+            ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| err("file", e.to_string()))?;
         let mut cfg: NodeConfig = toml::from_str(&text).map_err(|e| {
@@ -231,7 +235,10 @@ impl NodeConfig {
         }
         for (i, d) in self.devices.iter().enumerate() {
             if d.kind != "cpu" && !d.kind.starts_with("cuda:") {
-                return bad(&format!("devices[{i}].kind"), format!("unknown device kind {:?} (use \"cpu\" or \"cuda:N\")", d.kind));
+                return bad(
+                    &format!("devices[{i}].kind"),
+                    format!("unknown device kind {:?} (use \"cpu\" or \"cuda:N\")", d.kind),
+                );
             }
             if d.memory_mb == 0 {
                 return bad(&format!("devices[{i}].memory_mb"), "must be at least 1".into());
@@ -239,7 +246,10 @@ impl NodeConfig {
         }
         for (i, a) in self.actors.iter().enumerate() {
             if !ACTOR_KINDS.contains(&a.kind.as_str()) {
-                return bad(&format!("actors[{i}].kind"), format!("unknown actor kind {:?} (known: {ACTOR_KINDS:?})", a.kind));
+                return bad(
+                    &format!("actors[{i}].kind"),
+                    format!("unknown actor kind {:?} (known: {ACTOR_KINDS:?})", a.kind),
+                );
             }
         }
         if let Some(j) = &self.job
@@ -281,13 +291,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
         assert!(e.to_string().contains("node.toml") && e.field == "colour", "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n")))
-            .unwrap_err();
+        let e = NodeConfig::load(&write(
+            d.path(),
+            &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n"),
+        ))
+        .unwrap_err();
         assert_eq!(e.field, "membership.timeout_ms", "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n"))).unwrap_err();
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n")))
+            .unwrap_err();
         assert_eq!(e.field, "actors[0].kind");
         assert!(e.problem.contains("dragon"));
-        let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n")).unwrap_err();
+        let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n"))
+            .unwrap_err();
         assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
         let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");

@@ -52,7 +52,11 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
             idle_timeout: Duration::from_millis(cfg.transport.idle_timeout_ms),
             ..QuicConfig::default()
         },
-        peers: cfg.peers.iter().map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr }).collect(),
+        peers: cfg
+            .peers
+            .iter()
+            .map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr })
+            .collect(),
         membership: MembershipConfig {
             heartbeat: cfg.heartbeat(),
             timeout: Duration::from_millis(cfg.membership.timeout_ms),
@@ -132,7 +136,8 @@ async fn hello_job(job: &JobConfig) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     println!("hello: asking {} experts over QUIC: {:?}", experts.len(), job.question);
-    let answers = ask_all(&experts, &job.question, Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
+    let answers =
+        ask_all(&experts, &job.question, Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
     for a in &answers {
         println!("hello: answer from {a}");
     }

@@ -138,7 +138,8 @@ pub fn prepare(topology: &Topology, workdir: &Path) -> Result<Vec<(String, PathB
     for cfg in topology.node_configs(&keys, &ports) {
         cfg.validate().map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
         let path = workdir.join(format!("{}.toml", cfg.name));
-        std::fs::write(&path, toml::to_string_pretty(&cfg)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, toml::to_string_pretty(&cfg)?)
+            .with_context(|| format!("writing {}", path.display()))?;
         out.push((cfg.name.clone(), path));
     }
     Ok(out)

@@ -70,7 +70,10 @@ pub fn write_json(path: &Path, figures: &BTreeMap<String, f64>) -> Result<()> {
     }
     let clean: BTreeMap<&String, serde_json::Value> = figures
         .iter()
-        .map(|(k, v)| (k, serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, serde_json::Value::Number)))
+        .map(|(k, v)| {
+            (k, serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+        })
         .collect();
-    std::fs::write(path, serde_json::to_string_pretty(&clean)?).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, serde_json::to_string_pretty(&clean)?)
+        .with_context(|| format!("writing {}", path.display()))
 }

@@ -18,7 +18,9 @@ use troupe_actors::hello::{HelloExpert, HelloExpertMsg, remote_experts};
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec};
 use troupe_transport::frame::{read_frame, write_frame};
-use troupe_transport::{Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode};
+use troupe_transport::{
+    Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode,
+};
 
 use super::stats::{median, quantile};
 
@@ -26,7 +28,9 @@ use super::stats::{median, quantile};
 pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     let mut f = BTreeMap::new();
     let ca = ClusterCa::generate("bench")?;
-    for (label, size, count) in [("1mib", 1usize << 20, if quick { 16 } else { 128 }), ("64mib", 64 << 20, if quick { 1 } else { 4 })] {
+    for (label, size, count) in
+        [("1mib", 1usize << 20, if quick { 16 } else { 128 }), ("64mib", 64 << 20, if quick { 1 } else { 4 })]
+    {
         let payload = payload(size);
         let quic = quic_goodput(&ca, &payload, count).await?;
         let tcp = tcp_goodput(&payload, count).await?;
@@ -212,7 +216,12 @@ impl Actor for Counter {
         Ok(0)
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, n: &mut u64) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        n: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             CounterMsg::Add(k) => *n += k,
             CounterMsg::Get(r) => {

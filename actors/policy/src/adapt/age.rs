@@ -31,12 +31,7 @@ pub struct AccuracyCurve {
 impl AccuracyCurve {
     /// `acc(e)`.
     pub fn accuracy(&self, epoch: f64) -> f64 {
-        self.asymptote
-            - self
-                .terms
-                .iter()
-                .map(|(c, b)| b * (-c * epoch).exp())
-                .sum::<f64>()
+        self.asymptote - self.terms.iter().map(|(c, b)| b * (-c * epoch).exp()).sum::<f64>()
     }
 
     /// AGE: `acc(e + 1) - acc(e)`.
@@ -60,12 +55,7 @@ pub fn fit_curve(points: &[(f64, f64)], rates: &[f64]) -> Result<AccuracyCurve, 
     let fit = nnls(&cols, &y)?;
     Ok(AccuracyCurve {
         asymptote: fit.x[0],
-        terms: rates
-            .iter()
-            .zip(&fit.x[1..])
-            .filter(|(_, b)| **b > 1e-9)
-            .map(|(c, b)| (*c, *b))
-            .collect(),
+        terms: rates.iter().zip(&fit.x[1..]).filter(|(_, b)| **b > 1e-9).map(|(c, b)| (*c, *b)).collect(),
     })
 }
 
@@ -86,11 +76,7 @@ impl Default for AgeModel {
 impl AgeModel {
     /// A model over the given rate grid.
     pub fn new(rates: &[f64]) -> Self {
-        AgeModel {
-            rates: rates.to_vec(),
-            points: VecDeque::new(),
-            curve: None,
-        }
+        AgeModel { rates: rates.to_vec(), points: VecDeque::new(), curve: None }
     }
 
     /// Records accuracy after `epoch` epochs and refits. Returns the relative error of the AGE
@@ -147,9 +133,8 @@ mod tests {
     #[test]
     fn nnls_fit_on_exact_data_recovers_the_coefficients() {
         // acc(e) = 0.8 - 0.5 exp(-0.2 e), epochs 0..=12, on the default grid.
-        let pts: Vec<(f64, f64)> = (0..=12)
-            .map(|e| (e as f64, 0.8 - 0.5 * (-0.2 * e as f64).exp()))
-            .collect();
+        let pts: Vec<(f64, f64)> =
+            (0..=12).map(|e| (e as f64, 0.8 - 0.5 * (-0.2 * e as f64).exp())).collect();
         let curve = fit_curve(&pts, &DEFAULT_RATES).unwrap();
         assert!((curve.asymptote - 0.8).abs() < 1e-6, "{curve:?}");
         assert_eq!(curve.terms.len(), 1, "{curve:?}");

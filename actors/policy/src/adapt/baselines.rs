@@ -41,13 +41,7 @@ pub struct QueueScheduler {
 impl QueueScheduler {
     /// A scheduler of the given kind.
     pub fn new(kind: QueueKind, name: &'static str, limits: CycleLimits) -> Self {
-        QueueScheduler {
-            kind,
-            name,
-            table: TaskTable::new(limits),
-            slice: Vec::new(),
-            slice_left: 0,
-        }
+        QueueScheduler { kind, name, table: TaskTable::new(limits), slice: Vec::new(), slice_left: 0 }
     }
 
     /// AMS-like round robin.
@@ -57,13 +51,7 @@ impl QueueScheduler {
 
     /// RECL-like accuracy-first time slices of `slice_cycles` cycles.
     pub fn recl(limits: CycleLimits, slice_cycles: u32) -> Self {
-        Self::new(
-            QueueKind::AccuracyFirst {
-                slice_cycles: slice_cycles.max(1),
-            },
-            "recl-af",
-            limits,
-        )
+        Self::new(QueueKind::AccuracyFirst { slice_cycles: slice_cycles.max(1) }, "recl-af", limits)
     }
 
     /// Arrival order.
@@ -75,9 +63,7 @@ impl QueueScheduler {
         let mut ids: Vec<TaskId> = self.table.tasks.keys().copied().collect();
         let tasks = &self.table.tasks;
         match self.kind {
-            QueueKind::RoundRobin => {
-                ids.sort_by_key(|id| (tasks[id].last_cycle, tasks[id].arrived, *id))
-            }
+            QueueKind::RoundRobin => ids.sort_by_key(|id| (tasks[id].last_cycle, tasks[id].arrived, *id)),
             QueueKind::AccuracyFirst { .. } => ids.sort_by(|a, b| {
                 let ga = tasks[a].last_gain.unwrap_or(f64::INFINITY);
                 let gb = tasks[b].last_gain.unwrap_or(f64::INFINITY);
@@ -154,10 +140,7 @@ mod tests {
     }
 
     fn limits() -> CycleLimits {
-        CycleLimits {
-            memory_budget: 10,
-            max_epochs: 100,
-        }
+        CycleLimits { memory_budget: 10, max_epochs: 100 }
     }
 
     fn run(s: &mut dyn AdaptScheduler, gains: &[f64], cycles: usize) -> Vec<TaskId> {
@@ -187,20 +170,14 @@ mod tests {
     #[test]
     fn round_robin_rotates() {
         let mut s = QueueScheduler::ams(limits());
-        let ids: Vec<u32> = run(&mut s, &[0.01, 0.02, 0.03], 6)
-            .iter()
-            .map(|t| t.0)
-            .collect();
+        let ids: Vec<u32> = run(&mut s, &[0.01, 0.02, 0.03], 6).iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![0, 1, 2, 0, 1, 2]);
     }
 
     #[test]
     fn accuracy_first_keeps_the_best_gainer() {
         let mut s = QueueScheduler::recl(limits(), 2);
-        let ids: Vec<u32> = run(&mut s, &[0.01, 0.02, 0.03], 8)
-            .iter()
-            .map(|t| t.0)
-            .collect();
+        let ids: Vec<u32> = run(&mut s, &[0.01, 0.02, 0.03], 8).iter().map(|t| t.0).collect();
         // Unmeasured first (0, then 1, then 2, two cycles each), then task 2 (gain 0.03) wins.
         assert_eq!(ids, vec![0, 0, 1, 1, 2, 2, 2, 2]);
     }
@@ -208,10 +185,7 @@ mod tests {
     #[test]
     fn fifo_runs_to_completion() {
         let mut s = QueueScheduler::fifo(limits(), "fifo");
-        let ids: Vec<u32> = run(&mut s, &[0.25, 0.25, 0.25], 6)
-            .iter()
-            .map(|t| t.0)
-            .collect();
+        let ids: Vec<u32> = run(&mut s, &[0.25, 0.25, 0.25], 6).iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![0, 0, 1, 1, 2, 2]);
     }
 }

@@ -23,10 +23,7 @@ impl Case {
     pub fn arg<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
         self.args
             .get(key)
-            .map(|v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("bad value {v:?} for {key}"))
-            })
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("bad value {v:?} for {key}")))
             .unwrap_or(default)
     }
 }
@@ -44,9 +41,7 @@ pub(crate) fn kv(words: &[&str]) -> BTreeMap<String, String> {
 
 /// Runs every block of `testdata/adapt/<name>` through `run` and checks (or rewrites) outputs.
 pub(crate) fn run(name: &str, mut run: impl FnMut(&Case) -> String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/adapt")
-        .join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/adapt").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut rewritten = Vec::new();
@@ -56,11 +51,7 @@ pub(crate) fn run(name: &str, mut run: impl FnMut(&Case) -> String) {
             .iter()
             .position(|l| *l == "----")
             .unwrap_or_else(|| panic!("{}: block without ----:\n{block}", path.display()));
-        let head: Vec<&str> = lines[..sep]
-            .iter()
-            .copied()
-            .filter(|l| !l.starts_with('#'))
-            .collect();
+        let head: Vec<&str> = lines[..sep].iter().copied().filter(|l| !l.starts_with('#')).collect();
         let words: Vec<&str> = head[0].split_whitespace().collect();
         let case = Case {
             cmd: words[0].to_string(),
@@ -69,24 +60,13 @@ pub(crate) fn run(name: &str, mut run: impl FnMut(&Case) -> String) {
         };
         let actual = run(&case);
         if update {
-            rewritten.push(format!(
-                "{}\n----\n{}",
-                lines[..sep].join("\n"),
-                actual.trim_end()
-            ));
+            rewritten.push(format!("{}\n----\n{}", lines[..sep].join("\n"), actual.trim_end()));
             continue;
         }
         let expected = &lines[sep + 1..];
         let got: Vec<&str> = actual.trim_end().lines().collect();
         for (i, (e, a)) in expected.iter().zip(&got).enumerate() {
-            assert_eq!(
-                e,
-                a,
-                "{}: block `{}`, output line {}",
-                path.display(),
-                head[0],
-                i + 1
-            );
+            assert_eq!(e, a, "{}: block `{}`, output line {}", path.display(), head[0], i + 1);
         }
         assert_eq!(
             expected.len(),

@@ -22,18 +22,12 @@ use crate::Micros;
 fn nums(line: &str) -> Vec<f64> {
     line.split_whitespace()
         .skip(1)
-        .map(|w| {
-            w.parse()
-                .unwrap_or_else(|_| panic!("bad number {w:?} in {line:?}"))
-        })
+        .map(|w| w.parse().unwrap_or_else(|_| panic!("bad number {w:?} in {line:?}")))
         .collect()
 }
 
 fn ids(list: &str) -> Vec<u32> {
-    list.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap())
-        .collect()
+    list.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect()
 }
 
 fn grouping_case(c: &Case) -> String {
@@ -118,12 +112,8 @@ fn threads_case(c: &Case) -> String {
         })
         .collect();
     let total = c.arg("total", 0u32);
-    let fmt = |t: &[(ExpertId, u32)]| {
-        t.iter()
-            .map(|(e, n)| format!("{}={n}", e.0))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let fmt =
+        |t: &[(ExpertId, u32)]| t.iter().map(|(e, n)| format!("{}={n}", e.0)).collect::<Vec<_>>().join(" ");
     let mut out = String::new();
     match fill_clamp_refill(&ps, total) {
         Ok(a) => {
@@ -140,12 +130,7 @@ fn threads_case(c: &Case) -> String {
         }
     }
     let u = uniform_split(&ps, total);
-    let _ = writeln!(
-        out,
-        "uniform {} makespan_us={:.1}",
-        fmt(&u.threads),
-        u.makespan_us(&ps)
-    );
+    let _ = writeln!(out, "uniform {} makespan_us={:.1}", fmt(&u.threads), u.makespan_us(&ps));
     out
 }
 
@@ -165,15 +150,9 @@ fn memory_case(c: &Case) -> String {
     let mut queries = Vec::new();
     for l in &c.input {
         let n = nums(l);
-        let shape = ExpertShape {
-            tokens: n[0] as u64,
-            d_k: n[1] as u64,
-        };
+        let shape = ExpertShape { tokens: n[0] as u64, d_k: n[1] as u64 };
         if l.starts_with("s ") {
-            samples.push(MemorySample {
-                shape,
-                measured_bytes: n[2],
-            });
+            samples.push(MemorySample { shape, measured_bytes: n[2] });
         } else {
             queries.push(shape);
         }
@@ -181,19 +160,9 @@ fn memory_case(c: &Case) -> String {
     let mut out = String::new();
     match MemoryModel::fit(precision, &samples) {
         Ok(m) => {
-            let _ = writeln!(
-                out,
-                "theta1={:.6} theta2={:.6} m_f={:.1}",
-                m.theta1, m.theta2, m.fixed_bytes
-            );
+            let _ = writeln!(out, "theta1={:.6} theta2={:.6} m_f={:.1}", m.theta1, m.theta2, m.fixed_bytes);
             for q in queries {
-                let _ = writeln!(
-                    out,
-                    "M_tmp(T={}, d_k={}) = {}",
-                    q.tokens,
-                    q.d_k,
-                    m.temporary_bytes(q)
-                );
+                let _ = writeln!(out, "M_tmp(T={}, d_k={}) = {}", q.tokens, q.d_k, m.temporary_bytes(q));
             }
         }
         Err(e) => {
@@ -210,19 +179,8 @@ fn golden_memory() {
     assert!(text.contains("theta1=3.000000 theta2=1.500000 m_f=65536.0"));
     assert!(text.contains("M_tmp(T=1000, d_k=64) = 3449536"));
     // Hand check (see memory.txt): 2 (3*1000*64 + 1.5*1000^2) + 65536 = 3449536.
-    let m = MemoryModel {
-        precision_bytes: 2.0,
-        theta1: 3.0,
-        theta2: 1.5,
-        fixed_bytes: 65_536.0,
-    };
-    assert_eq!(
-        m.temporary_bytes(ExpertShape {
-            tokens: 1000,
-            d_k: 64
-        }),
-        3_449_536
-    );
+    let m = MemoryModel { precision_bytes: 2.0, theta1: 3.0, theta2: 1.5, fixed_bytes: 65_536.0 };
+    assert_eq!(m.temporary_bytes(ExpertShape { tokens: 1000, d_k: 64 }), 3_449_536);
 }
 
 fn age_case(c: &Case) -> String {
@@ -242,34 +200,18 @@ fn age_case(c: &Case) -> String {
         .collect();
     let mut out = String::new();
     let curve = fit_curve(&pts, &rates).unwrap();
-    let terms: Vec<String> = curve
-        .terms
-        .iter()
-        .map(|(c, b)| format!("{c}:{b:.6}"))
-        .collect();
-    let _ = writeln!(
-        out,
-        "asymptote={:.6} terms={}",
-        curve.asymptote,
-        terms.join(",")
-    );
+    let terms: Vec<String> = curve.terms.iter().map(|(c, b)| format!("{c}:{b:.6}")).collect();
+    let _ = writeln!(out, "asymptote={:.6} terms={}", curve.asymptote, terms.join(","));
     let last = pts.last().map_or(0.0, |p| p.0);
     let _ = writeln!(out, "age_next={:.6}", curve.gain_per_epoch(last));
     if let Some(t) = c.args.get("target") {
         let t: f64 = t.parse().unwrap();
-        let _ = writeln!(
-            out,
-            "epochs_to({t})={:?}",
-            curve.epochs_to_reach(0.0, t, 100)
-        );
+        let _ = writeln!(out, "epochs_to({t})={:?}", curve.epochs_to_reach(0.0, t, 100));
     }
     // Online errors: the relative error of each one-step-ahead prediction.
     let mut m = AgeModel::new(&rates);
-    let errs: Vec<String> = pts
-        .iter()
-        .filter_map(|&(e, a)| m.observe(e, a))
-        .map(|e| format!("{e:.3}"))
-        .collect();
+    let errs: Vec<String> =
+        pts.iter().filter_map(|&(e, a)| m.observe(e, a)).map(|e| format!("{e:.3}")).collect();
     let _ = writeln!(out, "online_errors={}", errs.join(","));
     out
 }
@@ -278,9 +220,7 @@ fn age_case(c: &Case) -> String {
 fn golden_age_nnls() {
     run("age.txt", age_case);
     let a = golden_text("age.txt");
-    assert!(a.contains(
-        "asymptote=0.800000 terms=0.2:0.500000\nage_next=0.008222\nepochs_to(0.75)=Some(12)"
-    ));
+    assert!(a.contains("asymptote=0.800000 terms=0.2:0.500000\nage_next=0.008222\nepochs_to(0.75)=Some(12)"));
     assert!(a.contains("asymptote=0.900000 terms=0.1:0.300000,0.8:0.200000"));
     // A decreasing series collapses to its mean (0.552) with no exponential terms.
     assert!(a.contains("asymptote=0.552000 terms=\n"));
@@ -316,10 +256,7 @@ fn reuse_case(c: &Case) -> String {
                             expert: ExpertId(e.parse().unwrap()),
                             tokens: ids(sigs)
                                 .into_iter()
-                                .map(|s| TokenRequest {
-                                    sig: s as u64,
-                                    bytes,
-                                })
+                                .map(|s| TokenRequest { sig: s as u64, bytes })
                                 .collect(),
                         }
                     })
@@ -368,11 +305,8 @@ fn reuse_case(c: &Case) -> String {
             };
             let _ = writeln!(out, "t={t} {s}");
         }
-        let layout: Vec<String> = cache
-            .dram_layout()
-            .iter()
-            .map(|(k, off, _)| format!("{}@{off}", key_str(k)))
-            .collect();
+        let layout: Vec<String> =
+            cache.dram_layout().iter().map(|(k, off, _)| format!("{}@{off}", key_str(k))).collect();
         let _ = writeln!(
             out,
             "t={t} state dram={} disk={} layout=[{}]",
@@ -397,10 +331,7 @@ fn golden_reuse() {
 fn twin_case(c: &Case) -> String {
     assert_eq!(c.cmd, "twin", "unknown command");
     let mut s = TwinBufferScheduler::new(TwinConfig {
-        limits: CycleLimits {
-            memory_budget: c.arg("budget", 10),
-            max_epochs: c.arg("max_epochs", 40),
-        },
+        limits: CycleLimits { memory_budget: c.arg("budget", 10), max_epochs: c.arg("max_epochs", 40) },
         alpha: c.arg("alpha", 0.45),
         delta: c.arg("delta", 0.005),
         tau: Micros::from_secs(c.arg("tau_s", 60)),
@@ -427,11 +358,7 @@ fn twin_case(c: &Case) -> String {
                     footprint: a["fp"].parse().unwrap(),
                 },
             ),
-            "done" => s.handle_epoch_done(
-                now,
-                TaskId(a["id"].parse().unwrap()),
-                a["acc"].parse().unwrap(),
-            ),
+            "done" => s.handle_epoch_done(now, TaskId(a["id"].parse().unwrap()), a["acc"].parse().unwrap()),
             "timeout" => s.handle_timeout(now),
             other => panic!("unknown twin step {other}"),
         }
@@ -485,9 +412,7 @@ fn golden_twin() {
 /// The text of a golden file (read after `run`, so an update run checks what it wrote).
 fn golden_text(name: &str) -> String {
     std::fs::read_to_string(
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata/adapt")
-            .join(name),
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/adapt").join(name),
     )
     .unwrap()
 }

@@ -78,9 +78,7 @@ pub struct Grouping {
 impl Grouping {
     /// `L(E) = Σ_S max_{e∈S} r_e`, the cross-slice latency the grouper minimises.
     pub fn total_latency(&self) -> Micros {
-        self.slices
-            .iter()
-            .fold(Micros::ZERO, |acc, s| acc + s.makespan)
+        self.slices.iter().fold(Micros::ZERO, |acc, s| acc + s.makespan)
     }
 }
 
@@ -121,11 +119,7 @@ pub fn group_experts(
 ) -> Result<Grouping, GroupingError> {
     let available = capacity(cfg)?;
     if let Some(big) = items.iter().find(|i| i.temp_bytes > available) {
-        return Err(GroupingError::ExpertTooLarge {
-            expert: big.expert,
-            need: big.temp_bytes,
-            available,
-        });
+        return Err(GroupingError::ExpertTooLarge { expert: big.expert, need: big.temp_bytes, available });
     }
     let unit = available.div_ceil(cfg.max_dp_cells.max(1) as u64).max(1);
     let cells = (available / unit) as usize;
@@ -135,9 +129,7 @@ pub fn group_experts(
         let mut chosen = knapsack(&remaining, cfg, unit, cells);
         if chosen.len() > cfg.max_slice_experts.max(1) {
             chosen.sort_by(|&a, &b| {
-                expert_value(&remaining[b], cfg)
-                    .total_cmp(&expert_value(&remaining[a], cfg))
-                    .then(a.cmp(&b))
+                expert_value(&remaining[b], cfg).total_cmp(&expert_value(&remaining[a], cfg)).then(a.cmp(&b))
             });
             chosen.truncate(cfg.max_slice_experts.max(1));
             chosen.sort_unstable();
@@ -151,25 +143,12 @@ pub fn group_experts(
         }
         let slice_items: Vec<GroupingItem> = chosen.iter().map(|&i| remaining[i]).collect();
         slices.push(make_slice(&slice_items));
-        remaining = remaining
-            .iter()
-            .zip(&taken)
-            .filter(|(_, t)| !**t)
-            .map(|(i, _)| *i)
-            .collect();
+        remaining = remaining.iter().zip(&taken).filter(|(_, t)| !**t).map(|(i, _)| *i).collect();
     }
     let fallback_experts = remaining.len();
-    slices.extend(aligned_random_grouping(
-        &remaining,
-        available,
-        cfg.max_slice_experts,
-        rng,
-    ));
+    slices.extend(aligned_random_grouping(&remaining, available, cfg.max_slice_experts, rng));
     slices.sort_by_key(|s| s.makespan);
-    Ok(Grouping {
-        slices,
-        fallback_experts,
-    })
+    Ok(Grouping { slices, fallback_experts })
 }
 
 /// Aligned random grouping: shuffle (seeded), then order by lifespan class (powers of two) so
@@ -186,9 +165,10 @@ pub fn aligned_random_grouping(
     order.sort_by_key(|i| 64 - (i.lifespan.0 + 1).leading_zeros());
     let mut bins: Vec<(u64, Vec<GroupingItem>)> = Vec::new();
     for item in order {
-        match bins.iter_mut().find(|(used, m)| {
-            m.len() < max_len.max(1) && used.saturating_add(item.temp_bytes) <= available
-        }) {
+        match bins
+            .iter_mut()
+            .find(|(used, m)| m.len() < max_len.max(1) && used.saturating_add(item.temp_bytes) <= available)
+        {
             Some((used, members)) => {
                 *used += item.temp_bytes;
                 members.push(item);
@@ -203,23 +183,17 @@ pub fn aligned_random_grouping(
 
 /// `M_c - M_s`, or an error when the static part alone does not fit.
 fn capacity(cfg: &GroupingConfig) -> Result<u64, GroupingError> {
-    cfg.device_budget
-        .checked_sub(cfg.static_bytes)
-        .ok_or(GroupingError::StaticExceedsBudget {
-            static_bytes: cfg.static_bytes,
-            budget: cfg.device_budget,
-        })
+    cfg.device_budget.checked_sub(cfg.static_bytes).ok_or(GroupingError::StaticExceedsBudget {
+        static_bytes: cfg.static_bytes,
+        budget: cfg.device_budget,
+    })
 }
 
 fn make_slice(items: &[GroupingItem]) -> TimeSlice {
     TimeSlice {
         experts: items.iter().map(|i| i.expert).collect(),
         temp_bytes: items.iter().map(|i| i.temp_bytes).sum(),
-        makespan: items
-            .iter()
-            .map(|i| i.lifespan)
-            .max()
-            .unwrap_or(Micros::ZERO),
+        makespan: items.iter().map(|i| i.lifespan).max().unwrap_or(Micros::ZERO),
     }
 }
 
@@ -228,10 +202,8 @@ fn make_slice(items: &[GroupingItem]) -> TimeSlice {
 /// smaller set (strict improvement needed to take an item), which keeps results deterministic.
 fn knapsack(items: &[GroupingItem], cfg: &GroupingConfig, unit: u64, cells: usize) -> Vec<usize> {
     let n = items.len();
-    let weights: Vec<usize> = items
-        .iter()
-        .map(|i| i.temp_bytes.div_ceil(unit).min(cells as u64 + 1) as usize)
-        .collect();
+    let weights: Vec<usize> =
+        items.iter().map(|i| i.temp_bytes.div_ceil(unit).min(cells as u64 + 1) as usize).collect();
     let values: Vec<f64> = items.iter().map(|i| expert_value(i, cfg)).collect();
     let mut dp = vec![0.0_f64; cells + 1];
     // take[i][j]: item i improved capacity j in round i.
@@ -268,11 +240,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn item(id: u32, bytes: u64, secs: u64) -> GroupingItem {
-        GroupingItem {
-            expert: ExpertId(id),
-            temp_bytes: bytes,
-            lifespan: Micros::from_secs(secs),
-        }
+        GroupingItem { expert: ExpertId(id), temp_bytes: bytes, lifespan: Micros::from_secs(secs) }
     }
 
     fn cfg(budget: u64, static_bytes: u64, eta: f64) -> GroupingConfig {
@@ -294,12 +262,7 @@ mod tests {
         //   {B,C,D}=0.60 (90), {A,D,..}: A+D+C too big -> best {A,C}, 80 bytes, makespan 1 s.
         // Round 2: {B,D} = 0.35 (60 bytes), makespan 4 s.
         // Pure memory-greedy would pick {A,B} (90 bytes) first and strand the long B with A.
-        let items = [
-            item(0, 50, 1),
-            item(1, 40, 4),
-            item(2, 30, 1),
-            item(3, 20, 1),
-        ];
+        let items = [item(0, 50, 1), item(1, 40, 4), item(2, 30, 1), item(3, 20, 1)];
         let mut rng = SmallRng::seed_from_u64(1);
         let g = group_experts(&items, &cfg(100, 10, 0.05), &mut rng).unwrap();
         assert_eq!(g.slices.len(), 2);
@@ -327,11 +290,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(1);
         assert_eq!(
             group_experts(&[item(5, 95, 1)], &cfg(100, 10, 0.0), &mut rng),
-            Err(GroupingError::ExpertTooLarge {
-                expert: ExpertId(5),
-                need: 95,
-                available: 90
-            })
+            Err(GroupingError::ExpertTooLarge { expert: ExpertId(5), need: 95, available: 90 })
         );
         assert!(matches!(
             group_experts(&[], &cfg(10, 11, 0.0), &mut rng),

@@ -16,18 +16,12 @@ pub(crate) fn least_squares(cols: &[&[f64]], b: &[f64]) -> Option<Vec<f64>> {
         return None;
     }
     // Unit-norm columns so the rank test does not depend on the columns' units.
-    let norms: Vec<f64> = cols
-        .iter()
-        .map(|c| c.iter().map(|v| v * v).sum::<f64>().sqrt())
-        .collect();
+    let norms: Vec<f64> = cols.iter().map(|c| c.iter().map(|v| v * v).sum::<f64>().sqrt()).collect();
     if norms.iter().any(|n| !n.is_finite() || *n == 0.0) {
         return None;
     }
-    let mut a: Vec<Vec<f64>> = cols
-        .iter()
-        .zip(&norms)
-        .map(|(c, n)| c.iter().map(|v| v / n).collect())
-        .collect();
+    let mut a: Vec<Vec<f64>> =
+        cols.iter().zip(&norms).map(|(c, n)| c.iter().map(|v| v / n).collect()).collect();
     let mut y = b.to_vec();
     let scale = 1.0;
     for k in 0..n {
@@ -83,10 +77,7 @@ mod tests {
         let t = [0.0, 1.0, 2.0, 3.0, 4.0];
         let y: Vec<f64> = t.iter().map(|t| 2.0 + 3.0 * t).collect();
         let x = least_squares(&[&ones, &t], &y).unwrap();
-        assert!(
-            (x[0] - 2.0).abs() < 1e-12 && (x[1] - 3.0).abs() < 1e-12,
-            "{x:?}"
-        );
+        assert!((x[0] - 2.0).abs() < 1e-12 && (x[1] - 3.0).abs() < 1e-12, "{x:?}");
     }
 
     #[test]

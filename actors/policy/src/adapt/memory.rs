@@ -81,11 +81,7 @@ impl MemoryModel {
     /// `M_tmp(e) = m_c(e) + m_f(e)`, rounded up to whole bytes (estimates must not undershoot).
     pub fn temporary_bytes(&self, s: ExpertShape) -> u64 {
         let v = (self.compute_bytes(s) + self.fixed_bytes).ceil();
-        if v.is_finite() && v > 0.0 {
-            v.min(u64::MAX as f64) as u64
-        } else {
-            0
-        }
+        if v.is_finite() && v > 0.0 { v.min(u64::MAX as f64) as u64 } else { 0 }
     }
 
     /// Fits `θ1, θ2, m_f >= 0` to profiled samples for a known precision `B_p`.
@@ -94,25 +90,15 @@ impl MemoryModel {
             return Err(FitError::BadPrecision(precision_bytes));
         }
         if samples.len() < 3 {
-            return Err(FitError::TooFewSamples {
-                need: 3,
-                got: samples.len(),
-            });
+            return Err(FitError::TooFewSamples { need: 3, got: samples.len() });
         }
         if samples.len() > MAX_FIT_SAMPLES {
-            return Err(FitError::TooManySamples {
-                got: samples.len(),
-                cap: MAX_FIT_SAMPLES,
-            });
+            return Err(FitError::TooManySamples { got: samples.len(), cap: MAX_FIT_SAMPLES });
         }
-        let td: Vec<f64> = samples
-            .iter()
-            .map(|s| precision_bytes * s.shape.tokens as f64 * s.shape.d_k as f64)
-            .collect();
-        let tt: Vec<f64> = samples
-            .iter()
-            .map(|s| precision_bytes * (s.shape.tokens as f64).powi(2))
-            .collect();
+        let td: Vec<f64> =
+            samples.iter().map(|s| precision_bytes * s.shape.tokens as f64 * s.shape.d_k as f64).collect();
+        let tt: Vec<f64> =
+            samples.iter().map(|s| precision_bytes * (s.shape.tokens as f64).powi(2)).collect();
         let ones = vec![1.0; samples.len()];
         let cols = [td, tt, ones];
         let col_refs: Vec<&[f64]> = cols.iter().map(Vec::as_slice).collect();
@@ -122,12 +108,7 @@ impl MemoryModel {
             return Err(FitError::Degenerate);
         }
         let fit = nnls(&cols, &y)?;
-        Ok(MemoryModel {
-            precision_bytes,
-            theta1: fit.x[0],
-            theta2: fit.x[1],
-            fixed_bytes: fit.x[2],
-        })
+        Ok(MemoryModel { precision_bytes, theta1: fit.x[0], theta2: fit.x[1], fixed_bytes: fit.x[2] })
     }
 }
 
@@ -137,39 +118,20 @@ mod tests {
 
     fn sample(m: &MemoryModel, tokens: u64, d_k: u64) -> MemorySample {
         let shape = ExpertShape { tokens, d_k };
-        MemorySample {
-            shape,
-            measured_bytes: m.compute_bytes(shape) + m.fixed_bytes,
-        }
+        MemorySample { shape, measured_bytes: m.compute_bytes(shape) + m.fixed_bytes }
     }
 
     #[test]
     fn hand_checked_estimate() {
         // fp32, θ1 = 3 (Q, K, V), θ2 = 1 (scores), m_f = 1 MiB; T = 196, d_k = 64:
         // 4 * (3*196*64 + 196^2) + 1048576 = 4 * (37632 + 38416) + 1048576 = 1352768.
-        let m = MemoryModel {
-            precision_bytes: 4.0,
-            theta1: 3.0,
-            theta2: 1.0,
-            fixed_bytes: 1_048_576.0,
-        };
-        assert_eq!(
-            m.temporary_bytes(ExpertShape {
-                tokens: 196,
-                d_k: 64
-            }),
-            1_352_768
-        );
+        let m = MemoryModel { precision_bytes: 4.0, theta1: 3.0, theta2: 1.0, fixed_bytes: 1_048_576.0 };
+        assert_eq!(m.temporary_bytes(ExpertShape { tokens: 196, d_k: 64 }), 1_352_768);
     }
 
     #[test]
     fn fit_recovers_the_generating_coefficients() {
-        let truth = MemoryModel {
-            precision_bytes: 2.0,
-            theta1: 3.0,
-            theta2: 1.5,
-            fixed_bytes: 65_536.0,
-        };
+        let truth = MemoryModel { precision_bytes: 2.0, theta1: 3.0, theta2: 1.5, fixed_bytes: 65_536.0 };
         let samples: Vec<_> = [(196, 64), (392, 64), (196, 128), (784, 32), (50, 256)]
             .iter()
             .map(|&(t, d)| sample(&truth, t, d))
@@ -182,21 +144,10 @@ mod tests {
 
     #[test]
     fn fit_rejects_degenerate_or_bad_input() {
-        let m = MemoryModel {
-            precision_bytes: 4.0,
-            theta1: 1.0,
-            theta2: 1.0,
-            fixed_bytes: 0.0,
-        };
+        let m = MemoryModel { precision_bytes: 4.0, theta1: 1.0, theta2: 1.0, fixed_bytes: 0.0 };
         let same: Vec<_> = (0..4).map(|_| sample(&m, 100, 64)).collect();
         assert_eq!(MemoryModel::fit(4.0, &same), Err(FitError::Degenerate));
-        assert!(matches!(
-            MemoryModel::fit(4.0, &same[..2]),
-            Err(FitError::TooFewSamples { .. })
-        ));
-        assert!(matches!(
-            MemoryModel::fit(0.0, &same),
-            Err(FitError::BadPrecision(_))
-        ));
+        assert!(matches!(MemoryModel::fit(4.0, &same[..2]), Err(FitError::TooFewSamples { .. })));
+        assert!(matches!(MemoryModel::fit(0.0, &same), Err(FitError::BadPrecision(_))));
     }
 }

@@ -37,26 +37,14 @@ pub fn nnls(cols: &[Vec<f64>], b: &[f64]) -> Result<NnlsFit, NnlsError> {
     if cols.iter().any(|c| c.len() != m) {
         return Err(NnlsError::Shape("every column must have b.len() rows"));
     }
-    if b.iter()
-        .chain(cols.iter().flatten())
-        .any(|v| !v.is_finite())
-    {
+    if b.iter().chain(cols.iter().flatten()).any(|v| !v.is_finite()) {
         return Err(NnlsError::NonFinite);
     }
-    let norms: Vec<f64> = cols
-        .iter()
-        .map(|c| c.iter().map(|v| v * v).sum::<f64>().sqrt())
-        .collect();
+    let norms: Vec<f64> = cols.iter().map(|c| c.iter().map(|v| v * v).sum::<f64>().sqrt()).collect();
     let scaled: Vec<Vec<f64>> = cols
         .iter()
         .zip(&norms)
-        .map(|(c, &nrm)| {
-            if nrm > 0.0 {
-                c.iter().map(|v| v / nrm).collect()
-            } else {
-                c.clone()
-            }
-        })
+        .map(|(c, &nrm)| if nrm > 0.0 { c.iter().map(|v| v / nrm).collect() } else { c.clone() })
         .collect();
     let mut x = vec![0.0; n];
     let mut passive = vec![false; n];
@@ -106,24 +94,16 @@ pub fn nnls(cols: &[Vec<f64>], b: &[f64]) -> Result<NnlsFit, NnlsError> {
             }
         }
     }
-    let coeffs: Vec<f64> = x
-        .iter()
-        .zip(&norms)
-        .map(|(&v, &nrm)| if nrm > 0.0 { (v / nrm).max(0.0) } else { 0.0 })
-        .collect();
+    let coeffs: Vec<f64> =
+        x.iter().zip(&norms).map(|(&v, &nrm)| if nrm > 0.0 { (v / nrm).max(0.0) } else { 0.0 }).collect();
     let residual = residual_norm(cols, b, &coeffs);
-    Ok(NnlsFit {
-        x: coeffs,
-        residual,
-    })
+    Ok(NnlsFit { x: coeffs, residual })
 }
 
 /// `A^T (b - A x)`: the negative gradient of the half squared residual.
 fn gradient(cols: &[Vec<f64>], b: &[f64], x: &[f64]) -> Vec<f64> {
     let r = residual_vec(cols, b, x);
-    cols.iter()
-        .map(|c| c.iter().zip(&r).map(|(p, q)| p * q).sum())
-        .collect()
+    cols.iter().map(|c| c.iter().zip(&r).map(|(p, q)| p * q).sum()).collect()
 }
 
 fn residual_vec(cols: &[Vec<f64>], b: &[f64], x: &[f64]) -> Vec<f64> {
@@ -139,11 +119,7 @@ fn residual_vec(cols: &[Vec<f64>], b: &[f64], x: &[f64]) -> Vec<f64> {
 }
 
 fn residual_norm(cols: &[Vec<f64>], b: &[f64], x: &[f64]) -> f64 {
-    residual_vec(cols, b, x)
-        .iter()
-        .map(|v| v * v)
-        .sum::<f64>()
-        .sqrt()
+    residual_vec(cols, b, x).iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
 #[cfg(test)]

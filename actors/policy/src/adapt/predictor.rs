@@ -34,13 +34,7 @@ pub struct ReuseFeatures {
 impl ReuseFeatures {
     /// The features as a vector, in a fixed order.
     pub fn to_array(&self) -> [f64; FEATURES] {
-        [
-            self.pixel_similarity,
-            self.out_mean,
-            self.out_variance,
-            self.out_max,
-            self.out_sparsity,
-        ]
+        [self.pixel_similarity, self.out_mean, self.out_variance, self.out_max, self.out_sparsity]
     }
 }
 
@@ -70,13 +64,7 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig {
-            epochs: 200,
-            learning_rate: 0.5,
-            l2: 1e-4,
-            batch: 32,
-            seed: 0x5EED,
-        }
+        TrainConfig { epochs: 200, learning_rate: 0.5, l2: 1e-4, batch: 32, seed: 0x5EED }
     }
 }
 
@@ -114,10 +102,7 @@ impl ReusePredictor {
     }
 
     fn logit(&self, x: &[f64; FEATURES]) -> f64 {
-        self.bias
-            + (0..FEATURES)
-                .map(|k| self.weights[k] * (x[k] - self.mean[k]) / self.std[k])
-                .sum::<f64>()
+        self.bias + (0..FEATURES).map(|k| self.weights[k] * (x[k] - self.mean[k]) / self.std[k]).sum::<f64>()
     }
 }
 
@@ -145,12 +130,7 @@ pub fn train_reuse_predictor(
         std[k] = if var > 1e-24 { var.sqrt() } else { 1.0 };
     }
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
-    let mut model = ReusePredictor {
-        mean,
-        std,
-        weights: [0.0; FEATURES],
-        bias: 0.0,
-    };
+    let mut model = ReusePredictor { mean, std, weights: [0.0; FEATURES], bias: 0.0 };
     for w in &mut model.weights {
         *w = rng.random_range(-0.01..0.01);
     }
@@ -203,10 +183,7 @@ pub(crate) mod tests {
                 let score = 4.0 * (f.pixel_similarity - 0.5)
                     + 1.5 * (f.out_sparsity - 0.5)
                     + rng.random_range(-0.3..0.3);
-                ReuseSample {
-                    features: f,
-                    reused: score > 0.0,
-                }
+                ReuseSample { features: f, reused: score > 0.0 }
             })
             .collect()
     }
@@ -215,36 +192,21 @@ pub(crate) mod tests {
     fn learns_the_rule_and_generalises() {
         let train = synthetic_samples(2000, 1);
         let test = synthetic_samples(500, 2);
-        let cfg = TrainConfig {
-            epochs: 60,
-            ..TrainConfig::default()
-        };
+        let cfg = TrainConfig { epochs: 60, ..TrainConfig::default() };
         let model = train_reuse_predictor(&train, &cfg).unwrap();
-        let correct = test
-            .iter()
-            .filter(|s| (model.predict(&s.features) > 0.5) == s.reused)
-            .count();
+        let correct = test.iter().filter(|s| (model.predict(&s.features) > 0.5) == s.reused).count();
         assert!(correct as f64 / test.len() as f64 > 0.9, "{correct}/500");
         // Similarity is the dominant feature, and its weight is positive.
-        assert!(
-            model.weights[0] > model.weights[4] && model.weights[4] > 0.0,
-            "{model:?}"
-        );
+        assert!(model.weights[0] > model.weights[4] && model.weights[4] > 0.0, "{model:?}");
         // Deterministic: the same seed gives the same model.
         assert_eq!(model, train_reuse_predictor(&train, &cfg).unwrap());
     }
 
     #[test]
     fn rejects_bad_training_sets() {
-        assert_eq!(
-            train_reuse_predictor(&[], &TrainConfig::default()),
-            Err(TrainError::Empty)
-        );
+        assert_eq!(train_reuse_predictor(&[], &TrainConfig::default()), Err(TrainError::Empty));
         let mut s = synthetic_samples(3, 1);
         s[2].features.out_max = f64::NAN;
-        assert_eq!(
-            train_reuse_predictor(&s, &TrainConfig::default()),
-            Err(TrainError::NonFinite(2))
-        );
+        assert_eq!(train_reuse_predictor(&s, &TrainConfig::default()), Err(TrainError::NonFinite(2)));
     }
 }

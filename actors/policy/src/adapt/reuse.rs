@@ -199,10 +199,7 @@ pub struct ReuseCache {
 
 /// `I = P_reuse × max_j n_reuse_j / n_compute_j` (paper §3.3.2; `n_compute` floored at 1).
 pub fn importance(p_reuse: f64, ratios: &[(u64, u64)]) -> f64 {
-    ratios
-        .iter()
-        .map(|&(r, c)| p_reuse * r as f64 / c.max(1) as f64)
-        .fold(0.0, f64::max)
+    ratios.iter().map(|&(r, c)| p_reuse * r as f64 / c.max(1) as f64).fold(0.0, f64::max)
 }
 
 impl ReuseCache {
@@ -258,10 +255,7 @@ impl ReuseCache {
             let counters = self.batch.entry(eb.expert).or_insert((0, 0, pos));
             counters.2 = pos;
             for t in &eb.tokens {
-                let key = TokenKey {
-                    expert: eb.expert,
-                    sig: t.sig,
-                };
+                let key = TokenKey { expert: eb.expert, sig: t.sig };
                 let hit = match self.entries.get_mut(&key) {
                     Some(e) if e.tier == Tier::Dram => {
                         e.last_use = now;
@@ -276,11 +270,7 @@ impl ReuseCache {
                         self.disk_used -= e.bytes;
                         self.dram_used += e.bytes;
                         plan.prefetched_bytes += e.bytes;
-                        prefetches.push(ReuseAction::Prefetch {
-                            key,
-                            bytes: e.bytes,
-                            offset: e.offset,
-                        });
+                        prefetches.push(ReuseAction::Prefetch { key, bytes: e.bytes, offset: e.offset });
                         true
                     }
                     _ => false,
@@ -326,11 +316,7 @@ impl ReuseCache {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         for (imp, i) in scored {
             let out = &outputs[i];
-            let order = self
-                .batch
-                .get(&out.key.expert)
-                .map(|c| c.2)
-                .unwrap_or(u32::MAX);
+            let order = self.batch.get(&out.key.expert).map(|c| c.2).unwrap_or(u32::MAX);
             if imp > self.cfg.lambda {
                 self.keep_in_dram(now, out, imp, order);
             } else {
@@ -478,27 +464,13 @@ impl ReuseCache {
         self.entries.remove(&key);
         self.dram_used -= e.bytes;
         if !self.fresh.remove(&key) {
-            self.actions.push_back(ReuseAction::Evict {
-                key,
-                tier: Tier::Dram,
-            });
+            self.actions.push_back(ReuseAction::Evict { key, tier: Tier::Dram });
         }
         if self.make_disk_room(e.bytes) {
             self.disk_used += e.bytes;
-            self.entries.insert(
-                key,
-                Entry {
-                    tier: Tier::Disk,
-                    last_use: e.last_use.min(now),
-                    offset: 0,
-                    ..e
-                },
-            );
-            self.actions.push_back(ReuseAction::Store {
-                key,
-                bytes: e.bytes,
-                at: Placement::Disk,
-            });
+            self.entries
+                .insert(key, Entry { tier: Tier::Disk, last_use: e.last_use.min(now), offset: 0, ..e });
+            self.actions.push_back(ReuseAction::Store { key, bytes: e.bytes, at: Placement::Disk });
         }
     }
 
@@ -529,8 +501,7 @@ impl ReuseCache {
                 Tier::Disk => self.disk_used -= e.bytes,
             }
             if !(e.tier == Tier::Dram && self.fresh.remove(&key)) {
-                self.actions
-                    .push_back(ReuseAction::Evict { key, tier: e.tier });
+                self.actions.push_back(ReuseAction::Evict { key, tier: e.tier });
             }
         }
     }
@@ -555,8 +526,7 @@ impl ReuseCache {
                         at: Placement::Dram { offset },
                     });
                 } else if e.offset != offset {
-                    self.actions
-                        .push_back(ReuseAction::Relocate { key: k, offset });
+                    self.actions.push_back(ReuseAction::Relocate { key: k, offset });
                 }
                 e.offset = offset;
                 offset += e.bytes;
@@ -573,10 +543,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn key(e: u32, sig: u64) -> TokenKey {
-        TokenKey {
-            expert: ExpertId(e),
-            sig,
-        }
+        TokenKey { expert: ExpertId(e), sig }
     }
 
     fn cfg(dram: u64, disk: u64) -> ReuseConfig {
@@ -594,12 +561,7 @@ mod tests {
     }
 
     fn cand(e: u32, sig: u64, bytes: u64, p: f64) -> OutputCandidate {
-        OutputCandidate {
-            key: key(e, sig),
-            bytes,
-            p_reuse: p,
-            sharers: Vec::new(),
-        }
+        OutputCandidate { key: key(e, sig), bytes, p_reuse: p, sharers: Vec::new() }
     }
 
     #[test]
@@ -619,10 +581,7 @@ mod tests {
             Micros(0),
             &[ExpertBatch {
                 expert: ExpertId(0),
-                tokens: vec![
-                    TokenRequest { sig: 1, bytes: 10 },
-                    TokenRequest { sig: 2, bytes: 10 },
-                ],
+                tokens: vec![TokenRequest { sig: 1, bytes: 10 }, TokenRequest { sig: 2, bytes: 10 }],
             }],
         );
         drain(&mut c);
@@ -642,28 +601,13 @@ mod tests {
                 ],
             }],
         );
-        assert_eq!(
-            plan,
-            BatchPlan {
-                computed: 1,
-                reused: 2,
-                prefetched_bytes: 20
-            }
-        );
+        assert_eq!(plan, BatchPlan { computed: 1, reused: 2, prefetched_bytes: 20 });
         let acts = drain(&mut c);
         assert_eq!(
             acts,
             vec![
-                ReuseAction::Prefetch {
-                    key: key(0, 1),
-                    bytes: 10,
-                    offset: 0
-                },
-                ReuseAction::Prefetch {
-                    key: key(0, 2),
-                    bytes: 10,
-                    offset: 10
-                },
+                ReuseAction::Prefetch { key: key(0, 1), bytes: 10, offset: 0 },
+                ReuseAction::Prefetch { key: key(0, 2), bytes: 10, offset: 10 },
                 ReuseAction::Compute { key: key(0, 3) },
                 ReuseAction::Reuse { key: key(0, 1) },
                 ReuseAction::Reuse { key: key(0, 2) },
@@ -679,13 +623,7 @@ mod tests {
     #[test]
     fn idle_entries_leave_dram_then_disk() {
         let mut c = ReuseCache::new(cfg(100, 100));
-        let _ = c.handle_batch_start(
-            Micros(0),
-            &[ExpertBatch {
-                expert: ExpertId(1),
-                tokens: vec![],
-            }],
-        );
+        let _ = c.handle_batch_start(Micros(0), &[ExpertBatch { expert: ExpertId(1), tokens: vec![] }]);
         c.handle_batch_done(Micros(0), &[cand(1, 9, 40, 0.9)]);
         assert_eq!(c.tier_of(&key(1, 9)), Some(Tier::Disk));
         assert_eq!(c.poll_timeout(), Some(Micros::from_secs(100)));
@@ -704,8 +642,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             proptest::collection::vec((0u32..4, 0u64..12, 1u64..60), 0..12).prop_map(Op::Batch),
-            proptest::collection::vec((0u32..4, 0u64..12, 1u64..60, 0.0f64..1.0), 0..12)
-                .prop_map(Op::Done),
+            proptest::collection::vec((0u32..4, 0u64..12, 1u64..60, 0.0f64..1.0), 0..12).prop_map(Op::Done),
             (0u64..20).prop_map(Op::Tick),
         ]
     }

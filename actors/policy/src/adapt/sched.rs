@@ -86,10 +86,7 @@ pub struct CycleLimits {
 
 impl Default for CycleLimits {
     fn default() -> Self {
-        CycleLimits {
-            memory_budget: 16 << 30,
-            max_epochs: 40,
-        }
+        CycleLimits { memory_budget: 16 << 30, max_epochs: 40 }
     }
 }
 
@@ -130,10 +127,7 @@ pub struct TaskTable {
 impl TaskTable {
     /// An empty table.
     pub fn new(limits: CycleLimits) -> Self {
-        TaskTable {
-            limits,
-            ..TaskTable::default()
-        }
+        TaskTable { limits, ..TaskTable::default() }
     }
 
     /// Adds a task; returns false when it is a duplicate of a live id (ignored), can never fit
@@ -143,17 +137,11 @@ impl TaskTable {
             return false;
         }
         if spec.footprint > self.limits.memory_budget {
-            self.actions.push_back(SchedAction::Complete {
-                task: spec.id,
-                reached: false,
-            });
+            self.actions.push_back(SchedAction::Complete { task: spec.id, reached: false });
             return false;
         }
         if spec.accuracy >= spec.target {
-            self.actions.push_back(SchedAction::Complete {
-                task: spec.id,
-                reached: true,
-            });
+            self.actions.push_back(SchedAction::Complete { task: spec.id, reached: true });
             return false;
         }
         self.tasks.insert(
@@ -190,8 +178,7 @@ impl TaskTable {
         };
         if let Some(reached) = done {
             self.tasks.remove(&task);
-            self.actions
-                .push_back(SchedAction::Complete { task, reached });
+            self.actions.push_back(SchedAction::Complete { task, reached });
             return None;
         }
         self.tasks.get(&task)
@@ -251,42 +238,21 @@ mod tests {
 
     #[test]
     fn table_admits_fills_and_completes() {
-        let mut t = TaskTable::new(CycleLimits {
-            memory_budget: 10,
-            max_epochs: 2,
-        });
+        let mut t = TaskTable::new(CycleLimits { memory_budget: 10, max_epochs: 2 });
         assert!(!t.admit(Micros(0), spec(9, 0.5, 0.6, 11)));
         assert!(t.admit(Micros(0), spec(1, 0.5, 0.6, 6)));
-        assert!(
-            !t.admit(Micros(0), spec(1, 0.1, 0.6, 6)),
-            "duplicate id is ignored"
-        );
-        assert!(
-            !t.admit(Micros(0), spec(8, 0.7, 0.6, 6)),
-            "already at target"
-        );
+        assert!(!t.admit(Micros(0), spec(1, 0.1, 0.6, 6)), "duplicate id is ignored");
+        assert!(!t.admit(Micros(0), spec(8, 0.7, 0.6, 6)), "already at target");
         assert!(t.admit(Micros(0), spec(2, 0.5, 0.6, 5)));
         assert!(t.admit(Micros(0), spec(3, 0.5, 0.6, 4)));
-        assert_eq!(
-            t.fill(&[TaskId(1), TaskId(2), TaskId(3)]),
-            vec![TaskId(1), TaskId(3)]
-        );
+        assert_eq!(t.fill(&[TaskId(1), TaskId(2), TaskId(3)]), vec![TaskId(1), TaskId(3)]);
         t.dispatch(Micros(0), &[TaskId(1), TaskId(3)]);
         assert!(t.record_epoch(TaskId(2), 0.9).is_none(), "not in the cycle");
         assert!(t.record_epoch(TaskId(1), 0.61).is_none(), "reached target");
         assert!(t.record_epoch(TaskId(3), 0.52).is_some());
         assert!(t.cycle_idle());
         let acts: Vec<_> = t.actions.drain(..).collect();
-        assert_eq!(
-            acts[0],
-            SchedAction::Complete {
-                task: TaskId(9),
-                reached: false
-            }
-        );
-        assert!(acts.contains(&SchedAction::Complete {
-            task: TaskId(1),
-            reached: true
-        }));
+        assert_eq!(acts[0], SchedAction::Complete { task: TaskId(9), reached: false });
+        assert!(acts.contains(&SchedAction::Complete { task: TaskId(1), reached: true }));
     }
 }

@@ -35,9 +35,7 @@ use rand::{Rng, SeedableRng};
 use super::baselines::QueueScheduler;
 use super::grouping::{GroupingConfig, GroupingItem, aligned_random_grouping, group_experts};
 use super::memory::{ExpertShape, MemoryModel};
-use super::predictor::{
-    ReuseFeatures, ReusePredictor, ReuseSample, TrainConfig, train_reuse_predictor,
-};
+use super::predictor::{ReuseFeatures, ReusePredictor, ReuseSample, TrainConfig, train_reuse_predictor};
 use super::reuse::{ExpertBatch, OutputCandidate, ReuseCache, ReuseConfig, TokenRequest};
 use super::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec};
 use super::threads::{ExpertProfile, fill_clamp_refill, uniform_split};
@@ -89,44 +87,23 @@ pub struct Strategy {
     pub exec: Execution,
 }
 
-const ALL_ON: Execution = Execution::CoAdapt {
-    grouping: true,
-    align: true,
-    reuse: true,
-    hide_io: true,
-};
+const ALL_ON: Execution = Execution::CoAdapt { grouping: true, align: true, reuse: true, hide_io: true };
 
 impl Strategy {
     /// AdaSprite: twin-buffer scheduler on the co-adaptation pool with every mechanism on.
-    pub const OURS: Strategy = Strategy {
-        name: "adasprite",
-        scheduler: SchedulerKind::Twin,
-        exec: ALL_ON,
-    };
+    pub const OURS: Strategy = Strategy { name: "adasprite", scheduler: SchedulerKind::Twin, exec: ALL_ON };
     /// Isolated adaptation: per-task copies, arrival order.
-    pub const ISOLATED: Strategy = Strategy {
-        name: "isolated",
-        scheduler: SchedulerKind::Fifo,
-        exec: Execution::Isolated,
-    };
+    pub const ISOLATED: Strategy =
+        Strategy { name: "isolated", scheduler: SchedulerKind::Fifo, exec: Execution::Isolated };
     /// AMS-like: per-task copies, round robin.
-    pub const AMS: Strategy = Strategy {
-        name: "ams-rr",
-        scheduler: SchedulerKind::RoundRobin,
-        exec: Execution::Isolated,
-    };
+    pub const AMS: Strategy =
+        Strategy { name: "ams-rr", scheduler: SchedulerKind::RoundRobin, exec: Execution::Isolated };
     /// RECL-like: per-task copies, accuracy-first time slices.
-    pub const RECL: Strategy = Strategy {
-        name: "recl-af",
-        scheduler: SchedulerKind::AccuracyFirst,
-        exec: Execution::Isolated,
-    };
+    pub const RECL: Strategy =
+        Strategy { name: "recl-af", scheduler: SchedulerKind::AccuracyFirst, exec: Execution::Isolated };
     /// MoE-SE: co-adaptation pool, experts sequential, arrival order.
-    pub const MOE_SE: Strategy = Strategy {
-        name: "moe-se",
-        scheduler: SchedulerKind::Fifo,
-        exec: Execution::Sequential,
-    };
+    pub const MOE_SE: Strategy =
+        Strategy { name: "moe-se", scheduler: SchedulerKind::Fifo, exec: Execution::Sequential };
 
     /// The four baselines.
     pub fn baselines() -> [Strategy; 4] {
@@ -135,38 +112,17 @@ impl Strategy {
 
     /// Ours with each mechanism turned off in turn.
     pub fn ablations() -> [Strategy; 5] {
-        let on = |grouping, align, reuse, hide_io| Execution::CoAdapt {
-            grouping,
-            align,
-            reuse,
-            hide_io,
-        };
+        let on = |grouping, align, reuse, hide_io| Execution::CoAdapt { grouping, align, reuse, hide_io };
         [
-            Strategy {
-                name: "-grouping",
-                scheduler: SchedulerKind::Twin,
-                exec: on(false, true, true, true),
-            },
-            Strategy {
-                name: "-align",
-                scheduler: SchedulerKind::Twin,
-                exec: on(true, false, true, true),
-            },
-            Strategy {
-                name: "-reuse",
-                scheduler: SchedulerKind::Twin,
-                exec: on(true, true, false, true),
-            },
+            Strategy { name: "-grouping", scheduler: SchedulerKind::Twin, exec: on(false, true, true, true) },
+            Strategy { name: "-align", scheduler: SchedulerKind::Twin, exec: on(true, false, true, true) },
+            Strategy { name: "-reuse", scheduler: SchedulerKind::Twin, exec: on(true, true, false, true) },
             Strategy {
                 name: "-io-hiding",
                 scheduler: SchedulerKind::Twin,
                 exec: on(true, true, true, false),
             },
-            Strategy {
-                name: "-twin(rr)",
-                scheduler: SchedulerKind::RoundRobin,
-                exec: ALL_ON,
-            },
+            Strategy { name: "-twin(rr)", scheduler: SchedulerKind::RoundRobin, exec: ALL_ON },
         ]
     }
 }
@@ -285,20 +241,14 @@ const GROUPS: u64 = 8;
 const OUT_BYTES_PER_TOKEN: u64 = 768 * 2;
 
 fn mix(seed: u64, a: u64, b: u64) -> u64 {
-    let mut x =
-        seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    let mut x = seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
     x ^= x >> 31;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^ (x >> 29)
 }
 
 fn memory_model() -> MemoryModel {
-    MemoryModel {
-        precision_bytes: 4.0,
-        theta1: 3.0,
-        theta2: 1.0,
-        fixed_bytes: 8.0 * 1024.0 * 1024.0,
-    }
+    MemoryModel { precision_bytes: 4.0, theta1: 3.0, theta2: 1.0, fixed_bytes: 8.0 * 1024.0 * 1024.0 }
 }
 
 fn make_task(cfg: &SimConfig, i: usize) -> SimTask {
@@ -390,11 +340,7 @@ pub fn slice_fragmentation(blocks: &[(u64, f64)], capacity: u64) -> f64 {
             }
         }
         largest = largest.max(run + capacity.saturating_sub(used));
-        let frag = if free_total == 0 {
-            0.0
-        } else {
-            1.0 - largest as f64 / free_total as f64
-        };
+        let frag = if free_total == 0 { 0.0 } else { 1.0 - largest as f64 / free_total as f64 };
         acc += frag * (t - prev);
         prev = t;
     }
@@ -422,22 +368,14 @@ fn group_features(rng: &mut SmallRng, stable: bool) -> ReuseSample {
         out_sparsity: rng.random_range(if stable { 0.3..1.0 } else { 0.0..0.7 }),
     };
     let p = if stable { 0.9 } else { 0.05 };
-    ReuseSample {
-        features,
-        reused: rng.random_range(0.0..1.0) < p,
-    }
+    ReuseSample { features, reused: rng.random_range(0.0..1.0) < p }
 }
 
 /// The offline-trained `P_reuse` predictor the simulated cache uses (seeded training set).
 fn trained_predictor(seed: u64) -> Option<ReusePredictor> {
     let mut rng = SmallRng::seed_from_u64(mix(seed, 11, 11));
-    let samples: Vec<ReuseSample> = (0..2000)
-        .map(|i| group_features(&mut rng, i % 3 == 0))
-        .collect();
-    let cfg = TrainConfig {
-        epochs: 30,
-        ..TrainConfig::default()
-    };
+    let samples: Vec<ReuseSample> = (0..2000).map(|i| group_features(&mut rng, i % 3 == 0)).collect();
+    let cfg = TrainConfig { epochs: 30, ..TrainConfig::default() };
     train_reuse_predictor(&samples, &cfg).ok()
 }
 
@@ -446,22 +384,15 @@ impl Engine<'_> {
         let mut models: Vec<u32> = tasks.iter().map(|t| t.model).collect();
         models.sort_unstable();
         models.dedup();
-        models
-            .iter()
-            .map(|&m| (MODEL_PARAMS[m as usize] * (1.0 - EXPERT_SHARE) * 2.0) as u64)
-            .sum()
+        models.iter().map(|&m| (MODEL_PARAMS[m as usize] * (1.0 - EXPERT_SHARE) * 2.0) as u64).sum()
     }
 
     fn cycle(&mut self, now: Micros, tasks: &[&SimTask]) -> CycleCost {
         let cfg = self.cfg;
         let b = cfg.batches_per_epoch as f64;
         let threads = cfg.threads;
-        let mut cost = CycleCost {
-            duration: Micros::ZERO,
-            busy_thread_us: 0.0,
-            frag_weighted: 0.0,
-            frag_time: 0.0,
-        };
+        let mut cost =
+            CycleCost { duration: Micros::ZERO, busy_thread_us: 0.0, frag_weighted: 0.0, frag_time: 0.0 };
         let backbone: f64 = tasks.iter().map(|t| t.backbone_work_us()).sum();
         match self.exec {
             Execution::Sequential => {
@@ -480,8 +411,7 @@ impl Engine<'_> {
                 let share = (threads / tasks.len().max(1) as u32).max(1);
                 let mut slowest: f64 = 0.0;
                 for t in tasks {
-                    let profiles: Vec<ExpertProfile> =
-                        t.experts.iter().map(|e| profile(e, 1.0)).collect();
+                    let profiles: Vec<ExpertProfile> = t.experts.iter().map(|e| profile(e, 1.0)).collect();
                     let alloc = uniform_split(&profiles, share);
                     // Fewer threads than experts: they run in waves (credited as perfectly packed).
                     let expert_span = if (share as usize) < profiles.len() {
@@ -495,30 +425,19 @@ impl Engine<'_> {
                         .experts
                         .iter()
                         .zip(&alloc.threads)
-                        .map(|(e, (_, th))| {
-                            (e.temp_bytes, profile(e, 1.0).latency_us((*th).max(1)))
-                        })
+                        .map(|(e, (_, th))| (e.temp_bytes, profile(e, 1.0).latency_us((*th).max(1))))
                         .collect();
                     cost.frag_weighted +=
                         slice_fragmentation(&blocks, cfg.isolated_workspace) * expert_span * b;
                     cost.frag_time += expert_span * b;
-                    cost.busy_thread_us += (t.backbone_work_us()
-                        + profiles.iter().map(ExpertProfile::work).sum::<f64>())
-                        * b;
+                    cost.busy_thread_us +=
+                        (t.backbone_work_us() + profiles.iter().map(ExpertProfile::work).sum::<f64>()) * b;
                 }
                 cost.duration = Micros((slowest * b) as u64);
             }
-            Execution::CoAdapt {
-                grouping,
-                align,
-                reuse,
-                hide_io,
-            } => {
-                let (computed_share, io_s) = if reuse {
-                    self.reuse_plan(now, tasks)
-                } else {
-                    (BTreeMap::new(), 0.0)
-                };
+            Execution::CoAdapt { grouping, align, reuse, hide_io } => {
+                let (computed_share, io_s) =
+                    if reuse { self.reuse_plan(now, tasks) } else { (BTreeMap::new(), 0.0) };
                 let experts: Vec<(SimExpert, f64)> = tasks
                     .iter()
                     .flat_map(|t| t.experts.iter())
@@ -543,12 +462,7 @@ impl Engine<'_> {
                 let slices = if grouping {
                     group_experts(&items, &gcfg, &mut self.rng).map(|g| g.slices)
                 } else {
-                    Ok(aligned_random_grouping(
-                        &items,
-                        cfg.temp_reserve,
-                        threads as usize,
-                        &mut self.rng,
-                    ))
+                    Ok(aligned_random_grouping(&items, cfg.temp_reserve, threads as usize, &mut self.rng))
                 };
                 let slices = slices.unwrap_or_default();
                 let by_id: BTreeMap<ExpertId, (SimExpert, f64)> =
@@ -578,17 +492,12 @@ impl Engine<'_> {
                         .collect();
                     cost.frag_weighted += slice_fragmentation(&blocks, cfg.temp_reserve) * span * b;
                     cost.frag_time += span * b;
-                    cost.busy_thread_us +=
-                        profiles.iter().map(ExpertProfile::work).sum::<f64>() * b;
+                    cost.busy_thread_us += profiles.iter().map(ExpertProfile::work).sum::<f64>() * b;
                 }
                 cost.busy_thread_us += backbone * b;
                 let compute = compute_per_batch * b;
                 let io = io_s * 1e6;
-                let total = if hide_io {
-                    compute.max(io)
-                } else {
-                    compute + io
-                };
+                let total = if hide_io { compute.max(io) } else { compute + io };
                 cost.duration = Micros(total as u64);
             }
         }
@@ -609,18 +518,11 @@ impl Engine<'_> {
                 let tokens = (0..GROUPS)
                     .map(|g| TokenRequest {
                         // Reusable groups keep their signature across epochs; others are new.
-                        sig: if g < stable {
-                            g
-                        } else {
-                            mix(epoch_salt, e.id.0 as u64, g) | 1 << 63
-                        },
+                        sig: if g < stable { g } else { mix(epoch_salt, e.id.0 as u64, g) | 1 << 63 },
                         bytes: group_tokens * OUT_BYTES_PER_TOKEN,
                     })
                     .collect();
-                batches.push(ExpertBatch {
-                    expert: e.id,
-                    tokens,
-                });
+                batches.push(ExpertBatch { expert: e.id, tokens });
             }
         }
         let plan = self.cache.handle_batch_start(now, &batches);
@@ -634,10 +536,7 @@ impl Engine<'_> {
         for b in &batches {
             for t in &b.tokens {
                 candidates.push(OutputCandidate {
-                    key: super::reuse::TokenKey {
-                        expert: b.expert,
-                        sig: t.sig,
-                    },
+                    key: super::reuse::TokenKey { expert: b.expert, sig: t.sig },
                     bytes: t.bytes,
                     p_reuse: self.p_reuse(b.expert, t.sig),
                     sharers: Vec::new(),
@@ -653,10 +552,7 @@ impl Engine<'_> {
                 (b.expert, c as f64 / GROUPS as f64)
             })
             .collect();
-        (
-            shares,
-            plan.prefetched_bytes as f64 / self.cfg.disk_bytes_per_sec,
-        )
+        (shares, plan.prefetched_bytes as f64 / self.cfg.disk_bytes_per_sec)
     }
 }
 
@@ -683,10 +579,9 @@ fn profile(e: &SimExpert, computed_share: f64) -> ExpertProfile {
 
 fn make_scheduler(kind: SchedulerKind, limits: CycleLimits) -> Box<dyn AdaptScheduler> {
     match kind {
-        SchedulerKind::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
-            limits,
-            ..TwinConfig::default()
-        })),
+        SchedulerKind::Twin => {
+            Box::new(TwinBufferScheduler::new(TwinConfig { limits, ..TwinConfig::default() }))
+        }
         SchedulerKind::RoundRobin => Box::new(QueueScheduler::ams(limits)),
         SchedulerKind::AccuracyFirst => Box::new(QueueScheduler::recl(limits, 3)),
         SchedulerKind::Fifo => Box::new(QueueScheduler::fifo(limits, "fifo")),
@@ -708,10 +603,7 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
         cfg,
         exec: strategy.exec,
         rng: SmallRng::seed_from_u64(mix(cfg.seed, 7, 7)),
-        cache: ReuseCache::new(ReuseConfig {
-            dram_budget: cfg.reuse_dram,
-            ..ReuseConfig::default()
-        }),
+        cache: ReuseCache::new(ReuseConfig { dram_budget: cfg.reuse_dram, ..ReuseConfig::default() }),
         predictor: match strategy.exec {
             Execution::CoAdapt { reuse: true, .. } => trained_predictor(cfg.seed),
             _ => None,
@@ -720,14 +612,9 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
     };
     let state_budget = match strategy.exec {
         Execution::Isolated => cfg.memory,
-        _ => cfg
-            .memory
-            .saturating_sub(engine.shared_bytes(&all) + cfg.temp_reserve + cfg.reuse_dram),
+        _ => cfg.memory.saturating_sub(engine.shared_bytes(&all) + cfg.temp_reserve + cfg.reuse_dram),
     };
-    let limits = CycleLimits {
-        memory_budget: state_budget,
-        max_epochs: cfg.max_epochs,
-    };
+    let limits = CycleLimits { memory_budget: state_budget, max_epochs: cfg.max_epochs };
     let mut sched = make_scheduler(strategy.scheduler, limits);
     let mut arrivals: Vec<usize> = (0..k).collect();
     arrivals.sort_by_key(|&i| (tasks[i].arrival, i));
@@ -753,8 +640,7 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
                 }
                 SchedAction::Preload { task, .. } => {
                     let bytes = tasks[task.0 as usize].state_bytes(strategy.exec, cfg);
-                    let current: Vec<TaskId> =
-                        running.as_ref().map(|r| r.1.clone()).unwrap_or_default();
+                    let current: Vec<TaskId> = running.as_ref().map(|r| r.1.clone()).unwrap_or_default();
                     if make_room(&mut resident, bytes, state_budget, &current) {
                         let secs = bytes as f64 / cfg.load_bytes_per_sec;
                         resident.insert(
@@ -785,14 +671,7 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
                         let _ = make_room(&mut resident, bytes, state_budget, &set);
                         let secs = bytes as f64 / cfg.load_bytes_per_sec;
                         start = start + Micros((secs * 1e6) as u64);
-                        resident.insert(
-                            *id,
-                            Resident {
-                                bytes,
-                                ready_at: start,
-                                last_used: cycles,
-                            },
-                        );
+                        resident.insert(*id, Resident { bytes, ready_at: start, last_used: cycles });
                     }
                 }
             }
@@ -805,9 +684,7 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
         }
         let arrival_t = arrivals.get(next_arrival).map(|&i| tasks[i].arrival);
         let cycle_t = running.as_ref().map(|r| r.0);
-        let timer_t = sched
-            .poll_timeout()
-            .filter(|t| cycle_t.is_some_and(|c| *t < c));
+        let timer_t = sched.poll_timeout().filter(|t| cycle_t.is_some_and(|c| *t < c));
         let Some(t) = [arrival_t, cycle_t, timer_t].into_iter().flatten().min() else {
             break;
         };
@@ -842,27 +719,11 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
             sched.handle_timeout(now);
         }
     }
-    report(
-        strategy,
-        cfg,
-        &tasks,
-        &finished,
-        busy,
-        frag_w,
-        frag_t,
-        cycles,
-        engine.grouping_calls,
-        last_event,
-    )
+    report(strategy, cfg, &tasks, &finished, busy, frag_w, frag_t, cycles, engine.grouping_calls, last_event)
 }
 
 /// Evicts least recently used residents not in `keep` until `bytes` fit in `budget`.
-fn make_room(
-    resident: &mut BTreeMap<TaskId, Resident>,
-    bytes: u64,
-    budget: u64,
-    keep: &[TaskId],
-) -> bool {
+fn make_room(resident: &mut BTreeMap<TaskId, Resident>, bytes: u64, budget: u64, keep: &[TaskId]) -> bool {
     loop {
         let used: u64 = resident.values().map(|r| r.bytes).sum();
         if used + bytes <= budget {
@@ -895,11 +756,7 @@ fn report(
     grouping_calls: u64,
     last_event: Micros,
 ) -> SimReport {
-    let first = tasks
-        .iter()
-        .map(|t| t.arrival)
-        .min()
-        .unwrap_or(Micros::ZERO);
+    let first = tasks.iter().map(|t| t.arrival).min().unwrap_or(Micros::ZERO);
     let span = last_event.saturating_sub(first).as_secs_f64().max(1e-6);
     let mut met = 0;
     let mut lat_sum = 0.0;
@@ -921,11 +778,7 @@ fn report(
         slo_met: met,
         slo_attainment: if k == 0 { 0.0 } else { met as f64 / k as f64 },
         throughput_per_min: met as f64 / (span / 60.0),
-        mean_latency_s: if done == 0 {
-            0.0
-        } else {
-            lat_sum / done as f64
-        },
+        mean_latency_s: if done == 0 { 0.0 } else { lat_sum / done as f64 },
         fragmentation: if frag_t > 0.0 { frag_w / frag_t } else { 0.0 },
         utilisation: (busy / (cfg.threads as f64 * span * 1e6)).min(1.0),
         span_s: span,
@@ -935,16 +788,8 @@ fn report(
 }
 
 /// The largest K such that every K' <= K meets the SLO for at least `slo_ratio` of its tasks.
-pub fn max_concurrency(
-    strategy: &Strategy,
-    cfg: &SimConfig,
-    k_max: usize,
-    slo_ratio: f64,
-) -> usize {
-    (1..=k_max)
-        .take_while(|&k| simulate(strategy, k, cfg).slo_attainment >= slo_ratio)
-        .last()
-        .unwrap_or(0)
+pub fn max_concurrency(strategy: &Strategy, cfg: &SimConfig, k_max: usize, slo_ratio: f64) -> usize {
+    (1..=k_max).take_while(|&k| simulate(strategy, k, cfg).slo_attainment >= slo_ratio).last().unwrap_or(0)
 }
 
 /// Like [`max_concurrency`], with each K's SLO attainment pooled over `seeds` (met tasks over
@@ -958,10 +803,8 @@ pub fn max_concurrency_over_seeds(
 ) -> usize {
     (1..=k_max)
         .take_while(|&k| {
-            let met: usize = seeds
-                .iter()
-                .map(|&seed| simulate(strategy, k, &SimConfig { seed, ..*cfg }).slo_met)
-                .sum();
+            let met: usize =
+                seeds.iter().map(|&seed| simulate(strategy, k, &SimConfig { seed, ..*cfg }).slo_met).sum();
             met as f64 >= slo_ratio * (k * seeds.len()) as f64
         })
         .last()
@@ -976,19 +819,13 @@ mod tests {
     fn fragmentation_by_hand() {
         // Capacity 100: blocks 30 (ends t=1), 30 (ends t=2), 40 (ends t=2). Full until t=1:
         // no free bytes -> 0. During (1,2]: free = the first 30 only, one block -> 0.
-        assert_eq!(
-            slice_fragmentation(&[(30, 1.0), (30, 2.0), (40, 2.0)], 100),
-            0.0
-        );
+        assert_eq!(slice_fragmentation(&[(30, 1.0), (30, 2.0), (40, 2.0)], 100), 0.0);
         // Middle block frees first: free = 30 (middle) + 10 (tail) split -> 1 - 30/40 = 0.25
         // for half of the makespan -> 0.125.
         let f = slice_fragmentation(&[(30, 2.0), (30, 1.0), (30, 2.0)], 100);
         assert!((f - 0.125).abs() < 1e-12, "{f}");
         // Aligned lifespans leave no holes at all.
-        assert_eq!(
-            slice_fragmentation(&[(30, 2.0), (30, 2.0), (30, 2.0)], 100),
-            0.0
-        );
+        assert_eq!(slice_fragmentation(&[(30, 2.0), (30, 2.0), (30, 2.0)], 100), 0.0);
     }
 
     #[test]
@@ -1005,13 +842,7 @@ mod tests {
     #[test]
     fn a_single_task_meets_its_slo_under_every_strategy() {
         let cfg = SimConfig::default();
-        for s in [
-            Strategy::OURS,
-            Strategy::ISOLATED,
-            Strategy::AMS,
-            Strategy::RECL,
-            Strategy::MOE_SE,
-        ] {
+        for s in [Strategy::OURS, Strategy::ISOLATED, Strategy::AMS, Strategy::RECL, Strategy::MOE_SE] {
             let r = simulate(&s, 1, &cfg);
             assert_eq!(r.slo_met, 1, "{r:?}");
             assert!(r.utilisation > 0.0 && r.utilisation <= 1.0, "{r:?}");
@@ -1028,10 +859,7 @@ mod tests {
         // Lifespan alignment is what keeps the slices' temporary region free of holes.
         let unaligned = simulate(&Strategy::ablations()[1], 16, &cfg);
         assert_eq!(unaligned.strategy, "-align");
-        assert!(
-            ours.fragmentation < unaligned.fragmentation,
-            "{ours:?} vs {unaligned:?}"
-        );
+        assert!(ours.fragmentation < unaligned.fragmentation, "{ours:?} vs {unaligned:?}");
     }
 }
 
@@ -1048,10 +876,7 @@ mod figures {
         let mut best_baseline = (0, "");
         let ours = max_concurrency(&Strategy::OURS, &cfg, k_max, 0.9);
         println!("max_concurrency {:<12} {ours}", Strategy::OURS.name);
-        for s in Strategy::baselines()
-            .into_iter()
-            .chain(Strategy::ablations())
-        {
+        for s in Strategy::baselines().into_iter().chain(Strategy::ablations()) {
             let mc = max_concurrency(&s, &cfg, k_max, 0.9);
             println!("max_concurrency {:<12} {mc}", s.name);
             if Strategy::baselines().contains(&s) && mc > best_baseline.0 {
@@ -1083,10 +908,7 @@ mod figures {
             for s in std::iter::once(Strategy::OURS).chain(Strategy::baselines()) {
                 let r = simulate(&s, k, &cfg);
                 if s != Strategy::OURS {
-                    best = (
-                        best.0.max(r.slo_attainment),
-                        best.1.max(r.throughput_per_min),
-                    );
+                    best = (best.0.max(r.slo_attainment), best.1.max(r.throughput_per_min));
                 }
                 println!(
                     "K={k:<3} {:<10} slo {:>2}/{k:<3} ({:.2}) thr {:>6.2}/min lat {:>7.1}s frag {:.3} util {:.2} span {:.0}s cycles {}",
@@ -1114,10 +936,7 @@ mod figures {
     #[ignore = "prints figures; slow in debug builds"]
     fn seeds() {
         for seed in [1u64, 2, 3, 4, 5] {
-            let cfg = SimConfig {
-                seed,
-                ..SimConfig::default()
-            };
+            let cfg = SimConfig { seed, ..SimConfig::default() };
             let ours = max_concurrency(&Strategy::OURS, &cfg, 40, 0.9);
             let best = Strategy::baselines()
                 .iter()
@@ -1150,10 +969,7 @@ mod figures {
         let cfg = SimConfig::default();
         for k in [4usize, 17] {
             let tasks: Vec<SimTask> = (0..k).map(|i| make_task(&cfg, i)).collect();
-            let experts: Vec<SimExpert> = tasks
-                .iter()
-                .flat_map(|t| t.experts.iter().copied())
-                .collect();
+            let experts: Vec<SimExpert> = tasks.iter().flat_map(|t| t.experts.iter().copied()).collect();
             let items: Vec<GroupingItem> = experts
                 .iter()
                 .map(|e| GroupingItem {
@@ -1176,11 +992,8 @@ mod figures {
                 let t0 = std::time::Instant::now();
                 let g = group_experts(&items, &gcfg, &mut rng).unwrap();
                 for s in &g.slices {
-                    let ps: Vec<ExpertProfile> = s
-                        .experts
-                        .iter()
-                        .map(|id| profile(&by_id[id], 1.0))
-                        .collect();
+                    let ps: Vec<ExpertProfile> =
+                        s.experts.iter().map(|id| profile(&by_id[id], 1.0)).collect();
                     let _ = fill_clamp_refill(&ps, cfg.threads).unwrap();
                 }
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -1207,9 +1020,6 @@ mod figures {
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);
-        println!(
-            "AGE observe+predict (5-24 points): median {:.4} ms, p99 {:.4} ms",
-            times[500], times[990]
-        );
+        println!("AGE observe+predict (5-24 points): median {:.4} ms, p99 {:.4} ms", times[500], times[990]);
     }
 }

@@ -40,11 +40,7 @@ impl ExpertProfile {
     pub fn latency_us(&self, threads: u32) -> f64 {
         let eff = threads.min(self.saturation.max(1));
         if eff == 0 {
-            return if self.work() > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            };
+            return if self.work() > 0.0 { f64::INFINITY } else { 0.0 };
         }
         self.work() / eff as f64
     }
@@ -70,11 +66,7 @@ pub struct ThreadAllocation {
 impl ThreadAllocation {
     /// Slice makespan: the slowest expert's predicted latency, in microseconds.
     pub fn makespan_us(&self, profiles: &[ExpertProfile]) -> f64 {
-        profiles
-            .iter()
-            .zip(&self.threads)
-            .map(|(p, (_, t))| p.latency_us(*t))
-            .fold(0.0, f64::max)
+        profiles.iter().zip(&self.threads).map(|(p, (_, t))| p.latency_us(*t)).fold(0.0, f64::max)
     }
 
     /// Busy thread-microseconds over `threads × makespan`: how much of the slice's compute is used.
@@ -107,10 +99,7 @@ pub enum ThreadError {
 
 /// Fill-clamp-refill (see the module doc). Deterministic: fractional shares are rounded by the
 /// largest-remainder rule, ties to the earlier expert.
-pub fn fill_clamp_refill(
-    profiles: &[ExpertProfile],
-    total: u32,
-) -> Result<ThreadAllocation, ThreadError> {
+pub fn fill_clamp_refill(profiles: &[ExpertProfile], total: u32) -> Result<ThreadAllocation, ThreadError> {
     let need: u64 = profiles.iter().map(|p| p.floor() as u64).sum();
     if need > total as u64 {
         return Err(ThreadError::Insufficient { need, total });
@@ -118,9 +107,7 @@ pub fn fill_clamp_refill(
     let mut alloc: Vec<u32> = profiles.iter().map(ExpertProfile::floor).collect();
     let mut left = total - need as u32;
     while left > 0 {
-        let open: Vec<usize> = (0..profiles.len())
-            .filter(|&i| alloc[i] < profiles[i].cap())
-            .collect();
+        let open: Vec<usize> = (0..profiles.len()).filter(|&i| alloc[i] < profiles[i].cap()).collect();
         if open.is_empty() {
             break;
         }
@@ -139,10 +126,7 @@ pub fn fill_clamp_refill(
         }
         left = excess;
     }
-    Ok(ThreadAllocation {
-        threads: profiles.iter().map(|p| p.expert).zip(alloc).collect(),
-        idle: left,
-    })
+    Ok(ThreadAllocation { threads: profiles.iter().map(|p| p.expert).zip(alloc).collect(), idle: left })
 }
 
 /// Uniform split (the ablation / default-parallel baseline): `total / n` each, remainder to the
@@ -150,10 +134,7 @@ pub fn fill_clamp_refill(
 pub fn uniform_split(profiles: &[ExpertProfile], total: u32) -> ThreadAllocation {
     let n = profiles.len() as u32;
     if n == 0 {
-        return ThreadAllocation {
-            threads: Vec::new(),
-            idle: total,
-        };
+        return ThreadAllocation { threads: Vec::new(), idle: total };
     }
     let (base, extra) = (total / n, total % n);
     ThreadAllocation {
@@ -174,11 +155,7 @@ fn apportion(amount: u32, weights: &[f64]) -> Vec<u32> {
         .iter()
         .map(|&w| {
             if sum > 0.0 {
-                if w.is_finite() && w > 0.0 {
-                    amount as f64 * w / sum
-                } else {
-                    0.0
-                }
+                if w.is_finite() && w > 0.0 { amount as f64 * w / sum } else { 0.0 }
             } else {
                 amount as f64 / weights.len() as f64
             }
@@ -204,13 +181,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn prof(id: u32, tokens: u64, min: u32, sat: u32) -> ExpertProfile {
-        ExpertProfile {
-            expert: ExpertId(id),
-            tokens,
-            per_token_us: 1.0,
-            min_threads: min,
-            saturation: sat,
-        }
+        ExpertProfile { expert: ExpertId(id), tokens, per_token_us: 1.0, min_threads: min, saturation: sat }
     }
 
     #[test]
@@ -227,25 +198,16 @@ mod tests {
         assert_eq!(a.makespan_us(&ps), 75.0);
         // Uniform 6/5/5 leaves B at 300/4 = 75 as well but A idles; C = 200/5 = 40.
         let u = uniform_split(&ps, 16);
-        assert_eq!(
-            u.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
-            vec![6, 5, 5]
-        );
+        assert_eq!(u.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![6, 5, 5]);
     }
 
     #[test]
     fn all_saturated_leaves_threads_idle() {
         let ps = [prof(0, 10, 1, 2), prof(1, 10, 1, 3)];
         let a = fill_clamp_refill(&ps, 10).unwrap();
-        assert_eq!(
-            a.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
-            vec![2, 3]
-        );
+        assert_eq!(a.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(a.idle, 5);
-        assert_eq!(
-            fill_clamp_refill(&ps, 1),
-            Err(ThreadError::Insufficient { need: 2, total: 1 })
-        );
+        assert_eq!(fill_clamp_refill(&ps, 1), Err(ThreadError::Insufficient { need: 2, total: 1 }));
     }
 
     #[test]
@@ -254,10 +216,7 @@ mod tests {
         let fcr = fill_clamp_refill(&ps, 8).unwrap();
         let uni = uniform_split(&ps, 8);
         // FCR: 1,1 + 6 split 1:7 -> 0.75, 5.25 -> 1, 5 (largest remainder 0.75) = 2, 6.
-        assert_eq!(
-            fcr.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
-            vec![2, 6]
-        );
+        assert_eq!(fcr.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![2, 6]);
         assert!(fcr.makespan_us(&ps) < uni.makespan_us(&ps));
     }
 

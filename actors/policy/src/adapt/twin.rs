@@ -106,8 +106,7 @@ impl TwinBufferScheduler {
 
     /// Whether the AGE-error fallback (round-robin / approximate SJF) is active.
     pub fn in_fallback(&self) -> bool {
-        self.err_ewma
-            .is_some_and(|e| e > self.cfg.age_error_threshold)
+        self.err_ewma.is_some_and(|e| e > self.cfg.age_error_threshold)
     }
 
     /// The smoothed relative AGE error.
@@ -118,16 +117,9 @@ impl TwinBufferScheduler {
     /// Buffer of a live task.
     pub fn buffer_of(&self, task: TaskId) -> Option<Buffer> {
         let t = self.table.tasks.get(&task)?;
-        let low_gain = self
-            .extra
-            .get(&task)
-            .and_then(|x| x.age.predicted_age())
-            .is_some_and(|g| g < self.cfg.delta);
-        Some(if t.accuracy < self.cfg.alpha || low_gain {
-            Buffer::Alpha
-        } else {
-            Buffer::Beta
-        })
+        let low_gain =
+            self.extra.get(&task).and_then(|x| x.age.predicted_age()).is_some_and(|g| g < self.cfg.delta);
+        Some(if t.accuracy < self.cfg.alpha || low_gain { Buffer::Alpha } else { Buffer::Beta })
     }
 
     /// Predicted AGE of a live task.
@@ -138,11 +130,8 @@ impl TwinBufferScheduler {
     /// The service order for the next cycle: β and α interleaved, β first.
     pub fn service_order(&self) -> Vec<TaskId> {
         let fallback = self.in_fallback();
-        let (mut beta, mut alpha): (Vec<TaskId>, Vec<TaskId>) = self
-            .table
-            .tasks
-            .keys()
-            .partition(|id| self.buffer_of(**id) == Some(Buffer::Beta));
+        let (mut beta, mut alpha): (Vec<TaskId>, Vec<TaskId>) =
+            self.table.tasks.keys().partition(|id| self.buffer_of(**id) == Some(Buffer::Beta));
         if fallback {
             beta.sort_by_key(|id| (self.table.tasks[id].last_cycle, *id));
         } else {
@@ -150,10 +139,7 @@ impl TwinBufferScheduler {
                 // Unmeasured tasks first (to measure them), least recently served among ties.
                 let ga = self.predicted_age(*a).unwrap_or(f64::INFINITY);
                 let gb = self.predicted_age(*b).unwrap_or(f64::INFINITY);
-                let (la, lb) = (
-                    self.table.tasks[a].last_cycle,
-                    self.table.tasks[b].last_cycle,
-                );
+                let (la, lb) = (self.table.tasks[a].last_cycle, self.table.tasks[b].last_cycle);
                 gb.total_cmp(&ga).then(la.cmp(&lb)).then(a.cmp(b))
             });
         }
@@ -186,11 +172,7 @@ impl TwinBufferScheduler {
         if fallback {
             return by_gap;
         }
-        match self
-            .extra
-            .get(&id)
-            .and_then(|x| x.age.epochs_to(milestone, self.cfg.limits.max_epochs))
-        {
+        match self.extra.get(&id).and_then(|x| x.age.epochs_to(milestone, self.cfg.limits.max_epochs)) {
             Some(e) => e as u64 * 1000,
             None if self.extra.get(&id).and_then(|x| x.age.curve()).is_some() => u64::MAX / 2,
             None => by_gap,
@@ -205,11 +187,7 @@ impl TwinBufferScheduler {
     }
 
     fn milestone(&self, accuracy: f64, target: f64) -> f64 {
-        if accuracy < self.cfg.alpha {
-            self.cfg.alpha.min(target)
-        } else {
-            target
-        }
+        if accuracy < self.cfg.alpha { self.cfg.alpha.min(target) } else { target }
     }
 
     fn plan(&mut self, now: Micros) {
@@ -253,13 +231,8 @@ impl TwinBufferScheduler {
             let Some(t) = self.table.tasks.get(&id) else {
                 continue;
             };
-            let load: Vec<ExpertId> = t
-                .spec
-                .experts
-                .iter()
-                .filter(|e| !self.resident.contains(e))
-                .copied()
-                .collect();
+            let load: Vec<ExpertId> =
+                t.spec.experts.iter().filter(|e| !self.resident.contains(e)).copied().collect();
             for e in &unload {
                 self.resident.remove(e);
             }
@@ -289,10 +262,7 @@ impl AdaptScheduler for TwinBufferScheduler {
     }
 
     fn handle_epoch_done(&mut self, now: Micros, task: TaskId, accuracy: f64) {
-        let live = self
-            .table
-            .record_epoch(task, accuracy)
-            .map(|t| (t.epochs, t.accuracy, t.spec.target));
+        let live = self.table.record_epoch(task, accuracy).map(|t| (t.epochs, t.accuracy, t.spec.target));
         match live {
             Some((epochs, acc, target)) => {
                 let alpha = self.cfg.alpha;
@@ -365,13 +335,7 @@ mod tests {
     }
 
     fn cfg(budget: u64) -> TwinConfig {
-        TwinConfig {
-            limits: CycleLimits {
-                memory_budget: budget,
-                max_epochs: 50,
-            },
-            ..TwinConfig::default()
-        }
+        TwinConfig { limits: CycleLimits { memory_budget: budget, max_epochs: 50 }, ..TwinConfig::default() }
     }
 
     fn drain(s: &mut TwinBufferScheduler) -> Vec<SchedAction> {
@@ -382,10 +346,7 @@ mod tests {
     fn buffers_split_by_alpha_and_beta_is_served_by_age() {
         let mut s = TwinBufferScheduler::new(cfg(10));
         s.handle_arrival(Micros(0), spec(1, 0.30, 10));
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(1) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
         s.handle_arrival(Micros(1), spec(2, 0.50, 10));
         s.handle_arrival(Micros(1), spec(3, 0.55, 10));
         assert!(drain(&mut s).is_empty(), "cycle still running");
@@ -394,10 +355,7 @@ mod tests {
         // Unmeasured β tasks tie at +inf AGE: id order. β first, then α.
         assert_eq!(s.service_order(), vec![TaskId(2), TaskId(1), TaskId(3)]);
         s.handle_epoch_done(Micros::from_secs(5), TaskId(1), 0.33);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(2) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(2) }]);
     }
 
     #[test]
@@ -412,10 +370,7 @@ mod tests {
         assert_eq!(
             acts,
             vec![
-                SchedAction::Complete {
-                    task: TaskId(1),
-                    reached: true
-                },
+                SchedAction::Complete { task: TaskId(1), reached: true },
                 SchedAction::RunEpoch { task: TaskId(2) },
                 SchedAction::RunEpoch { task: TaskId(3) },
             ]
@@ -429,16 +384,10 @@ mod tests {
         for i in 1..=3 {
             s.handle_arrival(Micros(0), spec(i, 0.5, 10));
         }
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(1) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
         assert_eq!(s.poll_timeout(), None, "no cycle estimate yet");
         s.handle_epoch_done(Micros::from_secs(10), TaskId(1), 0.52);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(2) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(2) }]);
         // Cycle estimate 10 s, lead 2 s: preload at 10 + 8 = 18 s.
         assert_eq!(s.poll_timeout(), Some(Micros::from_secs(18)));
         s.handle_timeout(Micros::from_secs(18));
@@ -452,18 +401,12 @@ mod tests {
             }]
         );
         s.handle_epoch_done(Micros::from_secs(20), TaskId(2), 0.52);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(3) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(3) }]);
     }
 
     #[test]
     fn a_cycle_never_takes_more_than_its_seats() {
-        let mut s = TwinBufferScheduler::new(TwinConfig {
-            seats: 2,
-            ..cfg(1_000)
-        });
+        let mut s = TwinBufferScheduler::new(TwinConfig { seats: 2, ..cfg(1_000) });
         for i in 1..=5 {
             s.handle_arrival(Micros(0), spec(i, 0.5, 10));
         }
@@ -472,46 +415,28 @@ mod tests {
         let runs = drain(&mut s);
         assert_eq!(
             runs,
-            vec![
-                SchedAction::RunEpoch { task: TaskId(2) },
-                SchedAction::RunEpoch { task: TaskId(3) },
-            ]
+            vec![SchedAction::RunEpoch { task: TaskId(2) }, SchedAction::RunEpoch { task: TaskId(3) },]
         );
     }
 
     #[test]
     fn an_alpha_task_that_misses_alpha_within_tau_yields() {
-        let mut s = TwinBufferScheduler::new(TwinConfig {
-            tau: Micros::from_secs(10),
-            seats: 1,
-            ..cfg(1_000)
-        });
+        let mut s =
+            TwinBufferScheduler::new(TwinConfig { tau: Micros::from_secs(10), seats: 1, ..cfg(1_000) });
         s.handle_arrival(Micros(0), spec(1, 0.30, 10));
         s.handle_arrival(Micros(0), spec(2, 0.31, 10));
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(1) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
         // t=6: same gap to alpha (0.14) for both, no rotation yet: task 1 keeps its slice.
         s.handle_epoch_done(Micros::from_secs(6), TaskId(1), 0.31);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(1) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
         // t=12: 12 s >= tau since its slice began at 0 and 0.32 < alpha: it goes behind task 2.
         s.handle_epoch_done(Micros::from_secs(12), TaskId(1), 0.32);
-        assert_eq!(
-            drain(&mut s),
-            vec![SchedAction::RunEpoch { task: TaskId(2) }]
-        );
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(2) }]);
     }
 
     #[test]
     fn large_age_errors_switch_to_round_robin() {
-        let mut s = TwinBufferScheduler::new(TwinConfig {
-            age_error_threshold: 0.2,
-            ..cfg(10)
-        });
+        let mut s = TwinBufferScheduler::new(TwinConfig { age_error_threshold: 0.2, ..cfg(10) });
         s.handle_arrival(Micros(0), spec(1, 0.5, 10));
         let _ = drain(&mut s);
         // A noisy curve: gains alternate in sign, so predictions keep missing.
