@@ -5,6 +5,7 @@
 //! woken. Time ([`Micros`]) and randomness (a seeded RNG) always come from outside, so the same
 //! policy runs live inside an actor, under a seeded simulation, and in a benchmark replaying a trace.
 
+pub mod coe;
 pub mod time;
 
 pub use time::Micros;

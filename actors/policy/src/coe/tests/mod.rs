@@ -1,0 +1,1 @@
+//! Cross-module tests of the CoE policy: golden decision traces, properties, and scale.
