@@ -36,6 +36,6 @@ pub use scheduler::{
     Action, BatchId, ExecutorId, QueueRef, RequestScheduler, SchedulerConfig, SchedulerError,
     Scheduling,
 };
-pub use sim::{SimError, SimOptions, SimReport, simulate};
+pub use sim::{ExecutorStats, SimError, SimOptions, SimReport, simulate};
 pub use text::ParseError;
 pub use trace::{Trace, TraceError, TraceRequest};

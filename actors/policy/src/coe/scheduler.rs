@@ -181,7 +181,7 @@ pub struct SchedulerConfig {
 
 impl SchedulerConfig {
     /// Default reordering window, in tasks.
-    pub const DEFAULT_WINDOW: u64 = 1024;
+    pub const DEFAULT_WINDOW: u64 = 16_384;
 
     /// Ours: dependency-aware scheduling and two-stage eviction.
     pub fn ours() -> Self {
@@ -315,7 +315,7 @@ struct Group {
 /// One executor's queue of groups, with running totals for its backlog estimate.
 #[derive(Clone, Debug, Default)]
 struct ExecQueue {
-    /// Groups in service order; ids are contiguous (opened at the back, finished at the front).
+    /// Groups in opening order (ascending ids), served from the front.
     groups: VecDeque<Group>,
     /// Youngest group per expert (the only one a new task may join).
     youngest: BTreeMap<ExpertId, u64>,
@@ -332,8 +332,7 @@ struct ExecQueue {
 
 impl ExecQueue {
     fn group_mut(&mut self, id: u64) -> Option<&mut Group> {
-        let front = self.groups.front()?.id;
-        let index = usize::try_from(id.checked_sub(front)?).ok()?;
+        let index = self.groups.binary_search_by_key(&id, |g| g.id).ok()?;
         self.groups.get_mut(index)
     }
 
@@ -341,26 +340,29 @@ impl ExecQueue {
         self.groups.iter().map(|g| g.tasks.len()).sum()
     }
 
-    /// Take up to `max` tasks from the head group if it is `expert`'s, keeping the running
-    /// totals right (`cost(n)`: time to run n tasks; `load`: time to load the expert).
+    /// Take up to `max` tasks from group `id` if it is `expert`'s, keeping the running totals
+    /// right (`cost(n)`: time to run n tasks; `load`: time to load the expert).
     fn take_batch(
         &mut self,
+        id: u64,
         expert: ExpertId,
         max: usize,
         cost: impl Fn(usize) -> u64,
         load: u64,
     ) -> Vec<RequestId> {
-        let Some(group) = self.groups.front_mut().filter(|g| g.expert == expert) else {
+        let Ok(index) = self.groups.binary_search_by_key(&id, |g| g.id) else {
+            return Vec::new();
+        };
+        let Some(group) = self.groups.get_mut(index).filter(|g| g.expert == expert) else {
             return Vec::new();
         };
         let before = group.tasks.len();
         let take = before.min(max);
         let requests: Vec<RequestId> = group.tasks.drain(..take).collect();
         let after = group.tasks.len();
-        let id = group.id;
         self.batch_cost = self.batch_cost.saturating_sub(cost(before).saturating_sub(cost(after)));
         if after == 0 {
-            self.groups.pop_front();
+            self.groups.remove(index);
             self.load_cost = self.load_cost.saturating_sub(load);
             if self.youngest.get(&expert) == Some(&id) {
                 self.youngest.remove(&expert);
@@ -376,10 +378,19 @@ impl ExecQueue {
     }
 }
 
+/// Where a batch's requests come from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// Taken from the shared queue at dispatch (FCFS).
+    Reserved(Vec<RequestId>),
+    /// The head of this group of the executor's queue, taken when the batch starts (ours).
+    Group(u64),
+}
+
 #[derive(Clone, Debug)]
 enum ExecState {
     Idle,
-    Loading { expert: ExpertId, until: Micros, reserved: Vec<RequestId> },
+    Loading { expert: ExpertId, until: Micros, source: Source },
     Running { batch: BatchId, expert: ExpertId, requests: Vec<RequestId>, until: Micros },
 }
 
@@ -526,14 +537,14 @@ impl RequestScheduler {
             .executors
             .get_mut(executor.index())
             .ok_or(SchedulerError::UnknownExecutor(executor))?;
-        let reserved = match &mut exec.state {
-            ExecState::Loading { expert: loading, reserved, .. } if *loading == expert => {
-                std::mem::take(reserved)
+        let source = match &mut exec.state {
+            ExecState::Loading { expert: loading, source, .. } if *loading == expert => {
+                std::mem::replace(source, Source::Reserved(Vec::new()))
             }
             _ => return Err(SchedulerError::NotLoading { executor, expert }),
         };
         // The expert was pinned when its load started; the pin carries over to the batch.
-        self.start_batch(now, executor.index(), expert, reserved, false)
+        self.start_batch(now, executor.index(), expert, source, false)
     }
 
     /// A [`Action::RunBatch`] finished. Report selections next, for each of its requests whose
@@ -755,13 +766,16 @@ impl RequestScheduler {
 
     /// Ours: serve the head group of executor `e`'s queue.
     fn dispatch_own_queue(&mut self, now: Micros, e: usize) -> Result<(), SchedulerError> {
-        let Some(expert) = self.executors[e].queue.groups.front().map(|g| g.expert) else {
+        let exec = &self.executors[e];
+        let Some(head) = exec.queue.groups.front() else {
             return Ok(());
         };
-        if self.executors[e].memory.is_resident(expert) {
-            return self.start_batch(now, e, expert, Vec::new(), true);
+        if exec.memory.is_resident(head.expert) {
+            let (id, expert) = (head.id, head.expert);
+            return self.start_batch(now, e, expert, Source::Group(id), true);
         }
-        self.start_load(now, e, expert, Vec::new())
+        let (id, expert) = (head.id, head.expert);
+        self.start_load(now, e, expert, Source::Group(id))
     }
 
     /// FCFS: take the first shared task executor `e` can hold, with the same-expert tasks right
@@ -788,9 +802,9 @@ impl RequestScheduler {
         let batch: Vec<RequestId> =
             keys.iter().filter_map(|k| self.shared.remove(k)).map(|(r, _)| r).collect();
         if resident {
-            self.start_batch(now, e, expert, batch, true)
+            self.start_batch(now, e, expert, Source::Reserved(batch), true)
         } else {
-            self.start_load(now, e, expert, batch)
+            self.start_load(now, e, expert, Source::Reserved(batch))
         }
     }
 
@@ -835,7 +849,7 @@ impl RequestScheduler {
         now: Micros,
         e: usize,
         expert: ExpertId,
-        reserved: Vec<RequestId>,
+        source: Source,
     ) -> Result<(), SchedulerError> {
         let victims = match self.plan_room(e, expert) {
             Ok(v) => v,
@@ -853,30 +867,29 @@ impl RequestScheduler {
         }
         exec.memory.admit(expert, size)?;
         exec.memory.pin(expert)?;
-        exec.state = ExecState::Loading { expert, until, reserved };
+        exec.state = ExecState::Loading { expert, until, source };
         self.actions.push_back(Action::Load { executor, expert, from });
         Ok(())
     }
 
-    /// Run a batch of `expert` on `e`: the `reserved` requests (FCFS) or the head of the
-    /// executor's head group (ours). Pins the expert unless the load already did.
+    /// Run a batch of `expert` on `e` from `source`. Pins the expert unless the load already did.
     fn start_batch(
         &mut self,
         now: Micros,
         e: usize,
         expert: ExpertId,
-        reserved: Vec<RequestId>,
+        source: Source,
         pin: bool,
     ) -> Result<(), SchedulerError> {
         let max = self.latency.max_batch(e);
         let size = self.size(expert);
         let load = self.load_time(e, expert).0;
-        let requests = match self.config.scheduling {
-            Scheduling::Fcfs => reserved,
-            Scheduling::DependencyAware => {
+        let requests = match source {
+            Source::Reserved(requests) => requests,
+            Source::Group(id) => {
                 let latency = &self.latency;
                 let cost = |n: usize| latency.group_latency(e, size, n).0;
-                self.executors[e].queue.take_batch(expert, max, cost, load)
+                self.executors[e].queue.take_batch(id, expert, max, cost, load)
             }
         };
         let exec = &mut self.executors[e];

@@ -74,6 +74,8 @@ pub struct SimReport {
     pub completions: Vec<Micros>,
     /// Highest bytes of resident experts seen per executor.
     pub peak_bytes: Vec<u64>,
+    /// Per-executor breakdown.
+    pub per_executor: Vec<ExecutorStats>,
     /// Event and decision log, when asked for.
     pub decisions: Vec<String>,
 }
@@ -88,6 +90,21 @@ impl SimReport {
     pub fn mean_batch(&self) -> f64 {
         self.tasks as f64 / self.batches.max(1) as f64
     }
+}
+
+/// What one executor did during a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorStats {
+    /// Expert loads.
+    pub loads: u64,
+    /// Batches run.
+    pub batches: u64,
+    /// Tasks run.
+    pub tasks: u64,
+    /// Time spent loading.
+    pub switching: Micros,
+    /// Time spent loading or running.
+    pub busy: Micros,
 }
 
 /// Why a simulation stopped.
@@ -200,6 +217,7 @@ pub fn simulate(
             outputs: vec![0; n_req],
             completions: vec![Micros::ZERO; n_req],
             peak_bytes: vec![0; n_exec],
+            per_executor: vec![ExecutorStats::default(); n_exec],
             decisions: Vec::new(),
         },
         record: options.record_decisions,
@@ -344,6 +362,10 @@ impl Sim<'_> {
                 self.report.loaded_bytes += size;
                 self.report.switching = self.report.switching + t;
                 self.report.busy = self.report.busy + t;
+                let stats = &mut self.report.per_executor[e];
+                stats.loads += 1;
+                stats.switching = stats.switching + t;
+                stats.busy = stats.busy + t;
                 self.push(now + t, Event::LoadDone(e, expert));
             }
             Action::RunBatch { executor, batch, expert, requests } => {
@@ -421,6 +443,10 @@ impl Sim<'_> {
         self.report.batches += 1;
         self.report.tasks += requests.len() as u64;
         self.report.busy = self.report.busy + t;
+        let stats = &mut self.report.per_executor[e];
+        stats.batches += 1;
+        stats.tasks += requests.len() as u64;
+        stats.busy = stats.busy + t;
         self.report.served[e].push(expert);
         self.execs[e].running = Some((batch, expert, requests));
         self.push(self.now + t, Event::BatchDone(e, batch));

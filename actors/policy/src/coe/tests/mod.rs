@@ -1,1 +1,3 @@
 //! Cross-module tests of the CoE policy: golden decision traces, properties, and scale.
+
+mod scale;
