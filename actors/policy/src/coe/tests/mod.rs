@@ -1,3 +1,4 @@
 //! Cross-module tests of the CoE policy: golden decision traces, properties, and scale.
 
+mod golden;
 mod scale;
