@@ -19,7 +19,9 @@ impl LatencyModel {
     /// Build from a profile (validated again here, so a profile built in code is checked too).
     pub fn from_profile(profile: &Profile) -> Result<LatencyModel, ProfileError> {
         profile.validate()?;
-        Ok(LatencyModel { executors: profile.executors.clone() })
+        Ok(LatencyModel {
+            executors: profile.executors.clone(),
+        })
     }
 
     /// Number of executors.
@@ -78,7 +80,10 @@ impl LatencyModel {
         let max = self.max_batch(e).max(1);
         let full = (count / max) as u64;
         let rest = count % max;
-        let full_time = self.batch_latency(e, size_bytes, max).0.saturating_mul(full);
+        let full_time = self
+            .batch_latency(e, size_bytes, max)
+            .0
+            .saturating_mul(full);
         Micros(full_time) + self.batch_latency(e, size_bytes, rest)
     }
 }
@@ -110,7 +115,13 @@ mod tests {
     fn model() -> LatencyModel {
         let class = |max, pts: &[(u32, u64)]| SizeClass {
             max_expert_bytes: max,
-            points: pts.iter().map(|&(b, l)| LatencyPoint { batch: b, latency: Micros(l) }).collect(),
+            points: pts
+                .iter()
+                .map(|&(b, l)| LatencyPoint {
+                    batch: b,
+                    latency: Micros(l),
+                })
+                .collect(),
         };
         let profile = Profile {
             hardware_fingerprint: "test".into(),
@@ -122,7 +133,10 @@ mod tests {
                 max_batch: 8,
                 host_bandwidth: 4_000_000,
                 ssd_bandwidth: 1_000_000,
-                size_classes: vec![class(100, &[(1, 10), (4, 16), (8, 32)]), class(400, &[(1, 50)])],
+                size_classes: vec![
+                    class(100, &[(1, 10), (4, 16), (8, 32)]),
+                    class(400, &[(1, 50)]),
+                ],
             }],
         };
         LatencyModel::from_profile(&profile).unwrap()

@@ -103,7 +103,13 @@ pub struct ExpertManager {
 impl ExpertManager {
     /// An empty manager holding at most `budget` bytes of experts.
     pub fn new(budget: u64, policy: EvictionPolicy) -> Self {
-        ExpertManager { policy, budget, used: 0, slots: BTreeMap::new(), tick: 0 }
+        ExpertManager {
+            policy,
+            budget,
+            used: 0,
+            slots: BTreeMap::new(),
+            tick: 0,
+        }
     }
 
     /// The eviction policy.
@@ -151,7 +157,11 @@ impl ExpertManager {
         ctx: &EvictionContext<'_>,
     ) -> Result<Vec<ExpertId>, MemoryError> {
         if size > self.budget {
-            return Err(MemoryError::TooLarge { expert, size, budget: self.budget });
+            return Err(MemoryError::TooLarge {
+                expert,
+                size,
+                budget: self.budget,
+            });
         }
         if self.slots.contains_key(&expert) {
             return Err(MemoryError::AlreadyResident(expert));
@@ -176,7 +186,11 @@ impl ExpertManager {
             free += victim_size;
         }
         if free < size {
-            return Err(MemoryError::NoRoom { expert, size, free: self.free_bytes() });
+            return Err(MemoryError::NoRoom {
+                expert,
+                size,
+                free: self.free_bytes(),
+            });
         }
         Ok(victims)
     }
@@ -184,19 +198,31 @@ impl ExpertManager {
     /// Rank of a victim: smaller keys are evicted first.
     fn victim_key(&self, id: ExpertId, slot: &Slot, ctx: &EvictionContext<'_>) -> VictimKey {
         match self.policy {
-            EvictionPolicy::Lru => VictimKey { stage: 0, primary: slot.last_use, prob: Prob(0.0) },
+            EvictionPolicy::Lru => VictimKey {
+                stage: 0,
+                primary: slot.last_use,
+                prob_bits: 0,
+            },
             EvictionPolicy::TwoStage => {
                 let expert = ctx.model.expert(id);
                 let usage = expert.map_or(0.0, |e| e.usage_prob);
                 match (ctx.next_use)(id) {
                     // Needed by queued work: keep to the last, then farthest next use first.
-                    Some(pos) => VictimKey { stage: 3, primary: u64::MAX - pos, prob: Prob(usage) },
+                    Some(pos) => VictimKey {
+                        stage: 3,
+                        primary: u64::MAX - pos,
+                        prob_bits: usage.to_bits(),
+                    },
                     None => {
                         let stranded = expert
                             .and_then(|e| e.preliminary())
                             .is_some_and(|p| !(ctx.is_resident)(p));
                         let stage = if stranded { 1 } else { 2 };
-                        VictimKey { stage, primary: 0, prob: Prob(usage) }
+                        VictimKey {
+                            stage,
+                            primary: 0,
+                            prob_bits: usage.to_bits(),
+                        }
                     }
                 }
             }
@@ -209,20 +235,38 @@ impl ExpertManager {
             return Err(MemoryError::AlreadyResident(expert));
         }
         if size > self.budget {
-            return Err(MemoryError::TooLarge { expert, size, budget: self.budget });
+            return Err(MemoryError::TooLarge {
+                expert,
+                size,
+                budget: self.budget,
+            });
         }
         if size > self.free_bytes() {
-            return Err(MemoryError::NoRoom { expert, size, free: self.free_bytes() });
+            return Err(MemoryError::NoRoom {
+                expert,
+                size,
+                free: self.free_bytes(),
+            });
         }
         self.tick += 1;
-        self.slots.insert(expert, Slot { size, pins: 0, last_use: self.tick });
+        self.slots.insert(
+            expert,
+            Slot {
+                size,
+                pins: 0,
+                last_use: self.tick,
+            },
+        );
         self.used += size;
         Ok(())
     }
 
     /// Drop `expert`, returning the bytes freed. Refused while it is pinned.
     pub fn evict(&mut self, expert: ExpertId) -> Result<u64, MemoryError> {
-        let slot = self.slots.get(&expert).ok_or(MemoryError::NotResident(expert))?;
+        let slot = self
+            .slots
+            .get(&expert)
+            .ok_or(MemoryError::NotResident(expert))?;
         if slot.pins > 0 {
             return Err(MemoryError::Pinned(expert));
         }
@@ -234,14 +278,20 @@ impl ExpertManager {
 
     /// Pin `expert` (a batch is loading or running it).
     pub fn pin(&mut self, expert: ExpertId) -> Result<(), MemoryError> {
-        let slot = self.slots.get_mut(&expert).ok_or(MemoryError::NotResident(expert))?;
+        let slot = self
+            .slots
+            .get_mut(&expert)
+            .ok_or(MemoryError::NotResident(expert))?;
         slot.pins += 1;
         Ok(())
     }
 
     /// Release one pin of `expert`.
     pub fn unpin(&mut self, expert: ExpertId) -> Result<(), MemoryError> {
-        let slot = self.slots.get_mut(&expert).ok_or(MemoryError::NotResident(expert))?;
+        let slot = self
+            .slots
+            .get_mut(&expert)
+            .ok_or(MemoryError::NotResident(expert))?;
         if slot.pins == 0 {
             return Err(MemoryError::NotPinned(expert));
         }
@@ -258,28 +308,14 @@ impl ExpertManager {
     }
 }
 
-/// Eviction order key: stage, then primary (LRU tick or reversed next use), then usage
-/// probability ascending.
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+/// Eviction order key (smaller goes first): stage, then primary (LRU tick or reversed next use),
+/// then usage probability ascending. The probability is kept as its IEEE bits, which order like
+/// the numbers for the non-negative finite values the model guarantees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct VictimKey {
     stage: u8,
     primary: u64,
-    prob: Prob,
-}
-
-/// A probability with a total order (the model guarantees finite values in 0..=1).
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
-struct Prob(f64);
-
-impl Eq for VictimKey {}
-
-impl Ord for VictimKey {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.stage
-            .cmp(&other.stage)
-            .then(self.primary.cmp(&other.primary))
-            .then(self.prob.0.total_cmp(&other.prob.0))
-    }
+    prob_bits: u64,
 }
 
 /// Loads Belady's MIN needs to serve `served` (expert uses in order) within `budget` bytes,
@@ -308,7 +344,11 @@ pub fn belady_min_loads(
     for (i, &e) in served.iter().enumerate() {
         let size = size_of(e);
         if size > budget {
-            return Err(MemoryError::TooLarge { expert: e, size, budget });
+            return Err(MemoryError::TooLarge {
+                expert: e,
+                size,
+                budget,
+            });
         }
         if let Some(slot) = resident.get_mut(&e) {
             slot.0 = next[i];
@@ -343,14 +383,21 @@ pub fn lru_loads(
     for (i, &e) in served.iter().enumerate() {
         let size = size_of(e);
         if size > budget {
-            return Err(MemoryError::TooLarge { expert: e, size, budget });
+            return Err(MemoryError::TooLarge {
+                expert: e,
+                size,
+                budget,
+            });
         }
         if let Some(slot) = resident.get_mut(&e) {
             slot.0 = i;
             continue;
         }
         while used + size > budget {
-            let victim = resident.iter().min_by_key(|(_, v)| v.0).map(|(&id, &(_, s))| (id, s));
+            let victim = resident
+                .iter()
+                .min_by_key(|(_, v)| v.0)
+                .map(|(&id, &(_, s))| (id, s));
             let Some((id, s)) = victim else { break };
             resident.remove(&id);
             used -= s;
@@ -375,14 +422,24 @@ mod tests {
             home: Tier::Ssd,
             parent: parent.map(ExpertId),
         };
-        CoeModel::new(vec![s(0.6, None), s(0.4, None), s(0.5, Some(0)), s(0.1, Some(0)), s(0.9, Some(1))])
-            .unwrap()
+        CoeModel::new(vec![
+            s(0.6, None),
+            s(0.4, None),
+            s(0.5, Some(0)),
+            s(0.1, Some(0)),
+            s(0.9, Some(1)),
+        ])
+        .unwrap()
     }
 
     fn plan(m: &ExpertManager, model: &CoeModel, e: u32) -> Result<Vec<ExpertId>, MemoryError> {
         let resident = |x: ExpertId| m.is_resident(x);
         let none = |_: ExpertId| None;
-        let ctx = EvictionContext { model, is_resident: &resident, next_use: &none };
+        let ctx = EvictionContext {
+            model,
+            is_resident: &resident,
+            next_use: &none,
+        };
         m.plan_eviction(ExpertId(e), 10, &ctx)
     }
 
@@ -422,13 +479,25 @@ mod tests {
         m.pin(ExpertId(0)).unwrap();
         assert_eq!(plan(&m, &model, 2).unwrap(), vec![ExpertId(1)]);
         m.pin(ExpertId(1)).unwrap();
-        assert!(matches!(plan(&m, &model, 2), Err(MemoryError::NoRoom { .. })));
+        assert!(matches!(
+            plan(&m, &model, 2),
+            Err(MemoryError::NoRoom { .. })
+        ));
         assert_eq!(m.evict(ExpertId(1)), Err(MemoryError::Pinned(ExpertId(1))));
         m.unpin(ExpertId(1)).unwrap();
-        assert_eq!(m.unpin(ExpertId(1)), Err(MemoryError::NotPinned(ExpertId(1))));
+        assert_eq!(
+            m.unpin(ExpertId(1)),
+            Err(MemoryError::NotPinned(ExpertId(1)))
+        );
         assert_eq!(m.evict(ExpertId(1)), Ok(10));
-        assert!(matches!(m.admit(ExpertId(2), 11), Err(MemoryError::NoRoom { .. })));
-        assert!(matches!(m.admit(ExpertId(2), 21), Err(MemoryError::TooLarge { .. })));
+        assert!(matches!(
+            m.admit(ExpertId(2), 11),
+            Err(MemoryError::NoRoom { .. })
+        ));
+        assert!(matches!(
+            m.admit(ExpertId(2), 21),
+            Err(MemoryError::TooLarge { .. })
+        ));
         assert_eq!(m.used_bytes(), 10);
     }
 
@@ -445,6 +514,9 @@ mod tests {
     #[test]
     fn belady_refuses_an_expert_larger_than_the_budget() {
         let order = [ExpertId(0)];
-        assert!(matches!(belady_min_loads(&order, |_| 5, 4), Err(MemoryError::TooLarge { .. })));
+        assert!(matches!(
+            belady_min_loads(&order, |_| 5, 4),
+            Err(MemoryError::TooLarge { .. })
+        ));
     }
 }

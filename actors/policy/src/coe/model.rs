@@ -204,22 +204,31 @@ impl CoeModel {
         let mut experts: Vec<Expert> = Vec::with_capacity(specs.len());
         for (index, spec) in specs.into_iter().enumerate() {
             if spec.size_bytes == 0 || spec.size_bytes > MAX_EXPERT_BYTES {
-                return Err(ModelError::BadSize { index, size: spec.size_bytes });
+                return Err(ModelError::BadSize {
+                    index,
+                    size: spec.size_bytes,
+                });
             }
             if !(0.0..=1.0).contains(&spec.select_prob) {
-                return Err(ModelError::BadProbability { index, prob: spec.select_prob });
+                return Err(ModelError::BadProbability {
+                    index,
+                    prob: spec.select_prob,
+                });
             }
             let (kind, usage_prob, depth) = match spec.parent {
                 None => (ExpertKind::Preliminary, spec.select_prob, 1),
                 Some(parent) => {
-                    let p = experts
-                        .get(parent.index())
-                        .ok_or(ModelError::BadParent { index, parent: parent.0 })?;
+                    let p = experts.get(parent.index()).ok_or(ModelError::BadParent {
+                        index,
+                        parent: parent.0,
+                    })?;
                     if p.depth >= MAX_DEPTH {
                         return Err(ModelError::TooDeep { index });
                     }
                     (
-                        ExpertKind::Subsequent { preliminary: parent },
+                        ExpertKind::Subsequent {
+                            preliminary: parent,
+                        },
                         p.usage_prob * spec.select_prob,
                         p.depth + 1,
                     )
@@ -270,7 +279,9 @@ impl CoeModel {
 
     /// Entry-point experts.
     pub fn roots(&self) -> impl Iterator<Item = &Expert> {
-        self.experts.iter().filter(|e| e.kind == ExpertKind::Preliminary)
+        self.experts
+            .iter()
+            .filter(|e| e.kind == ExpertKind::Preliminary)
     }
 
     /// Sum of all expert sizes.
@@ -316,7 +327,12 @@ mod tests {
     use super::*;
 
     fn spec(size: u64, p: f64, parent: Option<u32>) -> ExpertSpec {
-        ExpertSpec { size_bytes: size, select_prob: p, home: Tier::Ssd, parent: parent.map(ExpertId) }
+        ExpertSpec {
+            size_bytes: size,
+            select_prob: p,
+            home: Tier::Ssd,
+            parent: parent.map(ExpertId),
+        }
     }
 
     #[test]
@@ -356,7 +372,10 @@ mod tests {
         // A parent declared later (or itself) is refused, which rules out cycles.
         assert!(matches!(
             CoeModel::new(vec![spec(1, 0.5, Some(0))]),
-            Err(ModelError::BadParent { index: 0, parent: 0 })
+            Err(ModelError::BadParent {
+                index: 0,
+                parent: 0
+            })
         ));
     }
 }

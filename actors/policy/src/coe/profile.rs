@@ -177,9 +177,15 @@ impl Profile {
         let max_lines = 8 + MAX_EXECUTORS * (8 + MAX_SIZE_CLASSES);
         let lines = text::lines(text, max_lines)?;
         let mut iter = lines.iter();
-        let first = iter.next().ok_or_else(|| invalid(0, "format", "the file is empty"))?;
+        let first = iter
+            .next()
+            .ok_or_else(|| invalid(0, "format", "the file is empty"))?;
         if first.tokens.join(" ") != FORMAT_LINE {
-            return Err(invalid(first.number, "format", format!("expected `{FORMAT_LINE}`")));
+            return Err(invalid(
+                first.number,
+                "format",
+                format!("expected `{FORMAT_LINE}`"),
+            ));
         }
         let mut fingerprint: Option<String> = None;
         let mut executors: Vec<ExecutorProfile> = Vec::new();
@@ -213,7 +219,11 @@ impl Profile {
                     line.expect_len(2)?;
                     let name = parse_name(line)?;
                     if executors.iter().any(|e| e.name == name) {
-                        return Err(invalid(line.number, "executor", format!("`{name}` repeats")));
+                        return Err(invalid(
+                            line.number,
+                            "executor",
+                            format!("`{name}` repeats"),
+                        ));
                     }
                     current = Some(Builder::new(line.number, name));
                 }
@@ -233,7 +243,10 @@ impl Profile {
         if executors.is_empty() {
             return Err(invalid(0, "executor", "the profile names no executor"));
         }
-        let profile = Profile { hardware_fingerprint, executors };
+        let profile = Profile {
+            hardware_fingerprint,
+            executors,
+        };
         profile.validate()?;
         Ok(profile)
     }
@@ -242,7 +255,11 @@ impl Profile {
     pub fn validate(&self) -> Result<(), ProfileError> {
         check_fingerprint(&self.hardware_fingerprint, 0)?;
         if self.executors.is_empty() || self.executors.len() > MAX_EXECUTORS {
-            return Err(invalid(0, "executor", format!("need 1..={MAX_EXECUTORS} executors")));
+            return Err(invalid(
+                0,
+                "executor",
+                format!("need 1..={MAX_EXECUTORS} executors"),
+            ));
         }
         for e in &self.executors {
             validate_executor(e, 0)?;
@@ -296,7 +313,11 @@ fn check_fingerprint(fp: &str, line: usize) -> Result<(), ProfileError> {
 
 fn parse_fingerprint(line: &Line<'_>) -> Result<String, ProfileError> {
     if line.tokens.len() < 2 {
-        return Err(invalid(line.number, "hardware_fingerprint", "missing value"));
+        return Err(invalid(
+            line.number,
+            "hardware_fingerprint",
+            "missing value",
+        ));
     }
     // Tokens were split on whitespace; the fingerprint is the rest of the line, single-spaced.
     let fp = line.tokens[1..].join(" ");
@@ -308,7 +329,9 @@ fn parse_name(line: &Line<'_>) -> Result<String, ProfileError> {
     let name = line.token(1, "executor")?;
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_BYTES
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
     if !ok {
         return Err(invalid(
             line.number,
@@ -321,9 +344,13 @@ fn parse_name(line: &Line<'_>) -> Result<String, ProfileError> {
 
 fn validate_executor(e: &ExecutorProfile, line: usize) -> Result<(), ProfileError> {
     let name = &e.name;
-    let bad = |field: &str, problem: String| invalid(line, field, format!("executor {name}: {problem}"));
+    let bad =
+        |field: &str, problem: String| invalid(line, field, format!("executor {name}: {problem}"));
     if e.memory_bytes == 0 || e.memory_bytes > MAX_BYTES {
-        return Err(bad("memory_bytes", format!("must be within 1..={MAX_BYTES}")));
+        return Err(bad(
+            "memory_bytes",
+            format!("must be within 1..={MAX_BYTES}"),
+        ));
     }
     if e.expert_memory_bytes == 0 || e.expert_memory_bytes > e.memory_bytes {
         return Err(bad(
@@ -334,13 +361,22 @@ fn validate_executor(e: &ExecutorProfile, line: usize) -> Result<(), ProfileErro
     if e.max_batch == 0 || e.max_batch > MAX_BATCH {
         return Err(bad("max_batch", format!("must be within 1..={MAX_BATCH}")));
     }
-    for (field, bw) in [("bandwidth host", e.host_bandwidth), ("bandwidth ssd", e.ssd_bandwidth)] {
+    for (field, bw) in [
+        ("bandwidth host", e.host_bandwidth),
+        ("bandwidth ssd", e.ssd_bandwidth),
+    ] {
         if bw == 0 || bw > MAX_BYTES {
-            return Err(bad(field, format!("must be within 1..={MAX_BYTES} bytes/s")));
+            return Err(bad(
+                field,
+                format!("must be within 1..={MAX_BYTES} bytes/s"),
+            ));
         }
     }
     if e.size_classes.is_empty() || e.size_classes.len() > MAX_SIZE_CLASSES {
-        return Err(bad("size_class", format!("need 1..={MAX_SIZE_CLASSES} size classes")));
+        return Err(bad(
+            "size_class",
+            format!("need 1..={MAX_SIZE_CLASSES} size classes"),
+        ));
     }
     let mut previous_max = 0u64;
     for class in &e.size_classes {
@@ -352,10 +388,16 @@ fn validate_executor(e: &ExecutorProfile, line: usize) -> Result<(), ProfileErro
         }
         previous_max = class.max_expert_bytes;
         if class.points.is_empty() || class.points.len() > MAX_POINTS {
-            return Err(bad("size_class", format!("need 1..={MAX_POINTS} latency points")));
+            return Err(bad(
+                "size_class",
+                format!("need 1..={MAX_POINTS} latency points"),
+            ));
         }
         if class.points[0].batch != 1 {
-            return Err(bad("size_class", "the first latency point must be at batch 1".into()));
+            return Err(bad(
+                "size_class",
+                "the first latency point must be at batch 1".into(),
+            ));
         }
         let mut previous_batch = 0u32;
         for p in &class.points {
@@ -390,7 +432,12 @@ struct Builder {
     size_classes: Vec<SizeClass>,
 }
 
-fn set_once<T>(slot: &mut Option<T>, value: T, line: usize, field: &str) -> Result<(), ProfileError> {
+fn set_once<T>(
+    slot: &mut Option<T>,
+    value: T,
+    line: usize,
+    field: &str,
+) -> Result<(), ProfileError> {
     if slot.is_some() {
         return Err(invalid(line, field, "given twice for this executor"));
     }
@@ -421,7 +468,9 @@ impl Builder {
                 let kind = match line.token(1, "kind")? {
                     "cpu" => ExecutorKind::Cpu,
                     "gpu" => ExecutorKind::Gpu,
-                    other => return Err(invalid(n, "kind", format!("`{other}` is not cpu or gpu"))),
+                    other => {
+                        return Err(invalid(n, "kind", format!("`{other}` is not cpu or gpu")));
+                    }
                 };
                 set_once(&mut self.kind, kind, n, "kind")
             }
@@ -444,7 +493,11 @@ impl Builder {
                 line.expect_len(3)?;
                 let tier_name = line.token(1, "bandwidth")?;
                 let tier = Tier::from_name(tier_name).ok_or_else(|| {
-                    invalid(n, "bandwidth", format!("`{tier_name}` is not a tier (host or ssd)"))
+                    invalid(
+                        n,
+                        "bandwidth",
+                        format!("`{tier_name}` is not a tier (host or ssd)"),
+                    )
                 })?;
                 let v = line.number(2, "bandwidth", 1, MAX_BYTES)?;
                 match tier {
@@ -454,7 +507,11 @@ impl Builder {
             }
             "size_class" => {
                 if self.size_classes.len() >= MAX_SIZE_CLASSES {
-                    return Err(invalid(n, "size_class", format!("more than {MAX_SIZE_CLASSES}")));
+                    return Err(invalid(
+                        n,
+                        "size_class",
+                        format!("more than {MAX_SIZE_CLASSES}"),
+                    ));
                 }
                 if line.tokens.len() < 3 || line.tokens.len() > 2 + MAX_POINTS {
                     return Err(invalid(
@@ -472,9 +529,15 @@ impl Builder {
                     let batch = text::parse_number(b, n, "size_class batch", 1, MAX_BATCH)?;
                     let latency =
                         text::parse_number(l, n, "size_class latency", 1, MAX_LATENCY_US)?;
-                    points.push(LatencyPoint { batch, latency: Micros(latency) });
+                    points.push(LatencyPoint {
+                        batch,
+                        latency: Micros(latency),
+                    });
                 }
-                self.size_classes.push(SizeClass { max_expert_bytes, points });
+                self.size_classes.push(SizeClass {
+                    max_expert_bytes,
+                    points,
+                });
                 Ok(())
             }
             other => Err(invalid(n, other, "unknown key")),
@@ -492,7 +555,9 @@ impl Builder {
                 .expert_memory_bytes
                 .ok_or_else(|| missing("expert_memory_bytes"))?,
             max_batch: self.max_batch.ok_or_else(|| missing("max_batch"))?,
-            host_bandwidth: self.host_bandwidth.ok_or_else(|| missing("bandwidth host"))?,
+            host_bandwidth: self
+                .host_bandwidth
+                .ok_or_else(|| missing("bandwidth host"))?,
             ssd_bandwidth: self.ssd_bandwidth.ok_or_else(|| missing("bandwidth ssd"))?,
             size_classes: self.size_classes,
             name: self.name,
@@ -538,7 +603,13 @@ size_class 400 1:100 4:400
         assert_eq!(gpu.kind, ExecutorKind::Gpu);
         assert_eq!(gpu.intermediate_bytes(), 200);
         assert_eq!(gpu.bandwidth(Tier::Ssd), 1000);
-        assert_eq!(gpu.size_classes[0].points[1], LatencyPoint { batch: 4, latency: Micros(20) });
+        assert_eq!(
+            gpu.size_classes[0].points[1],
+            LatencyPoint {
+                batch: 4,
+                latency: Micros(20)
+            }
+        );
         assert_eq!(Profile::parse(&p.to_text()).unwrap(), p);
     }
 
@@ -564,7 +635,10 @@ size_class 400 1:100 4:400
     fn errors_name_line_and_field() {
         let e = error_of(&SAMPLE.replace("max_batch 8", "max_batch 0"));
         assert_eq!((e.line, e.field.as_str()), (8, "max_batch"));
-        let e = error_of(&SAMPLE.replace("bandwidth ssd 1000\nsize_class 100", "bandwidth ssd x\nsize_class 100"));
+        let e = error_of(&SAMPLE.replace(
+            "bandwidth ssd 1000\nsize_class 100",
+            "bandwidth ssd x\nsize_class 100",
+        ));
         assert_eq!((e.line, e.field.as_str()), (10, "bandwidth"));
         let e = error_of(&SAMPLE.replace("1:10 4:20", "1:10 4-20"));
         assert_eq!((e.line, e.field.as_str()), (11, "size_class"));
@@ -583,7 +657,10 @@ size_class 400 1:100 4:400
         assert_eq!(e.field, "executor");
         let e = error_of("format troupe-coe-profile 2\n");
         assert_eq!((e.line, e.field.as_str()), (1, "format"));
-        let e = error_of(&SAMPLE.replace("format troupe-coe-profile 1\n", "format troupe-coe-profile 1\nbogus 1\n"));
+        let e = error_of(&SAMPLE.replace(
+            "format troupe-coe-profile 1\n",
+            "format troupe-coe-profile 1\nbogus 1\n",
+        ));
         assert_eq!((e.line, e.field.as_str()), (3, "bogus"));
         let e = error_of(&SAMPLE.replace("hardware_fingerprint cpu=test-cpu gpu=test gpu\n", ""));
         assert_eq!(e.field, "hardware_fingerprint");
@@ -593,8 +670,13 @@ size_class 400 1:100 4:400
     fn caps_hold_before_parsing() {
         let huge = "#".repeat(MAX_PROFILE_BYTES + 1);
         assert_eq!(error_of(&huge).field, "file");
-        let many_points: String = (1..=MAX_POINTS as u32 + 1).map(|b| format!(" {b}:{b}")).collect();
-        let text = SAMPLE.replace("size_class 100 1:10 4:20 8:30", &format!("size_class 100{many_points}"));
+        let many_points: String = (1..=MAX_POINTS as u32 + 1)
+            .map(|b| format!(" {b}:{b}"))
+            .collect();
+        let text = SAMPLE.replace(
+            "size_class 100 1:10 4:20 8:30",
+            &format!("size_class 100{many_points}"),
+        );
         assert_eq!(error_of(&text).field, "size_class");
     }
 }

@@ -131,15 +131,28 @@ pub enum Action {
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Action::Enqueue { request, expert, queue } => match queue {
+            Action::Enqueue {
+                request,
+                expert,
+                queue,
+            } => match queue {
                 QueueRef::Executor(e) => write!(f, "enqueue {request} {expert} -> {e}"),
                 QueueRef::Shared => write!(f, "enqueue {request} {expert} -> shared"),
             },
             Action::Evict { executor, expert } => write!(f, "evict {executor} {expert}"),
-            Action::Load { executor, expert, from } => {
+            Action::Load {
+                executor,
+                expert,
+                from,
+            } => {
                 write!(f, "load {executor} {expert} from {from}")
             }
-            Action::RunBatch { executor, batch, expert, requests } => {
+            Action::RunBatch {
+                executor,
+                batch,
+                expert,
+                requests,
+            } => {
                 write!(f, "run {executor} {batch} {expert} [")?;
                 for (i, r) in requests.iter().enumerate() {
                     if i > 0 {
@@ -204,17 +217,28 @@ impl SchedulerConfig {
 
     /// Ablation: our scheduling with LRU eviction.
     pub fn scheduling_only() -> Self {
-        SchedulerConfig { eviction: EvictionPolicy::Lru, ..Self::ours() }
+        SchedulerConfig {
+            eviction: EvictionPolicy::Lru,
+            ..Self::ours()
+        }
     }
 
     /// Ablation: FCFS scheduling with our eviction.
     pub fn eviction_only() -> Self {
-        SchedulerConfig { scheduling: Scheduling::Fcfs, ..Self::ours() }
+        SchedulerConfig {
+            scheduling: Scheduling::Fcfs,
+            ..Self::ours()
+        }
     }
 
     /// The four combinations a benchmark compares, baseline first.
     pub fn combinations() -> [SchedulerConfig; 4] {
-        [Self::fcfs_lru(), Self::scheduling_only(), Self::eviction_only(), Self::ours()]
+        [
+            Self::fcfs_lru(),
+            Self::scheduling_only(),
+            Self::eviction_only(),
+            Self::ours(),
+        ]
     }
 
     /// Short label: `ours`, `fcfs+lru`, `sched-only`, `evict-only`.
@@ -360,7 +384,9 @@ impl ExecQueue {
         let take = before.min(max);
         let requests: Vec<RequestId> = group.tasks.drain(..take).collect();
         let after = group.tasks.len();
-        self.batch_cost = self.batch_cost.saturating_sub(cost(before).saturating_sub(cost(after)));
+        self.batch_cost = self
+            .batch_cost
+            .saturating_sub(cost(before).saturating_sub(cost(after)));
         if after == 0 {
             self.groups.remove(index);
             self.load_cost = self.load_cost.saturating_sub(load);
@@ -390,8 +416,17 @@ enum Source {
 #[derive(Clone, Debug)]
 enum ExecState {
     Idle,
-    Loading { expert: ExpertId, until: Micros, source: Source },
-    Running { batch: BatchId, expert: ExpertId, requests: Vec<RequestId>, until: Micros },
+    Loading {
+        expert: ExpertId,
+        until: Micros,
+        source: Source,
+    },
+    Running {
+        batch: BatchId,
+        expert: ExpertId,
+        requests: Vec<RequestId>,
+        until: Micros,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -489,7 +524,12 @@ impl RequestScheduler {
 
     /// Tasks waiting (not yet running) in all queues.
     pub fn queued_tasks(&self) -> usize {
-        self.shared.len() + self.executors.iter().map(|e| e.queue.tasks()).sum::<usize>()
+        self.shared.len()
+            + self
+                .executors
+                .iter()
+                .map(|e| e.queue.tasks())
+                .sum::<usize>()
     }
 
     /// Requests accepted and not yet completed.
@@ -510,7 +550,10 @@ impl RequestScheduler {
 
     /// A new request entering at its preliminary expert.
     pub fn handle_arrival(&mut self, now: Micros, request: Request) -> Result<(), SchedulerError> {
-        let root = self.model.expert(request.root).ok_or(SchedulerError::UnknownExpert(request.root))?;
+        let root = self
+            .model
+            .expert(request.root)
+            .ok_or(SchedulerError::UnknownExpert(request.root))?;
         if root.preliminary().is_some() {
             return Err(SchedulerError::NotARoot(request.root));
         }
@@ -519,7 +562,11 @@ impl RequestScheduler {
         }
         self.requests.insert(
             request.id,
-            RequestState { arrival_seq: self.arrivals, open_tasks: 0, awaiting: BTreeSet::new() },
+            RequestState {
+                arrival_seq: self.arrivals,
+                open_tasks: 0,
+                awaiting: BTreeSet::new(),
+            },
         );
         self.arrivals += 1;
         self.create_task(now, request.id, request.root);
@@ -538,9 +585,11 @@ impl RequestScheduler {
             .get_mut(executor.index())
             .ok_or(SchedulerError::UnknownExecutor(executor))?;
         let source = match &mut exec.state {
-            ExecState::Loading { expert: loading, source, .. } if *loading == expert => {
-                std::mem::replace(source, Source::Reserved(Vec::new()))
-            }
+            ExecState::Loading {
+                expert: loading,
+                source,
+                ..
+            } if *loading == expert => std::mem::replace(source, Source::Reserved(Vec::new())),
             _ => return Err(SchedulerError::NotLoading { executor, expert }),
         };
         // The expert was pinned when its load started; the pin carries over to the batch.
@@ -560,9 +609,12 @@ impl RequestScheduler {
             .get_mut(executor.index())
             .ok_or(SchedulerError::UnknownExecutor(executor))?;
         let (expert, requests) = match &exec.state {
-            ExecState::Running { batch: running, expert, requests, .. } if *running == batch => {
-                (*expert, requests.clone())
-            }
+            ExecState::Running {
+                batch: running,
+                expert,
+                requests,
+                ..
+            } if *running == batch => (*expert, requests.clone()),
             _ => return Err(SchedulerError::NotRunning { executor, batch }),
         };
         exec.memory.unpin(expert)?;
@@ -590,17 +642,26 @@ impl RequestScheduler {
         expert: ExpertId,
         selected: &[ExpertId],
     ) -> Result<(), SchedulerError> {
-        let state = self.requests.get(&request).ok_or(SchedulerError::UnknownRequest(request))?;
+        let state = self
+            .requests
+            .get(&request)
+            .ok_or(SchedulerError::UnknownRequest(request))?;
         if !state.awaiting.contains(&expert) {
             return Err(SchedulerError::UnexpectedSelection { request, expert });
         }
         let mut seen = BTreeSet::new();
         for &child in selected {
             if !self.model.is_child_of(child, expert) {
-                return Err(SchedulerError::NotAChild { parent: expert, child });
+                return Err(SchedulerError::NotAChild {
+                    parent: expert,
+                    child,
+                });
             }
             if !seen.insert(child) {
-                return Err(SchedulerError::DuplicateSelection { request, expert: child });
+                return Err(SchedulerError::DuplicateSelection {
+                    request,
+                    expert: child,
+                });
             }
         }
         if let Some(state) = self.requests.get_mut(&request) {
@@ -625,13 +686,16 @@ impl RequestScheduler {
     }
 
     fn create_task(&mut self, now: Micros, request: RequestId, expert: ExpertId) {
-        let Some(state) = self.requests.get_mut(&request) else { return };
+        let Some(state) = self.requests.get_mut(&request) else {
+            return;
+        };
         state.open_tasks += 1;
         let arrival_seq = state.arrival_seq;
         self.tasks_created += 1;
         let queue = match self.config.scheduling {
             Scheduling::Fcfs => {
-                self.shared.insert((arrival_seq, self.tasks_created), (request, expert));
+                self.shared
+                    .insert((arrival_seq, self.tasks_created), (request, expert));
                 QueueRef::Shared
             }
             Scheduling::DependencyAware => {
@@ -640,7 +704,11 @@ impl RequestScheduler {
                 QueueRef::Executor(ExecutorId(e as u16))
             }
         };
-        self.actions.push_back(Action::Enqueue { request, expert, queue });
+        self.actions.push_back(Action::Enqueue {
+            request,
+            expert,
+            queue,
+        });
     }
 
     fn size(&self, expert: ExpertId) -> u64 {
@@ -652,7 +720,8 @@ impl RequestScheduler {
     }
 
     fn load_time(&self, e: usize, expert: ExpertId) -> Micros {
-        self.latency.load_time(e, self.size(expert), self.home(expert))
+        self.latency
+            .load_time(e, self.size(expert), self.home(expert))
     }
 
     /// The group a new task for `expert` may join on executor `e`, with its current size.
@@ -660,7 +729,9 @@ impl RequestScheduler {
         let queue = &self.executors[e].queue;
         let id = *queue.youngest.get(&expert)?;
         let front = queue.groups.front()?.id;
-        let group = queue.groups.get(usize::try_from(id.checked_sub(front)?).ok()?)?;
+        let group = queue
+            .groups
+            .get(usize::try_from(id.checked_sub(front)?).ok()?)?;
         (queue.enqueued - group.opened_at <= self.config.window_tasks)
             .then_some((id, group.tasks.len()))
     }
@@ -709,7 +780,9 @@ impl RequestScheduler {
             if self.latency.expert_budget(e) < size {
                 continue;
             }
-            let finish = self.backlog(now, e).saturating_add(self.added_cost(e, expert));
+            let finish = self
+                .backlog(now, e)
+                .saturating_add(self.added_cost(e, expert));
             if best.is_none_or(|(b, _)| finish < b) {
                 best = Some((finish, e));
             }
@@ -724,7 +797,9 @@ impl RequestScheduler {
         let joinable = self.joinable(e, expert);
         let one = self.latency.batch_latency(e, size, 1).0;
         let delta = joinable.map(|(_, len)| {
-            (self.latency.group_latency(e, size, len + 1) - self.latency.group_latency(e, size, len)).0
+            (self.latency.group_latency(e, size, len + 1)
+                - self.latency.group_latency(e, size, len))
+            .0
         });
         let queue = &mut self.executors[e].queue;
         match (joinable, delta) {
@@ -782,8 +857,10 @@ impl RequestScheduler {
     /// behind it.
     fn dispatch_shared(&mut self, now: Micros, e: usize) -> Result<(), SchedulerError> {
         let budget = self.latency.expert_budget(e);
-        let Some((&first_key, &(_, expert))) =
-            self.shared.iter().find(|(_, (_, x))| self.size(*x) <= budget)
+        let Some((&first_key, &(_, expert))) = self
+            .shared
+            .iter()
+            .find(|(_, (_, x))| self.size(*x) <= budget)
         else {
             return Ok(());
         };
@@ -799,8 +876,11 @@ impl RequestScheduler {
         if !resident && !self.can_load(e, expert) {
             return Ok(());
         }
-        let batch: Vec<RequestId> =
-            keys.iter().filter_map(|k| self.shared.remove(k)).map(|(r, _)| r).collect();
+        let batch: Vec<RequestId> = keys
+            .iter()
+            .filter_map(|k| self.shared.remove(k))
+            .map(|(r, _)| r)
+            .collect();
         if resident {
             self.start_batch(now, e, expert, Source::Reserved(batch), true)
         } else {
@@ -834,8 +914,14 @@ impl RequestScheduler {
         let executors = &self.executors;
         let is_resident = |x: ExpertId| executors.iter().any(|ex| ex.memory.is_resident(x));
         let next_use = |x: ExpertId| next.get(&x).copied();
-        let ctx = EvictionContext { model: &self.model, is_resident: &is_resident, next_use: &next_use };
-        self.executors[e].memory.plan_eviction(expert, self.size(expert), &ctx)
+        let ctx = EvictionContext {
+            model: &self.model,
+            is_resident: &is_resident,
+            next_use: &next_use,
+        };
+        self.executors[e]
+            .memory
+            .plan_eviction(expert, self.size(expert), &ctx)
     }
 
     fn can_load(&self, e: usize, expert: ExpertId) -> bool {
@@ -863,12 +949,23 @@ impl RequestScheduler {
         let exec = &mut self.executors[e];
         for victim in victims {
             exec.memory.evict(victim)?;
-            self.actions.push_back(Action::Evict { executor, expert: victim });
+            self.actions.push_back(Action::Evict {
+                executor,
+                expert: victim,
+            });
         }
         exec.memory.admit(expert, size)?;
         exec.memory.pin(expert)?;
-        exec.state = ExecState::Loading { expert, until, source };
-        self.actions.push_back(Action::Load { executor, expert, from });
+        exec.state = ExecState::Loading {
+            expert,
+            until,
+            source,
+        };
+        self.actions.push_back(Action::Load {
+            executor,
+            expert,
+            from,
+        });
         Ok(())
     }
 
@@ -889,7 +986,9 @@ impl RequestScheduler {
             Source::Group(id) => {
                 let latency = &self.latency;
                 let cost = |n: usize| latency.group_latency(e, size, n).0;
-                self.executors[e].queue.take_batch(id, expert, max, cost, load)
+                self.executors[e]
+                    .queue
+                    .take_batch(id, expert, max, cost, load)
             }
         };
         let exec = &mut self.executors[e];
@@ -909,7 +1008,12 @@ impl RequestScheduler {
         let batch = BatchId(self.next_batch);
         self.next_batch += 1;
         let until = now + self.latency.batch_latency(e, size, requests.len());
-        exec.state = ExecState::Running { batch, expert, requests: requests.clone(), until };
+        exec.state = ExecState::Running {
+            batch,
+            expert,
+            requests: requests.clone(),
+            until,
+        };
         self.actions.push_back(Action::RunBatch {
             executor: ExecutorId(e as u16),
             batch,
@@ -917,5 +1021,184 @@ impl RequestScheduler {
             requests,
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coe::model::ExpertSpec;
+    use crate::coe::synth::synthetic_edge_profile;
+
+    /// e0 root -> e1, e2; e3 root. 1 MB each.
+    fn scheduler(config: SchedulerConfig) -> RequestScheduler {
+        let spec = |p: f64, parent: Option<u32>| ExpertSpec {
+            size_bytes: 1 << 20,
+            select_prob: p,
+            home: Tier::Ssd,
+            parent: parent.map(ExpertId),
+        };
+        let model = CoeModel::new(vec![
+            spec(0.5, None),
+            spec(0.5, Some(0)),
+            spec(0.5, Some(0)),
+            spec(0.5, None),
+        ])
+        .unwrap();
+        let latency =
+            LatencyModel::from_profile(&synthetic_edge_profile("t", 4 << 20, 2 << 20)).unwrap();
+        RequestScheduler::new(model, latency, config).unwrap()
+    }
+
+    fn drain(s: &mut RequestScheduler) -> Vec<Action> {
+        std::iter::from_fn(|| s.poll_action()).collect()
+    }
+
+    #[test]
+    fn refuses_bad_inputs_without_changing_state() {
+        let mut s = scheduler(SchedulerConfig::ours());
+        let t = Micros::ZERO;
+        let r0 = Request {
+            id: RequestId(0),
+            root: ExpertId(0),
+        };
+        assert_eq!(
+            s.handle_arrival(
+                t,
+                Request {
+                    id: RequestId(1),
+                    root: ExpertId(1)
+                }
+            ),
+            Err(SchedulerError::NotARoot(ExpertId(1)))
+        );
+        assert_eq!(
+            s.handle_arrival(
+                t,
+                Request {
+                    id: RequestId(1),
+                    root: ExpertId(9)
+                }
+            ),
+            Err(SchedulerError::UnknownExpert(ExpertId(9)))
+        );
+        s.handle_arrival(t, r0).unwrap();
+        assert_eq!(
+            s.handle_arrival(t, r0),
+            Err(SchedulerError::DuplicateRequest(RequestId(0)))
+        );
+        let actions = drain(&mut s);
+        assert_eq!(actions.len(), 2, "{actions:?}"); // enqueue + load
+        let x0 = ExecutorId(0);
+        assert_eq!(
+            s.handle_load_done(t, x0, ExpertId(3)),
+            Err(SchedulerError::NotLoading {
+                executor: x0,
+                expert: ExpertId(3)
+            })
+        );
+        assert_eq!(
+            s.handle_preliminary_done(t, RequestId(0), ExpertId(0), &[ExpertId(1)]),
+            Err(SchedulerError::UnexpectedSelection {
+                request: RequestId(0),
+                expert: ExpertId(0)
+            })
+        );
+        s.handle_load_done(t, x0, ExpertId(0)).unwrap();
+        let Some(Action::RunBatch { batch, .. }) = s.poll_action() else {
+            panic!("no run")
+        };
+        assert_eq!(
+            s.handle_batch_done(t, x0, BatchId(batch.0 + 1)),
+            Err(SchedulerError::NotRunning {
+                executor: x0,
+                batch: BatchId(batch.0 + 1)
+            })
+        );
+        assert_eq!(
+            s.handle_batch_done(t, ExecutorId(7), batch),
+            Err(SchedulerError::UnknownExecutor(ExecutorId(7)))
+        );
+        s.handle_batch_done(t, x0, batch).unwrap();
+        assert_eq!(s.poll_action(), None); // r0 now waits for e0's selection
+        assert_eq!(
+            s.handle_preliminary_done(t, RequestId(0), ExpertId(0), &[ExpertId(3)]),
+            Err(SchedulerError::NotAChild {
+                parent: ExpertId(0),
+                child: ExpertId(3)
+            })
+        );
+        assert_eq!(
+            s.handle_preliminary_done(t, RequestId(0), ExpertId(0), &[ExpertId(1), ExpertId(1)]),
+            Err(SchedulerError::DuplicateSelection {
+                request: RequestId(0),
+                expert: ExpertId(1)
+            })
+        );
+        // An empty selection ends the request.
+        s.handle_preliminary_done(t, RequestId(0), ExpertId(0), &[])
+            .unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![Action::Complete {
+                request: RequestId(0)
+            }]
+        );
+        assert_eq!(s.in_flight(), 0);
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn refuses_an_expert_that_fits_nowhere() {
+        let model = CoeModel::new(vec![ExpertSpec {
+            size_bytes: 8 << 20,
+            select_prob: 1.0,
+            home: Tier::Ssd,
+            parent: None,
+        }])
+        .unwrap();
+        let latency =
+            LatencyModel::from_profile(&synthetic_edge_profile("t", 4 << 20, 2 << 20)).unwrap();
+        assert!(matches!(
+            RequestScheduler::new(model, latency, SchedulerConfig::ours()),
+            Err(SchedulerError::FitsNowhere { .. })
+        ));
+    }
+
+    #[test]
+    fn subsequent_work_is_queued_when_the_preliminary_finishes() {
+        let mut s = scheduler(SchedulerConfig::fcfs_lru());
+        let t = Micros::ZERO;
+        s.handle_arrival(
+            t,
+            Request {
+                id: RequestId(0),
+                root: ExpertId(0),
+            },
+        )
+        .unwrap();
+        let _ = drain(&mut s);
+        s.handle_load_done(t, ExecutorId(0), ExpertId(0)).unwrap();
+        let Some(Action::RunBatch { batch, .. }) = s.poll_action() else {
+            panic!("no run")
+        };
+        s.handle_batch_done(t, ExecutorId(0), batch).unwrap();
+        assert_eq!(s.queued_tasks(), 0);
+        s.handle_preliminary_done(t, RequestId(0), ExpertId(0), &[ExpertId(1), ExpertId(2)])
+            .unwrap();
+        let actions = drain(&mut s);
+        let enqueued: Vec<ExpertId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Enqueue {
+                    expert,
+                    queue: QueueRef::Shared,
+                    ..
+                } => Some(*expert),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(enqueued, vec![ExpertId(1), ExpertId(2)]);
+        assert_eq!(s.in_flight(), 1);
     }
 }

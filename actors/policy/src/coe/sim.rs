@@ -16,7 +16,9 @@ use std::fmt::Write as _;
 use super::latency::LatencyModel;
 use super::memory::belady_min_loads;
 use super::model::{ExpertId, Request, RequestId};
-use super::scheduler::{Action, BatchId, ExecutorId, RequestScheduler, SchedulerConfig, SchedulerError};
+use super::scheduler::{
+    Action, BatchId, ExecutorId, RequestScheduler, SchedulerConfig, SchedulerError,
+};
 use super::trace::{Trace, TraceError};
 use crate::Micros;
 
@@ -31,7 +33,10 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { record_decisions: false, max_events: 50_000_000 }
+        SimOptions {
+            record_decisions: false,
+            max_events: 50_000_000,
+        }
     }
 }
 
@@ -250,7 +255,9 @@ impl Sim<'_> {
     fn log(&mut self, line: impl FnOnce() -> String) {
         if self.record {
             let text = line();
-            self.report.decisions.push(format!("t={} {text}", self.now.0));
+            self.report
+                .decisions
+                .push(format!("t={} {text}", self.now.0));
         }
     }
 
@@ -259,18 +266,24 @@ impl Sim<'_> {
         match event {
             Event::Arrival(i) => {
                 let r = &self.trace.requests[i];
-                let request = Request { id: r.id, root: r.root };
+                let request = Request {
+                    id: r.id,
+                    root: r.root,
+                };
                 self.log(|| format!("arrive {} {}", request.id, request.root));
                 self.scheduler.handle_arrival(now, request)?;
                 self.drain()
             }
             Event::LoadDone(e, expert) => {
                 if self.execs[e].loading != Some(expert) {
-                    return Err(self.violation(format!("x{e} finished loading {expert} it never started")));
+                    return Err(
+                        self.violation(format!("x{e} finished loading {expert} it never started"))
+                    );
                 }
                 self.execs[e].loading = None;
                 self.log(|| format!("loaded x{e} {expert}"));
-                self.scheduler.handle_load_done(now, ExecutorId(e as u16), expert)?;
+                self.scheduler
+                    .handle_load_done(now, ExecutorId(e as u16), expert)?;
                 self.drain()
             }
             Event::BatchDone(e, batch) => {
@@ -281,18 +294,27 @@ impl Sim<'_> {
                     return Err(self.violation(format!("x{e} finished {batch} but runs {running}")));
                 }
                 self.log(|| format!("done x{e} {batch}"));
-                self.scheduler.handle_batch_done(now, ExecutorId(e as u16), batch)?;
+                self.scheduler
+                    .handle_batch_done(now, ExecutorId(e as u16), batch)?;
                 self.drain()?;
-                let has_children = self.trace.model.expert(expert).is_some_and(|x| x.has_children());
+                let has_children = self
+                    .trace
+                    .model
+                    .expert(expert)
+                    .is_some_and(|x| x.has_children());
                 if has_children {
                     for r in requests {
-                        let Some(tr) = self.trace.requests.get(r.0 as usize) else { continue };
+                        let Some(tr) = self.trace.requests.get(r.0 as usize) else {
+                            continue;
+                        };
                         let selected = tr.selection(expert).unwrap_or(&[]).to_vec();
                         self.log(|| {
-                            let names: Vec<String> = selected.iter().map(|s| s.to_string()).collect();
+                            let names: Vec<String> =
+                                selected.iter().map(|s| s.to_string()).collect();
                             format!("select {r} {expert} -> [{}]", names.join(" "))
                         });
-                        self.scheduler.handle_preliminary_done(now, r, expert, &selected)?;
+                        self.scheduler
+                            .handle_preliminary_done(now, r, expert, &selected)?;
                         self.drain()?;
                     }
                 }
@@ -315,7 +337,10 @@ impl Sim<'_> {
         let now = self.now;
         match action {
             Action::Enqueue { request, .. } => {
-                let known = self.reqs.get(request.0 as usize).is_some_and(|r| r.completed.is_none());
+                let known = self
+                    .reqs
+                    .get(request.0 as usize)
+                    .is_some_and(|r| r.completed.is_none());
                 if !known {
                     return Err(self.violation(format!("enqueue for {request}, not in flight")));
                 }
@@ -324,19 +349,29 @@ impl Sim<'_> {
                 let e = executor.index();
                 let x = &self.execs[e];
                 if x.loading == Some(expert) || x.running.as_ref().is_some_and(|r| r.1 == expert) {
-                    return Err(self.violation(format!("{executor} evicted {expert} while it is in use")));
+                    return Err(
+                        self.violation(format!("{executor} evicted {expert} while it is in use"))
+                    );
                 }
                 let Some(size) = self.execs[e].resident.remove(&expert) else {
-                    return Err(self.violation(format!("{executor} evicted {expert}, not resident")));
+                    return Err(
+                        self.violation(format!("{executor} evicted {expert}, not resident"))
+                    );
                 };
                 self.execs[e].used -= size;
             }
-            Action::Load { executor, expert, from } => {
+            Action::Load {
+                executor,
+                expert,
+                from,
+            } => {
                 let e = executor.index();
                 let model_expert = self.trace.model.expert(expert);
                 let size = model_expert.map_or(0, |x| x.size_bytes);
                 if model_expert.map(|x| x.home) != Some(from) {
-                    return Err(self.violation(format!("{expert} loaded from {from}, not its home")));
+                    return Err(
+                        self.violation(format!("{expert} loaded from {from}, not its home"))
+                    );
                 }
                 let x = &self.execs[e];
                 if x.loading.is_some() || x.running.is_some() {
@@ -368,7 +403,12 @@ impl Sim<'_> {
                 stats.busy = stats.busy + t;
                 self.push(now + t, Event::LoadDone(e, expert));
             }
-            Action::RunBatch { executor, batch, expert, requests } => {
+            Action::RunBatch {
+                executor,
+                batch,
+                expert,
+                requests,
+            } => {
                 self.run_batch(executor.index(), batch, expert, requests)?;
             }
             Action::Complete { request } => {
@@ -381,9 +421,14 @@ impl Sim<'_> {
                 }
                 let needed = tr.experts();
                 if needed.iter().any(|x| !self.reqs[i].outputs.contains_key(x)) {
-                    return Err(self.violation(format!("{request} completed before all experts ran")));
+                    return Err(
+                        self.violation(format!("{request} completed before all experts ran"))
+                    );
                 }
-                let output = self.reqs[i].outputs.iter().fold(tr.input, |acc, (x, v)| mix(acc ^ v, u64::from(x.0)));
+                let output = self.reqs[i]
+                    .outputs
+                    .iter()
+                    .fold(tr.input, |acc, (x, v)| mix(acc ^ v, u64::from(x.0)));
                 self.reqs[i].completed = Some(now);
                 self.report.outputs[i] = output;
                 self.report.completions[i] = now;
@@ -409,7 +454,11 @@ impl Sim<'_> {
         if requests.is_empty() || requests.len() > self.latency.max_batch(e) {
             return Err(self.violation(format!("{batch} has {} requests", requests.len())));
         }
-        let parent = self.trace.model.expert(expert).and_then(|m| m.preliminary());
+        let parent = self
+            .trace
+            .model
+            .expert(expert)
+            .and_then(|m| m.preliminary());
         let mut seen = BTreeSet::new();
         for &r in &requests {
             let i = r.0 as usize;
@@ -429,14 +478,16 @@ impl Sim<'_> {
                     match self.reqs[i].outputs.get(&p) {
                         Some(v) if selected => *v,
                         _ => {
-                            return Err(self.violation(format!(
-                                "{r} runs {expert} before {p} selected it"
-                            )));
+                            return Err(
+                                self.violation(format!("{r} runs {expert} before {p} selected it"))
+                            );
                         }
                     }
                 }
             };
-            self.reqs[i].outputs.insert(expert, mix(input, u64::from(expert.0)));
+            self.reqs[i]
+                .outputs
+                .insert(expert, mix(input, u64::from(expert.0)));
         }
         let size = self.trace.model.size_of(expert);
         let t = self.latency.batch_latency(e, size, requests.len());
@@ -460,8 +511,17 @@ impl Sim<'_> {
             return Err(SimError::Stuck { completed, total });
         }
         let report = &mut self.report;
-        let first = self.trace.requests.first().map_or(Micros::ZERO, |r| r.arrival);
-        let last = report.completions.iter().copied().max().unwrap_or(Micros::ZERO);
+        let first = self
+            .trace
+            .requests
+            .first()
+            .map_or(Micros::ZERO, |r| r.arrival);
+        let last = report
+            .completions
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(Micros::ZERO);
         report.makespan = last - first;
         report.throughput_rps = total as f64 / report.makespan.as_secs_f64().max(1e-9);
         let mut latencies: Vec<u64> = self
@@ -486,8 +546,12 @@ impl Sim<'_> {
         let mut belady = 0;
         for (e, served) in report.served.iter().enumerate() {
             let budget = self.latency.expert_budget(e);
-            belady += belady_min_loads(served, |x| model.size_of(x), budget)
-                .map_err(|err| SimError::Violation { at: self.now, what: err.to_string() })?;
+            belady += belady_min_loads(served, |x| model.size_of(x), budget).map_err(|err| {
+                SimError::Violation {
+                    at: self.now,
+                    what: err.to_string(),
+                }
+            })?;
         }
         report.belady_loads = belady;
         report.peak_bytes = self.execs.iter().map(|x| x.peak).collect();

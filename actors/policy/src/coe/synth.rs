@@ -100,11 +100,17 @@ pub fn synthetic_model(config: &ModelConfig, rng: &mut SmallRng) -> Result<CoeMo
     root_probs.iter_mut().for_each(|p| *p /= total);
     shuffle(&mut root_probs, rng);
     for p in root_probs {
-        specs.push(ExpertSpec { size_bytes: size(rng), select_prob: p, home: Tier::Ssd, parent: None });
+        specs.push(ExpertSpec {
+            size_bytes: size(rng),
+            select_prob: p,
+            home: Tier::Ssd,
+            parent: None,
+        });
     }
     let mut level2 = Vec::new();
     for root in 0..config.roots {
-        let mut probs = selection_probs(config.children_per_root, config.zipf, config.mean_selected);
+        let mut probs =
+            selection_probs(config.children_per_root, config.zipf, config.mean_selected);
         shuffle(&mut probs, rng);
         for p in probs {
             level2.push(specs.len());
@@ -164,7 +170,12 @@ pub struct ArrivalConfig {
 impl ArrivalConfig {
     /// A saturating stream: `requests` requests, mean gap 1 ms, a burst every fifth event.
     pub fn saturating(requests: usize) -> Self {
-        ArrivalConfig { requests, mean_gap: Micros(1_000), burst_prob: 0.2, burst_max: 32 }
+        ArrivalConfig {
+            requests,
+            mean_gap: Micros(1_000),
+            burst_prob: 0.2,
+            burst_max: 32,
+        }
     }
 }
 
@@ -204,7 +215,9 @@ pub fn synthetic_trace(model: CoeModel, config: &ArrivalConfig, rng: &mut SmallR
             let mut selections = Vec::new();
             let mut frontier = vec![root];
             while let Some(expert) = frontier.pop() {
-                let Some(e) = model.expert(expert) else { continue };
+                let Some(e) = model.expert(expert) else {
+                    continue;
+                };
                 if !e.has_children() {
                     continue;
                 }
@@ -212,7 +225,11 @@ pub fn synthetic_trace(model: CoeModel, config: &ArrivalConfig, rng: &mut SmallR
                     .children
                     .iter()
                     .copied()
-                    .filter(|c| model.expert(*c).is_some_and(|x| rng.random::<f64>() < x.select_prob))
+                    .filter(|c| {
+                        model
+                            .expert(*c)
+                            .is_some_and(|x| rng.random::<f64>() < x.select_prob)
+                    })
                     .collect();
                 frontier.extend(selected.iter().copied());
                 selections.push((expert, selected));
@@ -244,10 +261,20 @@ pub fn synthetic_workload(
 /// A made-up edge box: `gpu0` (fast, small expert memory) and `cpu0` (slow, larger). Loads run
 /// at an effective 500 MB/s from SSD (read plus session setup) and 4 GB/s from host memory on the
 /// GPU, so a 20 MB expert from SSD takes 40 ms against a few ms of compute, as in the paper.
-pub fn synthetic_edge_profile(fingerprint: &str, gpu_expert_bytes: u64, cpu_expert_bytes: u64) -> Profile {
+pub fn synthetic_edge_profile(
+    fingerprint: &str,
+    gpu_expert_bytes: u64,
+    cpu_expert_bytes: u64,
+) -> Profile {
     let class = |max_mb: u64, pts: &[(u32, u64)]| SizeClass {
         max_expert_bytes: max_mb << 20,
-        points: pts.iter().map(|&(b, l)| LatencyPoint { batch: b, latency: Micros(l) }).collect(),
+        points: pts
+            .iter()
+            .map(|&(b, l)| LatencyPoint {
+                batch: b,
+                latency: Micros(l),
+            })
+            .collect(),
     };
     let gpu = ExecutorProfile {
         name: "gpu0".into(),
@@ -277,7 +304,10 @@ pub fn synthetic_edge_profile(fingerprint: &str, gpu_expert_bytes: u64, cpu_expe
             class(64, &[(1, 50_000), (8, 300_000)]),
         ],
     };
-    Profile { hardware_fingerprint: fingerprint.to_string(), executors: vec![gpu, cpu] }
+    Profile {
+        hardware_fingerprint: fingerprint.to_string(),
+        executors: vec![gpu, cpu],
+    }
 }
 
 #[cfg(test)]
@@ -292,7 +322,11 @@ mod tests {
         assert_eq!(m.depth(), 3);
         let total = m.total_bytes();
         assert!(total > 2 << 30 && total < 6 << 30, "{total} bytes");
-        assert!(m.experts().iter().all(|e| (1 << 20..=40 << 20).contains(&e.size_bytes)));
+        assert!(
+            m.experts()
+                .iter()
+                .all(|e| (1 << 20..=40 << 20).contains(&e.size_bytes))
+        );
         let mix: f64 = m.roots().map(|e| e.select_prob).sum();
         assert!((mix - 1.0).abs() < 1e-9);
         assert!(m.experts().iter().any(|e| e.home == Tier::Host));
@@ -300,9 +334,12 @@ mod tests {
 
     #[test]
     fn traces_are_valid_and_seeded() {
-        let a = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 3).unwrap();
-        let b = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 3).unwrap();
-        let c = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 4).unwrap();
+        let a = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 3)
+            .unwrap();
+        let b = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 3)
+            .unwrap();
+        let c = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 4)
+            .unwrap();
         a.validate().unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);

@@ -25,7 +25,11 @@ impl fmt::Display for ParseError {
         if self.line == 0 {
             write!(f, "field `{}`: {}", self.field, self.problem)
         } else {
-            write!(f, "line {}, field `{}`: {}", self.line, self.field, self.problem)
+            write!(
+                f,
+                "line {}, field `{}`: {}",
+                self.line, self.field, self.problem
+            )
         }
     }
 }
@@ -33,7 +37,11 @@ impl fmt::Display for ParseError {
 impl ParseError {
     /// A new error at `line` about `field`.
     pub fn new(line: usize, field: impl Into<String>, problem: impl Into<String>) -> Self {
-        ParseError { line, field: field.into(), problem: problem.into() }
+        ParseError {
+            line,
+            field: field.into(),
+            problem: problem.into(),
+        }
     }
 }
 
@@ -77,7 +85,11 @@ impl<'a> Line<'a> {
         if got == word {
             Ok(())
         } else {
-            Err(ParseError::new(self.number, word, format!("expected `{word}`, found `{got}`")))
+            Err(ParseError::new(
+                self.number,
+                word,
+                format!("expected `{word}`, found `{got}`"),
+            ))
         }
     }
 
@@ -125,7 +137,10 @@ pub(crate) fn lines(text: &str, max_lines: usize) -> Result<Vec<Line<'_>>, Parse
             return Err(ParseError::new(
                 number,
                 "line",
-                format!("line is {} bytes, more than the cap of {MAX_LINE_BYTES}", raw.len()),
+                format!(
+                    "line is {} bytes, more than the cap of {MAX_LINE_BYTES}",
+                    raw.len()
+                ),
             ));
         }
         let trimmed = raw.trim();
@@ -139,7 +154,10 @@ pub(crate) fn lines(text: &str, max_lines: usize) -> Result<Vec<Line<'_>>, Parse
                 format!("more than {max_lines} lines; the file is too large"),
             ));
         }
-        out.push(Line { number, tokens: trimmed.split_whitespace().collect() });
+        out.push(Line {
+            number,
+            tokens: trimmed.split_whitespace().collect(),
+        });
     }
     Ok(out)
 }
@@ -178,7 +196,10 @@ mod tests {
     fn numbers_are_range_checked() {
         assert_eq!(parse_number::<u64>("5", 1, "f", 1, 9).unwrap(), 5);
         let err = parse_number::<u64>("10", 4, "size", 1, 9).unwrap_err();
-        assert_eq!(err.to_string(), "line 4, field `size`: 10 is outside the allowed range 1..=9");
+        assert_eq!(
+            err.to_string(),
+            "line 4, field `size`: 10 is outside the allowed range 1..=9"
+        );
         assert!(parse_number::<f64>("NaN", 1, "p", 0.0, 1.0).is_err());
         assert!(parse_number::<u64>("-1", 1, "n", 0, 9).is_err());
     }

@@ -48,7 +48,10 @@ pub struct TraceRequest {
 impl TraceRequest {
     /// The experts `expert`'s output selected for this request (`None` if it has no entry).
     pub fn selection(&self, expert: ExpertId) -> Option<&[ExpertId]> {
-        self.selections.iter().find(|(x, _)| *x == expert).map(|(_, s)| s.as_slice())
+        self.selections
+            .iter()
+            .find(|(x, _)| *x == expert)
+            .map(|(_, s)| s.as_slice())
     }
 
     /// Every expert this request runs: the root and everything selected below it.
@@ -90,7 +93,9 @@ pub enum TraceError {
 /// an expert it reached, selected experts depend on their selector, and every reached expert with
 /// subsequent experts has exactly one selection.
 fn check_request(model: &CoeModel, r: &TraceRequest) -> Result<(), String> {
-    let root = model.expert(r.root).ok_or_else(|| format!("root {} is not in the model", r.root))?;
+    let root = model
+        .expert(r.root)
+        .ok_or_else(|| format!("root {} is not in the model", r.root))?;
     if root.preliminary().is_some() {
         return Err(format!("root {} is not a preliminary expert", r.root));
     }
@@ -98,13 +103,17 @@ fn check_request(model: &CoeModel, r: &TraceRequest) -> Result<(), String> {
     let mut selected_from = BTreeSet::new();
     for (expert, selected) in &r.selections {
         if !reached.contains(expert) {
-            return Err(format!("selection from {expert}, which the request has not reached"));
+            return Err(format!(
+                "selection from {expert}, which the request has not reached"
+            ));
         }
         if !selected_from.insert(*expert) {
             return Err(format!("two selections from {expert}"));
         }
         if selected.len() > MAX_SELECTED {
-            return Err(format!("more than {MAX_SELECTED} experts selected by {expert}"));
+            return Err(format!(
+                "more than {MAX_SELECTED} experts selected by {expert}"
+            ));
         }
         for child in selected {
             if !model.is_child_of(*child, *expert) {
@@ -116,9 +125,12 @@ fn check_request(model: &CoeModel, r: &TraceRequest) -> Result<(), String> {
         }
     }
     for expert in &reached {
-        if model.expert(*expert).is_some_and(|e| e.has_children()) && !selected_from.contains(expert)
+        if model.expert(*expert).is_some_and(|e| e.has_children())
+            && !selected_from.contains(expert)
         {
-            return Err(format!("no selection from {expert}, which the request reaches"));
+            return Err(format!(
+                "no selection from {expert}, which the request reaches"
+            ));
         }
     }
     Ok(())
@@ -135,7 +147,10 @@ impl Trace {
         }
         let mut last = Micros::ZERO;
         for (i, r) in self.requests.iter().enumerate() {
-            let invalid = |problem: String| TraceError::Invalid { request: r.id, problem };
+            let invalid = |problem: String| TraceError::Invalid {
+                request: r.id,
+                problem,
+            };
             if r.id != RequestId(i as u64) {
                 return Err(invalid(format!("id should be r{i}, its position")));
             }
@@ -186,10 +201,16 @@ impl Trace {
         text::check_size(text, MAX_TRACE_BYTES)?;
         let lines = text::lines(text, MAX_TRACE_LINES)?;
         let mut iter = lines.iter().peekable();
-        let first = iter.next().ok_or_else(|| ParseError::new(0, "format", "the file is empty"))?;
+        let first = iter
+            .next()
+            .ok_or_else(|| ParseError::new(0, "format", "the file is empty"))?;
         if first.tokens.join(" ") != FORMAT_LINE {
-            return Err(ParseError::new(first.number, "format", format!("expected `{FORMAT_LINE}`"))
-                .into());
+            return Err(ParseError::new(
+                first.number,
+                "format",
+                format!("expected `{FORMAT_LINE}`"),
+            )
+            .into());
         }
         let mut specs: Vec<ExpertSpec> = Vec::new();
         let mut spec_lines: Vec<usize> = Vec::new();
@@ -221,8 +242,9 @@ impl Trace {
                             .map_err(|p| ParseError::new(request_line, "select", p))?;
                     }
                     if requests.len() >= MAX_REQUESTS {
-                        return Err(ParseError::new(line.number, "request", "too many requests")
-                            .into());
+                        return Err(
+                            ParseError::new(line.number, "request", "too many requests").into()
+                        );
                     }
                     let r = parse_request(line, &model, requests.len(), requests.last())?;
                     request_line = line.number;
@@ -262,7 +284,11 @@ fn parse_expert(line: &Line<'_>, index: usize) -> Result<ExpertSpec, ParseError>
     }
     let id: u64 = line.number(1, "expert", 0, u64::MAX)?;
     if id != index as u64 {
-        return Err(ParseError::new(line.number, "expert", format!("id should be {index}")));
+        return Err(ParseError::new(
+            line.number,
+            "expert",
+            format!("id should be {index}"),
+        ));
     }
     line.expect_word(2, "size")?;
     let size_bytes = line.number(3, "size", 1, super::model::MAX_EXPERT_BYTES)?;
@@ -271,7 +297,11 @@ fn parse_expert(line: &Line<'_>, index: usize) -> Result<ExpertSpec, ParseError>
     line.expect_word(6, "home")?;
     let tier = line.token(7, "home")?;
     let home = Tier::from_name(tier).ok_or_else(|| {
-        ParseError::new(line.number, "home", format!("`{tier}` is not a tier (host or ssd)"))
+        ParseError::new(
+            line.number,
+            "home",
+            format!("`{tier}` is not a tier (host or ssd)"),
+        )
     })?;
     let parent = if line.tokens.len() == 10 {
         line.expect_word(8, "parent")?;
@@ -280,7 +310,12 @@ fn parse_expert(line: &Line<'_>, index: usize) -> Result<ExpertSpec, ParseError>
     } else {
         None
     };
-    Ok(ExpertSpec { size_bytes, select_prob, home, parent })
+    Ok(ExpertSpec {
+        size_bytes,
+        select_prob,
+        home,
+        parent,
+    })
 }
 
 fn parse_request(
@@ -292,25 +327,49 @@ fn parse_request(
     line.expect_len(8)?;
     let id: u64 = line.number(1, "request", 0, u64::MAX)?;
     if id != index as u64 {
-        return Err(ParseError::new(line.number, "request", format!("id should be {index}")));
+        return Err(ParseError::new(
+            line.number,
+            "request",
+            format!("id should be {index}"),
+        ));
     }
     line.expect_word(2, "arrival")?;
     let arrival = Micros(line.number(3, "arrival", 0, u64::MAX)?);
     if previous.is_some_and(|p| p.arrival > arrival) {
-        return Err(ParseError::new(line.number, "arrival", "earlier than the previous request"));
+        return Err(ParseError::new(
+            line.number,
+            "arrival",
+            "earlier than the previous request",
+        ));
     }
     line.expect_word(4, "input")?;
     let input = line.number(5, "input", 0, u64::MAX)?;
     line.expect_word(6, "root")?;
     let root = ExpertId(line.number(7, "root", 0, u32::MAX)?);
     match model.expert(root) {
-        None => return Err(ParseError::new(line.number, "root", format!("{root} is not in the model"))),
+        None => {
+            return Err(ParseError::new(
+                line.number,
+                "root",
+                format!("{root} is not in the model"),
+            ));
+        }
         Some(e) if e.preliminary().is_some() => {
-            return Err(ParseError::new(line.number, "root", format!("{root} is not preliminary")));
+            return Err(ParseError::new(
+                line.number,
+                "root",
+                format!("{root} is not preliminary"),
+            ));
         }
         Some(_) => {}
     }
-    Ok(TraceRequest { id: RequestId(id), arrival, input, root, selections: Vec::new() })
+    Ok(TraceRequest {
+        id: RequestId(id),
+        arrival,
+        input,
+        root,
+        selections: Vec::new(),
+    })
 }
 
 fn parse_select(
@@ -330,12 +389,19 @@ fn parse_select(
         return Err(ParseError::new(
             line.number,
             "select",
-            format!("names request {request}; selections must follow their request ({})", current.id),
+            format!(
+                "names request {request}; selections must follow their request ({})",
+                current.id
+            ),
         ));
     }
     let expert = ExpertId(line.number(2, "select", 0, u32::MAX)?);
     if model.expert(expert).is_none() {
-        return Err(ParseError::new(line.number, "select", format!("{expert} is not in the model")));
+        return Err(ParseError::new(
+            line.number,
+            "select",
+            format!("{expert} is not in the model"),
+        ));
     }
     let mut selected = Vec::with_capacity(line.tokens.len() - 3);
     for i in 3..line.tokens.len() {
@@ -379,8 +445,14 @@ select 2 0
         assert_eq!(t.model.len(), 5);
         assert_eq!(t.model.depth(), 3);
         assert_eq!(t.requests.len(), 3);
-        assert_eq!(t.requests[0].selection(ExpertId(0)), Some(&[ExpertId(2), ExpertId(3)][..]));
-        assert_eq!(t.requests[0].experts(), vec![ExpertId(0), ExpertId(2), ExpertId(3), ExpertId(4)]);
+        assert_eq!(
+            t.requests[0].selection(ExpertId(0)),
+            Some(&[ExpertId(2), ExpertId(3)][..])
+        );
+        assert_eq!(
+            t.requests[0].experts(),
+            vec![ExpertId(0), ExpertId(2), ExpertId(3), ExpertId(4)]
+        );
         assert_eq!(t.requests[2].selection(ExpertId(0)), Some(&[][..]));
         t.validate().unwrap();
         assert_eq!(Trace::parse(&t.to_text()).unwrap(), t);
@@ -423,6 +495,12 @@ select 2 0
     fn validate_catches_programmatic_mistakes() {
         let mut t = Trace::parse(SAMPLE).unwrap();
         t.requests[1].selections.push((ExpertId(0), vec![]));
-        assert!(matches!(t.validate(), Err(TraceError::Invalid { request: RequestId(1), .. })));
+        assert!(matches!(
+            t.validate(),
+            Err(TraceError::Invalid {
+                request: RequestId(1),
+                ..
+            })
+        ));
     }
 }

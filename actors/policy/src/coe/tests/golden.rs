@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 use crate::coe::latency::LatencyModel;
-use crate::coe::memory::{EvictionContext, EvictionPolicy, ExpertManager, belady_min_loads, lru_loads};
+use crate::coe::memory::{
+    EvictionContext, EvictionPolicy, ExpertManager, belady_min_loads, lru_loads,
+};
 use crate::coe::model::{CoeModel, ExpertId, ExpertSpec, Tier};
 use crate::coe::profile::Profile;
 use crate::coe::scheduler::SchedulerConfig;
@@ -14,7 +16,9 @@ use crate::coe::sim::{SimOptions, SimReport, simulate};
 use crate::coe::trace::Trace;
 
 fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/coe").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/coe")
+        .join(name)
 }
 
 fn read(name: &str) -> String {
@@ -38,11 +42,23 @@ fn check_lines(golden: &str, header: &str, actual: &[String]) {
         return;
     }
     let expected_text = read(golden);
-    let expected: Vec<&str> = expected_text.lines().filter(|l| !l.starts_with('#')).collect();
+    let expected: Vec<&str> = expected_text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect();
     for (i, (want, got)) in expected.iter().zip(actual).enumerate() {
-        assert_eq!(want, got, "{golden}: decision {} differs (UPDATE_GOLDEN=1 rewrites)", i + 1);
+        assert_eq!(
+            want,
+            got,
+            "{golden}: decision {} differs (UPDATE_GOLDEN=1 rewrites)",
+            i + 1
+        );
     }
-    assert_eq!(expected.len(), actual.len(), "{golden}: number of decision lines differs");
+    assert_eq!(
+        expected.len(),
+        actual.len(),
+        "{golden}: number of decision lines differs"
+    );
 }
 
 fn tiny_latency() -> LatencyModel {
@@ -52,7 +68,10 @@ fn tiny_latency() -> LatencyModel {
 
 fn run_scenario(scenario: &str, config: SchedulerConfig) -> SimReport {
     let trace = Trace::parse(&read(&format!("{scenario}.trace"))).unwrap();
-    let options = SimOptions { record_decisions: true, ..SimOptions::default() };
+    let options = SimOptions {
+        record_decisions: true,
+        ..SimOptions::default()
+    };
     let report = simulate(&trace, &tiny_latency(), config, &options).unwrap();
     let label = config.label().replace('+', "-");
     let header = format!(
@@ -60,7 +79,11 @@ fn run_scenario(scenario: &str, config: SchedulerConfig) -> SimReport {
          # Event lines are inputs; indented lines are the scheduler's actions.\n",
         config.label()
     );
-    check_lines(&format!("{scenario}.{label}.golden"), &header, &report.decisions);
+    check_lines(
+        &format!("{scenario}.{label}.golden"),
+        &header,
+        &report.decisions,
+    );
     report
 }
 
@@ -69,7 +92,11 @@ fn has(report: &SimReport, line: &str) -> bool {
 }
 
 fn position(report: &SimReport, line: &str) -> usize {
-    report.decisions.iter().position(|d| d == line).unwrap_or_else(|| panic!("no `{line}`"))
+    report
+        .decisions
+        .iter()
+        .position(|d| d == line)
+        .unwrap_or_else(|| panic!("no `{line}`"))
 }
 
 #[test]
@@ -163,7 +190,8 @@ impl EvictionScript {
                 vec![]
             }
             "load" => {
-                let (model, manager) = (self.model.as_ref().unwrap(), self.manager.as_mut().unwrap());
+                let (model, manager) =
+                    (self.model.as_ref().unwrap(), self.manager.as_mut().unwrap());
                 let expert = expert_arg(tokens[1]);
                 let size = model.size_of(expert);
                 let victims = {
@@ -171,18 +199,24 @@ impl EvictionScript {
                     let is_resident = |x: ExpertId| m.is_resident(x);
                     let queued = &self.queued;
                     let next_use = |x: ExpertId| queued.iter().find(|q| q.0 == x).map(|q| q.1);
-                    let ctx = EvictionContext { model, is_resident: &is_resident, next_use: &next_use };
+                    let ctx = EvictionContext {
+                        model,
+                        is_resident: &is_resident,
+                        next_use: &next_use,
+                    };
                     m.plan_eviction(expert, size, &ctx)
                 };
                 match victims {
                     Err(e) => vec![format!("refused: {e}")],
                     Ok(victims) => {
-                        let mut out: Vec<String> = victims.iter().map(|v| format!("evict {v}")).collect();
+                        let mut out: Vec<String> =
+                            victims.iter().map(|v| format!("evict {v}")).collect();
                         for v in victims {
                             manager.evict(v).unwrap();
                         }
                         manager.admit(expert, size).unwrap();
-                        let resident: Vec<String> = manager.resident().map(|x| x.to_string()).collect();
+                        let resident: Vec<String> =
+                            manager.resident().map(|x| x.to_string()).collect();
                         out.push(format!(
                             "admit {expert}: used {}/{} [{}]",
                             manager.used_bytes(),
@@ -226,7 +260,12 @@ impl EvictionScript {
 /// Run a datadriven eviction file; returns the outputs per command, in order.
 fn run_eviction_file(name: &str) -> Vec<(String, Vec<String>)> {
     let text = read(name);
-    let mut script = EvictionScript { specs: vec![], model: None, manager: None, queued: vec![] };
+    let mut script = EvictionScript {
+        specs: vec![],
+        model: None,
+        manager: None,
+        queued: vec![],
+    };
     // Rebuild the file: comments and commands kept, outputs recomputed.
     let mut rebuilt = String::new();
     let mut results = Vec::new();
@@ -256,7 +295,10 @@ fn run_eviction_file(name: &str) -> Vec<(String, Vec<String>)> {
         return results;
     }
     for ((command, got), want) in results.iter().zip(&expected) {
-        assert_eq!(got, want, "{name}: output of `> {command}` differs (UPDATE_GOLDEN=1 rewrites)");
+        assert_eq!(
+            got, want,
+            "{name}: output of `> {command}` differs (UPDATE_GOLDEN=1 rewrites)"
+        );
     }
     results
 }
