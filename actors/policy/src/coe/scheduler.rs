@@ -910,6 +910,10 @@ impl RequestScheduler {
     }
 
     fn plan_room(&self, e: usize, expert: ExpertId) -> Result<Vec<ExpertId>, MemoryError> {
+        let memory = &self.executors[e].memory;
+        if memory.free_bytes() >= self.size(expert) && !memory.is_resident(expert) {
+            return Ok(Vec::new()); // fits already: no need to rank victims
+        }
         let next = self.next_uses(e);
         let executors = &self.executors;
         let is_resident = |x: ExpertId| executors.iter().any(|ex| ex.memory.is_resident(x));
