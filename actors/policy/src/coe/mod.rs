@@ -12,6 +12,7 @@
 //!   decisions.
 //! - [`trace`] and [`synth`]: the trace file format and a seeded synthetic workload generator.
 //! - [`sim`]: a discrete-event simulator that replays a trace through a policy and reports metrics.
+//! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
 pub mod latency;
 pub mod memory;
@@ -31,7 +32,10 @@ pub use memory::{EvictionContext, EvictionPolicy, ExpertManager, MemoryError, be
 pub use model::{
     CoeModel, Expert, ExpertId, ExpertKind, ExpertSpec, ModelError, Request, RequestId, Tier,
 };
-pub use profile::{ExecutorKind, ExecutorProfile, LatencyPoint, Profile, ProfileError, SizeClass};
+pub use profile::{
+    ExecutorKind, ExecutorProfile, LatencyPoint, MemorySplit, Profile, ProfileError, SizeClass,
+    max_useful_batch, split_memory,
+};
 pub use scheduler::{
     Action, BatchId, ExecutorId, QueueRef, RequestScheduler, SchedulerConfig, SchedulerError,
     Scheduling,

@@ -293,6 +293,55 @@ impl Profile {
     }
 }
 
+/// How the profiler splits an executor's memory (see [`split_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySplit {
+    /// Bytes for resident experts.
+    pub expert_bytes: u64,
+    /// Bytes for batch intermediates.
+    pub intermediate_bytes: u64,
+    /// Largest batch the intermediates hold.
+    pub max_batch: u32,
+}
+
+/// The smallest profiled batch size whose per-request latency is within `tolerance` (0.05 =
+/// 5%) of the best per-request latency among `points`: a bigger batch buys almost no speed but
+/// costs intermediate memory that could hold experts. 1 when `points` is empty.
+pub fn max_useful_batch(points: &[LatencyPoint], tolerance: f64) -> u32 {
+    let per_request = |p: &LatencyPoint| p.latency.0 as f64 / f64::from(p.batch.max(1));
+    let best = points.iter().map(per_request).fold(f64::INFINITY, f64::min);
+    points
+        .iter()
+        .find(|p| per_request(p) <= best * (1.0 + tolerance.max(0.0)))
+        .map_or(1, |p| p.batch)
+}
+
+/// Split `memory_bytes` between batch intermediates for up to `useful_batch` requests of
+/// `bytes_per_request` each and expert storage, shrinking the batch until at least
+/// `min_expert_bytes` (e.g. the largest expert) is left for experts. `None` when even a batch
+/// of one does not leave that much.
+pub fn split_memory(
+    memory_bytes: u64,
+    bytes_per_request: u64,
+    useful_batch: u32,
+    min_expert_bytes: u64,
+) -> Option<MemorySplit> {
+    let room = memory_bytes.checked_sub(min_expert_bytes)?;
+    let fits = room.checked_div(bytes_per_request).unwrap_or(u64::MAX);
+    let max_batch = u32::try_from(fits)
+        .unwrap_or(u32::MAX)
+        .min(useful_batch.max(1));
+    if max_batch == 0 {
+        return None;
+    }
+    let intermediate_bytes = bytes_per_request.saturating_mul(u64::from(max_batch));
+    Some(MemorySplit {
+        expert_bytes: memory_bytes - intermediate_bytes,
+        intermediate_bytes,
+        max_batch,
+    })
+}
+
 fn check_fingerprint(fp: &str, line: usize) -> Result<(), ProfileError> {
     if fp.is_empty() || fp.len() > MAX_FINGERPRINT_BYTES {
         return Err(invalid(
@@ -664,6 +713,42 @@ size_class 400 1:100 4:400
         assert_eq!((e.line, e.field.as_str()), (3, "bogus"));
         let e = error_of(&SAMPLE.replace("hardware_fingerprint cpu=test-cpu gpu=test gpu\n", ""));
         assert_eq!(e.field, "hardware_fingerprint");
+    }
+
+    #[test]
+    fn max_useful_batch_stops_where_batching_stops_paying() {
+        let pts = |v: &[(u32, u64)]| -> Vec<LatencyPoint> {
+            v.iter()
+                .map(|&(batch, l)| LatencyPoint {
+                    batch,
+                    latency: Micros(l),
+                })
+                .collect()
+        };
+        // Per request: 100, 30, 13.75, 13.3: batch 16 is within 5% of batch 32's 13.3.
+        let curve = pts(&[(1, 100), (4, 120), (16, 220), (32, 425)]);
+        assert_eq!(max_useful_batch(&curve, 0.05), 16);
+        assert_eq!(max_useful_batch(&curve, 0.0), 32);
+        assert_eq!(max_useful_batch(&[], 0.05), 1);
+    }
+
+    #[test]
+    fn split_memory_leaves_room_for_the_largest_expert() {
+        // 1000 bytes, 50 per request, useful batch 16 (800 bytes) would leave 200: enough for
+        // a 200-byte expert.
+        let s = split_memory(1000, 50, 16, 200).unwrap();
+        assert_eq!(
+            (s.expert_bytes, s.intermediate_bytes, s.max_batch),
+            (200, 800, 16)
+        );
+        // A 400-byte expert needs the batch cut to 12 (600 bytes).
+        let s = split_memory(1000, 50, 16, 400).unwrap();
+        assert_eq!(
+            (s.expert_bytes, s.intermediate_bytes, s.max_batch),
+            (400, 600, 12)
+        );
+        assert_eq!(split_memory(1000, 50, 16, 960), None);
+        assert_eq!(split_memory(100, 50, 16, 200), None);
     }
 
     #[test]
