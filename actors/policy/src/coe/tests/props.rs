@@ -257,3 +257,84 @@ proptest! {
         }
     }
 }
+
+/// Values that have broken parsers before: empty, signs, overflow, NaN, huge exponents.
+const NASTY: &[&str] = &[
+    "",
+    "0",
+    "-1",
+    "1",
+    "18446744073709551616",
+    "4294967296",
+    "NaN",
+    "inf",
+    "1e309",
+    "x",
+    "1:",
+    ":1",
+    "0:0",
+    "65537:1",
+    "parent",
+    "host",
+    "gpu",
+    "select",
+    "request",
+    "expert",
+    "#",
+];
+
+/// Edit a valid text: replace one token, drop a line, or repeat a line.
+fn mutate(text: &str, line: usize, token: usize, nasty: usize, kind: u8) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let i = line % lines.len();
+    match kind % 3 {
+        0 => {
+            let mut tokens: Vec<&str> = lines[i].split_whitespace().collect();
+            if !tokens.is_empty() {
+                let t = token % tokens.len();
+                tokens[t] = NASTY[nasty % NASTY.len()];
+            }
+            lines[i] = tokens.join(" ");
+        }
+        1 => {
+            lines.remove(i);
+        }
+        _ => {
+            let copy = lines[i].clone();
+            lines.insert(i, copy);
+        }
+    }
+    lines.join("\n")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Mangled profile and trace files are refused with an error, never a panic; whatever is
+    /// accepted is valid.
+    #[test]
+    fn mangled_files_never_panic(
+        edits in prop::collection::vec((any::<usize>(), any::<usize>(), any::<usize>(), any::<u8>()), 1..4),
+    ) {
+        let profile = crate::coe::synth::synthetic_edge_profile("fp", 1 << 20, 1 << 20).to_text();
+        let trace = crate::coe::synth::synthetic_workload(
+            &ModelConfig::ci_like(),
+            &ArrivalConfig::saturating(5),
+            1,
+        )
+        .unwrap()
+        .to_text();
+        let (mut p, mut t) = (profile, trace);
+        for (line, token, nasty, kind) in edits {
+            p = mutate(&p, line, token, nasty, kind);
+            t = mutate(&t, line, token, nasty, kind);
+        }
+        if let Ok(parsed) = Profile::parse(&p) {
+            prop_assert!(parsed.validate().is_ok());
+            prop_assert!(LatencyModel::from_profile(&parsed).is_ok());
+        }
+        if let Ok(parsed) = crate::coe::trace::Trace::parse(&t) {
+            prop_assert!(parsed.validate().is_ok());
+        }
+    }
+}
