@@ -40,6 +40,6 @@ pub use scheduler::{
     Action, BatchId, ExecutorId, QueueRef, RequestScheduler, SchedulerConfig, SchedulerError,
     Scheduling,
 };
-pub use sim::{ExecutorStats, SimError, SimOptions, SimReport, simulate};
+pub use sim::{ExecutorFault, ExecutorStats, SimError, SimOptions, SimReport, simulate};
 pub use text::ParseError;
 pub use trace::{Trace, TraceError, TraceRequest};

@@ -32,6 +32,12 @@
 //!    their room.
 //! 3. [`poll_timeout`](RequestScheduler::poll_timeout) is always `None` today: the scheduler only
 //!    reacts to events. It is kept for the uniform policy shape.
+//! 4. When an executor is lost (crash, node gone), call
+//!    [`handle_executor_lost`](RequestScheduler::handle_executor_lost): its queued, loading and
+//!    running work is queued again on the survivors (a batch that was running runs again, so the
+//!    shell must drop any late result from the lost executor; the scheduler refuses its events).
+//!    [`handle_executor_restored`](RequestScheduler::handle_executor_restored) brings it back
+//!    empty.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -321,6 +327,14 @@ pub enum SchedulerError {
         /// The batch named.
         batch: BatchId,
     },
+    /// Losing this executor would leave an expert that no live executor can hold.
+    #[error("losing {executor} would leave {expert} with no live executor that can hold it")]
+    WouldStrand {
+        /// The executor reported lost.
+        executor: ExecutorId,
+        /// An expert only it could hold.
+        expert: ExpertId,
+    },
     /// Residency bookkeeping refused an operation (an internal invariant broke).
     #[error("expert memory: {0}")]
     Memory(#[from] MemoryError),
@@ -434,6 +448,8 @@ struct Executor {
     state: ExecState,
     queue: ExecQueue,
     memory: ExpertManager,
+    /// False after the executor was reported lost (until restored).
+    alive: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -486,6 +502,7 @@ impl RequestScheduler {
                 state: ExecState::Idle,
                 queue: ExecQueue::default(),
                 memory: ExpertManager::new(latency.expert_budget(e), config.eviction),
+                alive: true,
             })
             .collect();
         Ok(RequestScheduler {
@@ -674,6 +691,74 @@ impl RequestScheduler {
         self.dispatch_idle(now)
     }
 
+    /// Executor `executor` is gone: its queued, loading and running tasks are queued again on
+    /// the live executors, and its later events are refused. Refused (nothing changes) when the
+    /// survivors could not hold some expert of the model; restart the executor instead.
+    pub fn handle_executor_lost(
+        &mut self,
+        now: Micros,
+        executor: ExecutorId,
+    ) -> Result<(), SchedulerError> {
+        let e = executor.index();
+        let exec = self
+            .executors
+            .get(e)
+            .ok_or(SchedulerError::UnknownExecutor(executor))?;
+        if !exec.alive {
+            return Ok(());
+        }
+        for expert in self.model.experts() {
+            let held = (0..self.executors.len()).any(|i| {
+                i != e
+                    && self.executors[i].alive
+                    && self.latency.expert_budget(i) >= expert.size_bytes
+            });
+            if !held {
+                return Err(SchedulerError::WouldStrand {
+                    executor,
+                    expert: expert.id,
+                });
+            }
+        }
+        let budget = self.latency.expert_budget(e);
+        let exec = &mut self.executors[e];
+        let mut orphans: Vec<(RequestId, ExpertId)> = Vec::new();
+        match std::mem::replace(&mut exec.state, ExecState::Idle) {
+            ExecState::Running {
+                expert, requests, ..
+            } => orphans.extend(requests.into_iter().map(|r| (r, expert))),
+            ExecState::Loading {
+                expert,
+                source: Source::Reserved(requests),
+                ..
+            } => orphans.extend(requests.into_iter().map(|r| (r, expert))),
+            ExecState::Loading { .. } | ExecState::Idle => {}
+        }
+        for group in std::mem::take(&mut exec.queue).groups {
+            orphans.extend(group.tasks.into_iter().map(|r| (r, group.expert)));
+        }
+        exec.memory = ExpertManager::new(budget, self.config.eviction);
+        exec.alive = false;
+        for (request, expert) in orphans {
+            self.place_task(now, request, expert);
+        }
+        self.dispatch_idle(now)
+    }
+
+    /// A lost executor is back, empty; it takes work again.
+    pub fn handle_executor_restored(
+        &mut self,
+        now: Micros,
+        executor: ExecutorId,
+    ) -> Result<(), SchedulerError> {
+        let exec = self
+            .executors
+            .get_mut(executor.index())
+            .ok_or(SchedulerError::UnknownExecutor(executor))?;
+        exec.alive = true;
+        self.dispatch_idle(now)
+    }
+
     fn complete_if_done(&mut self, request: RequestId) {
         let done = self
             .requests
@@ -690,7 +775,14 @@ impl RequestScheduler {
             return;
         };
         state.open_tasks += 1;
-        let arrival_seq = state.arrival_seq;
+        self.place_task(now, request, expert);
+    }
+
+    /// Put an open task into a queue (first time, or again after its executor was lost).
+    fn place_task(&mut self, now: Micros, request: RequestId, expert: ExpertId) {
+        let Some(arrival_seq) = self.requests.get(&request).map(|s| s.arrival_seq) else {
+            return;
+        };
         self.tasks_created += 1;
         let queue = match self.config.scheduling {
             Scheduling::Fcfs => {
@@ -777,7 +869,7 @@ impl RequestScheduler {
         let size = self.size(expert);
         let mut best: Option<(u64, usize)> = None;
         for e in 0..self.executors.len() {
-            if self.latency.expert_budget(e) < size {
+            if !self.executors[e].alive || self.latency.expert_budget(e) < size {
                 continue;
             }
             let finish = self
@@ -787,7 +879,7 @@ impl RequestScheduler {
                 best = Some((finish, e));
             }
         }
-        // `new` checked that every expert fits somewhere.
+        // `new` and `handle_executor_lost` keep every expert fitting some live executor.
         best.map_or(0, |(_, e)| e)
     }
 
@@ -829,7 +921,8 @@ impl RequestScheduler {
 
     fn dispatch_idle(&mut self, now: Micros) -> Result<(), SchedulerError> {
         for e in 0..self.executors.len() {
-            if matches!(self.executors[e].state, ExecState::Idle) {
+            let exec = &self.executors[e];
+            if exec.alive && matches!(exec.state, ExecState::Idle) {
                 match self.config.scheduling {
                     Scheduling::DependencyAware => self.dispatch_own_queue(now, e)?,
                     Scheduling::Fcfs => self.dispatch_shared(now, e)?,
@@ -1150,6 +1243,83 @@ mod tests {
         );
         assert_eq!(s.in_flight(), 0);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn lost_executor_work_moves_to_the_survivors() {
+        let mut s = scheduler(SchedulerConfig::ours());
+        let t = Micros::ZERO;
+        let (x0, x1) = (ExecutorId(0), ExecutorId(1));
+        s.handle_arrival(
+            t,
+            Request {
+                id: RequestId(0),
+                root: ExpertId(0),
+            },
+        )
+        .unwrap();
+        assert!(drain(&mut s).contains(&Action::Load {
+            executor: x0,
+            expert: ExpertId(0),
+            from: Tier::Ssd
+        }));
+        s.handle_executor_lost(t, x0).unwrap();
+        assert_eq!(
+            drain(&mut s),
+            vec![
+                Action::Enqueue {
+                    request: RequestId(0),
+                    expert: ExpertId(0),
+                    queue: QueueRef::Executor(x1)
+                },
+                Action::Load {
+                    executor: x1,
+                    expert: ExpertId(0),
+                    from: Tier::Ssd
+                },
+            ]
+        );
+        // A late completion from the lost executor is refused; new work avoids it.
+        assert!(s.handle_load_done(t, x0, ExpertId(0)).is_err());
+        s.handle_arrival(
+            t,
+            Request {
+                id: RequestId(1),
+                root: ExpertId(3),
+            },
+        )
+        .unwrap();
+        assert!(drain(&mut s).iter().all(
+            |a| !matches!(a, Action::Enqueue { queue: QueueRef::Executor(e), .. } if *e == x0)
+        ));
+        // Losing the last executor would strand every expert: refused, nothing changes.
+        assert!(matches!(
+            s.handle_executor_lost(t, x1),
+            Err(SchedulerError::WouldStrand { .. })
+        ));
+        s.handle_load_done(t, x1, ExpertId(0)).unwrap();
+        assert!(
+            matches!(s.poll_action(), Some(Action::RunBatch { executor, .. }) if executor == x1)
+        );
+        // Restored, x0 takes work again (it is idle and r1's e3 waits behind e0 on x1).
+        s.handle_executor_restored(t, x0).unwrap();
+        s.handle_arrival(
+            t,
+            Request {
+                id: RequestId(2),
+                root: ExpertId(3),
+            },
+        )
+        .unwrap();
+        let actions = drain(&mut s);
+        assert!(
+            actions.contains(&Action::Enqueue {
+                request: RequestId(2),
+                expert: ExpertId(3),
+                queue: QueueRef::Executor(x0)
+            }),
+            "{actions:?}"
+        );
     }
 
     #[test]

@@ -29,6 +29,19 @@ pub struct SimOptions {
     pub record_decisions: bool,
     /// Stop with [`SimError::Stuck`] after this many events (catches livelock).
     pub max_events: u64,
+    /// Lose one executor during the run (its in-flight work is lost and redone elsewhere).
+    pub fault: Option<ExecutorFault>,
+}
+
+/// An executor crash injected into a simulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutorFault {
+    /// Index of the executor.
+    pub executor: usize,
+    /// When it is lost.
+    pub at: Micros,
+    /// How long until it is back (empty); `None` for never.
+    pub back_after: Option<Micros>,
 }
 
 impl Default for SimOptions {
@@ -36,6 +49,7 @@ impl Default for SimOptions {
         SimOptions {
             record_decisions: false,
             max_events: 50_000_000,
+            fault: None,
         }
     }
 }
@@ -142,8 +156,12 @@ pub enum SimError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival(usize),
-    LoadDone(usize, ExpertId),
-    BatchDone(usize, BatchId),
+    /// Executor, expert, executor epoch when started.
+    LoadDone(usize, ExpertId, u64),
+    /// Executor, batch, executor epoch when started.
+    BatchDone(usize, BatchId, u64),
+    Lose(usize),
+    Restore(usize),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -153,12 +171,16 @@ struct ExecSim {
     peak: u64,
     loading: Option<ExpertId>,
     running: Option<(BatchId, ExpertId, Vec<RequestId>)>,
+    /// Bumped when the executor is lost; events from an older epoch are late results, dropped.
+    epoch: u64,
 }
 
 #[derive(Clone, Debug, Default)]
 struct RequestSim {
-    /// Output of each expert that ran for this request.
+    /// Output of each expert that finished for this request.
     outputs: BTreeMap<ExpertId, u64>,
+    /// Output of each expert running for this request (committed when its batch finishes).
+    pending: BTreeMap<ExpertId, u64>,
     completed: Option<Micros>,
 }
 
@@ -230,6 +252,18 @@ pub fn simulate(
     for (i, r) in trace.requests.iter().enumerate() {
         sim.push(r.arrival, Event::Arrival(i));
     }
+    if let Some(fault) = options.fault {
+        if fault.executor >= n_exec {
+            return Err(SimError::Violation {
+                at: fault.at,
+                what: format!("fault names executor {} of {n_exec}", fault.executor),
+            });
+        }
+        sim.push(fault.at, Event::Lose(fault.executor));
+        if let Some(after) = fault.back_after {
+            sim.push(fault.at + after, Event::Restore(fault.executor));
+        }
+    }
     let mut processed = 0u64;
     while let Some(Reverse((at, _, event))) = sim.events.pop() {
         processed += 1;
@@ -274,7 +308,37 @@ impl Sim<'_> {
                 self.scheduler.handle_arrival(now, request)?;
                 self.drain()
             }
-            Event::LoadDone(e, expert) => {
+            Event::LoadDone(e, _, epoch) | Event::BatchDone(e, _, epoch)
+                if epoch != self.execs[e].epoch =>
+            {
+                self.log(|| format!("late result from lost x{e} dropped"));
+                Ok(())
+            }
+            Event::Lose(e) => {
+                let x = &mut self.execs[e];
+                x.epoch += 1;
+                x.resident.clear();
+                x.used = 0;
+                x.loading = None;
+                if let Some((_, expert, requests)) = x.running.take() {
+                    for r in requests {
+                        if let Some(req) = self.reqs.get_mut(r.0 as usize) {
+                            req.pending.remove(&expert);
+                        }
+                    }
+                }
+                self.log(|| format!("lost x{e}"));
+                self.scheduler
+                    .handle_executor_lost(now, ExecutorId(e as u16))?;
+                self.drain()
+            }
+            Event::Restore(e) => {
+                self.log(|| format!("restored x{e}"));
+                self.scheduler
+                    .handle_executor_restored(now, ExecutorId(e as u16))?;
+                self.drain()
+            }
+            Event::LoadDone(e, expert, _) => {
                 if self.execs[e].loading != Some(expert) {
                     return Err(
                         self.violation(format!("x{e} finished loading {expert} it never started"))
@@ -286,12 +350,19 @@ impl Sim<'_> {
                     .handle_load_done(now, ExecutorId(e as u16), expert)?;
                 self.drain()
             }
-            Event::BatchDone(e, batch) => {
+            Event::BatchDone(e, batch, _) => {
                 let Some((running, expert, requests)) = self.execs[e].running.take() else {
                     return Err(self.violation(format!("x{e} finished {batch} while idle")));
                 };
                 if running != batch {
                     return Err(self.violation(format!("x{e} finished {batch} but runs {running}")));
+                }
+                for r in &requests {
+                    if let Some(req) = self.reqs.get_mut(r.0 as usize) {
+                        if let Some(v) = req.pending.remove(&expert) {
+                            req.outputs.insert(expert, v);
+                        }
+                    }
                 }
                 self.log(|| format!("done x{e} {batch}"));
                 self.scheduler
@@ -401,7 +472,8 @@ impl Sim<'_> {
                 stats.loads += 1;
                 stats.switching = stats.switching + t;
                 stats.busy = stats.busy + t;
-                self.push(now + t, Event::LoadDone(e, expert));
+                let epoch = self.execs[e].epoch;
+                self.push(now + t, Event::LoadDone(e, expert, epoch));
             }
             Action::RunBatch {
                 executor,
@@ -465,7 +537,11 @@ impl Sim<'_> {
             let Some(tr) = self.trace.requests.get(i) else {
                 return Err(self.violation(format!("{batch} runs unknown {r}")));
             };
-            if !seen.insert(r) || self.reqs[i].outputs.contains_key(&expert) {
+            let req = &self.reqs[i];
+            if !seen.insert(r)
+                || req.outputs.contains_key(&expert)
+                || req.pending.contains_key(&expert)
+            {
                 return Err(self.violation(format!("{r} runs {expert} twice")));
             }
             // The input is the request's own data for a root, else the preliminary's output,
@@ -486,7 +562,7 @@ impl Sim<'_> {
                 }
             };
             self.reqs[i]
-                .outputs
+                .pending
                 .insert(expert, mix(input, u64::from(expert.0)));
         }
         let size = self.trace.model.size_of(expert);
@@ -500,7 +576,8 @@ impl Sim<'_> {
         stats.busy = stats.busy + t;
         self.report.served[e].push(expert);
         self.execs[e].running = Some((batch, expert, requests));
-        self.push(self.now + t, Event::BatchDone(e, batch));
+        let epoch = self.execs[e].epoch;
+        self.push(self.now + t, Event::BatchDone(e, batch, epoch));
         Ok(())
     }
 

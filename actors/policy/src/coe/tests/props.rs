@@ -15,7 +15,7 @@ use crate::coe::memory::{
 use crate::coe::model::{CoeModel, ExpertId, ExpertSpec, Tier};
 use crate::coe::profile::{ExecutorKind, ExecutorProfile, LatencyPoint, Profile, SizeClass};
 use crate::coe::scheduler::SchedulerConfig;
-use crate::coe::sim::{SimOptions, simulate};
+use crate::coe::sim::{ExecutorFault, SimOptions, simulate};
 use crate::coe::synth::{ArrivalConfig, ModelConfig, synthetic_model, synthetic_trace};
 
 /// One step of a random manager workout.
@@ -254,6 +254,46 @@ proptest! {
                 None => outputs = Some(report.outputs.clone()),
                 Some(first) => prop_assert_eq!(first, &report.outputs, "{} differs", config.label()),
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// An executor lost mid-run (and maybe restored later) loses no request: every request
+    /// still completes exactly once, with the same output as without the fault, and the
+    /// simulator sees no rule broken while the work moves.
+    #[test]
+    fn losing_an_executor_loses_no_request(
+        seed in any::<u64>(),
+        requests in 1usize..40,
+        at in 0u64..300_000,
+        back_after in prop::option::of(0u64..300_000),
+    ) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let model = synthetic_model(&ModelConfig::ci_like(), &mut rng).unwrap();
+        let largest = model.experts().iter().map(|e| e.size_bytes).max().unwrap();
+        let total = model.total_bytes();
+        let arrivals = ArrivalConfig { requests, mean_gap: Micros(2_000), burst_prob: 0.3, burst_max: 6 };
+        let trace = synthetic_trace(model, &arrivals, &mut rng);
+        let mut profile = random_profile(&mut rng, largest, total);
+        if profile.executors.len() < 2 {
+            let mut second = profile.executors[0].clone();
+            second.name = "x1".into();
+            profile.executors.push(second);
+        }
+        let latency = LatencyModel::from_profile(&profile).unwrap();
+        let clean = simulate(&trace, &latency, SchedulerConfig::ours(), &SimOptions::default()).unwrap();
+        // Executor 0 holds every expert, so losing executor 1 strands nothing.
+        let fault = ExecutorFault { executor: 1, at: Micros(at), back_after: back_after.map(Micros) };
+        for config in SchedulerConfig::combinations() {
+            let options = SimOptions { fault: Some(fault), ..SimOptions::default() };
+            let report = match simulate(&trace, &latency, config, &options) {
+                Ok(r) => r,
+                Err(e) => return Err(TestCaseError::fail(format!("{}: {e}", config.label()))),
+            };
+            prop_assert_eq!(&clean.outputs, &report.outputs, "{} differs", config.label());
         }
     }
 }
