@@ -358,10 +358,10 @@ impl Sim<'_> {
                     return Err(self.violation(format!("x{e} finished {batch} but runs {running}")));
                 }
                 for r in &requests {
-                    if let Some(req) = self.reqs.get_mut(r.0 as usize) {
-                        if let Some(v) = req.pending.remove(&expert) {
-                            req.outputs.insert(expert, v);
-                        }
+                    if let Some(req) = self.reqs.get_mut(r.0 as usize)
+                        && let Some(v) = req.pending.remove(&expert)
+                    {
+                        req.outputs.insert(expert, v);
                     }
                 }
                 self.log(|| format!("done x{e} {batch}"));
