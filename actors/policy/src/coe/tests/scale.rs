@@ -146,4 +146,15 @@ fn coe_scale_report() {
         w,
         true,
     );
+    // Below saturation: latency matters more than throughput here.
+    for gap_ms in [10, 40] {
+        println!("paced arrivals, mean gap {gap_ms} ms, no bursts");
+        let paced = ArrivalConfig {
+            requests: 5_000,
+            mean_gap: crate::Micros::from_millis(gap_ms),
+            burst_prob: 0.0,
+            burst_max: 2,
+        };
+        compare(&ModelConfig::paper_like(), &paced, 1, 0.075, w, false);
+    }
 }
