@@ -9,7 +9,9 @@ use super::model::Tier;
 use super::profile::{ExecutorProfile, Profile, ProfileError, SizeClass};
 use crate::Micros;
 
-/// Batch and load latencies per executor, derived from a validated profile.
+/// Batch and load latencies per executor, derived from a validated profile. Executor indices
+/// are positions in the profile; an index at or above [`LatencyModel::executors`] is a caller
+/// bug and panics.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LatencyModel {
     executors: Vec<ExecutorProfile>,
@@ -29,7 +31,7 @@ impl LatencyModel {
         self.executors.len()
     }
 
-    /// The profile entry of executor `e` (panics on an index not below [`Self::executors`]).
+    /// The profile entry of executor `e`.
     fn exec(&self, e: usize) -> &ExecutorProfile {
         &self.executors[e]
     }
