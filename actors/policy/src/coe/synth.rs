@@ -341,6 +341,7 @@ mod tests {
         let c = synthetic_workload(&ModelConfig::ci_like(), &ArrivalConfig::saturating(300), 4)
             .unwrap();
         a.validate().unwrap();
+        assert_eq!(crate::coe::trace::Trace::parse(&a.to_text()).unwrap(), a);
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a.requests.len(), 300);
