@@ -6,6 +6,7 @@
 //! policy runs live inside an actor, under a seeded simulation, and in a benchmark replaying a trace.
 
 pub mod adapt;
+pub mod coe;
 pub mod membership;
 pub mod pipeline;
 pub mod restart;

@@ -1,0 +1,435 @@
+//! Expert residency on one executor under a byte budget, and which experts to evict.
+//!
+//! [`ExpertManager`] tracks what is resident, how many batches pin each expert (a pinned expert is
+//! loading or executing and is never evicted), and picks eviction victims by one of two policies:
+//!
+//! - **Two-stage** (CoServe's dependency-aware management): stage 1 evicts subsequent experts
+//!   whose preliminary expert is not resident (they cannot run soon); stage 2 evicts the rest in
+//!   ascending usage probability. When the caller also says which experts queued work still needs
+//!   ([`EvictionContext::next_use`]), experts with queued work are kept until last and then evicted
+//!   farthest-next-use first; without that hint the policy is exactly the paper's two stages.
+//! - **LRU** (the Samba-CoE baseline): least recently used first.
+//!
+//! [`belady_min_loads`] replays a served order under Belady's MIN, the yardstick for load counts.
+
+use std::collections::BTreeMap;
+
+use super::model::{CoeModel, ExpertId};
+
+/// How victims are chosen when room is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Dependency-aware two-stage eviction (ours).
+    TwoStage,
+    /// Least recently used (baseline).
+    Lru,
+}
+
+impl EvictionPolicy {
+    /// Short name for reports and golden files.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicy::TwoStage => "two-stage",
+            EvictionPolicy::Lru => "lru",
+        }
+    }
+}
+
+/// Why a residency operation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// The expert alone is bigger than the whole budget; it can never be resident here.
+    #[error("{expert} needs {size} bytes but the budget is only {budget} bytes")]
+    TooLarge {
+        /// The expert.
+        expert: ExpertId,
+        /// Its size.
+        size: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// Not enough unpinned bytes can be freed right now; the caller must wait for a batch to end.
+    #[error("{expert} needs {size} bytes; only {free} are free and pinned experts hold the rest")]
+    NoRoom {
+        /// The expert.
+        expert: ExpertId,
+        /// Its size.
+        size: u64,
+        /// Bytes free now.
+        free: u64,
+    },
+    /// The expert is already resident.
+    #[error("{0} is already resident")]
+    AlreadyResident(ExpertId),
+    /// The expert is not resident.
+    #[error("{0} is not resident")]
+    NotResident(ExpertId),
+    /// The expert is pinned (loading or executing) and may not be evicted.
+    #[error("{0} is pinned by a running batch and may not be evicted")]
+    Pinned(ExpertId),
+    /// Unpin without a matching pin.
+    #[error("{0} is not pinned")]
+    NotPinned(ExpertId),
+}
+
+/// What the two-stage policy may consult when ranking victims.
+pub struct EvictionContext<'a> {
+    /// The application model (kinds, preliminaries, usage probabilities).
+    pub model: &'a CoeModel,
+    /// Whether an expert is resident (anywhere the caller considers close enough to run soon).
+    pub is_resident: &'a dyn Fn(ExpertId) -> bool,
+    /// Position of an expert's next queued use (smaller = sooner), `None` when no queued work
+    /// needs it. Return `None` always for the paper's plain two stages.
+    pub next_use: &'a dyn Fn(ExpertId) -> Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    size: u64,
+    pins: u32,
+    last_use: u64,
+}
+
+/// Residency of experts on one executor under a byte budget.
+#[derive(Clone, Debug)]
+pub struct ExpertManager {
+    policy: EvictionPolicy,
+    budget: u64,
+    used: u64,
+    slots: BTreeMap<ExpertId, Slot>,
+    tick: u64,
+}
+
+impl ExpertManager {
+    /// An empty manager holding at most `budget` bytes of experts.
+    pub fn new(budget: u64, policy: EvictionPolicy) -> Self {
+        ExpertManager { policy, budget, used: 0, slots: BTreeMap::new(), tick: 0 }
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    /// The byte budget.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Bytes held by resident experts (never above the budget).
+    pub fn used_bytes(&self) -> u64 {
+        self.used
+    }
+
+    /// Bytes still free.
+    pub fn free_bytes(&self) -> u64 {
+        self.budget - self.used
+    }
+
+    /// Whether `expert` is resident.
+    pub fn is_resident(&self, expert: ExpertId) -> bool {
+        self.slots.contains_key(&expert)
+    }
+
+    /// Whether `expert` is resident and pinned.
+    pub fn is_pinned(&self, expert: ExpertId) -> bool {
+        self.slots.get(&expert).is_some_and(|s| s.pins > 0)
+    }
+
+    /// Resident experts in id order.
+    pub fn resident(&self) -> impl Iterator<Item = ExpertId> + '_ {
+        self.slots.keys().copied()
+    }
+
+    /// Victims to evict, in order, so that an expert of `size` bytes fits; empty when it fits
+    /// already. Changes nothing. Errors: [`MemoryError::TooLarge`] if it can never fit,
+    /// [`MemoryError::NoRoom`] if pinned experts hold too much right now.
+    pub fn plan_eviction(
+        &self,
+        expert: ExpertId,
+        size: u64,
+        ctx: &EvictionContext<'_>,
+    ) -> Result<Vec<ExpertId>, MemoryError> {
+        if size > self.budget {
+            return Err(MemoryError::TooLarge { expert, size, budget: self.budget });
+        }
+        if self.slots.contains_key(&expert) {
+            return Err(MemoryError::AlreadyResident(expert));
+        }
+        let mut free = self.free_bytes();
+        if free >= size {
+            return Ok(Vec::new());
+        }
+        let mut candidates: Vec<(VictimKey, ExpertId, u64)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.pins == 0)
+            .map(|(&id, s)| (self.victim_key(id, s, ctx), id, s.size))
+            .collect();
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut victims = Vec::new();
+        for (_, id, victim_size) in candidates {
+            if free >= size {
+                break;
+            }
+            victims.push(id);
+            free += victim_size;
+        }
+        if free < size {
+            return Err(MemoryError::NoRoom { expert, size, free: self.free_bytes() });
+        }
+        Ok(victims)
+    }
+
+    /// Rank of a victim: smaller keys are evicted first.
+    fn victim_key(&self, id: ExpertId, slot: &Slot, ctx: &EvictionContext<'_>) -> VictimKey {
+        match self.policy {
+            EvictionPolicy::Lru => VictimKey { stage: 0, primary: slot.last_use, prob_bits: 0 },
+            EvictionPolicy::TwoStage => {
+                let expert = ctx.model.expert(id);
+                let usage = expert.map_or(0.0, |e| e.usage_prob);
+                match (ctx.next_use)(id) {
+                    // Needed by queued work: keep to the last, then farthest next use first.
+                    Some(pos) => VictimKey { stage: 3, primary: u64::MAX - pos, prob_bits: usage.to_bits() },
+                    None => {
+                        let stranded =
+                            expert.and_then(|e| e.preliminary()).is_some_and(|p| !(ctx.is_resident)(p));
+                        let stage = if stranded { 1 } else { 2 };
+                        VictimKey { stage, primary: 0, prob_bits: usage.to_bits() }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Make `expert` resident (its bytes counted from now on). The caller evicts first.
+    pub fn admit(&mut self, expert: ExpertId, size: u64) -> Result<(), MemoryError> {
+        if self.slots.contains_key(&expert) {
+            return Err(MemoryError::AlreadyResident(expert));
+        }
+        if size > self.budget {
+            return Err(MemoryError::TooLarge { expert, size, budget: self.budget });
+        }
+        if size > self.free_bytes() {
+            return Err(MemoryError::NoRoom { expert, size, free: self.free_bytes() });
+        }
+        self.tick += 1;
+        self.slots.insert(expert, Slot { size, pins: 0, last_use: self.tick });
+        self.used += size;
+        Ok(())
+    }
+
+    /// Drop `expert`, returning the bytes freed. Refused while it is pinned.
+    pub fn evict(&mut self, expert: ExpertId) -> Result<u64, MemoryError> {
+        let slot = self.slots.get(&expert).ok_or(MemoryError::NotResident(expert))?;
+        if slot.pins > 0 {
+            return Err(MemoryError::Pinned(expert));
+        }
+        let size = slot.size;
+        self.slots.remove(&expert);
+        self.used -= size;
+        Ok(size)
+    }
+
+    /// Pin `expert` (a batch is loading or running it).
+    pub fn pin(&mut self, expert: ExpertId) -> Result<(), MemoryError> {
+        let slot = self.slots.get_mut(&expert).ok_or(MemoryError::NotResident(expert))?;
+        slot.pins += 1;
+        Ok(())
+    }
+
+    /// Release one pin of `expert`.
+    pub fn unpin(&mut self, expert: ExpertId) -> Result<(), MemoryError> {
+        let slot = self.slots.get_mut(&expert).ok_or(MemoryError::NotResident(expert))?;
+        if slot.pins == 0 {
+            return Err(MemoryError::NotPinned(expert));
+        }
+        slot.pins -= 1;
+        Ok(())
+    }
+
+    /// Record a use of `expert` (LRU recency); ignored if it is not resident.
+    pub fn touch(&mut self, expert: ExpertId) {
+        self.tick += 1;
+        if let Some(slot) = self.slots.get_mut(&expert) {
+            slot.last_use = self.tick;
+        }
+    }
+}
+
+/// Eviction order key (smaller goes first): stage, then primary (LRU tick or reversed next use),
+/// then usage probability ascending. The probability is kept as its IEEE bits, which order like
+/// the numbers for the non-negative finite values the model guarantees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct VictimKey {
+    stage: u8,
+    primary: u64,
+    prob_bits: u64,
+}
+
+/// Loads Belady's MIN needs to serve `served` (expert uses in order) within `budget` bytes,
+/// starting empty: on a miss, evict the resident expert whose next use is farthest (never used
+/// again counts as farthest; ties evict the larger, then the higher id) until the expert fits.
+///
+/// With equal sizes this is the optimal offline policy. With variable sizes (the CoE case) the
+/// exact optimum is NP-hard, and farthest-next-use is a heuristic bound, not exactly optimal: a
+/// policy may occasionally need fewer loads than this number.
+pub fn belady_min_loads(
+    served: &[ExpertId],
+    size_of: impl Fn(ExpertId) -> u64,
+    budget: u64,
+) -> Result<u64, MemoryError> {
+    // next[i] = index of the next use of served[i] after i (usize::MAX if none).
+    let mut next = vec![usize::MAX; served.len()];
+    let mut last_seen: BTreeMap<ExpertId, usize> = BTreeMap::new();
+    for (i, &e) in served.iter().enumerate().rev() {
+        next[i] = last_seen.get(&e).copied().unwrap_or(usize::MAX);
+        last_seen.insert(e, i);
+    }
+    // resident expert -> (next use, size)
+    let mut resident: BTreeMap<ExpertId, (usize, u64)> = BTreeMap::new();
+    let mut used = 0u64;
+    let mut loads = 0u64;
+    for (i, &e) in served.iter().enumerate() {
+        let size = size_of(e);
+        if size > budget {
+            return Err(MemoryError::TooLarge { expert: e, size, budget });
+        }
+        if let Some(slot) = resident.get_mut(&e) {
+            slot.0 = next[i];
+            continue;
+        }
+        while used + size > budget {
+            let victim = resident
+                .iter()
+                .max_by(|a, b| (a.1.0, a.1.1, a.0).cmp(&(b.1.0, b.1.1, b.0)))
+                .map(|(&id, &(_, s))| (id, s));
+            let Some((id, s)) = victim else { break };
+            resident.remove(&id);
+            used -= s;
+        }
+        resident.insert(e, (next[i], size));
+        used += size;
+        loads += 1;
+    }
+    Ok(loads)
+}
+
+/// Loads LRU needs to serve `served` within `budget` bytes, starting empty (for comparison with
+/// [`belady_min_loads`] on the same order).
+pub fn lru_loads(
+    served: &[ExpertId],
+    size_of: impl Fn(ExpertId) -> u64,
+    budget: u64,
+) -> Result<u64, MemoryError> {
+    let mut resident: BTreeMap<ExpertId, (usize, u64)> = BTreeMap::new();
+    let mut used = 0u64;
+    let mut loads = 0u64;
+    for (i, &e) in served.iter().enumerate() {
+        let size = size_of(e);
+        if size > budget {
+            return Err(MemoryError::TooLarge { expert: e, size, budget });
+        }
+        if let Some(slot) = resident.get_mut(&e) {
+            slot.0 = i;
+            continue;
+        }
+        while used + size > budget {
+            let victim = resident.iter().min_by_key(|(_, v)| v.0).map(|(&id, &(_, s))| (id, s));
+            let Some((id, s)) = victim else { break };
+            resident.remove(&id);
+            used -= s;
+        }
+        resident.insert(e, (i, size));
+        used += size;
+        loads += 1;
+    }
+    Ok(loads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coe::model::{ExpertSpec, Tier};
+
+    /// e0 (root, p .6) -> e2 (p .5), e3 (p .1); e1 (root, p .4) -> e4 (p .9). All size 10.
+    fn model() -> CoeModel {
+        let s = |p: f64, parent: Option<u32>| ExpertSpec {
+            size_bytes: 10,
+            select_prob: p,
+            home: Tier::Ssd,
+            parent: parent.map(ExpertId),
+        };
+        CoeModel::new(vec![s(0.6, None), s(0.4, None), s(0.5, Some(0)), s(0.1, Some(0)), s(0.9, Some(1))])
+            .unwrap()
+    }
+
+    fn plan(m: &ExpertManager, model: &CoeModel, e: u32) -> Result<Vec<ExpertId>, MemoryError> {
+        let resident = |x: ExpertId| m.is_resident(x);
+        let none = |_: ExpertId| None;
+        let ctx = EvictionContext { model, is_resident: &resident, next_use: &none };
+        m.plan_eviction(ExpertId(e), 10, &ctx)
+    }
+
+    #[test]
+    fn two_stage_evicts_stranded_subsequent_first_then_by_probability() {
+        let model = model();
+        let mut m = ExpertManager::new(30, EvictionPolicy::TwoStage);
+        // Resident: e0 (root .6), e4 (child of absent e1, usage .36), e3 (child of e0, usage .06).
+        for e in [0, 4, 3] {
+            m.admit(ExpertId(e), 10).unwrap();
+        }
+        // Stage 1: e4's preliminary e1 is not resident, so e4 goes first despite usage .36 > .06.
+        assert_eq!(plan(&m, &model, 2).unwrap(), vec![ExpertId(4)]);
+        m.evict(ExpertId(4)).unwrap();
+        m.admit(ExpertId(1), 10).unwrap();
+        // Now e0 .6, e3 .06, e1 .4 resident; nobody stranded: lowest usage (e3) goes.
+        assert_eq!(plan(&m, &model, 2).unwrap(), vec![ExpertId(3)]);
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let model = model();
+        let mut m = ExpertManager::new(30, EvictionPolicy::Lru);
+        for e in [0, 1, 2] {
+            m.admit(ExpertId(e), 10).unwrap();
+        }
+        m.touch(ExpertId(0));
+        assert_eq!(plan(&m, &model, 3).unwrap(), vec![ExpertId(1)]);
+    }
+
+    #[test]
+    fn pinned_experts_are_never_victims() {
+        let model = model();
+        let mut m = ExpertManager::new(20, EvictionPolicy::Lru);
+        m.admit(ExpertId(0), 10).unwrap();
+        m.admit(ExpertId(1), 10).unwrap();
+        m.pin(ExpertId(0)).unwrap();
+        assert_eq!(plan(&m, &model, 2).unwrap(), vec![ExpertId(1)]);
+        m.pin(ExpertId(1)).unwrap();
+        assert!(matches!(plan(&m, &model, 2), Err(MemoryError::NoRoom { .. })));
+        assert_eq!(m.evict(ExpertId(1)), Err(MemoryError::Pinned(ExpertId(1))));
+        m.unpin(ExpertId(1)).unwrap();
+        assert_eq!(m.unpin(ExpertId(1)), Err(MemoryError::NotPinned(ExpertId(1))));
+        assert_eq!(m.evict(ExpertId(1)), Ok(10));
+        assert!(matches!(m.admit(ExpertId(2), 11), Err(MemoryError::NoRoom { .. })));
+        assert!(matches!(m.admit(ExpertId(2), 21), Err(MemoryError::TooLarge { .. })));
+        assert_eq!(m.used_bytes(), 10);
+    }
+
+    #[test]
+    fn belady_beats_lru_on_a_cyclic_order() {
+        // Cyclic a b c a b c ... with room for two: LRU misses every time, MIN keeps one.
+        let order: Vec<ExpertId> = (0..12).map(|i| ExpertId(i % 3)).collect();
+        assert_eq!(lru_loads(&order, |_| 1, 2).unwrap(), 12);
+        // MIN by hand: a b | c evicts b | a hit | b evicts a | c hit | a evicts c | b hit |
+        // c evicts b | a hit | b evicts a (never used again) | c hit: 7 loads.
+        assert_eq!(belady_min_loads(&order, |_| 1, 2).unwrap(), 7);
+    }
+
+    #[test]
+    fn belady_refuses_an_expert_larger_than_the_budget() {
+        let order = [ExpertId(0)];
+        assert!(matches!(belady_min_loads(&order, |_| 5, 4), Err(MemoryError::TooLarge { .. })));
+    }
+}

@@ -1,0 +1,42 @@
+//! CoServe-style Collaboration-of-Experts serving policy (workload `coe`).
+//!
+//! Hundreds of expert models that do not fit in an executor's memory are loaded on demand; most of
+//! the time goes into switching experts, not computing. This module holds the pure decision cores
+//! that cut that switching by exploiting expert dependency:
+//!
+//! - [`model`]: experts, their sizes and usage probabilities, and the preliminary -> subsequent graph.
+//! - [`profile`] and [`latency`]: the per-device profile file and the latency model built from it.
+//! - [`memory`]: per-executor expert residency with two-stage (dependency-aware) or LRU eviction,
+//!   and Belady's MIN as a bound.
+//! - [`scheduler`]: the request scheduler (dependency-aware or FCFS) that emits load / evict / run
+//!   decisions.
+//! - [`trace`] and [`synth`]: the trace file format and a seeded synthetic workload generator.
+//! - [`sim`]: a discrete-event simulator that replays a trace through a policy and reports metrics.
+//! - [`text`]: the shared strict line parser behind the profile and trace formats.
+
+pub mod latency;
+pub mod memory;
+pub mod model;
+pub mod profile;
+pub mod scheduler;
+pub mod sim;
+pub mod synth;
+pub mod text;
+pub mod trace;
+
+#[cfg(test)]
+mod tests;
+
+pub use latency::LatencyModel;
+pub use memory::{EvictionContext, EvictionPolicy, ExpertManager, MemoryError, belady_min_loads};
+pub use model::{CoeModel, Expert, ExpertId, ExpertKind, ExpertSpec, ModelError, Request, RequestId, Tier};
+pub use profile::{
+    ExecutorKind, ExecutorProfile, LatencyPoint, MemorySplit, Profile, ProfileError, SizeClass,
+    max_useful_batch, split_memory,
+};
+pub use scheduler::{
+    Action, BatchId, ExecutorId, QueueRef, RequestScheduler, SchedulerConfig, SchedulerError, Scheduling,
+};
+pub use sim::{ExecutorFault, ExecutorStats, SimError, SimOptions, SimReport, simulate};
+pub use text::ParseError;
+pub use trace::{Trace, TraceError, TraceRequest};
