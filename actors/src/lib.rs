@@ -16,5 +16,5 @@ pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
 pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
 pub use kinds::scheduler::{DrivenPolicy, Effects, SchedulerActor, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};
-pub use node::{NodeRuntime, NodeSpec, PeerAddr, RuntimeError};
+pub use node::{Children, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
 pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

@@ -34,6 +34,14 @@ pub struct PeerAddr {
     pub addr: SocketAddr,
 }
 
+/// Builds the root supervisor's children from the node's link.
+pub type Children = Box<dyn FnOnce(&QuicNode) -> Result<Vec<ChildSpec>, String> + Send>;
+
+/// Children that need nothing from the link.
+pub fn fixed_children(children: Vec<ChildSpec>) -> Children {
+    Box::new(move |_| Ok(children))
+}
+
 /// Everything a node runtime needs to start.
 pub struct NodeSpec {
     /// This node's certificate, key and cluster CA.
@@ -48,8 +56,8 @@ pub struct NodeSpec {
     pub intensity: Intensity,
     /// ractor_cluster cookie (not a secret: identity comes from mutual TLS).
     pub cookie: String,
-    /// Actors the root supervisor starts.
-    pub children: Vec<ChildSpec>,
+    /// Makes the actors the root supervisor starts, once the link exists (actors may need it).
+    pub children: Children,
     /// Pause between dial attempts to a missing peer.
     pub redial: Duration,
 }
@@ -118,13 +126,15 @@ impl NodeRuntime {
         )
         .await
         .map_err(spawn_err("membership"))?;
+        let children =
+            (spec.children)(&link).map_err(|detail| RuntimeError::Spawn { what: "node actors", detail })?;
         let (supervisor_events, root_events) = broadcast::channel(1024);
         let (supervisor, supervisor_handle) = Actor::spawn(
             None,
             Supervisor,
             SupervisorArgs {
                 name: ROOT.to_string(),
-                children: spec.children,
+                children,
                 intensity: spec.intensity,
                 events: supervisor_events.clone(),
             },

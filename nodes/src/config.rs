@@ -120,42 +120,36 @@ pub struct DeviceConfig {
     pub memory_mb: u64,
 }
 
-/// `[[actors]]`: an actor the root supervisor starts.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// `[[actors]]`: an actor the root supervisor starts (kinds: see [`crate::workloads`]).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ActorConfig {
-    /// Actor kind: "hello-expert".
+    /// Actor kind, e.g. "hello-expert".
     pub kind: String,
     /// Registered name (defaults to the kind).
     #[serde(default)]
     pub name: Option<String>,
+    /// Kind-specific settings, checked by the workload that owns the kind.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub params: toml::Table,
 }
 
-/// `[job]`: work this node runs once the cluster is up.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// `[job]`: work this node runs once the cluster is up (kinds: see [`crate::workloads`]).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobConfig {
-    /// Job kind: "hello".
+    /// Job kind, e.g. "hello".
     pub kind: String,
-    /// Number of experts to wait for.
-    #[serde(default = "default_experts")]
-    pub experts: usize,
-    /// The question the hello job asks.
-    #[serde(default = "default_question")]
-    pub question: String,
     /// Give up after this many seconds.
     #[serde(default = "default_job_timeout")]
     pub timeout_s: u64,
+    /// Kind-specific settings, checked by the workload that owns the kind.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub params: toml::Table,
 }
 
-fn default_experts() -> usize {
-    2
-}
-fn default_question() -> String {
-    "What do the experts of this troupe say?".into()
-}
 fn default_job_timeout() -> u64 {
-    60
+    120
 }
 
 /// A config problem, naming the file and the field.
@@ -169,11 +163,6 @@ pub struct ConfigError {
     /// What is wrong.
     pub problem: String,
 }
-
-/// Known actor kinds in `[[actors]]`.
-pub const ACTOR_KINDS: &[&str] = &["hello-expert"];
-/// Known job kinds in `[job]`.
-pub const JOB_KINDS: &[&str] = &["hello"];
 
 impl NodeConfig {
     /// Reads, parses and validates a config file; relative paths resolve against its folder.
@@ -245,17 +234,10 @@ impl NodeConfig {
             }
         }
         for (i, a) in self.actors.iter().enumerate() {
-            if !ACTOR_KINDS.contains(&a.kind.as_str()) {
-                return bad(
-                    &format!("actors[{i}].kind"),
-                    format!("unknown actor kind {:?} (known: {ACTOR_KINDS:?})", a.kind),
-                );
-            }
+            crate::workloads::validate_actor(a).map_err(|(f, p)| (format!("actors[{i}].{f}"), p))?;
         }
-        if let Some(j) = &self.job
-            && !JOB_KINDS.contains(&j.kind.as_str())
-        {
-            return bad("job.kind", format!("unknown job kind {:?} (known: {JOB_KINDS:?})", j.kind));
+        if let Some(j) = &self.job {
+            crate::workloads::validate_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
         }
         Ok(())
     }

@@ -14,3 +14,4 @@ pub mod config;
 pub mod node_cmd;
 pub mod status;
 pub mod up;
+pub mod workloads;

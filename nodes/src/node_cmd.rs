@@ -5,45 +5,31 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use tokio::sync::broadcast;
-use troupe_actors::hello::{HelloExpert, ask_all, remote_experts};
 use troupe_actors::supervisor::ChildSpec;
-use troupe_actors::{DeviceActor, DeviceArgs, Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
-use troupe_transport::{FrameLimits, NodeId, NodeIdentity, QuicConfig};
+use troupe_actors::{
+    Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr,
+};
+use troupe_transport::{FrameLimits, NodeId, NodeIdentity, QuicConfig, QuicNode};
 
-use crate::config::{JobConfig, NodeConfig};
+use crate::config::{DeviceConfig, NodeConfig};
+use crate::workloads::{self, NodeContext};
 
 /// Builds the runtime spec a config describes.
 pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
     let identity = NodeIdentity::load(&cfg.keys, &cfg.name)
         .with_context(|| format!("loading the identity of node {} from {}", cfg.name, cfg.keys.display()))?;
-    let mut children = Vec::new();
-    for d in &cfg.devices {
-        let (tx, _) = broadcast::channel(16);
-        let (name, kind, budget) = (d.name.clone(), d.kind.clone(), d.memory_mb << 20);
-        let period = cfg.heartbeat();
-        children.push(ChildSpec::new(d.name.clone(), move || {
-            (
-                DeviceActor,
-                DeviceArgs {
-                    name: name.clone(),
-                    kind: kind.clone(),
-                    budget_bytes: budget,
-                    telemetry_period: period,
-                    telemetry: tx.clone(),
-                },
-            )
-        }));
-    }
-    for a in &cfg.actors {
-        let name = a.name.clone().unwrap_or_else(|| a.kind.clone());
-        match a.kind.as_str() {
-            "hello-expert" => {
-                let node = cfg.name.clone();
-                children.push(ChildSpec::new(name, move || (HelloExpert, node.clone())));
-            }
-            other => bail!("unknown actor kind {other:?}"),
+    let config = cfg.clone();
+    let children: Children = Box::new(move |link: &QuicNode| {
+        let ctx = NodeContext { config: config.clone(), link: link.clone() };
+        let mut children = Vec::new();
+        for d in &config.devices {
+            children.push(device_child(d, config.heartbeat()));
         }
-    }
+        for a in &config.actors {
+            children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+        }
+        Ok(children)
+    });
     Ok(NodeSpec {
         identity,
         quic: QuicConfig {
@@ -71,15 +57,35 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
     })
 }
 
+fn device_child(d: &DeviceConfig, period: Duration) -> ChildSpec {
+    let (tx, _) = broadcast::channel(16);
+    let (name, kind, budget) = (d.name.clone(), d.kind.clone(), d.memory_mb << 20);
+    ChildSpec::new(d.name.clone(), move || {
+        (
+            DeviceActor,
+            DeviceArgs {
+                name: name.clone(),
+                kind: kind.clone(),
+                budget_bytes: budget,
+                telemetry_period: period,
+                telemetry: tx.clone(),
+            },
+        )
+    })
+}
+
 /// Runs the node described by `cfg`.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
     let spec = spec_from_config(&cfg)?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "node up");
+    let ctx = NodeContext { config: cfg.clone(), link: runtime.link.clone() };
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {
-                r = run_job(job) => r,
+                r = tokio::time::timeout(Duration::from_secs(job.timeout_s), workloads::run_job(&runtime, &ctx, job)) => {
+                    r.unwrap_or_else(|_| Err(anyhow::anyhow!("job {} did not finish within {} s", job.kind, job.timeout_s)))
+                }
                 _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
             };
             runtime.shutdown().await;
@@ -114,33 +120,4 @@ async fn wait_escalation(rx: &mut broadcast::Receiver<troupe_actors::SupervisorE
             Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
-}
-
-async fn run_job(job: &JobConfig) -> Result<()> {
-    match job.kind.as_str() {
-        "hello" => hello_job(job).await,
-        other => bail!("unknown job kind {other:?}"),
-    }
-}
-
-async fn hello_job(job: &JobConfig) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
-    let experts = loop {
-        let found = remote_experts();
-        if found.len() >= job.experts {
-            break found;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("only {} of {} hello experts joined within {} s", found.len(), job.experts, job.timeout_s);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!("hello: asking {} experts over QUIC: {:?}", experts.len(), job.question);
-    let answers =
-        ask_all(&experts, &job.question, Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
-    for a in &answers {
-        println!("hello: answer from {a}");
-    }
-    println!("hello: done, {} answers", answers.len());
-    Ok(())
 }

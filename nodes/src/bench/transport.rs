@@ -132,7 +132,7 @@ fn bench_spec(ca: &ClusterCa, name: &str, children: Vec<ChildSpec>) -> Result<No
         membership: MembershipConfig::default(),
         intensity: Intensity::default(),
         cookie: "bench".into(),
-        children,
+        children: troupe_actors::fixed_children(children),
         redial: Duration::from_millis(200),
     })
 }

@@ -1,0 +1,80 @@
+//! The `hello` workload: expert actors that answer questions, and a job that finds them through
+//! a cluster-wide process group and asks each over QUIC.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use serde::Deserialize;
+use troupe_actors::NodeRuntime;
+use troupe_actors::hello::{HelloExpert, ask_all, remote_experts};
+use troupe_actors::supervisor::ChildSpec;
+
+use super::{NodeContext, params};
+use crate::config::{ActorConfig, JobConfig};
+
+/// `params` of the `hello` job.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelloJob {
+    /// Number of experts to wait for.
+    #[serde(default = "default_experts")]
+    pub experts: usize,
+    /// The question to ask.
+    #[serde(default = "default_question")]
+    pub question: String,
+}
+
+fn default_experts() -> usize {
+    2
+}
+
+fn default_question() -> String {
+    "What do the experts of this troupe say?".into()
+}
+
+/// `hello-expert` takes no params.
+pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
+    if let Some(k) = a.params.keys().next() {
+        return Err((format!("params.{k}"), "hello-expert takes no params".into()));
+    }
+    Ok(())
+}
+
+/// Checks the job's params.
+pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
+    let p: HelloJob = params(&j.params)?;
+    if p.experts == 0 {
+        return Err(("params.experts".into(), "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// A hello expert answering as this node.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+    let node = ctx.config.name.clone();
+    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || (HelloExpert, node.clone())))
+}
+
+/// Waits for the experts, asks each, prints the answers.
+pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
+    let p: HelloJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
+    let experts = loop {
+        let found = remote_experts();
+        if found.len() >= p.experts {
+            break found;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("only {} of {} hello experts joined within {} s", found.len(), p.experts, job.timeout_s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("hello: asking {} experts over QUIC: {:?}", experts.len(), p.question);
+    let answers =
+        ask_all(&experts, &p.question, Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
+    for a in &answers {
+        println!("hello: answer from {a}");
+    }
+    println!("hello: done, {} answers", answers.len());
+    Ok(())
+}

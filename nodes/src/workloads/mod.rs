@@ -1,0 +1,68 @@
+//! Workloads: the actor kinds and job kinds a node config can name. Each workload owns a prefix
+//! (`hello-`, `coe-`, `pipeline-`, `coadapt-`), validates its own `params`, builds its actors and
+//! runs its jobs; the node runtime underneath is shared.
+
+use anyhow::{Result, bail};
+use serde::de::DeserializeOwned;
+use troupe_actors::NodeRuntime;
+use troupe_actors::supervisor::ChildSpec;
+use troupe_transport::QuicNode;
+
+use crate::config::{ActorConfig, JobConfig, NodeConfig};
+
+pub mod hello;
+
+/// What a workload's actors and jobs get from the node.
+#[derive(Clone)]
+pub struct NodeContext {
+    /// The node's full configuration.
+    pub config: NodeConfig,
+    /// The node's QUIC link (data plane).
+    pub link: QuicNode,
+}
+
+/// Parses a `params` table into the workload's own settings type, naming the bad field.
+pub fn params<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (String, String)> {
+    toml::Value::Table(table.clone()).try_into::<T>().map_err(|e| {
+        let field =
+            e.message().split('`').nth(1).map(|f| format!("params.{f}")).unwrap_or_else(|| "params".into());
+        (field, e.to_string().trim().replace('\n', " "))
+    })
+}
+
+/// Checks an `[[actors]]` entry: `Err((field, problem))`.
+pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
+    match a.kind.as_str() {
+        "hello-expert" => hello::validate_actor(a),
+        other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
+    }
+}
+
+/// Checks a `[job]`: `Err((field, problem))`.
+pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
+    match j.kind.as_str() {
+        "hello" => hello::validate_job(j),
+        other => Err(("kind".into(), format!("unknown job kind {other:?} (known: {:?})", JOB_KINDS))),
+    }
+}
+
+/// Actor kinds known to this build.
+pub const ACTOR_KINDS: &[&str] = &["hello-expert"];
+/// Job kinds known to this build.
+pub const JOB_KINDS: &[&str] = &["hello"];
+
+/// The child spec for one `[[actors]]` entry.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+    match a.kind.as_str() {
+        "hello-expert" => hello::actor(ctx, a),
+        other => bail!("unknown actor kind {other:?}"),
+    }
+}
+
+/// Runs the node's job to completion.
+pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
+    match job.kind.as_str() {
+        "hello" => hello::run_job(runtime, ctx, job).await,
+        other => bail!("unknown job kind {other:?}"),
+    }
+}
