@@ -262,6 +262,7 @@ async fn peer_events(
 ) {
     while let Some(ev) = events.recv().await {
         match ev {
+            PeerEvent::Joined { member: false, .. } => {}
             PeerEvent::Joined { peer, outbound, .. } => {
                 let _ = membership.cast(MembershipMsg::Heard(peer.clone()));
                 if outbound {
@@ -294,7 +295,9 @@ async fn dispatch(
     handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
 ) {
     while let Ok(d) = link.recv().await {
-        let _ = membership.cast(MembershipMsg::Heard(d.from.clone()));
+        if link.is_member(&d.from) {
+            let _ = membership.cast(MembershipMsg::Heard(d.from.clone()));
+        }
         match (d.channel, d.frame.kind) {
             (_, FrameKind::Heartbeat) => {
                 if let Err(e) = d.frame.access::<Heartbeat>() {
@@ -343,7 +346,7 @@ pub async fn query_status(
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<NodeStatus, RuntimeError> {
-    let link = QuicNode::bind(identity, QuicConfig::default()).await?;
+    let link = QuicNode::bind(identity, QuicConfig { member: false, ..QuicConfig::default() }).await?;
     let result = tokio::time::timeout(timeout, async {
         let peer = link.connect_any(addr).await?;
         let frame = Frame::encode(FrameKind::Message, &ControlMsg::StatusRequest).map_err(QuicError::from)?;

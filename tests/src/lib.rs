@@ -1,1 +1,160 @@
-//! Helpers for troupe's whole-cluster tests.
+//! Helpers for troupe's whole-cluster tests: a cluster of real `troupe node` processes on
+//! loopback, started from a topology, queried over QUIC, killed and restarted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use troupe::actors::node::query_status;
+use troupe::actors::wire::NodeStatus;
+use troupe::config::NodeConfig;
+use troupe::transport::NodeIdentity;
+use troupe::up::{Topology, prepare};
+
+/// One node process of a [`ProcCluster`].
+pub struct ProcNode {
+    /// Node name.
+    pub name: String,
+    /// Its generated config file.
+    pub config: PathBuf,
+    /// Its parsed config (listen address, keys).
+    pub parsed: NodeConfig,
+    /// The running process, if any.
+    pub child: Option<Child>,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+/// A cluster of real node processes.
+pub struct ProcCluster {
+    dir: tempfile::TempDir,
+    exe: PathBuf,
+    /// The nodes, in topology order.
+    pub nodes: Vec<ProcNode>,
+    admin: NodeIdentity,
+}
+
+impl ProcCluster {
+    /// Writes `topology` (TOML text), generates keys and configs, starts every node.
+    pub fn start(exe: &Path, topology: &str) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("topology.toml");
+        std::fs::write(&path, topology)?;
+        let t = Topology::load(&path)?;
+        let configs = prepare(&t, dir.path())?;
+        let admin = NodeIdentity::load(&dir.path().join("keys"), "admin")?;
+        let mut nodes = Vec::new();
+        for (name, config) in configs {
+            let parsed = NodeConfig::load(&config)?;
+            let log = dir.path().join(format!("{name}.log"));
+            nodes.push(ProcNode { name, config, parsed, child: None, log });
+        }
+        let mut c = Self { dir, exe: exe.to_path_buf(), nodes, admin };
+        for i in 0..c.nodes.len() {
+            c.spawn(i)?;
+        }
+        Ok(c)
+    }
+
+    /// The working folder (keys, configs, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn index(&self, name: &str) -> Result<usize> {
+        self.nodes.iter().position(|n| n.name == name).with_context(|| format!("no node {name}"))
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<()> {
+        let n = &mut self.nodes[i];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&n.log)?;
+        let child = Command::new(&self.exe)
+            .args(["node", "--config"])
+            .arg(&n.config)
+            .env("RUST_LOG", "info,ractor_cluster=error,ractor=warn,quinn=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting node {}", n.name))?;
+        n.child = Some(child);
+        Ok(())
+    }
+
+    /// Sends SIGKILL to a node (no goodbye, like a power cut) and reaps it.
+    pub fn kill9(&mut self, name: &str) -> Result<()> {
+        let i = self.index(name)?;
+        if let Some(mut c) = self.nodes[i].child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a killed node again with the same config and identity.
+    pub fn restart(&mut self, name: &str) -> Result<()> {
+        let i = self.index(name)?;
+        self.spawn(i)
+    }
+
+    /// Whether a node process has exited, with its status.
+    pub fn exited(&mut self, name: &str) -> Result<Option<std::process::ExitStatus>> {
+        let i = self.index(name)?;
+        match self.nodes[i].child.as_mut() {
+            Some(c) => Ok(c.try_wait()?),
+            None => bail!("node {name} is not running"),
+        }
+    }
+
+    /// The node's log so far (for failure messages).
+    pub fn log(&self, name: &str) -> String {
+        self.index(name)
+            .ok()
+            .and_then(|i| std::fs::read_to_string(&self.nodes[i].log).ok())
+            .unwrap_or_default()
+    }
+
+    /// Asks a node for its status over QUIC (as the `admin` identity).
+    pub async fn status(&self, name: &str) -> Result<NodeStatus> {
+        let i = self.index(name)?;
+        Ok(query_status(&self.admin, self.nodes[i].parsed.listen, Duration::from_secs(3)).await?)
+    }
+
+    /// Polls a node's status until `pred` holds; fails after `deadline` with the last status and
+    /// the node's log. Returns the status and how long it took.
+    pub async fn wait_status(
+        &self,
+        name: &str,
+        deadline: Duration,
+        pred: impl Fn(&NodeStatus) -> bool,
+    ) -> Result<(NodeStatus, Duration)> {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < deadline {
+            match self.status(name).await {
+                Ok(s) if pred(&s) => return Ok((s, start.elapsed())),
+                Ok(s) => last = Some(format!("{s:?}")),
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("node {name}: condition not met within {deadline:?}; last: {last:?}\nlog:\n{}", self.log(name))
+    }
+}
+
+impl Drop for ProcCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// True when `status` lists `member` with state `state` ("up" or "down").
+pub fn member_is(status: &NodeStatus, member: &str, state: &str) -> bool {
+    status.members.iter().any(|m| m.name == member && m.status == state)
+}

@@ -12,6 +12,8 @@ pub struct Hello {
     pub node: String,
     /// The sender's protocol version.
     pub protocol: u32,
+    /// False for a tool (e.g. `troupe status`) that talks to the node but is not a cluster member.
+    pub member: bool,
 }
 
 /// The accepting node's answer.

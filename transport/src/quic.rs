@@ -53,6 +53,9 @@ pub struct QuicConfig {
     pub socket_buffer: usize,
     /// Frames buffered per channel before readers push back on the peer.
     pub inbox_capacity: usize,
+    /// Whether this endpoint joins the cluster (false for tools like `troupe status`, which peers
+    /// then serve without counting them as members).
+    pub member: bool,
 }
 
 impl Default for QuicConfig {
@@ -64,6 +67,7 @@ impl Default for QuicConfig {
             keep_alive: Duration::from_millis(500),
             socket_buffer: 4 << 20,
             inbox_capacity: 256,
+            member: true,
         }
     }
 }
@@ -115,6 +119,8 @@ pub enum PeerEvent {
         addr: SocketAddr,
         /// True when this node dialed.
         outbound: bool,
+        /// False for a tool that is not a cluster member.
+        member: bool,
     },
     /// A peer's connection ended.
     Left {
@@ -164,6 +170,7 @@ impl BlobServer for NoBlobs {
 struct Peer {
     conn: Connection,
     generation: u64,
+    member: bool,
     senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
 }
 
@@ -274,11 +281,17 @@ impl QuicNode {
         }
     }
 
-    /// Peers currently joined.
+    /// Cluster members currently joined (tools like `troupe status` are not listed).
     pub fn peers(&self) -> Vec<NodeId> {
-        let mut v: Vec<NodeId> = self.inner.peers.iter().map(|e| e.key().clone()).collect();
+        let mut v: Vec<NodeId> =
+            self.inner.peers.iter().filter(|e| e.value().member).map(|e| e.key().clone()).collect();
         v.sort();
         v
+    }
+
+    /// Whether `peer` is joined as a cluster member.
+    pub fn is_member(&self, peer: &NodeId) -> bool {
+        self.inner.peers.get(peer).is_some_and(|p| p.member)
     }
 
     /// Round-trip time QUIC measures to `peer`.
@@ -308,7 +321,11 @@ impl QuicNode {
         let refused = |reason: String| QuicError::Refused { addr, reason };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| refused(e.to_string()))?;
         send.write_all(&[TAG_HELLO]).await.map_err(|e| refused(e.to_string()))?;
-        let hello = Hello { node: self.inner.id.0.clone(), protocol: u32::from(PROTOCOL_VERSION) };
+        let hello = Hello {
+            node: self.inner.id.0.clone(),
+            protocol: u32::from(PROTOCOL_VERSION),
+            member: self.inner.config.member,
+        };
         write_frame(&mut send, &Frame::encode(FrameKind::Hello, &hello)?)
             .await
             .map_err(|e| refused(format!("sending hello: {e}")))?;
@@ -329,7 +346,7 @@ impl QuicNode {
         }
         let _ = send.finish();
         let peer = NodeId::new(ack_view.node.as_str());
-        self.register(peer.clone(), conn, true);
+        self.register(peer.clone(), conn, true, true);
         Ok(peer)
     }
 
@@ -435,11 +452,11 @@ impl QuicNode {
             write_frame(&mut send, &ack).await.map_err(|e| e.to_string())?;
             let _ = send.finish();
             verdict?;
-            Ok(NodeId::new(hello.node.as_str()))
+            Ok((NodeId::new(hello.node.as_str()), hello.member))
         }
         .await;
         match result {
-            Ok(peer) => self.register(peer, conn, false),
+            Ok((peer, member)) => self.register(peer, conn, false, member),
             Err(reason) => {
                 let reason = connection_reason(&conn, reason);
                 warn!(node = %self.inner.id, %addr, %reason, "refused peer");
@@ -451,16 +468,16 @@ impl QuicNode {
         }
     }
 
-    fn register(&self, peer: NodeId, conn: Connection, outbound: bool) {
+    fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
-        let entry = Arc::new(Peer { conn: conn.clone(), generation, senders });
+        let entry = Arc::new(Peer { conn: conn.clone(), generation, member, senders });
         if let Some(old) = self.inner.peers.insert(peer.clone(), entry) {
             old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
         }
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
-        self.emit(PeerEvent::Joined { peer: peer.clone(), addr, outbound });
+        self.emit(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member });
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
     }

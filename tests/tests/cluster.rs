@@ -1,0 +1,117 @@
+//! Whole-cluster tests with real `troupe node` processes on loopback QUIC.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use troupe::actors::hello::answer;
+use troupe_tests::{ProcCluster, member_is};
+
+const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
+
+const TIMEOUT_MS: u64 = 1200;
+
+fn topology(job: bool) -> String {
+    let job = if job {
+        "job = { kind = \"hello\", timeout_s = 60, params = { experts = 2, question = \"how are you\" } }\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"name = "test"
+[membership]
+heartbeat_ms = 100
+timeout_ms = {TIMEOUT_MS}
+
+[[nodes]]
+name = "scheduler"
+devices = [{{ name = "cpu0", kind = "cpu", memory_mb = 64 }}]
+{job}
+[[nodes]]
+name = "expert-1"
+actors = [{{ kind = "hello-expert" }}]
+
+[[nodes]]
+name = "expert-2"
+actors = [{{ kind = "hello-expert" }}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_form_a_cluster_and_report_status() {
+    let cluster = ProcCluster::start(EXE.as_ref(), &topology(false)).unwrap();
+    for (me, others) in [
+        ("scheduler", ["expert-1", "expert-2"]),
+        ("expert-1", ["scheduler", "expert-2"]),
+        ("expert-2", ["scheduler", "expert-1"]),
+    ] {
+        let (s, _) = cluster
+            .wait_status(me, Duration::from_secs(30), |s| others.iter().all(|o| member_is(s, o, "up")))
+            .await
+            .unwrap();
+        assert_eq!(s.node, me);
+        assert_eq!(s.members.len(), 2, "{s:?}");
+    }
+    let s = cluster.status("scheduler").await.unwrap();
+    assert_eq!(s.devices.len(), 1);
+    assert_eq!((s.devices[0].name.as_str(), s.devices[0].budget_bytes), ("cpu0", 64 << 20));
+    let e = cluster.status("expert-1").await.unwrap();
+    assert!(e.actors.iter().any(|a| a == "hello-expert"), "{:?}", e.actors);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_asks_remote_experts_over_quic() {
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(true)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = cluster.exited("scheduler").unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "job did not end:\n{}", cluster.log("scheduler"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = cluster.log("scheduler");
+    assert!(status.success(), "scheduler failed: {status}\n{log}");
+    for expert in ["expert-1", "expert-2"] {
+        let expected = format!("hello: answer from {}", answer(expert, "how are you"));
+        assert!(log.contains(&expected), "missing {expected:?} in\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_node_is_reported_down_then_rejoins() {
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(false)).unwrap();
+    for me in ["scheduler", "expert-1"] {
+        cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
+    }
+    cluster.kill9("expert-2").unwrap();
+    for me in ["scheduler", "expert-1"] {
+        let (s, took) = cluster
+            .wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "down"))
+            .await
+            .unwrap();
+        let m = s.members.iter().find(|m| m.name == "expert-2").unwrap();
+        // down is declared only after the configured silence, never before
+        assert!(
+            m.last_heard_ms_ago >= TIMEOUT_MS,
+            "{me} declared expert-2 down after {} ms",
+            m.last_heard_ms_ago
+        );
+        println!("{me} saw expert-2 down {took:?} after the kill (timeout {TIMEOUT_MS} ms)");
+        // the others stay up
+        let other = if me == "scheduler" { "expert-1" } else { "scheduler" };
+        assert!(member_is(&s, other, "up"), "{s:?}");
+    }
+    cluster.restart("expert-2").unwrap();
+    for me in ["scheduler", "expert-1"] {
+        cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
+    }
+    let (s, _) = cluster
+        .wait_status("expert-2", Duration::from_secs(30), |s| {
+            member_is(s, "scheduler", "up") && member_is(s, "expert-1", "up")
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.members.len(), 2);
+}
