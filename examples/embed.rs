@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Result;
 use ractor::{ActorProcessingErr, ActorRef};
 use troupe::actors::supervisor::ChildSpec;
-use troupe::actors::{Expert, ExpertActor, ExpertMsg, MembershipConfig, NodeRuntime, NodeSpec, fixed_children};
+use troupe::actors::{
+    Expert, ExpertActor, ExpertMsg, MembershipConfig, NodeRuntime, NodeSpec, fixed_children,
+};
 use troupe::transport::{ClusterCa, QuicConfig};
 
 /// Your model: here a tiny "expert" that scales its inputs; a real one would hold an ONNX session.
@@ -53,8 +55,9 @@ async fn main() -> Result<()> {
         redial: Duration::from_millis(200),
     };
     let node = NodeRuntime::start(spec).await?;
-    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> =
-        ractor::registry::where_is("scaler".to_string()).ok_or_else(|| anyhow::anyhow!("scaler not running"))?.into();
+    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> = ractor::registry::where_is("scaler".to_string())
+        .ok_or_else(|| anyhow::anyhow!("scaler not running"))?
+        .into();
     let out = ractor::call_t!(scaler, ExpertMsg::Execute, 2000, vec![vec![1.0, 2.0, 3.0]])?
         .map_err(anyhow::Error::msg)?;
     println!("my-service at {}: scaler answered {out:?}", node.link.local_addr()?);
