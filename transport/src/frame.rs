@@ -23,8 +23,10 @@ pub const HEADER_LEN: usize = 12;
 pub const DEFAULT_MAX_BODY: u32 = 128 << 20;
 /// The body buffer starts at most this large; after that it grows with the bytes received.
 const READ_CHUNK: usize = 1 << 20;
-/// Size of the scratch buffer a body is read through.
-const SCRATCH: usize = 256 << 10;
+/// Smallest read window into a body (see [`read_frame`]).
+const MIN_WINDOW: usize = 4 << 10;
+/// Largest read window into a body.
+const MAX_WINDOW: usize = 256 << 10;
 
 /// What a frame carries; unknown kinds are rejected before the body is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -286,15 +288,20 @@ where
     let header = FrameHeader::parse(&raw, limits)?;
     let len = header.len as usize;
     let mut body = AlignedVec::<16>::with_capacity(len.min(READ_CHUNK));
-    // read through a small scratch buffer: nothing is zero-filled or reserved beyond what arrived
-    let mut scratch = vec![0u8; len.min(SCRATCH)];
+    // Read straight into the body. The window zero-filled ahead of each read adapts to what the
+    // peer actually delivers (twice the last read, 4 KiB to 256 KiB), so a peer that dribbles
+    // bytes costs little and a fast one is read with a single copy.
+    let mut window = MIN_WINDOW;
     while body.len() < len {
-        let want = (len - body.len()).min(scratch.len());
-        let n = r.read(&mut scratch[..want]).await?;
+        let start = body.len();
+        let step = (len - start).min(window);
+        body.resize(start + step, 0);
+        let n = r.read(&mut body[start..start + step]).await?;
+        body.resize(start + n, 0);
         if n == 0 {
-            return Err(FrameError::Truncated { expected: HEADER_LEN + len, got: HEADER_LEN + body.len() });
+            return Err(FrameError::Truncated { expected: HEADER_LEN + len, got: HEADER_LEN + start });
         }
-        body.extend_from_slice(&scratch[..n]);
+        window = (2 * n).clamp(MIN_WINDOW, MAX_WINDOW);
     }
     Ok(Some(Frame { kind: header.kind, flags: header.flags, body }))
 }

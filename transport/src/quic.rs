@@ -16,6 +16,7 @@ use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::sync::{Mutex, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
 use crate::frame::{Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, write_frame};
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
@@ -158,6 +159,14 @@ pub enum PeerEvent {
 pub trait BlobServer: Send + Sync {
     /// The bytes for content hash `id`, if held here.
     fn blob(&self, id: &[u8; 32]) -> Option<Arc<Vec<u8>>>;
+}
+
+/// A node's blob store serves pulls directly.
+impl BlobServer for std::sync::Mutex<BlobStore> {
+    fn blob(&self, id: &[u8; 32]) -> Option<Arc<Vec<u8>>> {
+        let bytes = self.lock().ok()?.get(&BlobId(*id)).ok()??;
+        Some(Arc::new(bytes.to_vec()))
+    }
 }
 
 struct NoBlobs;
@@ -358,32 +367,82 @@ impl QuicNode {
         Ok((send, recv))
     }
 
-    /// Pulls blob `id` from `peer` on its own stream; verifies length and content hash.
+    /// Pulls blob `id` from `peer` on its own stream ([`blob::request_frame`] answered by a
+    /// [`blob::data_frame`]); verifies the id and the content hash of what arrived.
     pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
+        let stream_err = |e: String| QuicError::Stream(e);
         let conn = self.connection(peer)?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
-        send.write_all(&[TAG_BLOB]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
-        write_frame(&mut send, &Frame::from_bytes(FrameKind::BlobRequest, 0, &id)).await?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| stream_err(e.to_string()))?;
+        send.write_all(&[TAG_BLOB]).await.map_err(|e| stream_err(e.to_string()))?;
+        let request = blob::request_frame(BlobId(id)).map_err(|e| stream_err(e.to_string()))?;
+        write_frame(&mut send, &request).await?;
         let _ = send.finish();
-        let limits = FrameLimits { max_body: max_len.min(self.inner.config.limits.max_body) };
-        let frame = read_frame(&mut recv, &limits)
+        let overhead = u32::try_from(blob::BLOB_DATA_OVERHEAD).unwrap_or(u32::MAX);
+        let cap = max_len.saturating_add(overhead).min(self.inner.config.limits.max_body);
+        let frame = read_frame(&mut recv, &FrameLimits { max_body: cap })
             .await?
-            .ok_or_else(|| QuicError::Stream(format!("{peer} closed the blob stream")))?;
-        match frame.kind {
-            FrameKind::BlobData => {
-                let got = blake3::hash(&frame.body);
-                if got.as_bytes() != &id {
-                    return Err(QuicError::Stream(format!(
-                        "blob from {peer} does not match its hash {}",
-                        blake3::Hash::from_bytes(id).to_hex()
-                    )));
-                }
-                Ok(frame.body.to_vec())
+            .ok_or_else(|| stream_err(format!("{peer} closed the blob stream")))?;
+        if frame.kind == FrameKind::Error {
+            return Err(stream_err(format!("{peer}: {}", String::from_utf8_lossy(&frame.body))));
+        }
+        let data = frame.access_as::<blob::BlobData>(FrameKind::BlobData)?;
+        if data.id != id || blake3::hash(data.bytes.as_slice()).as_bytes() != &id {
+            return Err(stream_err(format!("blob from {peer} does not match its hash {}", BlobId(id))));
+        }
+        Ok(data.bytes.to_vec())
+    }
+
+    /// Sends `frame`, by reference when the policy says so: the body goes into `store` (which
+    /// must be this node's blob server) and the peer pulls it by hash.
+    pub async fn send_with_policy(
+        &self,
+        to: &NodeId,
+        channel: Channel,
+        frame: Frame,
+        policy: &BlobPolicy,
+        store: &std::sync::Mutex<BlobStore>,
+    ) -> Result<(), QuicError> {
+        let frame = {
+            let mut guard = store.lock().map_err(|_| QuicError::Stream("blob store lock poisoned".into()))?;
+            blob::prepare_outgoing(frame, policy, &mut guard).map_err(|e| QuicError::Stream(e.to_string()))?
+        };
+        Ok(self.send_frame(to, channel, &frame).await?)
+    }
+
+    /// Turns a received frame back into the original: a by-reference frame is resolved from
+    /// `cache` or pulled from the sender, verified and cached.
+    pub async fn resolve(
+        &self,
+        delivery: Delivery,
+        policy: &BlobPolicy,
+        cache: &std::sync::Mutex<BlobStore>,
+    ) -> Result<Frame, QuicError> {
+        let blob_err = |e: blob::BlobError| QuicError::Stream(e.to_string());
+        match blob::classify_incoming(delivery.frame, policy).map_err(blob_err)? {
+            Incoming::Ready(frame) => Ok(frame),
+            Incoming::NeedsBlob { kind, flags, reference } => {
+                let id = reference.blob_id();
+                let cached = cache.lock().ok().and_then(|mut g| g.get(&id).ok().flatten());
+                let bytes: Arc<[u8]> = match cached {
+                    Some(b) => b,
+                    None => {
+                        let max = u32::try_from(reference.len).unwrap_or(u32::MAX);
+                        let bytes: Arc<[u8]> = self.fetch_blob(&delivery.from, id.0, max).await?.into();
+                        if bytes.len() as u64 != reference.len {
+                            return Err(QuicError::Stream(format!(
+                                "blob {id} has {} bytes, the reference said {}",
+                                bytes.len(),
+                                reference.len
+                            )));
+                        }
+                        if let Ok(mut g) = cache.lock() {
+                            g.put_verified(id, bytes.clone()).map_err(blob_err)?;
+                        }
+                        bytes
+                    }
+                };
+                Ok(blob::rebuild_frame(kind, flags, &bytes))
             }
-            FrameKind::Error => {
-                Err(QuicError::Stream(format!("{peer}: {}", String::from_utf8_lossy(&frame.body))))
-            }
-            other => Err(FrameError::UnexpectedKind { expected: FrameKind::BlobData, got: other }.into()),
         }
     }
 
@@ -554,22 +613,27 @@ impl QuicNode {
         match tag[0] {
             TAG_CONTROL => self.emit(PeerEvent::ControlStream { peer, send, recv }),
             TAG_BLOB => {
-                let limits = FrameLimits { max_body: 64 };
+                let limits = FrameLimits { max_body: 256 };
                 let reply = match read_frame(&mut recv, &limits).await {
-                    Ok(Some(f)) if f.kind == FrameKind::BlobRequest && f.body.len() == 32 => {
-                        let mut id = [0u8; 32];
-                        id.copy_from_slice(&f.body);
-                        let server = self.inner.blobs.read().map(|g| g.clone()).ok();
-                        match server.and_then(|s| s.blob(&id)) {
-                            Some(bytes) => Frame::from_bytes(FrameKind::BlobData, 0, &bytes),
-                            None => Frame::from_bytes(
-                                FrameKind::Error,
-                                0,
-                                format!("no blob {}", blake3::Hash::from_bytes(id).to_hex()).as_bytes(),
-                            ),
+                    Ok(Some(f)) => match blob::parse_request(&f) {
+                        Ok(id) => {
+                            let server = self.inner.blobs.read().map(|g| g.clone()).ok();
+                            match server.and_then(|s| s.blob(&id.0)) {
+                                Some(bytes) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
+                                    Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
+                                }),
+                                None => {
+                                    Frame::from_bytes(FrameKind::Error, 0, format!("no blob {id}").as_bytes())
+                                }
+                            }
                         }
-                    }
-                    Ok(_) => Frame::from_bytes(FrameKind::Error, 0, b"malformed blob request"),
+                        Err(e) => Frame::from_bytes(
+                            FrameKind::Error,
+                            0,
+                            format!("malformed blob request: {e}").as_bytes(),
+                        ),
+                    },
+                    Ok(None) => return,
                     Err(e) => {
                         warn!(node = %self.inner.id, %peer, error = %e, "bad blob request; stopping the stream");
                         let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));

@@ -186,3 +186,37 @@ async fn blob_pull_verifies_the_hash() {
     let e = a.fetch_blob(&peer, id, 1 << 20).await.unwrap_err();
     assert!(e.to_string().contains("exceeds the cap"), "{e}");
 }
+
+#[tokio::test]
+async fn large_tensor_travels_by_reference_and_arrives_intact() {
+    use std::sync::Mutex;
+    use troupe_transport::codec::{TensorEncodeOptions, TensorEncoder, decode_tensor};
+    use troupe_transport::frame::FLAG_BY_REFERENCE;
+    use troupe_transport::{BlobPolicy, BlobStore, TensorLimits};
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let a = node(&ca, "a").await;
+    let b = node(&ca, "b").await;
+    let a_store = Arc::new(Mutex::new(BlobStore::in_memory(64 << 20)));
+    a.set_blob_server(a_store.clone());
+    let peer = a.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
+    let data: Vec<f32> = (0..(1 << 20)).map(|i| ((i as f32) * 0.37).sin()).collect(); // 4 MiB
+    let (frame, _) =
+        TensorEncoder::new(TensorEncodeOptions::default()).encode_frame(&[1024, 1024], &data).unwrap();
+    let policy = BlobPolicy::default();
+    a.send_with_policy(&peer, Channel::Data, frame, &policy, &a_store).await.unwrap();
+    let d = b.recv().await.unwrap();
+    assert_ne!(d.frame.flags & FLAG_BY_REFERENCE, 0, "a 4 MiB tensor must travel by reference");
+    assert!(d.frame.body.len() < 1024, "the inline part is just the reference");
+    let b_cache = Mutex::new(BlobStore::in_memory(64 << 20));
+    let resolved = b.resolve(d, &policy, &b_cache).await.unwrap();
+    let t = decode_tensor(&resolved, &TensorLimits::default()).unwrap();
+    assert_eq!(t.data, data);
+    assert_eq!(b_cache.lock().unwrap().len(), 1, "the pulled blob is cached by hash");
+    // a small tensor goes inline
+    let (small, _) =
+        TensorEncoder::new(TensorEncodeOptions::default()).encode_frame(&[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    a.send_with_policy(&peer, Channel::Data, small, &policy, &a_store).await.unwrap();
+    let d = b.recv().await.unwrap();
+    assert_eq!(d.frame.flags & FLAG_BY_REFERENCE, 0);
+}
