@@ -115,3 +115,36 @@ async fn killed_node_is_reported_down_then_rejoins() {
         .unwrap();
     assert_eq!(s.members.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = dir.path().join("hello.toml");
+    std::fs::write(&topo, topology(true)).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(EXE)
+            .arg("up")
+            .arg(&topo)
+            .arg("--workdir")
+            .arg(dir.path().join("work"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("troupe up did not finish")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for expert in ["expert-1", "expert-2"] {
+        let line = format!("[scheduler] hello: answer from {}", answer(expert, "how are you"));
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+    assert!(stdout.contains("[up] all nodes stopped"), "{stdout}");
+    // idempotent: a second run reuses the keys and succeeds again
+    let ca_before = std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap();
+    let again = tokio::process::Command::new(EXE).arg("up").arg(&topo).arg("--workdir").arg(dir.path().join("work")).output();
+    let again = tokio::time::timeout(Duration::from_secs(120), again).await.unwrap().unwrap();
+    assert!(again.status.success());
+    assert_eq!(std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap(), ca_before);
+}
