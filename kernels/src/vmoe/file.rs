@@ -148,7 +148,10 @@ pub fn save_model(model: &VMoe, path: &Path) -> Result<(), VMoeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
     }
-    let tmp = path.with_extension("tmp");
+    // A name of its own per call, so concurrent savers of the same model never share a temporary.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
     std::fs::write(&tmp, encode(model)).map_err(|e| io("writing", e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))
 }
