@@ -195,10 +195,7 @@ impl DriftSchedule {
                 w[1].start_frame, w[0].start_frame
             )));
         }
-        if let Some(p) = phases
-            .iter()
-            .find(|p| !(0.0..=1.0).contains(&p.severity))
-        {
+        if let Some(p) = phases.iter().find(|p| !(0.0..=1.0).contains(&p.severity)) {
             return Err(DriftError::Invalid(format!(
                 "severity {} at frame {} is outside 0..=1",
                 p.severity, p.start_frame
@@ -230,7 +227,10 @@ impl DriftSchedule {
             if line.is_empty() {
                 continue;
             }
-            let bad = |detail: String| DriftError::Line { line: i + 1, detail };
+            let bad = |detail: String| DriftError::Line {
+                line: i + 1,
+                detail,
+            };
             let fields: Vec<&str> = line.split_whitespace().collect();
             let [start, name, sev] = fields[..] else {
                 return Err(bad(format!(
@@ -368,7 +368,13 @@ mod tests {
 
     fn digit_like() -> Vec<f32> {
         (0..PIXELS)
-            .map(|i| if (i % SIDE) == 3 || (i % SIDE) == 4 { 1.0 } else { 0.0 })
+            .map(|i| {
+                if (i % SIDE) == 3 || (i % SIDE) == 4 {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
             .collect()
     }
 
@@ -400,13 +406,17 @@ mod tests {
         // Snow at 1 without speckle pulls towards the mean 0.25 by 0.3: ink 1 -> 0.475.
         let mut img = base.clone();
         Corruption::Snow.apply(&mut img, 1.0, &mut rng);
-        assert!(img.iter().all(|&v| v == 1.0 || (v - 0.475).abs() < 1e-6 || (v - 0.175).abs() < 1e-6));
+        assert!(
+            img.iter()
+                .all(|&v| v == 1.0 || (v - 0.475).abs() < 1e-6 || (v - 0.175).abs() < 1e-6)
+        );
     }
 
     #[test]
     fn schedule_parses_and_rejects() {
-        let s = DriftSchedule::parse("# camera 0\n0 clean 0\n100 rain 0.6\n\n250 fog 1.0 # heavy\n")
-            .unwrap();
+        let s =
+            DriftSchedule::parse("# camera 0\n0 clean 0\n100 rain 0.6\n\n250 fog 1.0 # heavy\n")
+                .unwrap();
         assert_eq!(s.phases().len(), 3);
         assert_eq!(s.at(0).corruption, Corruption::Clean);
         assert_eq!(s.at(99).corruption, Corruption::Clean);
@@ -440,8 +450,16 @@ mod tests {
             .take(10)
             .collect();
         assert_eq!(a, b);
-        assert!(a[..5].iter().all(|f| f.corruption == Corruption::Clean && f.image == digit_like()));
-        assert!(a[5..].iter().all(|f| f.corruption == Corruption::Sun && (f.image[0] - 0.7).abs() < 1e-6));
+        assert!(
+            a[..5]
+                .iter()
+                .all(|f| f.corruption == Corruption::Clean && f.image == digit_like())
+        );
+        assert!(
+            a[5..]
+                .iter()
+                .all(|f| f.corruption == Corruption::Sun && (f.image[0] - 0.7).abs() < 1e-6)
+        );
         assert_eq!(a[9].index, 9);
         assert!(CameraStream::new(0, DriftSchedule::clean(), &images[..10], &labels, 0).is_err());
     }

@@ -26,8 +26,14 @@ fn drift_lowers_exact_match_against_the_teacher() {
     assert!(drifted.iter().all(|f| f.corruption != Corruption::Clean));
     let (clean, drifted) = (Dataset::from_frames(clean), Dataset::from_frames(drifted));
     let (s, t) = (student(), teacher());
-    let (sc, tc) = (predict_all(s, &clean).unwrap(), predict_all(t, &clean).unwrap());
-    let (sd, td) = (predict_all(s, &drifted).unwrap(), predict_all(t, &drifted).unwrap());
+    let (sc, tc) = (
+        predict_all(s, &clean).unwrap(),
+        predict_all(t, &clean).unwrap(),
+    );
+    let (sd, td) = (
+        predict_all(s, &drifted).unwrap(),
+        predict_all(t, &drifted).unwrap(),
+    );
     let (match_clean, match_drift) = (exact_match(&sc, &tc), exact_match(&sd, &td));
     println!(
         "exact match vs teacher: clean {match_clean:.3}, drifted {match_drift:.3}; \

@@ -23,28 +23,38 @@ fn tiny() -> VMoeConfig {
 
 fn images(seed: u64, batch: usize) -> Tensor {
     let mut rng = SmallRng::seed_from_u64(seed);
-    Tensor::from_f32(&[batch, 64], (0..batch * 64).map(|_| rng.random::<f32>()).collect()).unwrap()
+    Tensor::from_f32(
+        &[batch, 64],
+        (0..batch * 64).map(|_| rng.random::<f32>()).collect(),
+    )
+    .expect("valid test input")
 }
 
 /// Per block, the tokens each expert got: the routing decision.
 fn routes(m: &VMoe, x: &Tensor) -> Vec<Vec<Vec<usize>>> {
-    let (_, cache) = m.forward(x).unwrap();
+    let (_, cache) = m.forward(x).expect("valid test input");
     cache
         .blocks
         .iter()
-        .map(|b| b.routing.experts.iter().map(|a| a.iter().map(|s| s.token).collect()).collect())
+        .map(|b| {
+            b.routing
+                .experts
+                .iter()
+                .map(|a| a.iter().map(|s| s.token).collect())
+                .collect()
+        })
         .collect()
 }
 
 fn loss(m: &VMoe, x: &Tensor, labels: &[usize]) -> f64 {
-    let (logits, _) = m.forward(x).unwrap();
-    f64::from(cross_entropy(&logits, labels).unwrap().0)
+    let (logits, _) = m.forward(x).expect("valid test input");
+    f64::from(cross_entropy(&logits, labels).expect("valid test input").0)
 }
 
 #[test]
 fn whole_model_gradient_matches_finite_differences() {
     let mut rng = SmallRng::seed_from_u64(11);
-    let mut m = VMoe::new(tiny(), &mut rng).unwrap();
+    let mut m = VMoe::new(tiny(), &mut rng).expect("valid test input");
     // Non-trivial norms and biases so every term of the backward pass matters.
     for (_, t) in m.params.tensors_mut() {
         let v = t.f32_mut().unwrap();
@@ -64,15 +74,17 @@ fn whole_model_gradient_matches_finite_differences() {
     let base_routes = routes(&m, &x);
     let h = 1e-3f32;
     let (mut checked, mut skipped) = (0, 0);
-    let grad_list: Vec<Vec<f32>> = grads.tensors().iter().map(|(_, t)| t.to_vec_f32()).collect();
-    let n_tensors = grad_list.len();
-    for ti in 0..n_tensors {
-        let len = grad_list[ti].len();
-        for i in 0..len {
+    let grad_list: Vec<Vec<f32>> = grads
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.to_vec_f32())
+        .collect();
+    for (ti, grad) in grad_list.iter().enumerate() {
+        for (i, &g) in grad.iter().enumerate() {
             let bump = |delta: f32| {
                 let mut mm = m.clone();
                 let mut ts = mm.params.tensors_mut();
-                ts[ti].1.f32_mut().unwrap()[i] += delta;
+                ts[ti].1.f32_mut().expect("valid test input")[i] += delta;
                 drop(ts);
                 mm
             };
@@ -81,8 +93,9 @@ fn whole_model_gradient_matches_finite_differences() {
                 skipped += 1; // the routing flipped: top-k is not differentiable there
                 continue;
             }
-            let numeric = (loss(&plus, &x, &labels) - loss(&minus, &x, &labels)) / (2.0 * f64::from(h));
-            let analytic = f64::from(grad_list[ti][i]);
+            let numeric =
+                (loss(&plus, &x, &labels) - loss(&minus, &x, &labels)) / (2.0 * f64::from(h));
+            let analytic = f64::from(g);
             let tol = 2e-3 + 3e-2 * numeric.abs().max(analytic.abs());
             assert!(
                 (numeric - analytic).abs() <= tol,
@@ -126,7 +139,14 @@ fn adaptation_scope_moves_only_experts_and_projector() {
         }
     }
     assert!(moved_expert);
-    assert!(VMoeConfig { blocks: 1, ..tiny() }.validate().is_err());
+    assert!(
+        VMoeConfig {
+            blocks: 1,
+            ..tiny()
+        }
+        .validate()
+        .is_err()
+    );
     assert!(VMoeConfig { patch: 3, ..tiny() }.validate().is_err());
     assert!(VMoeConfig { top_k: 4, ..tiny() }.validate().is_err());
 }

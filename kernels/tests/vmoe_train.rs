@@ -44,16 +44,25 @@ fn training_is_deterministic_and_models_round_trip() {
 
     let dir = tempfile::tempdir().unwrap();
     let zoo = ModelZoo::new(dir.path());
-    let (m1, p1) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
+    let (m1, p1) = zoo
+        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
+        .unwrap();
     assert!(matches!(p1, Provenance::Trained(_)));
-    let (m2, p2) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
+    let (m2, p2) = zoo
+        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
+        .unwrap();
     assert!(matches!(p2, Provenance::Loaded(_)));
-    assert_eq!(predict_all(&m1, &test).unwrap(), predict_all(&m2, &test).unwrap());
+    assert_eq!(
+        predict_all(&m1, &test).unwrap(),
+        predict_all(&m2, &test).unwrap()
+    );
     // A corrupted file is retrained, not trusted.
     let path = zoo.path_for("tiny", &VMoeConfig::tiny(), &recipe, "t");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
-    let (_, p3) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
+    let (_, p3) = zoo
+        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
+        .unwrap();
     assert!(matches!(p3, Provenance::Trained(_)));
 }

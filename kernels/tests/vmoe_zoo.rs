@@ -16,7 +16,13 @@ fn zoo_trains_every_size() {
     let t0 = Instant::now();
     let tdata = teacher_data(&train, recipe.seed);
     let (teacher, prov) = zoo
-        .get_or_train("teacher", VMoeConfig::teacher(), &recipe, "digits+corrupted", &tdata)
+        .get_or_train(
+            "teacher",
+            VMoeConfig::teacher(),
+            &recipe,
+            "digits+corrupted",
+            &tdata,
+        )
         .unwrap();
     let tpred = predict_all(&teacher, &test).unwrap();
     let corrupted = test.corrupted(1, 0.3, 99);
@@ -32,7 +38,9 @@ fn zoo_trains_every_size() {
     for name in VMoeConfig::STUDENT_SIZES {
         let cfg = VMoeConfig::named(name).unwrap();
         let t0 = Instant::now();
-        let (m, prov) = zoo.get_or_train(name, cfg, &recipe, "digits", &train).unwrap();
+        let (m, prov) = zoo
+            .get_or_train(name, cfg, &recipe, "digits", &train)
+            .unwrap();
         let secs = t0.elapsed().as_secs_f64();
         let p = predict_all(&m, &test).unwrap();
         let pc = predict_all(&m, &corrupted).unwrap();

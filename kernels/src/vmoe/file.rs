@@ -224,7 +224,8 @@ impl ModelZoo {
     ) -> PathBuf {
         let key = format!("{config:?}|{}|{data_tag}", recipe.tag());
         let short = &blake3::hash(key.as_bytes()).to_hex()[..16];
-        self.dir.join(format!("{name}-{}-{short}.vmoe", recipe.tag()))
+        self.dir
+            .join(format!("{name}-{}-{short}.vmoe", recipe.tag()))
     }
 
     /// The model from its file, or trained on `data` and saved when the file is missing or bad.

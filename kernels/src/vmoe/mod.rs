@@ -3,7 +3,7 @@
 //!
 //! - [`model`]: config (four student sizes and a teacher), forward with cache, full backward.
 //! - [`train`]: datasets from digits, seeded minibatch AdamW training, accuracy and exact match.
-//! - [`file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
+//! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
 //! - [`pool`]: the co-adaptation pool (merged shared parts, per-model experts, memory through a
 //!   [`crate::MemoryPool`], expert-and-projector adaptation steps).
 

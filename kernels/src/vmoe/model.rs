@@ -134,7 +134,7 @@ impl VMoeConfig {
     /// Checks every field; the error says which one is off.
     pub fn validate(&self) -> Result<(), VMoeError> {
         let bad = |d: String| Err(VMoeError::Config(d));
-        if self.patch == 0 || IMAGE_SIDE % self.patch != 0 {
+        if self.patch == 0 || !IMAGE_SIDE.is_multiple_of(self.patch) {
             return bad(format!("patch {} does not tile {IMAGE_SIDE}", self.patch));
         }
         for (name, v) in [
@@ -401,7 +401,10 @@ fn glorot(rng: &mut SmallRng, fan_in: usize, fan_out: usize) -> Result<Tensor, V
 
 /// `dst[r] += src[r mod src_rows]` for a `rows x cols` `dst` (adds the position embedding per image).
 fn add_rows_cyclic(dst: &mut [f32], src: &[f32], cols: usize) {
-    for (d, s) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(cols).cycle()) {
+    for (d, s) in dst
+        .chunks_exact_mut(cols)
+        .zip(src.chunks_exact(cols).cycle())
+    {
         d.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
     }
 }
@@ -480,7 +483,12 @@ impl VMoe {
         for _ in 0..c.blocks {
             out.extend([vec![d], vec![d], vec![d, c.experts]]);
             for _ in 0..c.experts {
-                out.extend([vec![d, c.hidden], vec![c.hidden], vec![c.hidden, d], vec![d]]);
+                out.extend([
+                    vec![d, c.hidden],
+                    vec![c.hidden],
+                    vec![c.hidden, d],
+                    vec![d],
+                ]);
             }
         }
         out.extend([
@@ -517,7 +525,10 @@ impl VMoe {
             }
         }
         Ok(Tensor::from_f32(
-            &[batch * self.config.tokens_per_image(), self.config.patch_len()],
+            &[
+                batch * self.config.tokens_per_image(),
+                self.config.patch_len(),
+            ],
             out,
         )?)
     }
@@ -636,10 +647,7 @@ impl VMoe {
             let dlogits_r = bc.routing.logits_grad(&moe.dgates)?;
             let router = matmul(&bc.normed, &dlogits_r, true, false)?;
             let mut dnormed = moe.dx;
-            add_into(
-                &mut dnormed,
-                &matmul(&dlogits_r, &blk.router, false, true)?,
-            )?;
+            add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
             let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
             add_into(&mut dh, &ln.dx)?;
             block_grads.push(MoeBlock {

@@ -116,10 +116,7 @@ fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
     plan.push(("final norm", f(2 * t * c.dim + t)));
     plan.push(("head", f(batch * (c.dim + 2 * c.proj + 2 * c.classes))));
     plan.push(("backward stream", f(3 * t * c.dim)));
-    plan.push((
-        "trainable grads",
-        f(c.param_count() - c.shared_params()),
-    ));
+    plan.push(("trainable grads", f(c.param_count() - c.shared_params())));
     plan
 }
 
@@ -276,7 +273,10 @@ impl CoAdaptPool {
     /// Removes a model, freeing its experts, projector, optimiser state and any shared tensor no other
     /// model uses. Returns the model as adapted.
     pub fn unload(&mut self, id: ModelId) -> Result<VMoe, VMoeError> {
-        let p = self.models.remove(&id).ok_or(VMoeError::UnknownModel(id.0))?;
+        let p = self
+            .models
+            .remove(&id)
+            .ok_or(VMoeError::UnknownModel(id.0))?;
         for a in p.expert_allocs.into_iter().flatten() {
             self.pool.free(a)?;
         }

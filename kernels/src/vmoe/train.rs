@@ -44,7 +44,10 @@ impl Dataset {
     /// Frames of a camera stream as a dataset (true labels).
     pub fn from_frames(frames: &[Frame]) -> Self {
         Self {
-            images: frames.iter().flat_map(|f| f.image.iter().copied()).collect(),
+            images: frames
+                .iter()
+                .flat_map(|f| f.image.iter().copied())
+                .collect(),
             labels: frames.iter().map(|f| f.label).collect(),
         }
     }
