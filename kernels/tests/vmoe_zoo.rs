@@ -4,8 +4,11 @@
 
 use std::time::Instant;
 
+use troupe_kernels::vmoe::pool::expert_tmp_bytes;
 use troupe_kernels::vmoe::train::{digits_split, predict_all, teacher_data};
-use troupe_kernels::vmoe::{ModelZoo, Provenance, Recipe, VMoeConfig, accuracy, exact_match};
+use troupe_kernels::vmoe::{
+    CoAdaptPool, ModelZoo, Provenance, Recipe, VMoeConfig, accuracy, exact_match,
+};
 
 #[test]
 #[ignore = "trains every size; run in release with --ignored"]
@@ -35,6 +38,7 @@ fn zoo_trains_every_size() {
         t0.elapsed().as_secs_f64(),
         matches!(prov, Provenance::Trained(_))
     );
+    let mut pool = CoAdaptPool::new("report", 256 << 20).unwrap();
     for name in VMoeConfig::STUDENT_SIZES {
         let cfg = VMoeConfig::named(name).unwrap();
         let t0 = Instant::now();
@@ -52,5 +56,17 @@ fn zoo_trains_every_size() {
             exact_match(&pc, &tpred_c),
             matches!(prov, Provenance::Trained(_))
         );
+        let id = pool.load(name, &m).unwrap();
+        println!(
+            "  memory: exclusive {} B (experts + projector), expert {} B, tmp per expert for 64 tokens {} B",
+            pool.exclusive_memory_bytes(id).unwrap(),
+            pool.expert_memory_bytes(id, 0, 0).unwrap(),
+            expert_tmp_bytes(&cfg, 64)
+        );
     }
+    println!(
+        "pool with all four students: used {} B, shared {} B",
+        pool.stats().used,
+        pool.shared_memory_bytes()
+    );
 }
