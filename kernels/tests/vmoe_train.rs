@@ -27,7 +27,8 @@ fn tiny_student_learns_digits() {
 #[test]
 fn training_is_deterministic_and_models_round_trip() {
     let (train, test) = split();
-    let small = train.subset(&(0..200).collect::<Vec<_>>());
+    let small = train.subset(&(0..200).collect::<Vec<_>>()).unwrap();
+    assert!(train.subset(&[train.len()]).is_err());
     let recipe = Recipe {
         epochs: 1,
         ..Recipe::fast(7)

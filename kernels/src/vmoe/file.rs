@@ -238,10 +238,13 @@ impl ModelZoo {
         data: &Dataset,
     ) -> Result<(VMoe, Provenance), VMoeError> {
         let path = self.path_for(name, &config, recipe, data_tag);
-        if let Ok(model) = load_model(&path)
-            && model.config == config
-        {
-            return Ok((model, Provenance::Loaded(path)));
+        match load_model(&path) {
+            Ok(model) if model.config == config => return Ok((model, Provenance::Loaded(path))),
+            Ok(_) => {
+                tracing::warn!(path = %path.display(), "cached model has another config; retraining")
+            }
+            Err(VMoeError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(error = %e, "cached model unusable; retraining"),
         }
         let (model, report) = train_new(config, data, recipe)?;
         save_model(&model, &path)?;

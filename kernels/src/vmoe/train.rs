@@ -62,30 +62,36 @@ impl Dataset {
         self.labels.is_empty()
     }
 
-    /// The images at `idx`, in that order.
-    pub fn subset(&self, idx: &[usize]) -> Self {
-        Self {
+    /// The images at `idx`, in that order; an error names the first index past the end.
+    pub fn subset(&self, idx: &[usize]) -> Result<Self, VMoeError> {
+        if let Some(&bad) = idx.iter().find(|&&i| i >= self.len()) {
+            return Err(VMoeError::Config(format!(
+                "image {bad} of a dataset of {}",
+                self.len()
+            )));
+        }
+        Ok(Self {
             images: idx
                 .iter()
                 .flat_map(|&i| &self.images[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS])
                 .copied()
                 .collect(),
             labels: idx.iter().map(|&i| self.labels[i]).collect(),
-        }
+        })
     }
 
     /// A seeded shuffle split into `(train, test)` with `test_fraction` of the images in test.
-    pub fn split(&self, test_fraction: f64, seed: u64) -> (Self, Self) {
+    pub fn split(&self, test_fraction: f64, seed: u64) -> Result<(Self, Self), VMoeError> {
         let mut idx: Vec<usize> = (0..self.len()).collect();
         idx.shuffle(&mut SmallRng::seed_from_u64(seed));
         let n_test = ((self.len() as f64) * test_fraction.clamp(0.0, 1.0)).round() as usize;
         let (test, train) = idx.split_at(n_test);
-        (self.subset(train), self.subset(test))
+        Ok((self.subset(train)?, self.subset(test)?))
     }
 
     /// `batch x 64` tensor of the images at `idx`.
     pub fn batch(&self, idx: &[usize]) -> Result<Tensor, VMoeError> {
-        let s = self.subset(idx);
+        let s = self.subset(idx)?;
         Ok(Tensor::from_f32(&[idx.len(), IMAGE_PIXELS], s.images)?)
     }
 
@@ -350,7 +356,7 @@ pub const TEST_FRACTION: f64 = 0.2;
 /// The digits from the setup cache, split `(train, test)` with [`SPLIT_SEED`].
 pub fn digits_split() -> Result<(Dataset, Dataset), VMoeError> {
     let digits = crate::assets::Assets::locate()?.digits()?;
-    Ok(Dataset::from_digits(&digits)?.split(TEST_FRACTION, SPLIT_SEED))
+    Dataset::from_digits(&digits)?.split(TEST_FRACTION, SPLIT_SEED)
 }
 
 /// The teacher's training set: the clean images plus two corrupted copies (severity 0.2..=1).
