@@ -1,14 +1,17 @@
 //! A small Vision Mixture-of-Experts (V-MoE) on the crate's ops, trained on scikit-learn's 8x8 digits:
 //! the model behind the `coadapt` workload (AdaSprite).
 //!
-//! - [`model`]: config (four student sizes and a teacher), forward with cache, full backward.
+//! - [`config`]: the shape (four student sizes and a teacher); [`params`]: the weights by group.
+//! - [`model`]: forward with cache, full backward.
 //! - [`train`]: datasets from digits, seeded minibatch AdamW training, accuracy and exact match.
 //! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
 //! - [`pool`]: the co-adaptation pool (merged shared parts, per-model experts, memory through a
 //!   [`crate::MemoryPool`], expert-and-projector adaptation steps).
 
+pub mod config;
 pub mod file;
 pub mod model;
+pub mod params;
 pub mod pool;
 pub mod train;
 

@@ -374,3 +374,48 @@ pub fn train_new(
     let report = train(&mut model, data, recipe, TrainScope::Full)?;
     Ok((model, report))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toy(n: usize) -> Dataset {
+        Dataset {
+            images: (0..n * IMAGE_PIXELS)
+                .map(|i| (i % 7) as f32 / 7.0)
+                .collect(),
+            labels: (0..n).map(|i| i % 10).collect(),
+        }
+    }
+
+    #[test]
+    fn split_is_seeded_and_disjoint() {
+        let d = toy(50);
+        let (tr, te) = d.split(0.2, 3).unwrap();
+        assert_eq!((tr.len(), te.len()), (40, 10));
+        assert_eq!(d.split(0.2, 3).unwrap(), (tr.clone(), te.clone()));
+        assert_ne!(d.split(0.2, 4).unwrap().1, te);
+        assert_eq!(tr.images.len(), 40 * IMAGE_PIXELS);
+    }
+
+    #[test]
+    fn corrupted_copies_keep_labels_and_change_pixels() {
+        let d = toy(20);
+        let c = d.corrupted(2, 0.5, 1);
+        assert_eq!(c.len(), 40);
+        assert_eq!(&c.labels[..20], &d.labels[..]);
+        assert_eq!(&c.labels[20..], &d.labels[..]);
+        assert_ne!(&c.images[..20 * IMAGE_PIXELS], &d.images[..]);
+        assert!(c.images.iter().all(|v| (0.0..=1.0).contains(v)));
+        assert_eq!(c, d.corrupted(2, 0.5, 1));
+        assert_eq!(teacher_data(&d, 1).len(), 60);
+    }
+
+    #[test]
+    fn exact_match_by_hand() {
+        assert_eq!(exact_match(&[1, 2, 3, 4], &[1, 0, 3, 0]), 0.5);
+        assert_eq!(exact_match(&[], &[]), 0.0);
+        assert_eq!(exact_match(&[1], &[1, 2]), 0.0);
+        assert_eq!(accuracy(&[3, 3], &[3, 3]), 1.0);
+    }
+}
