@@ -10,12 +10,15 @@
 //! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
 //! - [`assets`]: models and data made by `scripts/setup`, checksummed.
 //! - [`mod@bench`]: kernel figures for `troupe bench kernels`.
+//! - [`vmoe`]: a small Vision MoE on the ops (digits), its training, and the co-adaptation pool;
+//!   [`drift`]: weather-like corruptions and per-camera drifting frame streams.
 
 pub mod assets;
 pub mod bench;
 pub mod cuda;
 pub mod device;
 pub mod direct_io;
+pub mod drift;
 pub mod error;
 pub mod onnx;
 pub mod ops;
@@ -23,6 +26,7 @@ pub mod pool;
 pub mod store;
 pub mod tensor;
 pub mod tokenizer;
+pub mod vmoe;
 
 pub use cuda::CudaDevice;
 pub use device::Device;

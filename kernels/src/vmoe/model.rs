@@ -1,0 +1,386 @@
+//! The V-MoE itself: patch embedding + position embedding, `blocks` pre-norm MoE blocks (layer norm ->
+//! router -> top-k routing with capacity -> expert FFNs, residual), a final layer norm, mean pooling,
+//! a projector (linear + GELU) and a linear head. Forward keeps a cache; backward returns gradients for
+//! every parameter, built from the ops' own backward passes.
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+
+use super::VMoeError;
+pub use super::config::{IMAGE_PIXELS, IMAGE_SIDE, LN_EPS, MAX_DIM, VMoeConfig};
+pub use super::params::{MoeBlock, ParamGroup, VMoeParams};
+use crate::ops::{
+    ExpertParams, LayerNormCache, MoeCache, Routing, bias_add, bias_grad, gelu, gelu_backward,
+    layer_norm, layer_norm_backward, matmul, moe_ffn_backward, moe_ffn_forward, top_k_route,
+};
+use crate::tensor::Tensor;
+
+/// Everything the backward pass needs from one block's forward pass.
+#[derive(Clone, Debug)]
+pub struct BlockCache {
+    /// Layer-norm output (the router's and experts' input), `tokens x dim`.
+    pub normed: Tensor,
+    /// Layer-norm saved state.
+    pub ln: LayerNormCache,
+    /// The routing decision.
+    pub routing: Routing,
+    /// The experts' saved state.
+    pub moe: MoeCache,
+}
+
+/// Everything the backward pass needs from a forward pass.
+#[derive(Clone, Debug)]
+pub struct ForwardCache {
+    /// Images in the batch.
+    pub batch: usize,
+    /// Patches, `batch * tokens_per_image x patch_len`.
+    pub patches: Tensor,
+    /// Per block.
+    pub blocks: Vec<BlockCache>,
+    /// Final layer norm.
+    pub final_ln: LayerNormCache,
+    /// Mean-pooled tokens, `batch x dim`.
+    pub pooled: Tensor,
+    /// Projector pre-activation, `batch x proj`.
+    pub proj_pre: Tensor,
+    /// Projector output `GELU(proj_pre)`, `batch x proj`.
+    pub proj_act: Tensor,
+}
+
+impl ForwardCache {
+    /// Bytes of one expert's saved activations in block `block` (gathered inputs, pre-activations,
+    /// activations, outputs, token indices and gates).
+    pub fn expert_activation_bytes(&self, block: usize, expert: usize) -> u64 {
+        self.blocks
+            .get(block)
+            .and_then(|b| b.moe.experts.get(expert))
+            .map_or(0, |c| {
+                let floats = c.x.len() + c.h.len() + c.a.len() + c.o.len() + c.gates.len();
+                (floats * 4 + c.tokens.len() * std::mem::size_of::<usize>()) as u64
+            })
+    }
+
+    /// Tokens routed to each expert of block `block`.
+    pub fn expert_load(&self, block: usize) -> Vec<usize> {
+        self.blocks
+            .get(block)
+            .map_or_else(Vec::new, |b| b.routing.load())
+    }
+}
+
+/// A V-MoE: config plus parameters.
+#[derive(Clone, Debug)]
+pub struct VMoe {
+    /// The shape.
+    pub config: VMoeConfig,
+    /// The weights.
+    pub params: VMoeParams,
+}
+
+fn uniform(rng: &mut SmallRng, shape: &[usize], bound: f32) -> Result<Tensor, VMoeError> {
+    let n = shape.iter().product();
+    let v = (0..n)
+        .map(|_| rng.random_range(-bound..=bound))
+        .collect::<Vec<f32>>();
+    Ok(Tensor::from_f32(shape, v)?)
+}
+
+/// Glorot-uniform `fan_in x fan_out` matrix.
+fn glorot(rng: &mut SmallRng, fan_in: usize, fan_out: usize) -> Result<Tensor, VMoeError> {
+    let bound = (6.0 / (fan_in + fan_out) as f32).sqrt();
+    uniform(rng, &[fan_in, fan_out], bound)
+}
+
+/// `dst[r] += src[r mod src_rows]` for a `rows x cols` `dst` (adds the position embedding per image).
+fn add_rows_cyclic(dst: &mut [f32], src: &[f32], cols: usize) {
+    for (d, s) in dst
+        .chunks_exact_mut(cols)
+        .zip(src.chunks_exact(cols).cycle())
+    {
+        d.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
+    }
+}
+
+fn add_into(a: &mut Tensor, b: &Tensor) -> Result<(), VMoeError> {
+    let bv = b.f32_cow();
+    let av = a.f32_mut()?;
+    av.iter_mut().zip(bv.iter()).for_each(|(x, &y)| *x += y);
+    Ok(())
+}
+
+impl VMoe {
+    /// A freshly initialised model (Glorot-uniform weights, unit norms), reproducible from `rng`.
+    pub fn new(config: VMoeConfig, rng: &mut SmallRng) -> Result<Self, VMoeError> {
+        config.validate()?;
+        let c = config;
+        let d = c.dim;
+        let mut blocks = Vec::with_capacity(c.blocks);
+        for _ in 0..c.blocks {
+            let mut experts = Vec::with_capacity(c.experts);
+            for _ in 0..c.experts {
+                experts.push(ExpertParams {
+                    w1: glorot(rng, d, c.hidden)?,
+                    b1: Tensor::zeros(&[c.hidden])?,
+                    w2: glorot(rng, c.hidden, d)?,
+                    b2: Tensor::zeros(&[d])?,
+                });
+            }
+            blocks.push(MoeBlock {
+                ln_gamma: Tensor::full(&[d], 1.0)?,
+                ln_beta: Tensor::zeros(&[d])?,
+                router: glorot(rng, d, c.experts)?,
+                experts,
+            });
+        }
+        let params = VMoeParams {
+            patch_w: glorot(rng, c.patch_len(), d)?,
+            patch_b: Tensor::zeros(&[d])?,
+            pos: uniform(rng, &[c.tokens_per_image(), d], 0.1)?,
+            blocks,
+            final_gamma: Tensor::full(&[d], 1.0)?,
+            final_beta: Tensor::zeros(&[d])?,
+            proj_w: glorot(rng, d, c.proj)?,
+            proj_b: Tensor::zeros(&[c.proj])?,
+            head_w: glorot(rng, c.proj, c.classes)?,
+            head_b: Tensor::zeros(&[c.classes])?,
+        };
+        Ok(Self { config, params })
+    }
+
+    /// A model of `config` with the given parameters, checking every shape.
+    pub fn from_params(config: VMoeConfig, params: VMoeParams) -> Result<Self, VMoeError> {
+        config.validate()?;
+        let want = Self::shapes(&config);
+        let got: Vec<Vec<usize>> = params
+            .tensors()
+            .iter()
+            .map(|(_, t)| t.shape().to_vec())
+            .collect();
+        if want != got {
+            return Err(VMoeError::Config(
+                "parameter shapes do not match the config".into(),
+            ));
+        }
+        Ok(Self { config, params })
+    }
+
+    /// The shape of every parameter tensor, in [`VMoeParams::tensors`] order.
+    pub fn shapes(c: &VMoeConfig) -> Vec<Vec<usize>> {
+        let d = c.dim;
+        let mut out = vec![
+            vec![c.patch_len(), d],
+            vec![d],
+            vec![c.tokens_per_image(), d],
+        ];
+        for _ in 0..c.blocks {
+            out.extend([vec![d], vec![d], vec![d, c.experts]]);
+            for _ in 0..c.experts {
+                out.extend([
+                    vec![d, c.hidden],
+                    vec![c.hidden],
+                    vec![c.hidden, d],
+                    vec![d],
+                ]);
+            }
+        }
+        out.extend([
+            vec![d],
+            vec![d],
+            vec![d, c.proj],
+            vec![c.proj],
+            vec![c.proj, c.classes],
+            vec![c.classes],
+        ]);
+        out
+    }
+
+    /// Cuts `batch x 64` images into `batch * tokens x patch_len` patches (row-major within a patch).
+    pub fn patchify(&self, images: &Tensor) -> Result<Tensor, VMoeError> {
+        let (batch, pixels) = images.dims2()?;
+        if pixels != IMAGE_PIXELS {
+            return Err(VMoeError::Config(format!(
+                "images have {pixels} pixels, expected {IMAGE_PIXELS}"
+            )));
+        }
+        let p = self.config.patch;
+        let per_side = IMAGE_SIDE / p;
+        let x = images.f32_cow();
+        let mut out = Vec::with_capacity(batch * IMAGE_PIXELS);
+        for img in x.chunks_exact(IMAGE_PIXELS) {
+            for pr in 0..per_side {
+                for pc in 0..per_side {
+                    for r in 0..p {
+                        let start = (pr * p + r) * IMAGE_SIDE + pc * p;
+                        out.extend_from_slice(&img[start..start + p]);
+                    }
+                }
+            }
+        }
+        Ok(Tensor::from_f32(
+            &[
+                batch * self.config.tokens_per_image(),
+                self.config.patch_len(),
+            ],
+            out,
+        )?)
+    }
+
+    /// Logits (`batch x classes`) for `batch x 64` images with pixels in `0..=1`, and the cache for
+    /// [`VMoe::backward`]. Routing capacity is computed over the whole batch, as in V-MoE.
+    pub fn forward(&self, images: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
+        let c = &self.config;
+        let p = &self.params;
+        let patches = self.patchify(images)?;
+        let batch = patches.dims2()?.0 / c.tokens_per_image();
+        let tokens = batch * c.tokens_per_image();
+        let mut h = bias_add(&matmul(&patches, &p.patch_w, false, false)?, &p.patch_b)?;
+        add_rows_cyclic(h.f32_mut()?, &p.pos.f32_cow(), c.dim);
+        let capacity = c.capacity(tokens);
+        let mut blocks = Vec::with_capacity(c.blocks);
+        for blk in &p.blocks {
+            let (normed, ln) = layer_norm(&h, &blk.ln_gamma, &blk.ln_beta, LN_EPS)?;
+            let logits = matmul(&normed, &blk.router, false, false)?;
+            let routing = top_k_route(&logits, c.top_k, capacity)?;
+            let (y, moe) = moe_ffn_forward(&normed, &routing, &blk.experts)?;
+            add_into(&mut h, &y)?;
+            blocks.push(BlockCache {
+                normed,
+                ln,
+                routing,
+                moe,
+            });
+        }
+        let (z, final_ln) = layer_norm(&h, &p.final_gamma, &p.final_beta, LN_EPS)?;
+        let n = c.tokens_per_image();
+        let zv = z.f32_cow();
+        let mut pooled = vec![0.0f32; batch * c.dim];
+        for (b, out) in pooled.chunks_exact_mut(c.dim).enumerate() {
+            for row in zv[b * n * c.dim..(b + 1) * n * c.dim].chunks_exact(c.dim) {
+                out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
+            }
+            out.iter_mut().for_each(|o| *o /= n as f32);
+        }
+        let pooled = Tensor::from_f32(&[batch, c.dim], pooled)?;
+        let proj_pre = bias_add(&matmul(&pooled, &p.proj_w, false, false)?, &p.proj_b)?;
+        let proj_act = gelu(&proj_pre)?;
+        let logits = bias_add(&matmul(&proj_act, &p.head_w, false, false)?, &p.head_b)?;
+        Ok((
+            logits,
+            ForwardCache {
+                batch,
+                patches,
+                blocks,
+                final_ln,
+                pooled,
+                proj_pre,
+                proj_act,
+            },
+        ))
+    }
+
+    /// Predicted class of each image.
+    pub fn predict(&self, images: &Tensor) -> Result<Vec<usize>, VMoeError> {
+        let (logits, _) = self.forward(images)?;
+        let classes = self.config.classes;
+        Ok(logits
+            .f32_cow()
+            .chunks_exact(classes)
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                        if v > best.1 { (i, v) } else { best }
+                    })
+                    .0
+            })
+            .collect())
+    }
+
+    /// Gradients of every parameter given `d loss / d logits` (`batch x classes`).
+    pub fn backward(
+        &self,
+        cache: &ForwardCache,
+        dlogits: &Tensor,
+    ) -> Result<VMoeParams, VMoeError> {
+        let c = &self.config;
+        let p = &self.params;
+        let batch = cache.batch;
+        if dlogits.shape() != [batch, c.classes] {
+            return Err(VMoeError::Config(format!(
+                "dlogits {:?} for a batch of {batch} x {} classes",
+                dlogits.shape(),
+                c.classes
+            )));
+        }
+        // Head and projector.
+        let head_w = matmul(&cache.proj_act, dlogits, true, false)?;
+        let head_b = bias_grad(dlogits)?;
+        let dact = matmul(dlogits, &p.head_w, false, true)?;
+        let dpre = gelu_backward(&cache.proj_pre, &dact)?;
+        let proj_w = matmul(&cache.pooled, &dpre, true, false)?;
+        let proj_b = bias_grad(&dpre)?;
+        let dpooled = matmul(&dpre, &p.proj_w, false, true)?;
+        // Mean pooling: every token of image b gets dpooled[b] / n.
+        let n = c.tokens_per_image();
+        let dpv = dpooled.f32_cow();
+        let mut dz = Vec::with_capacity(batch * n * c.dim);
+        for row in dpv.chunks_exact(c.dim) {
+            for _ in 0..n {
+                dz.extend(row.iter().map(|&v| v / n as f32));
+            }
+        }
+        let dz = Tensor::from_f32(&[batch * n, c.dim], dz)?;
+        let fin = layer_norm_backward(&dz, &p.final_gamma, &cache.final_ln)?;
+        let mut dh = fin.dx;
+        // Blocks, last first: h_out = h_in + MoE(LN(h_in)).
+        let mut block_grads = Vec::with_capacity(c.blocks);
+        for (blk, bc) in p.blocks.iter().zip(&cache.blocks).rev() {
+            let moe = moe_ffn_backward(&dh, &bc.moe, &blk.experts)?;
+            let dlogits_r = bc.routing.logits_grad(&moe.dgates)?;
+            let router = matmul(&bc.normed, &dlogits_r, true, false)?;
+            let mut dnormed = moe.dx;
+            add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
+            let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
+            add_into(&mut dh, &ln.dx)?;
+            block_grads.push(MoeBlock {
+                ln_gamma: ln.dgamma,
+                ln_beta: ln.dbeta,
+                router,
+                experts: moe
+                    .experts
+                    .into_iter()
+                    .map(|g| ExpertParams {
+                        w1: g.w1,
+                        b1: g.b1,
+                        w2: g.w2,
+                        b2: g.b2,
+                    })
+                    .collect(),
+            });
+        }
+        block_grads.reverse();
+        // Embedding: h0 = patches W + b + pos.
+        let patch_w = matmul(&cache.patches, &dh, true, false)?;
+        let patch_b = bias_grad(&dh)?;
+        let mut pos = vec![0.0f32; n * c.dim];
+        for (i, row) in dh.f32_cow().chunks_exact(c.dim).enumerate() {
+            let t = i % n;
+            pos[t * c.dim..(t + 1) * c.dim]
+                .iter_mut()
+                .zip(row)
+                .for_each(|(a, &v)| *a += v);
+        }
+        Ok(VMoeParams {
+            patch_w,
+            patch_b,
+            pos: Tensor::from_f32(&[n, c.dim], pos)?,
+            blocks: block_grads,
+            final_gamma: fin.dgamma,
+            final_beta: fin.dbeta,
+            proj_w,
+            proj_b,
+            head_w,
+            head_b,
+        })
+    }
+}

@@ -1,0 +1,470 @@
+//! The co-adaptation pool (AdaSprite's MoE merging): several V-MoEs held together, their shared parts
+//! (patch/position embeddings, layer norms, routers: everything frozen during adaptation) stored once
+//! when identical, their experts and projectors kept per model. Every parameter buffer, optimiser
+//! state and activation buffer is accounted in a [`MemoryPool`]: allocated on load (or before a step),
+//! freed on unload (or after it). A step whose buffers do not fit is refused with the pool's
+//! [`crate::KernelError::OutOfMemory`] and leaves the pool as it was; the budget is never exceeded.
+//!
+//! Shared tensors are deduplicated by a blake3 hash of shape and bytes, and every merged model holds a
+//! view of the one canonical buffer (no copy). External fragmentation is sampled after every event.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::VMoeError;
+use super::model::{ParamGroup, VMoe, VMoeConfig};
+use super::train::{Dataset, TrainScope, Trainer, predict_all};
+use crate::pool::{Allocation, MemoryPool, PoolStats};
+use crate::tensor::Tensor;
+
+/// A model loaded in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelId(pub u32);
+
+/// The pool's occupancy after one event.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FragSample {
+    /// Event number (0, 1, 2, ...).
+    pub event: u64,
+    /// What happened (`load`, `unload`, `reserve`, `release`, `refused`).
+    pub what: &'static str,
+    /// Bytes allocated.
+    pub used: u64,
+    /// Bytes free.
+    pub free: u64,
+    /// Largest contiguous free block.
+    pub largest_free: u64,
+    /// `1 - largest_free / free`.
+    pub external_fragmentation: f64,
+}
+
+/// One measurement of an expert's temporary memory in an adaptation step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TmpSample {
+    /// The model.
+    pub model: ModelId,
+    /// Block index.
+    pub block: usize,
+    /// Expert index.
+    pub expert: usize,
+    /// Tokens routed to the expert in the step.
+    pub tokens: usize,
+    /// Model width.
+    pub dim: usize,
+    /// Expert hidden width.
+    pub hidden: usize,
+    /// Bytes: the forward activations it kept (measured) plus its backward buffers and gradients.
+    pub bytes: u64,
+}
+
+/// What one adaptation step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdaptReport {
+    /// Cross-entropy against the teacher's labels before the update.
+    pub loss: f32,
+    /// Bytes reserved in the pool for the step's activations, gradients and temporaries.
+    pub reserved_bytes: u64,
+    /// Bytes of activations the forward pass actually kept (at most the reservation's share).
+    pub activation_bytes: u64,
+    /// Pool bytes in use at the step's peak.
+    pub peak_used: u64,
+    /// Tokens per expert, per block.
+    pub expert_loads: Vec<Vec<usize>>,
+}
+
+struct SharedEntry {
+    tensor: Tensor,
+    alloc: Allocation,
+    refs: usize,
+}
+
+struct Pooled {
+    name: String,
+    model: VMoe,
+    shared_keys: Vec<[u8; 32]>,
+    /// `[block][expert]`.
+    expert_allocs: Vec<Vec<Allocation>>,
+    projector_alloc: Allocation,
+    trainer: Option<(Trainer, Allocation)>,
+}
+
+/// Bytes of one expert's temporary memory for `tokens` routed tokens: forward activations kept for the
+/// backward pass (gathered input, pre-activation, activation, output: f32; gates f32; token indices
+/// usize) plus backward buffers (d out, d gate, d act, d pre, d in) and the expert's weight gradients.
+pub fn expert_tmp_bytes(config: &VMoeConfig, tokens: usize) -> u64 {
+    let (d, h) = (config.dim, config.hidden);
+    let forward = tokens * (2 * d + 2 * h + 1) * 4 + tokens * std::mem::size_of::<usize>();
+    let backward = tokens * (2 * d + 2 * h + 1) * 4;
+    (forward + backward + config.expert_params() * 4) as u64
+}
+
+/// The buffers one training step of `batch` images needs besides expert temporaries, with their sizes:
+/// patches, residual stream, per-block norm and router buffers, final norm, head, and the gradients of
+/// the trainable parameters. Expert temporaries are bounded by the capacity (see [`step_plan`]).
+fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
+    let c = config;
+    let t = batch * c.tokens_per_image();
+    let f = |n: usize| (n * 4) as u64;
+    let mut plan = vec![
+        ("patches", f(t * c.patch_len())),
+        ("residual", f(t * c.dim)),
+    ];
+    for _ in 0..c.blocks {
+        plan.push(("norm", f(2 * t * c.dim + t)));
+        plan.push(("router", f(2 * t * c.experts)));
+        plan.push(("moe out", f(t * c.dim)));
+    }
+    plan.push(("final norm", f(2 * t * c.dim + t)));
+    plan.push(("head", f(batch * (c.dim + 2 * c.proj + 2 * c.classes))));
+    plan.push(("backward stream", f(3 * t * c.dim)));
+    plan.push(("trainable grads", f(c.param_count() - c.shared_params())));
+    plan
+}
+
+/// Every buffer one step reserves, in allocation order: the dense buffers, then one temporary per
+/// expert bounded by its capacity.
+pub fn step_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
+    let mut plan = dense_plan(config, batch);
+    let cap = config
+        .capacity(batch * config.tokens_per_image())
+        .min(batch * config.tokens_per_image());
+    for _ in 0..config.blocks * config.experts {
+        plan.push(("expert tmp", expert_tmp_bytes(config, cap)));
+    }
+    plan
+}
+
+/// The merged models and their memory (see the module docs).
+pub struct CoAdaptPool {
+    pool: MemoryPool,
+    shared: HashMap<[u8; 32], SharedEntry>,
+    models: BTreeMap<ModelId, Pooled>,
+    next_id: u32,
+    events: u64,
+    frag: Vec<FragSample>,
+    tmp: Vec<TmpSample>,
+    peak_used: u64,
+    weight_decay: f32,
+}
+
+fn shared_key(t: &Tensor) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for d in t.shape() {
+        h.update(&(*d as u64).to_le_bytes());
+    }
+    h.update(&t.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+impl CoAdaptPool {
+    /// A pool of `budget` bytes (256-byte aligned).
+    pub fn new(label: &str, budget: u64) -> Result<Self, VMoeError> {
+        Ok(Self {
+            pool: MemoryPool::new(label, budget, 256)?,
+            shared: HashMap::new(),
+            models: BTreeMap::new(),
+            next_id: 0,
+            events: 0,
+            frag: Vec::new(),
+            tmp: Vec::new(),
+            peak_used: 0,
+            weight_decay: 0.0,
+        })
+    }
+
+    fn sample(&mut self, what: &'static str) {
+        let s = self.pool.stats();
+        self.peak_used = self.peak_used.max(s.used);
+        self.frag.push(FragSample {
+            event: self.events,
+            what,
+            used: s.used,
+            free: s.free,
+            largest_free: s.largest_free_block,
+            external_fragmentation: s.external_fragmentation,
+        });
+        self.events += 1;
+    }
+
+    fn alloc(&mut self, bytes: u64, taken: &mut Vec<Allocation>) -> Result<Allocation, VMoeError> {
+        match self.pool.alloc(bytes) {
+            Ok(a) => {
+                taken.push(a);
+                self.peak_used = self.peak_used.max(self.pool.stats().used);
+                Ok(a)
+            }
+            Err(e) => {
+                for a in taken.drain(..) {
+                    self.pool.free(a)?;
+                }
+                self.sample("refused");
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Merges `model` into the pool under `name`: shared tensors already present are reused (refcounted,
+    /// same buffer), the rest and every expert and the projector are allocated. Refused (nothing
+    /// changes) when it does not fit.
+    pub fn load(&mut self, name: &str, model: &VMoe) -> Result<ModelId, VMoeError> {
+        let mut model = model.clone();
+        let mut taken = Vec::new();
+        // Shared tensors: new ones are allocated first; refs are only taken once everything fits.
+        let mut keys = Vec::new();
+        let mut fresh: HashMap<[u8; 32], (Tensor, Allocation)> = HashMap::new();
+        for (group, t) in model.params.tensors() {
+            if group != ParamGroup::Shared {
+                continue;
+            }
+            let key = shared_key(t);
+            keys.push(key);
+            if !self.shared.contains_key(&key) && !fresh.contains_key(&key) {
+                let a = self.alloc(t.size_in_bytes() as u64, &mut taken)?;
+                fresh.insert(key, (t.clone(), a));
+            }
+        }
+        let c = model.config;
+        let mut expert_allocs = Vec::with_capacity(c.blocks);
+        for _ in 0..c.blocks {
+            let mut row = Vec::with_capacity(c.experts);
+            for _ in 0..c.experts {
+                row.push(self.alloc((c.expert_params() * 4) as u64, &mut taken)?);
+            }
+            expert_allocs.push(row);
+        }
+        let projector_alloc = self.alloc((c.projector_params() * 4) as u64, &mut taken)?;
+        // Everything fits: commit.
+        for (key, (tensor, alloc)) in fresh {
+            self.shared.insert(
+                key,
+                SharedEntry {
+                    tensor,
+                    alloc,
+                    refs: 0,
+                },
+            );
+        }
+        let mut key_iter = keys.iter();
+        for (group, t) in model.params.tensors_mut() {
+            if group != ParamGroup::Shared {
+                continue;
+            }
+            if let Some(entry) = key_iter.next().and_then(|k| self.shared.get_mut(k)) {
+                entry.refs += 1;
+                *t = entry.tensor.clone();
+            }
+        }
+        let id = ModelId(self.next_id);
+        self.next_id += 1;
+        self.models.insert(
+            id,
+            Pooled {
+                name: name.to_string(),
+                model,
+                shared_keys: keys,
+                expert_allocs,
+                projector_alloc,
+                trainer: None,
+            },
+        );
+        self.sample("load");
+        Ok(id)
+    }
+
+    /// Removes a model, freeing its experts, projector, optimiser state and any shared tensor no other
+    /// model uses. Returns the model as adapted.
+    pub fn unload(&mut self, id: ModelId) -> Result<VMoe, VMoeError> {
+        let p = self
+            .models
+            .remove(&id)
+            .ok_or(VMoeError::UnknownModel(id.0))?;
+        for a in p.expert_allocs.into_iter().flatten() {
+            self.pool.free(a)?;
+        }
+        self.pool.free(p.projector_alloc)?;
+        if let Some((_, a)) = p.trainer {
+            self.pool.free(a)?;
+        }
+        for key in p.shared_keys {
+            let gone = match self.shared.get_mut(&key) {
+                Some(e) => {
+                    e.refs -= 1;
+                    e.refs == 0
+                }
+                None => false,
+            };
+            if gone && let Some(e) = self.shared.remove(&key) {
+                self.pool.free(e.alloc)?;
+            }
+        }
+        self.sample("unload");
+        Ok(p.model)
+    }
+
+    /// One adaptation step of model `id` on `images` (`batch x 64`) labelled by the teacher: only its
+    /// experts, projector and head train (AdamW at `lr`). The optimiser state is allocated on the first
+    /// step; the step's activations, gradients and temporaries are reserved up front (bounded by expert
+    /// capacity) and freed after. If anything does not fit the step is refused, nothing trains, and
+    /// the pool is as before (the optimiser state is kept once allocated).
+    pub fn adapt_step(
+        &mut self,
+        id: ModelId,
+        images: &Tensor,
+        labels: &[usize],
+        lr: f32,
+    ) -> Result<AdaptReport, VMoeError> {
+        let config = self
+            .models
+            .get(&id)
+            .ok_or(VMoeError::UnknownModel(id.0))?
+            .model
+            .config;
+        let batch = images.dims2()?.0;
+        if self.models.get(&id).is_some_and(|p| p.trainer.is_none()) {
+            let mut taken = Vec::new();
+            let bytes = Trainer::state_bytes(&config, TrainScope::ExpertsAndProjector);
+            let a = self.alloc(bytes, &mut taken)?;
+            if let Some(p) = self.models.get_mut(&id) {
+                let mut t = Trainer::new(
+                    &p.model,
+                    TrainScope::ExpertsAndProjector,
+                    lr,
+                    self.weight_decay,
+                );
+                t.set_lr(lr);
+                p.trainer = Some((t, a));
+            }
+        }
+        let plan = step_plan(&config, batch);
+        let mut taken = Vec::new();
+        for (_, bytes) in &plan {
+            self.alloc(*bytes, &mut taken)?;
+        }
+        let reserved_bytes = taken.iter().map(|a| a.len).sum();
+        self.sample("reserve");
+        let peak_used = self.pool.stats().used;
+        let result = self.run_step(id, images, labels, lr);
+        for a in taken {
+            self.pool.free(a)?;
+        }
+        self.sample("release");
+        let (loss, cache) = result?;
+        let mut activation_bytes = 0;
+        let mut expert_loads = Vec::with_capacity(config.blocks);
+        for block in 0..config.blocks {
+            let load = cache.expert_load(block);
+            for (expert, &tokens) in load.iter().enumerate() {
+                let fwd = cache.expert_activation_bytes(block, expert);
+                activation_bytes += fwd;
+                let backward = (tokens * (2 * config.dim + 2 * config.hidden + 1) * 4) as u64;
+                self.tmp.push(TmpSample {
+                    model: id,
+                    block,
+                    expert,
+                    tokens,
+                    dim: config.dim,
+                    hidden: config.hidden,
+                    bytes: fwd + backward + (config.expert_params() * 4) as u64,
+                });
+            }
+            expert_loads.push(load);
+        }
+        Ok(AdaptReport {
+            loss,
+            reserved_bytes,
+            activation_bytes,
+            peak_used,
+            expert_loads,
+        })
+    }
+
+    fn run_step(
+        &mut self,
+        id: ModelId,
+        images: &Tensor,
+        labels: &[usize],
+        lr: f32,
+    ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
+        let p = self
+            .models
+            .get_mut(&id)
+            .ok_or(VMoeError::UnknownModel(id.0))?;
+        let Some((trainer, _)) = p.trainer.as_mut() else {
+            return Err(VMoeError::Config("optimiser state missing".into()));
+        };
+        trainer.set_lr(lr);
+        trainer.step_with_cache(&mut p.model, images, labels)
+    }
+
+    /// The model as it stands (shared parts are views of the pool's canonical buffers).
+    pub fn model(&self, id: ModelId) -> Option<&VMoe> {
+        self.models.get(&id).map(|p| &p.model)
+    }
+
+    /// The name a model was loaded under.
+    pub fn name(&self, id: ModelId) -> Option<&str> {
+        self.models.get(&id).map(|p| p.name.as_str())
+    }
+
+    /// Loaded models.
+    pub fn ids(&self) -> Vec<ModelId> {
+        self.models.keys().copied().collect()
+    }
+
+    /// Predictions of model `id` on `data` (in batches of [`super::train::EVAL_BATCH`]).
+    pub fn predict(&self, id: ModelId, data: &Dataset) -> Result<Vec<usize>, VMoeError> {
+        let p = self.models.get(&id).ok_or(VMoeError::UnknownModel(id.0))?;
+        predict_all(&p.model, data)
+    }
+
+    /// Pool bytes of one expert's weights (its aligned allocation).
+    pub fn expert_memory_bytes(&self, id: ModelId, block: usize, expert: usize) -> Option<u64> {
+        self.models
+            .get(&id)?
+            .expert_allocs
+            .get(block)?
+            .get(expert)
+            .map(|a| a.len)
+    }
+
+    /// Pool bytes only this model holds: experts, projector, optimiser state.
+    pub fn exclusive_memory_bytes(&self, id: ModelId) -> Option<u64> {
+        let p = self.models.get(&id)?;
+        let experts: u64 = p.expert_allocs.iter().flatten().map(|a| a.len).sum();
+        Some(experts + p.projector_alloc.len + p.trainer.as_ref().map_or(0, |(_, a)| a.len))
+    }
+
+    /// Pool bytes of shared tensors (stored once however many models use them).
+    pub fn shared_memory_bytes(&self) -> u64 {
+        self.shared.values().map(|e| e.alloc.len).sum()
+    }
+
+    /// Number of distinct shared tensors stored.
+    pub fn shared_tensors(&self) -> usize {
+        self.shared.len()
+    }
+
+    /// The memory pool's current figures.
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Most bytes ever in use.
+    pub fn peak_used(&self) -> u64 {
+        self.peak_used
+    }
+
+    /// Occupancy and fragmentation after every event so far.
+    pub fn fragmentation_samples(&self) -> &[FragSample] {
+        &self.frag
+    }
+
+    /// Per-expert temporary-memory measurements from every adaptation step so far.
+    pub fn tmp_samples(&self) -> &[TmpSample] {
+        &self.tmp
+    }
+
+    /// Sets the AdamW weight decay for optimisers created from now on (default 0).
+    pub fn set_weight_decay(&mut self, wd: f32) {
+        self.weight_decay = wd;
+    }
+}
