@@ -54,13 +54,8 @@ pub enum Corruption {
 
 impl Corruption {
     /// All corruptions, clean first.
-    pub const ALL: [Corruption; 5] = [
-        Corruption::Clean,
-        Corruption::Rain,
-        Corruption::Sun,
-        Corruption::Fog,
-        Corruption::Snow,
-    ];
+    pub const ALL: [Corruption; 5] =
+        [Corruption::Clean, Corruption::Rain, Corruption::Sun, Corruption::Fog, Corruption::Snow];
 
     /// The name used in schedules.
     pub fn name(self) -> &'static str {
@@ -75,19 +70,13 @@ impl Corruption {
 
     /// The corruption called `name` (case-insensitive).
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|c| c.name().eq_ignore_ascii_case(name))
+        Self::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(name))
     }
 
     /// Corrupts `img` (pixels in `0..=1`, `PIXELS` of them) in place; results stay in `0..=1`.
     /// Severity is clamped to `0..=1`; severity 0 leaves the image unchanged.
     pub fn apply(self, img: &mut [f32], severity: f32, rng: &mut SmallRng) {
-        let s = if severity.is_finite() {
-            severity.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
+        let s = if severity.is_finite() { severity.clamp(0.0, 1.0) } else { 0.0 };
         match self {
             Corruption::Clean => {}
             Corruption::Rain => {
@@ -175,10 +164,7 @@ impl DriftSchedule {
     /// `0..=1`.
     pub fn new(phases: Vec<DriftPhase>) -> Result<Self, DriftError> {
         if phases.is_empty() || phases.len() > MAX_PHASES {
-            return Err(DriftError::Invalid(format!(
-                "{} phases (need 1..={MAX_PHASES})",
-                phases.len()
-            )));
+            return Err(DriftError::Invalid(format!("{} phases (need 1..={MAX_PHASES})", phases.len())));
         }
         if phases[0].start_frame != 0 {
             return Err(DriftError::Invalid(format!(
@@ -186,10 +172,7 @@ impl DriftSchedule {
                 phases[0].start_frame
             )));
         }
-        if let Some(w) = phases
-            .windows(2)
-            .find(|w| w[1].start_frame <= w[0].start_frame)
-        {
+        if let Some(w) = phases.windows(2).find(|w| w[1].start_frame <= w[0].start_frame) {
             return Err(DriftError::Invalid(format!(
                 "phase at frame {} does not come after frame {}",
                 w[1].start_frame, w[0].start_frame
@@ -206,13 +189,7 @@ impl DriftSchedule {
 
     /// A schedule that never drifts.
     pub fn clean() -> Self {
-        Self {
-            phases: vec![DriftPhase {
-                start_frame: 0,
-                corruption: Corruption::Clean,
-                severity: 0.0,
-            }],
-        }
+        Self { phases: vec![DriftPhase { start_frame: 0, corruption: Corruption::Clean, severity: 0.0 }] }
     }
 
     /// Parses lines `start_frame corruption severity` (e.g. `200 rain 0.6`); `#` starts a comment,
@@ -227,10 +204,7 @@ impl DriftSchedule {
             if line.is_empty() {
                 continue;
             }
-            let bad = |detail: String| DriftError::Line {
-                line: i + 1,
-                detail,
-            };
+            let bad = |detail: String| DriftError::Line { line: i + 1, detail };
             let fields: Vec<&str> = line.split_whitespace().collect();
             let [start, name, sev] = fields[..] else {
                 return Err(bad(format!(
@@ -238,25 +212,14 @@ impl DriftSchedule {
                     fields.len()
                 )));
             };
-            let start_frame = start
-                .parse::<u64>()
-                .map_err(|e| bad(format!("start frame {start:?}: {e}")))?;
-            let corruption = Corruption::parse(name).ok_or_else(|| {
-                bad(format!(
-                    "unknown corruption {name:?} (clean, rain, sun, fog, snow)"
-                ))
-            })?;
-            let severity = sev
-                .parse::<f32>()
-                .map_err(|e| bad(format!("severity {sev:?}: {e}")))?;
+            let start_frame = start.parse::<u64>().map_err(|e| bad(format!("start frame {start:?}: {e}")))?;
+            let corruption = Corruption::parse(name)
+                .ok_or_else(|| bad(format!("unknown corruption {name:?} (clean, rain, sun, fog, snow)")))?;
+            let severity = sev.parse::<f32>().map_err(|e| bad(format!("severity {sev:?}: {e}")))?;
             if phases.len() == MAX_PHASES {
                 return Err(bad(format!("more than {MAX_PHASES} phases")));
             }
-            phases.push(DriftPhase {
-                start_frame,
-                corruption,
-                severity,
-            });
+            phases.push(DriftPhase { start_frame, corruption, severity });
         }
         Self::new(phases)
     }
@@ -346,9 +309,7 @@ impl Iterator for CameraStream<'_> {
         let idx = self.rng.random_range(0..self.labels.len());
         let phase = self.schedule.at(self.next);
         let mut image = self.images[idx * PIXELS..(idx + 1) * PIXELS].to_vec();
-        phase
-            .corruption
-            .apply(&mut image, phase.severity, &mut self.rng);
+        phase.corruption.apply(&mut image, phase.severity, &mut self.rng);
         let frame = Frame {
             camera: self.camera,
             index: self.next,
@@ -367,15 +328,7 @@ mod tests {
     use super::*;
 
     fn digit_like() -> Vec<f32> {
-        (0..PIXELS)
-            .map(|i| {
-                if (i % SIDE) == 3 || (i % SIDE) == 4 {
-                    1.0
-                } else {
-                    0.0
-                }
-            })
-            .collect()
+        (0..PIXELS).map(|i| if (i % SIDE) == 3 || (i % SIDE) == 4 { 1.0 } else { 0.0 }).collect()
     }
 
     #[test]
@@ -406,17 +359,12 @@ mod tests {
         // Snow at 1 without speckle pulls towards the mean 0.25 by 0.3: ink 1 -> 0.475.
         let mut img = base.clone();
         Corruption::Snow.apply(&mut img, 1.0, &mut rng);
-        assert!(
-            img.iter()
-                .all(|&v| v == 1.0 || (v - 0.475).abs() < 1e-6 || (v - 0.175).abs() < 1e-6)
-        );
+        assert!(img.iter().all(|&v| v == 1.0 || (v - 0.475).abs() < 1e-6 || (v - 0.175).abs() < 1e-6));
     }
 
     #[test]
     fn schedule_parses_and_rejects() {
-        let s =
-            DriftSchedule::parse("# camera 0\n0 clean 0\n100 rain 0.6\n\n250 fog 1.0 # heavy\n")
-                .unwrap();
+        let s = DriftSchedule::parse("# camera 0\n0 clean 0\n100 rain 0.6\n\n250 fog 1.0 # heavy\n").unwrap();
         assert_eq!(s.phases().len(), 3);
         assert_eq!(s.at(0).corruption, Corruption::Clean);
         assert_eq!(s.at(99).corruption, Corruption::Clean);
@@ -441,25 +389,12 @@ mod tests {
         let images: Vec<f32> = (0..3).flat_map(|_| digit_like()).collect();
         let labels = vec![1, 2, 3];
         let sched = DriftSchedule::parse("0 clean 0\n5 sun 1.0").unwrap();
-        let a: Vec<Frame> = CameraStream::new(7, sched.clone(), &images, &labels, 9)
-            .unwrap()
-            .take(10)
-            .collect();
-        let b: Vec<Frame> = CameraStream::new(7, sched, &images, &labels, 9)
-            .unwrap()
-            .take(10)
-            .collect();
+        let a: Vec<Frame> =
+            CameraStream::new(7, sched.clone(), &images, &labels, 9).unwrap().take(10).collect();
+        let b: Vec<Frame> = CameraStream::new(7, sched, &images, &labels, 9).unwrap().take(10).collect();
         assert_eq!(a, b);
-        assert!(
-            a[..5]
-                .iter()
-                .all(|f| f.corruption == Corruption::Clean && f.image == digit_like())
-        );
-        assert!(
-            a[5..]
-                .iter()
-                .all(|f| f.corruption == Corruption::Sun && (f.image[0] - 0.7).abs() < 1e-6)
-        );
+        assert!(a[..5].iter().all(|f| f.corruption == Corruption::Clean && f.image == digit_like()));
+        assert!(a[5..].iter().all(|f| f.corruption == Corruption::Sun && (f.image[0] - 0.7).abs() < 1e-6));
         assert_eq!(a[9].index, 9);
         assert!(CameraStream::new(0, DriftSchedule::clean(), &images[..10], &labels, 0).is_err());
     }

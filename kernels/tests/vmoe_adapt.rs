@@ -48,9 +48,7 @@ fn adaptation_raises_exact_match_on_a_drifted_stream() {
     for _ in 0..120 {
         let idx = sample(&mut rng, uploads.len(), 32).into_vec();
         let labels: Vec<usize> = idx.iter().map(|&i| uploads.labels[i]).collect();
-        let r = pool
-            .adapt_step(id, &uploads.batch(&idx).unwrap(), &labels, 3e-3)
-            .unwrap();
+        let r = pool.adapt_step(id, &uploads.batch(&idx).unwrap(), &labels, 3e-3).unwrap();
         losses.push(r.loss);
     }
     let after = exact_match(&pool.predict(id, &held).unwrap(), &held_teacher);
@@ -60,21 +58,11 @@ fn adaptation_raises_exact_match_on_a_drifted_stream() {
         "exact match vs teacher on held-out drift: before {before:.3} after {after:.3}; loss {head:.3} -> {tail:.3}"
     );
     assert!(tail < head, "adaptation loss should fall: {head} -> {tail}");
-    assert!(
-        after - before >= MIN_GAIN,
-        "gain {:.3} below {MIN_GAIN}",
-        after - before
-    );
+    assert!(after - before >= MIN_GAIN, "gain {:.3} below {MIN_GAIN}", after - before);
     // Shared parts stayed frozen: they are still the student's.
     let adapted = pool.model(id).unwrap();
-    assert_eq!(
-        adapted.params.patch_w.to_vec_f32(),
-        student().params.patch_w.to_vec_f32()
-    );
-    assert_eq!(
-        adapted.params.blocks[1].router.to_vec_f32(),
-        student().params.blocks[1].router.to_vec_f32()
-    );
+    assert_eq!(adapted.params.patch_w.to_vec_f32(), student().params.patch_w.to_vec_f32());
+    assert_eq!(adapted.params.blocks[1].router.to_vec_f32(), student().params.blocks[1].router.to_vec_f32());
 }
 
 #[test]
@@ -83,10 +71,8 @@ fn two_cameras_co_adapt_in_one_pool() {
     let teacher = teacher();
     let mut pool = CoAdaptPool::new("edge", 64 << 20).unwrap();
     let cams = [(1u32, "0 fog 0.8\n"), (2u32, "0 sun 0.6\n")];
-    let ids: Vec<_> = cams
-        .iter()
-        .map(|(c, _)| pool.load(&format!("cam{c}-tiny"), student()).unwrap())
-        .collect();
+    let ids: Vec<_> =
+        cams.iter().map(|(c, _)| pool.load(&format!("cam{c}-tiny"), student()).unwrap()).collect();
     let shared_once = pool.shared_memory_bytes();
     let mut jobs = Vec::new();
     for ((cam, sched), &id) in cams.iter().zip(&ids) {
@@ -103,24 +89,17 @@ fn two_cameras_co_adapt_in_one_pool() {
         for (id, up, ..) in &jobs {
             let idx = sample(&mut rng, up.len(), 32).into_vec();
             let labels: Vec<usize> = idx.iter().map(|&i| up.labels[i]).collect();
-            pool.adapt_step(*id, &up.batch(&idx).unwrap(), &labels, 3e-3)
-                .unwrap();
+            pool.adapt_step(*id, &up.batch(&idx).unwrap(), &labels, 3e-3).unwrap();
         }
     }
     for (id, _, held, held_t, before) in &jobs {
         let after = exact_match(&pool.predict(*id, held).unwrap(), held_t);
-        println!(
-            "{}: exact match {before:.3} -> {after:.3}",
-            pool.name(*id).unwrap()
-        );
+        println!("{}: exact match {before:.3} -> {after:.3}", pool.name(*id).unwrap());
         assert!(after - before >= MIN_GAIN, "gain {:.3}", after - before);
     }
     // Shared parts are still one buffer; experts have diverged per camera.
     let (a, b) = (pool.model(ids[0]).unwrap(), pool.model(ids[1]).unwrap());
     assert!(a.params.patch_w.shares_buffer_with(&b.params.patch_w));
     assert_eq!(pool.shared_memory_bytes(), shared_once);
-    assert_ne!(
-        a.params.blocks[0].experts[0].w1.to_vec_f32(),
-        b.params.blocks[0].experts[0].w1.to_vec_f32()
-    );
+    assert_ne!(a.params.blocks[0].experts[0].w1.to_vec_f32(), b.params.blocks[0].experts[0].w1.to_vec_f32());
 }

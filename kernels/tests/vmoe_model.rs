@@ -23,11 +23,8 @@ fn tiny() -> VMoeConfig {
 
 fn images(seed: u64, batch: usize) -> Tensor {
     let mut rng = SmallRng::seed_from_u64(seed);
-    Tensor::from_f32(
-        &[batch, 64],
-        (0..batch * 64).map(|_| rng.random::<f32>()).collect(),
-    )
-    .expect("valid test input")
+    Tensor::from_f32(&[batch, 64], (0..batch * 64).map(|_| rng.random::<f32>()).collect())
+        .expect("valid test input")
 }
 
 /// Per block, the tokens each expert got: the routing decision.
@@ -36,13 +33,7 @@ fn routes(m: &VMoe, x: &Tensor) -> Vec<Vec<Vec<usize>>> {
     cache
         .blocks
         .iter()
-        .map(|b| {
-            b.routing
-                .experts
-                .iter()
-                .map(|a| a.iter().map(|s| s.token).collect())
-                .collect()
-        })
+        .map(|b| b.routing.experts.iter().map(|a| a.iter().map(|s| s.token).collect()).collect())
         .collect()
 }
 
@@ -74,11 +65,7 @@ fn whole_model_gradient_matches_finite_differences() {
     let base_routes = routes(&m, &x);
     let h = 1e-3f32;
     let (mut checked, mut skipped) = (0, 0);
-    let grad_list: Vec<Vec<f32>> = grads
-        .tensors()
-        .iter()
-        .map(|(_, t)| t.to_vec_f32())
-        .collect();
+    let grad_list: Vec<Vec<f32>> = grads.tensors().iter().map(|(_, t)| t.to_vec_f32()).collect();
     for (ti, grad) in grad_list.iter().enumerate() {
         for (i, &g) in grad.iter().enumerate() {
             let bump = |delta: f32| {
@@ -93,8 +80,7 @@ fn whole_model_gradient_matches_finite_differences() {
                 skipped += 1; // the routing flipped: top-k is not differentiable there
                 continue;
             }
-            let numeric =
-                (loss(&plus, &x, &labels) - loss(&minus, &x, &labels)) / (2.0 * f64::from(h));
+            let numeric = (loss(&plus, &x, &labels) - loss(&minus, &x, &labels)) / (2.0 * f64::from(h));
             let analytic = f64::from(g);
             let tol = 2e-3 + 3e-2 * numeric.abs().max(analytic.abs());
             assert!(
@@ -139,14 +125,7 @@ fn adaptation_scope_moves_only_experts_and_projector() {
         }
     }
     assert!(moved_expert);
-    assert!(
-        VMoeConfig {
-            blocks: 1,
-            ..tiny()
-        }
-        .validate()
-        .is_err()
-    );
+    assert!(VMoeConfig { blocks: 1, ..tiny() }.validate().is_err());
     assert!(VMoeConfig { patch: 3, ..tiny() }.validate().is_err());
     assert!(VMoeConfig { top_k: 4, ..tiny() }.validate().is_err());
 }

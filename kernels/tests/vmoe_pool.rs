@@ -15,10 +15,7 @@ fn model(cfg: VMoeConfig, seed: u64) -> VMoe {
 
 fn batch(n: usize) -> (Tensor, Vec<usize>) {
     let x = (0..n * 64).map(|i| ((i * 37) % 17) as f32 / 16.0).collect();
-    (
-        Tensor::from_f32(&[n, 64], x).expect("valid test input"),
-        (0..n).map(|i| i % 10).collect(),
-    )
+    (Tensor::from_f32(&[n, 64], x).expect("valid test input"), (0..n).map(|i| i % 10).collect())
 }
 
 fn align(b: u64) -> u64 {
@@ -34,11 +31,7 @@ fn identical_shared_parts_are_stored_once() {
     let shared = pool.shared_memory_bytes();
     let used_one = pool.stats().used;
     let b = pool.load("cam1", &m).unwrap();
-    assert_eq!(
-        pool.shared_memory_bytes(),
-        shared,
-        "second copy adds no shared bytes"
-    );
+    assert_eq!(pool.shared_memory_bytes(), shared, "second copy adds no shared bytes");
     let exclusive = pool.exclusive_memory_bytes(b).unwrap();
     assert_eq!(pool.stats().used, used_one + exclusive);
     // Experts and projector: one aligned allocation each.
@@ -52,19 +45,12 @@ fn identical_shared_parts_are_stored_once() {
     // The merged models read one buffer.
     let (ma, mb) = (pool.model(a).unwrap(), pool.model(b).unwrap());
     assert!(ma.params.patch_w.shares_buffer_with(&mb.params.patch_w));
-    assert!(
-        ma.params.blocks[0]
-            .router
-            .shares_buffer_with(&mb.params.blocks[0].router)
-    );
+    assert!(ma.params.blocks[0].router.shares_buffer_with(&mb.params.blocks[0].router));
     // A different model brings its own shared tensors (except byte-identical ones such as unit norms).
     let c = pool.load("cam2", &model(VMoeConfig::small(), 2)).unwrap();
     assert!(pool.shared_memory_bytes() > shared);
     pool.unload(a).unwrap();
-    assert!(
-        pool.shared_memory_bytes() > shared,
-        "cam1 still uses the tiny shared parts"
-    );
+    assert!(pool.shared_memory_bytes() > shared, "cam1 still uses the tiny shared parts");
     pool.unload(c).unwrap();
     assert_eq!(pool.shared_memory_bytes(), shared);
     pool.unload(b).unwrap();
@@ -113,16 +99,8 @@ fn the_budget_is_never_exceeded_and_refusals_change_nothing() {
         pool.adapt_step(id, &x16, &y16, 1e-3).unwrap();
     }
     assert!(pool.peak_used() <= budget);
-    assert!(
-        pool.fragmentation_samples()
-            .iter()
-            .all(|s| s.used <= budget)
-    );
-    assert!(
-        pool.fragmentation_samples()
-            .iter()
-            .any(|s| s.what == "refused")
-    );
+    assert!(pool.fragmentation_samples().iter().all(|s| s.used <= budget));
+    assert!(pool.fragmentation_samples().iter().any(|s| s.what == "refused"));
 }
 
 #[test]
@@ -152,29 +130,15 @@ fn fragmentation_is_sampled_over_time() {
     let a = pool.load("a", &model(VMoeConfig::tiny(), 6)).unwrap();
     let b = pool.load("b", &model(VMoeConfig::small(), 7)).unwrap();
     let _c = pool.load("c", &model(VMoeConfig::tiny(), 8)).unwrap();
-    assert_eq!(
-        pool.fragmentation_samples()
-            .last()
-            .unwrap()
-            .external_fragmentation,
-        0.0
-    );
+    assert_eq!(pool.fragmentation_samples().last().unwrap().external_fragmentation, 0.0);
     pool.unload(b).unwrap();
     let last = *pool.fragmentation_samples().last().unwrap();
     assert_eq!(last.what, "unload");
     assert!(last.external_fragmentation > 0.0, "{last:?}");
-    let events: Vec<u64> = pool
-        .fragmentation_samples()
-        .iter()
-        .map(|s| s.event)
-        .collect();
+    let events: Vec<u64> = pool.fragmentation_samples().iter().map(|s| s.event).collect();
     assert_eq!(events, (0..events.len() as u64).collect::<Vec<_>>());
     let (x, y) = batch(4);
     pool.adapt_step(a, &x, &y, 1e-3).unwrap();
-    let whats: Vec<&str> = pool
-        .fragmentation_samples()
-        .iter()
-        .map(|s| s.what)
-        .collect();
+    let whats: Vec<&str> = pool.fragmentation_samples().iter().map(|s| s.what).collect();
     assert_eq!(&whats[whats.len() - 2..], &["reserve", "release"]);
 }

@@ -29,10 +29,7 @@ fn training_is_deterministic_and_models_round_trip() {
     let (train, test) = split();
     let small = train.subset(&(0..200).collect::<Vec<_>>()).unwrap();
     assert!(train.subset(&[train.len()]).is_err());
-    let recipe = Recipe {
-        epochs: 1,
-        ..Recipe::fast(7)
-    };
+    let recipe = Recipe { epochs: 1, ..Recipe::fast(7) };
     let (a, ra) = train_new(VMoeConfig::tiny(), &small, &recipe).unwrap();
     let (b, rb) = train_new(VMoeConfig::tiny(), &small, &recipe).unwrap();
     assert_eq!(ra, rb);
@@ -45,25 +42,16 @@ fn training_is_deterministic_and_models_round_trip() {
 
     let dir = tempfile::tempdir().unwrap();
     let zoo = ModelZoo::new(dir.path());
-    let (m1, p1) = zoo
-        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
-        .unwrap();
+    let (m1, p1) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
     assert!(matches!(p1, Provenance::Trained(_)));
-    let (m2, p2) = zoo
-        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
-        .unwrap();
+    let (m2, p2) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
     assert!(matches!(p2, Provenance::Loaded(_)));
-    assert_eq!(
-        predict_all(&m1, &test).unwrap(),
-        predict_all(&m2, &test).unwrap()
-    );
+    assert_eq!(predict_all(&m1, &test).unwrap(), predict_all(&m2, &test).unwrap());
     // A corrupted file is retrained, not trusted.
     let path = zoo.path_for("tiny", &VMoeConfig::tiny(), &recipe, "t");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
-    let (_, p3) = zoo
-        .get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small)
-        .unwrap();
+    let (_, p3) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
     assert!(matches!(p3, Provenance::Trained(_)));
 }

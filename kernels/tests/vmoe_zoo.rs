@@ -6,9 +6,7 @@ use std::time::Instant;
 
 use troupe_kernels::vmoe::pool::expert_tmp_bytes;
 use troupe_kernels::vmoe::train::{digits_split, predict_all, teacher_data};
-use troupe_kernels::vmoe::{
-    CoAdaptPool, ModelZoo, Provenance, Recipe, VMoeConfig, accuracy, exact_match,
-};
+use troupe_kernels::vmoe::{CoAdaptPool, ModelZoo, Provenance, Recipe, VMoeConfig, accuracy, exact_match};
 
 #[test]
 #[ignore = "trains every size; run in release with --ignored"]
@@ -18,15 +16,8 @@ fn zoo_trains_every_size() {
     let recipe = Recipe::full(1);
     let t0 = Instant::now();
     let tdata = teacher_data(&train, recipe.seed);
-    let (teacher, prov) = zoo
-        .get_or_train(
-            "teacher",
-            VMoeConfig::teacher(),
-            &recipe,
-            "digits+corrupted",
-            &tdata,
-        )
-        .unwrap();
+    let (teacher, prov) =
+        zoo.get_or_train("teacher", VMoeConfig::teacher(), &recipe, "digits+corrupted", &tdata).unwrap();
     let tpred = predict_all(&teacher, &test).unwrap();
     let corrupted = test.corrupted(1, 0.3, 99);
     let tpred_c = predict_all(&teacher, &corrupted).unwrap();
@@ -42,9 +33,7 @@ fn zoo_trains_every_size() {
     for name in VMoeConfig::STUDENT_SIZES {
         let cfg = VMoeConfig::named(name).unwrap();
         let t0 = Instant::now();
-        let (m, prov) = zoo
-            .get_or_train(name, cfg, &recipe, "digits", &train)
-            .unwrap();
+        let (m, prov) = zoo.get_or_train(name, cfg, &recipe, "digits", &train).unwrap();
         let secs = t0.elapsed().as_secs_f64();
         let p = predict_all(&m, &test).unwrap();
         let pc = predict_all(&m, &corrupted).unwrap();

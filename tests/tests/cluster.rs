@@ -143,7 +143,12 @@ async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
     assert!(stdout.contains("[up] all nodes stopped"), "{stdout}");
     // idempotent: a second run reuses the keys and succeeds again
     let ca_before = std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap();
-    let again = tokio::process::Command::new(EXE).arg("up").arg(&topo).arg("--workdir").arg(dir.path().join("work")).output();
+    let again = tokio::process::Command::new(EXE)
+        .arg("up")
+        .arg(&topo)
+        .arg("--workdir")
+        .arg(dir.path().join("work"))
+        .output();
     let again = tokio::time::timeout(Duration::from_secs(120), again).await.unwrap().unwrap();
     assert!(again.status.success());
     assert_eq!(std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap(), ca_before);

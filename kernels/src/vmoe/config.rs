@@ -59,13 +59,7 @@ impl VMoeConfig {
 
     /// Second student: 4 tokens per image, 4 experts, top-2.
     pub fn small() -> Self {
-        Self {
-            dim: 24,
-            top_k: 2,
-            hidden: 48,
-            proj: 48,
-            ..Self::tiny()
-        }
+        Self { dim: 24, top_k: 2, hidden: 48, proj: 48, ..Self::tiny() }
     }
 
     /// Third student: 16 tokens per image (2x2 patches), 6 experts, top-2.
@@ -85,14 +79,7 @@ impl VMoeConfig {
 
     /// Largest student: 16 tokens per image, 3 blocks of 8 experts, top-2.
     pub fn large() -> Self {
-        Self {
-            dim: 32,
-            blocks: 3,
-            experts: 8,
-            hidden: 64,
-            proj: 64,
-            ..Self::base()
-        }
+        Self { dim: 32, blocks: 3, experts: 8, hidden: 64, proj: 64, ..Self::base() }
     }
 
     /// The reference model that labels uploaded samples: larger than every student.
@@ -143,10 +130,7 @@ impl VMoeConfig {
             return bad(format!("blocks = {} is outside 2..=64", self.blocks));
         }
         if self.top_k == 0 || self.top_k > self.experts {
-            return bad(format!(
-                "top_k = {} with {} experts",
-                self.top_k, self.experts
-            ));
+            return bad(format!("top_k = {} with {} experts", self.top_k, self.experts));
         }
         if !(self.capacity_factor.is_finite() && self.capacity_factor > 0.0) {
             return bad(format!("capacity_factor = {}", self.capacity_factor));
@@ -188,9 +172,7 @@ impl VMoeConfig {
 
     /// All parameters.
     pub fn param_count(&self) -> usize {
-        self.shared_params()
-            + self.blocks * self.experts * self.expert_params()
-            + self.projector_params()
+        self.shared_params() + self.blocks * self.experts * self.expert_params() + self.projector_params()
     }
 }
 
@@ -200,10 +182,8 @@ mod tests {
 
     #[test]
     fn sizes_grow_and_counts_add_up() {
-        let counts: Vec<usize> = VMoeConfig::STUDENT_SIZES
-            .iter()
-            .map(|n| VMoeConfig::named(n).unwrap().param_count())
-            .collect();
+        let counts: Vec<usize> =
+            VMoeConfig::STUDENT_SIZES.iter().map(|n| VMoeConfig::named(n).unwrap().param_count()).collect();
         assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
         assert!(VMoeConfig::teacher().param_count() > counts[3]);
         assert!(VMoeConfig::named("huge").is_none());
@@ -211,10 +191,7 @@ mod tests {
         // final norm 32 -> shared 560. Expert 2*16*32 + 32 + 16 = 1072 (x8). Projector
         // 16*32 + 32 + 32*10 + 10 = 874. Total 560 + 8576 + 874 = 10010.
         let t = VMoeConfig::tiny();
-        assert_eq!(
-            (t.shared_params(), t.expert_params(), t.projector_params()),
-            (560, 1072, 874)
-        );
+        assert_eq!((t.shared_params(), t.expert_params(), t.projector_params()), (560, 1072, 874));
         assert_eq!(t.param_count(), 10_010);
     }
 
@@ -226,22 +203,10 @@ mod tests {
         assert_eq!(VMoeConfig::base().capacity(10), 5);
         assert_eq!(VMoeConfig::tiny().capacity(0), 1);
         for bad in [
-            VMoeConfig {
-                dim: 0,
-                ..VMoeConfig::tiny()
-            },
-            VMoeConfig {
-                hidden: MAX_DIM + 1,
-                ..VMoeConfig::tiny()
-            },
-            VMoeConfig {
-                capacity_factor: f32::NAN,
-                ..VMoeConfig::tiny()
-            },
-            VMoeConfig {
-                blocks: 65,
-                ..VMoeConfig::tiny()
-            },
+            VMoeConfig { dim: 0, ..VMoeConfig::tiny() },
+            VMoeConfig { hidden: MAX_DIM + 1, ..VMoeConfig::tiny() },
+            VMoeConfig { capacity_factor: f32::NAN, ..VMoeConfig::tiny() },
+            VMoeConfig { blocks: 65, ..VMoeConfig::tiny() },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }

@@ -23,9 +23,7 @@ const HEADER: usize = 8 + 9 * 4 + 8;
 pub fn encode(model: &VMoe) -> Vec<u8> {
     let c = &model.config;
     let mut out = MAGIC.to_vec();
-    for v in [
-        c.patch, c.dim, c.blocks, c.experts, c.top_k, c.hidden, c.proj, c.classes,
-    ] {
+    for v in [c.patch, c.dim, c.blocks, c.experts, c.top_k, c.hidden, c.proj, c.classes] {
         out.extend_from_slice(&(v as u32).to_le_bytes());
     }
     out.extend_from_slice(&c.capacity_factor.to_bits().to_le_bytes());
@@ -43,10 +41,7 @@ pub fn encode(model: &VMoe) -> Vec<u8> {
 /// Parses model-file bytes; the error string says what is wrong.
 pub fn decode(bytes: &[u8]) -> Result<VMoe, String> {
     if bytes.len() < HEADER + 32 {
-        return Err(format!(
-            "{} bytes, shorter than header and checksum",
-            bytes.len()
-        ));
+        return Err(format!("{} bytes, shorter than header and checksum", bytes.len()));
     }
     if &bytes[..8] != MAGIC {
         return Err("bad magic (expected TRVMOE01)".into());
@@ -77,20 +72,13 @@ pub fn decode(bytes: &[u8]) -> Result<VMoe, String> {
     let count = u64::from_le_bytes(n);
     let want = config.param_count() as u64;
     if count != want {
-        return Err(format!(
-            "header says {count} parameters, the config needs {want}"
-        ));
+        return Err(format!("header says {count} parameters, the config needs {want}"));
     }
     let payload = &body[HEADER..];
     if payload.len() as u64 != want * 4 {
-        return Err(format!(
-            "{} payload bytes for {want} parameters",
-            payload.len()
-        ));
+        return Err(format!("{} payload bytes for {want} parameters", payload.len()));
     }
-    let mut floats = payload
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    let mut floats = payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
     let mut tensors = Vec::new();
     for shape in VMoe::shapes(&config) {
         let len: usize = shape.iter().product();
@@ -110,19 +98,9 @@ fn params_from_tensors(c: &VMoeConfig, tensors: Vec<Tensor>) -> Result<VMoeParam
         let (ln_gamma, ln_beta, router) = (next()?, next()?, next()?);
         let mut experts = Vec::with_capacity(c.experts);
         for _ in 0..c.experts {
-            experts.push(crate::ops::ExpertParams {
-                w1: next()?,
-                b1: next()?,
-                w2: next()?,
-                b2: next()?,
-            });
+            experts.push(crate::ops::ExpertParams { w1: next()?, b1: next()?, w2: next()?, b2: next()? });
         }
-        blocks.push(super::model::MoeBlock {
-            ln_gamma,
-            ln_beta,
-            router,
-            experts,
-        });
+        blocks.push(super::model::MoeBlock { ln_gamma, ln_beta, router, experts });
     }
     Ok(VMoeParams {
         patch_w,
@@ -140,11 +118,7 @@ fn params_from_tensors(c: &VMoeConfig, tensors: Vec<Tensor>) -> Result<VMoeParam
 
 /// Writes `model` to `path` (through a temporary file renamed into place).
 pub fn save_model(model: &VMoe, path: &Path) -> Result<(), VMoeError> {
-    let io = |context, source| VMoeError::Io {
-        context,
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |context, source| VMoeError::Io { context, path: path.to_path_buf(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
     }
@@ -158,26 +132,17 @@ pub fn save_model(model: &VMoe, path: &Path) -> Result<(), VMoeError> {
 
 /// Reads a model file, capped at [`MAX_MODEL_BYTES`]; errors name the file.
 pub fn load_model(path: &Path) -> Result<VMoe, VMoeError> {
-    let io = |source| VMoeError::Io {
-        context: "reading",
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| VMoeError::Io { context: "reading", path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::new();
-    file.take(MAX_MODEL_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
+    file.take(MAX_MODEL_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_MODEL_BYTES {
         return Err(VMoeError::BadModelFile {
             path: path.to_path_buf(),
             detail: format!("more than the {MAX_MODEL_BYTES} bytes accepted"),
         });
     }
-    decode(&bytes).map_err(|detail| VMoeError::BadModelFile {
-        path: path.to_path_buf(),
-        detail,
-    })
+    decode(&bytes).map_err(|detail| VMoeError::BadModelFile { path: path.to_path_buf(), detail })
 }
 
 /// A directory of trained models keyed by name, config and recipe; models missing or unreadable are
@@ -204,9 +169,7 @@ impl ModelZoo {
 
     /// The zoo in the setup cache: `.cache/models/vmoe/`.
     pub fn in_cache() -> Result<Self, VMoeError> {
-        Ok(Self::new(
-            crate::assets::Assets::locate()?.dir().join("models/vmoe"),
-        ))
+        Ok(Self::new(crate::assets::Assets::locate()?.dir().join("models/vmoe")))
     }
 
     /// The directory.
@@ -215,17 +178,10 @@ impl ModelZoo {
     }
 
     /// The file for a model called `name` with `config` trained by `recipe` on data tagged `data_tag`.
-    pub fn path_for(
-        &self,
-        name: &str,
-        config: &VMoeConfig,
-        recipe: &Recipe,
-        data_tag: &str,
-    ) -> PathBuf {
+    pub fn path_for(&self, name: &str, config: &VMoeConfig, recipe: &Recipe, data_tag: &str) -> PathBuf {
         let key = format!("{config:?}|{}|{data_tag}", recipe.tag());
         let short = &blake3::hash(key.as_bytes()).to_hex()[..16];
-        self.dir
-            .join(format!("{name}-{}-{short}.vmoe", recipe.tag()))
+        self.dir.join(format!("{name}-{}-{short}.vmoe", recipe.tag()))
     }
 
     /// The model from its file, or trained on `data` and saved when the file is missing or bad.
@@ -289,9 +245,7 @@ mod tests {
         std::fs::write(&path, &flipped).unwrap();
         let err = load_model(&path).unwrap_err().to_string();
         assert!(err.contains("m.vmoe") && err.contains("checksum"), "{err}");
-        let err = load_model(&dir.path().join("none.vmoe"))
-            .unwrap_err()
-            .to_string();
+        let err = load_model(&dir.path().join("none.vmoe")).unwrap_err().to_string();
         assert!(err.contains("none.vmoe"), "{err}");
     }
 }

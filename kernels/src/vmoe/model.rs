@@ -10,8 +10,8 @@ use super::VMoeError;
 pub use super::config::{IMAGE_PIXELS, IMAGE_SIDE, LN_EPS, MAX_DIM, VMoeConfig};
 pub use super::params::{MoeBlock, ParamGroup, VMoeParams};
 use crate::ops::{
-    ExpertParams, LayerNormCache, MoeCache, Routing, bias_add, bias_grad, gelu, gelu_backward,
-    layer_norm, layer_norm_backward, matmul, moe_ffn_backward, moe_ffn_forward, top_k_route,
+    ExpertParams, LayerNormCache, MoeCache, Routing, bias_add, bias_grad, gelu, gelu_backward, layer_norm,
+    layer_norm_backward, matmul, moe_ffn_backward, moe_ffn_forward, top_k_route,
 };
 use crate::tensor::Tensor;
 
@@ -51,20 +51,15 @@ impl ForwardCache {
     /// Bytes of one expert's saved activations in block `block` (gathered inputs, pre-activations,
     /// activations, outputs, token indices and gates).
     pub fn expert_activation_bytes(&self, block: usize, expert: usize) -> u64 {
-        self.blocks
-            .get(block)
-            .and_then(|b| b.moe.experts.get(expert))
-            .map_or(0, |c| {
-                let floats = c.x.len() + c.h.len() + c.a.len() + c.o.len() + c.gates.len();
-                (floats * 4 + c.tokens.len() * std::mem::size_of::<usize>()) as u64
-            })
+        self.blocks.get(block).and_then(|b| b.moe.experts.get(expert)).map_or(0, |c| {
+            let floats = c.x.len() + c.h.len() + c.a.len() + c.o.len() + c.gates.len();
+            (floats * 4 + c.tokens.len() * std::mem::size_of::<usize>()) as u64
+        })
     }
 
     /// Tokens routed to each expert of block `block`.
     pub fn expert_load(&self, block: usize) -> Vec<usize> {
-        self.blocks
-            .get(block)
-            .map_or_else(Vec::new, |b| b.routing.load())
+        self.blocks.get(block).map_or_else(Vec::new, |b| b.routing.load())
     }
 }
 
@@ -79,9 +74,7 @@ pub struct VMoe {
 
 fn uniform(rng: &mut SmallRng, shape: &[usize], bound: f32) -> Result<Tensor, VMoeError> {
     let n = shape.iter().product();
-    let v = (0..n)
-        .map(|_| rng.random_range(-bound..=bound))
-        .collect::<Vec<f32>>();
+    let v = (0..n).map(|_| rng.random_range(-bound..=bound)).collect::<Vec<f32>>();
     Ok(Tensor::from_f32(shape, v)?)
 }
 
@@ -93,10 +86,7 @@ fn glorot(rng: &mut SmallRng, fan_in: usize, fan_out: usize) -> Result<Tensor, V
 
 /// `dst[r] += src[r mod src_rows]` for a `rows x cols` `dst` (adds the position embedding per image).
 fn add_rows_cyclic(dst: &mut [f32], src: &[f32], cols: usize) {
-    for (d, s) in dst
-        .chunks_exact_mut(cols)
-        .zip(src.chunks_exact(cols).cycle())
-    {
+    for (d, s) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(cols).cycle()) {
         d.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
     }
 }
@@ -151,15 +141,9 @@ impl VMoe {
     pub fn from_params(config: VMoeConfig, params: VMoeParams) -> Result<Self, VMoeError> {
         config.validate()?;
         let want = Self::shapes(&config);
-        let got: Vec<Vec<usize>> = params
-            .tensors()
-            .iter()
-            .map(|(_, t)| t.shape().to_vec())
-            .collect();
+        let got: Vec<Vec<usize>> = params.tensors().iter().map(|(_, t)| t.shape().to_vec()).collect();
         if want != got {
-            return Err(VMoeError::Config(
-                "parameter shapes do not match the config".into(),
-            ));
+            return Err(VMoeError::Config("parameter shapes do not match the config".into()));
         }
         Ok(Self { config, params })
     }
@@ -167,20 +151,11 @@ impl VMoe {
     /// The shape of every parameter tensor, in [`VMoeParams::tensors`] order.
     pub fn shapes(c: &VMoeConfig) -> Vec<Vec<usize>> {
         let d = c.dim;
-        let mut out = vec![
-            vec![c.patch_len(), d],
-            vec![d],
-            vec![c.tokens_per_image(), d],
-        ];
+        let mut out = vec![vec![c.patch_len(), d], vec![d], vec![c.tokens_per_image(), d]];
         for _ in 0..c.blocks {
             out.extend([vec![d], vec![d], vec![d, c.experts]]);
             for _ in 0..c.experts {
-                out.extend([
-                    vec![d, c.hidden],
-                    vec![c.hidden],
-                    vec![c.hidden, d],
-                    vec![d],
-                ]);
+                out.extend([vec![d, c.hidden], vec![c.hidden], vec![c.hidden, d], vec![d]]);
             }
         }
         out.extend([
@@ -198,9 +173,7 @@ impl VMoe {
     pub fn patchify(&self, images: &Tensor) -> Result<Tensor, VMoeError> {
         let (batch, pixels) = images.dims2()?;
         if pixels != IMAGE_PIXELS {
-            return Err(VMoeError::Config(format!(
-                "images have {pixels} pixels, expected {IMAGE_PIXELS}"
-            )));
+            return Err(VMoeError::Config(format!("images have {pixels} pixels, expected {IMAGE_PIXELS}")));
         }
         let p = self.config.patch;
         let per_side = IMAGE_SIDE / p;
@@ -216,13 +189,7 @@ impl VMoe {
                 }
             }
         }
-        Ok(Tensor::from_f32(
-            &[
-                batch * self.config.tokens_per_image(),
-                self.config.patch_len(),
-            ],
-            out,
-        )?)
+        Ok(Tensor::from_f32(&[batch * self.config.tokens_per_image(), self.config.patch_len()], out)?)
     }
 
     /// Logits (`batch x classes`) for `batch x 64` images with pixels in `0..=1`, and the cache for
@@ -243,12 +210,7 @@ impl VMoe {
             let routing = top_k_route(&logits, c.top_k, capacity)?;
             let (y, moe) = moe_ffn_forward(&normed, &routing, &blk.experts)?;
             add_into(&mut h, &y)?;
-            blocks.push(BlockCache {
-                normed,
-                ln,
-                routing,
-                moe,
-            });
+            blocks.push(BlockCache { normed, ln, routing, moe });
         }
         let (z, final_ln) = layer_norm(&h, &p.final_gamma, &p.final_beta, LN_EPS)?;
         let n = c.tokens_per_image();
@@ -264,18 +226,7 @@ impl VMoe {
         let proj_pre = bias_add(&matmul(&pooled, &p.proj_w, false, false)?, &p.proj_b)?;
         let proj_act = gelu(&proj_pre)?;
         let logits = bias_add(&matmul(&proj_act, &p.head_w, false, false)?, &p.head_b)?;
-        Ok((
-            logits,
-            ForwardCache {
-                batch,
-                patches,
-                blocks,
-                final_ln,
-                pooled,
-                proj_pre,
-                proj_act,
-            },
-        ))
+        Ok((logits, ForwardCache { batch, patches, blocks, final_ln, pooled, proj_pre, proj_act }))
     }
 
     /// Predicted class of each image.
@@ -288,20 +239,14 @@ impl VMoe {
             .map(|row| {
                 row.iter()
                     .enumerate()
-                    .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
-                        if v > best.1 { (i, v) } else { best }
-                    })
+                    .fold((0, f32::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
                     .0
             })
             .collect())
     }
 
     /// Gradients of every parameter given `d loss / d logits` (`batch x classes`).
-    pub fn backward(
-        &self,
-        cache: &ForwardCache,
-        dlogits: &Tensor,
-    ) -> Result<VMoeParams, VMoeError> {
+    pub fn backward(&self, cache: &ForwardCache, dlogits: &Tensor) -> Result<VMoeParams, VMoeError> {
         let c = &self.config;
         let p = &self.params;
         let batch = cache.batch;
@@ -349,12 +294,7 @@ impl VMoe {
                 experts: moe
                     .experts
                     .into_iter()
-                    .map(|g| ExpertParams {
-                        w1: g.w1,
-                        b1: g.b1,
-                        w2: g.w2,
-                        b2: g.b2,
-                    })
+                    .map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 })
                     .collect(),
             });
         }
@@ -365,10 +305,7 @@ impl VMoe {
         let mut pos = vec![0.0f32; n * c.dim];
         for (i, row) in dh.f32_cow().chunks_exact(c.dim).enumerate() {
             let t = i % n;
-            pos[t * c.dim..(t + 1) * c.dim]
-                .iter_mut()
-                .zip(row)
-                .for_each(|(a, &v)| *a += v);
+            pos[t * c.dim..(t + 1) * c.dim].iter_mut().zip(row).for_each(|(a, &v)| *a += v);
         }
         Ok(VMoeParams {
             patch_w,

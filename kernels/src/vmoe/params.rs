@@ -72,10 +72,7 @@ impl VMoeParams {
             out.push((ParamGroup::Shared, &blk.ln_beta));
             out.push((ParamGroup::Shared, &blk.router));
             for (e, ex) in blk.experts.iter().enumerate() {
-                let g = ParamGroup::Expert {
-                    block: b,
-                    expert: e,
-                };
+                let g = ParamGroup::Expert { block: b, expert: e };
                 out.extend([(g, &ex.w1), (g, &ex.b1), (g, &ex.w2), (g, &ex.b2)]);
             }
         }
@@ -99,10 +96,7 @@ impl VMoeParams {
             out.push((ParamGroup::Shared, &mut blk.ln_beta));
             out.push((ParamGroup::Shared, &mut blk.router));
             for (e, ex) in blk.experts.iter_mut().enumerate() {
-                let g = ParamGroup::Expert {
-                    block: b,
-                    expert: e,
-                };
+                let g = ParamGroup::Expert { block: b, expert: e };
                 out.push((g, &mut ex.w1));
                 out.push((g, &mut ex.b1));
                 out.push((g, &mut ex.w2));

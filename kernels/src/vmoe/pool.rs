@@ -104,10 +104,7 @@ fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
     let c = config;
     let t = batch * c.tokens_per_image();
     let f = |n: usize| (n * 4) as u64;
-    let mut plan = vec![
-        ("patches", f(t * c.patch_len())),
-        ("residual", f(t * c.dim)),
-    ];
+    let mut plan = vec![("patches", f(t * c.patch_len())), ("residual", f(t * c.dim))];
     for _ in 0..c.blocks {
         plan.push(("norm", f(2 * t * c.dim + t)));
         plan.push(("router", f(2 * t * c.experts)));
@@ -124,9 +121,7 @@ fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
 /// expert bounded by its capacity.
 pub fn step_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
     let mut plan = dense_plan(config, batch);
-    let cap = config
-        .capacity(batch * config.tokens_per_image())
-        .min(batch * config.tokens_per_image());
+    let cap = config.capacity(batch * config.tokens_per_image()).min(batch * config.tokens_per_image());
     for _ in 0..config.blocks * config.experts {
         plan.push(("expert tmp", expert_tmp_bytes(config, cap)));
     }
@@ -234,14 +229,7 @@ impl CoAdaptPool {
         let projector_alloc = self.alloc((c.projector_params() * 4) as u64, &mut taken)?;
         // Everything fits: commit.
         for (key, (tensor, alloc)) in fresh {
-            self.shared.insert(
-                key,
-                SharedEntry {
-                    tensor,
-                    alloc,
-                    refs: 0,
-                },
-            );
+            self.shared.insert(key, SharedEntry { tensor, alloc, refs: 0 });
         }
         let mut key_iter = keys.iter();
         for (group, t) in model.params.tensors_mut() {
@@ -273,10 +261,7 @@ impl CoAdaptPool {
     /// Removes a model, freeing its experts, projector, optimiser state and any shared tensor no other
     /// model uses. Returns the model as adapted.
     pub fn unload(&mut self, id: ModelId) -> Result<VMoe, VMoeError> {
-        let p = self
-            .models
-            .remove(&id)
-            .ok_or(VMoeError::UnknownModel(id.0))?;
+        let p = self.models.remove(&id).ok_or(VMoeError::UnknownModel(id.0))?;
         for a in p.expert_allocs.into_iter().flatten() {
             self.pool.free(a)?;
         }
@@ -312,24 +297,14 @@ impl CoAdaptPool {
         labels: &[usize],
         lr: f32,
     ) -> Result<AdaptReport, VMoeError> {
-        let config = self
-            .models
-            .get(&id)
-            .ok_or(VMoeError::UnknownModel(id.0))?
-            .model
-            .config;
+        let config = self.models.get(&id).ok_or(VMoeError::UnknownModel(id.0))?.model.config;
         let batch = images.dims2()?.0;
         if self.models.get(&id).is_some_and(|p| p.trainer.is_none()) {
             let mut taken = Vec::new();
             let bytes = Trainer::state_bytes(&config, TrainScope::ExpertsAndProjector);
             let a = self.alloc(bytes, &mut taken)?;
             if let Some(p) = self.models.get_mut(&id) {
-                let mut t = Trainer::new(
-                    &p.model,
-                    TrainScope::ExpertsAndProjector,
-                    lr,
-                    self.weight_decay,
-                );
+                let mut t = Trainer::new(&p.model, TrainScope::ExpertsAndProjector, lr, self.weight_decay);
                 t.set_lr(lr);
                 p.trainer = Some((t, a));
             }
@@ -368,13 +343,7 @@ impl CoAdaptPool {
             }
             expert_loads.push(load);
         }
-        Ok(AdaptReport {
-            loss,
-            reserved_bytes,
-            activation_bytes,
-            peak_used,
-            expert_loads,
-        })
+        Ok(AdaptReport { loss, reserved_bytes, activation_bytes, peak_used, expert_loads })
     }
 
     fn run_step(
@@ -384,10 +353,7 @@ impl CoAdaptPool {
         labels: &[usize],
         lr: f32,
     ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
-        let p = self
-            .models
-            .get_mut(&id)
-            .ok_or(VMoeError::UnknownModel(id.0))?;
+        let p = self.models.get_mut(&id).ok_or(VMoeError::UnknownModel(id.0))?;
         let Some((trainer, _)) = p.trainer.as_mut() else {
             return Err(VMoeError::Config("optimiser state missing".into()));
         };
@@ -418,12 +384,7 @@ impl CoAdaptPool {
 
     /// Pool bytes of one expert's weights (its aligned allocation).
     pub fn expert_memory_bytes(&self, id: ModelId, block: usize, expert: usize) -> Option<u64> {
-        self.models
-            .get(&id)?
-            .expert_allocs
-            .get(block)?
-            .get(expert)
-            .map(|a| a.len)
+        self.models.get(&id)?.expert_allocs.get(block)?.get(expert).map(|a| a.len)
     }
 
     /// Pool bytes only this model holds: experts, projector, optimiser state.

@@ -26,17 +26,10 @@ impl Dataset {
     /// The digits, pixels scaled from `0..=16` to `0..=1`.
     pub fn from_digits(d: &Digits) -> Result<Self, VMoeError> {
         if d.rows * d.cols != IMAGE_PIXELS {
-            return Err(VMoeError::Config(format!(
-                "digits are {}x{}, the V-MoE takes 8x8",
-                d.rows, d.cols
-            )));
+            return Err(VMoeError::Config(format!("digits are {}x{}, the V-MoE takes 8x8", d.rows, d.cols)));
         }
         Ok(Self {
-            images: d
-                .pixels
-                .iter()
-                .map(|&p| f32::from(p) / f32::from(Digits::MAX_PIXEL))
-                .collect(),
+            images: d.pixels.iter().map(|&p| f32::from(p) / f32::from(Digits::MAX_PIXEL)).collect(),
             labels: d.labels.iter().map(|&l| usize::from(l)).collect(),
         })
     }
@@ -44,10 +37,7 @@ impl Dataset {
     /// Frames of a camera stream as a dataset (true labels).
     pub fn from_frames(frames: &[Frame]) -> Self {
         Self {
-            images: frames
-                .iter()
-                .flat_map(|f| f.image.iter().copied())
-                .collect(),
+            images: frames.iter().flat_map(|f| f.image.iter().copied()).collect(),
             labels: frames.iter().map(|f| f.label).collect(),
         }
     }
@@ -65,10 +55,7 @@ impl Dataset {
     /// The images at `idx`, in that order; an error names the first index past the end.
     pub fn subset(&self, idx: &[usize]) -> Result<Self, VMoeError> {
         if let Some(&bad) = idx.iter().find(|&&i| i >= self.len()) {
-            return Err(VMoeError::Config(format!(
-                "image {bad} of a dataset of {}",
-                self.len()
-            )));
+            return Err(VMoeError::Config(format!("image {bad} of a dataset of {}", self.len())));
         }
         Ok(Self {
             images: idx
@@ -163,11 +150,7 @@ impl Trainer {
                 o
             })
             .collect();
-        Self {
-            scope,
-            opts,
-            steps: 0,
-        }
+        Self { scope, opts, steps: 0 }
     }
 
     /// Sets the learning rate of every parameter.
@@ -203,18 +186,13 @@ impl Trainer {
         labels: &[usize],
     ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
         if self.opts.len() != model.params.tensors().len() {
-            return Err(VMoeError::Config(
-                "trainer was made for a different model".into(),
-            ));
+            return Err(VMoeError::Config("trainer was made for a different model".into()));
         }
         let (logits, cache) = model.forward(images)?;
         let (loss, dlogits) = cross_entropy(&logits, labels)?;
         let grads = model.backward(&cache, &dlogits)?;
-        for ((opt, (group, param)), (_, grad)) in self
-            .opts
-            .iter_mut()
-            .zip(model.params.tensors_mut())
-            .zip(grads.tensors())
+        for ((opt, (group, param)), (_, grad)) in
+            self.opts.iter_mut().zip(model.params.tensors_mut()).zip(grads.tensors())
         {
             if self.scope.trains(group) {
                 opt.step(param.f32_mut()?, &grad.f32_cow())?;
@@ -225,12 +203,7 @@ impl Trainer {
     }
 
     /// One step; returns the loss before the update.
-    pub fn step(
-        &mut self,
-        model: &mut VMoe,
-        images: &Tensor,
-        labels: &[usize],
-    ) -> Result<f32, VMoeError> {
+    pub fn step(&mut self, model: &mut VMoe, images: &Tensor, labels: &[usize]) -> Result<f32, VMoeError> {
         Ok(self.step_with_cache(model, images, labels)?.0)
     }
 }
@@ -253,29 +226,17 @@ pub struct Recipe {
 impl Recipe {
     /// The full recipe used for the cached students and teacher.
     pub fn full(seed: u64) -> Self {
-        Self {
-            seed,
-            epochs: 30,
-            batch: 32,
-            lr: 0.01,
-            weight_decay: 1e-4,
-        }
+        Self { seed, epochs: 30, batch: 32, lr: 0.01, weight_decay: 1e-4 }
     }
 
     /// A short recipe for tests in debug builds.
     pub fn fast(seed: u64) -> Self {
-        Self {
-            epochs: 10,
-            ..Self::full(seed)
-        }
+        Self { epochs: 10, ..Self::full(seed) }
     }
 
     /// A short name of the recipe's fields (part of cached model file names).
     pub fn tag(&self) -> String {
-        format!(
-            "s{}-e{}-b{}-lr{}-wd{}",
-            self.seed, self.epochs, self.batch, self.lr, self.weight_decay
-        )
+        format!("s{}-e{}-b{}-lr{}-wd{}", self.seed, self.epochs, self.batch, self.lr, self.weight_decay)
     }
 }
 
@@ -315,10 +276,7 @@ pub fn train(
         }
         epoch_loss.push(sum / steps_per_epoch as f32);
     }
-    Ok(TrainReport {
-        steps: trainer.steps(),
-        epoch_loss,
-    })
+    Ok(TrainReport { steps: trainer.steps(), epoch_loss })
 }
 
 /// Images per forward pass in [`predict_all`]; predictions depend on batch composition through expert
@@ -381,9 +339,7 @@ mod tests {
 
     fn toy(n: usize) -> Dataset {
         Dataset {
-            images: (0..n * IMAGE_PIXELS)
-                .map(|i| (i % 7) as f32 / 7.0)
-                .collect(),
+            images: (0..n * IMAGE_PIXELS).map(|i| (i % 7) as f32 / 7.0).collect(),
             labels: (0..n).map(|i| i % 10).collect(),
         }
     }

@@ -27,13 +27,7 @@ pub fn teacher() -> &'static VMoe {
         let recipe = Recipe::fast(SEED);
         let data = teacher_data(&split().0, recipe.seed);
         zoo()
-            .get_or_train(
-                "teacher",
-                VMoeConfig::teacher(),
-                &recipe,
-                "digits+corrupted",
-                &data,
-            )
+            .get_or_train("teacher", VMoeConfig::teacher(), &recipe, "digits+corrupted", &data)
             .expect("teacher")
             .0
     })
@@ -44,13 +38,7 @@ pub fn student() -> &'static VMoe {
     static S: OnceLock<VMoe> = OnceLock::new();
     S.get_or_init(|| {
         zoo()
-            .get_or_train(
-                "tiny",
-                VMoeConfig::tiny(),
-                &Recipe::fast(SEED),
-                "digits",
-                &split().0,
-            )
+            .get_or_train("tiny", VMoeConfig::tiny(), &Recipe::fast(SEED), "digits", &split().0)
             .expect("student")
             .0
     })
