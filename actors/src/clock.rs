@@ -18,7 +18,7 @@ impl Clock {
 
     /// Microseconds since [`Clock::start`].
     pub fn now(&self) -> Micros {
-        Micros(u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX))
+        Micros::from_duration(self.origin.elapsed())
     }
 }
 

@@ -83,10 +83,6 @@ impl MembershipState {
     }
 }
 
-fn micros(d: Duration) -> Micros {
-    Micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 impl Actor for Membership {
     type Msg = MembershipMsg;
     type State = MembershipState;
@@ -100,7 +96,7 @@ impl Actor for Membership {
         ractor::time::send_interval(args.config.heartbeat, me.get_cell(), || MembershipMsg::Tick);
         Ok(MembershipState {
             link: args.link,
-            detector: FailureDetector::new(micros(args.config.timeout)),
+            detector: FailureDetector::new(Micros::from_duration(args.config.timeout)),
             clock: Clock::start(),
             seq: 0,
             events: args.events,

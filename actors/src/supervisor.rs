@@ -131,10 +131,6 @@ pub struct SupervisorState {
     events: broadcast::Sender<SupervisorEvent>,
 }
 
-fn micros(d: Duration) -> Micros {
-    Micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 impl SupervisorState {
     async fn start_child(&mut self, idx: usize, me: &ActorCell) -> Result<(), ActorProcessingErr> {
         let spec = &self.specs[idx];
@@ -161,7 +157,10 @@ impl Actor for Supervisor {
             specs: args.children,
             running: HashMap::new(),
             cells: vec![None; n],
-            intensity: RestartIntensity::new(args.intensity.max_restarts, micros(args.intensity.period)),
+            intensity: RestartIntensity::new(
+                args.intensity.max_restarts,
+                Micros::from_duration(args.intensity.period),
+            ),
             clock: Clock::start(),
             events: args.events,
         };

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::{Add, Sub};
+use std::time::Duration;
 
 /// Microseconds on the caller's clock (monotonic, origin chosen by the caller).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -29,6 +30,11 @@ impl Micros {
     /// As fractional seconds.
     pub fn as_secs_f64(self) -> f64 {
         self.0 as f64 / 1e6
+    }
+
+    /// From a `Duration` (saturating at `u64::MAX` microseconds).
+    pub fn from_duration(d: Duration) -> Self {
+        Micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 
     /// `self - earlier`, or zero when `earlier` is later.
