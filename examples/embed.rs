@@ -55,7 +55,7 @@ async fn main() -> Result<()> {
         redial: Duration::from_millis(200),
     };
     let node = NodeRuntime::start(spec).await?;
-    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> = ractor::registry::where_is("scaler".to_string())
+    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> = ractor::registry::where_is("scaler")
         .ok_or_else(|| anyhow::anyhow!("scaler not running"))?
         .into();
     let out = ractor::call_t!(scaler, ExpertMsg::Execute, 2000, vec![vec![1.0, 2.0, 3.0]])?
