@@ -3,6 +3,7 @@
 //! that carry them out.
 
 pub mod clock;
+pub mod coe;
 pub mod cluster;
 pub mod hello;
 pub mod kinds;
