@@ -1,11 +1,10 @@
 //! One CoE executor: its own tiered weight store, expert memory budget and ONNX sessions.
 //!
-//! Loading an expert is real work: the blob moves into the executor's device tier (an `O_DIRECT`
-//! read from disk for SSD-homed experts, a copy from the host tier for host-homed ones, blake3
-//! verified either way), then an ONNX Runtime session is created from those bytes. Evicting
-//! drops the session and moves the blob back to its home tier. Without CUDA the "GPU" executor
-//! is a second CPU executor whose device tier is a RAM arena; its name says so
-//! ([`standin_name`]).
+//! Loading an expert is real work: its blob is read from the weight store (an `O_DIRECT` read
+//! from disk for SSD-homed experts, a copy of the host tier for host-homed ones, blake3 verified
+//! either way), then an ONNX Runtime session is created from those bytes; the session is the
+//! expert's device-resident copy. Evicting drops the session. Without CUDA the "GPU" executor is
+//! a second CPU executor; its name says so ([`standin_name`]).
 //!
 //! The executor keeps its own byte accounting against the budget the scheduler was given and
 //! refuses a load that would exceed it, an eviction of an expert it is not holding, and a batch
@@ -49,7 +48,6 @@ pub struct ExpertExecutor {
     name: String,
     store: WeightStore,
     blobs: Vec<BlobId>,
-    homes: Vec<Tier>,
     sizes: Vec<u64>,
     outputs: Vec<usize>,
     sessions: HashMap<ExpertId, OnnxSession>,
@@ -81,11 +79,11 @@ impl ExpertExecutor {
         model: &CoeModel,
         budget: u64,
     ) -> Result<ExpertExecutor, CoeError> {
-        let largest = model.experts().iter().map(|e| e.size_bytes).max().unwrap_or(0);
         let host_bytes: u64 = model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
-        // The device arena gets one largest expert of slack for fragmentation; the budget the
-        // scheduler plans with is enforced by this executor's own accounting.
-        let mut store = WeightStore::open(store_dir, &Device::Cpu, budget + largest + 4096, host_bytes + 4096)?;
+        // ONNX Runtime here is CPU-only: the session holds the device-resident copy of an expert,
+        // so the store's own device arena is not used (it would be a second copy); the budget
+        // the scheduler plans with is enforced by this executor's accounting of its sessions.
+        let mut store = WeightStore::open(store_dir, &Device::Cpu, 0, host_bytes + 4096)?;
         let mut blobs = Vec::with_capacity(model.len());
         for (e, f) in model.experts().iter().zip(&manifest.experts) {
             let id = BlobId::new(&f.blob)?;
@@ -105,7 +103,6 @@ impl ExpertExecutor {
             name: name.to_string(),
             store,
             blobs,
-            homes: model.experts().iter().map(|e| e.home).collect(),
             sizes: model.experts().iter().map(|e| e.size_bytes).collect(),
             outputs: manifest.experts.iter().map(|f| f.widths.last().copied().unwrap_or(0)).collect(),
             sessions: HashMap::new(),
@@ -143,9 +140,14 @@ impl ExpertExecutor {
         v
     }
 
-    /// Bytes the device arena holds (the store's own accounting).
-    pub fn store_device_bytes(&self) -> u64 {
-        self.store.stats().device.used
+    /// Bytes the host tier holds (the store's own accounting; host-homed experts only).
+    pub fn store_host_bytes(&self) -> u64 {
+        self.store.stats().host_used
+    }
+
+    /// Bytes of sessions loaded, summed from the expert sizes (independent of `resident_bytes`).
+    pub fn loaded_bytes(&self) -> u64 {
+        self.sessions.keys().map(|e| self.sizes[e.index()]).sum()
     }
 
     /// What it has done so far.
@@ -176,7 +178,8 @@ impl ExpertExecutor {
                 self.resident, self.budget
             )));
         }
-        self.store.promote_to_device(&id)?;
+        // Disk-homed: an O_DIRECT read into a host buffer; host-homed: a copy of the host tier's
+        // bytes. Both are checksummed; the session is the device-resident copy.
         let bytes = self.store.read(&id)?;
         let session = OnnxSession::from_bytes(&bytes, id.as_str(), &self.session_config)?;
         self.sessions.insert(expert, session);
@@ -195,10 +198,7 @@ impl ExpertExecutor {
             return Err(self.fail(format!("evicting {expert}, which is not loaded")));
         }
         self.resident -= self.sizes[expert.index()];
-        let mut tier = self.store.evict(&id)?;
-        if self.homes[expert.index()] == Tier::Ssd && tier == troupe_kernels::Tier::Host {
-            tier = self.store.evict(&id)?;
-        }
+        let tier = self.store.tier(&id)?;
         tracing::trace!(executor = %self.name, %expert, ?tier, "evicted");
         Ok(())
     }

@@ -126,14 +126,14 @@ fn executor_thread(
         };
         // The executor's own accounting against the store's: both within budget.
         let over = executor.resident_bytes() > executor.budget()
-            || executor.store_device_bytes() > executor.budget() + 256 * executor.loaded().len() as u64;
+            || executor.loaded_bytes() != executor.resident_bytes();
         let result = if over {
             Err(CoeError::Executor {
                 executor: executor.name().to_string(),
                 problem: format!(
-                    "memory accounting broken: {} resident, {} in the store, budget {}",
+                    "memory accounting broken: {} resident, {} in sessions, budget {}",
                     executor.resident_bytes(),
-                    executor.store_device_bytes(),
+                    executor.loaded_bytes(),
                     executor.budget()
                 ),
             })

@@ -10,6 +10,7 @@ use troupe_transport::QuicNode;
 
 use crate::config::{ActorConfig, JobConfig, NodeConfig};
 
+pub mod coe;
 pub mod hello;
 
 /// What a workload's actors and jobs get from the node.
