@@ -15,6 +15,7 @@
 pub mod app;
 pub mod executor;
 pub mod profiler;
+pub mod remote;
 pub mod runner;
 
 use std::path::{Path, PathBuf};

@@ -20,7 +20,9 @@ use troupe_policy::coe::{
 };
 
 use super::CoeError;
-use super::app::{App, output_digest, quantise, select_children};
+use super::app::{App, image_floats, output_digest, quantise, select_children};
+use std::fmt::Write as _;
+use troupe_kernels::assets::Digits;
 use super::executor::{ExecutorCounters, ExpertExecutor};
 
 /// Knobs of a real run.
@@ -70,6 +72,8 @@ pub struct RunReport {
     pub executors: Vec<(String, ExecutorCounters)>,
     /// Per executor: its budget.
     pub budgets: Vec<u64>,
+    /// Executors lost during the run.
+    pub lost: Vec<String>,
 }
 
 impl RunReport {
@@ -84,17 +88,57 @@ impl RunReport {
     }
 }
 
-enum Cmd {
+/// What the driver asks an executor to do (carried to a thread, or over the cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cmd {
+    /// Load an expert.
     Load(ExpertId),
+    /// Evict an expert.
     Evict(ExpertId),
-    Run { batch: BatchId, expert: ExpertId, requests: Vec<(RequestId, Vec<f32>)> },
+    /// Run one batch: (request, digit image index) pairs.
+    Run {
+        /// The batch.
+        batch: BatchId,
+        /// The expert.
+        expert: ExpertId,
+        /// The requests and their input images.
+        requests: Vec<(RequestId, u64)>,
+    },
 }
 
-enum Event {
-    Ready,
-    Loaded { exec: usize, expert: ExpertId },
-    Ran { exec: usize, batch: BatchId, expert: ExpertId, rows: Vec<(RequestId, Vec<f32>)> },
-    Done { exec: usize, counters: ExecutorCounters },
+/// What an executor reports back to the driver.
+#[derive(Debug)]
+pub enum Event {
+    /// A load finished, taking `seconds`.
+    Loaded {
+        /// Executor index.
+        exec: usize,
+        /// The expert.
+        expert: ExpertId,
+        /// Time it took.
+        seconds: f64,
+    },
+    /// A batch finished, taking `seconds`; one output row per request.
+    Ran {
+        /// Executor index.
+        exec: usize,
+        /// The batch.
+        batch: BatchId,
+        /// The expert.
+        expert: ExpertId,
+        /// Output rows.
+        rows: Vec<(RequestId, Vec<f32>)>,
+        /// Time it took.
+        seconds: f64,
+    },
+    /// The executor is gone (process killed, node down, call failed): its work is redone.
+    Lost {
+        /// Executor index.
+        exec: usize,
+        /// Why.
+        why: String,
+    },
+    /// A fatal error (a bug, a corrupt file).
     Failed(CoeError),
 }
 
@@ -105,42 +149,46 @@ enum Busy {
     Running(ExpertId),
 }
 
+/// Carry out one command on a local executor; the event to report (none for an eviction).
+pub fn execute(exec: usize, executor: &mut ExpertExecutor, app_digits: &Digits, cmd: Cmd) -> Result<Option<Event>, CoeError> {
+    let result = match cmd {
+        Cmd::Load(expert) => {
+            executor.load(expert).map(|took| Some(Event::Loaded { exec, expert, seconds: took.as_secs_f64() }))
+        }
+        Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
+        Cmd::Run { batch, expert, requests } => {
+            let start = Instant::now();
+            let inputs: Vec<Vec<f32>> = requests.iter().map(|(_, img)| image_floats(app_digits, *img as usize)).collect();
+            executor.run_batch(expert, &inputs).map(|rows| {
+                let rows = requests.iter().map(|(r, _)| *r).zip(rows).collect();
+                Some(Event::Ran { exec, batch, expert, rows, seconds: start.elapsed().as_secs_f64() })
+            })
+        }
+    }?;
+    // The executor's own accounting: within budget, and equal to the sessions it holds.
+    if executor.resident_bytes() > executor.budget() || executor.loaded_bytes() != executor.resident_bytes() {
+        return Err(CoeError::Executor {
+            executor: executor.name().to_string(),
+            problem: format!(
+                "memory accounting broken: {} resident, {} in sessions, budget {}",
+                executor.resident_bytes(),
+                executor.loaded_bytes(),
+                executor.budget()
+            ),
+        });
+    }
+    Ok(result)
+}
+
 fn executor_thread(
     exec: usize,
     mut executor: ExpertExecutor,
+    digits: Digits,
     cmds: mpsc::Receiver<Cmd>,
     events: mpsc::Sender<Event>,
 ) {
-    let _ = events.send(Event::Ready);
     for cmd in cmds {
-        let result = match cmd {
-            Cmd::Load(expert) => executor.load(expert).map(|_| Some(Event::Loaded { exec, expert })),
-            Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
-            Cmd::Run { batch, expert, requests } => {
-                let inputs: Vec<Vec<f32>> = requests.iter().map(|(_, x)| x.clone()).collect();
-                executor.run_batch(expert, &inputs).map(|rows| {
-                    let rows = requests.iter().map(|(r, _)| *r).zip(rows).collect();
-                    Some(Event::Ran { exec, batch, expert, rows })
-                })
-            }
-        };
-        // The executor's own accounting against the store's: both within budget.
-        let over = executor.resident_bytes() > executor.budget()
-            || executor.loaded_bytes() != executor.resident_bytes();
-        let result = if over {
-            Err(CoeError::Executor {
-                executor: executor.name().to_string(),
-                problem: format!(
-                    "memory accounting broken: {} resident, {} in sessions, budget {}",
-                    executor.resident_bytes(),
-                    executor.loaded_bytes(),
-                    executor.budget()
-                ),
-            })
-        } else {
-            result
-        };
-        match result {
+        match execute(exec, &mut executor, &digits, cmd) {
             Ok(Some(ev)) => {
                 if events.send(ev).is_err() {
                     return;
@@ -153,7 +201,6 @@ fn executor_thread(
             }
         }
     }
-    let _ = events.send(Event::Done { exec, counters: executor.counters() });
 }
 
 fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
@@ -164,41 +211,58 @@ fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-/// Serve `app`'s trace with executors named and budgeted by `latency` (the profile), under
-/// `options`. Each executor opens its own store over the app's blobs.
+/// Serve `app`'s trace with executors named and budgeted by `latency` (the profile), one
+/// thread each, under `options`. Each executor opens its own store over the app's blobs.
 pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Result<RunReport, CoeError> {
-    let trace = &app.trace;
-    let model = &trace.model;
-    let mut scheduler = RequestScheduler::new(model.clone(), latency.clone(), options.config)?;
     let n_exec = latency.executors();
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut cmd_tx = Vec::with_capacity(n_exec);
     let mut handles = Vec::with_capacity(n_exec);
     for e in 0..n_exec {
-        let executor = ExpertExecutor::open(latency.name(e), &app.store_dir(), &app.manifest, model, latency.expert_budget(e))?;
+        let executor = ExpertExecutor::open(latency.name(e), &app.store_dir(), &app.manifest, &app.trace.model, latency.expert_budget(e))?;
         let (tx, rx) = mpsc::channel::<Cmd>();
         let events = ev_tx.clone();
+        let digits = app.digits.clone();
         handles.push(
             thread::Builder::new()
                 .name(format!("coe-{}", latency.name(e)))
-                .spawn(move || executor_thread(e, executor, rx, events))
+                .spawn(move || executor_thread(e, executor, digits, rx, events))
                 .map_err(|err| CoeError::Invalid(format!("spawning executor thread: {err}")))?,
         );
         cmd_tx.push(tx);
     }
     drop(ev_tx);
-    let deadline = Instant::now() + options.deadline;
-    let mut ready = 0;
-    while ready < n_exec {
-        match ev_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Event::Ready) => ready += 1,
-            Ok(Event::Failed(e)) => return Err(e),
-            _ => return Err(CoeError::Invalid("executors did not start".into())),
-        }
+    let mut send = |x: usize, cmd: Cmd| -> Result<(), CoeError> {
+        cmd_tx[x].send(cmd).map_err(|_| CoeError::Invalid("an executor thread stopped".into()))
+    };
+    let report = drive(app, latency, options, &mut send, &ev_rx, &mut |_| {});
+    drop(cmd_tx);
+    for h in handles {
+        let _ = h.join();
     }
+    report
+}
 
+/// The event loop shared by local and distributed runs: feeds arrivals and executor events to
+/// the scheduler, sends its decisions through `send`, checks every rule it can, and measures.
+/// `progress` is called with the number of requests completed after each completion.
+pub fn drive(
+    app: &App,
+    latency: &LatencyModel,
+    options: &RunOptions,
+    send: &mut dyn FnMut(usize, Cmd) -> Result<(), CoeError>,
+    events: &mpsc::Receiver<Event>,
+    progress: &mut dyn FnMut(usize),
+) -> Result<RunReport, CoeError> {
+    let trace = &app.trace;
+    let model = &trace.model;
+    let mut scheduler = RequestScheduler::new(model.clone(), latency.clone(), options.config)?;
+    let n_exec = latency.executors();
+    let deadline = Instant::now() + options.deadline;
     let n = trace.requests.len();
     let mut busy = vec![Busy::Idle; n_exec];
+    let mut alive = vec![true; n_exec];
+    let mut counters = vec![ExecutorCounters::default(); n_exec];
     let mut served: Vec<Vec<ExpertId>> = vec![Vec::new(); n_exec];
     let mut outputs: Vec<BTreeMap<ExpertId, Vec<i32>>> = vec![BTreeMap::new(); n];
     let mut completed: Vec<Option<Instant>> = vec![None; n];
@@ -235,20 +299,20 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
                     if busy[x] == Busy::Loading(expert) || busy[x] == Busy::Running(expert) {
                         return Err(CoeError::Invalid(format!("evict of {expert} while {executor} uses it")));
                     }
-                    send(&cmd_tx[x], Cmd::Evict(expert))?;
+                    send(x, Cmd::Evict(expert))?;
                 }
                 Action::Load { executor, expert, .. } => {
                     let x = executor.index();
-                    if busy[x] != Busy::Idle {
-                        return Err(CoeError::Invalid(format!("load of {expert} on busy {executor}")));
+                    if busy[x] != Busy::Idle || !alive[x] {
+                        return Err(CoeError::Invalid(format!("load of {expert} on busy or lost {executor}")));
                     }
                     busy[x] = Busy::Loading(expert);
-                    send(&cmd_tx[x], Cmd::Load(expert))?;
+                    send(x, Cmd::Load(expert))?;
                 }
                 Action::RunBatch { executor, batch, expert, requests } => {
                     let x = executor.index();
-                    if busy[x] != Busy::Idle {
-                        return Err(CoeError::Invalid(format!("batch of {expert} on busy {executor}")));
+                    if busy[x] != Busy::Idle || !alive[x] {
+                        return Err(CoeError::Invalid(format!("batch of {expert} on busy or lost {executor}")));
                     }
                     busy[x] = Busy::Running(expert);
                     served[x].push(expert);
@@ -256,10 +320,10 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
                         .iter()
                         .map(|r| {
                             let req = trace.requests.get(r.0 as usize).ok_or_else(|| CoeError::Invalid(format!("unknown {r}")))?;
-                            Ok((*r, app.input(req.input)))
+                            Ok((*r, req.input))
                         })
                         .collect::<Result<Vec<_>, CoeError>>()?;
-                    send(&cmd_tx[x], Cmd::Run { batch, expert, requests: inputs })?;
+                    send(x, Cmd::Run { batch, expert, requests: inputs })?;
                 }
                 Action::Complete { request } => {
                     let i = request.0 as usize;
@@ -268,6 +332,7 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
                     }
                     completed[i] = Some(Instant::now());
                     done += 1;
+                    progress(done);
                 }
             }
         }
@@ -277,23 +342,31 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
         let wait = pending
             .front()
             .map_or(Duration::from_millis(200), |&i| (start + arrival_at(i)).saturating_duration_since(Instant::now()));
-        let event = match ev_rx.recv_timeout(wait) {
+        let event = match events.recv_timeout(wait) {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => return Err(CoeError::Invalid("executors stopped".into())),
         };
         let at = now_us(Instant::now());
         match event {
-            Event::Loaded { exec, expert } => {
+            Event::Loaded { exec, .. } | Event::Ran { exec, .. } if !alive.get(exec).copied().unwrap_or(false) => {
+                // A late result from a lost executor: its work was requeued elsewhere.
+            }
+            Event::Loaded { exec, expert, seconds } => {
                 busy[exec] = Busy::Idle;
+                counters[exec].loads += 1;
+                counters[exec].load_seconds += seconds;
                 scheduler.handle_load_done(at, ExecutorId(exec as u16), expert)?;
             }
-            Event::Ran { exec, batch, expert, rows } => {
+            Event::Ran { exec, batch, expert, rows, seconds } => {
                 busy[exec] = Busy::Idle;
+                counters[exec].batches += 1;
+                counters[exec].tasks += rows.len() as u64;
+                counters[exec].run_seconds += seconds;
                 scheduler.handle_batch_done(at, ExecutorId(exec as u16), batch)?;
                 let children = model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
                 for (request, probs) in rows {
-                    let req = &trace.requests[request.0 as usize];
+                    let req = trace.requests.get(request.0 as usize).ok_or_else(|| CoeError::Invalid(format!("unknown {request}")))?;
                     outputs[request.0 as usize].insert(expert, quantise(&probs));
                     if children.is_empty() {
                         continue;
@@ -308,21 +381,18 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
                     scheduler.handle_preliminary_done(at, request, expert, &chosen)?;
                 }
             }
+            Event::Lost { exec, why } => {
+                if alive.get(exec).copied().unwrap_or(false) {
+                    tracing::warn!(executor = latency.name(exec), %why, "executor lost: requeueing its work");
+                    alive[exec] = false;
+                    busy[exec] = Busy::Idle;
+                    scheduler.handle_executor_lost(at, ExecutorId(exec as u16))?;
+                }
+            }
             Event::Failed(e) => return Err(e),
-            Event::Ready | Event::Done { .. } => {}
         }
     }
     let end = Instant::now();
-    drop(cmd_tx);
-    let mut counters = vec![ExecutorCounters::default(); n_exec];
-    while let Ok(ev) = ev_rx.recv_timeout(Duration::from_secs(30)) {
-        if let Event::Done { exec, counters: c } = ev {
-            counters[exec] = c;
-        }
-    }
-    for h in handles {
-        let _ = h.join();
-    }
     let mut latencies: Vec<Duration> =
         completed.iter().zip(&arrived).map(|(c, a)| c.map_or(Duration::ZERO, |c| c.duration_since(*a))).collect();
     latencies.sort();
@@ -346,9 +416,15 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
         digests: outputs.iter().map(output_digest).collect(),
         executors: (0..n_exec).map(|x| (latency.name(x).to_string(), counters[x])).collect(),
         budgets: (0..n_exec).map(|x| latency.expert_budget(x)).collect(),
+        lost: (0..n_exec).filter(|&x| !alive[x]).map(|x| latency.name(x).to_string()).collect(),
     })
 }
 
-fn send(tx: &mpsc::Sender<Cmd>, cmd: Cmd) -> Result<(), CoeError> {
-    tx.send(cmd).map_err(|_| CoeError::Invalid("an executor thread stopped".into()))
+/// The per-request results file: `request <id> digest <16 hex>` lines, in id order.
+pub fn results_text(report: &RunReport) -> String {
+    let mut out = String::new();
+    for (i, d) in report.digests.iter().enumerate() {
+        let _ = writeln!(out, "request {i} digest {d:016x}");
+    }
+    out
 }
