@@ -3,8 +3,8 @@
 //! that carry them out.
 
 pub mod clock;
-pub mod coe;
 pub mod cluster;
+pub mod coe;
 pub mod hello;
 pub mod kinds;
 pub mod membership;

@@ -14,12 +14,13 @@ use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
 
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, App, LatencyModel) {
-    let tmp = tempfile::tempdir().unwrap();
-    generate(tmp.path(), Scale::Ci, 3).unwrap();
-    let app = App::open(tmp.path(), None).unwrap();
-    let p = profile(&app, &default_plan(&app)).unwrap();
-    std::fs::write(tmp.path().join("profile.txt"), p.to_text()).unwrap();
-    let latency = LatencyModel::from_profile(&load_profile(&tmp.path().join("profile.txt")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    generate(tmp.path(), Scale::Ci, 3).expect("generating the ci app");
+    let app = App::open(tmp.path(), None).expect("opening the app");
+    let p = profile(&app, &default_plan(&app)).expect("profiling");
+    std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");
+    let profile = load_profile(&tmp.path().join("profile.txt")).expect("reading the profile");
+    let latency = LatencyModel::from_profile(&profile).expect("latency model");
     (tmp, app, latency)
 }
 
@@ -77,7 +78,14 @@ fn corrupt_expert_file_is_named() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[4096 + 100] ^= 0xFF;
     std::fs::write(&path, bytes).unwrap();
-    let mut exec = ExpertExecutor::open("cpu0", &app.store_dir(), &app.manifest, &app.trace.model, latency.expert_budget(1)).unwrap();
+    let mut exec = ExpertExecutor::open(
+        "cpu0",
+        &app.store_dir(),
+        &app.manifest,
+        &app.trace.model,
+        latency.expert_budget(1),
+    )
+    .unwrap();
     let err = exec.load(victim).unwrap_err().to_string();
     assert!(err.contains(&format!("e{}", victim.0)) && err.to_lowercase().contains("corrupt"), "{err}");
 }
@@ -103,7 +111,8 @@ fn profile_from_other_hardware_is_refused() {
     let text = std::fs::read_to_string(&path).unwrap();
     let first = text.lines().nth(1).unwrap().to_string();
     assert!(first.starts_with("hardware_fingerprint "));
-    std::fs::write(&path, text.replace(&first, "hardware_fingerprint Some Other Box x64 512GiB cuda")).unwrap();
+    std::fs::write(&path, text.replace(&first, "hardware_fingerprint Some Other Box x64 512GiB cuda"))
+        .unwrap();
     let err = load_profile(&path).unwrap_err();
     assert!(matches!(err, CoeError::BadFile { .. }));
     let msg = err.to_string();

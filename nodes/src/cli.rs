@@ -160,9 +160,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Coe { command } => {
-            tokio::task::spawn_blocking(move || crate::workloads::coe::run(command)).await?.map(|_| ExitCode::SUCCESS)
-        }
+        Command::Coe { command } => tokio::task::spawn_blocking(move || crate::workloads::coe::run(command))
+            .await?
+            .map(|_| ExitCode::SUCCESS),
         Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
     }
 }

@@ -34,7 +34,7 @@ fn parse_results(text: &str) -> Vec<(u64, String)> {
         .map(|l| {
             let t: Vec<&str> = l.split_whitespace().collect();
             assert_eq!(t.len(), 4, "bad results line {l:?}");
-            (t[1].parse().unwrap(), t[3].to_string())
+            (t[1].parse().expect("request id"), t[3].to_string())
         })
         .collect()
 }
@@ -90,7 +90,13 @@ fn killing_an_executor_mid_run_loses_no_request_and_changes_no_output() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        for pipe in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+        for pipe in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let tx = tx.clone();
             let name = name.clone();
             std::thread::spawn(move || {
@@ -108,7 +114,13 @@ fn killing_an_executor_mid_run_loses_no_request_and_changes_no_output() {
     let mut finished = false;
     while Instant::now() < deadline && !finished {
         let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) else {
-            if nodes.0.iter_mut().find(|(n, _)| n == "scheduler").and_then(|(_, c)| c.try_wait().ok().flatten()).is_some() {
+            if nodes
+                .0
+                .iter_mut()
+                .find(|(n, _)| n == "scheduler")
+                .and_then(|(_, c)| c.try_wait().ok().flatten())
+                .is_some()
+            {
                 break;
             }
             continue;

@@ -184,7 +184,8 @@ impl Manifest {
             path: origin.to_path_buf(),
             problem: format!("line {line}: {problem}"),
         };
-        let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
+        let mut lines =
+            text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
         match lines.next() {
             Some((_, l)) if l == MANIFEST_FORMAT => {}
             _ => return Err(bad(1, format!("expected `{MANIFEST_FORMAT}`"))),
@@ -193,12 +194,17 @@ impl Manifest {
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
             match t.as_slice() {
-                ["scale", s] => scale = Some(Scale::from_name(s).ok_or_else(|| bad(n, format!("unknown scale `{s}`")))?),
+                ["scale", s] => {
+                    scale = Some(Scale::from_name(s).ok_or_else(|| bad(n, format!("unknown scale `{s}`")))?)
+                }
                 ["seed", s] => seed = Some(s.parse::<u64>().map_err(|_| bad(n, format!("bad seed `{s}`")))?),
                 ["expert", id, "widths", w, "blob", blob] => {
                     let id: u32 = id.parse().map_err(|_| bad(n, format!("bad expert id `{id}`")))?;
                     if id as usize != experts.len() {
-                        return Err(bad(n, format!("expert id {id} out of order (expected {})", experts.len())));
+                        return Err(bad(
+                            n,
+                            format!("expert id {id} out of order (expected {})", experts.len()),
+                        ));
                     }
                     let widths = w
                         .split(',')
@@ -236,7 +242,10 @@ pub struct App {
 pub fn read_capped(path: &Path, cap: u64) -> Result<String, CoeError> {
     let meta = std::fs::metadata(path).map_err(|e| CoeError::io("reading", path, e))?;
     if meta.len() > cap {
-        return Err(CoeError::BadFile { path: path.to_path_buf(), problem: format!("{} bytes, over the cap of {cap}", meta.len()) });
+        return Err(CoeError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("{} bytes, over the cap of {cap}", meta.len()),
+        });
     }
     std::fs::read_to_string(path).map_err(|e| CoeError::io("reading", path, e))
 }
@@ -265,7 +274,12 @@ impl App {
         if let Some(r) = trace.requests.iter().find(|r| r.input as usize >= digits.len()) {
             return Err(CoeError::BadFile {
                 path: trace_path,
-                problem: format!("request {} names image {}, the data set has {}", r.id, r.input, digits.len()),
+                problem: format!(
+                    "request {} names image {}, the data set has {}",
+                    r.id,
+                    r.input,
+                    digits.len()
+                ),
             });
         }
         Ok(App { dir: dir.to_path_buf(), manifest, trace, digits })
@@ -348,6 +362,9 @@ fn random_layers(widths: &[usize], rng: &mut SmallRng) -> Vec<DenseLayer> {
         .collect()
 }
 
+/// Per (root, image) walk: the selections each reached preliminary made, in walk order.
+type Walks = BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>;
+
 /// What generation produced.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenReport {
@@ -385,7 +402,7 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
     // reach[e]: (root, image) walks that reach expert e; walk outputs and selections per walk.
     let n = shape.len();
     let mut reach: Vec<Vec<(ExpertId, usize)>> = vec![Vec::new(); n];
-    let mut selections: BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>> = BTreeMap::new();
+    let mut selections: Walks = BTreeMap::new();
     let mut files = Vec::with_capacity(n);
     let mut specs = Vec::with_capacity(n);
     let mut sizes = Vec::with_capacity(n);
@@ -394,7 +411,8 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
         let h = hidden_width(e.size_bytes, outputs);
         let widths = vec![INPUT_WIDTH, h, h, outputs];
         let layers = random_layers(&widths, &mut rng);
-        let bytes = mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))?;
+        let bytes =
+            mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))?;
         drop(layers);
         let blob = format!("e{}", e.id.0);
         store.put(&blob, &bytes)?;
@@ -412,7 +430,10 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
                     x.extend_from_slice(&images[*img]);
                 }
                 let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![chunk.len(), INPUT_WIDTH], x)])?;
-                let probs = out.first().and_then(NamedTensor::as_f32).ok_or_else(|| CoeError::Invalid(format!("{blob}: no f32 output")))?;
+                let probs = out
+                    .first()
+                    .and_then(NamedTensor::as_f32)
+                    .ok_or_else(|| CoeError::Invalid(format!("{blob}: no f32 output")))?;
                 for (k, walk) in chunk.iter().enumerate() {
                     let row = &probs[k * outputs..(k + 1) * outputs];
                     let chosen = select_children(row, &e.children);
@@ -434,7 +455,12 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
                 if parent == 0 { 0.0 } else { reach[e.id.index()].len() as f64 / parent as f64 }
             }
         };
-        specs.push(ExpertSpec { size_bytes: sizes[e.id.index()], select_prob, home: e.home, parent: e.preliminary() });
+        specs.push(ExpertSpec {
+            size_bytes: sizes[e.id.index()],
+            select_prob,
+            home: e.home,
+            parent: e.preliminary(),
+        });
     }
     let model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
     let trace = build_trace(model, &cfg, pool, &selections, &mut rng);
@@ -467,7 +493,7 @@ fn build_trace(
     model: CoeModel,
     cfg: &ScaleConfig,
     pool: usize,
-    selections: &BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>,
+    selections: &Walks,
     rng: &mut SmallRng,
 ) -> Trace {
     let roots: Vec<(ExpertId, f64)> = model.roots().map(|e| (e.id, e.select_prob)).collect();
@@ -477,7 +503,8 @@ fn build_trace(
     while requests.len() < cfg.requests {
         let u: f64 = rng.random();
         now += (-(1.0 - u).ln() * cfg.mean_gap.0 as f64).round() as u64;
-        let burst = if rng.random::<f64>() < cfg.burst_prob { rng.random_range(2..=cfg.burst_max.max(2)) } else { 1 };
+        let burst =
+            if rng.random::<f64>() < cfg.burst_prob { rng.random_range(2..=cfg.burst_max.max(2)) } else { 1 };
         for _ in 0..burst {
             if requests.len() >= cfg.requests {
                 break;
@@ -535,9 +562,10 @@ mod tests {
         };
         let p = Path::new("app.txt");
         assert_eq!(Manifest::parse(&m.to_text(), p).unwrap(), m);
-        let err = Manifest::parse("format troupe-coe-app 1\nscale ci\nseed 1\nexpert 0 widths 3,4 blob e0\n", p)
-            .unwrap_err()
-            .to_string();
+        let err =
+            Manifest::parse("format troupe-coe-app 1\nscale ci\nseed 1\nexpert 0 widths 3,4 blob e0\n", p)
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("app.txt") && err.contains("line 4"), "{err}");
     }
 }

@@ -79,7 +79,8 @@ impl ExpertExecutor {
         model: &CoeModel,
         budget: u64,
     ) -> Result<ExpertExecutor, CoeError> {
-        let host_bytes: u64 = model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
+        let host_bytes: u64 =
+            model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
         // ONNX Runtime here is CPU-only: the session holds the device-resident copy of an expert,
         // so the store's own device arena is not used (it would be a second copy); the budget
         // the scheduler plans with is enforced by this executor's accounting of its sessions.
@@ -206,12 +207,13 @@ impl ExpertExecutor {
     /// Run one batch of `expert` on `inputs` (64 floats each); one output row per input.
     pub fn run_batch(&mut self, expert: ExpertId, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, CoeError> {
         let start = Instant::now();
-        let width = *self.outputs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
+        let width =
+            *self.outputs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
         let name = self.name.clone();
-        let session = self
-            .sessions
-            .get_mut(&expert)
-            .ok_or_else(|| CoeError::Executor { executor: name, problem: format!("running {expert}, which is not loaded") })?;
+        let session = self.sessions.get_mut(&expert).ok_or_else(|| CoeError::Executor {
+            executor: name,
+            problem: format!("running {expert}, which is not loaded"),
+        })?;
         let mut x = Vec::with_capacity(inputs.len() * INPUT_WIDTH);
         for i in inputs {
             if i.len() != INPUT_WIDTH {
@@ -220,9 +222,16 @@ impl ExpertExecutor {
             x.extend_from_slice(i);
         }
         let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![inputs.len(), INPUT_WIDTH], x)])?;
-        let probs = out.first().and_then(NamedTensor::as_f32).ok_or_else(|| self.fail(format!("{expert}: no f32 output")))?;
+        let probs = out
+            .first()
+            .and_then(NamedTensor::as_f32)
+            .ok_or_else(|| self.fail(format!("{expert}: no f32 output")))?;
         if probs.len() != inputs.len() * width {
-            return Err(self.fail(format!("{expert}: {} outputs for {} inputs of width {width}", probs.len(), inputs.len())));
+            return Err(self.fail(format!(
+                "{expert}: {} outputs for {} inputs of width {width}",
+                probs.len(),
+                inputs.len()
+            )));
         }
         let rows = probs.chunks(width.max(1)).map(<[f32]>::to_vec).collect();
         self.counters.batches += 1;

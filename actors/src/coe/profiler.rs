@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use troupe_policy::Micros;
 use troupe_policy::coe::{
-    ExecutorKind, ExecutorProfile, ExpertId, LatencyPoint, Profile, SizeClass, Tier, max_useful_batch, split_memory,
+    ExecutorKind, ExecutorProfile, ExpertId, LatencyPoint, Profile, SizeClass, Tier, max_useful_batch,
+    split_memory,
 };
 
 use super::CoeError;
@@ -100,12 +101,19 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
         }
     }
     // Bytes of intermediates per request: input plus two hidden activations of the widest expert.
-    let widest = app.manifest.experts.iter().flat_map(|f| f.widths.iter().copied()).max().unwrap_or(INPUT_WIDTH);
+    let widest =
+        app.manifest.experts.iter().flat_map(|f| f.widths.iter().copied()).max().unwrap_or(INPUT_WIDTH);
     let bytes_per_request = 4 * (INPUT_WIDTH + 2 * widest) as u64;
     let largest = by_size.last().map_or(0, |e| e.size_bytes);
     let mut executors = Vec::with_capacity(plan.len());
     for p in plan {
-        let mut exec = ExpertExecutor::open(&p.name, &app.store_dir(), &app.manifest, model, p.expert_bytes.max(largest))?;
+        let mut exec = ExpertExecutor::open(
+            &p.name,
+            &app.store_dir(),
+            &app.manifest,
+            model,
+            p.expert_bytes.max(largest),
+        )?;
         let (mut bytes_by_tier, mut secs_by_tier) = ([0u64; 2], [0f64; 2]);
         let mut classes = Vec::new();
         for &id in &reps {
@@ -134,13 +142,18 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
             classes.push(SizeClass { max_expert_bytes: e.size_bytes, points });
         }
         // A second measurement of the same blobs from disk (reads bypass the page cache).
-        let bw = |t: usize| if secs_by_tier[t] > 0.0 { (bytes_by_tier[t] as f64 / secs_by_tier[t]) as u64 } else { 0 };
+        let bw = |t: usize| {
+            if secs_by_tier[t] > 0.0 { (bytes_by_tier[t] as f64 / secs_by_tier[t]) as u64 } else { 0 }
+        };
         let ssd = bw(1).max(1);
         let host = if bw(0) > 0 { bw(0) } else { ssd };
         let useful = classes.last().map_or(1, |c| max_useful_batch(&c.points, 0.05));
         let memory_bytes = p.expert_bytes + bytes_per_request * u64::from(useful);
         let split = split_memory(memory_bytes, bytes_per_request, useful, largest).ok_or_else(|| {
-            CoeError::Invalid(format!("{}: {memory_bytes} bytes cannot hold the largest expert ({largest})", p.name))
+            CoeError::Invalid(format!(
+                "{}: {memory_bytes} bytes cannot hold the largest expert ({largest})",
+                p.name
+            ))
         })?;
         executors.push(ExecutorProfile {
             name: p.name.clone(),

@@ -69,7 +69,13 @@ pub fn open_executor(args: &ExecutorArgs) -> Result<ExecutorState, CoeError> {
     let index = (0..latency.executors())
         .find(|&i| latency.name(i) == args.executor)
         .ok_or_else(|| CoeError::Invalid(format!("executor {} is not in the profile", args.executor)))?;
-    let executor = ExpertExecutor::open(&args.executor, &app.store_dir(), &app.manifest, &app.trace.model, latency.expert_budget(index))?;
+    let executor = ExpertExecutor::open(
+        &args.executor,
+        &app.store_dir(),
+        &app.manifest,
+        &app.trace.model,
+        latency.expert_budget(index),
+    )?;
     Ok(ExecutorState { args: args.clone(), executor, digits: app.digits })
 }
 
@@ -78,14 +84,23 @@ impl Actor for CoeExecutorActor {
     type State = ExecutorState;
     type Arguments = ExecutorArgs;
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, args: ExecutorArgs) -> Result<ExecutorState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        args: ExecutorArgs,
+    ) -> Result<ExecutorState, ActorProcessingErr> {
         let state = tokio::task::block_in_place(|| open_executor(&args))?;
         ractor::pg::join(EXECUTORS_GROUP.to_string(), vec![me.get_cell()]);
         tracing::info!(executor = %args.executor, node = %args.node, "coe executor ready");
         Ok(state)
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut ExecutorState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             CoeExecMsg::Hello(_, reply) => {
                 let _ = reply.send(format!("{} {}", state.args.executor, state.args.node));
@@ -120,7 +135,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], CoeError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            CoeError::Invalid(format!("coe wire: truncated at {what} (offset {}, {} bytes)", self.at, self.bytes.len()))
+            CoeError::Invalid(format!(
+                "coe wire: truncated at {what} (offset {}, {} bytes)",
+                self.at,
+                self.bytes.len()
+            ))
         })?;
         let s = &self.bytes[self.at..end];
         self.at = end;
@@ -136,7 +155,10 @@ impl<'a> Reader<'a> {
     }
     fn count(&mut self, cap: usize, what: &str) -> Result<usize, CoeError> {
         let n = self.u64(what)?;
-        usize::try_from(n).ok().filter(|&n| n <= cap).ok_or_else(|| CoeError::Invalid(format!("coe wire: {what} {n} over the cap of {cap}")))
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= cap)
+            .ok_or_else(|| CoeError::Invalid(format!("coe wire: {what} {n} over the cap of {cap}")))
     }
 }
 
@@ -171,7 +193,8 @@ pub fn encode_cmd(cmd: &Cmd) -> Vec<u8> {
 pub fn decode_cmd(bytes: &[u8]) -> Result<Cmd, CoeError> {
     let mut r = Reader { bytes, at: 0 };
     let tag = r.u8("tag")?;
-    let expert = u32::try_from(r.u64("expert")?).map_err(|_| CoeError::Invalid("coe wire: expert id over u32".into()))?;
+    let expert = u32::try_from(r.u64("expert")?)
+        .map_err(|_| CoeError::Invalid("coe wire: expert id over u32".into()))?;
     let expert = ExpertId(expert);
     let cmd = match tag {
         0 => Cmd::Load(expert),
@@ -228,15 +251,23 @@ pub fn decode_outcome(exec: usize, cmd: &Cmd, bytes: &[u8]) -> Result<Option<Eve
     let mut r = Reader { bytes, at: 0 };
     let ev = match (r.u8("outcome")?, cmd) {
         (0, _) => {
-            return Err(CoeError::Invalid(format!("remote executor: {}", String::from_utf8_lossy(&bytes[1..]))));
+            return Err(CoeError::Invalid(format!(
+                "remote executor: {}",
+                String::from_utf8_lossy(&bytes[1..])
+            )));
         }
         (1, Cmd::Evict(_)) => None,
-        (2, Cmd::Load(expert)) => Some(Event::Loaded { exec, expert: *expert, seconds: f64::from_bits(r.u64("seconds")?) }),
+        (2, Cmd::Load(expert)) => {
+            Some(Event::Loaded { exec, expert: *expert, seconds: f64::from_bits(r.u64("seconds")?) })
+        }
         (3, Cmd::Run { batch, expert, requests }) => {
             let seconds = f64::from_bits(r.u64("seconds")?);
             let n = r.count(MAX_BATCH_WIRE, "rows")?;
             if n != requests.len() {
-                return Err(CoeError::Invalid(format!("remote executor: {n} rows for {} requests", requests.len())));
+                return Err(CoeError::Invalid(format!(
+                    "remote executor: {n} rows for {} requests",
+                    requests.len()
+                )));
             }
             let mut rows = Vec::with_capacity(n);
             for _ in 0..n {
@@ -248,7 +279,9 @@ pub fn decode_outcome(exec: usize, cmd: &Cmd, bytes: &[u8]) -> Result<Option<Eve
             }
             Some(Event::Ran { exec, batch: *batch, expert: *expert, rows, seconds })
         }
-        (tag, _) => return Err(CoeError::Invalid(format!("coe wire: outcome tag {tag} does not answer {cmd:?}"))),
+        (tag, _) => {
+            return Err(CoeError::Invalid(format!("coe wire: outcome tag {tag} does not answer {cmd:?}")));
+        }
     };
     if r.at != bytes.len() {
         return Err(CoeError::Invalid(format!("coe wire: {} trailing bytes", bytes.len() - r.at)));
@@ -288,7 +321,8 @@ pub async fn find_executors(names: &[String], deadline: Instant) -> Result<Vec<R
             return Ok(found.into_iter().flatten().collect());
         }
         if Instant::now() > deadline {
-            let missing: Vec<&String> = names.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(n, _)| n).collect();
+            let missing: Vec<&String> =
+                names.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(n, _)| n).collect();
             return Err(CoeError::Invalid(format!("executors {missing:?} did not join within the deadline")));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

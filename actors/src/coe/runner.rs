@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 
 use troupe_policy::Micros;
 use troupe_policy::coe::{
-    Action, BatchId, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler, SchedulerConfig,
-    belady_min_loads,
+    Action, BatchId, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler,
+    SchedulerConfig, belady_min_loads,
 };
 
 use super::CoeError;
 use super::app::{App, image_floats, output_digest, quantise, select_children};
+use super::executor::{ExecutorCounters, ExpertExecutor};
 use std::fmt::Write as _;
 use troupe_kernels::assets::Digits;
-use super::executor::{ExecutorCounters, ExpertExecutor};
 
 /// Knobs of a real run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -150,15 +150,21 @@ enum Busy {
 }
 
 /// Carry out one command on a local executor; the event to report (none for an eviction).
-pub fn execute(exec: usize, executor: &mut ExpertExecutor, app_digits: &Digits, cmd: Cmd) -> Result<Option<Event>, CoeError> {
+pub fn execute(
+    exec: usize,
+    executor: &mut ExpertExecutor,
+    app_digits: &Digits,
+    cmd: Cmd,
+) -> Result<Option<Event>, CoeError> {
     let result = match cmd {
-        Cmd::Load(expert) => {
-            executor.load(expert).map(|took| Some(Event::Loaded { exec, expert, seconds: took.as_secs_f64() }))
-        }
+        Cmd::Load(expert) => executor
+            .load(expert)
+            .map(|took| Some(Event::Loaded { exec, expert, seconds: took.as_secs_f64() })),
         Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
         Cmd::Run { batch, expert, requests } => {
             let start = Instant::now();
-            let inputs: Vec<Vec<f32>> = requests.iter().map(|(_, img)| image_floats(app_digits, *img as usize)).collect();
+            let inputs: Vec<Vec<f32>> =
+                requests.iter().map(|(_, img)| image_floats(app_digits, *img as usize)).collect();
             executor.run_batch(expert, &inputs).map(|rows| {
                 let rows = requests.iter().map(|(r, _)| *r).zip(rows).collect();
                 Some(Event::Ran { exec, batch, expert, rows, seconds: start.elapsed().as_secs_f64() })
@@ -219,7 +225,13 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
     let mut cmd_tx = Vec::with_capacity(n_exec);
     let mut handles = Vec::with_capacity(n_exec);
     for e in 0..n_exec {
-        let executor = ExpertExecutor::open(latency.name(e), &app.store_dir(), &app.manifest, &app.trace.model, latency.expert_budget(e))?;
+        let executor = ExpertExecutor::open(
+            latency.name(e),
+            &app.store_dir(),
+            &app.manifest,
+            &app.trace.model,
+            latency.expert_budget(e),
+        )?;
         let (tx, rx) = mpsc::channel::<Cmd>();
         let events = ev_tx.clone();
         let digits = app.digits.clone();
@@ -279,7 +291,9 @@ pub fn drive(
     while done < n {
         let now = Instant::now();
         if now > deadline {
-            return Err(CoeError::Invalid(format!("run did not finish: {done} of {n} requests done at the deadline")));
+            return Err(CoeError::Invalid(format!(
+                "run did not finish: {done} of {n} requests done at the deadline"
+            )));
         }
         while let Some(&i) = pending.front() {
             if start + arrival_at(i) > now {
@@ -304,7 +318,9 @@ pub fn drive(
                 Action::Load { executor, expert, .. } => {
                     let x = executor.index();
                     if busy[x] != Busy::Idle || !alive[x] {
-                        return Err(CoeError::Invalid(format!("load of {expert} on busy or lost {executor}")));
+                        return Err(CoeError::Invalid(format!(
+                            "load of {expert} on busy or lost {executor}"
+                        )));
                     }
                     busy[x] = Busy::Loading(expert);
                     send(x, Cmd::Load(expert))?;
@@ -312,14 +328,19 @@ pub fn drive(
                 Action::RunBatch { executor, batch, expert, requests } => {
                     let x = executor.index();
                     if busy[x] != Busy::Idle || !alive[x] {
-                        return Err(CoeError::Invalid(format!("batch of {expert} on busy or lost {executor}")));
+                        return Err(CoeError::Invalid(format!(
+                            "batch of {expert} on busy or lost {executor}"
+                        )));
                     }
                     busy[x] = Busy::Running(expert);
                     served[x].push(expert);
                     let inputs = requests
                         .iter()
                         .map(|r| {
-                            let req = trace.requests.get(r.0 as usize).ok_or_else(|| CoeError::Invalid(format!("unknown {r}")))?;
+                            let req = trace
+                                .requests
+                                .get(r.0 as usize)
+                                .ok_or_else(|| CoeError::Invalid(format!("unknown {r}")))?;
                             Ok((*r, req.input))
                         })
                         .collect::<Result<Vec<_>, CoeError>>()?;
@@ -339,17 +360,21 @@ pub fn drive(
         if done >= n {
             break;
         }
-        let wait = pending
-            .front()
-            .map_or(Duration::from_millis(200), |&i| (start + arrival_at(i)).saturating_duration_since(Instant::now()));
+        let wait = pending.front().map_or(Duration::from_millis(200), |&i| {
+            (start + arrival_at(i)).saturating_duration_since(Instant::now())
+        });
         let event = match events.recv_timeout(wait) {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(CoeError::Invalid("executors stopped".into())),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(CoeError::Invalid("executors stopped".into()));
+            }
         };
         let at = now_us(Instant::now());
         match event {
-            Event::Loaded { exec, .. } | Event::Ran { exec, .. } if !alive.get(exec).copied().unwrap_or(false) => {
+            Event::Loaded { exec, .. } | Event::Ran { exec, .. }
+                if !alive.get(exec).copied().unwrap_or(false) =>
+            {
                 // A late result from a lost executor: its work was requeued elsewhere.
             }
             Event::Loaded { exec, expert, seconds } => {
@@ -366,7 +391,10 @@ pub fn drive(
                 scheduler.handle_batch_done(at, ExecutorId(exec as u16), batch)?;
                 let children = model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
                 for (request, probs) in rows {
-                    let req = trace.requests.get(request.0 as usize).ok_or_else(|| CoeError::Invalid(format!("unknown {request}")))?;
+                    let req = trace
+                        .requests
+                        .get(request.0 as usize)
+                        .ok_or_else(|| CoeError::Invalid(format!("unknown {request}")))?;
                     outputs[request.0 as usize].insert(expert, quantise(&probs));
                     if children.is_empty() {
                         continue;
@@ -393,8 +421,11 @@ pub fn drive(
         }
     }
     let end = Instant::now();
-    let mut latencies: Vec<Duration> =
-        completed.iter().zip(&arrived).map(|(c, a)| c.map_or(Duration::ZERO, |c| c.duration_since(*a))).collect();
+    let mut latencies: Vec<Duration> = completed
+        .iter()
+        .zip(&arrived)
+        .map(|(c, a)| c.map_or(Duration::ZERO, |c| c.duration_since(*a)))
+        .collect();
     latencies.sort();
     let mut belady = 0;
     for (x, s) in served.iter().enumerate() {

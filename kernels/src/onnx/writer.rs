@@ -92,7 +92,11 @@ fn check_layers(layers: &[DenseLayer]) -> Result<(), WriterError> {
             return Err(bad(format!("{} biases for {} outputs", l.bias.len(), l.outputs)));
         }
         if index > 0 && layers[index - 1].outputs != l.inputs {
-            return Err(bad(format!("takes {} inputs, previous layer gives {}", l.inputs, layers[index - 1].outputs)));
+            return Err(bad(format!(
+                "takes {} inputs, previous layer gives {}",
+                l.inputs,
+                layers[index - 1].outputs
+            )));
         }
     }
     Ok(())

@@ -36,6 +36,8 @@ pub struct Row {
     pub p50_ms: f64,
     /// 99th percentile latency, ms.
     pub p99_ms: f64,
+    /// Seconds executors spent running batches (busy minus switching), summed.
+    pub compute_s: f64,
 }
 
 /// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
@@ -73,6 +75,7 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
                 switch_share: r.switch_share(),
                 p50_ms: r.p50_ms,
                 p99_ms: r.p99_ms,
+                compute_s: r.busy_s - r.switch_s,
             }
         } else {
             let r = simulate(&app.trace, &latency, config, &SimOptions::default())?;
@@ -88,6 +91,7 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
                 switch_share: r.switch_share,
                 p50_ms: r.latency_p50.0 as f64 / 1e3,
                 p99_ms: r.latency_p99.0 as f64 / 1e3,
+                compute_s: r.busy.0.saturating_sub(r.switching.0) as f64 / 1e6,
             };
             println!(
                 "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms  [simulated, profiled latencies]",
@@ -114,7 +118,7 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
     f.insert("outputs_identical".into(), 1.0);
     for r in &rows {
-        let k = r.label.replace('+', "_").replace('-', "_");
+        let k = r.label.replace(['+', '-'], "_");
         f.insert(format!("{k}_throughput_rps"), r.throughput);
         f.insert(format!("{k}_over_fcfs_lru"), r.throughput / base);
         f.insert(format!("{k}_loads"), r.loads as f64);
@@ -129,6 +133,18 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
         f.insert("switch_share".into(), ours.switch_share);
         f.insert("p50_latency_ms".into(), ours.p50_ms);
         f.insert("p99_latency_ms".into(), ours.p99_ms);
+        // The floor of the switching share on this trace: every expert it uses loaded exactly
+        // once (at the first executor's profiled bandwidth), against ours' compute time.
+        let mut used = std::collections::BTreeSet::new();
+        for r in &app.trace.requests {
+            used.extend(r.experts());
+        }
+        let once: f64 = used
+            .iter()
+            .filter_map(|e| app.trace.model.expert(*e))
+            .map(|e| latency.load_time(0, e.size_bytes, e.home).0 as f64 / 1e6)
+            .sum();
+        f.insert("switch_share_floor_one_load_each".into(), once / (once + ours.compute_s).max(1e-9));
     }
     let title = format!(
         "troupe bench coe --scale {} ({}; executors {})",
@@ -144,21 +160,45 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
 /// A hand-made SVG: throughput over FCFS+LRU and loads over Belady per combination.
 pub fn svg_plot(title: &str, rows: &[Row]) -> String {
     let base = rows.first().map_or(1.0, |r| r.throughput.max(1e-9));
-    let (w, h, left, top, bar_h, gap) = (760.0, 60.0 + rows.len() as f64 * 2.0 * 34.0 + 40.0, 130.0, 50.0, 24.0, 10.0);
+    let (w, h, left, top, bar_h, gap) =
+        (760.0, 60.0 + rows.len() as f64 * 2.0 * 34.0 + 40.0, 130.0, 50.0, 24.0, 10.0);
     let max_ratio = rows.iter().map(|r| r.throughput / base).fold(1.0, f64::max);
     let max_belady = rows.iter().map(|r| r.loads_over_belady).fold(1.0, f64::max);
     let scale = (w - left - 120.0) / max_ratio.max(max_belady);
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(s, r#"<text x="10" y="20" font-size="14">{}</text>"#, escape(title));
-    let _ = writeln!(s, r##"<rect x="{left}" y="30" width="12" height="12" fill="#3a7"/><text x="{}" y="41">throughput / FCFS+LRU</text><rect x="{}" y="30" width="12" height="12" fill="#c63"/><text x="{}" y="41">loads / Belady MIN</text>"##, left + 16.0, left + 200.0, left + 216.0);
+    let _ = writeln!(
+        s,
+        r##"<rect x="{left}" y="30" width="12" height="12" fill="#3a7"/><text x="{}" y="41">throughput / FCFS+LRU</text><rect x="{}" y="30" width="12" height="12" fill="#c63"/><text x="{}" y="41">loads / Belady MIN</text>"##,
+        left + 16.0,
+        left + 200.0,
+        left + 216.0
+    );
     for (i, r) in rows.iter().enumerate() {
         let y = top + i as f64 * (2.0 * bar_h + gap + 10.0);
         let ratio = r.throughput / base;
         let _ = writeln!(s, r#"<text x="10" y="{}">{}</text>"#, y + bar_h, escape(r.label));
-        let _ = writeln!(s, r##"<rect x="{left}" y="{y}" width="{:.1}" height="{bar_h}" fill="#3a7"/><text x="{:.1}" y="{:.1}">{ratio:.2}x</text>"##, ratio * scale, left + ratio * scale + 4.0, y + 16.0);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{y}" width="{:.1}" height="{bar_h}" fill="#3a7"/><text x="{:.1}" y="{:.1}">{ratio:.2}x</text>"##,
+            ratio * scale,
+            left + ratio * scale + 4.0,
+            y + 16.0
+        );
         let y2 = y + bar_h + 2.0;
-        let _ = writeln!(s, r##"<rect x="{left}" y="{y2}" width="{:.1}" height="{bar_h}" fill="#c63"/><text x="{:.1}" y="{:.1}">{:.2}x ({:.0}% switching)</text>"##, r.loads_over_belady * scale, left + r.loads_over_belady * scale + 4.0, y2 + 16.0, r.loads_over_belady, 100.0 * r.switch_share);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{y2}" width="{:.1}" height="{bar_h}" fill="#c63"/><text x="{:.1}" y="{:.1}">{:.2}x ({:.0}% switching)</text>"##,
+            r.loads_over_belady * scale,
+            left + r.loads_over_belady * scale + 4.0,
+            y2 + 16.0,
+            r.loads_over_belady,
+            100.0 * r.switch_share
+        );
     }
     s.push_str("</svg>\n");
     s

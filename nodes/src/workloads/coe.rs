@@ -80,7 +80,8 @@ pub fn app_dir(scale: Scale, dir: Option<PathBuf>) -> PathBuf {
 
 /// Generate and print a summary.
 pub fn gen_app(dir: &Path, scale: Scale, seed: u64) -> Result<()> {
-    let r = app::generate(dir, scale, seed).with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
+    let r = app::generate(dir, scale, seed)
+        .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
         "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, random-init weights, usage probabilities pre-assessed on digit images; {:.1}s -> {}",
         r.experts,
@@ -100,7 +101,12 @@ pub fn profile_app(dir: &Path, out: &Path) -> Result<Profile> {
     let app = App::open(dir, None)?;
     let profile = profiler::profile(&app, &profiler::default_plan(&app))?;
     app::write_file(out, profile.to_text().as_bytes())?;
-    println!("coe profile: {} executors measured on `{}` -> {}", profile.executors.len(), profile.hardware_fingerprint, out.display());
+    println!(
+        "coe profile: {} executors measured on `{}` -> {}",
+        profile.executors.len(),
+        profile.hardware_fingerprint,
+        out.display()
+    );
     for e in &profile.executors {
         println!(
             "  {} ({}): max batch {}, experts {:.1} MB of {:.1} MB, load {:.0} MB/s from ssd, {:.0} MB/s from host",
@@ -154,7 +160,11 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let app = App::open(&dir, trace.as_deref())?;
             let path = profile.unwrap_or_else(|| dir.join("profile.txt"));
             if !path.is_file() {
-                bail!("{} is missing: run `troupe coe profile --dir {}` first", path.display(), dir.display());
+                bail!(
+                    "{} is missing: run `troupe coe profile --dir {}` first",
+                    path.display(),
+                    dir.display()
+                );
             }
             let latency = LatencyModel::from_profile(&profiler::load_profile(&path)?)?;
             let report = run_local(&app, &latency, &RunOptions::new(config))?;
@@ -229,16 +239,20 @@ pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)
 }
 
 /// The `coe-executor` actor of this node.
-pub fn actor(ctx: &super::NodeContext, a: &crate::config::ActorConfig) -> Result<troupe_actors::supervisor::ChildSpec> {
+pub fn actor(
+    ctx: &super::NodeContext,
+    a: &crate::config::ActorConfig,
+) -> Result<troupe_actors::supervisor::ChildSpec> {
     let p: ExecutorParams = super::params(&a.params).map_err(|(f, e)| anyhow::anyhow!("{f}: {e}"))?;
     let args = troupe_actors::coe::remote::ExecutorArgs {
         dir: PathBuf::from(p.dir),
         executor: p.executor,
         node: ctx.config.name.clone(),
     };
-    Ok(troupe_actors::supervisor::ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
-        (troupe_actors::coe::remote::CoeExecutorActor, args.clone())
-    }))
+    Ok(troupe_actors::supervisor::ChildSpec::new(
+        a.name.clone().unwrap_or_else(|| a.kind.clone()),
+        move || (troupe_actors::coe::remote::CoeExecutorActor, args.clone()),
+    ))
 }
 
 /// The scheduler: find the executors, serve the trace through them, survive losing one.
@@ -270,7 +284,11 @@ pub async fn run_job(
         "coe: serving {} requests through {} ({}), policy {}",
         app.trace.requests.len(),
         found.iter().map(|f| format!("{} on {}", f.name, f.node)).collect::<Vec<_>>().join(", "),
-        if troupe_kernels::cuda::cuda_available(0).is_ok() { "CUDA present; ONNX Runtime is CPU-only" } else { "no CUDA: the gpu executor is a CPU stand-in" },
+        if troupe_kernels::cuda::cuda_available(0).is_ok() {
+            "CUDA present; ONNX Runtime is CPU-only"
+        } else {
+            "no CUDA: the gpu executor is a CPU stand-in"
+        },
         config.label()
     );
     let (ev_tx, ev_rx) = std::sync::mpsc::channel::<Event>();
@@ -305,7 +323,7 @@ pub async fn run_job(
             Ok(())
         };
         let mut progress = |done: usize| {
-            if done % 25 == 0 || done == total {
+            if done.is_multiple_of(25) || done == total {
                 println!("coe: completed {done} of {total}");
             }
         };
