@@ -57,6 +57,13 @@ pub enum CoeCommand {
         /// Write `request <id> digest <hex>` lines here.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Serve only the first N requests of the trace.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Also replay the same requests through the simulator with the profiled latencies
+        /// (a cross-check of the simulator against real execution).
+        #[arg(long)]
+        simulate: bool,
     },
 }
 
@@ -154,10 +161,13 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let out = out.unwrap_or_else(|| dir.join("profile.txt"));
             profile_app(&dir, &out).map(|_| ())
         }
-        CoeCommand::Run { scale: s, dir, trace, profile, policy: p, out } => {
+        CoeCommand::Run { scale: s, dir, trace, profile, policy: p, out, requests, simulate } => {
             let dir = app_dir(scale(&s)?, dir);
             let config = policy(&p)?;
-            let app = App::open(&dir, trace.as_deref())?;
+            let mut app = App::open(&dir, trace.as_deref())?;
+            if let Some(n) = requests {
+                app.trace.requests.truncate(n);
+            }
             let path = profile.unwrap_or_else(|| dir.join("profile.txt"));
             if !path.is_file() {
                 bail!(
@@ -169,6 +179,17 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let latency = LatencyModel::from_profile(&profiler::load_profile(&path)?)?;
             let report = run_local(&app, &latency, &RunOptions::new(config))?;
             println!("{}", run_line(&report));
+            if simulate {
+                let sim = troupe_policy::coe::simulate(&app.trace, &latency, config, &Default::default())?;
+                println!(
+                    "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  [simulated, profiled latencies]",
+                    sim.label,
+                    sim.throughput_rps,
+                    sim.loads,
+                    sim.loads_over_belady(),
+                    100.0 * sim.switch_share
+                );
+            }
             if let Some(out) = out {
                 app::write_file(&out, troupe_actors::coe::runner::results_text(&report).as_bytes())?;
                 println!("results written to {}", out.display());
