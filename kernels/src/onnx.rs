@@ -7,6 +7,7 @@
 //!   ([`NamedTensor`]), with its inputs/outputs introspected ([`IoSpec`]) and its resident memory
 //!   measured ([`SessionMemory`]); [`check_chain`] checks that stage files fit together.
 //! - [`Embedder`] / [`embed`]: sentence embeddings with all-MiniLM-L6-v2.
+//! - [`writer`]: writes MLP graphs as ONNX models from Rust (no Python at run time).
 //! - [`session_ms_per_mb`]: session creation cost, for `troupe bench kernels`.
 
 mod bench;
@@ -15,6 +16,7 @@ mod memory;
 mod runtime;
 mod session;
 mod tensor;
+pub mod writer;
 
 use std::path::PathBuf;
 

@@ -62,6 +62,12 @@ pub enum Command {
         #[arg(required = true)]
         texts: Vec<String>,
     },
+    /// CoE workload: generate the app, profile this machine, serve a trace.
+    Coe {
+        /// Coe subcommand.
+        #[command(subcommand)]
+        command: crate::workloads::coe::CoeCommand,
+    },
     /// Benchmarks: ratios measured in one run.
     Bench {
         /// Which benchmark.
@@ -154,6 +160,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Coe { command } => tokio::task::spawn_blocking(move || crate::workloads::coe::run(command))
+            .await?
+            .map(|_| ExitCode::SUCCESS),
         Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 
+pub mod coe;
 pub mod kernels;
 pub mod stats;
 pub mod transport;
@@ -32,6 +33,21 @@ pub enum BenchCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// CoE serving: FCFS+LRU vs ours and each mechanism alone, on one trace.
+    Coe {
+        /// Write the figures as one flat JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// `ci` (real execution) or `paper` (simulated with latencies profiled here).
+        #[arg(long, default_value = "ci")]
+        scale: String,
+        /// App folder (default .cache/coe/SCALE).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Where to write the SVG plot.
+        #[arg(long, default_value = "target/bench-coe.svg")]
+        svg: PathBuf,
+    },
 }
 
 /// Runs a benchmark command.
@@ -41,6 +57,9 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kernels { json, dir } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
+        }
+        BenchCommand::Coe { json, scale, dir, svg } => {
+            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg)).await??, json)
         }
     };
     print!("{}", table(title, &figures));

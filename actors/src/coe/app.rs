@@ -1,0 +1,571 @@
+//! The CoE application generator (`troupe coe gen`): real ONNX experts on disk, a manifest,
+//! and a request trace whose selections come from running the experts.
+//!
+//! Experts are MLPs on 8x8 digit images (64 inputs in 0..1), written with
+//! [`troupe_kernels::onnx::writer`] and **randomly initialised** (seeded, Glorot-uniform): a
+//! preliminary "component classifier" has one softmax output per subsequent expert and its
+//! argmax (plus a close runner-up) picks which of them run; leaf "defect experts" have
+//! [`DEFECT_CLASSES`] outputs. Hidden widths are chosen so each ONNX file hits the size drawn by
+//! the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).
+//!
+//! Generation runs every expert once on the images that reach it, in dependency order, so the
+//! usage probabilities written into the model are *pre-assessed* on real data and every request
+//! of the trace carries the selections the real experts make.
+//!
+//! Layout of an app folder: `app.txt` (manifest), `trace.txt` (the policy crate's trace format,
+//! whose `input` field is a digit image index), `store/e<id>.blob` (the weight store's blob files).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use troupe_kernels::Device;
+use troupe_kernels::WeightStore;
+use troupe_kernels::assets::{Assets, Digits};
+use troupe_kernels::onnx::writer::{DenseLayer, mlp_model};
+use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
+use troupe_policy::Micros;
+use troupe_policy::coe::synth::{ModelConfig, synthetic_model};
+use troupe_policy::coe::{CoeModel, ExpertId, ExpertSpec, RequestId, Trace, TraceRequest};
+
+use super::CoeError;
+
+/// Outputs of a leaf (defect) expert.
+pub const DEFECT_CLASSES: usize = 4;
+/// Input width: an 8x8 image.
+pub const INPUT_WIDTH: usize = 64;
+/// A runner-up child is selected too when its probability is at least this share of the best.
+pub const RUNNER_UP_SHARE: f32 = 0.9;
+/// Name of the graph input.
+pub const INPUT_NAME: &str = "x";
+/// Name of the graph output.
+pub const OUTPUT_NAME: &str = "probs";
+/// First line of a manifest.
+pub const MANIFEST_FORMAT: &str = "format troupe-coe-app 1";
+/// Largest manifest accepted, bytes.
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+/// Largest trace accepted, bytes.
+const MAX_TRACE_BYTES: u64 = 256 << 20;
+/// Widest layer accepted in a manifest.
+const MAX_WIDTH: usize = 1 << 16;
+
+/// Which size of application to generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    /// Runs in seconds: ~25 experts of 64 KB - 2 MB, tens of MB in all.
+    Ci,
+    /// The paper's shape: ~300 experts of 1-40 MB, several GB in all.
+    Paper,
+}
+
+/// Everything that follows from the scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaleConfig {
+    /// The scale.
+    pub scale: Scale,
+    /// Shape and sizes of the expert graph.
+    pub model: ModelConfig,
+    /// Requests in the trace.
+    pub requests: usize,
+    /// Digit images requests draw from (the first N of the data set).
+    pub image_pool: usize,
+    /// Mean gap between arrival events.
+    pub mean_gap: Micros,
+    /// Probability an arrival event is a burst.
+    pub burst_prob: f64,
+    /// Largest burst.
+    pub burst_max: usize,
+    /// Expert memory of the GPU(-stand-in) executor, bytes.
+    pub gpu_expert_bytes: u64,
+    /// Expert memory of the CPU executor, bytes.
+    pub cpu_expert_bytes: u64,
+}
+
+impl Scale {
+    /// Parse `ci` or `paper`.
+    pub fn from_name(name: &str) -> Option<Scale> {
+        match name {
+            "ci" => Some(Scale::Ci),
+            "paper" => Some(Scale::Paper),
+            _ => None,
+        }
+    }
+
+    /// `ci` or `paper`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Ci => "ci",
+            Scale::Paper => "paper",
+        }
+    }
+
+    /// Default folder of this scale's app: `.cache/coe/<scale>`.
+    pub fn default_dir(self) -> PathBuf {
+        PathBuf::from(".cache/coe").join(self.name())
+    }
+
+    /// The configuration of this scale.
+    pub fn config(self) -> ScaleConfig {
+        match self {
+            Scale::Ci => ScaleConfig {
+                scale: self,
+                model: ModelConfig {
+                    roots: 4,
+                    children_per_root: 4,
+                    branching_share: 0.5,
+                    grandchildren: 2,
+                    min_bytes: 64 << 10,
+                    max_bytes: 2 << 20,
+                    zipf: 1.0,
+                    mean_selected: 1.2,
+                    host_bytes: 4 << 20,
+                },
+                requests: 300,
+                image_pool: 256,
+                mean_gap: Micros(500),
+                burst_prob: 0.2,
+                burst_max: 16,
+                gpu_expert_bytes: 4 << 20,
+                cpu_expert_bytes: 6 << 20,
+            },
+            Scale::Paper => ScaleConfig {
+                scale: self,
+                model: ModelConfig::paper_like(),
+                requests: 20_000,
+                image_pool: 256,
+                mean_gap: Micros(1_000),
+                burst_prob: 0.2,
+                burst_max: 32,
+                gpu_expert_bytes: 256 << 20,
+                cpu_expert_bytes: 512 << 20,
+            },
+        }
+    }
+}
+
+/// One expert's file as the manifest records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertFile {
+    /// The expert.
+    pub id: ExpertId,
+    /// Layer widths, input first (e.g. `64,480,480,4`).
+    pub widths: Vec<usize>,
+    /// Blob id in the store (`e<id>`).
+    pub blob: String,
+}
+
+/// The manifest: scale, seed and the experts' files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// The scale it was generated at.
+    pub scale: Scale,
+    /// The seed of the generator.
+    pub seed: u64,
+    /// One entry per expert, in id order.
+    pub experts: Vec<ExpertFile>,
+}
+
+impl Manifest {
+    /// Text form (`format` line, `scale`, `seed`, one `expert <id> widths <w,..> blob <id>` each).
+    pub fn to_text(&self) -> String {
+        let mut out = format!("{MANIFEST_FORMAT}\nscale {}\nseed {}\n", self.scale.name(), self.seed);
+        for e in &self.experts {
+            let widths: Vec<String> = e.widths.iter().map(usize::to_string).collect();
+            let _ = writeln!(out, "expert {} widths {} blob {}", e.id.0, widths.join(","), e.blob);
+        }
+        out
+    }
+
+    /// Parse a manifest (untrusted: every line checked, errors name the line).
+    pub fn parse(text: &str, origin: &Path) -> Result<Manifest, CoeError> {
+        let bad = |line: usize, problem: String| CoeError::BadFile {
+            path: origin.to_path_buf(),
+            problem: format!("line {line}: {problem}"),
+        };
+        let mut lines =
+            text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
+        match lines.next() {
+            Some((_, l)) if l == MANIFEST_FORMAT => {}
+            _ => return Err(bad(1, format!("expected `{MANIFEST_FORMAT}`"))),
+        }
+        let (mut scale, mut seed, mut experts) = (None, None, Vec::new());
+        for (n, line) in lines {
+            let t: Vec<&str> = line.split_whitespace().collect();
+            match t.as_slice() {
+                ["scale", s] => {
+                    scale = Some(Scale::from_name(s).ok_or_else(|| bad(n, format!("unknown scale `{s}`")))?)
+                }
+                ["seed", s] => seed = Some(s.parse::<u64>().map_err(|_| bad(n, format!("bad seed `{s}`")))?),
+                ["expert", id, "widths", w, "blob", blob] => {
+                    let id: u32 = id.parse().map_err(|_| bad(n, format!("bad expert id `{id}`")))?;
+                    if id as usize != experts.len() {
+                        return Err(bad(
+                            n,
+                            format!("expert id {id} out of order (expected {})", experts.len()),
+                        ));
+                    }
+                    let widths = w
+                        .split(',')
+                        .map(|x| x.parse::<usize>().ok().filter(|&v| (1..=MAX_WIDTH).contains(&v)))
+                        .collect::<Option<Vec<usize>>>()
+                        .filter(|v| v.len() >= 2 && v[0] == INPUT_WIDTH)
+                        .ok_or_else(|| bad(n, format!("bad widths `{w}`")))?;
+                    experts.push(ExpertFile { id: ExpertId(id), widths, blob: (*blob).to_string() });
+                }
+                _ => return Err(bad(n, format!("unrecognised line `{line}`"))),
+            }
+        }
+        Ok(Manifest {
+            scale: scale.ok_or_else(|| bad(0, "no `scale` line".into()))?,
+            seed: seed.ok_or_else(|| bad(0, "no `seed` line".into()))?,
+            experts,
+        })
+    }
+}
+
+/// A generated application, opened for serving: manifest, trace, digit images.
+#[derive(Debug)]
+pub struct App {
+    /// The app folder.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its trace (the model with pre-assessed probabilities, and the requests).
+    pub trace: Trace,
+    /// The digit images requests refer to.
+    pub digits: Digits,
+}
+
+/// Read a file with a size cap, naming it on error.
+pub fn read_capped(path: &Path, cap: u64) -> Result<String, CoeError> {
+    let meta = std::fs::metadata(path).map_err(|e| CoeError::io("reading", path, e))?;
+    if meta.len() > cap {
+        return Err(CoeError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("{} bytes, over the cap of {cap}", meta.len()),
+        });
+    }
+    std::fs::read_to_string(path).map_err(|e| CoeError::io("reading", path, e))
+}
+
+impl App {
+    /// Open the app in `dir`, reading its trace from `trace` (default `dir/trace.txt`).
+    pub fn open(dir: &Path, trace: Option<&Path>) -> Result<App, CoeError> {
+        let manifest_path = dir.join("app.txt");
+        if !manifest_path.is_file() {
+            return Err(CoeError::BadFile {
+                path: manifest_path,
+                problem: "missing; run `troupe coe gen` first".into(),
+            });
+        }
+        let manifest = Manifest::parse(&read_capped(&manifest_path, MAX_MANIFEST_BYTES)?, &manifest_path)?;
+        let trace_path = trace.map_or_else(|| dir.join("trace.txt"), Path::to_path_buf);
+        let trace = Trace::parse(&read_capped(&trace_path, MAX_TRACE_BYTES)?)
+            .map_err(|e| CoeError::BadFile { path: trace_path.clone(), problem: e.to_string() })?;
+        if trace.model.len() != manifest.experts.len() {
+            return Err(CoeError::BadFile {
+                path: trace_path,
+                problem: format!("{} experts, the app has {}", trace.model.len(), manifest.experts.len()),
+            });
+        }
+        let digits = Assets::locate()?.digits()?;
+        if let Some(r) = trace.requests.iter().find(|r| r.input as usize >= digits.len()) {
+            return Err(CoeError::BadFile {
+                path: trace_path,
+                problem: format!(
+                    "request {} names image {}, the data set has {}",
+                    r.id,
+                    r.input,
+                    digits.len()
+                ),
+            });
+        }
+        Ok(App { dir: dir.to_path_buf(), manifest, trace, digits })
+    }
+
+    /// The store folder.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+
+    /// Request `r`'s input image as 64 floats in 0..1.
+    pub fn input(&self, image: u64) -> Vec<f32> {
+        image_floats(&self.digits, image as usize)
+    }
+}
+
+/// Image `i` as 64 floats in 0..1 (zeros past the end).
+pub fn image_floats(digits: &Digits, i: usize) -> Vec<f32> {
+    digits.image(i).map_or_else(
+        || vec![0.0; INPUT_WIDTH],
+        |px| px.iter().map(|&p| f32::from(p) / f32::from(Digits::MAX_PIXEL)).collect(),
+    )
+}
+
+/// Which children a preliminary's output selects: the argmax, plus the runner-up when its
+/// probability is at least [`RUNNER_UP_SHARE`] of the best. `probs[i]` scores `children[i]`.
+pub fn select_children(probs: &[f32], children: &[ExpertId]) -> Vec<ExpertId> {
+    let mut order: Vec<usize> = (0..probs.len().min(children.len())).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    let mut out = Vec::new();
+    if let Some(&best) = order.first() {
+        out.push(children[best]);
+        if let Some(&second) = order.get(1)
+            && probs[second] >= RUNNER_UP_SHARE * probs[best]
+        {
+            out.push(children[second]);
+        }
+    }
+    out
+}
+
+/// One expert output quantised for comparison across batch sizes (1e-4 steps).
+pub fn quantise(probs: &[f32]) -> Vec<i32> {
+    probs.iter().map(|p| (p * 10_000.0).round() as i32).collect()
+}
+
+/// Digest of a request's outputs: its (expert, quantised output) pairs in expert order.
+pub fn output_digest(outputs: &BTreeMap<ExpertId, Vec<i32>>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for (e, q) in outputs {
+        h.update(&e.0.to_le_bytes());
+        for v in q {
+            h.update(&v.to_le_bytes());
+        }
+    }
+    let mut eight = [0u8; 8];
+    eight.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(eight)
+}
+
+/// Hidden width `h` so that a 64 -> h -> h -> `outputs` MLP has about `bytes` of f32 parameters.
+pub fn hidden_width(bytes: u64, outputs: usize) -> usize {
+    let target = (bytes / 4) as f64;
+    let b = (INPUT_WIDTH + 2 + outputs) as f64;
+    let h = (-b + (b * b + 4.0 * target).sqrt()) / 2.0;
+    (h.floor() as usize).max(4)
+}
+
+/// Random Glorot-uniform layers for the given widths, from `rng`.
+fn random_layers(widths: &[usize], rng: &mut SmallRng) -> Vec<DenseLayer> {
+    widths
+        .windows(2)
+        .map(|w| {
+            let (i, o) = (w[0], w[1]);
+            let a = (6.0 / (i + o) as f32).sqrt();
+            let weights = (0..i * o).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * a).collect();
+            let bias = (0..o).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * 0.05).collect();
+            DenseLayer { inputs: i, outputs: o, weights, bias }
+        })
+        .collect()
+}
+
+/// Per (root, image) walk: the selections each reached preliminary made, in walk order.
+type Walks = BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>;
+
+/// What generation produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenReport {
+    /// Experts written.
+    pub experts: usize,
+    /// Bytes of ONNX files in all.
+    pub total_bytes: u64,
+    /// Smallest and largest expert file.
+    pub min_bytes: u64,
+    /// Largest expert file.
+    pub max_bytes: u64,
+    /// Depth of the dependency graph.
+    pub depth: u32,
+    /// Requests in the trace.
+    pub requests: usize,
+    /// Seconds the generation took.
+    pub seconds: f64,
+}
+
+/// Generate the app of `scale` into `dir` with `seed` (replacing what is there).
+pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeError> {
+    let start = std::time::Instant::now();
+    let cfg = scale.config();
+    let digits = Assets::locate()?.digits()?;
+    let pool = cfg.image_pool.min(digits.len());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    // Topology and target sizes from the policy crate's synthetic generator.
+    let shape = synthetic_model(&cfg.model, &mut rng).map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let store_dir = dir.join("store");
+    if store_dir.exists() {
+        std::fs::remove_dir_all(&store_dir).map_err(|e| CoeError::io("clearing", &store_dir, e))?;
+    }
+    let mut store = WeightStore::open(&store_dir, &Device::Cpu, 0, 0)?;
+    let images: Vec<Vec<f32>> = (0..pool).map(|i| image_floats(&digits, i)).collect();
+    // reach[e]: (root, image) walks that reach expert e; walk outputs and selections per walk.
+    let n = shape.len();
+    let mut reach: Vec<Vec<(ExpertId, usize)>> = vec![Vec::new(); n];
+    let mut selections: Walks = BTreeMap::new();
+    let mut files = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    let mut sizes = Vec::with_capacity(n);
+    for e in shape.experts() {
+        let outputs = if e.has_children() { e.children.len() } else { DEFECT_CLASSES };
+        let h = hidden_width(e.size_bytes, outputs);
+        let widths = vec![INPUT_WIDTH, h, h, outputs];
+        let layers = random_layers(&widths, &mut rng);
+        let bytes =
+            mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))?;
+        drop(layers);
+        let blob = format!("e{}", e.id.0);
+        store.put(&blob, &bytes)?;
+        sizes.push(bytes.len() as u64);
+        if e.preliminary().is_none() {
+            reach[e.id.index()] = (0..pool).map(|i| (e.id, i)).collect();
+        }
+        // Pre-assess: run the expert on every walk that reaches it.
+        if e.has_children() && !reach[e.id.index()].is_empty() {
+            let mut session = OnnxSession::from_bytes(&bytes, &blob, &SessionConfig { intra_threads: 0 })?;
+            let walks = reach[e.id.index()].clone();
+            for chunk in walks.chunks(256) {
+                let mut x = Vec::with_capacity(chunk.len() * INPUT_WIDTH);
+                for (_, img) in chunk {
+                    x.extend_from_slice(&images[*img]);
+                }
+                let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![chunk.len(), INPUT_WIDTH], x)])?;
+                let probs = out
+                    .first()
+                    .and_then(NamedTensor::as_f32)
+                    .ok_or_else(|| CoeError::Invalid(format!("{blob}: no f32 output")))?;
+                for (k, walk) in chunk.iter().enumerate() {
+                    let row = &probs[k * outputs..(k + 1) * outputs];
+                    let chosen = select_children(row, &e.children);
+                    for c in &chosen {
+                        reach[c.index()].push(*walk);
+                    }
+                    selections.entry(*walk).or_default().push((e.id, chosen));
+                }
+            }
+        }
+        files.push(ExpertFile { id: e.id, widths, blob });
+    }
+    // Pre-assessed probabilities: share of the parent's walks that select each child.
+    for e in shape.experts() {
+        let select_prob = match e.preliminary() {
+            None => e.select_prob,
+            Some(p) => {
+                let parent = reach[p.index()].len();
+                if parent == 0 { 0.0 } else { reach[e.id.index()].len() as f64 / parent as f64 }
+            }
+        };
+        specs.push(ExpertSpec {
+            size_bytes: sizes[e.id.index()],
+            select_prob,
+            home: e.home,
+            parent: e.preliminary(),
+        });
+    }
+    let model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let trace = build_trace(model, &cfg, pool, &selections, &mut rng);
+    trace.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let manifest = Manifest { scale, seed, experts: files };
+    write_file(&dir.join("app.txt"), manifest.to_text().as_bytes())?;
+    write_file(&dir.join("trace.txt"), trace.to_text().as_bytes())?;
+    Ok(GenReport {
+        experts: n,
+        total_bytes: sizes.iter().sum(),
+        min_bytes: sizes.iter().copied().min().unwrap_or(0),
+        max_bytes: sizes.iter().copied().max().unwrap_or(0),
+        depth: trace.model.depth(),
+        requests: trace.requests.len(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Write a file, creating its folder.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CoeError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| CoeError::io("creating", parent, e))?;
+    }
+    std::fs::write(path, bytes).map_err(|e| CoeError::io("writing", path, e))
+}
+
+/// Bursty Poisson arrivals with a skewed (Zipf) mix over the roots; each request's selections
+/// are the real ones recorded for its (root, image) walk.
+fn build_trace(
+    model: CoeModel,
+    cfg: &ScaleConfig,
+    pool: usize,
+    selections: &Walks,
+    rng: &mut SmallRng,
+) -> Trace {
+    let roots: Vec<(ExpertId, f64)> = model.roots().map(|e| (e.id, e.select_prob)).collect();
+    let total: f64 = roots.iter().map(|r| r.1).sum();
+    let mut requests = Vec::with_capacity(cfg.requests);
+    let mut now = 0u64;
+    while requests.len() < cfg.requests {
+        let u: f64 = rng.random();
+        now += (-(1.0 - u).ln() * cfg.mean_gap.0 as f64).round() as u64;
+        let burst =
+            if rng.random::<f64>() < cfg.burst_prob { rng.random_range(2..=cfg.burst_max.max(2)) } else { 1 };
+        for _ in 0..burst {
+            if requests.len() >= cfg.requests {
+                break;
+            }
+            let mut x = rng.random::<f64>() * total;
+            let mut root = roots[roots.len() - 1].0;
+            for (id, p) in &roots {
+                if x < *p {
+                    root = *id;
+                    break;
+                }
+                x -= p;
+            }
+            let image = rng.random_range(0..pool.max(1));
+            requests.push(TraceRequest {
+                id: RequestId(requests.len() as u64),
+                arrival: Micros(now),
+                input: image as u64,
+                root,
+                selections: selections.get(&(root, image)).cloned().unwrap_or_default(),
+            });
+        }
+    }
+    Trace { model, requests }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_width_hits_the_size() {
+        for bytes in [64u64 << 10, 1 << 20, 40 << 20] {
+            let h = hidden_width(bytes, 4);
+            let params = 64 * h + h + h * h + h + h * 4 + 4;
+            let got = params as f64 * 4.0;
+            assert!((got / bytes as f64 - 1.0).abs() < 0.02, "{bytes}: {got}");
+        }
+    }
+
+    #[test]
+    fn selection_takes_argmax_and_close_runner_up() {
+        let c = [ExpertId(5), ExpertId(6), ExpertId(7)];
+        assert_eq!(select_children(&[0.2, 0.5, 0.3], &c), vec![ExpertId(6)]);
+        assert_eq!(select_children(&[0.34, 0.31, 0.35], &c), vec![ExpertId(7), ExpertId(5)]);
+        assert_eq!(select_children(&[], &c), Vec::<ExpertId>::new());
+    }
+
+    #[test]
+    fn manifest_round_trips_and_rejects_garbage() {
+        let m = Manifest {
+            scale: Scale::Ci,
+            seed: 7,
+            experts: vec![ExpertFile { id: ExpertId(0), widths: vec![64, 10, 10, 3], blob: "e0".into() }],
+        };
+        let p = Path::new("app.txt");
+        assert_eq!(Manifest::parse(&m.to_text(), p).unwrap(), m);
+        let err =
+            Manifest::parse("format troupe-coe-app 1\nscale ci\nseed 1\nexpert 0 widths 3,4 blob e0\n", p)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("app.txt") && err.contains("line 4"), "{err}");
+    }
+}

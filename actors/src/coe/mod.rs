@@ -1,0 +1,74 @@
+//! Workload `coe`: CoServe-style Collaboration-of-Experts serving with real ONNX experts.
+//!
+//! The decisions come from `troupe_policy::coe` (request scheduling, two-stage eviction); this
+//! module holds the shells that carry them out for real:
+//!
+//! - [`app`]: the application generator (`troupe coe gen`): experts as ONNX files in a tiered
+//!   weight store, a manifest and a trace whose selections come from the real experts.
+//! - [`executor`]: one executor (its own weight store, memory budget and ONNX sessions); loading
+//!   is an `O_DIRECT` read plus session creation.
+//! - [`runner`]: drives the policy's `RequestScheduler` over a trace with real executors, one
+//!   thread each, and measures what happened.
+//! - [`profiler`]: `troupe coe profile`: batch latency per size class, load bandwidth per tier,
+//!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
+
+pub mod app;
+pub mod executor;
+pub mod profiler;
+pub mod remote;
+pub mod runner;
+
+use std::path::{Path, PathBuf};
+
+/// What went wrong in the CoE workload. Each variant names the file or expert concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum CoeError {
+    /// A file (manifest, trace, profile) is missing, too big or malformed.
+    #[error("{path}: {problem}")]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// An OS error on a file.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The weight store refused (corrupt expert blob, tier full, ...).
+    #[error("weight store: {0}")]
+    Store(#[from] troupe_kernels::KernelError),
+    /// ONNX Runtime refused (bad model, run failure, ...).
+    #[error("onnx: {0}")]
+    Onnx(#[from] troupe_kernels::onnx::OnnxError),
+    /// The setup assets (digits, ONNX Runtime) are missing.
+    #[error("assets: {0}")]
+    Assets(#[from] troupe_kernels::assets::AssetError),
+    /// The scheduler refused an event.
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] troupe_policy::coe::SchedulerError),
+    /// An executor was asked to break its budget or its one-thing-at-a-time rule.
+    #[error("executor {executor}: {problem}")]
+    Executor {
+        /// The executor's name.
+        executor: String,
+        /// What was wrong.
+        problem: String,
+    },
+    /// Something inconsistent (a bug or a mismatched trace).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl CoeError {
+    /// Shorthand for [`CoeError::Io`].
+    pub fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        CoeError::Io { action, path: path.to_path_buf(), source }
+    }
+}

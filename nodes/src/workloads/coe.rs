@@ -1,0 +1,364 @@
+//! Workload `coe`: `troupe coe gen | profile | run`, the CoServe-style CoE application on real
+//! ONNX experts (see `troupe_actors::coe`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use troupe_actors::coe::app::{self, App, Scale};
+use troupe_actors::coe::profiler;
+use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
+use troupe_policy::coe::{LatencyModel, Profile, SchedulerConfig};
+
+/// `troupe coe ...`.
+#[derive(Subcommand, Debug)]
+pub enum CoeCommand {
+    /// Generate the application (ONNX experts, manifest) and its request trace.
+    Gen {
+        /// `ci` (seconds, tens of MB) or `paper` (~300 experts, several GB).
+        #[arg(long, default_value = "ci")]
+        scale: String,
+        /// Output folder (default .cache/coe/SCALE).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Generator seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Measure this machine and write the profile the scheduler reads.
+    Profile {
+        /// Which app to profile with.
+        #[arg(long, default_value = "ci")]
+        scale: String,
+        /// App folder (default .cache/coe/SCALE).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Profile file (default DIR/profile.txt).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Serve the trace for real in this process (scheduler + one thread per executor).
+    Run {
+        /// Which app.
+        #[arg(long, default_value = "ci")]
+        scale: String,
+        /// App folder (default .cache/coe/SCALE).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Trace file (default DIR/trace.txt).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Profile file (default DIR/profile.txt).
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// `ours`, `fcfs+lru`, `sched-only` or `evict-only`.
+        #[arg(long, default_value = "ours")]
+        policy: String,
+        /// Write `request <id> digest <hex>` lines here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Serve only the first N requests of the trace.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Also replay the same requests through the simulator with the profiled latencies
+        /// (a cross-check of the simulator against real execution).
+        #[arg(long)]
+        simulate: bool,
+    },
+}
+
+/// Parse a scale name.
+pub fn scale(name: &str) -> Result<Scale> {
+    Scale::from_name(name).with_context(|| format!("unknown scale {name:?} (use ci or paper)"))
+}
+
+/// Parse a policy label.
+pub fn policy(label: &str) -> Result<SchedulerConfig> {
+    SchedulerConfig::combinations()
+        .into_iter()
+        .find(|c| c.label() == label)
+        .with_context(|| format!("unknown policy {label:?} (use ours, fcfs+lru, sched-only, evict-only)"))
+}
+
+/// The app folder: `dir` or the scale's default.
+pub fn app_dir(scale: Scale, dir: Option<PathBuf>) -> PathBuf {
+    dir.unwrap_or_else(|| scale.default_dir())
+}
+
+/// Generate and print a summary.
+pub fn gen_app(dir: &Path, scale: Scale, seed: u64) -> Result<()> {
+    let r = app::generate(dir, scale, seed)
+        .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
+    println!(
+        "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, random-init weights, usage probabilities pre-assessed on digit images; {:.1}s -> {}",
+        r.experts,
+        r.depth,
+        r.total_bytes as f64 / 1e6,
+        r.min_bytes as f64 / 1e6,
+        r.max_bytes as f64 / 1e6,
+        r.requests,
+        r.seconds,
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Profile and write the file.
+pub fn profile_app(dir: &Path, out: &Path) -> Result<Profile> {
+    let app = App::open(dir, None)?;
+    let profile = profiler::profile(&app, &profiler::default_plan(&app))?;
+    app::write_file(out, profile.to_text().as_bytes())?;
+    println!(
+        "coe profile: {} executors measured on `{}` -> {}",
+        profile.executors.len(),
+        profile.hardware_fingerprint,
+        out.display()
+    );
+    for e in &profile.executors {
+        println!(
+            "  {} ({}): max batch {}, experts {:.1} MB of {:.1} MB, load {:.0} MB/s from ssd, {:.0} MB/s from host",
+            e.name,
+            e.kind.name(),
+            e.max_batch,
+            e.expert_memory_bytes as f64 / 1e6,
+            e.memory_bytes as f64 / 1e6,
+            e.ssd_bandwidth as f64 / 1e6,
+            e.host_bandwidth as f64 / 1e6
+        );
+    }
+    Ok(profile)
+}
+
+/// One line describing a real run.
+pub fn run_line(r: &RunReport) -> String {
+    format!(
+        "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms",
+        r.label,
+        r.throughput_rps,
+        r.loads,
+        r.loads_over_belady(),
+        100.0 * r.switch_share(),
+        r.p50_ms,
+        r.p99_ms
+    )
+}
+
+/// Write a file (creating its folder), for the benchmark's plot.
+pub fn app_write(path: &Path, text: &str) -> Result<()> {
+    app::write_file(path, text.as_bytes())?;
+    Ok(())
+}
+
+/// Runs a `troupe coe` command.
+pub fn run(cmd: CoeCommand) -> Result<()> {
+    match cmd {
+        CoeCommand::Gen { scale: s, dir, seed } => {
+            let s = scale(&s)?;
+            gen_app(&app_dir(s, dir), s, seed)
+        }
+        CoeCommand::Profile { scale: s, dir, out } => {
+            let dir = app_dir(scale(&s)?, dir);
+            let out = out.unwrap_or_else(|| dir.join("profile.txt"));
+            profile_app(&dir, &out).map(|_| ())
+        }
+        CoeCommand::Run { scale: s, dir, trace, profile, policy: p, out, requests, simulate } => {
+            let dir = app_dir(scale(&s)?, dir);
+            let config = policy(&p)?;
+            let mut app = App::open(&dir, trace.as_deref())?;
+            if let Some(n) = requests {
+                app.trace.requests.truncate(n);
+            }
+            let path = profile.unwrap_or_else(|| dir.join("profile.txt"));
+            if !path.is_file() {
+                bail!(
+                    "{} is missing: run `troupe coe profile --dir {}` first",
+                    path.display(),
+                    dir.display()
+                );
+            }
+            let latency = LatencyModel::from_profile(&profiler::load_profile(&path)?)?;
+            let report = run_local(&app, &latency, &RunOptions::new(config))?;
+            println!("{}", run_line(&report));
+            if simulate {
+                let sim = troupe_policy::coe::simulate(&app.trace, &latency, config, &Default::default())?;
+                println!(
+                    "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  [simulated, profiled latencies]",
+                    sim.label,
+                    sim.throughput_rps,
+                    sim.loads,
+                    sim.loads_over_belady(),
+                    100.0 * sim.switch_share
+                );
+            }
+            if let Some(out) = out {
+                app::write_file(&out, troupe_actors::coe::runner::results_text(&report).as_bytes())?;
+                println!("results written to {}", out.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+// ---- the distributed workload: actor kind `coe-executor`, job kind `coe` -------------------
+
+/// `params` of a `coe-executor` actor.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorParams {
+    /// The app folder (with profile.txt).
+    pub dir: String,
+    /// The executor's name in the profile (e.g. `gpu0-standin-cpu`, `cpu0`).
+    pub executor: String,
+}
+
+/// `params` of the `coe` job (the scheduler).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoeJob {
+    /// The app folder (with profile.txt and trace.txt).
+    pub dir: String,
+    /// Policy label (default `ours`).
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// Trace arrival times are multiplied by this.
+    #[serde(default = "default_scale")]
+    pub arrival_scale: f64,
+    /// Where to write `request <id> digest <hex>` lines.
+    #[serde(default)]
+    pub out: Option<String>,
+    /// Seconds an executor call may take before the executor counts as lost.
+    #[serde(default = "default_call_timeout")]
+    pub call_timeout_s: u64,
+}
+
+fn default_policy() -> String {
+    "ours".into()
+}
+
+fn default_scale() -> f64 {
+    1.0
+}
+
+fn default_call_timeout() -> u64 {
+    30
+}
+
+/// Checks a `coe-executor` entry.
+pub fn validate_actor(a: &crate::config::ActorConfig) -> Result<(), (String, String)> {
+    let _: ExecutorParams = super::params(&a.params)?;
+    Ok(())
+}
+
+/// Checks the `coe` job.
+pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)> {
+    let p: CoeJob = super::params(&j.params)?;
+    policy(&p.policy).map_err(|e| ("params.policy".to_string(), e.to_string()))?;
+    if !(p.arrival_scale.is_finite() && p.arrival_scale >= 0.0) {
+        return Err(("params.arrival_scale".into(), "must be a finite number >= 0".into()));
+    }
+    Ok(())
+}
+
+/// The `coe-executor` actor of this node.
+pub fn actor(
+    ctx: &super::NodeContext,
+    a: &crate::config::ActorConfig,
+) -> Result<troupe_actors::supervisor::ChildSpec> {
+    let p: ExecutorParams = super::params(&a.params).map_err(|(f, e)| anyhow::anyhow!("{f}: {e}"))?;
+    let args = troupe_actors::coe::remote::ExecutorArgs {
+        dir: PathBuf::from(p.dir),
+        executor: p.executor,
+        node: ctx.config.name.clone(),
+    };
+    Ok(troupe_actors::supervisor::ChildSpec::new(
+        a.name.clone().unwrap_or_else(|| a.kind.clone()),
+        move || (troupe_actors::coe::remote::CoeExecutorActor, args.clone()),
+    ))
+}
+
+/// The scheduler: find the executors, serve the trace through them, survive losing one.
+pub async fn run_job(
+    runtime: &troupe_actors::NodeRuntime,
+    _ctx: &super::NodeContext,
+    job: &crate::config::JobConfig,
+) -> Result<()> {
+    use troupe_actors::coe::remote::{find_executors, spawn_links};
+    use troupe_actors::coe::runner::{Cmd, Event, drive, results_text};
+    use troupe_policy::MembershipEvent;
+
+    let p: CoeJob = super::params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
+    let config = policy(&p.policy)?;
+    let dir = PathBuf::from(&p.dir);
+    let (app, latency) = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || -> Result<(App, LatencyModel)> {
+            let app = App::open(&dir, None)?;
+            let latency = LatencyModel::from_profile(&profiler::load_profile(&dir.join("profile.txt"))?)?;
+            Ok((app, latency))
+        })
+        .await??
+    };
+    let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
+    let found = find_executors(&names, deadline).await?;
+    println!(
+        "coe: serving {} requests through {} ({}), policy {}",
+        app.trace.requests.len(),
+        found.iter().map(|f| format!("{} on {}", f.name, f.node)).collect::<Vec<_>>().join(", "),
+        if troupe_kernels::cuda::cuda_available(0).is_ok() {
+            "CUDA present; ONNX Runtime is CPU-only"
+        } else {
+            "no CUDA: the gpu executor is a CPU stand-in"
+        },
+        config.label()
+    );
+    let (ev_tx, ev_rx) = std::sync::mpsc::channel::<Event>();
+    let senders = spawn_links(&found, ev_tx.clone(), std::time::Duration::from_secs(p.call_timeout_s.max(1)));
+    let mut members = runtime.subscribe_membership();
+    let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
+    let watcher = tokio::spawn(async move {
+        loop {
+            match members.recv().await {
+                Ok(MembershipEvent::Down { member, .. }) => {
+                    for (exec, n) in nodes.iter().enumerate() {
+                        if member.as_str() == n {
+                            let _ = ev_tx.send(Event::Lost { exec, why: format!("node {n} is down") });
+                        }
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    let options = RunOptions {
+        config,
+        arrival_scale: p.arrival_scale,
+        deadline: std::time::Duration::from_secs(job.timeout_s),
+    };
+    let report = tokio::task::spawn_blocking(move || {
+        let total = app.trace.requests.len();
+        let mut send = |x: usize, cmd: Cmd| -> Result<(), troupe_actors::coe::CoeError> {
+            // A closed link means that executor is already reported lost; drop the command.
+            let _ = senders[x].send(cmd);
+            Ok(())
+        };
+        let mut progress = |done: usize| {
+            if done.is_multiple_of(25) || done == total {
+                println!("coe: completed {done} of {total}");
+            }
+        };
+        drive(&app, &latency, &options, &mut send, &ev_rx, &mut progress)
+    })
+    .await??;
+    watcher.abort();
+    println!("coe: {}", run_line(&report));
+    if !report.lost.is_empty() {
+        println!("coe: lost executors {:?}; their work was reassigned", report.lost);
+    }
+    if let Some(out) = &p.out {
+        app::write_file(Path::new(out), results_text(&report).as_bytes())?;
+        println!("coe: results written to {out}");
+    }
+    Ok(())
+}
