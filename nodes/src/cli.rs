@@ -62,6 +62,12 @@ pub enum Command {
         #[arg(required = true)]
         texts: Vec<String>,
     },
+    /// The pipeline workload: submit a staged job, probe a model's RSS.
+    Pipeline {
+        /// Pipeline subcommand.
+        #[command(subcommand)]
+        command: crate::workloads::pipeline::PipelineCommand,
+    },
     /// Benchmarks: ratios measured in one run.
     Bench {
         /// Which benchmark.
@@ -153,6 +159,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Pipeline { command } => {
+            crate::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
     }

@@ -1,1 +1,3 @@
 //! Helpers for troupe's whole-cluster tests.
+
+pub mod pipeline;

@@ -44,6 +44,9 @@ pub struct ShellSettings {
     pub rpc_timeout: Duration,
     /// Policy settings.
     pub policy: ForemanConfig,
+    /// Drop every worker's live session before the job (jobs then start alike, e.g. when
+    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse).
+    pub fresh_start: bool,
 }
 
 impl Default for ShellSettings {
@@ -54,6 +57,7 @@ impl Default for ShellSettings {
             telemetry_period: Duration::from_millis(500),
             rpc_timeout: Duration::from_secs(60),
             policy: ForemanConfig::default(),
+            fresh_start: true,
         }
     }
 }
@@ -629,10 +633,16 @@ pub async fn run_pipeline_job(
     let mut workers = Vec::new();
     let mut by_node = BTreeMap::new();
     for actor in actors {
-        let (node, pid, cached, straggler, telemetry) =
+        if settings.fresh_start
+            && let Err(e) = call(&actor, &Request::Unload, settings.rpc_timeout).await
+        {
+            warn!(error = %e, "worker did not unload; skipped");
+            continue;
+        }
+        let (node, pid, cached, live, straggler, telemetry) =
             match call(&actor, &Request::Join, settings.rpc_timeout).await {
-                Ok(Response::Joined { node, pid, cached, straggler, telemetry }) => {
-                    (node, pid, cached, straggler, telemetry)
+                Ok(Response::Joined { node, pid, cached, live, straggler, telemetry }) => {
+                    (node, pid, cached, live, straggler, telemetry)
                 }
                 Ok(other) => {
                     warn!(answer = ?other, "unexpected join answer; worker skipped");
@@ -645,7 +655,7 @@ pub async fn run_pipeline_job(
             };
         let idx = workers.len();
         let rtt_ms = link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        let report = WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live: None, cached };
+        let report = WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
         policy
             .handle_worker_joined(micros_since(t0), WorkerId(idx as u32), report)
             .map_err(|e| ShellError::Refused(e.to_string()))?;

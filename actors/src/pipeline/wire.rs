@@ -165,6 +165,8 @@ mod messages {
             pid: u32,
             /// SHA-256 of the stage files in its disk cache.
             cached: Vec<String>,
+            /// SHA-256 of the stage file of its live session, if any.
+            live: Option<String>,
             /// How it is slowed, in words ("none", "cgroup v1 cpu quota 50%", "pacing 2.0x (emulation)").
             straggler: String,
             /// First telemetry.
@@ -529,7 +531,7 @@ mod tests {
         let t = NamedTensor::f32("big", vec![512, 1024], data);
         let shelf = BlobShelf::default();
         let mut tally = EncodeTally::default();
-        let wire = encode_tensors(&[t.clone()], false, &shelf, &mut tally).unwrap();
+        let wire = encode_tensors(std::slice::from_ref(&t), false, &shelf, &mut tally).unwrap();
         let TensorBody::ByRef { blob, len } = &wire[0].body else { panic!("not by reference") };
         assert_eq!(tally.by_reference, 1);
         let bytes = shelf.blob(blob).unwrap();

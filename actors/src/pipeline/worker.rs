@@ -39,13 +39,14 @@ static MAX_LIVE: AtomicU32 = AtomicU32::new(0);
 pub struct LiveSession {
     session: OnnxSession,
     stage: u32,
+    sha256: String,
 }
 
 impl LiveSession {
-    fn new(session: OnnxSession, stage: u32) -> Self {
+    fn new(session: OnnxSession, stage: u32, sha256: String) -> Self {
         let now = LIVE.fetch_add(1, Ordering::SeqCst) + 1;
         MAX_LIVE.fetch_max(now, Ordering::SeqCst);
-        LiveSession { session, stage }
+        LiveSession { session, stage, sha256 }
     }
 }
 
@@ -174,6 +175,27 @@ pub fn list_cached(dir: &Path) -> Vec<String> {
     out
 }
 
+/// SHA-256 of a file read in 1 MiB chunks (size-capped), lower-case hex.
+pub fn sha256_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let len = std::fs::metadata(path).map_err(err)?.len();
+    if len > MAX_STAGE_BYTES {
+        return Err(format!("{}: {len} bytes is above the {MAX_STAGE_BYTES}-byte cap", path.display()));
+    }
+    let mut file = std::fs::File::open(path).map_err(err)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// SHA-256 of bytes, lower-case hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
@@ -187,6 +209,7 @@ impl WorkerState {
                 node: s.node.clone(),
                 pid: std::process::id(),
                 cached: list_cached(&s.cache_dir),
+                live: self.session.as_ref().map(|l| l.sha256.clone()),
                 straggler: self.straggler.describe(),
                 telemetry: self.sampler.sample(),
             }),
@@ -264,27 +287,21 @@ impl WorkerState {
         let path = cached_path(&self.args.settings.cache_dir, &sha256);
         let threads = self.args.settings.intra_threads;
         let start = Instant::now();
+        let hash = sha256.clone();
         let session = tokio::task::spawn_blocking(move || -> Result<OnnxSession, String> {
-            let len = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-            if len > MAX_STAGE_BYTES {
-                return Err(format!("{}: {len} bytes is above the cap", path.display()));
-            }
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let got = sha256_hex(&bytes);
+            // Hash the file as it streams (no copy of it stays in memory), then let ONNX Runtime
+            // read it: the process then holds what one session needs, nothing more.
+            let got = sha256_file(&path)?;
             if got != sha256 {
                 let _ = std::fs::remove_file(&path);
                 return Err(format!("{}: cached file has SHA-256 {got}; removed it", path.display()));
             }
-            OnnxSession::from_bytes(
-                &bytes,
-                &format!("stage {stage}"),
-                &SessionConfig { intra_threads: threads },
-            )
-            .map_err(|e| e.to_string())
+            OnnxSession::from_file(&path, &SessionConfig { intra_threads: threads })
+                .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| format!("load task: {e}"))??;
-        self.session = Some(LiveSession::new(session, stage));
+        self.session = Some(LiveSession::new(session, stage, hash));
         self.stats.loads += 1;
         Ok(Response::Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
     }
@@ -366,5 +383,9 @@ mod tests {
     #[test]
     fn sha256_of_abc_is_the_standard_vector() {
         assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        let f = std::env::temp_dir().join(format!("troupe-sha-{}", std::process::id()));
+        std::fs::write(&f, b"abc").unwrap();
+        assert_eq!(sha256_file(&f).unwrap(), sha256_hex(b"abc"));
+        std::fs::remove_file(&f).unwrap();
     }
 }
