@@ -110,10 +110,15 @@ fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String>
     }
     let parent = root.join("troupe");
     let _ = std::fs::create_dir_all(&parent);
-    // Groups of workers that died (kill -9) are left empty; rmdir only succeeds on empty ones.
+    // Groups of workers that died (kill -9) stay behind, empty: remove those whose process is
+    // gone (never a live sibling's, which may be empty for a moment while it starts).
     if let Ok(entries) = std::fs::read_dir(&parent) {
         for e in entries.flatten() {
-            let _ = std::fs::remove_dir(e.path());
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.rsplit_once('-').and_then(|(_, p)| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir(e.path());
+            }
         }
     }
     let group = parent.join(format!("{node}-{}", std::process::id()));

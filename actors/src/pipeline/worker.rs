@@ -120,6 +120,7 @@ impl Actor for PipelineWorker {
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
         std::fs::create_dir_all(&args.settings.cache_dir)?;
+        fix_mmap_threshold();
         let straggler = apply_cpu_quota(&args.settings.node, args.settings.cpu_quota_pct);
         info!(node = %args.settings.node, straggler = %straggler.describe(), cache = %args.settings.cache_dir.display(), "pipeline worker up");
         let sampler = Sampler::new(args.settings.device, args.settings.ram_budget_bytes);
@@ -150,6 +151,26 @@ impl Actor for PipelineWorker {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Keeps glibc from raising its mmap threshold as large blocks are freed, so a dropped session's
+/// weights (hundreds of KiB each) go back to the OS instead of staying in the heap: the worker's
+/// RSS then follows its single live session. No-op off glibc.
+fn fix_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes an allocator tunable; called before the worker allocates sessions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
+/// Returns freed heap memory to the OS after a session or a stage-file buffer is dropped.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory at the allocator's discretion.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Path of a stage file in the cache.
@@ -227,6 +248,7 @@ impl WorkerState {
             Request::Unload => {
                 if self.session.take().is_some() {
                     self.stats.unloads += 1;
+                    release_free_memory();
                 }
                 Ok(Response::Unloaded)
             }
@@ -269,6 +291,8 @@ impl WorkerState {
         let tmp = path.with_extension(format!("part{}", std::process::id()));
         std::fs::write(&tmp, &bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
+        drop(bytes);
+        release_free_memory();
         self.stats.pulls += 1;
         Ok(Response::Fetched { cached: false, micros: micros(start.elapsed()) })
     }

@@ -212,6 +212,27 @@ pub fn tokenize(sentences: &[String]) -> Result<Vec<Vec<NamedTensor>>> {
         .collect())
 }
 
+/// Tokenises `count` inputs of `batch` sentences each (sentences taken in order, cycling), each
+/// input padded to its longest sentence: heavier tasks for the benchmark.
+pub fn tokenize_batches(sentences: &[String], count: usize, batch: usize) -> Result<Vec<Vec<NamedTensor>>> {
+    if sentences.is_empty() || batch == 0 {
+        bail!("no sentences to batch");
+    }
+    let tokenizer = WordPiece::from_assets(&Assets::locate()?)?;
+    Ok((0..count)
+        .map(|i| {
+            let group: Vec<&String> =
+                (0..batch).map(|j| &sentences[(i * batch + j) % sentences.len()]).collect();
+            let b = tokenizer.encode_batch(&group);
+            let shape = vec![b.batch, b.seq_len];
+            vec![
+                NamedTensor::i64("input_ids", shape.clone(), b.ids),
+                NamedTensor::i64("attention_mask", shape, b.attention_mask),
+            ]
+        })
+        .collect())
+}
+
 /// MiniLM's three stage files from the setup cache.
 pub fn minilm_stages() -> Result<Vec<PathBuf>> {
     let a = Assets::locate()?;
@@ -386,5 +407,64 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             println!("{json}");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actor_with(params: &str) -> ActorConfig {
+        ActorConfig { kind: "pipeline-worker".into(), name: None, params: toml::from_str(params).unwrap() }
+    }
+
+    fn job_with(params: &str) -> JobConfig {
+        JobConfig { kind: "pipeline".into(), timeout_s: 60, params: toml::from_str(params).unwrap() }
+    }
+
+    #[test]
+    fn worker_and_job_params_are_checked_field_by_field() {
+        assert!(validate_actor(&actor_with("cpu_quota_pct = 50\nram_budget_mb = 300")).is_ok());
+        let (f, e) = validate_actor(&actor_with("cpu_quota_pct = 0")).unwrap_err();
+        assert_eq!(f, "params.cpu_quota_pct", "{e}");
+        let (f, _) = validate_actor(&actor_with("cpu_quota_pct = 150")).unwrap_err();
+        assert_eq!(f, "params.cpu_quota_pct");
+        let (f, _) = validate_actor(&actor_with("ram_budget_mb = 0")).unwrap_err();
+        assert_eq!(f, "params.ram_budget_mb");
+        let (f, _) = validate_actor(&actor_with("colour = 1")).unwrap_err();
+        assert!(f.contains("colour") || f == "params", "{f}");
+
+        assert!(validate_job(&job_with("inputs = \"x.txt\"\nmode = \"barrier\"")).is_ok());
+        let (f, e) = validate_job(&job_with("inputs = \"x.txt\"\nmode = \"sideways\"")).unwrap_err();
+        assert_eq!(f, "params.mode");
+        assert!(e.contains("sideways"), "{e}");
+        let (f, _) = validate_job(&job_with("inputs = \"x.txt\"\nworkers = 0")).unwrap_err();
+        assert_eq!(f, "params.workers");
+        assert!(validate_job(&job_with("mode = \"streaming\"")).is_err(), "inputs is required");
+    }
+
+    #[test]
+    fn inputs_file_skips_comments_and_blank_lines_and_refuses_empty_or_huge() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("in.txt");
+        std::fs::write(&p, "# header\n\n  first sentence  \nsecond one\n").unwrap();
+        assert_eq!(read_sentences(&p).unwrap(), vec!["first sentence".to_string(), "second one".into()]);
+        std::fs::write(&p, "# only a comment\n\n").unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("no sentences"));
+        std::fs::write(&p, "x\n".repeat(MAX_SENTENCES + 1)).unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("more than the limit"));
+        let big = vec![b'a'; usize::try_from(MAX_INPUTS_FILE_BYTES).unwrap() + 1];
+        std::fs::write(&p, big).unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("cap"));
+        assert!(
+            read_sentences(&d.path().join("missing.txt")).unwrap_err().to_string().contains("missing.txt")
+        );
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!(parse_mode("streaming"), Ok(Mode::Streaming));
+        assert_eq!(parse_mode("barrier"), Ok(Mode::Barrier));
+        assert!(parse_mode("Barrier").is_err());
     }
 }

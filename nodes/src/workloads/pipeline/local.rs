@@ -143,6 +143,16 @@ impl LocalCluster {
         self.children.iter().map(|(n, c)| (n.clone(), c.id().and_then(peak_rss_of))).collect()
     }
 
+    /// Resets each worker's peak RSS (`VmHWM`) to its current RSS by writing `5` to
+    /// `/proc/<pid>/clear_refs` (Linux); returns how many were reset.
+    pub fn reset_peak_rss(&self) -> usize {
+        self.children
+            .iter()
+            .filter_map(|(_, c)| c.id())
+            .filter(|pid| std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok())
+            .count()
+    }
+
     /// Kills a worker with SIGKILL, as `kill -9 PID` does.
     pub fn kill9(&self, name: &str) -> Result<()> {
         let Some(pid) = self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id()) else {
