@@ -53,6 +53,18 @@ pub fn whole_model(sentences: &[String]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The whole model's `sentence_embedding` for one prepared input (any batch size), flattened.
+pub fn whole_model_on(input: &[NamedTensor]) -> Vec<f32> {
+    let assets = troupe::kernels::assets::Assets::locate().expect("setup cache");
+    let path = assets.path(troupe::kernels::assets::MINILM_WHOLE).expect("whole model in the setup cache");
+    let mut session = OnnxSession::from_file(&path, &SessionConfig::default()).expect("whole model loads");
+    let out = session.run(input).expect("whole model runs");
+    out.into_iter()
+        .find(|t| t.name == "sentence_embedding")
+        .and_then(|t| t.as_f32().map(<[f32]>::to_vec))
+        .expect("whole model has a sentence_embedding output")
+}
+
 /// Largest absolute difference between the job's final vectors and the reference.
 pub fn max_abs_error(outcome: &JobOutcome, whole: &[Vec<f32>]) -> f32 {
     assert_eq!(outcome.outputs.len(), whole.len());
