@@ -19,6 +19,8 @@ use super::wire::TelemetrySample;
 
 /// Where the cgroup v1 cpu controller is mounted on Linux.
 pub const CGROUP_V1_CPU: &str = "/sys/fs/cgroup/cpu";
+/// Where the cgroup v1 memory controller is mounted on Linux.
+pub const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 /// CFS period written with the quota, microseconds.
 pub const CFS_PERIOD_US: u64 = 100_000;
 
@@ -108,6 +110,74 @@ fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String>
     if !root.join("cpu.cfs_quota_us").exists() {
         return Err(format!("no cgroup v1 cpu controller at {}", root.display()));
     }
+    let group = own_group(root, node)?;
+    write_in(&group, "cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
+    write_in(&group, "cpu.cfs_quota_us", (CFS_PERIOD_US * u64::from(pct) / 100).to_string())?;
+    // cgroup.procs moves every thread of the process (tasks would move one thread).
+    write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+    Ok(group)
+}
+
+/// How a worker's RAM budget is held.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemoryLimit {
+    /// The foreman keeps stages that do not fit the budget away; the OS does not enforce it.
+    Advisory,
+    /// A cgroup v1 memory limit: going over it gets the worker OOM-killed (a real budget).
+    CgroupV1 {
+        /// The group's folder.
+        group: PathBuf,
+        /// The limit, bytes.
+        bytes: u64,
+    },
+    /// Enforcement was asked for but is not possible here.
+    Unavailable {
+        /// Why.
+        why: String,
+    },
+}
+
+impl MemoryLimit {
+    /// In words.
+    pub fn describe(&self) -> String {
+        match self {
+            MemoryLimit::Advisory => "RAM budget advisory (scheduling only)".into(),
+            MemoryLimit::CgroupV1 { group, bytes } => {
+                format!(
+                    "RAM budget enforced: cgroup v1 memory limit {} MiB ({})",
+                    bytes >> 20,
+                    group.display()
+                )
+            }
+            MemoryLimit::Unavailable { why } => format!("RAM budget advisory only: {why}"),
+        }
+    }
+}
+
+/// Enforces `bytes` as this process's memory limit with a cgroup v1 memory group, if asked and
+/// possible.
+pub fn apply_memory_limit(node: &str, bytes: u64, enforce: bool) -> MemoryLimit {
+    if !enforce {
+        return MemoryLimit::Advisory;
+    }
+    let root = Path::new(CGROUP_V1_MEMORY);
+    let attempt = || -> Result<PathBuf, String> {
+        if !root.join("memory.limit_in_bytes").exists() {
+            return Err(format!("no cgroup v1 memory controller at {}", root.display()));
+        }
+        let group = own_group(root, node)?;
+        write_in(&group, "memory.limit_in_bytes", bytes.to_string())?;
+        write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+        Ok(group)
+    };
+    match attempt() {
+        Ok(group) => MemoryLimit::CgroupV1 { group, bytes },
+        Err(why) => MemoryLimit::Unavailable { why },
+    }
+}
+
+/// Creates `<root>/troupe/<node>-<pid>`, first removing groups left by dead workers.
+fn own_group(root: &Path, node: &str) -> Result<PathBuf, String> {
     let parent = root.join("troupe");
     let _ = std::fs::create_dir_all(&parent);
     // Groups of workers that died (kill -9) stay behind, empty: remove those whose process is
@@ -122,16 +192,13 @@ fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String>
         }
     }
     let group = parent.join(format!("{node}-{}", std::process::id()));
-    let write = |file: &str, value: String| {
-        std::fs::write(group.join(file), value)
-            .map_err(|e| format!("writing {}: {e}", group.join(file).display()))
-    };
     std::fs::create_dir_all(&group).map_err(|e| format!("creating {}: {e}", group.display()))?;
-    write("cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
-    write("cpu.cfs_quota_us", (CFS_PERIOD_US * u64::from(pct) / 100).to_string())?;
-    // cgroup.procs moves every thread of the process (tasks would move one thread).
-    write("cgroup.procs", std::process::id().to_string())?;
     Ok(group)
+}
+
+fn write_in(group: &Path, file: &str, value: String) -> Result<(), String> {
+    std::fs::write(group.join(file), value)
+        .map_err(|e| format!("writing {}: {e}", group.join(file).display()))
 }
 
 /// Samples CPU time and RSS of this process and steps the device model.

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
 use troupe_transport::{NodeId, QuicNode};
 
-use super::telemetry::{DeviceModel, Sampler, Straggler, apply_cpu_quota};
+use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
     BlobShelf, EncodeTally, Request, Response, WorkerStats, decode_tensors, encode_tensors,
     request_from_bytes, to_bytes,
@@ -80,6 +80,8 @@ pub struct WorkerSettings {
     pub cpu_quota_pct: u32,
     /// Simulated battery and temperature.
     pub device: DeviceModel,
+    /// Enforce the RAM budget with a cgroup v1 memory limit (over it, the OS kills the worker).
+    pub enforce_ram_budget: bool,
     /// Disk cache of stage files.
     pub cache_dir: PathBuf,
     /// ONNX Runtime intra-op threads.
@@ -105,6 +107,7 @@ pub struct WorkerState {
     args: WorkerArgs,
     session: Option<LiveSession>,
     straggler: Straggler,
+    memory: MemoryLimit,
     sampler: Sampler,
     stats: WorkerStats,
 }
@@ -122,10 +125,21 @@ impl Actor for PipelineWorker {
         std::fs::create_dir_all(&args.settings.cache_dir)?;
         fix_mmap_threshold();
         let straggler = apply_cpu_quota(&args.settings.node, args.settings.cpu_quota_pct);
-        info!(node = %args.settings.node, straggler = %straggler.describe(), cache = %args.settings.cache_dir.display(), "pipeline worker up");
+        let memory = apply_memory_limit(
+            &args.settings.node,
+            args.settings.ram_budget_bytes,
+            args.settings.enforce_ram_budget,
+        );
+        info!(
+            node = %args.settings.node,
+            straggler = %straggler.describe(),
+            memory = %memory.describe(),
+            cache = %args.settings.cache_dir.display(),
+            "pipeline worker up"
+        );
         let sampler = Sampler::new(args.settings.device, args.settings.ram_budget_bytes);
         ractor::pg::join(WORKERS_GROUP.to_string(), vec![me.get_cell()]);
-        Ok(WorkerState { args, session: None, straggler, sampler, stats: WorkerStats::default() })
+        Ok(WorkerState { args, session: None, straggler, memory, sampler, stats: WorkerStats::default() })
     }
 
     async fn handle(
@@ -231,7 +245,7 @@ impl WorkerState {
                 pid: std::process::id(),
                 cached: list_cached(&s.cache_dir),
                 live: self.session.as_ref().map(|l| l.sha256.clone()),
-                straggler: self.straggler.describe(),
+                straggler: format!("{}; {}", self.straggler.describe(), self.memory.describe()),
                 telemetry: self.sampler.sample(),
             }),
             Request::Telemetry => Ok(Response::Telemetry(self.sampler.sample())),

@@ -43,6 +43,10 @@ pub struct WorkerParams {
     /// RAM budget for stage sessions, MiB.
     #[serde(default = "default_budget")]
     pub ram_budget_mb: u64,
+    /// Enforce the budget with a cgroup v1 memory limit (going over it gets the worker killed by
+    /// the OS, and the foreman re-plans its tasks); otherwise it only steers scheduling.
+    #[serde(default)]
+    pub enforce_ram_budget: bool,
     /// CPU speed in percent of one CPU: a cgroup v1 quota where available, else pacing.
     #[serde(default = "default_quota")]
     pub cpu_quota_pct: u32,
@@ -156,6 +160,7 @@ pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
         ram_budget_bytes: p.ram_budget_mb << 20,
         cpu_quota_pct: p.cpu_quota_pct,
         device: DeviceModel { battery_pct: p.battery_pct, ambient_c: p.ambient_c, ..DeviceModel::default() },
+        enforce_ram_budget: p.enforce_ram_budget,
         cache_dir: p.cache_dir.clone().unwrap_or_else(|| PathBuf::from(".cache/pipeline").join(node)),
         intra_threads: p.intra_threads,
     }

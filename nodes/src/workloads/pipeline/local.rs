@@ -37,6 +37,8 @@ pub struct WorkerSpec {
     pub cache_dir: PathBuf,
     /// Simulated battery, percent.
     pub battery_pct: f64,
+    /// Enforce the RAM budget with a cgroup v1 memory limit.
+    pub enforce_ram_budget: bool,
 }
 
 impl WorkerSpec {
@@ -48,6 +50,7 @@ impl WorkerSpec {
             ram_budget_mb: 512,
             cache_dir: workdir.join("cache").join(name),
             battery_pct: 90.0,
+            enforce_ram_budget: false,
         }
     }
 }
@@ -101,6 +104,7 @@ impl LocalCluster {
             params.insert("ram_budget_mb".into(), toml::Value::Integer(i64::try_from(w.ram_budget_mb)?));
             params.insert("cpu_quota_pct".into(), toml::Value::Integer(i64::from(w.cpu_quota_pct)));
             params.insert("battery_pct".into(), toml::Value::Float(w.battery_pct));
+            params.insert("enforce_ram_budget".into(), toml::Value::Boolean(w.enforce_ram_budget));
             params.insert("cache_dir".into(), toml::Value::String(w.cache_dir.display().to_string()));
             cfg.actors = vec![ActorConfig { kind: "pipeline-worker".into(), name: None, params }];
             cfg.validate().map_err(|(f, p)| anyhow::anyhow!("worker {}: {f}: {p}", w.name))?;
