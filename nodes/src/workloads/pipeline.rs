@@ -364,6 +364,10 @@ pub enum PipelineCommand {
         /// Number of worker processes.
         #[arg(long, default_value_t = 3)]
         workers: usize,
+        /// CPU quota of each worker in percent of one CPU, comma-separated, cycled over the
+        /// workers (real stragglers through cgroup v1 where available; default: all at 100).
+        #[arg(long, value_delimiter = ',')]
+        quotas: Vec<u32>,
         /// "streaming" or "barrier".
         #[arg(long, default_value = "streaming")]
         mode: String,
@@ -386,7 +390,13 @@ pub enum PipelineCommand {
 /// Runs `troupe pipeline ...`.
 pub async fn command(cmd: PipelineCommand) -> Result<()> {
     match cmd {
-        PipelineCommand::Submit { stages, inputs, workers, mode, bf16, workdir } => {
+        PipelineCommand::Submit { stages, inputs, workers, quotas, mode, bf16, workdir } => {
+            if workers == 0 || workers > 64 {
+                bail!("--workers must be between 1 and 64");
+            }
+            if let Some(q) = quotas.iter().find(|&&q| q == 0 || q > 100) {
+                bail!("--quotas: {q} is not between 1 and 100");
+            }
             let mode = parse_mode(&mode).map_err(anyhow::Error::msg)?;
             let stages = if stages.is_empty() { minilm_stages()? } else { stages };
             let sentences = read_sentences(&inputs)?;
@@ -398,8 +408,9 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 sentences.len()
             );
             let exe = std::env::current_exe()?;
+            let quota = |i: usize| if quotas.is_empty() { 100 } else { quotas[i % quotas.len()] };
             let specs: Vec<local::WorkerSpec> = (0..workers)
-                .map(|i| local::WorkerSpec::new(&format!("worker-{}", i + 1), 100, &workdir))
+                .map(|i| local::WorkerSpec::new(&format!("worker-{}", i + 1), quota(i), &workdir))
                 .collect();
             let cluster = local::LocalCluster::start(&exe, &workdir, &specs).await?;
             let result = cluster.run(job, ShellSettings { workers, ..ShellSettings::default() }, None).await;
