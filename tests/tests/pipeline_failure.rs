@@ -32,10 +32,20 @@ async fn a_worker_killed_mid_job_has_its_tasks_moved_and_outputs_match() {
                 tokio::select! {
                     r = &mut run => break r,
                     Some(p) = rx.recv(), if !killed => {
-                        if let Progress::Assigned { node, task } = p
-                            && node == victim
-                        {
-                            eprintln!("killing {victim} (kill -9) while it holds {task}");
+                        // Mid-job: at the first completed task, or when the victim is given a
+                        // task, whichever comes first. Either way the victim holds a task then:
+                        // every worker claims a stage-0 task at the start, and the victim, at a
+                        // fifth of the speed, is still pulling or loading stage 0 when the first
+                        // task anywhere completes.
+                        let now = match &p {
+                            Progress::Done { task } => Some(format!("after {task} completed")),
+                            Progress::Assigned { node, task } if *node == victim => {
+                                Some(format!("as it was given {task}"))
+                            }
+                            Progress::Assigned { .. } => None,
+                        };
+                        if let Some(when) = now {
+                            eprintln!("killing {victim} with SIGKILL {when}");
                             cluster.kill9(&victim).unwrap();
                             killed = true;
                         }

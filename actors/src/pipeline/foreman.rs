@@ -8,6 +8,11 @@
 //! the policy. Completed outputs are held here, so a lost worker loses only what it was doing.
 //! A worker is declared lost when membership says it is down or when an RPC to it fails at the
 //! transport level; its tasks are re-planned by the policy and each move is logged.
+//!
+//! Shape, stated plainly: the foreman is an async task in the foreman node's process (not a
+//! supervised ractor actor); telemetry is pulled (one RPC per worker per period) rather than
+//! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
+//! on the same worker; a worker lost during a job is not taken back by that job if it returns.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
