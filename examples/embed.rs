@@ -55,9 +55,8 @@ async fn main() -> Result<()> {
         redial: Duration::from_millis(200),
     };
     let node = NodeRuntime::start(spec).await?;
-    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> = ractor::registry::where_is("scaler")
-        .ok_or_else(|| anyhow::anyhow!("scaler not running"))?
-        .into();
+    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> =
+        ractor::registry::where_is("scaler").ok_or_else(|| anyhow::anyhow!("scaler not running"))?.into();
     let out = ractor::call_t!(scaler, ExpertMsg::Execute, 2000, vec![vec![1.0, 2.0, 3.0]])?
         .map_err(anyhow::Error::msg)?;
     println!("my-service at {}: scaler answered {out:?}", node.link.local_addr()?);

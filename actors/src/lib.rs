@@ -9,6 +9,7 @@ pub mod hello;
 pub mod kinds;
 pub mod membership;
 pub mod node;
+pub mod pipeline;
 pub mod supervisor;
 pub mod wire;
 

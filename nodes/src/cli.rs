@@ -68,6 +68,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::workloads::coe::CoeCommand,
     },
+    /// The pipeline workload: submit a staged job, probe a model's RSS.
+    Pipeline {
+        /// Pipeline subcommand.
+        #[command(subcommand)]
+        command: crate::workloads::pipeline::PipelineCommand,
+    },
     /// Benchmarks: ratios measured in one run.
     Bench {
         /// Which benchmark.
@@ -163,6 +169,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Coe { command } => tokio::task::spawn_blocking(move || crate::workloads::coe::run(command))
             .await?
             .map(|_| ExitCode::SUCCESS),
+        Command::Pipeline { command } => {
+            crate::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
+        }
         Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
     }
 }

@@ -1,6 +1,8 @@
 //! Helpers for troupe's whole-cluster tests: a cluster of real `troupe node` processes on
 //! loopback, started from a topology, queried over QUIC, killed and restarted.
 
+pub mod pipeline;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -9,6 +9,7 @@ use clap::Subcommand;
 
 pub mod coe;
 pub mod kernels;
+pub mod pipeline;
 pub mod stats;
 pub mod transport;
 
@@ -48,6 +49,27 @@ pub enum BenchCommand {
         #[arg(long, default_value = "target/bench-coe.svg")]
         svg: PathBuf,
     },
+    /// Pipeline (CROWDio): worker peak RSS vs whole model, streaming vs barrier, loads, wire bytes.
+    Pipeline {
+        /// Write the figures as one flat JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Gantt chart of the streaming and barrier runs.
+        #[arg(long, default_value = ".cache/bench/pipeline.svg")]
+        svg: PathBuf,
+        /// Job inputs.
+        #[arg(long, default_value_t = 24)]
+        inputs: usize,
+        /// Sentences per input.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        /// Streaming/barrier pairs run; the median of each is reported.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Working folder (keys, worker configs, logs and disk caches).
+        #[arg(long, default_value = ".cache/bench/pipeline")]
+        workdir: PathBuf,
+    },
 }
 
 /// Runs a benchmark command.
@@ -60,6 +82,9 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Coe { json, scale, dir, svg } => {
             ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg)).await??, json)
+        }
+        BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir } => {
+            ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
         }
     };
     print!("{}", table(title, &figures));

@@ -12,6 +12,7 @@ use crate::config::{ActorConfig, JobConfig, NodeConfig};
 
 pub mod coe;
 pub mod hello;
+pub mod pipeline;
 
 /// What a workload's actors and jobs get from the node.
 #[derive(Clone)]
@@ -36,6 +37,7 @@ pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
     match a.kind.as_str() {
         "hello-expert" => hello::validate_actor(a),
         "coe-executor" => coe::validate_actor(a),
+        "pipeline-worker" => pipeline::validate_actor(a),
         other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
     }
 }
@@ -45,20 +47,22 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
     match j.kind.as_str() {
         "hello" => hello::validate_job(j),
         "coe" => coe::validate_job(j),
+        "pipeline" => pipeline::validate_job(j),
         other => Err(("kind".into(), format!("unknown job kind {other:?} (known: {:?})", JOB_KINDS))),
     }
 }
 
 /// Actor kinds known to this build.
-pub const ACTOR_KINDS: &[&str] = &["hello-expert", "coe-executor"];
+pub const ACTOR_KINDS: &[&str] = &["hello-expert", "coe-executor", "pipeline-worker"];
 /// Job kinds known to this build.
-pub const JOB_KINDS: &[&str] = &["hello", "coe"];
+pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline"];
 
 /// The child spec for one `[[actors]]` entry.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     match a.kind.as_str() {
         "hello-expert" => hello::actor(ctx, a),
         "coe-executor" => coe::actor(ctx, a),
+        "pipeline-worker" => pipeline::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }
 }
@@ -68,6 +72,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) 
     match job.kind.as_str() {
         "hello" => hello::run_job(runtime, ctx, job).await,
         "coe" => coe::run_job(runtime, ctx, job).await,
+        "pipeline" => pipeline::run_job(runtime, ctx, job).await,
         other => bail!("unknown job kind {other:?}"),
     }
 }

@@ -1,0 +1,762 @@
+//! The foreman shell: carries out the decisions of `troupe_policy::pipeline::Foreman` over the
+//! cluster.
+//!
+//! It finds the workers (process group [`WORKERS_GROUP`]), asks each to join, submits the job to
+//! the policy and then loops: policy actions become requests on a per-worker queue (performed in
+//! order, one RPC at a time, so a `SendStage` lands before the `Load` after it); answers,
+//! telemetry (polled every `telemetry_period`, RTT from QUIC) and membership events go back into
+//! the policy. Completed outputs are held here, so a lost worker loses only what it was doing.
+//! A worker is declared lost when membership says it is down or when an RPC to it fails at the
+//! transport level; its tasks are re-planned by the policy and each move is logged.
+//!
+//! Shape, stated plainly: the foreman is an async task in the foreman node's process (not a
+//! supervised ractor actor); telemetry is pulled (one RPC per worker per period) rather than
+//! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
+//! on the same worker; a worker lost during a job is not taken back by that job if it returns.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ractor::ActorRef;
+use tokio::sync::{broadcast, mpsc};
+use tracing::{info, warn};
+use troupe_kernels::onnx::NamedTensor;
+use troupe_policy::pipeline::{
+    Action, Foreman, ForemanConfig, Job, TaskId, Telemetry, WorkerId, WorkerReport,
+};
+use troupe_policy::{MembershipEvent, Micros};
+use troupe_transport::{Link, NodeId, QuicNode};
+
+use super::job::PipelineJob;
+use super::wire::{
+    BlobShelf, EncodeTally, Request, Response, TelemetrySample, WireNamed, WorkerStats, decode_tensors,
+    encode_tensors, response_from_bytes, to_bytes,
+};
+use super::worker::{PipelineWorkerMsg, WORKERS_GROUP};
+
+/// Foreman settings.
+#[derive(Clone, Debug)]
+pub struct ShellSettings {
+    /// Workers to wait for before submitting.
+    pub workers: usize,
+    /// How long to wait for them.
+    pub join_timeout: Duration,
+    /// Telemetry period.
+    pub telemetry_period: Duration,
+    /// Longest a single request may take (a stage pull, a load or a task).
+    pub rpc_timeout: Duration,
+    /// Policy settings.
+    pub policy: ForemanConfig,
+    /// Drop every worker's live session before the job (jobs then start alike, e.g. when
+    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse).
+    pub fresh_start: bool,
+}
+
+impl Default for ShellSettings {
+    fn default() -> Self {
+        ShellSettings {
+            workers: 1,
+            join_timeout: Duration::from_secs(30),
+            telemetry_period: Duration::from_millis(500),
+            rpc_timeout: Duration::from_secs(60),
+            policy: ForemanConfig::default(),
+            fresh_start: true,
+        }
+    }
+}
+
+/// Why a job did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    /// Not enough workers joined.
+    #[error("only {found} of {wanted} pipeline workers joined within {secs} s")]
+    TooFewWorkers {
+        /// Joined.
+        found: usize,
+        /// Wanted.
+        wanted: usize,
+        /// Waited.
+        secs: u64,
+    },
+    /// The policy refused the job.
+    #[error("foreman refused the job: {0}")]
+    Refused(String),
+    /// A task failed too often.
+    #[error("job failed at task {task}: {detail}")]
+    Failed {
+        /// The task.
+        task: String,
+        /// The last error seen.
+        detail: String,
+    },
+    /// Every worker was lost.
+    #[error("every worker was lost")]
+    NoWorkers,
+}
+
+/// What a Gantt bar shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanKind {
+    /// Pulling a stage file.
+    Fetch(usize),
+    /// Creating a session; `cold` when the file was pulled in this job.
+    Load {
+        /// Stage.
+        stage: usize,
+        /// Pulled (true) or from the disk cache (false).
+        cold: bool,
+    },
+    /// Running a task.
+    Run(TaskId),
+}
+
+/// One bar of the Gantt chart, times in seconds from job start (as the foreman saw them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    /// Worker index.
+    pub worker: usize,
+    /// What.
+    pub kind: SpanKind,
+    /// Start, seconds.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+}
+
+/// A worker as the outcome reports it.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerSummary {
+    /// Node name.
+    pub node: String,
+    /// OS process id it reported.
+    pub pid: u32,
+    /// How it is slowed, in words.
+    pub straggler: String,
+    /// Declared lost during the job.
+    pub lost: bool,
+    /// Tasks it completed.
+    pub tasks: usize,
+    /// Its own counters at the end (None when lost).
+    pub stats: Option<WorkerStats>,
+    /// Last telemetry.
+    pub telemetry: TelemetrySample,
+    /// Last RTT QUIC measured to it, ms.
+    pub rtt_ms: f64,
+}
+
+/// The result of a completed job.
+#[derive(Clone, Debug, Default)]
+pub struct JobOutcome {
+    /// Per input, the last stage's outputs.
+    pub outputs: Vec<Vec<NamedTensor>>,
+    /// Submission to the last answer, seconds.
+    pub makespan_s: f64,
+    /// Every policy action and event, time-stamped.
+    pub log: Vec<String>,
+    /// The `Reassigned` / `Requeued` lines: which task moved where.
+    pub moves: Vec<String>,
+    /// Gantt bars.
+    pub spans: Vec<Span>,
+    /// The workers.
+    pub workers: Vec<WorkerSummary>,
+    /// f32 activations sent, both directions.
+    pub tally: EncodeTally,
+    /// Per stage, median ONNX Runtime compute time of its tasks, seconds, per worker.
+    pub compute_s: Vec<(usize, usize, f64)>,
+}
+
+/// Progress events for observers (tests use them to kill a worker mid-job).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Progress {
+    /// A task was sent to a worker.
+    Assigned {
+        /// The task.
+        task: TaskId,
+        /// Node name of the worker.
+        node: String,
+    },
+    /// A task completed.
+    Done {
+        /// The task.
+        task: TaskId,
+    },
+}
+
+#[derive(Debug)]
+enum CallError {
+    Transport(String),
+    Remote(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Transport(e) => write!(f, "transport: {e}"),
+            CallError::Remote(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+async fn call(
+    actor: &ActorRef<PipelineWorkerMsg>,
+    req: &Request,
+    timeout: Duration,
+) -> Result<Response, CallError> {
+    let bytes = to_bytes("request", req).map_err(|e| CallError::Remote(e.to_string()))?;
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let answer = ractor::call_t!(actor, PipelineWorkerMsg::Call, ms, bytes)
+        .map_err(|e| CallError::Transport(e.to_string()))?;
+    match response_from_bytes(&answer).map_err(|e| CallError::Transport(e.to_string()))? {
+        Response::Error(e) => Err(CallError::Remote(e)),
+        r => Ok(r),
+    }
+}
+
+enum Cmd {
+    Fetch { stage: usize, sha256: String, blob: [u8; 32], size: u64 },
+    Load { stage: usize, sha256: String },
+    Unload,
+    Run { task: TaskId, tensors: Vec<WireNamed> },
+}
+
+struct Ran {
+    outputs: Vec<NamedTensor>,
+    compute_micros: u64,
+    raw: u64,
+    wire: u64,
+    max_abs_error: f32,
+}
+
+enum EventKind {
+    Fetched { stage: usize, result: Result<bool, CallError> },
+    Loaded { stage: usize, result: Result<(), CallError> },
+    Unloaded(Result<(), CallError>),
+    Ran { task: TaskId, result: Result<Ran, CallError> },
+    Telemetry(TelemetrySample),
+}
+
+struct Event {
+    worker: usize,
+    start: f64,
+    end: f64,
+    kind: EventKind,
+}
+
+struct Handle {
+    node: String,
+    actor: ActorRef<PipelineWorkerMsg>,
+    queue: Option<mpsc::UnboundedSender<Cmd>>,
+    lost: Arc<AtomicBool>,
+    summary: WorkerSummary,
+    pulled: Vec<bool>,
+}
+
+/// Context a worker's executor needs.
+#[derive(Clone)]
+struct ExecCtx {
+    link: QuicNode,
+    foreman: String,
+    lossy_bf16: bool,
+    timeout: Duration,
+    t0: Instant,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+async fn executor(
+    ctx: ExecCtx,
+    worker: usize,
+    node: String,
+    actor: ActorRef<PipelineWorkerMsg>,
+    lost: Arc<AtomicBool>,
+    mut queue: mpsc::UnboundedReceiver<Cmd>,
+) {
+    while let Some(cmd) = queue.recv().await {
+        if lost.load(Ordering::SeqCst) {
+            return;
+        }
+        let start = ctx.t0.elapsed().as_secs_f64();
+        let kind = match cmd {
+            Cmd::Fetch { stage, sha256, blob, size } => {
+                let req =
+                    Request::Fetch { stage: stage as u32, sha256, blob, size, from: ctx.foreman.clone() };
+                let result = call(&actor, &req, ctx.timeout).await.and_then(|r| match r {
+                    Response::Fetched { cached, .. } => Ok(cached),
+                    other => Err(CallError::Remote(format!("unexpected answer {other:?}"))),
+                });
+                EventKind::Fetched { stage, result }
+            }
+            Cmd::Load { stage, sha256 } => {
+                let req = Request::Load { stage: stage as u32, sha256 };
+                let result = call(&actor, &req, ctx.timeout).await.map(|_| ());
+                EventKind::Loaded { stage, result }
+            }
+            Cmd::Unload => EventKind::Unloaded(call(&actor, &Request::Unload, ctx.timeout).await.map(|_| ())),
+            Cmd::Run { task, tensors } => {
+                let req = Request::Run {
+                    input: task.input as u32,
+                    stage: task.stage as u32,
+                    tensors,
+                    from: ctx.foreman.clone(),
+                    lossy_bf16: ctx.lossy_bf16,
+                };
+                let result = match call(&actor, &req, ctx.timeout).await {
+                    Ok(Response::Ran {
+                        tensors,
+                        compute_micros,
+                        raw_f32_bytes,
+                        wire_f32_bytes,
+                        max_abs_error,
+                        ..
+                    }) => match decode_tensors(tensors, &ctx.link, &node).await {
+                        Ok(outputs) => Ok(Ran {
+                            outputs,
+                            compute_micros,
+                            raw: raw_f32_bytes,
+                            wire: wire_f32_bytes,
+                            max_abs_error,
+                        }),
+                        Err(e) => Err(CallError::Remote(e.to_string())),
+                    },
+                    Ok(other) => Err(CallError::Remote(format!("unexpected answer {other:?}"))),
+                    Err(e) => Err(e),
+                };
+                EventKind::Ran { task, result }
+            }
+        };
+        let end = ctx.t0.elapsed().as_secs_f64();
+        if ctx.events.send(Event { worker, start, end, kind }).is_err() {
+            return;
+        }
+    }
+}
+
+fn micros_since(t0: Instant) -> Micros {
+    Micros(u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX))
+}
+
+fn policy_telemetry(t: &TelemetrySample, rtt_ms: f64) -> Telemetry {
+    Telemetry {
+        cpu_load: t.cpu_load,
+        free_ram_bytes: t.free_ram_bytes,
+        ram_budget_bytes: t.ram_budget_bytes,
+        battery_pct: t.battery_pct,
+        temperature_c: t.temperature_c,
+        rtt_ms,
+    }
+}
+
+/// Waits for `settings.workers` remote pipeline workers and returns them sorted by actor id.
+async fn discover(settings: &ShellSettings) -> Result<Vec<ActorRef<PipelineWorkerMsg>>, ShellError> {
+    let deadline = Instant::now() + settings.join_timeout;
+    loop {
+        let mut found: Vec<ractor::ActorCell> = ractor::pg::get_members(&WORKERS_GROUP.to_string())
+            .into_iter()
+            .filter(|c| !c.get_id().is_local())
+            .collect();
+        if found.len() >= settings.workers {
+            found.sort_by_key(|c| c.get_id().to_string());
+            return Ok(found.into_iter().map(Into::into).collect());
+        }
+        if Instant::now() > deadline {
+            return Err(ShellError::TooFewWorkers {
+                found: found.len(),
+                wanted: settings.workers,
+                secs: settings.join_timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Shell {
+    link: QuicNode,
+    shelf: BlobShelf,
+    job: PipelineJob,
+    settings: ShellSettings,
+    policy: Foreman,
+    workers: Vec<Handle>,
+    by_node: BTreeMap<String, usize>,
+    t0: Instant,
+    outputs: Vec<Vec<Option<Vec<NamedTensor>>>>,
+    outcome: JobOutcome,
+    last_error: BTreeMap<TaskId, String>,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+    done: bool,
+    failed: Option<TaskId>,
+}
+
+impl Shell {
+    fn log(&mut self, line: String) {
+        let stamped = format!("[{:8.3} s] {line}", self.t0.elapsed().as_secs_f64());
+        info!("{stamped}");
+        self.outcome.log.push(stamped);
+    }
+
+    fn node_of(&self, w: WorkerId) -> String {
+        self.workers.get(w.0 as usize).map_or_else(|| w.to_string(), |h| h.node.clone())
+    }
+
+    fn send(&mut self, w: WorkerId, cmd: Cmd) {
+        if let Some(q) = self.workers.get(w.0 as usize).and_then(|h| h.queue.as_ref()) {
+            let _ = q.send(cmd);
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(action) = self.policy.poll_action() {
+            let text = match &action {
+                Action::Reassigned { task, from, to } => {
+                    format!("reassigned {task} from {} to {}", self.node_of(*from), self.node_of(*to))
+                }
+                Action::Requeued { task, from } => {
+                    format!("requeued {task} from {} (no survivor fits yet)", self.node_of(*from))
+                }
+                other => format!("{other}"),
+            };
+            if matches!(action, Action::Reassigned { .. } | Action::Requeued { .. }) {
+                self.outcome.moves.push(text.clone());
+            }
+            self.log(text);
+            self.perform(action);
+        }
+    }
+
+    fn perform(&mut self, action: Action) {
+        match action {
+            Action::SendStage { worker, stage } => {
+                let Some(s) = self.job.stages.get(stage) else { return };
+                let cmd = Cmd::Fetch {
+                    stage,
+                    sha256: s.signature.sha256.clone(),
+                    blob: *blake3::hash(&s.bytes).as_bytes(),
+                    size: s.signature.size_bytes,
+                };
+                self.send(worker, cmd);
+            }
+            Action::Load { worker, stage } => {
+                let Some(s) = self.job.stages.get(stage) else { return };
+                let sha256 = s.signature.sha256.clone();
+                self.send(worker, Cmd::Load { stage, sha256 });
+            }
+            Action::Unload { worker } => self.send(worker, Cmd::Unload),
+            Action::Assign { task, worker, .. } => match self.task_inputs(task) {
+                Ok(inputs) => {
+                    let mut tally = EncodeTally::default();
+                    match encode_tensors(&inputs, self.job.lossy_bf16, &self.shelf, &mut tally) {
+                        Ok(tensors) => {
+                            self.add_tally(&tally);
+                            if let Some(p) = &self.progress {
+                                let _ = p.send(Progress::Assigned { task, node: self.node_of(worker) });
+                            }
+                            self.send(worker, Cmd::Run { task, tensors });
+                        }
+                        Err(e) => self.fail_task(worker, task, e.to_string()),
+                    }
+                }
+                Err(e) => self.fail_task(worker, task, e),
+            },
+            Action::JobDone => self.done = true,
+            Action::JobFailed { task } => self.failed = Some(task),
+            Action::Reassigned { .. }
+            | Action::Requeued { .. }
+            | Action::IgnoredCompletion { .. }
+            | Action::Stalled { .. }
+            | Action::InputDone { .. } => {}
+        }
+    }
+
+    fn fail_task(&mut self, worker: WorkerId, task: TaskId, detail: String) {
+        self.log(format!("cannot start {task}: {detail}"));
+        self.last_error.insert(task, detail);
+        self.policy.handle_task_done(micros_since(self.t0), worker, task, false);
+    }
+
+    fn add_tally(&mut self, t: &EncodeTally) {
+        let o = &mut self.outcome.tally;
+        o.raw += t.raw;
+        o.wire += t.wire;
+        o.max_abs_error = o.max_abs_error.max(t.max_abs_error);
+        o.by_reference += t.by_reference;
+    }
+
+    /// A stage's inputs for one job input: the previous stage's outputs by name, else job inputs.
+    fn task_inputs(&self, task: TaskId) -> Result<Vec<NamedTensor>, String> {
+        let sig = self.job.chain.stage(task.stage).ok_or("no such stage")?;
+        let job_inputs = self.job.inputs.get(task.input).ok_or("no such input")?;
+        let prev = match task.stage {
+            0 => None,
+            k => Some(
+                self.outputs[task.input][k - 1]
+                    .as_ref()
+                    .ok_or_else(|| format!("outputs of {} are missing", TaskId::new(task.input, k - 1)))?,
+            ),
+        };
+        sig.inputs
+            .iter()
+            .map(|t| {
+                prev.and_then(|p| p.iter().find(|o| o.name == t.name))
+                    .or_else(|| job_inputs.iter().find(|o| o.name == t.name))
+                    .cloned()
+                    .ok_or_else(|| format!("no tensor named {} for {task}", t.name))
+            })
+            .collect()
+    }
+
+    fn lose(&mut self, worker: usize, why: &str) {
+        let Some(h) = self.workers.get_mut(worker) else { return };
+        if h.summary.lost {
+            return;
+        }
+        h.summary.lost = true;
+        h.lost.store(true, Ordering::SeqCst);
+        h.queue = None;
+        let node = h.node.clone();
+        self.log(format!("worker {node} lost ({why}); re-planning its tasks"));
+        self.policy.handle_worker_lost(micros_since(self.t0), WorkerId(worker as u32));
+        self.drain();
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        let w = WorkerId(ev.worker as u32);
+        let now = micros_since(self.t0);
+        if self.workers.get(ev.worker).is_none_or(|h| h.summary.lost) {
+            if let EventKind::Ran { task, .. } = ev.kind {
+                self.log(format!("late answer for {task} from lost worker {} ignored", self.node_of(w)));
+            }
+            return;
+        }
+        match ev.kind {
+            EventKind::Fetched { stage, result } => match result {
+                Ok(cached) => {
+                    if !cached {
+                        self.workers[ev.worker].pulled[stage] = true;
+                        self.outcome.spans.push(Span {
+                            worker: ev.worker,
+                            kind: SpanKind::Fetch(stage),
+                            start: ev.start,
+                            end: ev.end,
+                        });
+                    }
+                }
+                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
+                Err(CallError::Remote(e)) => {
+                    self.log(format!("pull of s{stage} on {} failed: {e}", self.node_of(w)))
+                }
+            },
+            EventKind::Loaded { stage, result } => match result {
+                Ok(()) => {
+                    let cold = self.workers[ev.worker].pulled.get(stage).copied().unwrap_or(false);
+                    self.outcome.spans.push(Span {
+                        worker: ev.worker,
+                        kind: SpanKind::Load { stage, cold },
+                        start: ev.start,
+                        end: ev.end,
+                    });
+                    self.policy.handle_stage_loaded(now, w, stage, true);
+                }
+                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
+                Err(CallError::Remote(e)) => {
+                    self.log(format!("load of s{stage} on {} failed: {e}", self.node_of(w)));
+                    self.policy.handle_stage_loaded(now, w, stage, false);
+                }
+            },
+            EventKind::Unloaded(result) => {
+                if let Err(CallError::Transport(e)) = result {
+                    self.lose(ev.worker, &e);
+                }
+            }
+            EventKind::Ran { task, result } => match result {
+                Ok(ran) => {
+                    self.outcome.tally.raw += ran.raw;
+                    self.outcome.tally.wire += ran.wire;
+                    self.outcome.tally.max_abs_error =
+                        self.outcome.tally.max_abs_error.max(ran.max_abs_error);
+                    self.outcome.spans.push(Span {
+                        worker: ev.worker,
+                        kind: SpanKind::Run(task),
+                        start: ev.start,
+                        end: ev.end,
+                    });
+                    self.outcome.compute_s.push((task.stage, ev.worker, ran.compute_micros as f64 / 1e6));
+                    self.outputs[task.input][task.stage] = Some(ran.outputs);
+                    self.workers[ev.worker].summary.tasks += 1;
+                    if let Some(p) = &self.progress {
+                        let _ = p.send(Progress::Done { task });
+                    }
+                    self.policy.handle_task_done(now, w, task, true);
+                }
+                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
+                Err(CallError::Remote(e)) => {
+                    self.log(format!("{task} failed on {}: {e}", self.node_of(w)));
+                    self.last_error.insert(task, e);
+                    self.policy.handle_task_done(now, w, task, false);
+                }
+            },
+            EventKind::Telemetry(t) => {
+                let rtt_ms = self
+                    .link
+                    .rtt(&NodeId::new(&self.workers[ev.worker].node))
+                    .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+                let h = &mut self.workers[ev.worker];
+                h.summary.telemetry = t;
+                h.summary.rtt_ms = rtt_ms;
+                self.policy.handle_telemetry(now, w, policy_telemetry(&t, rtt_ms));
+            }
+        }
+        self.drain();
+    }
+}
+
+/// Runs one job over the workers of the cluster and returns its outputs and metrics.
+///
+/// `link` and `membership` are the foreman node's; `shelf` must be installed as its blob server.
+pub async fn run_pipeline_job(
+    link: &QuicNode,
+    shelf: &BlobShelf,
+    mut membership: broadcast::Receiver<MembershipEvent<NodeId>>,
+    job: PipelineJob,
+    settings: ShellSettings,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+) -> Result<JobOutcome, ShellError> {
+    let actors = discover(&settings).await?;
+    let t0 = Instant::now();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let ctx = ExecCtx {
+        link: link.clone(),
+        foreman: link.local_id().as_str().to_owned(),
+        lossy_bf16: job.lossy_bf16,
+        timeout: settings.rpc_timeout,
+        t0,
+        events: events_tx.clone(),
+    };
+    for s in &job.stages {
+        shelf.pin(s.bytes.clone());
+    }
+    let mut policy = Foreman::new(settings.policy);
+    let mut workers = Vec::new();
+    let mut by_node = BTreeMap::new();
+    for actor in actors {
+        if settings.fresh_start
+            && let Err(e) = call(&actor, &Request::Unload, settings.rpc_timeout).await
+        {
+            warn!(error = %e, "worker did not unload; skipped");
+            continue;
+        }
+        let (node, pid, cached, live, straggler, telemetry) =
+            match call(&actor, &Request::Join, settings.rpc_timeout).await {
+                Ok(Response::Joined { node, pid, cached, live, straggler, telemetry }) => {
+                    (node, pid, cached, live, straggler, telemetry)
+                }
+                Ok(other) => {
+                    warn!(answer = ?other, "unexpected join answer; worker skipped");
+                    continue;
+                }
+                Err(e) => {
+                    warn!(error = %e, "worker did not join; skipped");
+                    continue;
+                }
+            };
+        let idx = workers.len();
+        let rtt_ms = link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let report = WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
+        policy
+            .handle_worker_joined(micros_since(t0), WorkerId(idx as u32), report)
+            .map_err(|e| ShellError::Refused(e.to_string()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let lost = Arc::new(AtomicBool::new(false));
+        tokio::spawn(executor(ctx.clone(), idx, node.clone(), actor.clone(), lost.clone(), rx));
+        info!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
+        by_node.insert(node.clone(), idx);
+        workers.push(Handle {
+            node: node.clone(),
+            actor,
+            queue: Some(tx),
+            lost,
+            summary: WorkerSummary { node, pid, straggler, telemetry, rtt_ms, ..WorkerSummary::default() },
+            pulled: vec![false; job.stages.len()],
+        });
+    }
+    if workers.len() < settings.workers {
+        return Err(ShellError::TooFewWorkers {
+            found: workers.len(),
+            wanted: settings.workers,
+            secs: settings.join_timeout.as_secs(),
+        });
+    }
+    let n = job.inputs.len();
+    let s = job.stages.len();
+    let policy_job = Job { chain: job.chain.clone(), inputs: n, mode: job.mode };
+    let t_submit = Instant::now();
+    let mut shell = Shell {
+        link: link.clone(),
+        shelf: shelf.clone(),
+        job,
+        settings,
+        policy,
+        workers,
+        by_node,
+        t0,
+        outputs: vec![vec![None; s]; n],
+        outcome: JobOutcome::default(),
+        last_error: BTreeMap::new(),
+        progress,
+        done: false,
+        failed: None,
+    };
+    shell.log(format!("job submitted: {n} inputs x {s} stages, mode {}", shell.job.mode));
+    shell.policy.submit_job(micros_since(t0), policy_job).map_err(|e| ShellError::Refused(e.to_string()))?;
+    shell.drain();
+    let mut ticker = tokio::time::interval(shell.settings.telemetry_period);
+    while !shell.done {
+        if let Some(task) = shell.failed {
+            let detail = shell.last_error.get(&task).cloned().unwrap_or_default();
+            return Err(ShellError::Failed { task: task.to_string(), detail });
+        }
+        if shell.workers.iter().all(|h| h.summary.lost) {
+            return Err(ShellError::NoWorkers);
+        }
+        tokio::select! {
+            Some(ev) = events.recv() => shell.on_event(ev),
+            m = membership.recv() => {
+                if let Ok(MembershipEvent::Down { member, .. }) = m
+                    && let Some(&w) = shell.by_node.get(member.as_str())
+                {
+                    shell.lose(w, "membership: member down");
+                }
+            }
+            _ = ticker.tick() => {
+                for (i, h) in shell.workers.iter().enumerate().filter(|(_, h)| !h.summary.lost) {
+                    let (actor, tx, timeout) = (h.actor.clone(), events_tx.clone(), shell.settings.rpc_timeout);
+                    tokio::spawn(async move {
+                        let start = t0.elapsed().as_secs_f64();
+                        if let Ok(Response::Telemetry(t)) = call(&actor, &Request::Telemetry, timeout).await {
+                            let end = t0.elapsed().as_secs_f64();
+                            let _ = tx.send(Event { worker: i, start, end, kind: EventKind::Telemetry(t) });
+                        }
+                    });
+                }
+            }
+        }
+    }
+    shell.outcome.makespan_s = t_submit.elapsed().as_secs_f64();
+    shell.log(format!("job done in {:.3} s", shell.outcome.makespan_s));
+    for i in 0..shell.workers.len() {
+        if shell.workers[i].summary.lost {
+            continue;
+        }
+        let actor = shell.workers[i].actor.clone();
+        if let Ok(Response::Stats(st)) = call(&actor, &Request::Stats, shell.settings.rpc_timeout).await {
+            shell.workers[i].summary.stats = Some(st);
+        }
+    }
+    let mut outcome = std::mem::take(&mut shell.outcome);
+    outcome.outputs = shell
+        .outputs
+        .iter_mut()
+        .map(|per_stage| per_stage.last_mut().and_then(Option::take).unwrap_or_default())
+        .collect();
+    outcome.workers = shell.workers.iter().map(|h| h.summary.clone()).collect();
+    Ok(outcome)
+}

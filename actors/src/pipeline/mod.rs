@@ -1,0 +1,21 @@
+//! The pipeline workload (CROWDio) over the cluster: a foreman shell driving
+//! `troupe_policy::pipeline::Foreman`, and phone-class workers that run one stage at a time.
+//!
+//! - [`job`]: stage files (SHA-256, tensor signatures) and the checks that refuse a broken job.
+//! - [`wire`]: foreman <-> worker messages (rkyv in ractor_cluster RPCs), tensor encoding, blobs.
+//! - [`worker`]: the worker actor (single live session, disk cache of stage files).
+//! - [`foreman`]: the foreman shell (discovery, per-worker queues, telemetry, failures).
+//! - [`telemetry`]: CPU/RSS from the OS, the simulated device model, real and emulated stragglers.
+
+pub mod foreman;
+pub mod job;
+pub mod telemetry;
+pub mod wire;
+pub mod worker;
+
+pub use foreman::{
+    JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary, run_pipeline_job,
+};
+pub use job::{JobError, PipelineJob, StageFile, build_job};
+pub use wire::BlobShelf;
+pub use worker::{PipelineWorker, PipelineWorkerMsg, WorkerArgs, WorkerSettings, worker_args};

@@ -1,0 +1,318 @@
+//! A worker's telemetry and its straggler setting.
+//!
+//! CPU load and RSS are read from the OS (`/proc/self/stat`, `/proc/self/statm`, `VmHWM`). Battery
+//! and temperature come from a device model in the worker's config: this is not a phone, so they
+//! are simulated (battery drains with CPU time used, temperature rises with load) and said to be.
+//!
+//! Stragglers are real where the machine allows it: [`apply_cpu_quota`] puts the worker process
+//! into its own cgroup v1 `cpu` group with a CFS quota (the kernel throttles every thread of it).
+//! Where no writable cgroup v1 cpu controller exists (cgroup v2 is not used here), the worker
+//! falls back to compute-proportional pacing: after each task it sleeps so that the task takes
+//! `100 / pct` times as long. That fallback is an emulation and is reported as one.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use troupe_kernels::onnx::{peak_resident_bytes, resident_bytes};
+
+use super::wire::TelemetrySample;
+
+/// Where the cgroup v1 cpu controller is mounted on Linux.
+pub const CGROUP_V1_CPU: &str = "/sys/fs/cgroup/cpu";
+/// Where the cgroup v1 memory controller is mounted on Linux.
+pub const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+/// CFS period written with the quota, microseconds.
+pub const CFS_PERIOD_US: u64 = 100_000;
+
+/// The simulated part of a worker's telemetry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceModel {
+    /// Battery at start, percent.
+    pub battery_pct: f64,
+    /// Battery drained per CPU-second used, percent.
+    pub drain_pct_per_cpu_s: f64,
+    /// Temperature at rest, Celsius.
+    pub ambient_c: f64,
+    /// Temperature added at full load (1 CPU), Celsius.
+    pub heat_c_at_full_load: f64,
+}
+
+impl Default for DeviceModel {
+    fn default() -> Self {
+        DeviceModel {
+            battery_pct: 90.0,
+            drain_pct_per_cpu_s: 0.05,
+            ambient_c: 30.0,
+            heat_c_at_full_load: 12.0,
+        }
+    }
+}
+
+/// How a worker is slowed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Straggler {
+    /// Full speed.
+    None,
+    /// A real CFS quota in a cgroup v1 cpu group.
+    CgroupV1 {
+        /// The group's folder.
+        group: PathBuf,
+        /// Quota in percent of one CPU.
+        pct: u32,
+    },
+    /// Emulation: sleep after each task so it takes `100 / pct` times as long.
+    Pacing {
+        /// Speed in percent.
+        pct: u32,
+        /// Why the cgroup was not used.
+        why: String,
+    },
+}
+
+impl Straggler {
+    /// In words, for logs and the join report.
+    pub fn describe(&self) -> String {
+        match self {
+            Straggler::None => "none (full speed)".into(),
+            Straggler::CgroupV1 { group, pct } => {
+                format!("cgroup v1 cpu quota {pct}% of one CPU ({})", group.display())
+            }
+            Straggler::Pacing { pct, why } => {
+                format!("pacing to {pct}% speed (emulation: {why})")
+            }
+        }
+    }
+
+    /// Extra time to sleep after a task that computed for `compute` (pacing only).
+    pub fn pacing_for(&self, compute: std::time::Duration) -> std::time::Duration {
+        match self {
+            Straggler::Pacing { pct, .. } if *pct > 0 && *pct < 100 => {
+                compute.mul_f64(100.0 / f64::from(*pct) - 1.0)
+            }
+            _ => std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// Slows this process to `pct` percent of one CPU: a cgroup v1 CFS quota if the controller is
+/// there and writable, else pacing. `pct >= 100` leaves it at full speed.
+pub fn apply_cpu_quota(node: &str, pct: u32) -> Straggler {
+    if pct == 0 || pct >= 100 {
+        return Straggler::None;
+    }
+    match cgroup_v1_quota(Path::new(CGROUP_V1_CPU), node, pct) {
+        Ok(group) => Straggler::CgroupV1 { group, pct },
+        Err(why) => Straggler::Pacing { pct, why },
+    }
+}
+
+fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String> {
+    if !root.join("cpu.cfs_quota_us").exists() {
+        return Err(format!("no cgroup v1 cpu controller at {}", root.display()));
+    }
+    let group = own_group(root, node)?;
+    write_in(&group, "cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
+    write_in(&group, "cpu.cfs_quota_us", (CFS_PERIOD_US * u64::from(pct) / 100).to_string())?;
+    // cgroup.procs moves every thread of the process (tasks would move one thread).
+    write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+    Ok(group)
+}
+
+/// How a worker's RAM budget is held.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemoryLimit {
+    /// The foreman keeps stages that do not fit the budget away; the OS does not enforce it.
+    Advisory,
+    /// A cgroup v1 memory limit: going over it gets the worker OOM-killed (a real budget).
+    CgroupV1 {
+        /// The group's folder.
+        group: PathBuf,
+        /// The limit, bytes.
+        bytes: u64,
+    },
+    /// Enforcement was asked for but is not possible here.
+    Unavailable {
+        /// Why.
+        why: String,
+    },
+}
+
+impl MemoryLimit {
+    /// In words.
+    pub fn describe(&self) -> String {
+        match self {
+            MemoryLimit::Advisory => "RAM budget advisory (scheduling only)".into(),
+            MemoryLimit::CgroupV1 { group, bytes } => {
+                format!(
+                    "RAM budget enforced: cgroup v1 memory limit {} MiB ({})",
+                    bytes >> 20,
+                    group.display()
+                )
+            }
+            MemoryLimit::Unavailable { why } => format!("RAM budget advisory only: {why}"),
+        }
+    }
+}
+
+/// Enforces `bytes` as this process's memory limit with a cgroup v1 memory group, if asked and
+/// possible.
+pub fn apply_memory_limit(node: &str, bytes: u64, enforce: bool) -> MemoryLimit {
+    if !enforce {
+        return MemoryLimit::Advisory;
+    }
+    let root = Path::new(CGROUP_V1_MEMORY);
+    let attempt = || -> Result<PathBuf, String> {
+        if !root.join("memory.limit_in_bytes").exists() {
+            return Err(format!("no cgroup v1 memory controller at {}", root.display()));
+        }
+        let group = own_group(root, node)?;
+        write_in(&group, "memory.limit_in_bytes", bytes.to_string())?;
+        write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+        Ok(group)
+    };
+    match attempt() {
+        Ok(group) => MemoryLimit::CgroupV1 { group, bytes },
+        Err(why) => MemoryLimit::Unavailable { why },
+    }
+}
+
+/// Creates `<root>/troupe/<node>-<pid>`, first removing groups left by dead workers.
+fn own_group(root: &Path, node: &str) -> Result<PathBuf, String> {
+    let parent = root.join("troupe");
+    let _ = std::fs::create_dir_all(&parent);
+    // Groups of workers that died (kill -9) stay behind, empty: remove those whose process is
+    // gone (never a live sibling's, which may be empty for a moment while it starts).
+    if let Ok(entries) = std::fs::read_dir(&parent) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.rsplit_once('-').and_then(|(_, p)| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let group = parent.join(format!("{node}-{}", std::process::id()));
+    std::fs::create_dir_all(&group).map_err(|e| format!("creating {}: {e}", group.display()))?;
+    Ok(group)
+}
+
+fn write_in(group: &Path, file: &str, value: String) -> Result<(), String> {
+    std::fs::write(group.join(file), value)
+        .map_err(|e| format!("writing {}: {e}", group.join(file).display()))
+}
+
+/// Samples CPU time and RSS of this process and steps the device model.
+#[derive(Debug)]
+pub struct Sampler {
+    model: DeviceModel,
+    ram_budget_bytes: u64,
+    last_cpu_s: f64,
+    last_wall: Instant,
+    cpu_used_s: f64,
+}
+
+impl Sampler {
+    /// A sampler for a worker with this budget and device model.
+    pub fn new(model: DeviceModel, ram_budget_bytes: u64) -> Self {
+        Sampler {
+            model,
+            ram_budget_bytes,
+            last_cpu_s: process_cpu_seconds().unwrap_or(0.0),
+            last_wall: Instant::now(),
+            cpu_used_s: 0.0,
+        }
+    }
+
+    /// One sample: CPU load since the last one, RSS now, and the device model's state.
+    pub fn sample(&mut self) -> TelemetrySample {
+        let now = Instant::now();
+        let cpu = process_cpu_seconds().unwrap_or(self.last_cpu_s);
+        let wall = now.duration_since(self.last_wall).as_secs_f64();
+        let used = (cpu - self.last_cpu_s).max(0.0);
+        let load = if wall > 1e-3 { used / wall } else { 0.0 };
+        self.cpu_used_s += used;
+        self.last_cpu_s = cpu;
+        self.last_wall = now;
+        let rss = resident_bytes().unwrap_or(0);
+        TelemetrySample {
+            cpu_load: load,
+            rss_bytes: rss,
+            peak_rss_bytes: peak_resident_bytes().unwrap_or(0),
+            ram_budget_bytes: self.ram_budget_bytes,
+            free_ram_bytes: self.ram_budget_bytes.saturating_sub(rss),
+            battery_pct: (self.model.battery_pct - self.model.drain_pct_per_cpu_s * self.cpu_used_s)
+                .clamp(0.0, 100.0),
+            temperature_c: self.model.ambient_c + self.model.heat_c_at_full_load * load.min(1.0),
+        }
+    }
+}
+
+/// User plus system CPU time of this process in seconds (`/proc/self/stat` fields 14 and 15).
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; fields after its closing parenthesis are fixed.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    Some((utime + stime) / ticks)
+}
+
+/// Peak RSS (`VmHWM`) of process `pid`, read from `/proc/<pid>/status`, in bytes.
+pub fn peak_rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    line.trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_grows_with_work_and_peak_rss_is_read() {
+        let before = process_cpu_seconds().unwrap();
+        let start = Instant::now();
+        let mut x = 1u64;
+        while start.elapsed().as_millis() < 50 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(process_cpu_seconds().unwrap() > before);
+        assert!(peak_rss_of(std::process::id()).unwrap() > 1 << 20);
+    }
+
+    #[test]
+    fn pacing_scales_compute_and_full_speed_is_untouched() {
+        let p = Straggler::Pacing { pct: 25, why: "test".into() };
+        assert_eq!(p.pacing_for(std::time::Duration::from_millis(10)), std::time::Duration::from_millis(30));
+        assert_eq!(apply_cpu_quota("x", 100), Straggler::None);
+        assert!(p.describe().contains("emulation"));
+    }
+
+    #[test]
+    fn missing_controller_falls_back_to_pacing() {
+        let d = std::env::temp_dir().join(format!("troupe-no-cgroup-{}", std::process::id()));
+        let err = cgroup_v1_quota(&d, "w", 50).unwrap_err();
+        assert!(err.contains("no cgroup v1 cpu controller"), "{err}");
+    }
+
+    #[test]
+    fn device_model_drains_and_heats() {
+        let mut s =
+            Sampler::new(DeviceModel { drain_pct_per_cpu_s: 1000.0, ..DeviceModel::default() }, 1 << 30);
+        let start = Instant::now();
+        let mut x = 1u64;
+        while start.elapsed().as_millis() < 30 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let t = s.sample();
+        assert!(t.battery_pct < 90.0, "{t:?}");
+        assert!(t.temperature_c > 30.0, "{t:?}");
+        assert_eq!(t.free_ram_bytes, (1u64 << 30) - t.rss_bytes);
+    }
+}

@@ -1,0 +1,543 @@
+//! Messages between the pipeline foreman and its workers, and how tensors ride in them.
+//!
+//! Every request and response is an rkyv body carried as bytes in one ractor_cluster RPC
+//! ([`super::worker::PipelineWorkerMsg::Call`]); the receiver reads it with checked access and
+//! never trusts lengths it did not check. f32 tensors travel through the transport codec
+//! (byte-shuffle + zstd, lossless unless bf16 was asked for); i64 tensors (token ids, masks) go
+//! as plain little-endian integers. A tensor whose encoded form is above
+//! [`BY_REFERENCE_ABOVE`] travels by reference: the sender keeps the bytes in its [`BlobShelf`]
+//! and sends the BLAKE3 hash; the receiver pulls them over the QUIC blob stream.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use rkyv::rancor;
+use rkyv::{Archive, Deserialize, Serialize};
+use troupe_kernels::onnx::{NamedTensor, TensorData};
+use troupe_transport::codec::{TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits};
+use troupe_transport::quic::BlobServer;
+use troupe_transport::{NodeId, QuicNode};
+
+/// Encoded tensors above this many bytes travel by reference (a hash pulled over QUIC).
+pub const BY_REFERENCE_ABOVE: usize = 1 << 20;
+/// Largest message body accepted (the control plane's own cap is 16 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// Largest tensor accepted from a peer, in decoded bytes.
+pub const MAX_TENSOR_BYTES: usize = 256 << 20;
+/// Most tensors one request or response may carry.
+pub const MAX_TENSORS: usize = 64;
+/// Most bytes a [`BlobShelf`] keeps for tensors before it drops the oldest.
+pub const SHELF_TENSOR_BUDGET: usize = 512 << 20;
+
+/// A named tensor on the wire.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct WireNamed {
+    /// Graph input/output name.
+    pub name: String,
+    /// The payload.
+    pub body: TensorBody,
+}
+
+/// A worker's telemetry sample (CPU and RSS from the OS; battery and temperature from its
+/// configured device model: simulated on hardware that is not a phone).
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub struct TelemetrySample {
+    /// CPU time of the worker process per wall second since the last sample (0..cores).
+    pub cpu_load: f64,
+    /// Resident set size now, bytes.
+    pub rss_bytes: u64,
+    /// Peak resident set size (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
+    /// The worker's RAM budget, bytes.
+    pub ram_budget_bytes: u64,
+    /// Budget left: budget minus RSS.
+    pub free_ram_bytes: u64,
+    /// Simulated battery level, percent.
+    pub battery_pct: f64,
+    /// Simulated temperature, degrees Celsius.
+    pub temperature_c: f64,
+}
+
+/// A worker's own counters, for the residency invariant and the benchmark.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub struct WorkerStats {
+    /// Most sessions ever live at once in the worker process (must be at most 1).
+    pub max_live_sessions: u32,
+    /// Sessions created.
+    pub loads: u32,
+    /// Sessions dropped on request.
+    pub unloads: u32,
+    /// Loads refused because a session was live.
+    pub refused_loads: u32,
+    /// Stage files pulled over the network.
+    pub pulls: u32,
+    /// Tasks run.
+    pub runs: u32,
+    /// Peak RSS of the worker process (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
+}
+
+pub use messages::{Request, Response, TensorBody};
+
+/// Holds the enums with fielded variants: the resolvers rkyv derives for them have undocumented
+/// fields, and the private module keeps those generated types out of the public API.
+mod messages {
+    use rkyv::{Archive, Deserialize, Serialize};
+    use troupe_transport::codec::WireTensor;
+
+    use super::{TelemetrySample, WireNamed, WorkerStats};
+
+    /// A tensor's payload as it travels.
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+    pub enum TensorBody {
+        /// f32 through the transport codec.
+        F32(WireTensor),
+        /// i64 elements as they are.
+        I64 {
+            /// Dimensions.
+            shape: Vec<u64>,
+            /// Elements, row-major.
+            data: Vec<i64>,
+        },
+        /// The serialised [`WireNamed`] is on the sender's blob shelf under this BLAKE3 hash.
+        ByRef {
+            /// BLAKE3 of the serialised tensor.
+            blob: [u8; 32],
+            /// Its length in bytes.
+            len: u64,
+        },
+    }
+
+    /// What the foreman asks a worker.
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+    pub enum Request {
+        /// Who are you: node name, pid, cached stage files, straggler mode.
+        Join,
+        /// Make the stage file available on disk (pull it from `from` by its BLAKE3 unless cached).
+        Fetch {
+            /// Stage index (for logs).
+            stage: u32,
+            /// SHA-256 of the file (hex): its name in the disk cache, checked after the pull.
+            sha256: String,
+            /// BLAKE3 of the file: the blob id to pull.
+            blob: [u8; 32],
+            /// File size in bytes.
+            size: u64,
+            /// The node holding the blob (the foreman).
+            from: String,
+        },
+        /// Create the session of a cached stage file; refused while another session is live.
+        Load {
+            /// Stage index.
+            stage: u32,
+            /// SHA-256 of the file.
+            sha256: String,
+        },
+        /// Drop the live session.
+        Unload,
+        /// Run the live session on these inputs.
+        Run {
+            /// Job input index.
+            input: u32,
+            /// Stage index.
+            stage: u32,
+            /// The stage's inputs.
+            tensors: Vec<WireNamed>,
+            /// Node holding any by-reference tensor (the foreman).
+            from: String,
+            /// Send f32 outputs as bf16 (lossy).
+            lossy_bf16: bool,
+        },
+        /// Current telemetry.
+        Telemetry,
+        /// The worker's own counters (residency, loads, peak RSS).
+        Stats,
+    }
+
+    /// What a worker answers.
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+    pub enum Response {
+        /// Answer to `Join`.
+        Joined {
+            /// Node name.
+            node: String,
+            /// OS process id.
+            pid: u32,
+            /// SHA-256 of the stage files in its disk cache.
+            cached: Vec<String>,
+            /// SHA-256 of the stage file of its live session, if any.
+            live: Option<String>,
+            /// How it is slowed, in words ("none", "cgroup v1 cpu quota 50%", "pacing 2.0x (emulation)").
+            straggler: String,
+            /// First telemetry.
+            telemetry: TelemetrySample,
+        },
+        /// Answer to `Fetch`.
+        Fetched {
+            /// True when the file was already on disk (nothing pulled).
+            cached: bool,
+            /// Microseconds spent pulling and writing.
+            micros: u64,
+        },
+        /// Answer to `Load`.
+        Loaded {
+            /// Microseconds to read, verify and create the session.
+            micros: u64,
+            /// Process RSS after the load, bytes.
+            rss_bytes: u64,
+        },
+        /// Answer to `Unload`.
+        Unloaded,
+        /// Answer to `Run`.
+        Ran {
+            /// The stage's outputs.
+            tensors: Vec<WireNamed>,
+            /// Microseconds inside ONNX Runtime.
+            compute_micros: u64,
+            /// Microseconds of pacing added after it (emulated straggler; 0 otherwise).
+            paced_micros: u64,
+            /// Raw f32 bytes of the outputs.
+            raw_f32_bytes: u64,
+            /// Their encoded payload bytes.
+            wire_f32_bytes: u64,
+            /// Largest absolute error the encoding caused (0 when lossless).
+            max_abs_error: f32,
+        },
+        /// Answer to `Telemetry`.
+        Telemetry(TelemetrySample),
+        /// Answer to `Stats`.
+        Stats(WorkerStats),
+        /// The request failed; the text names why.
+        Error(String),
+    }
+}
+
+/// Why a message or tensor could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Serialising failed.
+    #[error("encoding {what}: {detail}")]
+    Encode {
+        /// What was encoded.
+        what: &'static str,
+        /// The error.
+        detail: String,
+    },
+    /// A peer's bytes are not a valid message.
+    #[error("invalid {what} from peer ({len} bytes): {detail}")]
+    Invalid {
+        /// What was expected.
+        what: &'static str,
+        /// Bytes received.
+        len: usize,
+        /// The validator's message.
+        detail: String,
+    },
+    /// Over a size cap.
+    #[error("{what} of {got} exceeds the cap of {cap}")]
+    TooLarge {
+        /// What.
+        what: &'static str,
+        /// Its size.
+        got: usize,
+        /// The cap.
+        cap: usize,
+    },
+    /// A tensor could not be encoded or decoded.
+    #[error("tensor {name}: {detail}")]
+    Tensor {
+        /// The tensor.
+        name: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A by-reference tensor could not be pulled.
+    #[error("pulling tensor {name} from {from}: {detail}")]
+    Pull {
+        /// The tensor.
+        name: String,
+        /// The peer.
+        from: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// Serialises a request or response.
+pub fn to_bytes<T>(what: &'static str, value: &T) -> Result<Vec<u8>, WireError>
+where
+    T: for<'a> Serialize<
+        rkyv::api::high::HighSerializer<
+            rkyv::util::AlignedVec,
+            rkyv::ser::allocator::ArenaHandle<'a>,
+            rancor::Error,
+        >,
+    >,
+{
+    let bytes = rkyv::to_bytes::<rancor::Error>(value)
+        .map_err(|e| WireError::Encode { what, detail: e.to_string() })?;
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_MESSAGE_BYTES });
+    }
+    Ok(bytes.to_vec())
+}
+
+/// Reads a peer's request with checked access.
+pub fn request_from_bytes(bytes: &[u8]) -> Result<Request, WireError> {
+    from_bytes::<Request>("request", bytes)
+}
+
+/// Reads a peer's response with checked access.
+pub fn response_from_bytes(bytes: &[u8]) -> Result<Response, WireError> {
+    from_bytes::<Response>("response", bytes)
+}
+
+fn from_bytes<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
+where
+    T: Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_MESSAGE_BYTES });
+    }
+    // Peer bytes arrive unaligned; copy into an aligned buffer before checked access.
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| WireError::Invalid {
+        what,
+        len: bytes.len(),
+        detail: e.to_string(),
+    })
+}
+
+/// Byte counts of the f32 tensors one side encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EncodeTally {
+    /// Raw f32 bytes.
+    pub raw: u64,
+    /// Encoded payload bytes (by-reference ones counted at their pulled size).
+    pub wire: u64,
+    /// Largest absolute error caused (bf16 only).
+    pub max_abs_error: f32,
+    /// Tensors sent by reference.
+    pub by_reference: u32,
+}
+
+/// Content-addressed bytes this node serves to peers: stage files (pinned) and large tensors
+/// (dropped oldest first above [`SHELF_TENSOR_BUDGET`]). Installed with `QuicNode::set_blob_server`.
+#[derive(Clone, Default)]
+pub struct BlobShelf {
+    inner: Arc<Mutex<ShelfInner>>,
+}
+
+#[derive(Default)]
+struct ShelfInner {
+    blobs: HashMap<[u8; 32], Arc<Vec<u8>>>,
+    transient: VecDeque<[u8; 32]>,
+    transient_bytes: usize,
+}
+
+impl BlobShelf {
+    /// Keeps `bytes` until the shelf is dropped; returns its BLAKE3.
+    pub fn pin(&self, bytes: Arc<Vec<u8>>) -> [u8; 32] {
+        let id = *blake3::hash(&bytes).as_bytes();
+        if let Ok(mut g) = self.inner.lock() {
+            g.blobs.insert(id, bytes);
+        }
+        id
+    }
+
+    /// Keeps `bytes` for a while (oldest dropped first over the budget); returns its BLAKE3.
+    pub fn put_transient(&self, bytes: Vec<u8>) -> [u8; 32] {
+        let id = *blake3::hash(&bytes).as_bytes();
+        if let Ok(mut g) = self.inner.lock() {
+            g.transient_bytes += bytes.len();
+            g.blobs.insert(id, Arc::new(bytes));
+            g.transient.push_back(id);
+            while g.transient_bytes > SHELF_TENSOR_BUDGET && g.transient.len() > 1 {
+                if let Some(old) = g.transient.pop_front()
+                    && let Some(b) = g.blobs.remove(&old)
+                {
+                    g.transient_bytes = g.transient_bytes.saturating_sub(b.len());
+                }
+            }
+        }
+        id
+    }
+}
+
+impl BlobServer for BlobShelf {
+    fn blob(&self, id: &[u8; 32]) -> Option<Arc<Vec<u8>>> {
+        self.inner.lock().ok().and_then(|g| g.blobs.get(id).cloned())
+    }
+}
+
+/// Encodes tensors for sending; large ones go on `shelf` by reference.
+pub fn encode_tensors(
+    tensors: &[NamedTensor],
+    lossy_bf16: bool,
+    shelf: &BlobShelf,
+    tally: &mut EncodeTally,
+) -> Result<Vec<WireNamed>, WireError> {
+    let options =
+        TensorEncodeOptions { lossy_bf16, min_compress_bytes: 1024, ..TensorEncodeOptions::default() };
+    let mut encoder = TensorEncoder::new(options);
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let bad = |detail: String| WireError::Tensor { name: t.name.clone(), detail };
+        let body = match &t.data {
+            TensorData::F32(data) => {
+                let (wire, report) = encoder.encode_wire(&t.shape, data).map_err(|e| bad(e.to_string()))?;
+                tally.raw += report.raw_bytes as u64;
+                tally.wire += wire.payload.len() as u64;
+                tally.max_abs_error = tally.max_abs_error.max(report.max_abs_error);
+                TensorBody::F32(wire)
+            }
+            TensorData::I64(data) => {
+                TensorBody::I64 { shape: t.shape.iter().map(|&d| d as u64).collect(), data: data.clone() }
+            }
+        };
+        let named = WireNamed { name: t.name.clone(), body };
+        let encoded_len = match &named.body {
+            TensorBody::F32(w) => w.payload.len(),
+            TensorBody::I64 { data, .. } => data.len() * 8,
+            TensorBody::ByRef { .. } => 0,
+        };
+        if encoded_len > BY_REFERENCE_ABOVE {
+            let bytes = to_bytes("tensor", &named)?;
+            let len = bytes.len() as u64;
+            let blob = shelf.put_transient(bytes);
+            tally.by_reference += 1;
+            out.push(WireNamed { name: t.name.clone(), body: TensorBody::ByRef { blob, len } });
+        } else {
+            out.push(named);
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes received tensors, pulling by-reference ones from `from` over `link`.
+pub async fn decode_tensors(
+    tensors: Vec<WireNamed>,
+    link: &QuicNode,
+    from: &str,
+) -> Result<Vec<NamedTensor>, WireError> {
+    if tensors.len() > MAX_TENSORS {
+        return Err(WireError::TooLarge { what: "tensor list", got: tensors.len(), cap: MAX_TENSORS });
+    }
+    let mut decoder = TensorDecoder::new(TensorLimits { max_decoded_bytes: MAX_TENSOR_BYTES });
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let named = match t.body {
+            TensorBody::ByRef { blob, len } => {
+                let pull =
+                    |detail: String| WireError::Pull { name: t.name.clone(), from: from.to_owned(), detail };
+                let cap = u32::try_from(len.min(MAX_MESSAGE_BYTES as u64 * 16)).unwrap_or(u32::MAX);
+                let bytes =
+                    link.fetch_blob(&NodeId::new(from), blob, cap).await.map_err(|e| pull(e.to_string()))?;
+                let inner = from_bytes_capped(&bytes)?;
+                if matches!(inner.body, TensorBody::ByRef { .. }) {
+                    return Err(pull("a by-reference tensor points at another reference".into()));
+                }
+                inner
+            }
+            body => WireNamed { name: t.name, body },
+        };
+        out.push(decode_one(named, &mut decoder)?);
+    }
+    Ok(out)
+}
+
+fn from_bytes_capped(bytes: &[u8]) -> Result<WireNamed, WireError> {
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    rkyv::from_bytes::<WireNamed, rancor::Error>(&aligned).map_err(|e| WireError::Invalid {
+        what: "tensor",
+        len: bytes.len(),
+        detail: e.to_string(),
+    })
+}
+
+fn decode_one(t: WireNamed, decoder: &mut TensorDecoder) -> Result<NamedTensor, WireError> {
+    let bad = |detail: String| WireError::Tensor { name: t.name.clone(), detail };
+    match t.body {
+        TensorBody::F32(wire) => {
+            let bytes = rkyv::to_bytes::<rancor::Error>(&wire).map_err(|e| bad(e.to_string()))?;
+            let archived = rkyv::access::<troupe_transport::codec::ArchivedWireTensor, rancor::Error>(&bytes)
+                .map_err(|e| bad(e.to_string()))?;
+            let d = decoder.decode_archived(archived).map_err(|e| bad(e.to_string()))?;
+            Ok(NamedTensor::f32(t.name, d.shape, d.data))
+        }
+        TensorBody::I64 { shape, data } => {
+            let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            let tensor = NamedTensor::i64(t.name.clone(), shape, data);
+            tensor.check_shape().map_err(bad)?;
+            Ok(tensor)
+        }
+        TensorBody::ByRef { .. } => Err(bad("unresolved reference".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_garbage_is_refused() {
+        let req = Request::Load { stage: 2, sha256: "ab".repeat(32) };
+        let bytes = to_bytes("request", &req).unwrap();
+        assert_eq!(request_from_bytes(&bytes).unwrap(), req);
+        let err = request_from_bytes(&[0xff; 7]).unwrap_err();
+        assert!(err.to_string().contains("invalid request"), "{err}");
+        let mut cut = bytes.clone();
+        cut.truncate(bytes.len() / 2);
+        assert!(request_from_bytes(&cut).is_err());
+    }
+
+    #[test]
+    fn f32_lossless_round_trips_and_bf16_reports_its_error() {
+        let data: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.01).sin()).collect();
+        let t = NamedTensor::f32("hidden", vec![1, 16, 256], data.clone());
+        let shelf = BlobShelf::default();
+        let mut tally = EncodeTally::default();
+        let wire = encode_tensors(std::slice::from_ref(&t), false, &shelf, &mut tally).unwrap();
+        assert_eq!(tally.raw, 4096 * 4);
+        assert_eq!(tally.max_abs_error, 0.0);
+        let mut dec = TensorDecoder::default();
+        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec).unwrap();
+        assert_eq!(back, t);
+
+        let mut lossy = EncodeTally::default();
+        let wire = encode_tensors(std::slice::from_ref(&t), true, &shelf, &mut lossy).unwrap();
+        assert!(lossy.wire < tally.wire, "bf16 {} vs f32 {}", lossy.wire, tally.wire);
+        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec).unwrap();
+        let err = back.as_f32().unwrap().iter().zip(&data).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(err > 0.0 && err <= lossy.max_abs_error, "{err} vs {}", lossy.max_abs_error);
+    }
+
+    #[test]
+    fn large_tensors_go_by_reference_on_the_shelf() {
+        // Noise does not compress: 2 MiB of it stays above the 1 MiB threshold.
+        let mut x = 0x9e3779b9u32;
+        let data: Vec<f32> = (0..(512 << 10))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f32::from_bits((x >> 9) | 0x3f80_0000)
+            })
+            .collect();
+        let t = NamedTensor::f32("big", vec![512, 1024], data);
+        let shelf = BlobShelf::default();
+        let mut tally = EncodeTally::default();
+        let wire = encode_tensors(std::slice::from_ref(&t), false, &shelf, &mut tally).unwrap();
+        let TensorBody::ByRef { blob, len } = &wire[0].body else { panic!("not by reference") };
+        assert_eq!(tally.by_reference, 1);
+        let bytes = shelf.blob(blob).unwrap();
+        assert_eq!(bytes.len() as u64, *len);
+        let inner = from_bytes_capped(&bytes).unwrap();
+        let back = decode_one(inner, &mut TensorDecoder::default()).unwrap();
+        assert_eq!(back, t);
+    }
+}

@@ -1,0 +1,466 @@
+//! `troupe bench pipeline`: the CROWDio workload measured in one run on this machine.
+//!
+//! - RSS: the whole model and each stage file are loaded and run in fresh processes
+//!   (`troupe pipeline probe-rss`), their peak RSS (`VmHWM`) read from the OS. Each worker
+//!   process's peak RSS is read from `/proc/<pid>/status` after the cold run (it includes the
+//!   buffers of the stage-file pulls) and, after resetting it (`clear_refs`), over the warm runs
+//!   (`worker_peak_rss_mb_max`: what single-partition residency costs).
+//! - Streaming vs barrier: the same job (MiniLM in 3 stages, `inputs` inputs of `batch`
+//!   sentences) on 5 worker processes slowed for real (cgroup v1 CPU quota where available,
+//!   else pacing, which the table says) to 60/40/40/20/20% of one CPU. The ideal pipeline bound
+//!   comes from per-stage compute times measured here at full speed and the workers' quotas
+//!   (`troupe_policy::pipeline::sim::ideal_pipeline_bound`): compute only, no loads or transfers.
+//! - Cold vs warm load: the first job pulls every stage file (cold: pull + session creation);
+//!   later jobs find them in the workers' disk caches (warm: session creation only; the file is
+//!   in the page cache, so this is the best case for a warm load).
+//! - Wire bytes: f32 activations, both directions, lossless (byte-shuffle + zstd) and bf16 apart.
+//!
+//! - The policy's own prediction: the simulator replays both modes with the measured per-stage
+//!   compute, pull and warm-load times, the quotas as speeds and the measured per-task overhead
+//!   (`sim_*` figures), to tell scheduling effects from measurement noise on a shared machine.
+//!
+//! Streaming and barrier runs alternate `repeats` times on the same warm cluster; the median run
+//! of each is reported (with the spread), and drawn: the SVG is a Gantt chart of those two runs,
+//! one row per worker.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use troupe_actors::pipeline::{JobOutcome, ShellSettings, Span, SpanKind, StageFile, build_job};
+use troupe_kernels::onnx::{OnnxSession, SessionConfig};
+use troupe_policy::Micros;
+use troupe_policy::pipeline::Mode;
+use troupe_policy::pipeline::sim::{SimSetup, SimWorker, StageCost, ideal_pipeline_bound, simulate};
+use troupe_policy::pipeline::{ForemanConfig, Telemetry, WorkerId};
+
+use crate::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use crate::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches};
+
+/// Sentences the benchmark embeds (the example's inputs file, compiled in).
+const SENTENCES: &str = include_str!("../../../examples/pipeline-sentences.txt");
+/// CPU quotas of the 5 workers, percent of one CPU.
+pub const QUOTAS: [u32; 5] = [60, 40, 40, 20, 20];
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+fn probe(exe: &Path, model: &Path) -> Result<u64> {
+    let out = std::process::Command::new(exe)
+        .args(["pipeline", "probe-rss", "--model"])
+        .arg(model)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("probing {}", model.display()))?;
+    if !out.status.success() {
+        bail!("probe of {} failed", model.display());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("probe output")?;
+    v.get("peak_rss_bytes").and_then(serde_json::Value::as_u64).context("probe output has no peak_rss_bytes")
+}
+
+/// Median ONNX Runtime time of each stage per input at full speed, measured in this process.
+fn stage_times(stages: &[PathBuf], inputs: &[Vec<troupe_kernels::onnx::NamedTensor>]) -> Result<Vec<f64>> {
+    let mut sessions = stages
+        .iter()
+        .map(|p| OnnxSession::from_file(p, &SessionConfig::default()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut times = vec![Vec::new(); sessions.len()];
+    for (round, input) in inputs.iter().enumerate().take(8) {
+        let mut carried = input.clone();
+        for (k, s) in sessions.iter_mut().enumerate() {
+            let wanted: Vec<_> = s
+                .inputs()
+                .iter()
+                .filter_map(|spec| carried.iter().chain(input.iter()).find(|t| t.name == spec.name).cloned())
+                .collect();
+            let start = Instant::now();
+            let out = s.run(&wanted)?;
+            if round > 0 {
+                times[k].push(start.elapsed().as_secs_f64());
+            }
+            carried = out;
+        }
+    }
+    Ok(times.into_iter().map(|t| median(&t)).collect())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// (max - min) / median of the runs' makespans.
+fn spread(runs: &[JobOutcome]) -> f64 {
+    let m: Vec<f64> = runs.iter().map(|o| o.makespan_s).collect();
+    let (lo, hi) = (m.iter().copied().fold(f64::INFINITY, f64::min), m.iter().copied().fold(0.0, f64::max));
+    (hi - lo) / median(&m).max(1e-9)
+}
+
+/// The run with the median makespan.
+fn take_median(mut runs: Vec<JobOutcome>) -> JobOutcome {
+    runs.sort_by(|a, b| a.makespan_s.total_cmp(&b.makespan_s));
+    let mid = runs.len() / 2;
+    runs.swap_remove(mid)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+/// Runs the benchmark; writes the SVG to `svg`.
+pub async fn run(
+    workdir: &Path,
+    svg: &Path,
+    inputs: usize,
+    batch: usize,
+    repeats: usize,
+) -> Result<BTreeMap<String, f64>> {
+    let exe = std::env::current_exe()?;
+    let stages = minilm_stages()?;
+    let whole = troupe_kernels::assets::Assets::locate()?.path(troupe_kernels::assets::MINILM_WHOLE)?;
+    let sentences: Vec<String> = SENTENCES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    let mut f = BTreeMap::new();
+    let mut put = |k: &str, v: f64| {
+        f.insert(k.to_string(), v);
+    };
+
+    // RSS of the whole model and of each stage, each in a fresh process.
+    let whole_rss = probe(&exe, &whole)?;
+    let mut stage_rss = Vec::new();
+    for (k, s) in stages.iter().enumerate() {
+        let r = probe(&exe, s)?;
+        put(&format!("stage{k}_rss_mb"), r as f64 / MIB);
+        stage_rss.push(r);
+    }
+    let largest_stage_rss = stage_rss.iter().copied().max().unwrap_or(1).max(1);
+    put("whole_model_rss_mb", whole_rss as f64 / MIB);
+
+    let job_inputs = tokenize_batches(&sentences, inputs, batch)?;
+    let t_k = stage_times(&stages, &job_inputs)?;
+    for (k, t) in t_k.iter().enumerate() {
+        put(&format!("stage{k}_compute_ms"), t * 1e3);
+    }
+    let files = stages.iter().map(|p| StageFile::from_path(p)).collect::<Result<Vec<_>, _>>()?;
+    let job = |mode: Mode, bf16: bool| build_job(files.clone(), job_inputs.clone(), mode, bf16);
+    let streaming_chain = job(Mode::Streaming, false)?.chain;
+
+    let _ = std::fs::remove_dir_all(workdir.join("cache"));
+    let specs: Vec<WorkerSpec> = QUOTAS
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| {
+            let mut w = WorkerSpec::new(&format!("phone-{}", i + 1), q, workdir);
+            w.battery_pct = 95.0 - 15.0 * i as f64;
+            w
+        })
+        .collect();
+    let cluster = LocalCluster::start(&exe, workdir, &specs).await?;
+    let settings = ShellSettings {
+        workers: specs.len(),
+        join_timeout: Duration::from_secs(60),
+        ..ShellSettings::default()
+    };
+    let result = async {
+        let cold = cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?;
+        // The cold run's peak includes the stage-file pull buffers; the warm runs show what
+        // residency alone costs.
+        let cold_peaks = cluster.peak_rss();
+        let reset = cluster.reset_peak_rss();
+        // Alternate the modes so both see the same drift in machine load; keep the median run.
+        let mut runs_s = Vec::new();
+        let mut runs_b = Vec::new();
+        for _ in 0..repeats.max(1) {
+            runs_s.push(cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?);
+            runs_b.push(cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?);
+        }
+        let spread_s = spread(&runs_s);
+        let spread_b = spread(&runs_b);
+        let streaming = take_median(runs_s);
+        let barrier = take_median(runs_b);
+        let bf16 = cluster.run(job(Mode::Streaming, true)?, settings.clone(), None).await?;
+        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spread_s, spread_b))
+    }
+    .await;
+    let peaks = cluster.peak_rss();
+    cluster.shutdown().await;
+    let (cold, cold_peaks, reset, streaming, barrier, bf16, spread_s, spread_b) = result?;
+    put("streaming_runs_spread", spread_s);
+    put("barrier_runs_spread", spread_b);
+    put("repeats", repeats.max(1) as f64);
+
+    let cold_peak = cold_peaks.iter().filter_map(|(_, p)| *p).max().unwrap_or(0);
+    put("worker_peak_rss_mb_max_cold_run", cold_peak as f64 / MIB);
+    put("worker_peak_rss_reset_after_cold_run", if reset == specs.len() { 1.0 } else { 0.0 });
+    let worker_peak = peaks.iter().filter_map(|(_, p)| *p).max().unwrap_or(0);
+    put("worker_peak_rss_mb_max", worker_peak as f64 / MIB);
+    put("worker_peak_rss_over_stage_rss", worker_peak as f64 / largest_stage_rss as f64);
+    put("worker_peak_rss_over_whole_model_rss", worker_peak as f64 / whole_rss.max(1) as f64);
+    let max_live = [&cold, &streaming, &barrier, &bf16]
+        .iter()
+        .flat_map(|o| o.workers.iter().filter_map(|w| w.stats.map(|s| s.max_live_sessions)))
+        .max()
+        .unwrap_or(0);
+    put("worker_max_live_sessions", f64::from(max_live));
+
+    put("streaming_s", streaming.makespan_s);
+    put("barrier_s", barrier.makespan_s);
+    put("streaming_over_barrier", streaming.makespan_s / barrier.makespan_s);
+    put("streaming_speedup_over_barrier", barrier.makespan_s / streaming.makespan_s);
+    let costs: Vec<StageCost> = t_k
+        .iter()
+        .map(|t| StageCost { compute: Micros((t * 1e6) as u64), download: Micros(0), warm_load: Micros(0) })
+        .collect();
+    let speeds: Vec<f64> = QUOTAS.iter().map(|&q| f64::from(q) / 100.0).collect();
+    let ideal = ideal_pipeline_bound(&costs, &speeds, inputs).0 as f64 / 1e6;
+    put("ideal_pipeline_bound_s", ideal);
+    put("streaming_over_ideal", streaming.makespan_s / ideal);
+    put("barrier_over_ideal", barrier.makespan_s / ideal);
+    put("cold_streaming_s", cold.makespan_s);
+
+    let loads = |o: &JobOutcome, cold_wanted: bool| -> Vec<f64> {
+        o.spans
+            .iter()
+            .filter_map(|s| match s.kind {
+                SpanKind::Load { stage: 0, cold } if cold == cold_wanted => Some(s.end - s.start),
+                _ => None,
+            })
+            .collect()
+    };
+    let pulls: Vec<f64> =
+        cold.spans.iter().filter(|s| s.kind == SpanKind::Fetch(0)).map(|s| s.end - s.start).collect();
+    let cold_load = mean(&pulls) + mean(&loads(&cold, true));
+    let mut warm: Vec<f64> = loads(&streaming, false);
+    warm.extend(loads(&barrier, false));
+    let warm_load = mean(&warm);
+    put("cold_load_stage0_ms", cold_load * 1e3);
+    put("warm_load_stage0_ms", warm_load * 1e3);
+    put("cold_over_warm_load", if warm_load > 0.0 { cold_load / warm_load } else { f64::NAN });
+
+    let ratio =
+        |o: &JobOutcome| if o.tally.raw > 0 { o.tally.wire as f64 / o.tally.raw as f64 } else { f64::NAN };
+    put("wire_over_raw_lossless", ratio(&streaming));
+    put("wire_over_raw_bf16", ratio(&bf16));
+    put("bf16_max_abs_error_activations", f64::from(bf16.tally.max_abs_error));
+    put("lossless_max_abs_error_activations", f64::from(streaming.tally.max_abs_error));
+    let mut out_err = 0.0f32;
+    for (a, b) in bf16.outputs.iter().zip(&streaming.outputs) {
+        if let (Some(a), Some(b)) = (final_vector(a), final_vector(b)) {
+            out_err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(out_err, f32::max);
+        }
+    }
+    put("bf16_max_abs_error_embeddings", f64::from(out_err));
+    put("inputs", inputs as f64);
+    put("sentences_per_input", batch as f64);
+
+    // The policy's prediction from the measured costs.
+    let per_stage = |o: &[&JobOutcome], f: &dyn Fn(&SpanKind) -> Option<usize>| -> Vec<f64> {
+        (0..t_k.len())
+            .map(|k| {
+                let v: Vec<f64> = o
+                    .iter()
+                    .flat_map(|o| o.spans.iter())
+                    .filter(|s| f(&s.kind) == Some(k))
+                    .map(|s| s.end - s.start)
+                    .collect();
+                mean(&v)
+            })
+            .collect()
+    };
+    let warm_k = per_stage(&[&streaming, &barrier], &|k| match k {
+        SpanKind::Load { stage, cold: false } => Some(*stage),
+        _ => None,
+    });
+    let pull_k = per_stage(&[&cold], &|k| match k {
+        SpanKind::Fetch(stage) => Some(*stage),
+        _ => None,
+    });
+    let runs: Vec<f64> = streaming
+        .spans
+        .iter()
+        .filter(|s| matches!(s.kind, SpanKind::Run(_)))
+        .zip(&streaming.compute_s)
+        .map(|(s, (_, _, c))| (s.end - s.start - c).max(0.0))
+        .collect();
+    let hop = mean(&runs);
+    put("task_overhead_ms", hop * 1e3);
+    let us = |s: f64| Micros((s * 1e6) as u64);
+    let sim_costs: Vec<StageCost> = (0..t_k.len())
+        .map(|k| StageCost { compute: us(t_k[k]), download: us(pull_k[k]), warm_load: us(warm_k[k]) })
+        .collect();
+    let sim_workers: Vec<SimWorker> = QUOTAS
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| SimWorker {
+            id: WorkerId(i as u32),
+            speed: f64::from(q) / 100.0,
+            telemetry: Telemetry {
+                ram_budget_bytes: 512 << 20,
+                free_ram_bytes: 256 << 20,
+                battery_pct: 95.0 - 15.0 * i as f64,
+                ..Telemetry::default()
+            },
+            cached: (0..t_k.len()).collect(),
+        })
+        .collect();
+    let sim = |mode: Mode| -> f64 {
+        let setup = SimSetup {
+            chain: streaming_chain.clone(),
+            costs: sim_costs.clone(),
+            workers: sim_workers.clone(),
+            inputs,
+            mode,
+            hop: us(hop),
+            crashes: Vec::new(),
+            deliver_late_completions: false,
+            foreman: ForemanConfig::default(),
+        };
+        simulate(&setup).ok().and_then(|r| r.makespan).map_or(f64::NAN, |m| m.0 as f64 / 1e6)
+    };
+    let (sim_s, sim_b) = (sim(Mode::Streaming), sim(Mode::Barrier));
+    put("sim_streaming_s", sim_s);
+    put("sim_barrier_s", sim_b);
+    put("sim_streaming_speedup_over_barrier", sim_b / sim_s);
+
+    let stragglers: Vec<String> =
+        streaming.workers.iter().map(|w| format!("{}: {}", w.node, w.straggler)).collect();
+    println!("workers (streaming run):");
+    for (w, (_, peak)) in streaming.workers.iter().zip(&peaks) {
+        println!(
+            "  {:<8} tasks {:>3}  peak RSS {:>6.1} MiB  {}",
+            w.node,
+            w.tasks,
+            peak.unwrap_or(0) as f64 / MIB,
+            w.straggler
+        );
+    }
+    write_gantt(svg, &[("streaming", &streaming), ("barrier", &barrier)], &stragglers)?;
+    println!("Gantt chart written to {}", svg.display());
+    Ok(f)
+}
+
+fn stage_colour(stage: usize) -> &'static str {
+    ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"][stage % 5]
+}
+
+/// A hand-written SVG: one panel per run, one row per worker, bars per task, load and pull.
+pub fn write_gantt(path: &Path, runs: &[(&str, &JobOutcome)], notes: &[String]) -> Result<()> {
+    let (left, width, row_h, panel_gap) = (110.0, 900.0, 22.0, 50.0);
+    let t_max = runs.iter().map(|(_, o)| o.makespan_s).fold(0.0f64, f64::max).max(1e-3);
+    let rows: usize = runs.iter().map(|(_, o)| o.workers.len()).sum();
+    let height =
+        40.0 + rows as f64 * row_h + runs.len() as f64 * panel_gap + 20.0 * notes.len() as f64 + 40.0;
+    let x = |t: f64| left + t / t_max * width;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        left + width + 30.0
+    );
+    svg.push_str("<text x=\"10\" y=\"20\" font-size=\"15\">troupe bench pipeline: tasks per worker (colour = stage; grey = session load; black = stage file pull)</text>\n");
+    let mut y = 40.0;
+    for (name, o) in runs {
+        svg.push_str(&format!(
+            "<text x=\"10\" y=\"{}\" font-weight=\"bold\">{name}: {:.3} s</text>\n",
+            y + 14.0,
+            o.makespan_s
+        ));
+        y += 22.0;
+        for (w, worker) in o.workers.iter().enumerate() {
+            let top = y + w as f64 * row_h;
+            svg.push_str(&format!("<text x=\"10\" y=\"{}\">{}</text>\n", top + 14.0, worker.node));
+            svg.push_str(&format!(
+                "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>\n",
+                top + row_h,
+                left + width,
+                top + row_h
+            ));
+            for s in o.spans.iter().filter(|s: &&Span| s.worker == w) {
+                let (fill, label) = match s.kind {
+                    SpanKind::Run(t) => (stage_colour(t.stage), format!("{t}")),
+                    SpanKind::Load { stage, cold } => {
+                        ("#bbbbbb", format!("load s{stage}{}", if cold { " (cold)" } else { "" }))
+                    }
+                    SpanKind::Fetch(stage) => ("#333333", format!("pull s{stage}")),
+                };
+                let w_px = (x(s.end) - x(s.start)).max(0.5);
+                svg.push_str(&format!(
+                    "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{w_px:.2}\" height=\"{:.2}\" fill=\"{fill}\" stroke=\"white\" stroke-width=\"0.3\"><title>{label}: {:.1}-{:.1} ms</title></rect>\n",
+                    x(s.start),
+                    top + 3.0,
+                    row_h - 6.0,
+                    s.start * 1e3,
+                    s.end * 1e3
+                ));
+            }
+        }
+        y += o.workers.len() as f64 * row_h + panel_gap - 22.0;
+    }
+    for k in 0..=4 {
+        let t = t_max * k as f64 / 4.0;
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{t:.2} s</text>\n",
+            x(t),
+            y
+        ));
+    }
+    y += 20.0;
+    for n in notes {
+        svg.push_str(&format!("<text x=\"10\" y=\"{y:.1}\" fill=\"#555\">{}</text>\n", xml_escape(n)));
+        y += 20.0;
+    }
+    svg.push_str("</svg>\n");
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_actors::pipeline::WorkerSummary;
+    use troupe_policy::pipeline::TaskId;
+
+    #[test]
+    fn gantt_has_one_bar_per_span_in_each_panel() {
+        let worker = |n: &str| WorkerSummary { node: n.into(), ..WorkerSummary::default() };
+        let run = JobOutcome {
+            makespan_s: 2.0,
+            workers: vec![worker("a"), worker("b")],
+            spans: vec![
+                Span { worker: 0, kind: SpanKind::Fetch(0), start: 0.0, end: 0.5 },
+                Span { worker: 0, kind: SpanKind::Load { stage: 0, cold: true }, start: 0.5, end: 1.0 },
+                Span { worker: 1, kind: SpanKind::Run(TaskId::new(3, 1)), start: 1.0, end: 2.0 },
+            ],
+            ..JobOutcome::default()
+        };
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("g.svg");
+        write_gantt(&p, &[("streaming", &run), ("barrier", &run)], &["a <note>".into()]).unwrap();
+        let svg = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(svg.matches("<rect ").count(), 1 + 2 * 3, "background plus 3 bars per panel");
+        assert!(svg.contains("i3/s1") && svg.contains("load s0 (cold)") && svg.contains("pull s0"));
+        assert!(svg.contains("a &lt;note&gt;"));
+        // The run bar spans half the width: from t = 1 s to t = 2 s of a 2 s axis.
+        assert!(svg.contains("x=\"560.00\"") && svg.contains("width=\"450.00\""), "{svg}");
+    }
+
+    #[test]
+    fn median_run_and_spread() {
+        let run = |m: f64| JobOutcome { makespan_s: m, ..JobOutcome::default() };
+        let runs = vec![run(3.0), run(1.0), run(2.0)];
+        assert!((spread(&runs) - 1.0).abs() < 1e-12);
+        assert_eq!(take_median(runs).makespan_s, 2.0);
+    }
+}

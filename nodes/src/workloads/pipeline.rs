@@ -1,0 +1,486 @@
+//! The `pipeline` workload (CROWDio): `pipeline-worker` actors (one per node: a phone-class stage
+//! runner with a RAM budget, a CPU quota and a simulated battery) and the `pipeline` job, whose
+//! node is the foreman. Also `troupe pipeline submit` (a local foreman plus worker processes)
+//! and `troupe pipeline probe-rss` (peak RSS of one model in a fresh process).
+//!
+//! Inputs file format: UTF-8 text, one sentence per line; blank lines and lines starting with `#`
+//! are skipped. Each sentence is one job input, tokenised with the project's WordPiece tokenizer
+//! into `input_ids` and `attention_mask` (i64 `[1, S]`, at most 256 tokens). At most
+//! [`MAX_SENTENCES`] sentences and [`MAX_INPUTS_FILE_BYTES`] bytes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Subcommand;
+use serde::Deserialize;
+use troupe_actors::NodeRuntime;
+use troupe_actors::pipeline::telemetry::DeviceModel;
+use troupe_actors::pipeline::{
+    BlobShelf, JobOutcome, PipelineJob, PipelineWorker, ShellSettings, StageFile, WorkerSettings, build_job,
+    run_pipeline_job, worker_args,
+};
+use troupe_actors::supervisor::ChildSpec;
+use troupe_kernels::assets::{self, Assets};
+use troupe_kernels::onnx::{NamedTensor, cosine};
+use troupe_kernels::tokenizer::WordPiece;
+use troupe_policy::pipeline::Mode;
+
+use super::{NodeContext, params};
+use crate::config::{ActorConfig, JobConfig};
+
+pub mod local;
+
+/// Most sentences an inputs file may hold.
+pub const MAX_SENTENCES: usize = 4096;
+/// Largest inputs file read.
+pub const MAX_INPUTS_FILE_BYTES: u64 = 4 << 20;
+
+/// `params` of a `pipeline-worker` actor.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerParams {
+    /// RAM budget for stage sessions, MiB.
+    #[serde(default = "default_budget")]
+    pub ram_budget_mb: u64,
+    /// Enforce the budget with a cgroup v1 memory limit (going over it gets the worker killed by
+    /// the OS, and the foreman re-plans its tasks); otherwise it only steers scheduling.
+    #[serde(default)]
+    pub enforce_ram_budget: bool,
+    /// CPU speed in percent of one CPU: a cgroup v1 quota where available, else pacing.
+    #[serde(default = "default_quota")]
+    pub cpu_quota_pct: u32,
+    /// Simulated battery at start, percent.
+    #[serde(default = "default_battery")]
+    pub battery_pct: f64,
+    /// Simulated temperature at rest, Celsius.
+    #[serde(default = "default_ambient")]
+    pub ambient_c: f64,
+    /// Disk cache of stage files (default `.cache/pipeline/<node>`).
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads.
+    #[serde(default = "default_threads")]
+    pub intra_threads: usize,
+}
+
+fn default_budget() -> u64 {
+    512
+}
+fn default_quota() -> u32 {
+    100
+}
+fn default_battery() -> f64 {
+    90.0
+}
+fn default_ambient() -> f64 {
+    30.0
+}
+fn default_threads() -> usize {
+    1
+}
+
+/// `params` of the `pipeline` job.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobParams {
+    /// Stage files in order; empty means MiniLM's 3 stages from the setup cache.
+    #[serde(default)]
+    pub stages: Vec<PathBuf>,
+    /// Inputs file (see the module doc for the format).
+    pub inputs: PathBuf,
+    /// "streaming" (1:1 dependencies) or "barrier" (stage k waits for all of stage k-1).
+    #[serde(default = "default_mode")]
+    pub mode: String,
+    /// Workers to wait for.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Send activations as bf16 (lossy) instead of lossless.
+    #[serde(default)]
+    pub bf16: bool,
+    /// Telemetry period, ms.
+    #[serde(default = "default_telemetry")]
+    pub telemetry_ms: u64,
+}
+
+fn default_mode() -> String {
+    "streaming".into()
+}
+fn default_workers() -> usize {
+    1
+}
+fn default_telemetry() -> u64 {
+    500
+}
+
+/// Parses a mode name.
+pub fn parse_mode(s: &str) -> Result<Mode, String> {
+    match s {
+        "streaming" => Ok(Mode::Streaming),
+        "barrier" => Ok(Mode::Barrier),
+        other => Err(format!("unknown mode {other:?} (use \"streaming\" or \"barrier\")")),
+    }
+}
+
+/// Checks a `pipeline-worker` entry.
+pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
+    let p: WorkerParams = params(&a.params)?;
+    if p.ram_budget_mb == 0 {
+        return Err(("params.ram_budget_mb".into(), "must be at least 1".into()));
+    }
+    if p.cpu_quota_pct == 0 || p.cpu_quota_pct > 100 {
+        return Err(("params.cpu_quota_pct".into(), "must be between 1 and 100".into()));
+    }
+    if !(0.0..=100.0).contains(&p.battery_pct) {
+        return Err(("params.battery_pct".into(), "must be between 0 and 100".into()));
+    }
+    if p.intra_threads == 0 || p.intra_threads > 64 {
+        return Err(("params.intra_threads".into(), "must be between 1 and 64".into()));
+    }
+    Ok(())
+}
+
+/// Checks the job's params.
+pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
+    let p: JobParams = params(&j.params)?;
+    parse_mode(&p.mode).map_err(|e| ("params.mode".to_string(), e))?;
+    if p.workers == 0 {
+        return Err(("params.workers".into(), "must be at least 1".into()));
+    }
+    if p.telemetry_ms == 0 {
+        return Err(("params.telemetry_ms".into(), "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Settings of a worker from its params.
+pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
+    WorkerSettings {
+        node: node.to_owned(),
+        ram_budget_bytes: p.ram_budget_mb << 20,
+        cpu_quota_pct: p.cpu_quota_pct,
+        device: DeviceModel { battery_pct: p.battery_pct, ambient_c: p.ambient_c, ..DeviceModel::default() },
+        enforce_ram_budget: p.enforce_ram_budget,
+        cache_dir: p.cache_dir.clone().unwrap_or_else(|| PathBuf::from(".cache/pipeline").join(node)),
+        intra_threads: p.intra_threads,
+    }
+}
+
+/// The worker actor of one `pipeline-worker` entry; installs its blob shelf on the node's link.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+    let p: WorkerParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
+    let args = worker_args(worker_settings(&ctx.config.name, &p), &ctx.link);
+    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
+        (PipelineWorker, args.clone())
+    }))
+}
+
+/// Reads an inputs file: one sentence per line (see the module doc).
+pub fn read_sentences(path: &Path) -> Result<Vec<String>> {
+    let len = std::fs::metadata(path).with_context(|| format!("inputs file {}", path.display()))?.len();
+    if len > MAX_INPUTS_FILE_BYTES {
+        bail!("inputs file {}: {len} bytes is above the {MAX_INPUTS_FILE_BYTES}-byte cap", path.display());
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("inputs file {}", path.display()))?;
+    let sentences: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if sentences.is_empty() {
+        bail!("inputs file {}: no sentences (one per line)", path.display());
+    }
+    if sentences.len() > MAX_SENTENCES {
+        bail!(
+            "inputs file {}: {} sentences, more than the limit {MAX_SENTENCES}",
+            path.display(),
+            sentences.len()
+        );
+    }
+    Ok(sentences)
+}
+
+/// Tokenises each sentence into one job input (`input_ids`, `attention_mask`, i64 `[1, S]`).
+pub fn tokenize(sentences: &[String]) -> Result<Vec<Vec<NamedTensor>>> {
+    let tokenizer = WordPiece::from_assets(&Assets::locate()?)?;
+    Ok(sentences
+        .iter()
+        .map(|s| {
+            let b = tokenizer.encode_batch(std::slice::from_ref(s));
+            let shape = vec![b.batch, b.seq_len];
+            vec![
+                NamedTensor::i64("input_ids", shape.clone(), b.ids),
+                NamedTensor::i64("attention_mask", shape, b.attention_mask),
+            ]
+        })
+        .collect())
+}
+
+/// Tokenises `count` inputs of `batch` sentences each (sentences taken in order, cycling), each
+/// input padded to its longest sentence: heavier tasks for the benchmark.
+pub fn tokenize_batches(sentences: &[String], count: usize, batch: usize) -> Result<Vec<Vec<NamedTensor>>> {
+    if sentences.is_empty() || batch == 0 {
+        bail!("no sentences to batch");
+    }
+    let tokenizer = WordPiece::from_assets(&Assets::locate()?)?;
+    Ok((0..count)
+        .map(|i| {
+            let group: Vec<&String> =
+                (0..batch).map(|j| &sentences[(i * batch + j) % sentences.len()]).collect();
+            let b = tokenizer.encode_batch(&group);
+            let shape = vec![b.batch, b.seq_len];
+            vec![
+                NamedTensor::i64("input_ids", shape.clone(), b.ids),
+                NamedTensor::i64("attention_mask", shape, b.attention_mask),
+            ]
+        })
+        .collect())
+}
+
+/// MiniLM's three stage files from the setup cache.
+pub fn minilm_stages() -> Result<Vec<PathBuf>> {
+    let a = Assets::locate()?;
+    assets::MINILM_STAGES.iter().map(|s| a.path(s).map_err(Into::into)).collect()
+}
+
+/// Reads and checks the stage files and the inputs; a broken chain is refused here, before any
+/// task runs, with a message naming the tensor.
+pub fn load_job(stages: &[PathBuf], sentences: &[String], mode: Mode, bf16: bool) -> Result<PipelineJob> {
+    let files = stages.iter().map(|p| StageFile::from_path(p)).collect::<Result<Vec<_>, _>>()?;
+    Ok(build_job(files, tokenize(sentences)?, mode, bf16)?)
+}
+
+/// Runs the `pipeline` job on this (foreman) node and prints the results.
+pub async fn run_job(runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
+    let p: JobParams = params(&job.params).map_err(|(f, e)| anyhow!("job.{f}: {e}"))?;
+    let mode = parse_mode(&p.mode).map_err(|e| anyhow!("job.params.mode: {e}"))?;
+    let stages = if p.stages.is_empty() { minilm_stages()? } else { p.stages.clone() };
+    let sentences = read_sentences(&p.inputs)?;
+    let membership = runtime.subscribe_membership();
+    let join_wait = Duration::from_secs(job.timeout_s.clamp(1, 60));
+    let job = load_job(&stages, &sentences, mode, p.bf16)?;
+    let shelf = BlobShelf::default();
+    runtime.link.set_blob_server(std::sync::Arc::new(shelf.clone()));
+    let settings = ShellSettings {
+        workers: p.workers,
+        join_timeout: join_wait,
+        telemetry_period: Duration::from_millis(p.telemetry_ms),
+        ..ShellSettings::default()
+    };
+    let outcome = run_pipeline_job(&runtime.link, &shelf, membership, job, settings, None).await?;
+    print!("{}", render_outcome(&sentences, &outcome));
+    Ok(())
+}
+
+/// The final embedding of one input (the last stage's first f32 output).
+pub fn final_vector(outputs: &[NamedTensor]) -> Option<&[f32]> {
+    outputs.iter().find_map(NamedTensor::as_f32)
+}
+
+/// Results and metrics of a run as text.
+pub fn render_outcome(sentences: &[String], o: &JobOutcome) -> String {
+    let mut out = String::new();
+    out.push_str(&format!("pipeline: {} inputs done in {:.3} s\n", o.outputs.len(), o.makespan_s));
+    for (i, s) in sentences.iter().enumerate() {
+        let Some(v) = o.outputs.get(i).and_then(|t| final_vector(t)) else {
+            out.push_str(&format!("  [{i:>3}] {s:?}: no output\n"));
+            continue;
+        };
+        let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:+.4}")).collect();
+        let nearest = (0..sentences.len())
+            .filter(|&j| j != i)
+            .filter_map(|j| o.outputs.get(j).and_then(|t| final_vector(t)).map(|w| (j, cosine(v, w))))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let short: String = s.chars().take(48).collect();
+        match nearest {
+            Some((j, c)) => out.push_str(&format!(
+                "  [{i:>3}] {short:<48} dim {} [{} ...] nearest [{j}] cos {c:.3}\n",
+                v.len(),
+                head.join(", ")
+            )),
+            None => {
+                out.push_str(&format!("  [{i:>3}] {short:<48} dim {} [{} ...]\n", v.len(), head.join(", ")))
+            }
+        }
+    }
+    out.push_str("workers:\n");
+    for w in &o.workers {
+        let stats = w.stats.map_or_else(
+            || "no final report (lost)".to_string(),
+            |s| {
+                format!(
+                    "max live sessions {}, loads {}, unloads {}, pulls {}, peak RSS {:.1} MB",
+                    s.max_live_sessions,
+                    s.loads,
+                    s.unloads,
+                    s.pulls,
+                    s.peak_rss_bytes as f64 / 1e6
+                )
+            },
+        );
+        out.push_str(&format!(
+            "  {:<10} pid {:<7} tasks {:>3}  {}  | cpu {:.2} battery {:.1}% (simulated) temp {:.1} C (simulated) rtt {:.2} ms | {}{}\n",
+            w.node,
+            w.pid,
+            w.tasks,
+            stats,
+            w.telemetry.cpu_load,
+            w.telemetry.battery_pct,
+            w.telemetry.temperature_c,
+            w.rtt_ms,
+            w.straggler,
+            if w.lost { " | LOST" } else { "" }
+        ));
+    }
+    let t = &o.tally;
+    if t.raw > 0 {
+        out.push_str(&format!(
+            "activations: {} raw bytes, {} on the wire ({:.3}x), max abs error {:e}, {} by reference\n",
+            t.raw,
+            t.wire,
+            t.wire as f64 / t.raw as f64,
+            t.max_abs_error,
+            t.by_reference
+        ));
+    }
+    for m in &o.moves {
+        out.push_str(&format!("moved: {m}\n"));
+    }
+    out
+}
+
+/// `troupe pipeline ...`.
+#[derive(Subcommand, Debug)]
+pub enum PipelineCommand {
+    /// Checks the chain, starts a local foreman and worker processes, runs the job, prints results.
+    Submit {
+        /// Stage files, comma-separated, in order (default: MiniLM's 3 stages from the setup cache).
+        #[arg(long, value_delimiter = ',')]
+        stages: Vec<PathBuf>,
+        /// Inputs file: one sentence per line.
+        #[arg(long)]
+        inputs: PathBuf,
+        /// Number of worker processes.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        /// CPU quota of each worker in percent of one CPU, comma-separated, cycled over the
+        /// workers (real stragglers through cgroup v1 where available; default: all at 100).
+        #[arg(long, value_delimiter = ',')]
+        quotas: Vec<u32>,
+        /// "streaming" or "barrier".
+        #[arg(long, default_value = "streaming")]
+        mode: String,
+        /// Send activations as bf16 (lossy).
+        #[arg(long)]
+        bf16: bool,
+        /// Working folder (keys, configs, worker logs and disk caches).
+        #[arg(long, default_value = ".cache/pipeline-submit")]
+        workdir: PathBuf,
+    },
+    /// Loads one model in this process, runs it once, prints its peak RSS as JSON (used by the
+    /// benchmark to measure a model's RSS in a fresh process).
+    ProbeRss {
+        /// The ONNX file.
+        #[arg(long)]
+        model: PathBuf,
+    },
+}
+
+/// Runs `troupe pipeline ...`.
+pub async fn command(cmd: PipelineCommand) -> Result<()> {
+    match cmd {
+        PipelineCommand::Submit { stages, inputs, workers, quotas, mode, bf16, workdir } => {
+            if workers == 0 || workers > 64 {
+                bail!("--workers must be between 1 and 64");
+            }
+            if let Some(q) = quotas.iter().find(|&&q| q == 0 || q > 100) {
+                bail!("--quotas: {q} is not between 1 and 100");
+            }
+            let mode = parse_mode(&mode).map_err(anyhow::Error::msg)?;
+            let stages = if stages.is_empty() { minilm_stages()? } else { stages };
+            let sentences = read_sentences(&inputs)?;
+            let job = load_job(&stages, &sentences, mode, bf16)?;
+            println!(
+                "pipeline: chain of {} stages checked (SHA-256: {}); {} inputs",
+                job.stages.len(),
+                job.stages.iter().map(|s| &s.signature.sha256[..12]).collect::<Vec<_>>().join(", "),
+                sentences.len()
+            );
+            let exe = std::env::current_exe()?;
+            let quota = |i: usize| if quotas.is_empty() { 100 } else { quotas[i % quotas.len()] };
+            let specs: Vec<local::WorkerSpec> = (0..workers)
+                .map(|i| local::WorkerSpec::new(&format!("worker-{}", i + 1), quota(i), &workdir))
+                .collect();
+            let cluster = local::LocalCluster::start(&exe, &workdir, &specs).await?;
+            let result = cluster.run(job, ShellSettings { workers, ..ShellSettings::default() }, None).await;
+            cluster.shutdown().await;
+            print!("{}", render_outcome(&sentences, &result?));
+            Ok(())
+        }
+        PipelineCommand::ProbeRss { model } => {
+            let json = tokio::task::spawn_blocking(move || local::probe_rss(&model)).await??;
+            println!("{json}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actor_with(params: &str) -> ActorConfig {
+        ActorConfig { kind: "pipeline-worker".into(), name: None, params: toml::from_str(params).unwrap() }
+    }
+
+    fn job_with(params: &str) -> JobConfig {
+        JobConfig { kind: "pipeline".into(), timeout_s: 60, params: toml::from_str(params).unwrap() }
+    }
+
+    #[test]
+    fn worker_and_job_params_are_checked_field_by_field() {
+        assert!(validate_actor(&actor_with("cpu_quota_pct = 50\nram_budget_mb = 300")).is_ok());
+        let (f, e) = validate_actor(&actor_with("cpu_quota_pct = 0")).unwrap_err();
+        assert_eq!(f, "params.cpu_quota_pct", "{e}");
+        let (f, _) = validate_actor(&actor_with("cpu_quota_pct = 150")).unwrap_err();
+        assert_eq!(f, "params.cpu_quota_pct");
+        let (f, _) = validate_actor(&actor_with("ram_budget_mb = 0")).unwrap_err();
+        assert_eq!(f, "params.ram_budget_mb");
+        let (f, _) = validate_actor(&actor_with("colour = 1")).unwrap_err();
+        assert!(f.contains("colour") || f == "params", "{f}");
+
+        assert!(validate_job(&job_with("inputs = \"x.txt\"\nmode = \"barrier\"")).is_ok());
+        let (f, e) = validate_job(&job_with("inputs = \"x.txt\"\nmode = \"sideways\"")).unwrap_err();
+        assert_eq!(f, "params.mode");
+        assert!(e.contains("sideways"), "{e}");
+        let (f, _) = validate_job(&job_with("inputs = \"x.txt\"\nworkers = 0")).unwrap_err();
+        assert_eq!(f, "params.workers");
+        assert!(validate_job(&job_with("mode = \"streaming\"")).is_err(), "inputs is required");
+    }
+
+    #[test]
+    fn inputs_file_skips_comments_and_blank_lines_and_refuses_empty_or_huge() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("in.txt");
+        std::fs::write(&p, "# header\n\n  first sentence  \nsecond one\n").unwrap();
+        assert_eq!(read_sentences(&p).unwrap(), vec!["first sentence".to_string(), "second one".into()]);
+        std::fs::write(&p, "# only a comment\n\n").unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("no sentences"));
+        std::fs::write(&p, "x\n".repeat(MAX_SENTENCES + 1)).unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("more than the limit"));
+        let big = vec![b'a'; usize::try_from(MAX_INPUTS_FILE_BYTES).unwrap() + 1];
+        std::fs::write(&p, big).unwrap();
+        assert!(read_sentences(&p).unwrap_err().to_string().contains("cap"));
+        assert!(
+            read_sentences(&d.path().join("missing.txt")).unwrap_err().to_string().contains("missing.txt")
+        );
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!(parse_mode("streaming"), Ok(Mode::Streaming));
+        assert_eq!(parse_mode("barrier"), Ok(Mode::Barrier));
+        assert!(parse_mode("Barrier").is_err());
+    }
+}

@@ -1,0 +1,48 @@
+//! A real RAM budget: a worker whose cgroup v1 memory limit is below what stage 0 really needs
+//! (the foreman's estimate says it fits) is killed by the OS when it loads it; the foreman
+//! re-plans its task and the job still completes with the whole model's outputs.
+
+use troupe::policy::pipeline::Mode;
+use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::{load_job, minilm_stages};
+use troupe_tests::pipeline::{max_abs_error, sentences, settings, whole_model, within, workdir};
+
+fn exe() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_troupe-node"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_over_its_enforced_budget_is_killed_and_its_task_moves() {
+    if !std::path::Path::new(troupe::actors::pipeline::telemetry::CGROUP_V1_MEMORY)
+        .join("memory.limit_in_bytes")
+        .exists()
+    {
+        eprintln!("no cgroup v1 memory controller here: the budget cannot be enforced; nothing to test");
+        return;
+    }
+    let dir = workdir("budget");
+    let job = load_job(&minilm_stages().unwrap(), &sentences(), Mode::Streaming, false).unwrap();
+    let mut specs: Vec<WorkerSpec> =
+        (1..=3).map(|i| WorkerSpec::new(&format!("worker-{i}"), 100, &dir)).collect();
+    // The foreman estimates stage 0 (69 MB file) at 1.5 x 69 + 16 MB = 119 MB: it fits 125 MiB on
+    // paper; the real session needs about 150 MiB.
+    specs[1].ram_budget_mb = 125;
+    specs[1].enforce_ram_budget = true;
+    let victim = specs[1].name.clone();
+    let cluster = LocalCluster::start(&exe(), &dir, &specs).await.unwrap();
+    let outcome = within("job with a budget", cluster.run(job, settings(3), None)).await;
+    cluster.shutdown().await;
+    let outcome = outcome.unwrap();
+    for line in &outcome.log {
+        eprintln!("{line}");
+    }
+    let w = outcome.workers.iter().find(|w| w.node == victim).unwrap();
+    assert!(w.straggler.contains("cgroup v1 memory limit 125 MiB"), "{}", w.straggler);
+    assert!(w.lost, "{victim} went over its enforced budget but was not lost");
+    assert!(outcome.moves.iter().any(|m| m.contains(&format!("from {victim}"))), "{:?}", outcome.moves);
+    let err = max_abs_error(&outcome, &whole_model(&sentences()));
+    assert!(err <= 1e-5, "max abs error {err}");
+    let log = std::fs::read_to_string(dir.join(format!("{victim}.log"))).unwrap_or_default();
+    eprintln!("{victim} log tail: {}", log.lines().rev().take(3).collect::<Vec<_>>().join(" | "));
+    let _ = std::fs::remove_dir_all(&dir);
+}
