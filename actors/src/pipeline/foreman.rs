@@ -747,8 +747,12 @@ pub async fn run_pipeline_job(
             continue;
         }
         let actor = shell.workers[i].actor.clone();
-        if let Ok(Response::Stats(st)) = call(&actor, &Request::Stats, shell.settings.rpc_timeout).await {
-            shell.workers[i].summary.stats = Some(st);
+        // a failed call (e.g. a control-plane session re-forming) is retried a few times
+        for _ in 0..3 {
+            if let Ok(Response::Stats(st)) = call(&actor, &Request::Stats, shell.settings.rpc_timeout).await {
+                shell.workers[i].summary.stats = Some(st);
+                break;
+            }
         }
     }
     let mut outcome = std::mem::take(&mut shell.outcome);
