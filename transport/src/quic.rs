@@ -446,10 +446,12 @@ impl QuicNode {
         }
     }
 
-    /// Closes every connection and the endpoint, waiting until peers were told.
+    /// Closes every connection and the endpoint, waiting (at most a second) until peers were
+    /// told: a connection to a peer that already vanished would otherwise hold on until its
+    /// idle timeout.
     pub async fn shutdown(&self) {
         self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
-        self.inner.endpoint.wait_idle().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
     /// Drops the connection to `peer` (for tests and operator commands).
