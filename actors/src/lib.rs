@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod coadapt;
 pub mod hello;
 pub mod kinds;
 pub mod membership;

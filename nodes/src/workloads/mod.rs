@@ -10,6 +10,7 @@ use troupe_transport::QuicNode;
 
 use crate::config::{ActorConfig, JobConfig, NodeConfig};
 
+pub mod coadapt;
 pub mod hello;
 
 /// What a workload's actors and jobs get from the node.
@@ -34,6 +35,7 @@ pub fn params<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (String, St
 pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
     match a.kind.as_str() {
         "hello-expert" => hello::validate_actor(a),
+        "coadapt-edge" | "coadapt-camera" => coadapt::validate_actor(a),
         other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
     }
 }
@@ -42,19 +44,21 @@ pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
 pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
     match j.kind.as_str() {
         "hello" => hello::validate_job(j),
+        "coadapt" => coadapt::validate_job(j),
         other => Err(("kind".into(), format!("unknown job kind {other:?} (known: {:?})", JOB_KINDS))),
     }
 }
 
 /// Actor kinds known to this build.
-pub const ACTOR_KINDS: &[&str] = &["hello-expert"];
+pub const ACTOR_KINDS: &[&str] = &["hello-expert", "coadapt-edge", "coadapt-camera"];
 /// Job kinds known to this build.
-pub const JOB_KINDS: &[&str] = &["hello"];
+pub const JOB_KINDS: &[&str] = &["hello", "coadapt"];
 
 /// The child spec for one `[[actors]]` entry.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     match a.kind.as_str() {
         "hello-expert" => hello::actor(ctx, a),
+        "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }
 }
@@ -63,6 +67,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
 pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     match job.kind.as_str() {
         "hello" => hello::run_job(runtime, ctx, job).await,
+        "coadapt" => coadapt::run_job(runtime, ctx, job).await,
         other => bail!("unknown job kind {other:?}"),
     }
 }
