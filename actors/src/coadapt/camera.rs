@@ -43,6 +43,8 @@ pub struct CameraArgs {
     pub max_frames: u64,
     /// How long to wait for the edge to appear and to answer.
     pub edge_timeout: Duration,
+    /// The objective sent with the upload: exact-match gain to reach (0 = the edge's default).
+    pub target_gain: f64,
 }
 
 /// Messages of a camera (local only).
@@ -152,6 +154,7 @@ async fn run(args: &CameraArgs) -> CameraReport {
         train_images: obs.uploads.clone(),
         eval_images: obs.eval.images.clone(),
         drift_frame: obs.drift_frame,
+        target_gain: args.target_gain,
     };
     let ms = u64::try_from(args.edge_timeout.as_millis()).unwrap_or(u64::MAX);
     let bytes = match ractor::call_t!(edge, EdgeMsg::Adapt, ms, encode(&req)) {

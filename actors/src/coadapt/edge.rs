@@ -276,7 +276,15 @@ fn admit(
     let samples = labelled(teacher, &req.train_images)?;
     let eval = labelled(teacher, &req.eval_images)?;
     let task = engine
-        .submit(clock.now(), AdaptJob { name: req.camera.clone(), model, samples })
+        .submit(
+            clock.now(),
+            AdaptJob {
+                name: req.camera.clone(),
+                model,
+                samples,
+                target_gain: (req.target_gain > 0.0).then_some(req.target_gain),
+            },
+        )
         .map_err(|e| e.to_string())?;
     tracing::info!(camera = %req.camera, task = task.0, uploads = req.train_images.len() / 64, "adaptation task admitted");
     Ok((task, eval.labels.iter().map(|&l| l as u32).collect()))

@@ -126,6 +126,8 @@ pub struct AdaptJob {
     pub model: VMoe,
     /// Uploaded images with teacher labels.
     pub samples: Dataset,
+    /// The job's objective: exact-match gain at which it completes (`None`: the configured one).
+    pub target_gain: Option<f64>,
 }
 
 /// A task that left the executor.
@@ -282,7 +284,7 @@ impl EdgeEngine {
             model: ModelId(id.0),
             experts: (0..per_model).map(|e| ExpertId(id.0 * 1024 + e)).collect(),
             accuracy: before,
-            target: before + self.cfg.target_gain,
+            target: before + job.target_gain.unwrap_or(self.cfg.target_gain),
             footprint: task_footprint(&c),
         };
         self.tasks.insert(
@@ -352,6 +354,8 @@ impl EdgeEngine {
     }
 
     fn adapt_step(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
+        // A cycle member may have been unloaded to let another one step (fragmentation).
+        self.ensure_resident(t, keep)?;
         let (images, labels, id) = {
             let Some(task) = self.tasks.get(&t) else { return Ok(()) };
             let Some(id) = task.resident else {
@@ -369,7 +373,7 @@ impl EdgeEngine {
                     return Ok(());
                 }
                 Err(e) => {
-                    if !self.evict_one(keep)? {
+                    if !self.evict_one(keep, t)? {
                         return Err(e.into());
                     }
                 }
@@ -398,7 +402,7 @@ impl EdgeEngine {
                     return Ok(());
                 }
                 Err(e) => {
-                    if !self.evict_one(keep)? {
+                    if !self.evict_one(keep, t)? {
                         if let Some(task) = self.tasks.get_mut(&t) {
                             task.stash = Some(model);
                         }
@@ -409,15 +413,19 @@ impl EdgeEngine {
         }
     }
 
-    /// Unloads the resident model idle longest that is not in `keep`; false when there is none.
-    fn evict_one(&mut self, keep: &[TaskId]) -> Result<bool, EngineError> {
-        let victim = self
-            .tasks
-            .iter()
-            .filter(|(id, t)| t.resident.is_some() && !keep.contains(id))
-            .min_by_key(|(id, t)| (t.last_cycle, **id))
-            .map(|(id, _)| *id);
-        let Some(v) = victim else { return Ok(false) };
+    /// Unloads a resident model other than `needed` to make room: the one idle longest outside
+    /// `prefer_keep` (the current cycle), else the one idle longest (free space can be too
+    /// fragmented for the cycle's own models to fit together). False when there is none.
+    fn evict_one(&mut self, prefer_keep: &[TaskId], needed: TaskId) -> Result<bool, EngineError> {
+        let pick = |outside_keep: bool| {
+            self.tasks
+                .iter()
+                .filter(|(id, t)| t.resident.is_some() && **id != needed)
+                .filter(|(id, _)| !outside_keep || !prefer_keep.contains(id))
+                .min_by_key(|(id, t)| (t.last_cycle, **id))
+                .map(|(id, _)| *id)
+        };
+        let Some(v) = pick(true).or_else(|| pick(false)) else { return Ok(false) };
         if let Some(task) = self.tasks.get_mut(&v)
             && let Some(id) = task.resident.take()
         {

@@ -61,6 +61,9 @@ pub struct UploadRequest {
     pub eval_images: Vec<f32>,
     /// Frame at which the camera noticed drift.
     pub drift_frame: u64,
+    /// The objective: exact-match gain against the teacher at which adaptation may stop
+    /// (0 = the edge's default).
+    pub target_gain: f64,
 }
 
 /// The edge's answer: adapted parameters and the teacher's labels of the evaluation frames.
@@ -171,6 +174,9 @@ impl UploadRequest {
                 return bad(format!("{name}: pixel {v} is not finite"));
             }
         }
+        if !(0.0..1.0).contains(&r.target_gain) {
+            return bad(format!("target_gain {} is outside 0..1", r.target_gain));
+        }
         if r.camera.is_empty() || r.camera.len() > 128 {
             return bad(format!("camera name of {} bytes", r.camera.len()));
         }
@@ -190,6 +196,7 @@ mod tests {
             train_images: vec![0.1; 2 * PIXELS],
             eval_images: vec![0.2; PIXELS],
             drift_frame: 130,
+            target_gain: 0.1,
         }
     }
 
@@ -208,6 +215,8 @@ mod tests {
         let nan = UploadRequest { eval_images: vec![f32::NAN; PIXELS], ..u };
         let e = UploadRequest::decode(&encode(&nan)).unwrap_err().to_string();
         assert!(e.contains("eval_images") && e.contains("finite"), "{e}");
+        let e = UploadRequest::decode(&encode(&UploadRequest { target_gain: 2.0, ..upload() })).unwrap_err();
+        assert!(e.to_string().contains("target_gain"), "{e}");
         let big = vec![0u8; MAX_WIRE_BYTES + 1];
         assert!(matches!(UploadRequest::decode(&big), Err(WireError::TooLarge { .. })));
     }

@@ -74,6 +74,9 @@ pub struct CameraParams {
     /// Seconds to wait for the edge (to appear and to answer).
     #[serde(default = "default_edge_timeout")]
     pub edge_timeout_s: u64,
+    /// The adaptation objective: exact-match gain to reach (0 = the edge's `target_gain`).
+    #[serde(default)]
+    pub target_gain: f64,
 }
 
 /// `params` of the `coadapt` job.
@@ -158,6 +161,9 @@ fn camera_params(a: &ActorConfig) -> Result<(CameraParams, DriftSchedule), (Stri
     if p.uploads < 64 || p.uploads > 10_000 || p.eval < 32 || p.eval > 10_000 {
         return bad("uploads", "uploads must be 64..=10000 and eval 32..=10000".into());
     }
+    if !(0.0..1.0).contains(&p.target_gain) {
+        return bad("target_gain", "must be in 0..1 (0 = the edge's default)".into());
+    }
     if !(p.drop > 0.0 && p.drop < 1.0) {
         return bad("drop", "must be in (0, 1)".into());
     }
@@ -210,6 +216,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         eval: p.eval,
         max_frames: p.max_frames,
         edge_timeout: Duration::from_secs(p.edge_timeout_s),
+        target_gain: p.target_gain,
     };
     Ok(ChildSpec::new(name, move || (CameraActor, args.clone())))
 }
