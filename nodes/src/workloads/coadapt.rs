@@ -294,3 +294,63 @@ pub fn render(s: &EdgeSummary) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actor(kind: &str, params: &str) -> ActorConfig {
+        ActorConfig { kind: kind.into(), name: None, params: toml::from_str(params).unwrap() }
+    }
+
+    #[test]
+    fn params_are_checked_field_by_field() {
+        assert!(validate_actor(&actor("coadapt-edge", "memory_mb = 4\nscheduler = \"ams\"")).is_ok());
+        let e = validate_actor(&actor("coadapt-edge", "scheduler = \"lottery\"")).unwrap_err();
+        assert_eq!(e.0, "params.scheduler", "{e:?}");
+        let e = validate_actor(&actor("coadapt-edge", "students = [\"teacher\"]")).unwrap_err();
+        assert_eq!(e.0, "params.students", "{e:?}");
+        let cam = "seed = 1\ndrift = [\"0 clean 0\", \"100 fog 0.8\"]";
+        assert!(validate_actor(&actor("coadapt-camera", cam)).is_ok());
+        let e = validate_actor(&actor("coadapt-camera", "seed = 1\ndrift = [\"0 hail 0.5\"]")).unwrap_err();
+        assert_eq!(e.0, "params.drift");
+        assert!(e.1.contains("hail"), "{e:?}");
+        let e = validate_actor(&actor("coadapt-camera", &format!("{cam}\nmodel = \"huge\""))).unwrap_err();
+        assert_eq!(e.0, "params.model");
+        let e = validate_actor(&actor("coadapt-camera", &format!("{cam}\ncolour = 1"))).unwrap_err();
+        assert!(e.0.contains("colour"), "{e:?}");
+        let job = JobConfig {
+            kind: "coadapt".into(),
+            timeout_s: 10,
+            params: toml::from_str("cameras = 0").unwrap(),
+        };
+        assert_eq!(validate_job(&job).unwrap_err().0, "params.cameras");
+    }
+
+    #[test]
+    fn render_names_each_camera_and_the_budget_check() {
+        let s = EdgeSummary {
+            cameras: vec![troupe_actors::coadapt::wire::CameraReport {
+                camera: "cam-1".into(),
+                drift_frame: 320,
+                exact_before: 0.25,
+                exact_after: 0.8125,
+                accuracy_before: 0.2,
+                accuracy_after: 0.7,
+                latency_ms: 5,
+                error: String::new(),
+            }],
+            budget: 100,
+            peak_used: 90,
+            events: 2,
+            max_fragmentation: 0.5,
+            mean_fragmentation: 0.25,
+            timeline: vec![(0, 10, 0.0)],
+            tasks_done: 1,
+            scheduler: "twin-buffer".into(),
+        };
+        let out = render(&s);
+        assert!(out.contains("camera cam-1 drift_frame 320 exact_match_vs_teacher 0.250 -> 0.812"), "{out}");
+        assert!(out.contains("peak_used 90 within_budget true"), "{out}");
+    }
+}
