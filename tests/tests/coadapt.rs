@@ -5,8 +5,9 @@
 //! twin-buffer scheduler and sends the parameters back; each camera installs them.
 //!
 //! Checked from the job's printout (the edge's own reports): every camera's exact match against
-//! the teacher on its held-out evaluation window rises by at least [`MIN_GAIN`] (fixed seeds), and
-//! the pool's peak use never exceeded its budget. Measured once (debug build): fog 0.8 and sun 0.6
+//! the teacher on its held-out evaluation window rises by at least [`MIN_GAIN`] (fixed seeds), both
+//! tasks completed, and the pool's peak use never exceeded its 1 MiB budget (about two tiny
+//! models' adaptation state plus one step's buffers). Measured once (debug build): fog 0.8 and sun 0.6
 //! on the tiny student rise by 0.3-0.6 (see the kernels' vmoe_adapt test for the same corruptions).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -30,7 +31,7 @@ idle_timeout_ms = 30000
 
 [[nodes]]
 name = "edge"
-actors = [{ kind = "coadapt-edge", params = { memory_mb = 8, scheduler = "twin", target_gain = 0.15, max_epochs = 25, steps_per_epoch = 6 } }]
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 1, scheduler = "twin", target_gain = 0.15, max_epochs = 25, steps_per_epoch = 6 } }]
 job = { kind = "coadapt", timeout_s = 900, params = { cameras = 2 } }
 
 [[nodes]]
@@ -80,7 +81,7 @@ async fn cameras_adapt_through_the_edge_and_gain_against_the_teacher() {
     names.sort_unstable();
     assert_eq!(names, ["cam-fog", "cam-sun"]);
     let mem = log.lines().find(|l| l.contains("pool_budget")).expect("memory line");
-    assert!(mem.contains("within_budget true"), "{mem}");
+    assert!(mem.contains("within_budget true") && mem.contains("tasks_done 2"), "{mem}");
     assert!(log.contains("fragmentation over"), "{log}");
 }
 
