@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod coadapt;
 pub mod coe;
 pub mod hello;
 pub mod kinds;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 
+pub mod coadapt;
 pub mod coe;
 pub mod kernels;
 pub mod pipeline;
@@ -70,6 +71,22 @@ pub enum BenchCommand {
         #[arg(long, default_value = ".cache/bench/pipeline")]
         workdir: PathBuf,
     },
+    /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE (simulated sweep over K,
+    /// ablations) plus measured calibration and a real concurrent-adaptation run on the pool.
+    Coadapt {
+        /// Write the figures as one flat JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Where to draw the SLO-attainment plot (default coadapt.svg next to the JSON, or .cache/bench).
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Largest concurrency simulated.
+        #[arg(long, default_value_t = 32)]
+        k_max: usize,
+        /// Two student sizes and four real tasks instead of four and six.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 /// Runs a benchmark command.
@@ -85,6 +102,20 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir } => {
             ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
+        }
+        BenchCommand::Coadapt { json, svg, k_max, quick } => {
+            let svg = svg.unwrap_or_else(|| {
+                json.as_ref()
+                    .and_then(|j| j.parent())
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map_or_else(|| PathBuf::from(".cache/bench"), Path::to_path_buf)
+                    .join("coadapt.svg")
+            });
+            if let Some(dir) = svg.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            let k_max = k_max.clamp(2, 64);
+            ("coadapt", tokio::task::spawn_blocking(move || coadapt::run(k_max, quick, &svg)).await??, json)
         }
     };
     print!("{}", table(title, &figures));

@@ -10,6 +10,7 @@ use troupe_transport::QuicNode;
 
 use crate::config::{ActorConfig, JobConfig, NodeConfig};
 
+pub mod coadapt;
 pub mod coe;
 pub mod hello;
 pub mod pipeline;
@@ -38,6 +39,7 @@ pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
         "hello-expert" => hello::validate_actor(a),
         "coe-executor" => coe::validate_actor(a),
         "pipeline-worker" => pipeline::validate_actor(a),
+        "coadapt-edge" | "coadapt-camera" => coadapt::validate_actor(a),
         other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
     }
 }
@@ -48,14 +50,16 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
         "hello" => hello::validate_job(j),
         "coe" => coe::validate_job(j),
         "pipeline" => pipeline::validate_job(j),
+        "coadapt" => coadapt::validate_job(j),
         other => Err(("kind".into(), format!("unknown job kind {other:?} (known: {:?})", JOB_KINDS))),
     }
 }
 
 /// Actor kinds known to this build.
-pub const ACTOR_KINDS: &[&str] = &["hello-expert", "coe-executor", "pipeline-worker"];
+pub const ACTOR_KINDS: &[&str] =
+    &["hello-expert", "coe-executor", "pipeline-worker", "coadapt-edge", "coadapt-camera"];
 /// Job kinds known to this build.
-pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline"];
+pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
 
 /// The child spec for one `[[actors]]` entry.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
@@ -63,6 +67,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         "hello-expert" => hello::actor(ctx, a),
         "coe-executor" => coe::actor(ctx, a),
         "pipeline-worker" => pipeline::actor(ctx, a),
+        "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }
 }
@@ -73,6 +78,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) 
         "hello" => hello::run_job(runtime, ctx, job).await,
         "coe" => coe::run_job(runtime, ctx, job).await,
         "pipeline" => pipeline::run_job(runtime, ctx, job).await,
+        "coadapt" => coadapt::run_job(runtime, ctx, job).await,
         other => bail!("unknown job kind {other:?}"),
     }
 }

@@ -1,0 +1,54 @@
+//! The `coadapt` workload's actors (AdaSprite, ARCHITECTURE.md "Workload 3"): camera actors stream
+//! a drifting [`troupe_kernels::drift::CameraStream`] through their V-MoE, notice drift from a drop
+//! in confidence, and upload samples to the edge; the edge actor labels them with the teacher,
+//! co-adapts every camera's experts and projector in one [`troupe_kernels::vmoe::CoAdaptPool`]
+//! under a co-adaptation scheduler ([`engine`]), and sends the adapted parameters back.
+//!
+//! - [`wire`]: the checked rkyv messages; [`params`]: the trainable part as a flat vector.
+//! - [`detect`]: the confidence-drop drift detector; [`engine`]: scheduler + pool executor.
+//! - [`edge`] and [`camera`]: the actor shells.
+
+pub mod camera;
+pub mod detect;
+pub mod edge;
+pub mod engine;
+pub mod params;
+pub mod wire;
+
+use troupe_kernels::vmoe::train::{Dataset, digits_split, teacher_data};
+use troupe_kernels::vmoe::{ModelZoo, Recipe, VMoe, VMoeConfig, VMoeError};
+
+/// Process group the edge actor joins (cameras find it there, cluster-wide).
+pub const EDGE_GROUP: &str = "coadapt-edge";
+
+/// Seed of the cached students and teacher (the kernels' tests use the same models).
+pub const MODEL_SEED: u64 = 1;
+
+/// The digits split `(train, test)` used throughout.
+pub fn digits() -> Result<(Dataset, Dataset), VMoeError> {
+    digits_split()
+}
+
+/// A student of size `size` (`tiny`, `small`, `base`, `large`) trained on clean digits, from the
+/// model cache (trained by the fast recipe and cached on first use).
+pub fn zoo_student(size: &str, train: &Dataset) -> Result<VMoe, VMoeError> {
+    let config = student_config(size)?;
+    let zoo = ModelZoo::in_cache()?;
+    Ok(zoo.get_or_train(size, config, &Recipe::fast(MODEL_SEED), "digits", train)?.0)
+}
+
+/// The config of student `size`, refusing the teacher and unknown names.
+pub fn student_config(size: &str) -> Result<VMoeConfig, VMoeError> {
+    if !VMoeConfig::STUDENT_SIZES.contains(&size) {
+        return Err(VMoeError::Config(format!("unknown student size {size:?} (tiny, small, base, large)")));
+    }
+    VMoeConfig::named(size).ok_or_else(|| VMoeError::Config(format!("unknown student size {size:?}")))
+}
+
+/// The teacher (trained on clean and corrupted digits), from the model cache.
+pub fn zoo_teacher(train: &Dataset) -> Result<VMoe, VMoeError> {
+    let recipe = Recipe::fast(MODEL_SEED);
+    let data = teacher_data(train, recipe.seed);
+    let zoo = ModelZoo::in_cache()?;
+    Ok(zoo.get_or_train("teacher", VMoeConfig::teacher(), &recipe, "digits+corrupted", &data)?.0)
+}

@@ -1,0 +1,223 @@
+//! What cameras and the edge send each other (rkyv bytes inside ractor_cluster messages). Every
+//! decode is checked: a length cap before copying, rkyv validation, then field checks that name
+//! what is wrong. Peer bytes are never trusted.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// Largest encoded message accepted from a peer (uploads of a few hundred 8x8 images are ~100 KiB).
+pub const MAX_WIRE_BYTES: usize = 16 << 20;
+/// Most images one upload may carry.
+pub const MAX_UPLOAD_IMAGES: usize = 20_000;
+/// Pixels per image (8x8 digits).
+pub const PIXELS: usize = 64;
+
+/// Why peer bytes were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Too many bytes.
+    #[error("{what}: {got} bytes exceed the cap of {cap}")]
+    TooLarge {
+        /// Message type.
+        what: &'static str,
+        /// Bytes received.
+        got: usize,
+        /// The cap.
+        cap: usize,
+    },
+    /// rkyv could not validate or decode the bytes.
+    #[error("{what}: malformed bytes: {detail}")]
+    Malformed {
+        /// Message type.
+        what: &'static str,
+        /// The validator's message.
+        detail: String,
+    },
+    /// The message decoded but a field makes no sense.
+    #[error("{what}: {detail}")]
+    Invalid {
+        /// Message type.
+        what: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// A camera's adaptation request: the model it runs, samples it uploaded after noticing drift,
+/// and the images of its held-out evaluation window (the teacher labels both on the edge).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct UploadRequest {
+    /// Camera (node) name.
+    pub camera: String,
+    /// Student size the camera runs (`tiny`, `small`, `base`, `large`).
+    pub model: String,
+    /// The camera's current trainable parameters (experts, projector, head; see
+    /// [`super::params::trainable_params`]), so the edge adapts exactly the camera's model.
+    pub params: Vec<f32>,
+    /// Uploaded frames, `n * 64` pixels in `0..=1`.
+    pub train_images: Vec<f32>,
+    /// Held-out evaluation frames (never trained on), `m * 64` pixels.
+    pub eval_images: Vec<f32>,
+    /// Frame at which the camera noticed drift.
+    pub drift_frame: u64,
+    /// The objective: exact-match gain against the teacher at which adaptation may stop
+    /// (0 = the edge's default).
+    pub target_gain: f64,
+}
+
+/// The edge's answer: adapted parameters and the teacher's labels of the evaluation frames.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct AdaptReply {
+    /// Task id on the edge.
+    pub task: u32,
+    /// Adapted trainable parameters (same layout as the request's).
+    pub params: Vec<f32>,
+    /// Teacher labels of the request's evaluation frames, in order.
+    pub eval_teacher_labels: Vec<u32>,
+    /// Exact match against the teacher on the edge's validation split, before adaptation.
+    pub val_before: f64,
+    /// The same after adaptation.
+    pub val_after: f64,
+    /// Epochs trained.
+    pub epochs: u32,
+    /// Whether the target gain was reached.
+    pub reached: bool,
+    /// Arrival to completion on the edge, milliseconds.
+    pub latency_ms: u64,
+}
+
+/// A camera's final figures, cast to the edge after it installed the update.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CameraReport {
+    /// Camera name.
+    pub camera: String,
+    /// Frame at which drift was noticed (`u64::MAX` when it never was).
+    pub drift_frame: u64,
+    /// Exact match with the teacher on the evaluation window, before the update.
+    pub exact_before: f64,
+    /// The same after installing the update.
+    pub exact_after: f64,
+    /// Accuracy against the true labels on the evaluation window, before.
+    pub accuracy_before: f64,
+    /// The same after.
+    pub accuracy_after: f64,
+    /// Edge latency of the adaptation, milliseconds.
+    pub latency_ms: u64,
+    /// An error, when the camera could not complete (empty on success).
+    pub error: String,
+}
+
+/// The edge's summary for the job: camera reports plus memory figures.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct EdgeSummary {
+    /// Camera reports, in arrival order.
+    pub cameras: Vec<CameraReport>,
+    /// Pool budget in bytes.
+    pub budget: u64,
+    /// Most pool bytes ever in use.
+    pub peak_used: u64,
+    /// Pool events sampled.
+    pub events: u64,
+    /// Largest external fragmentation seen (0..1).
+    pub max_fragmentation: f64,
+    /// Mean external fragmentation over events (0..1).
+    pub mean_fragmentation: f64,
+    /// `(event, used bytes, fragmentation)` every few events, for a timeline.
+    pub timeline: Vec<(u64, u64, f64)>,
+    /// Tasks completed by the scheduler.
+    pub tasks_done: u32,
+    /// Scheduler name.
+    pub scheduler: String,
+}
+
+/// Encodes a message.
+pub fn encode<T>(value: &T) -> Vec<u8>
+where
+    T: for<'a> Serialize<
+        rkyv::api::high::HighSerializer<AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, rancor::Error>,
+    >,
+{
+    rkyv::to_bytes::<rancor::Error>(value).map(|v| v.to_vec()).unwrap_or_default()
+}
+
+/// Checked decode of peer bytes (capped, copied to an aligned buffer, validated).
+pub fn decode<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
+where
+    T: Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    if bytes.len() > MAX_WIRE_BYTES {
+        return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_WIRE_BYTES });
+    }
+    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    rkyv::from_bytes::<T, rancor::Error>(&aligned)
+        .map_err(|e| WireError::Malformed { what, detail: e.to_string() })
+}
+
+impl UploadRequest {
+    /// Decodes and checks an upload: image buffers whole and within caps, pixels finite.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        const WHAT: &str = "upload request";
+        let r: Self = decode(WHAT, bytes)?;
+        let bad = |detail: String| Err(WireError::Invalid { what: WHAT, detail });
+        for (name, px) in [("train_images", &r.train_images), ("eval_images", &r.eval_images)] {
+            if px.is_empty() || !px.len().is_multiple_of(PIXELS) {
+                return bad(format!("{name}: {} pixels is not a positive multiple of {PIXELS}", px.len()));
+            }
+            if px.len() / PIXELS > MAX_UPLOAD_IMAGES {
+                return bad(format!("{name}: {} images exceed {MAX_UPLOAD_IMAGES}", px.len() / PIXELS));
+            }
+            if let Some(v) = px.iter().find(|v| !v.is_finite()) {
+                return bad(format!("{name}: pixel {v} is not finite"));
+            }
+        }
+        if !(0.0..1.0).contains(&r.target_gain) {
+            return bad(format!("target_gain {} is outside 0..1", r.target_gain));
+        }
+        if r.camera.is_empty() || r.camera.len() > 128 {
+            return bad(format!("camera name of {} bytes", r.camera.len()));
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upload() -> UploadRequest {
+        UploadRequest {
+            camera: "cam-1".into(),
+            model: "tiny".into(),
+            params: vec![0.5; 10],
+            train_images: vec![0.1; 2 * PIXELS],
+            eval_images: vec![0.2; PIXELS],
+            drift_frame: 130,
+            target_gain: 0.1,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let u = upload();
+        let bytes = encode(&u);
+        assert_eq!(UploadRequest::decode(&bytes).unwrap(), u);
+        // Truncated and flipped bytes are refused with a message, never a panic.
+        assert!(matches!(UploadRequest::decode(&bytes[..bytes.len() / 2]), Err(WireError::Malformed { .. })));
+        assert!(UploadRequest::decode(&[0xff; 3]).is_err());
+        // A ragged image buffer decodes but is invalid, and the error names the field.
+        let ragged = UploadRequest { train_images: vec![0.1; PIXELS + 1], ..u.clone() };
+        let e = UploadRequest::decode(&encode(&ragged)).unwrap_err().to_string();
+        assert!(e.contains("train_images"), "{e}");
+        let nan = UploadRequest { eval_images: vec![f32::NAN; PIXELS], ..u };
+        let e = UploadRequest::decode(&encode(&nan)).unwrap_err().to_string();
+        assert!(e.contains("eval_images") && e.contains("finite"), "{e}");
+        let e = UploadRequest::decode(&encode(&UploadRequest { target_gain: 2.0, ..upload() })).unwrap_err();
+        assert!(e.to_string().contains("target_gain"), "{e}");
+        let big = vec![0u8; MAX_WIRE_BYTES + 1];
+        assert!(matches!(UploadRequest::decode(&big), Err(WireError::TooLarge { .. })));
+    }
+}
