@@ -54,7 +54,7 @@ const MAX_WIDTH: usize = 1 << 16;
 /// Which size of application to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
-    /// Runs in seconds: ~25 experts of 64 KB - 2 MB, tens of MB in all.
+    /// Runs in seconds: ~35 experts of 64 KB - 2 MB, about 20 MB in all.
     Ci,
     /// The paper's shape: ~300 experts of 1-40 MB, several GB in all.
     Paper,
