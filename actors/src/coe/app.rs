@@ -290,7 +290,7 @@ impl App {
         self.dir.join("store")
     }
 
-    /// Request `r`'s input image as 64 floats in 0..1.
+    /// Digit image `image` (a request's input) as 64 floats in 0..1.
     pub fn input(&self, image: u64) -> Vec<f32> {
         image_floats(&self.digits, image as usize)
     }

@@ -47,6 +47,9 @@ pub enum BenchCommand {
         /// Where to write the SVG plot.
         #[arg(long, default_value = "target/bench-coe.svg")]
         svg: PathBuf,
+        /// Serve every combination for real even at paper scale (FCFS+LRU takes many minutes).
+        #[arg(long)]
+        real: bool,
     },
 }
 
@@ -58,8 +61,8 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
         }
-        BenchCommand::Coe { json, scale, dir, svg } => {
-            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg)).await??, json)
+        BenchCommand::Coe { json, scale, dir, svg, real } => {
+            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg, real)).await??, json)
         }
     };
     print!("{}", table(title, &figures));
