@@ -49,6 +49,8 @@ fn every_policy_gives_every_request_the_same_output() {
         assert_eq!(report.digests.len(), app.trace.requests.len());
         assert!(report.loads >= report.belady_loads.min(1), "{}", report.label);
         for ((name, c), budget) in report.executors.iter().zip(&report.budgets) {
+            // Reported by the executor itself after each load: something was held, never too much.
+            assert!(c.loads == 0 || c.peak_bytes > 0, "{name}: loads but no resident bytes");
             assert!(c.peak_bytes <= *budget, "{name}: peak {} over budget {budget}", c.peak_bytes);
         }
         match &reference {

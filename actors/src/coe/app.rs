@@ -54,7 +54,7 @@ const MAX_WIDTH: usize = 1 << 16;
 /// Which size of application to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
-    /// Runs in seconds: ~25 experts of 64 KB - 2 MB, tens of MB in all.
+    /// Runs in seconds: ~35 experts of 64 KB - 2 MB, about 20 MB in all.
     Ci,
     /// The paper's shape: ~300 experts of 1-40 MB, several GB in all.
     Paper,
@@ -290,7 +290,7 @@ impl App {
         self.dir.join("store")
     }
 
-    /// Request `r`'s input image as 64 floats in 0..1.
+    /// Digit image `image` (a request's input) as 64 floats in 0..1.
     pub fn input(&self, image: u64) -> Vec<f32> {
         image_floats(&self.digits, image as usize)
     }

@@ -114,6 +114,11 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
             model,
             p.expert_bytes.max(largest),
         )?;
+        // Warm-up: the first session of a process pays ONNX Runtime's one-time setup.
+        if let Some(first) = by_size.first() {
+            exec.load(first.id)?;
+            exec.evict(first.id)?;
+        }
         let (mut bytes_by_tier, mut secs_by_tier) = ([0u64; 2], [0f64; 2]);
         let mut classes = Vec::new();
         for &id in &reps {

@@ -216,8 +216,8 @@ pub fn decode_cmd(bytes: &[u8]) -> Result<Cmd, CoeError> {
     Ok(cmd)
 }
 
-/// Encode an outcome: 0 = error (utf-8 message), 1 = done (eviction), 2 = loaded (seconds),
-/// 3 = ran (seconds, rows).
+/// Encode an outcome: 0 = error (utf-8 message), 1 = done (eviction), 2 = loaded (seconds,
+/// resident bytes), 3 = ran (seconds, rows).
 pub fn encode_outcome(outcome: &Result<Option<Event>, CoeError>) -> Vec<u8> {
     let mut out = Vec::new();
     match outcome {
@@ -226,9 +226,10 @@ pub fn encode_outcome(outcome: &Result<Option<Event>, CoeError>) -> Vec<u8> {
             out.extend_from_slice(e.to_string().as_bytes());
         }
         Ok(None) | Ok(Some(Event::Lost { .. } | Event::Failed(_))) => out.push(1),
-        Ok(Some(Event::Loaded { seconds, .. })) => {
+        Ok(Some(Event::Loaded { seconds, resident, .. })) => {
             out.push(2);
             put_u64(&mut out, seconds.to_bits());
+            put_u64(&mut out, *resident);
         }
         Ok(Some(Event::Ran { rows, seconds, .. })) => {
             out.push(3);
@@ -257,9 +258,12 @@ pub fn decode_outcome(exec: usize, cmd: &Cmd, bytes: &[u8]) -> Result<Option<Eve
             )));
         }
         (1, Cmd::Evict(_)) => None,
-        (2, Cmd::Load(expert)) => {
-            Some(Event::Loaded { exec, expert: *expert, seconds: f64::from_bits(r.u64("seconds")?) })
-        }
+        (2, Cmd::Load(expert)) => Some(Event::Loaded {
+            exec,
+            expert: *expert,
+            seconds: f64::from_bits(r.u64("seconds")?),
+            resident: r.u64("resident")?,
+        }),
         (3, Cmd::Run { batch, expert, requests }) => {
             let seconds = f64::from_bits(r.u64("seconds")?);
             let n = r.count(MAX_BATCH_WIRE, "rows")?;
@@ -364,4 +368,67 @@ pub fn spawn_links(
         senders.push(tx);
     }
     senders
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_refused() {
+        let cmds = [
+            Cmd::Load(ExpertId(7)),
+            Cmd::Evict(ExpertId(0)),
+            Cmd::Run {
+                batch: BatchId(9),
+                expert: ExpertId(3),
+                requests: vec![(RequestId(1), 5), (RequestId(2), 6)],
+            },
+        ];
+        for c in &cmds {
+            assert_eq!(&decode_cmd(&encode_cmd(c)).unwrap(), c);
+        }
+        let run = encode_cmd(&cmds[2]);
+        let err = decode_cmd(&run[..run.len() - 3]).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
+        let mut huge = vec![2u8];
+        huge.extend_from_slice(&3u64.to_le_bytes());
+        huge.extend_from_slice(&9u64.to_le_bytes());
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        let err = decode_cmd(&huge).unwrap_err().to_string();
+        assert!(err.contains("over the cap"), "{err}");
+        assert!(decode_cmd(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn outcomes_round_trip_for_their_command() {
+        let run = Cmd::Run { batch: BatchId(4), expert: ExpertId(2), requests: vec![(RequestId(8), 1)] };
+        let ev = Event::Ran {
+            exec: 1,
+            batch: BatchId(4),
+            expert: ExpertId(2),
+            rows: vec![(RequestId(8), vec![0.25, 0.75])],
+            seconds: 0.5,
+        };
+        match decode_outcome(1, &run, &encode_outcome(&Ok(Some(ev)))).unwrap() {
+            Some(Event::Ran { rows, seconds, .. }) => {
+                assert_eq!(rows, vec![(RequestId(8), vec![0.25, 0.75])]);
+                assert_eq!(seconds, 0.5);
+            }
+            other => panic!("{other:?}"),
+        }
+        let load = Cmd::Load(ExpertId(2));
+        let ev = Event::Loaded { exec: 0, expert: ExpertId(2), seconds: 0.1, resident: 4096 };
+        assert!(matches!(
+            decode_outcome(0, &load, &encode_outcome(&Ok(Some(ev)))).unwrap(),
+            Some(Event::Loaded { resident: 4096, .. })
+        ));
+        // An answer that does not fit the question is refused; a remote error is passed on.
+        let ev = Event::Loaded { exec: 0, expert: ExpertId(2), seconds: 0.1, resident: 1 };
+        assert!(decode_outcome(0, &run, &encode_outcome(&Ok(Some(ev)))).is_err());
+        let err = decode_outcome(0, &load, &encode_outcome(&Err(CoeError::Invalid("disk on fire".into()))))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("disk on fire"), "{err}");
+    }
 }

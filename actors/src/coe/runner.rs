@@ -117,6 +117,8 @@ pub enum Event {
         expert: ExpertId,
         /// Time it took.
         seconds: f64,
+        /// Bytes of experts the executor holds after the load (its own accounting).
+        resident: u64,
     },
     /// A batch finished, taking `seconds`; one output row per request.
     Ran {
@@ -157,9 +159,14 @@ pub fn execute(
     cmd: Cmd,
 ) -> Result<Option<Event>, CoeError> {
     let result = match cmd {
-        Cmd::Load(expert) => executor
-            .load(expert)
-            .map(|took| Some(Event::Loaded { exec, expert, seconds: took.as_secs_f64() })),
+        Cmd::Load(expert) => executor.load(expert).map(|took| {
+            Some(Event::Loaded {
+                exec,
+                expert,
+                seconds: took.as_secs_f64(),
+                resident: executor.resident_bytes(),
+            })
+        }),
         Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
         Cmd::Run { batch, expert, requests } => {
             let start = Instant::now();
@@ -377,8 +384,9 @@ pub fn drive(
             {
                 // A late result from a lost executor: its work was requeued elsewhere.
             }
-            Event::Loaded { exec, expert, seconds } => {
+            Event::Loaded { exec, expert, seconds, resident } => {
                 busy[exec] = Busy::Idle;
+                counters[exec].peak_bytes = counters[exec].peak_bytes.max(resident);
                 counters[exec].loads += 1;
                 counters[exec].load_seconds += seconds;
                 scheduler.handle_load_done(at, ExecutorId(exec as u16), expert)?;

@@ -5,7 +5,9 @@
 //! loads, one thread per executor). At `--scale paper` serving 20k requests through ~300 real
 //! experts does not fit a 2-core CI box, so the trace is replayed through the policy crate's
 //! discrete-event simulator driven by the latency model *profiled on this machine* with real
-//! loads and real batch runs; the output says so (`real_execution` = 0).
+//! loads and real batch runs; the output says so (`real_execution` = 0). `--real` serves every
+//! combination for real at any scale (at paper scale FCFS+LRU alone takes about 15 minutes on
+//! two cores).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -41,7 +43,12 @@ pub struct Row {
 }
 
 /// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
-pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMap<String, f64>> {
+pub fn run(
+    scale_name: &str,
+    dir: Option<PathBuf>,
+    svg: &Path,
+    force_real: bool,
+) -> Result<BTreeMap<String, f64>> {
     let scale = cmd::scale(scale_name)?;
     let dir = cmd::app_dir(scale, dir);
     if !dir.join("app.txt").is_file() {
@@ -55,13 +62,15 @@ pub fn run(scale_name: &str, dir: Option<PathBuf>, svg: &Path) -> Result<BTreeMa
         .with_context(|| "re-run `troupe coe profile` on this machine (or delete the file)".to_string())?;
     let latency = LatencyModel::from_profile(&profile)?;
     let app = App::open(&dir, None)?;
-    let real = scale == Scale::Ci;
+    let real = force_real || scale == Scale::Ci;
     let mut rows = Vec::new();
     let mut digests: Option<Vec<u64>> = None;
     let mut identical = true;
     for config in SchedulerConfig::combinations() {
         let row = if real {
-            let r = run_local(&app, &latency, &RunOptions::new(config))?;
+            let options =
+                RunOptions { deadline: std::time::Duration::from_secs(3 * 3600), ..RunOptions::new(config) };
+            let r = run_local(&app, &latency, &options)?;
             println!("{}", cmd::run_line(&r));
             match &digests {
                 None => digests = Some(r.digests.clone()),

@@ -49,6 +49,9 @@ pub enum BenchCommand {
         /// Where to write the SVG plot.
         #[arg(long, default_value = "target/bench-coe.svg")]
         svg: PathBuf,
+        /// Serve every combination for real even at paper scale (FCFS+LRU takes many minutes).
+        #[arg(long)]
+        real: bool,
     },
     /// Pipeline (CROWDio): worker peak RSS vs whole model, streaming vs barrier, loads, wire bytes.
     Pipeline {
@@ -97,8 +100,8 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
         }
-        BenchCommand::Coe { json, scale, dir, svg } => {
-            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg)).await??, json)
+        BenchCommand::Coe { json, scale, dir, svg, real } => {
+            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg, real)).await??, json)
         }
         BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir } => {
             ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
