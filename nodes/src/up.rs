@@ -38,8 +38,22 @@ pub struct Topology {
     /// Transport limits for every node.
     #[serde(default)]
     pub transport: TransportSection,
+    /// Set-up steps `troupe up` runs before starting nodes (each skipped when what it creates
+    /// exists already, so `up` stays idempotent).
+    #[serde(default)]
+    pub prepare: Vec<PrepareStep>,
     /// The nodes, started in order.
     pub nodes: Vec<TopologyNode>,
+}
+
+/// One set-up step: a `troupe` subcommand and the file it creates.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepareStep {
+    /// Arguments to `troupe` (e.g. `["coe", "gen", "--scale", "ci"]`).
+    pub run: Vec<String>,
+    /// The step is skipped when this path exists.
+    pub creates: PathBuf,
 }
 
 /// One node of a topology.
@@ -193,12 +207,31 @@ async fn stop_child(name: &str, child: &mut Child) {
     }
 }
 
+/// Runs the topology's set-up steps whose output is missing.
+async fn prepare_steps(exe: &Path, steps: &[PrepareStep]) -> Result<()> {
+    for step in steps {
+        if step.creates.exists() {
+            continue;
+        }
+        println!("[up] set-up: troupe {}", step.run.join(" "));
+        let status = Command::new(exe).args(&step.run).status().await.context("running a set-up step")?;
+        if !status.success() {
+            bail!("set-up step `troupe {}` failed: {status}", step.run.join(" "));
+        }
+        if !step.creates.exists() {
+            bail!("set-up step `troupe {}` did not create {}", step.run.join(" "), step.creates.display());
+        }
+    }
+    Ok(())
+}
+
 /// Runs `troupe up`.
 pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
     let topology = Topology::load(path)?;
+    let exe = std::env::current_exe().context("locating the troupe binary")?;
+    prepare_steps(&exe, &topology.prepare).await?;
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
     let configs = prepare(&topology, &workdir)?;
-    let exe = std::env::current_exe().context("locating the troupe binary")?;
     let width = configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
     let job_node = topology.nodes.iter().find(|n| n.job.is_some()).map(|n| n.name.clone());
     println!(
