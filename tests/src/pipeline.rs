@@ -3,7 +3,6 @@
 //! Each cluster test lives in its own test file (its own process): ractor's registry and process
 //! groups are process-wide, so two foremen in one process would see each other's workers.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use troupe::actors::pipeline::{JobOutcome, ShellSettings};
@@ -24,11 +23,29 @@ pub fn sentences() -> Vec<String> {
     SENTENCES.iter().map(|s| s.to_string()).collect()
 }
 
+/// A fresh temporary folder for one test, removed when dropped (also when the test fails).
+pub struct WorkDir(tempfile::TempDir);
+
+impl std::ops::Deref for WorkDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<std::path::Path> for WorkDir {
+    fn as_ref(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
 /// A fresh temporary folder for one test.
-pub fn workdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("troupe-pipeline-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+pub fn workdir(name: &str) -> WorkDir {
+    let d = tempfile::Builder::new()
+        .prefix(&format!("troupe-pipeline-{name}-"))
+        .tempdir()
+        .expect("a temporary folder for the test");
+    WorkDir(d)
 }
 
 /// The whole model's embedding of each sentence, run here.
