@@ -9,7 +9,8 @@
 //! - [`edge`] and [`camera`]: the actor shells.
 
 pub mod camera;
-pub mod detect;
+/// The drift detector is a pure decision: it lives in `troupe_policy::adapt::drift`.
+pub use troupe_policy::adapt::drift as detect;
 pub mod edge;
 pub mod engine;
 pub mod params;

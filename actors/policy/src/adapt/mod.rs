@@ -13,6 +13,7 @@
 
 pub mod age;
 pub mod baselines;
+pub mod drift;
 pub mod grouping;
 pub(crate) mod linalg;
 pub mod memory;
