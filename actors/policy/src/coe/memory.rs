@@ -286,33 +286,19 @@ pub fn belady_min_loads(
         next[i] = last_seen.get(&e).copied().unwrap_or(usize::MAX);
         last_seen.insert(e, i);
     }
-    // resident expert -> (next use, size)
-    let mut resident: BTreeMap<ExpertId, (usize, u64)> = BTreeMap::new();
-    let mut used = 0u64;
-    let mut loads = 0u64;
-    for (i, &e) in served.iter().enumerate() {
-        let size = size_of(e);
-        if size > budget {
-            return Err(MemoryError::TooLarge { expert: e, size, budget });
-        }
-        if let Some(slot) = resident.get_mut(&e) {
-            slot.0 = next[i];
-            continue;
-        }
-        while used + size > budget {
-            let victim = resident
+    replay_loads(
+        served,
+        size_of,
+        budget,
+        |i| next[i],
+        |resident| {
+            // farthest next use; ties evict the larger, then the higher id
+            resident
                 .iter()
                 .max_by(|a, b| (a.1.0, a.1.1, a.0).cmp(&(b.1.0, b.1.1, b.0)))
-                .map(|(&id, &(_, s))| (id, s));
-            let Some((id, s)) = victim else { break };
-            resident.remove(&id);
-            used -= s;
-        }
-        resident.insert(e, (next[i], size));
-        used += size;
-        loads += 1;
-    }
-    Ok(loads)
+                .map(|(&id, &(_, s))| (id, s))
+        },
+    )
 }
 
 /// Loads LRU needs to serve `served` within `budget` bytes, starting empty (for comparison with
@@ -321,6 +307,28 @@ pub fn lru_loads(
     served: &[ExpertId],
     size_of: impl Fn(ExpertId) -> u64,
     budget: u64,
+) -> Result<u64, MemoryError> {
+    replay_loads(
+        served,
+        size_of,
+        budget,
+        |i| i,
+        |resident| {
+            // least recently used
+            resident.iter().min_by_key(|(_, v)| v.0).map(|(&id, &(_, s))| (id, s))
+        },
+    )
+}
+
+/// Replays `served` through a cache of `budget` bytes starting empty and counts the loads. Each
+/// resident expert carries `(stamp(i) of its latest use, size)`; on a miss, `victim` picks what
+/// to evict until the expert fits.
+fn replay_loads(
+    served: &[ExpertId],
+    size_of: impl Fn(ExpertId) -> u64,
+    budget: u64,
+    stamp: impl Fn(usize) -> usize,
+    victim: impl Fn(&BTreeMap<ExpertId, (usize, u64)>) -> Option<(ExpertId, u64)>,
 ) -> Result<u64, MemoryError> {
     let mut resident: BTreeMap<ExpertId, (usize, u64)> = BTreeMap::new();
     let mut used = 0u64;
@@ -331,16 +339,15 @@ pub fn lru_loads(
             return Err(MemoryError::TooLarge { expert: e, size, budget });
         }
         if let Some(slot) = resident.get_mut(&e) {
-            slot.0 = i;
+            slot.0 = stamp(i);
             continue;
         }
         while used + size > budget {
-            let victim = resident.iter().min_by_key(|(_, v)| v.0).map(|(&id, &(_, s))| (id, s));
-            let Some((id, s)) = victim else { break };
+            let Some((id, s)) = victim(&resident) else { break };
             resident.remove(&id);
             used -= s;
         }
-        resident.insert(e, (i, size));
+        resident.insert(e, (stamp(i), size));
         used += size;
         loads += 1;
     }
