@@ -115,6 +115,9 @@ pub struct SupervisorArgs {
 pub enum SupervisorMsg {
     /// The running children by name.
     Children(RpcReplyPort<Vec<(String, ActorCell)>>),
+    /// Starts one more child under this supervisor's restart intensity (a job's scheduler);
+    /// replies with its cell, or why it could not start.
+    StartChild(ChildSpec, RpcReplyPort<Result<ActorCell, String>>),
 }
 
 /// The supervisor actor.
@@ -172,7 +175,7 @@ impl Actor for Supervisor {
 
     async fn handle(
         &self,
-        _me: ActorRef<Self::Msg>,
+        me: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -185,6 +188,28 @@ impl Actor for Supervisor {
                     .filter_map(|(s, c)| c.clone().map(|c| (s.name.clone(), c)))
                     .collect();
                 let _ = reply.send(list);
+            }
+            SupervisorMsg::StartChild(spec, reply) => {
+                let idx = match st.specs.iter().position(|s| s.name == spec.name) {
+                    Some(i) if st.cells[i].is_some() => {
+                        let _ = reply.send(Err(format!("a child named {} is already running", spec.name)));
+                        return Ok(());
+                    }
+                    Some(i) => {
+                        st.specs[i] = spec;
+                        i
+                    }
+                    None => {
+                        st.specs.push(spec);
+                        st.cells.push(None);
+                        st.specs.len() - 1
+                    }
+                };
+                let started = st.start_child(idx, &me.get_cell()).await;
+                let _ = reply.send(match started {
+                    Ok(()) => st.cells[idx].clone().ok_or_else(|| "child did not start".to_string()),
+                    Err(e) => Err(e.to_string()),
+                });
             }
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! corrupt expert file, a corrupt trace and a profile from other hardware.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use troupe_actors::coe::CoeError;
@@ -13,7 +14,7 @@ use troupe_actors::coe::runner::{RunOptions, run_local};
 use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
 
 /// A fresh ci app with its profile in a temporary folder.
-fn ci_app() -> (tempfile::TempDir, App, LatencyModel) {
+fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
     generate(tmp.path(), Scale::Ci, 3).expect("generating the ci app");
     let app = App::open(tmp.path(), None).expect("opening the app");
@@ -21,7 +22,7 @@ fn ci_app() -> (tempfile::TempDir, App, LatencyModel) {
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");
     let profile = load_profile(&tmp.path().join("profile.txt")).expect("reading the profile");
     let latency = LatencyModel::from_profile(&profile).expect("latency model");
-    (tmp, app, latency)
+    (tmp, Arc::new(app), latency)
 }
 
 #[test]
@@ -181,5 +182,5 @@ proptest! {
 
 thread_local! {
     /// One app per test thread for the property test (generation is the slow part).
-    static APP: std::rc::Rc<(tempfile::TempDir, App, LatencyModel)> = std::rc::Rc::new(ci_app());
+    static APP: std::rc::Rc<(tempfile::TempDir, Arc<App>, LatencyModel)> = std::rc::Rc::new(ci_app());
 }

@@ -44,6 +44,69 @@ pub struct NodeConfig {
     /// A job this node runs; the node exits when it ends.
     #[serde(default)]
     pub job: Option<JobConfig>,
+    /// The fault switch (off unless sites are named): seeded, per-site injected panics.
+    #[serde(default, skip_serializing_if = "FaultsSection::is_off")]
+    pub faults: FaultsSection,
+}
+
+/// `[faults]`: the node's fault switch. Each named site panics when its rule says so; sites not
+/// named never fire.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultsSection {
+    /// Seed of probabilistic sites (same seed, same faults).
+    pub seed: u64,
+    /// The sites that fire.
+    pub sites: Vec<FaultSiteConfig>,
+}
+
+/// One fault site's rule (see `troupe_policy::fault`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSiteConfig {
+    /// Site name, e.g. `coe.scheduler`.
+    pub site: String,
+    /// Fire at this hit (1-based).
+    #[serde(default)]
+    pub after: Option<u64>,
+    /// Then every this many hits (0 = once).
+    #[serde(default)]
+    pub every: u64,
+    /// Or: probability per hit.
+    #[serde(default)]
+    pub probability: f64,
+    /// At most this many firings.
+    #[serde(default = "one")]
+    pub times: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl FaultsSection {
+    /// True when no site is named (the switch is off).
+    pub fn is_off(&self) -> bool {
+        self.sites.is_empty()
+    }
+
+    /// The plan the node installs.
+    pub fn plan(&self) -> troupe_policy::FaultPlan {
+        self.sites
+            .iter()
+            .fold(troupe_policy::FaultPlan::new(self.seed), |p, s| p.with_site(&s.site, s.rule()))
+    }
+}
+
+impl FaultSiteConfig {
+    fn rule(&self) -> troupe_policy::SiteRule {
+        troupe_policy::SiteRule {
+            after: self.after,
+            every: self.every,
+            probability: self.probability,
+            times: self.times,
+        }
+    }
 }
 
 fn default_cookie() -> String {
@@ -194,6 +257,14 @@ impl NodeConfig {
         let bad = |f: &str, p: String| Err((f.to_string(), p));
         if let Err(e) = troupe_transport::identity::validate_node_name(&self.name) {
             return bad("name", e.to_string());
+        }
+        for (i, f) in self.faults.sites.iter().enumerate() {
+            if f.site.is_empty() {
+                return bad(&format!("faults.sites[{i}].site"), "must name a site".into());
+            }
+            if let Err(e) = f.rule().validate() {
+                return bad(&format!("faults.sites[{i}]"), e);
+            }
         }
         let m = self.membership;
         if m.heartbeat_ms == 0 {

@@ -76,6 +76,10 @@ fn device_child(d: &DeviceConfig, period: Duration) -> ChildSpec {
 
 /// Runs the node described by `cfg`.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
+    if !cfg.faults.is_off() {
+        tracing::warn!(node = %cfg.name, sites = cfg.faults.sites.len(), "fault switch on");
+        troupe_actors::fault::install(cfg.faults.plan());
+    }
     let spec = spec_from_config(&cfg)?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "node up");

@@ -16,8 +16,8 @@ use tokio::process::{Child, Command};
 use troupe_transport::ClusterCa;
 
 use crate::config::{
-    ActorConfig, DeviceConfig, JobConfig, MembershipSection, NodeConfig, PeerConfig, SupervisionSection,
-    TransportSection,
+    ActorConfig, DeviceConfig, FaultsSection, JobConfig, MembershipSection, NodeConfig, PeerConfig,
+    SupervisionSection, TransportSection,
 };
 
 /// Largest topology file read.
@@ -71,6 +71,9 @@ pub struct TopologyNode {
     /// The job, if this node runs one; the topology ends when it ends.
     #[serde(default)]
     pub job: Option<JobConfig>,
+    /// This node's fault switch (off by default).
+    #[serde(default)]
+    pub faults: FaultsSection,
 }
 
 impl Topology {
@@ -115,6 +118,7 @@ impl Topology {
                 devices: n.devices.clone(),
                 actors: n.actors.clone(),
                 job: n.job.clone(),
+                faults: n.faults.clone(),
             })
             .collect()
     }

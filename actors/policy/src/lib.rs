@@ -7,11 +7,13 @@
 
 pub mod adapt;
 pub mod coe;
+pub mod fault;
 pub mod membership;
 pub mod pipeline;
 pub mod restart;
 pub mod time;
 
+pub use fault::{FaultPlan, SiteRule};
 pub use membership::{FailureDetector, MemberStatus, MembershipEvent};
 pub use restart::{RestartDecision, RestartIntensity};
 pub use time::Micros;

@@ -7,8 +7,9 @@
 //!   weight store, a manifest and a trace whose selections come from the real experts.
 //! - [`executor`]: one executor (its own weight store, memory budget and ONNX sessions); loading
 //!   is an `O_DIRECT` read plus session creation.
-//! - [`runner`]: drives the policy's `RequestScheduler` over a trace with real executors, one
-//!   thread each, and measures what happened.
+//! - [`runner`]: what executors are told and answer, and local runs over executor threads.
+//! - [`serve`]: the scheduler actor (durable acceptance, warm restart, restoration) that drives
+//!   the policy's `RequestScheduler` in local runs and in the distributed job alike.
 //! - [`profiler`]: `troupe coe profile`: batch latency per size class, load bandwidth per tier,
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
@@ -17,6 +18,7 @@ pub mod executor;
 pub mod profiler;
 pub mod remote;
 pub mod runner;
+pub mod serve;
 
 use std::path::{Path, PathBuf};
 

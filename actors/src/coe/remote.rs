@@ -175,6 +175,10 @@ pub fn encode_cmd(cmd: &Cmd) -> Vec<u8> {
             out.push(1);
             put_u64(&mut out, u64::from(e.0));
         }
+        Cmd::Reset => {
+            out.push(3);
+            put_u64(&mut out, 0);
+        }
         Cmd::Run { batch, expert, requests } => {
             out.push(2);
             put_u64(&mut out, u64::from(expert.0));
@@ -199,6 +203,7 @@ pub fn decode_cmd(bytes: &[u8]) -> Result<Cmd, CoeError> {
     let cmd = match tag {
         0 => Cmd::Load(expert),
         1 => Cmd::Evict(expert),
+        3 => Cmd::Reset,
         2 => {
             let batch = BatchId(r.u64("batch")?);
             let n = r.count(MAX_BATCH_WIRE, "batch size")?;
@@ -231,6 +236,10 @@ pub fn encode_outcome(outcome: &Result<Option<Event>, CoeError>) -> Vec<u8> {
             put_u64(&mut out, seconds.to_bits());
             put_u64(&mut out, *resident);
         }
+        Ok(Some(Event::Reset { evicted, .. })) => {
+            out.push(4);
+            put_u64(&mut out, *evicted as u64);
+        }
         Ok(Some(Event::Ran { rows, seconds, .. })) => {
             out.push(3);
             put_u64(&mut out, seconds.to_bits());
@@ -258,6 +267,7 @@ pub fn decode_outcome(exec: usize, cmd: &Cmd, bytes: &[u8]) -> Result<Option<Eve
             )));
         }
         (1, Cmd::Evict(_)) => None,
+        (4, Cmd::Reset) => Some(Event::Reset { exec, evicted: r.count(usize::MAX, "evicted")? }),
         (2, Cmd::Load(expert)) => Some(Event::Loaded {
             exec,
             expert: *expert,

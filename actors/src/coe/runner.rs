@@ -1,29 +1,30 @@
-//! Serve a trace for real in one process: the policy's [`RequestScheduler`] decides, one thread
-//! per executor carries out loads, evictions and batches on real ONNX sessions, and the real
-//! outputs of preliminary experts pick the subsequent experts.
+//! Serve a trace for real in one process: the coe scheduler actor ([`super::serve`]) decides
+//! through the policy's `RequestScheduler`, one thread per executor carries out loads, evictions
+//! and batches on real ONNX sessions, and the real outputs of preliminary experts pick the
+//! subsequent experts. This module holds what executors are told ([`Cmd`]) and answer
+//! ([`Event`]), how one executor carries a command out ([`execute`]), and the run's report.
 //!
-//! The runner is also a referee: it refuses a load or batch sent to a busy executor, an eviction
-//! of the expert an executor is loading or running, a selection that differs from the trace's
-//! recorded one, and (through each executor's own accounting) any load past a memory budget.
-//! Every request's outputs are folded into a digest ([`super::app::output_digest`]) so runs under
-//! different policies can be compared.
+//! The scheduler is also a referee: it refuses a load or batch sent to a busy executor, an
+//! eviction of the expert an executor is loading or running, a selection that differs from the
+//! trace's recorded one, and (through each executor's own accounting) any load past a memory
+//! budget. Every request's outputs are folded into a digest ([`super::app::output_digest`]) so
+//! runs under different policies can be compared.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::mpsc;
+use std::fmt::Write as _;
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use troupe_policy::Micros;
-use troupe_policy::coe::{
-    Action, BatchId, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler,
-    SchedulerConfig, belady_min_loads,
-};
+use ractor::Actor;
+use tokio::sync::broadcast;
+use troupe_kernels::assets::Digits;
+use troupe_policy::coe::{BatchId, ExpertId, LatencyModel, RequestId, SchedulerConfig};
 
 use super::CoeError;
-use super::app::{App, image_floats, output_digest, quantise, select_children};
+use super::app::{App, image_floats};
 use super::executor::{ExecutorCounters, ExpertExecutor};
-use std::fmt::Write as _;
-use troupe_kernels::assets::Digits;
+use super::serve::{CoeShared, serve_trace};
+use crate::supervisor::{Intensity, Supervisor, SupervisorArgs};
 
 /// Knobs of a real run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,6 +96,9 @@ pub enum Cmd {
     Load(ExpertId),
     /// Evict an expert.
     Evict(ExpertId),
+    /// Evict every expert (a restarted scheduler starts from empty executors); answered by
+    /// [`Event::Reset`] once every earlier command is done.
+    Reset,
     /// Run one batch: (request, digit image index) pairs.
     Run {
         /// The batch.
@@ -133,6 +137,13 @@ pub enum Event {
         /// Time it took.
         seconds: f64,
     },
+    /// A [`Cmd::Reset`] finished: the executor holds nothing now.
+    Reset {
+        /// Executor index.
+        exec: usize,
+        /// How many experts it evicted.
+        evicted: usize,
+    },
     /// The executor is gone (process killed, node down, call failed): its work is redone.
     Lost {
         /// Executor index.
@@ -142,13 +153,6 @@ pub enum Event {
     },
     /// A fatal error (a bug, a corrupt file).
     Failed(CoeError),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Busy {
-    Idle,
-    Loading(ExpertId),
-    Running(ExpertId),
 }
 
 /// Carry out one command on a local executor; the event to report (none for an eviction).
@@ -168,6 +172,13 @@ pub fn execute(
             })
         }),
         Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
+        Cmd::Reset => {
+            let loaded = executor.loaded();
+            loaded
+                .iter()
+                .try_for_each(|e| executor.evict(*e))
+                .map(|()| Some(Event::Reset { exec, evicted: loaded.len() }))
+        }
         Cmd::Run { batch, expert, requests } => {
             let start = Instant::now();
             let inputs: Vec<Vec<f32>> =
@@ -197,10 +208,10 @@ fn executor_thread(
     exec: usize,
     mut executor: ExpertExecutor,
     digits: Digits,
-    cmds: mpsc::Receiver<Cmd>,
+    mut cmds: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
     events: mpsc::Sender<Event>,
 ) {
-    for cmd in cmds {
+    while let Some(cmd) = cmds.blocking_recv() {
         match execute(exec, &mut executor, &digits, cmd) {
             Ok(Some(ev)) => {
                 if events.send(ev).is_err() {
@@ -216,22 +227,15 @@ fn executor_thread(
     }
 }
 
-fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1e3
-}
-
-/// Serve `app`'s trace with executors named and budgeted by `latency` (the profile), one
-/// thread each, under `options`. Each executor opens its own store over the app's blobs.
-pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Result<RunReport, CoeError> {
-    let n_exec = latency.executors();
-    let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-    let mut cmd_tx = Vec::with_capacity(n_exec);
-    let mut handles = Vec::with_capacity(n_exec);
-    for e in 0..n_exec {
+/// Starts one thread per executor of `latency` (the profile), each with its own store over the
+/// app's blobs, and links them to `shared`. The threads end once the links are closed.
+pub fn start_local_executors(
+    shared: &Arc<CoeShared>,
+    app: &App,
+    latency: &LatencyModel,
+) -> Result<Vec<thread::JoinHandle<()>>, CoeError> {
+    let mut handles = Vec::with_capacity(latency.executors());
+    for e in 0..latency.executors() {
         let executor = ExpertExecutor::open(
             latency.name(e),
             &app.store_dir(),
@@ -239,224 +243,57 @@ pub fn run_local(app: &App, latency: &LatencyModel, options: &RunOptions) -> Res
             &app.trace.model,
             latency.expert_budget(e),
         )?;
-        let (tx, rx) = mpsc::channel::<Cmd>();
-        let events = ev_tx.clone();
+        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
+        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
         let digits = app.digits.clone();
         handles.push(
             thread::Builder::new()
                 .name(format!("coe-{}", latency.name(e)))
-                .spawn(move || executor_thread(e, executor, digits, rx, events))
+                .spawn(move || executor_thread(e, executor, digits, cmd_rx, ev_tx))
                 .map_err(|err| CoeError::Invalid(format!("spawning executor thread: {err}")))?,
         );
-        cmd_tx.push(tx);
+        let generation = shared.install_link(e, cmd_tx);
+        shared.forward_events(e, generation, ev_rx);
     }
-    drop(ev_tx);
-    let mut send = |x: usize, cmd: Cmd| -> Result<(), CoeError> {
-        cmd_tx[x].send(cmd).map_err(|_| CoeError::Invalid("an executor thread stopped".into()))
-    };
-    let report = drive(app, latency, options, &mut send, &ev_rx, &mut |_| {});
-    drop(cmd_tx);
+    Ok(handles)
+}
+
+/// Serve `app`'s trace with executors named and budgeted by `latency` (the profile), one
+/// thread each, under `options`: the same scheduler actor as the distributed job
+/// ([`super::serve`]), under a supervisor that allows no restart, so a failure ends the run.
+pub fn run_local(
+    app: &Arc<App>,
+    latency: &LatencyModel,
+    options: &RunOptions,
+) -> Result<RunReport, CoeError> {
+    let (shared, _) = CoeShared::open(app.clone(), latency.clone(), options.config, None)?;
+    let handles = start_local_executors(&shared, app, latency)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CoeError::Invalid(format!("starting the async runtime: {e}")))?;
+    let served = runtime.block_on(async {
+        let (events, failures) = broadcast::channel(16);
+        let args = SupervisorArgs {
+            name: "coe-local".into(),
+            children: vec![shared.child_spec()],
+            intensity: Intensity { max_restarts: 0, period: Duration::from_secs(1) },
+            events,
+        };
+        let (sup, handle) = Actor::spawn(None, Supervisor, args)
+            .await
+            .map_err(|e| CoeError::Invalid(format!("starting the coe scheduler: {e}")))?;
+        let served = serve_trace(&shared, options.arrival_scale, options.deadline, failures).await;
+        sup.stop(None);
+        let _ = handle.await;
+        served
+    });
+    shared.close_links();
     for h in handles {
         let _ = h.join();
     }
-    report
-}
-
-/// The event loop shared by local and distributed runs: feeds arrivals and executor events to
-/// the scheduler, sends its decisions through `send`, checks every rule it can, and measures.
-/// `progress` is called with the number of requests completed after each completion.
-pub fn drive(
-    app: &App,
-    latency: &LatencyModel,
-    options: &RunOptions,
-    send: &mut dyn FnMut(usize, Cmd) -> Result<(), CoeError>,
-    events: &mpsc::Receiver<Event>,
-    progress: &mut dyn FnMut(usize),
-) -> Result<RunReport, CoeError> {
-    let trace = &app.trace;
-    let model = &trace.model;
-    let mut scheduler = RequestScheduler::new(model.clone(), latency.clone(), options.config)?;
-    let n_exec = latency.executors();
-    let deadline = Instant::now() + options.deadline;
-    let n = trace.requests.len();
-    let mut busy = vec![Busy::Idle; n_exec];
-    let mut alive = vec![true; n_exec];
-    let mut counters = vec![ExecutorCounters::default(); n_exec];
-    let mut served: Vec<Vec<ExpertId>> = vec![Vec::new(); n_exec];
-    let mut outputs: Vec<BTreeMap<ExpertId, Vec<i32>>> = vec![BTreeMap::new(); n];
-    let mut completed: Vec<Option<Instant>> = vec![None; n];
-    let mut done = 0usize;
-    let mut pending: VecDeque<usize> = (0..n).collect();
-    let start = Instant::now();
-    let arrival_at = |i: usize| {
-        let us = trace.requests[i].arrival.0 as f64 * options.arrival_scale.max(0.0);
-        Duration::from_micros(us as u64)
-    };
-    let now_us = |at: Instant| Micros(at.duration_since(start).as_micros() as u64);
-    let mut arrived: Vec<Instant> = vec![start; n];
-
-    while done < n {
-        let now = Instant::now();
-        if now > deadline {
-            return Err(CoeError::Invalid(format!(
-                "run did not finish: {done} of {n} requests done at the deadline"
-            )));
-        }
-        while let Some(&i) = pending.front() {
-            if start + arrival_at(i) > now {
-                break;
-            }
-            pending.pop_front();
-            let r = &trace.requests[i];
-            arrived[i] = now;
-            scheduler.handle_arrival(now_us(now), Request { id: r.id, root: r.root })?;
-        }
-        // Carry out the decisions.
-        while let Some(action) = scheduler.poll_action() {
-            match action {
-                Action::Enqueue { .. } => {}
-                Action::Evict { executor, expert } => {
-                    let x = executor.index();
-                    if busy[x] == Busy::Loading(expert) || busy[x] == Busy::Running(expert) {
-                        return Err(CoeError::Invalid(format!("evict of {expert} while {executor} uses it")));
-                    }
-                    send(x, Cmd::Evict(expert))?;
-                }
-                Action::Load { executor, expert, .. } => {
-                    let x = executor.index();
-                    if busy[x] != Busy::Idle || !alive[x] {
-                        return Err(CoeError::Invalid(format!(
-                            "load of {expert} on busy or lost {executor}"
-                        )));
-                    }
-                    busy[x] = Busy::Loading(expert);
-                    send(x, Cmd::Load(expert))?;
-                }
-                Action::RunBatch { executor, batch, expert, requests } => {
-                    let x = executor.index();
-                    if busy[x] != Busy::Idle || !alive[x] {
-                        return Err(CoeError::Invalid(format!(
-                            "batch of {expert} on busy or lost {executor}"
-                        )));
-                    }
-                    busy[x] = Busy::Running(expert);
-                    served[x].push(expert);
-                    let inputs = requests
-                        .iter()
-                        .map(|r| {
-                            let req = trace
-                                .requests
-                                .get(r.0 as usize)
-                                .ok_or_else(|| CoeError::Invalid(format!("unknown {r}")))?;
-                            Ok((*r, req.input))
-                        })
-                        .collect::<Result<Vec<_>, CoeError>>()?;
-                    send(x, Cmd::Run { batch, expert, requests: inputs })?;
-                }
-                Action::Complete { request } => {
-                    let i = request.0 as usize;
-                    if completed.get(i).is_none_or(Option::is_some) {
-                        return Err(CoeError::Invalid(format!("{request} completed twice or unknown")));
-                    }
-                    completed[i] = Some(Instant::now());
-                    done += 1;
-                    progress(done);
-                }
-            }
-        }
-        if done >= n {
-            break;
-        }
-        let wait = pending.front().map_or(Duration::from_millis(200), |&i| {
-            (start + arrival_at(i)).saturating_duration_since(Instant::now())
-        });
-        let event = match events.recv_timeout(wait) {
-            Ok(ev) => ev,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(CoeError::Invalid("executors stopped".into()));
-            }
-        };
-        let at = now_us(Instant::now());
-        match event {
-            Event::Loaded { exec, .. } | Event::Ran { exec, .. }
-                if !alive.get(exec).copied().unwrap_or(false) =>
-            {
-                // A late result from a lost executor: its work was requeued elsewhere.
-            }
-            Event::Loaded { exec, expert, seconds, resident } => {
-                busy[exec] = Busy::Idle;
-                counters[exec].peak_bytes = counters[exec].peak_bytes.max(resident);
-                counters[exec].loads += 1;
-                counters[exec].load_seconds += seconds;
-                scheduler.handle_load_done(at, ExecutorId(exec as u16), expert)?;
-            }
-            Event::Ran { exec, batch, expert, rows, seconds } => {
-                busy[exec] = Busy::Idle;
-                counters[exec].batches += 1;
-                counters[exec].tasks += rows.len() as u64;
-                counters[exec].run_seconds += seconds;
-                scheduler.handle_batch_done(at, ExecutorId(exec as u16), batch)?;
-                let children = model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
-                for (request, probs) in rows {
-                    let req = trace
-                        .requests
-                        .get(request.0 as usize)
-                        .ok_or_else(|| CoeError::Invalid(format!("unknown {request}")))?;
-                    outputs[request.0 as usize].insert(expert, quantise(&probs));
-                    if children.is_empty() {
-                        continue;
-                    }
-                    let chosen = select_children(&probs, &children);
-                    if req.selection(expert) != Some(chosen.as_slice()) {
-                        return Err(CoeError::Invalid(format!(
-                            "{request}: {expert} selected {chosen:?}, the trace recorded {:?} (trace not made for this app?)",
-                            req.selection(expert)
-                        )));
-                    }
-                    scheduler.handle_preliminary_done(at, request, expert, &chosen)?;
-                }
-            }
-            Event::Lost { exec, why } => {
-                if alive.get(exec).copied().unwrap_or(false) {
-                    tracing::warn!(executor = latency.name(exec), %why, "executor lost: requeueing its work");
-                    alive[exec] = false;
-                    busy[exec] = Busy::Idle;
-                    scheduler.handle_executor_lost(at, ExecutorId(exec as u16))?;
-                }
-            }
-            Event::Failed(e) => return Err(e),
-        }
-    }
-    let end = Instant::now();
-    let mut latencies: Vec<Duration> = completed
-        .iter()
-        .zip(&arrived)
-        .map(|(c, a)| c.map_or(Duration::ZERO, |c| c.duration_since(*a)))
-        .collect();
-    latencies.sort();
-    let mut belady = 0;
-    for (x, s) in served.iter().enumerate() {
-        belady += belady_min_loads(s, |e| model.size_of(e), latency.expert_budget(x))
-            .map_err(|e| CoeError::Invalid(e.to_string()))?;
-    }
-    let makespan_s = end.duration_since(start).as_secs_f64();
-    Ok(RunReport {
-        label: options.config.label(),
-        requests: n,
-        makespan_s,
-        throughput_rps: n as f64 / makespan_s.max(1e-9),
-        p50_ms: percentile_ms(&latencies, 0.5),
-        p99_ms: percentile_ms(&latencies, 0.99),
-        loads: counters.iter().map(|c| c.loads).sum(),
-        belady_loads: belady,
-        switch_s: counters.iter().map(|c| c.load_seconds).sum(),
-        busy_s: counters.iter().map(|c| c.load_seconds + c.run_seconds).sum(),
-        digests: outputs.iter().map(output_digest).collect(),
-        executors: (0..n_exec).map(|x| (latency.name(x).to_string(), counters[x])).collect(),
-        budgets: (0..n_exec).map(|x| latency.expert_budget(x)).collect(),
-        lost: (0..n_exec).filter(|&x| !alive[x]).map(|x| latency.name(x).to_string()).collect(),
-    })
+    served?;
+    shared.report(options.config.label(), Vec::new())
 }
 
 /// The per-request results file: `request <id> digest <16 hex>` lines, in id order.

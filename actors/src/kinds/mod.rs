@@ -1,6 +1,5 @@
 //! The four actor kinds of the architecture: device, expert, buffer, scheduler.
 
-pub mod buffer;
 pub mod device;
 pub mod expert;
 pub mod scheduler;

@@ -1,85 +1,124 @@
-//! SchedulerActor: the shell around a pure policy. Each input becomes a `handle` call; every
-//! action the policy emits is carried out by [`Effects`]; one timer is re-armed from
-//! `poll_timeout`. All decision state lives in the policy.
+//! SchedulerActor: the one shell every workload's scheduler runs in (the coe scheduler, the
+//! pipeline foreman, the coadapt edge scheduler). It owns no decisions: a [`Scheduler`] feeds its
+//! pure policy and carries out what the policy decides. The shell brings time in, re-arms one
+//! timer from `poll_timeout`, passes each input through the fault switch, and, on every start,
+//! asks the workload to [`Scheduler::recover`]: the accepted work lives apart from the actor (a
+//! journal-backed store), so a restart after a panic rebuilds the policy from it.
+
+use std::future::Future;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use troupe_policy::Micros;
 
 use crate::clock::Clock;
 
-/// A pure policy as the shell sees it (time always comes in from the shell).
-pub trait DrivenPolicy: Send + 'static {
-    /// An input event.
+/// The workload half of a scheduler actor.
+pub trait Scheduler: Send + 'static {
+    /// What the scheduler is told (arrivals, executor reports, membership changes).
     type Input: Send + 'static;
-    /// A decision to carry out.
-    type Action: Send + 'static;
 
-    /// Feeds one input.
-    fn handle(&mut self, now: Micros, input: Self::Input);
-    /// Called at (or after) the time `poll_timeout` asked for.
-    fn handle_timeout(&mut self, now: Micros);
-    /// The next decision, if any.
-    fn poll_action(&mut self) -> Option<Self::Action>;
-    /// When the policy next wants `handle_timeout`.
-    fn poll_timeout(&self) -> Option<Micros>;
-}
-
-/// Carries out a policy's actions (load weights, send a frame, run a kernel).
-pub trait Effects<A>: Send + 'static {
-    /// Performs one action; an error fails the actor, so its supervisor restarts it.
-    fn perform(
+    /// Called on every start, first and after each restart: rebuild the policy from the accepted
+    /// work and ask executors, workers or cameras for their reports (which arrive as inputs).
+    fn recover(
         &mut self,
-        action: A,
-    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send;
+        me: &ActorRef<SchedulerMsg<Self::Input>>,
+        now: Micros,
+    ) -> impl Future<Output = Result<(), ActorProcessingErr>> + Send;
+
+    /// Feeds one input to the policy and performs the actions it decided. An error fails the
+    /// actor, so its supervisor restarts it.
+    fn handle(
+        &mut self,
+        me: &ActorRef<SchedulerMsg<Self::Input>>,
+        now: Micros,
+        input: Self::Input,
+    ) -> impl Future<Output = Result<(), ActorProcessingErr>> + Send;
+
+    /// Called at (or after) the time [`Scheduler::poll_timeout`] asked for.
+    fn handle_timeout(
+        &mut self,
+        _me: &ActorRef<SchedulerMsg<Self::Input>>,
+        _now: Micros,
+    ) -> impl Future<Output = Result<(), ActorProcessingErr>> + Send {
+        async { Ok(()) }
+    }
+
+    /// When the policy next wants [`Scheduler::handle_timeout`] (none: purely reactive).
+    fn poll_timeout(&self) -> Option<Micros> {
+        None
+    }
 }
 
 /// Messages of a scheduler actor.
 pub enum SchedulerMsg<I> {
-    /// An input for the policy.
+    /// An input for the workload.
     Input(I),
     /// A timer fired (stale generations are ignored).
     Timeout(u64),
-    /// Replies once every action so far has been performed.
+    /// Replies once every earlier message has been handled.
     Flush(RpcReplyPort<()>),
 }
 
 impl<I: Send + 'static> ractor::Message for SchedulerMsg<I> {}
 
-/// The scheduler shell over policy `P` and effects `E`.
-pub struct SchedulerActor<P, E>(std::marker::PhantomData<fn() -> (P, E)>);
+/// Start arguments: the workload (made afresh by its child spec on every restart) and the
+/// fault-switch site its inputs pass through.
+pub struct SchedulerArgs<S> {
+    /// The workload half.
+    pub scheduler: S,
+    /// Fault site hit once per input (`<workload>.scheduler` by convention).
+    pub fault_site: String,
+}
 
-impl<P, E> Default for SchedulerActor<P, E> {
+/// The scheduler shell over workload `S`.
+pub struct SchedulerActor<S>(std::marker::PhantomData<fn() -> S>);
+
+impl<S> Default for SchedulerActor<S> {
     fn default() -> Self {
         Self(std::marker::PhantomData)
     }
 }
 
-/// Shell state: the policy, the effects, the clock and the timer generation.
-pub struct SchedulerState<P, E> {
-    /// The policy (all decision state).
-    pub policy: P,
-    /// The effect handler.
-    pub effects: E,
+/// Shell state: the workload, the clock, the timer generation.
+pub struct SchedulerState<S> {
+    scheduler: S,
+    fault_site: String,
     clock: Clock,
     timer_generation: u64,
 }
 
-impl<P, E> Actor for SchedulerActor<P, E>
-where
-    P: DrivenPolicy,
-    E: Effects<P::Action> + Sync,
-    P: Sync,
-{
-    type Msg = SchedulerMsg<P::Input>;
-    type State = SchedulerState<P, E>;
-    type Arguments = (P, E);
+impl<S: Scheduler + Sync> SchedulerActor<S> {
+    fn rearm(me: &ActorRef<SchedulerMsg<S::Input>>, st: &mut SchedulerState<S>) {
+        if let Some(at) = st.scheduler.poll_timeout() {
+            st.timer_generation += 1;
+            let generation = st.timer_generation;
+            let delay = std::time::Duration::from_micros(at.saturating_sub(st.clock.now()).0);
+            ractor::time::send_after(delay, me.get_cell(), move || {
+                SchedulerMsg::<S::Input>::Timeout(generation)
+            });
+        }
+    }
+}
+
+impl<S: Scheduler + Sync> Actor for SchedulerActor<S> {
+    type Msg = SchedulerMsg<S::Input>;
+    type State = SchedulerState<S>;
+    type Arguments = SchedulerArgs<S>;
 
     async fn pre_start(
         &self,
-        _me: ActorRef<Self::Msg>,
-        (policy, effects): (P, E),
+        me: ActorRef<Self::Msg>,
+        args: SchedulerArgs<S>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(SchedulerState { policy, effects, clock: Clock::start(), timer_generation: 0 })
+        let mut st = SchedulerState {
+            scheduler: args.scheduler,
+            fault_site: args.fault_site,
+            clock: Clock::start(),
+            timer_generation: 0,
+        };
+        st.scheduler.recover(&me, st.clock.now()).await?;
+        Self::rearm(&me, &mut st);
+        Ok(st)
     }
 
     async fn handle(
@@ -89,26 +128,20 @@ where
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SchedulerMsg::Input(input) => st.policy.handle(st.clock.now(), input),
+            SchedulerMsg::Input(input) => {
+                crate::fault::point(&st.fault_site);
+                st.scheduler.handle(&me, st.clock.now(), input).await?;
+            }
             SchedulerMsg::Timeout(generation) if generation == st.timer_generation => {
-                st.policy.handle_timeout(st.clock.now())
+                st.scheduler.handle_timeout(&me, st.clock.now()).await?;
             }
             SchedulerMsg::Timeout(_) => return Ok(()),
             SchedulerMsg::Flush(reply) => {
                 let _ = reply.send(());
+                return Ok(());
             }
         }
-        while let Some(action) = st.policy.poll_action() {
-            st.effects.perform(action).await?;
-        }
-        if let Some(at) = st.policy.poll_timeout() {
-            st.timer_generation += 1;
-            let generation = st.timer_generation;
-            let delay = std::time::Duration::from_micros(at.saturating_sub(st.clock.now()).0);
-            ractor::time::send_after(delay, me.get_cell(), move || {
-                SchedulerMsg::<P::Input>::Timeout(generation)
-            });
-        }
+        Self::rearm(&me, st);
         Ok(())
     }
 }

@@ -61,7 +61,7 @@ pub fn run(
     let profile = profiler::load_profile(&profile_path)
         .with_context(|| "re-run `troupe coe profile` on this machine (or delete the file)".to_string())?;
     let latency = LatencyModel::from_profile(&profile)?;
-    let app = App::open(&dir, None)?;
+    let app = std::sync::Arc::new(App::open(&dir, None)?);
     let real = force_real || scale == Scale::Ci;
     let mut rows = Vec::new();
     let mut digests: Option<Vec<u64>> = None;

@@ -177,6 +177,7 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
                 );
             }
             let latency = LatencyModel::from_profile(&profiler::load_profile(&path)?)?;
+            let app = std::sync::Arc::new(app);
             let report = run_local(&app, &latency, &RunOptions::new(config))?;
             println!("{}", run_line(&report));
             if simulate {
@@ -229,6 +230,10 @@ pub struct CoeJob {
     /// Seconds an executor call may take before the executor counts as lost.
     #[serde(default = "default_call_timeout")]
     pub call_timeout_s: u64,
+    /// The job's journal (default `DIR/journal/NODE.journal`): accepted and answered requests,
+    /// so a restarted node resumes the job. Removed once the results are written.
+    #[serde(default)]
+    pub journal: Option<String>,
 }
 
 fn default_policy() -> String {
@@ -276,14 +281,18 @@ pub fn actor(
     ))
 }
 
-/// The scheduler: find the executors, serve the trace through them, survive losing one.
+/// The scheduler: find the executors, start the scheduler actor under the root supervisor, feed
+/// it the trace with every acceptance journaled, put lost executors back in service when their
+/// node rejoins, and write the results once every request is answered.
 pub async fn run_job(
     runtime: &troupe_actors::NodeRuntime,
-    _ctx: &super::NodeContext,
+    ctx: &super::NodeContext,
     job: &crate::config::JobConfig,
 ) -> Result<()> {
-    use troupe_actors::coe::remote::{find_executors, spawn_links};
-    use troupe_actors::coe::runner::{Cmd, Event, drive, results_text};
+    use std::sync::Arc;
+    use troupe_actors::coe::remote::find_executors;
+    use troupe_actors::coe::serve::{CoeInput, CoeShared, serve_trace};
+    use troupe_actors::supervisor::SupervisorMsg;
     use troupe_policy::MembershipEvent;
 
     let p: CoeJob = super::params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
@@ -298,12 +307,27 @@ pub async fn run_job(
         })
         .await??
     };
+    let journal = p
+        .journal
+        .as_ref()
+        .map_or_else(|| dir.join("journal").join(format!("{}.journal", ctx.config.name)), PathBuf::from);
+    let (shared, damage) = CoeShared::open(Arc::new(app), latency.clone(), config, Some(&journal))?;
+    if let Some(d) = damage {
+        println!("coe: journal {}: {d}; that record was not replayed", journal.display());
+    }
+    let (accepted, answered) = (shared.accepted().len(), *shared.answered().borrow());
+    if accepted > 0 {
+        println!(
+            "coe: resuming from journal {}: {accepted} requests accepted, {answered} answered",
+            journal.display()
+        );
+    }
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
     let found = find_executors(&names, deadline).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
-        app.trace.requests.len(),
+        shared.total(),
         found.iter().map(|f| format!("{} on {}", f.name, f.node)).collect::<Vec<_>>().join(", "),
         if troupe_kernels::cuda::cuda_available(0).is_ok() {
             "CUDA present; ONNX Runtime is CPU-only"
@@ -312,53 +336,119 @@ pub async fn run_job(
         },
         config.label()
     );
-    let (ev_tx, ev_rx) = std::sync::mpsc::channel::<Event>();
-    let senders = spawn_links(&found, ev_tx.clone(), std::time::Duration::from_secs(p.call_timeout_s.max(1)));
+    let call_timeout = std::time::Duration::from_secs(p.call_timeout_s.max(1));
+    for (exec, x) in found.iter().enumerate() {
+        connect_executor(&shared, exec, x, call_timeout);
+    }
+    let failures = runtime.subscribe_supervision();
+    let started = ractor::call!(runtime.supervisor, SupervisorMsg::StartChild, shared.child_spec())
+        .map_err(|e| anyhow::anyhow!("asking the root supervisor to start the coe scheduler: {e}"))?;
+    started.map_err(|e| anyhow::anyhow!("starting the coe scheduler: {e}"))?;
+
+    // Membership: a down executor node loses its work; one that rejoins serves again.
     let mut members = runtime.subscribe_membership();
     let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
-    let watcher = tokio::spawn(async move {
-        loop {
-            match members.recv().await {
-                Ok(MembershipEvent::Down { member, .. }) => {
-                    for (exec, n) in nodes.iter().enumerate() {
-                        if member.as_str() == n {
-                            let _ = ev_tx.send(Event::Lost { exec, why: format!("node {n} is down") });
+    let lost = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
+    let watcher = {
+        let (shared, lost) = (shared.clone(), lost.clone());
+        tokio::spawn(async move {
+            loop {
+                let event = match members.recv().await {
+                    Ok(ev) => ev,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                for (exec, node) in nodes.iter().enumerate() {
+                    match &event {
+                        MembershipEvent::Down { member, .. } if member.as_str() == node => {
+                            let name = shared.executor_name(exec).to_string();
+                            println!("coe: executor {name} on {node} is down; requeueing its work");
+                            if let Ok(mut l) = lost.lock() {
+                                l.insert(name);
+                            }
+                            let generation = shared.link_generation(exec);
+                            shared.tell(CoeInput::Down {
+                                exec,
+                                generation,
+                                why: format!("node {node} is down"),
+                            });
                         }
+                        MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
+                            let name = shared.executor_name(exec).to_string();
+                            let until = std::time::Instant::now() + call_timeout;
+                            match find_executors(std::slice::from_ref(&name), until).await {
+                                Ok(found) => {
+                                    if let Some(x) = found.first() {
+                                        connect_executor(&shared, exec, x, call_timeout);
+                                        println!("coe: executor {name} rejoined on {node}; back in service");
+                                    }
+                                }
+                                Err(e) => println!("coe: executor {name} rejoined but was not found: {e}"),
+                            }
+                        }
+                        _ => {}
                     }
                 }
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
-        }
-    });
-    let options = RunOptions {
-        config,
-        arrival_scale: p.arrival_scale,
-        deadline: std::time::Duration::from_secs(job.timeout_s),
+        })
     };
-    let report = tokio::task::spawn_blocking(move || {
-        let total = app.trace.requests.len();
-        let mut send = |x: usize, cmd: Cmd| -> Result<(), troupe_actors::coe::CoeError> {
-            // A closed link means that executor is already reported lost; drop the command.
-            let _ = senders[x].send(cmd);
-            Ok(())
-        };
-        let mut progress = |done: usize| {
-            if done.is_multiple_of(25) || done == total {
-                println!("coe: completed {done} of {total}");
+    let progress = {
+        let mut answered = shared.answered();
+        let total = shared.total();
+        tokio::spawn(async move {
+            let mut last = 0;
+            while answered.changed().await.is_ok() {
+                let done = *answered.borrow_and_update();
+                for step in (last / 25 + 1)..=(done / 25) {
+                    println!("coe: completed {} of {total}", step * 25);
+                }
+                if done == total && !done.is_multiple_of(25) {
+                    println!("coe: completed {done} of {total}");
+                }
+                last = done;
             }
-        };
-        drive(&app, &latency, &options, &mut send, &ev_rx, &mut progress)
-    })
-    .await??;
+        })
+    };
+    let served =
+        serve_trace(&shared, p.arrival_scale, std::time::Duration::from_secs(job.timeout_s), failures).await;
     watcher.abort();
+    progress.abort();
+    served?;
+    let lost: Vec<String> = lost.lock().map(|l| l.iter().cloned().collect()).unwrap_or_default();
+    let report = shared.report(config.label(), lost)?;
     println!("coe: {}", run_line(&report));
     if !report.lost.is_empty() {
         println!("coe: lost executors {:?}; their work was reassigned", report.lost);
     }
+    let (restored, after) = shared.restorations();
+    if restored > 0 {
+        println!("coe: {restored} executor restorations; {after} requests ran on a restored executor");
+    }
     if let Some(out) = &p.out {
-        app::write_file(Path::new(out), results_text(&report).as_bytes())?;
+        app::write_file(Path::new(out), troupe_actors::coe::runner::results_text(&report).as_bytes())?;
         println!("coe: results written to {out}");
     }
+    // The answers are out: the journal has done its job, and a rerun starts afresh.
+    if let Some(path) = shared.finish_journal() {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
+}
+
+/// Links executor `exec` (found on the cluster) to the job: commands go out as RPCs, its events
+/// come back tagged with the new link's generation.
+fn connect_executor(
+    shared: &std::sync::Arc<troupe_actors::coe::serve::CoeShared>,
+    exec: usize,
+    x: &troupe_actors::coe::remote::RemoteExecutor,
+    call_timeout: std::time::Duration,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let Some(sender) =
+        troupe_actors::coe::remote::spawn_links(std::slice::from_ref(x), tx, call_timeout).into_iter().next()
+    else {
+        return;
+    };
+    let generation = shared.install_link(exec, sender);
+    shared.forward_events(exec, generation, rx);
 }

@@ -89,6 +89,7 @@ impl LocalCluster {
             devices: Vec::new(),
             actors: Vec::new(),
             job: None,
+            faults: Default::default(),
         };
         let foreman = base(FOREMAN, 0);
         let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman)?)
