@@ -160,3 +160,108 @@ impl Drop for ProcCluster {
 pub fn member_is(status: &NodeStatus, member: &str, state: &str) -> bool {
     status.members.iter().any(|m| m.name == member && m.status == state)
 }
+
+/// A cluster of real node processes whose output lines arrive on a channel as they are printed
+/// (`[name] line`), so a test can act on what a node says (kill a node at the 50th completion,
+/// restart it once it is reported down).
+pub struct LineCluster {
+    exe: PathBuf,
+    configs: Vec<(String, PathBuf)>,
+    children: Vec<(String, Child)>,
+    tx: std::sync::mpsc::Sender<String>,
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every line seen so far (for failure messages).
+    pub log: Vec<String>,
+}
+
+impl LineCluster {
+    /// Writes configs for `topology` into `workdir` and starts every node.
+    pub fn start(exe: &Path, topology: &Path, workdir: &Path) -> Result<Self> {
+        let t = Topology::load(topology)?;
+        let configs = prepare(&t, workdir)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut c = Self { exe: exe.to_path_buf(), configs, children: Vec::new(), tx, rx, log: Vec::new() };
+        for name in c.configs.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>() {
+            c.spawn(&name)?;
+        }
+        Ok(c)
+    }
+
+    /// Starts node `name` (again) with its config.
+    pub fn spawn(&mut self, name: &str) -> Result<()> {
+        let (_, cfg) =
+            self.configs.iter().find(|(n, _)| n == name).with_context(|| format!("no node {name}"))?;
+        let mut child = Command::new(&self.exe)
+            .args(["node", "--config"])
+            .arg(cfg)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting node {name}"))?;
+        let pipes: [Option<Box<dyn std::io::Read + Send>>; 2] = [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ];
+        for pipe in pipes.into_iter().flatten() {
+            let (tx, name) = (self.tx.clone(), name.to_string());
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send(format!("[{name}] {line}"));
+                }
+            });
+        }
+        self.children.retain(|(n, _)| n != name);
+        self.children.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// SIGKILL (no goodbye) and reap.
+    pub fn kill9(&mut self, name: &str) -> Result<()> {
+        let i = self
+            .children
+            .iter()
+            .position(|(n, _)| n == name)
+            .with_context(|| format!("{name} not running"))?;
+        let (_, mut child) = self.children.remove(i);
+        child.kill()?;
+        child.wait()?;
+        self.log.push(format!("[test] killed {name} with SIGKILL"));
+        Ok(())
+    }
+
+    /// Waits for the next line for which `pred` holds (recording every line); `None` once
+    /// `within` has passed or every process has closed its output.
+    pub fn wait_line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if pred(&line) {
+                        return Some(line);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Everything seen so far, one line each.
+    pub fn text(&self) -> String {
+        self.log.join("\n")
+    }
+}
+
+impl Drop for LineCluster {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

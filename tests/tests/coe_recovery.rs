@@ -1,0 +1,162 @@
+//! Recovery of the distributed coe job, with real node processes on loopback QUIC and a real
+//! ci app (ONNX experts). Each test compares the per-request output digests with a fault-free
+//! local run: every request answered exactly once (ids 0..n, each once), the same outputs.
+//!
+//! - the scheduler actor panics twice through the fault switch (node config `[faults]`): the
+//!   root supervisor restarts it and it rebuilds from its journal;
+//! - the scheduler's node is killed with SIGKILL mid-job, a torn record is appended to its
+//!   journal (a crash in the middle of a write), and the node is started again: the damage is
+//!   named, the job resumes from the journal and completes;
+//! - an executor node is killed and restarted: it is put back in service in the same job and
+//!   answers requests again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use troupe_tests::LineCluster;
+
+const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
+
+fn troupe(args: &[&str]) -> String {
+    let out = Command::new(EXE).args(args).output().expect("running troupe-node");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "troupe {args:?} failed:\n{text}");
+    text
+}
+
+fn parse_results(text: &str) -> Vec<(u64, String)> {
+    text.lines()
+        .map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(t.len(), 4, "bad results line {l:?}");
+            (t[1].parse().expect("request id"), t[3].to_string())
+        })
+        .collect()
+}
+
+/// A ci app and the fault-free local run's results.
+fn app_and_reference(tmp: &Path) -> (std::path::PathBuf, Vec<(u64, String)>) {
+    let app = tmp.join("app");
+    let app_s = app.to_str().unwrap();
+    troupe(&["coe", "gen", "--scale", "ci", "--dir", app_s, "--seed", "5"]);
+    troupe(&["coe", "profile", "--dir", app_s]);
+    let reference = tmp.join("reference.txt");
+    troupe(&["coe", "run", "--dir", app_s, "--out", reference.to_str().unwrap()]);
+    (app, parse_results(&std::fs::read_to_string(&reference).unwrap()))
+}
+
+fn topology(app: &Path, out: &Path, arrival_scale: f64, scheduler_faults: &str) -> String {
+    format!(
+        r#"name = "coe-recovery"
+[membership]
+heartbeat_ms = 100
+timeout_ms = 800
+
+[[nodes]]
+name = "scheduler"
+job = {{ kind = "coe", timeout_s = 150, params = {{ dir = "{app}", out = "{out}", arrival_scale = {arrival_scale}, call_timeout_s = 20 }} }}
+{scheduler_faults}
+
+[[nodes]]
+name = "gpu-executor"
+actors = [{{ kind = "coe-executor", params = {{ dir = "{app}", executor = "gpu0-standin-cpu" }} }}]
+
+[[nodes]]
+name = "cpu-executor"
+actors = [{{ kind = "coe-executor", params = {{ dir = "{app}", executor = "cpu0" }} }}]
+"#,
+        app = app.display(),
+        out = out.display()
+    )
+}
+
+fn start(tmp: &Path, topo: &str) -> LineCluster {
+    let path = tmp.join("topology.toml");
+    std::fs::write(&path, topo).unwrap();
+    LineCluster::start(Path::new(EXE), &path, &tmp.join("up")).expect("starting the cluster")
+}
+
+fn assert_exactly_once(out: &Path, reference: &[(u64, String)], log: &str) {
+    let got = parse_results(&std::fs::read_to_string(out).unwrap_or_else(|e| panic!("{e}\n{log}")));
+    assert_eq!(got.len(), reference.len(), "{log}");
+    assert!(got.iter().enumerate().all(|(i, (id, _))| *id == i as u64), "ids not 0..n once each");
+    assert_eq!(got, reference, "outputs differ from the fault-free run");
+}
+
+const FINISHED: &str = "[scheduler] coe: results written to";
+
+#[test]
+fn a_scheduler_panicking_through_the_fault_switch_is_restarted_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (app, reference) = app_and_reference(tmp.path());
+    let out = tmp.path().join("out.txt");
+    let faults =
+        "[nodes.faults]\nseed = 3\nsites = [{ site = \"coe.scheduler\", after = 30, every = 40, times = 2 }]";
+    let mut c = start(tmp.path(), &topology(&app, &out, 10.0, faults));
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let log = c.text();
+    assert!(done.is_some(), "the job did not finish:\n{log}");
+    assert_eq!(log.matches("fault switch: injecting a panic").count(), 2, "two injected panics:\n{log}");
+    assert_exactly_once(&out, &reference, &log);
+}
+
+#[test]
+fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (app, reference) = app_and_reference(tmp.path());
+    let out = tmp.path().join("out.txt");
+    let mut c = start(tmp.path(), &topology(&app, &out, 40.0, ""));
+    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
+    c.kill9("scheduler").unwrap();
+    // A crash in the middle of a write leaves part of a record behind.
+    let journal = app.join("journal").join("scheduler.journal");
+    let mut bytes = std::fs::read(&journal).expect("the scheduler journaled its work");
+    bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
+    std::fs::write(&journal, &bytes).unwrap();
+    c.spawn("scheduler").unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let log = c.text();
+    assert!(done.is_some(), "the restarted scheduler did not finish:\n{log}");
+    assert!(
+        log.contains("damaged tail at byte") && log.contains("record header cut short"),
+        "damage not named:\n{log}"
+    );
+    let resumed =
+        log.lines().find(|l| l.contains("coe: resuming from journal")).unwrap_or_else(|| panic!("{log}"));
+    let answered: usize =
+        resumed.split(", ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+    assert!(answered >= 50, "the journal kept the answers given before the kill: {resumed}");
+    assert_exactly_once(&out, &reference, &log);
+    assert!(!journal.exists(), "a finished job removes its journal");
+}
+
+#[test]
+fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (app, reference) = app_and_reference(tmp.path());
+    let out = tmp.path().join("out.txt");
+    let mut c = start(tmp.path(), &topology(&app, &out, 60.0, ""));
+    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
+    c.kill9("gpu-executor").unwrap();
+    let down = c.wait_line(Duration::from_secs(30), |l| {
+        l.contains("executor gpu0-standin-cpu on gpu-executor is down")
+    });
+    assert!(down.is_some(), "the loss was not noticed:\n{}", c.text());
+    c.spawn("gpu-executor").unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let log = c.text();
+    assert!(done.is_some(), "the job did not finish:\n{log}");
+    assert!(log.contains("executor gpu0-standin-cpu rejoined on gpu-executor; back in service"), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("requests ran on a restored executor"))
+        .unwrap_or_else(|| panic!("{log}"));
+    let after: usize = line.split("; ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+    assert!(after > 0, "the restored executor answered nothing: {line}");
+    assert_exactly_once(&out, &reference, &log);
+}
