@@ -16,7 +16,7 @@ async fn node(ca: &ClusterCa, name: &str) -> QuicNode {
 
 /// Waits (bounded) for the first event matching `want`.
 async fn wait_event(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<PeerEvent>,
+    rx: &mut tokio::sync::mpsc::Receiver<PeerEvent>,
     want: impl Fn(&PeerEvent) -> bool,
 ) -> PeerEvent {
     tokio::time::timeout(Duration::from_secs(10), async {
@@ -219,4 +219,89 @@ async fn large_tensor_travels_by_reference_and_arrives_intact() {
     a.send_with_policy(&peer, Channel::Data, small, &policy, &a_store).await.unwrap();
     let d = b.recv().await.unwrap();
     assert_eq!(d.frame.flags & FLAG_BY_REFERENCE, 0);
+}
+
+#[tokio::test]
+async fn a_peer_over_its_memory_budget_is_cut_off_and_other_peers_are_served() {
+    use troupe_transport::FrameLimits;
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let cap = 8u64 << 20;
+    let cfg = QuicConfig {
+        conn_budget: cap,
+        limits: FrameLimits { max_body: 4 << 20 },
+        max_uni_streams: 4,
+        ..QuicConfig::default()
+    };
+    let victim = QuicNode::bind(&ca.issue_node("victim").unwrap(), cfg).await.unwrap();
+    let addr = victim.local_addr().unwrap();
+    let v = NodeId::new("victim");
+    let mut events = victim.events().unwrap();
+    let mallory = node(&ca, "mallory").await;
+    let mut mallory_events = mallory.events().unwrap();
+    let good = node(&ca, "good").await;
+    mallory.connect(addr, &v).await.unwrap();
+    good.connect(addr, &v).await.unwrap();
+
+    // 1. Frames received but not consumed count: nobody reads the victim's inbox, so two
+    // complete 3 MiB frames stay queued (6 MiB) and the third cannot arrive next to them.
+    let big = Frame::from_bytes(FrameKind::Message, 0, &vec![0xAB; 3 << 20]);
+    for _ in 0..3 {
+        // the third may fail once the victim closes the connection
+        let _ = mallory.send(&v, Channel::Data, big.clone()).await;
+    }
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::OverBudget { .. })).await;
+    let PeerEvent::OverBudget { peer, cap: got_cap, held } = ev else { unreachable!() };
+    assert_eq!((peer.as_str(), got_cap), ("mallory", cap));
+    assert!(held >= 6 << 20, "held {held}: the queued frames were not counted");
+    let ev = wait_event(&mut mallory_events, |e| matches!(e, PeerEvent::Left { .. })).await;
+    let PeerEvent::Left { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("per-connection cap of 8388608 bytes"), "{reason}");
+
+    // The other peer is still served; the frames accepted before the cut-off are delivered.
+    good.send(&v, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"still here")).await.unwrap();
+    let mut from_mallory = 0;
+    loop {
+        let d = tokio::time::timeout(Duration::from_secs(10), victim.recv()).await.unwrap().unwrap();
+        if d.from.as_str() == "good" {
+            assert_eq!(&d.frame.body[..], b"still here");
+            break;
+        }
+        assert_eq!(d.frame.body.len(), 3 << 20);
+        from_mallory += 1;
+    }
+    assert_eq!(from_mallory, 2, "the two frames accepted before the cut-off");
+
+    // 2. Frames being received count: every stream the peer may open announces a maximum-size
+    // frame and gets bytes in small pieces, never finishing (4 x 4 MiB could be held).
+    mallory.connect(addr, &v).await.unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let mut s = mallory.open_raw(&v, Channel::Data as u8).await.unwrap();
+        s.write_all(&FrameHeader { kind: FrameKind::Tensor, flags: 0, len: 4 << 20 }.to_bytes())
+            .await
+            .unwrap();
+        streams.push(s);
+    }
+    // Writes complete into QUIC's send buffer: what ends the loop early is the close arriving.
+    let piece = vec![0x5Au8; 64 << 10];
+    let mut write_error = None;
+    'send: for _ in 0..(4 << 20) / piece.len() - 1 {
+        // at most one piece short of finishing every frame
+        for s in &mut streams {
+            if let Err(e) = s.write_all(&piece).await {
+                write_error = Some(e);
+                break 'send;
+            }
+        }
+    }
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::OverBudget { .. })).await;
+    assert!(matches!(ev, PeerEvent::OverBudget { cap: c, .. } if c == cap), "{ev:?}");
+    let ev = wait_event(&mut mallory_events, |e| matches!(e, PeerEvent::Left { .. })).await;
+    let PeerEvent::Left { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("per-connection cap"), "{reason}");
+    println!("trickling peer cut off: {reason} (write error: {write_error:?})");
+    good.send(&v, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"again")).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), victim.recv()).await.unwrap().unwrap();
+    assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"again"[..]));
 }
