@@ -16,8 +16,8 @@ pub use blob::{
 };
 pub use budget::{BudgetExceeded, ConnBudget, DEFAULT_CONN_BUDGET, Held};
 pub use codec::{
-    CodecError, Compression, DecodedTensor, EncodeReport, Encoding, TensorDecoder, TensorEncodeOptions,
-    TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
+    CodecError, Compression, DecodeBudget, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
+    TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{ClusterCa, IdentityError, NodeIdentity};

@@ -15,7 +15,9 @@ use troupe_policy::adapt::TaskId;
 
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
-use super::wire::{AdaptReply, CameraReport, EdgeSummary, UploadRequest, decode, encode};
+use super::wire::{
+    AdaptReply, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, UploadRequest, decode, encode,
+};
 use super::{EDGE_GROUP, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
 
@@ -184,7 +186,7 @@ impl Actor for EdgeActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             EdgeMsg::Adapt(bytes, reply) => {
-                let req = match UploadRequest::decode(&bytes) {
+                let req = match UploadRequest::decode(&bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = %e, "refusing an upload");
@@ -244,7 +246,11 @@ impl Actor for EdgeActor {
                     me.cast(EdgeMsg::Cycle)?;
                 }
             }
-            EdgeMsg::Report(bytes) => match decode::<CameraReport>("camera report", &bytes) {
+            EdgeMsg::Report(bytes) => match decode::<CameraReport>(
+                "camera report",
+                &bytes,
+                &mut DecodeBudget::new(MAX_DECODED_BYTES),
+            ) {
                 Ok(r) => {
                     tracing::info!(camera = %r.camera, before = r.exact_before, after = r.exact_after, "camera report");
                     state.reports.push(r);
