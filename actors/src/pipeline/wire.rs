@@ -543,6 +543,39 @@ mod tests {
         assert!(err > 0.0 && err <= lossy.max_abs_error, "{err} vs {}", lossy.max_abs_error);
     }
 
+    #[tokio::test]
+    async fn a_message_of_compression_bombs_is_refused_by_its_decoded_bytes_budget() {
+        use troupe_transport::codec::{Compression, TensorEncodeOptions};
+        use troupe_transport::{ClusterCa, QuicConfig};
+        // 32 inputs of 4 MiB of zeros each: ~200 bytes apiece on the wire, 128 MiB decoded.
+        let opts = TensorEncodeOptions { compress: Compression::Always, ..TensorEncodeOptions::default() };
+        let (bomb, _) = TensorEncoder::new(opts).encode_wire(&[1 << 20], &vec![0.0f32; 1 << 20]).unwrap();
+        assert!(bomb.payload.len() < 1024);
+        let tensors: Vec<WireNamed> = (0..32)
+            .map(|i| WireNamed { name: format!("x{i}"), body: TensorBody::F32(bomb.clone()) })
+            .collect();
+        // the request carrying them is well under the message cap
+        let request = Request::Run { input: 0, stage: 0, tensors, from: "f".into(), lossy_bf16: false };
+        let bytes = to_bytes("request", &request).unwrap();
+        assert!(bytes.len() < 64 << 10, "{}", bytes.len());
+        let Request::Run { tensors, .. } = request_from_bytes(&bytes).unwrap() else { unreachable!() };
+        let ca = ClusterCa::generate("t").unwrap();
+        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        // the path a worker takes for Request::Run, with a 32 MiB message budget
+        let mut budget = DecodeBudget::new(32 << 20);
+        let e = decode_tensors(tensors.clone(), &link, "f", &mut budget).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("tensor x8") && text.contains("decoded-bytes budget of 33554432 bytes"),
+            "{text}"
+        );
+        assert_eq!(budget.used(), 32 << 20, "eight tensors decoded, the ninth refused before allocating");
+        // with the default budget the same message decodes
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        assert_eq!(decode_tensors(tensors, &link, "f", &mut budget).await.unwrap().len(), 32);
+        link.shutdown().await;
+    }
+
     #[test]
     fn large_tensors_go_by_reference_on_the_shelf() {
         // Noise does not compress: 2 MiB of it stays above the 1 MiB threshold.
