@@ -82,6 +82,11 @@ pub struct QuicConfig {
     pub conn_budget: u64,
     /// Most unidirectional streams a peer may have open at once (QUIC stream credit).
     pub max_uni_streams: u32,
+    /// Most incoming connections between the handshake and a completed hello at once; more are
+    /// refused. Before its hello a connection holds at most QUIC's receive window.
+    pub max_pending_hellos: usize,
+    /// A connection that has not completed the hello by then is closed.
+    pub hello_timeout: Duration,
     /// Whether this endpoint joins the cluster (false for tools like `troupe status`, which peers
     /// then serve without counting them as members).
     pub member: bool,
@@ -98,6 +103,8 @@ impl Default for QuicConfig {
             inbox_capacity: 256,
             conn_budget: DEFAULT_CONN_BUDGET,
             max_uni_streams: DEFAULT_MAX_UNI_STREAMS,
+            max_pending_hellos: 16,
+            hello_timeout: Duration::from_secs(10),
             member: true,
         }
     }
@@ -534,9 +541,22 @@ impl QuicNode {
     }
 
     async fn accept_loop(self) {
+        let pending = Arc::new(tokio::sync::Semaphore::new(self.inner.config.max_pending_hellos.max(1)));
         while let Some(incoming) = self.inner.endpoint.accept().await {
             let node = self.clone();
+            let Ok(permit) = pending.clone().try_acquire_owned() else {
+                let addr = incoming.remote_address();
+                let reason = format!(
+                    "{} connections are already waiting for their hello",
+                    node.inner.config.max_pending_hellos
+                );
+                warn!(node = %node.inner.id, %addr, %reason, "refused connection");
+                incoming.refuse();
+                node.emit(PeerEvent::Refused { addr, reason });
+                continue;
+            };
             tokio::spawn(async move {
+                let _permit = permit;
                 let addr = incoming.remote_address();
                 match incoming.await {
                     Ok(conn) => node.serve_hello(conn).await,
@@ -552,7 +572,8 @@ impl QuicNode {
 
     async fn serve_hello(self, conn: Connection) {
         let addr = conn.remote_address();
-        let result = async {
+        let deadline = self.inner.config.hello_timeout;
+        let result = tokio::time::timeout(deadline, async {
             let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
             let mut tag = [0u8; 1];
             recv.read_exact(&mut tag).await.map_err(|e| e.to_string())?;
@@ -578,8 +599,9 @@ impl QuicNode {
             let _ = send.finish();
             verdict?;
             Ok((NodeId::new(hello.node.as_str()), hello.member))
-        }
-        .await;
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no hello within {deadline:?}")));
         match result {
             Ok((peer, member)) => self.register(peer, conn, false, member).await,
             Err(reason) => {
@@ -701,14 +723,25 @@ impl QuicNode {
             TAG_CONTROL => self.emit_wait(PeerEvent::ControlStream { peer, send, recv }).await,
             TAG_BLOB => {
                 let limits = FrameLimits { max_body: 256 };
+                // the reply this peer makes us build counts against its connection until sent
+                let mut charge = state.budget.frame();
                 let reply = match read_frame(&mut recv, &limits).await {
                     Ok(Some(f)) => match blob::parse_request(&f) {
                         Ok(id) => {
                             let server = self.inner.blobs.read().map(|g| g.clone()).ok();
                             match server.and_then(|s| s.blob(&id.0)) {
-                                Some(bytes) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
-                                    Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
-                                }),
+                                Some(bytes) => {
+                                    match charge.grow_to(bytes.len() as u64 + blob::BLOB_DATA_OVERHEAD) {
+                                        Ok(()) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
+                                            Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
+                                        }),
+                                        Err(e) => Frame::from_bytes(
+                                            FrameKind::Error,
+                                            0,
+                                            format!("blob {id} not served now: {e}").as_bytes(),
+                                        ),
+                                    }
+                                }
                                 None => {
                                     Frame::from_bytes(FrameKind::Error, 0, format!("no blob {id}").as_bytes())
                                 }
@@ -731,6 +764,7 @@ impl QuicNode {
                     let _ = send.finish();
                     let _ = send.stopped().await;
                 }
+                drop(charge);
             }
             other => {
                 warn!(node = %self.inner.id, %peer, tag = other, "bidirectional stream with unknown tag; stopping it");
@@ -772,6 +806,15 @@ impl QuicNode {
         let mut s = conn.open_uni().await.map_err(|e| QuicError::Stream(e.to_string()))?;
         s.write_all(&[channel_tag]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
         Ok(s)
+    }
+
+    /// Opens a bidirectional stream with tag byte `tag` (the hello, control or blob tags) and
+    /// hands both halves over (for tests that play a peer's side of a protocol by hand).
+    pub async fn open_raw_bi(&self, to: &NodeId, tag: u8) -> Result<(SendStream, RecvStream), QuicError> {
+        let conn = self.connection(to)?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[tag]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        Ok((send, recv))
     }
 
     /// Sends raw bytes on a fresh stream tagged as `channel` (for tests of the receive path).

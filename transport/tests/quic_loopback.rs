@@ -305,3 +305,96 @@ async fn a_peer_over_its_memory_budget_is_cut_off_and_other_peers_are_served() {
     let d = tokio::time::timeout(Duration::from_secs(10), victim.recv()).await.unwrap().unwrap();
     assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"again"[..]));
 }
+
+#[tokio::test]
+async fn connections_without_a_hello_are_capped_and_closed_at_the_deadline() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let cfg = QuicConfig {
+        max_pending_hellos: 1,
+        hello_timeout: Duration::from_millis(300),
+        ..QuicConfig::default()
+    };
+    let server = QuicNode::bind(&ca.issue_node("server").unwrap(), cfg).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let mut events = server.events().unwrap();
+    // a client with a valid certificate that completes the handshake and never says hello
+    let silent = ca.issue_node("silent").unwrap();
+    let client_cfg = silent.client_config(Arc::new(quinn::TransportConfig::default())).unwrap();
+    let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let first = ep.connect_with(client_cfg.clone(), addr, "server").unwrap().await.unwrap();
+    // while it waits, a second connection is refused outright
+    let second = ep.connect_with(client_cfg, addr, "server").unwrap().await;
+    assert!(second.is_err(), "a second pending connection was accepted");
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::Refused { .. })).await;
+    let PeerEvent::Refused { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("already waiting for their hello"), "{reason}");
+    // the silent one is closed at the deadline, naming why
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::Refused { .. })).await;
+    let PeerEvent::Refused { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("no hello within 300ms"), "{reason}");
+    let closed = first.closed().await;
+    assert!(closed.to_string().contains("no hello"), "{closed}");
+    // and a node that does say hello gets in
+    let good = node(&ca, "good").await;
+    good.connect(addr, &NodeId::new("server")).await.unwrap();
+}
+
+#[tokio::test]
+async fn blob_replies_a_peer_leaves_unread_count_against_its_budget() {
+    use std::sync::Mutex;
+    use troupe_transport::blob::request_frame;
+    use troupe_transport::frame::{read_frame, write_frame};
+    use troupe_transport::{BlobStore, FrameLimits};
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let cfg = QuicConfig { conn_budget: 48 << 20, ..QuicConfig::default() };
+    let server = QuicNode::bind(&ca.issue_node("server").unwrap(), cfg).await.unwrap();
+    let store = Arc::new(Mutex::new(BlobStore::in_memory(64 << 20)));
+    // Larger than a stream's receive window (16 MiB in transport_config): a reply the puller
+    // does not read cannot be fully delivered, so the server keeps it (and its charge).
+    let blob: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();
+    let id = store.lock().unwrap().put(blob.clone()).unwrap();
+    server.set_blob_server(store);
+    let puller = node(&ca, "puller").await;
+    let s = NodeId::new("server");
+    puller.connect(server.local_addr().unwrap(), &s).await.unwrap();
+    let limits = FrameLimits::default();
+    let ask = async || {
+        let (mut send, mut recv) = puller.open_raw_bi(&s, 0x42).await.unwrap();
+        write_frame(&mut send, &request_frame(id).unwrap()).await.unwrap();
+        send.finish().unwrap();
+        // the first bytes of the answer: the server has decided (and charged) by then
+        let mut head = [0u8; HEADER_LEN];
+        recv.read_exact(&mut head).await.unwrap();
+        (head, recv)
+    };
+    // two 20 MiB replies left unread hold 40 MiB of the peer's 48 MiB
+    let (head1, mut r1) = ask().await;
+    let (head2, mut r2) = ask().await;
+    let (head3, mut r3) = ask().await;
+    let kinds: Vec<u8> = [head1, head2, head3].iter().map(|h| h[5]).collect();
+    assert_eq!(kinds, vec![FrameKind::BlobData as u8, FrameKind::BlobData as u8, FrameKind::Error as u8]);
+    let mut rest = Vec::new();
+    r3.read_to_end(1 << 16).await.map(|b| rest = b).unwrap();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("not served now") && text.contains("per-connection cap of 50331648"), "{text}");
+    // reading the replies releases the charge: the next pull is served
+    for (head, r) in [(head1, &mut r1), (head2, &mut r2)] {
+        let mut wire = head.to_vec();
+        wire.extend(r.read_to_end(32 << 20).await.unwrap());
+        let mut cursor = &wire[..];
+        let f = read_frame(&mut cursor, &limits).await.unwrap().unwrap();
+        assert!(f.body.len() > blob.len());
+    }
+    // (the server releases a reply's charge when the puller's acknowledgement of its last bytes
+    // arrives, which may come after the next request: a refused pull is retried, boundedly)
+    let mut refused = 0;
+    let got = loop {
+        match puller.fetch_blob(&s, id.0, 32 << 20).await {
+            Ok(b) => break b,
+            Err(e) if e.to_string().contains("not served now") && refused < 1000 => refused += 1,
+            Err(e) => panic!("{e} after {refused} refusals"),
+        }
+    };
+    assert_eq!(got, blob);
+}
