@@ -541,25 +541,26 @@ impl QuicNode {
     }
 
     async fn accept_loop(self) {
+        // Taken once the TLS handshake has verified the peer's certificate, so a client without
+        // one cannot occupy the places of the cluster's nodes.
         let pending = Arc::new(tokio::sync::Semaphore::new(self.inner.config.max_pending_hellos.max(1)));
         while let Some(incoming) = self.inner.endpoint.accept().await {
-            let node = self.clone();
-            let Ok(permit) = pending.clone().try_acquire_owned() else {
-                let addr = incoming.remote_address();
-                let reason = format!(
-                    "{} connections are already waiting for their hello",
-                    node.inner.config.max_pending_hellos
-                );
-                warn!(node = %node.inner.id, %addr, %reason, "refused connection");
-                incoming.refuse();
-                node.emit(PeerEvent::Refused { addr, reason });
-                continue;
-            };
+            let (node, pending) = (self.clone(), pending.clone());
             tokio::spawn(async move {
-                let _permit = permit;
                 let addr = incoming.remote_address();
                 match incoming.await {
-                    Ok(conn) => node.serve_hello(conn).await,
+                    Ok(conn) => match pending.try_acquire_owned() {
+                        Ok(_permit) => node.serve_hello(conn).await,
+                        Err(_) => {
+                            let reason = format!(
+                                "{} connections are already waiting for their hello",
+                                node.inner.config.max_pending_hellos
+                            );
+                            warn!(node = %node.inner.id, %addr, %reason, "refused connection");
+                            conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+                            node.emit(PeerEvent::Refused { addr, reason });
+                        }
+                    },
                     Err(e) => {
                         let reason = e.to_string();
                         warn!(node = %node.inner.id, %addr, %reason, "refused connection (TLS)");
