@@ -405,3 +405,40 @@ async fn blob_replies_a_peer_leaves_unread_count_against_its_budget() {
     };
     assert_eq!(got, blob);
 }
+
+#[tokio::test]
+async fn a_peer_cannot_grow_the_event_channel() {
+    use troupe_transport::quic::EVENT_CAPACITY;
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let server = node(&ca, "server").await;
+    let addr = server.local_addr().unwrap();
+    let s = NodeId::new("server");
+    // taken but not read while the peer floods
+    let mut events = server.events().unwrap();
+    let bad = node(&ca, "bad").await;
+    bad.connect(addr, &s).await.unwrap();
+    let valid = Frame::from_bytes(FrameKind::Message, 0, b"x").to_wire().unwrap();
+    let flood = EVENT_CAPACITY + 100;
+    for _ in 0..flood {
+        // each returns once the server stopped the stream (and tried to report it)
+        bad.send_raw(&s, 0xEE, &valid).await.unwrap();
+    }
+    let dropped = server.events_dropped();
+    assert!(
+        dropped >= 100,
+        "{dropped} events dropped of {flood} bad streams into a channel of {EVENT_CAPACITY}"
+    );
+    // what the channel holds is at most its capacity; once read, joins are reported again
+    let mut held = 0;
+    while events.try_recv().is_ok() {
+        held += 1;
+    }
+    assert!(held <= EVENT_CAPACITY, "{held}");
+    let good = node(&ca, "good").await;
+    good.connect(addr, &s).await.unwrap();
+    wait_event(&mut events, |e| matches!(e, PeerEvent::Joined { peer, .. } if peer.as_str() == "good")).await;
+    good.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"served")).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
+    assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"served"[..]));
+}
