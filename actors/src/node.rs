@@ -255,7 +255,7 @@ async fn local_status(
 }
 
 async fn peer_events(
-    mut events: tokio::sync::mpsc::UnboundedReceiver<PeerEvent>,
+    mut events: tokio::sync::mpsc::Receiver<PeerEvent>,
     link: QuicNode,
     cluster: ActorRef<NodeServerMessage>,
     membership: ActorRef<MembershipMsg>,
@@ -284,7 +284,8 @@ async fn peer_events(
                 }
             }
             PeerEvent::Left { peer, reason } => debug!(%peer, %reason, "connection closed"),
-            PeerEvent::Refused { .. } | PeerEvent::BadStream { .. } => {} // logged by the transport
+            // logged by the transport, naming the peer (and for OverBudget the cap and the bytes held)
+            PeerEvent::Refused { .. } | PeerEvent::BadStream { .. } | PeerEvent::OverBudget { .. } => {}
         }
     }
 }

@@ -104,3 +104,45 @@ fn every_scheduler_finishes_within_the_budget_and_ours_gains() {
         }
     }
 }
+
+#[test]
+fn jobs_past_the_task_cap_are_refused_back_to_the_sender() {
+    use troupe_actors::coadapt::engine::EngineError;
+    let (train, _) = digits().expect("run scripts/setup");
+    let teacher = zoo_teacher(&train).unwrap();
+    let student = zoo_student("tiny", &train).unwrap();
+    let s = DriftSchedule::parse("0 fog 0.8").unwrap();
+    let frames: Vec<_> =
+        CameraStream::new(0, s, &train.images, &train.labels, 40).unwrap().take(64).collect();
+    let mut samples = Dataset::from_frames(&frames);
+    samples.labels = predict_all(&teacher, &samples).unwrap();
+    let budget = reserved_bytes(&[student.config], 32) + 2 * task_footprint(&student.config);
+    let cfg =
+        EngineConfig { budget, max_tasks: 2, max_epochs: 1, steps_per_epoch: 1, ..EngineConfig::default() };
+    let mut eng = EdgeEngine::new(cfg, &[student.config]).unwrap();
+    let job = |i: usize| AdaptJob {
+        name: format!("cam{i}"),
+        model: student.clone(),
+        samples: samples.clone(),
+        target_gain: None,
+    };
+    for i in 0..2 {
+        eng.submit(Micros(0), job(i)).unwrap();
+    }
+    assert!(eng.is_full());
+    let e = eng.submit(Micros(0), job(2)).unwrap_err();
+    assert!(matches!(e, EngineError::Full { live: 2, cap: 2 }), "{e}");
+    assert!(e.to_string().contains("try again later"), "{e}");
+    // a task leaving makes room again (bounded: every task ends within its epoch cap)
+    let mut finished = 0;
+    for _ in 0..10_000 {
+        if finished > 0 || !eng.busy() {
+            break;
+        }
+        eng.run_cycle(&|| Micros(0)).unwrap();
+        finished += eng.take_finished().len();
+    }
+    assert!(finished > 0, "no task finished");
+    assert!(!eng.is_full());
+    eng.submit(Micros(0), job(3)).unwrap();
+}

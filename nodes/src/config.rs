@@ -163,11 +163,29 @@ pub struct TransportSection {
     pub max_frame_mb: u32,
     /// QUIC idle timeout in milliseconds.
     pub idle_timeout_ms: u64,
+    /// Most MiB one peer connection may hold buffered (frames being received on all its streams
+    /// plus frames received and not yet consumed); past it the connection is closed. Default 256:
+    /// three 64 MiB tensors in flight fit; a peer cannot make the node hold more.
+    pub max_peer_buffer_mb: u32,
+    /// Most unidirectional streams a peer may have open at once (it needs three: one per channel).
+    pub max_peer_streams: u32,
 }
 
 impl Default for TransportSection {
     fn default() -> Self {
-        Self { max_frame_mb: 128, idle_timeout_ms: 10_000 }
+        Self {
+            max_frame_mb: 128,
+            idle_timeout_ms: 10_000,
+            max_peer_buffer_mb: (troupe_transport::DEFAULT_CONN_BUDGET >> 20) as u32,
+            max_peer_streams: troupe_transport::quic::DEFAULT_MAX_UNI_STREAMS,
+        }
+    }
+}
+
+impl TransportSection {
+    /// The per-connection budget in bytes.
+    pub fn peer_buffer_bytes(&self) -> u64 {
+        u64::from(self.max_peer_buffer_mb) << 20
     }
 }
 
@@ -279,6 +297,18 @@ impl NodeConfig {
         if self.transport.max_frame_mb == 0 || self.transport.max_frame_mb > 4095 {
             return bad("transport.max_frame_mb", "must be between 1 and 4095".into());
         }
+        if self.transport.max_peer_buffer_mb < self.transport.max_frame_mb {
+            return bad(
+                "transport.max_peer_buffer_mb",
+                format!(
+                    "must be at least max_frame_mb ({}), or a peer's largest frame can never arrive",
+                    self.transport.max_frame_mb
+                ),
+            );
+        }
+        if !(3..=1024).contains(&self.transport.max_peer_streams) {
+            return bad("transport.max_peer_streams", "must be between 3 (one per channel) and 1024".into());
+        }
         if self.transport.idle_timeout_ms <= m.heartbeat_ms {
             return bad("transport.idle_timeout_ms", "must be greater than membership.heartbeat_ms".into());
         }
@@ -359,5 +389,15 @@ mod tests {
         assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
         let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n")))
+            .unwrap_err();
+        assert_eq!(e.field, "transport.max_peer_buffer_mb", "{e}");
+        assert!(e.problem.contains("max_frame_mb (128)"), "{e}");
+        let c = NodeConfig::load(&write(
+            d.path(),
+            &format!("{GOOD}[transport]\nmax_frame_mb = 16\nmax_peer_buffer_mb = 64\nmax_peer_streams = 8\n"),
+        ))
+        .unwrap();
+        assert_eq!((c.transport.peer_buffer_bytes(), c.transport.max_peer_streams), (64 << 20, 8));
     }
 }

@@ -36,6 +36,8 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
             bind: cfg.listen,
             limits: FrameLimits { max_body: cfg.transport.max_frame_mb << 20 },
             idle_timeout: Duration::from_millis(cfg.transport.idle_timeout_ms),
+            conn_budget: cfg.transport.peer_buffer_bytes(),
+            max_uni_streams: cfg.transport.max_peer_streams,
             ..QuicConfig::default()
         },
         peers: cfg

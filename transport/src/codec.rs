@@ -7,6 +7,10 @@
 //! treats the frame as untrusted: checked rkyv access, the shape must explain `raw_len`, the
 //! decoded size is capped before anything is allocated, and decompression is bounded by the
 //! declared size, so a zstd bomb is an error rather than an allocation.
+//!
+//! Caps apply per tensor ([`TensorLimits`]) **and** per message: every decode charges its output
+//! to a [`DecodeBudget`] before allocating it, so a message of many tensors that are small on the
+//! wire cannot decode past the budget either.
 
 use std::borrow::Cow;
 
@@ -25,6 +29,48 @@ pub const DEFAULT_MIN_COMPRESS_BYTES: usize = 64 << 10;
 pub const DEFAULT_KEEP_RATIO: f32 = 0.95;
 /// Default cap on a decoded tensor, in f32 output bytes.
 pub const DEFAULT_MAX_DECODED_BYTES: usize = 256 << 20;
+
+/// A per-message budget of decoded bytes: every tensor decoded for one message charges its
+/// output here before it is allocated, and a decode that would pass the cap is refused with
+/// [`CodecError::OverBudget`]. Create one per message (or per batch that is held at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeBudget {
+    cap: u64,
+    used: u64,
+}
+
+impl DecodeBudget {
+    /// A budget of `cap` decoded bytes.
+    pub fn new(cap: u64) -> Self {
+        Self { cap, used: 0 }
+    }
+
+    /// The cap in bytes.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Bytes charged so far.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Bytes left.
+    pub fn remaining(&self) -> u64 {
+        self.cap - self.used
+    }
+
+    /// Charges `bytes` of decoded output, or refuses (charging nothing) past the cap.
+    pub fn charge(&mut self, bytes: u128) -> Result<(), CodecError> {
+        let wanted = u128::from(self.used) + bytes;
+        if wanted > u128::from(self.cap) {
+            return Err(CodecError::OverBudget { bytes, used: self.used, cap: self.cap });
+        }
+        // below a u64 cap, so it fits
+        self.used = wanted as u64;
+        Ok(())
+    }
+}
 
 /// Element type of the payload on the wire (decoding always yields f32).
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +279,18 @@ pub enum CodecError {
         bytes: u128,
         /// The configured cap.
         max: usize,
+    },
+    /// Decoding this tensor would take its message past its decoded-bytes budget.
+    #[error(
+        "decoding {bytes} more bytes would pass the message's decoded-bytes budget of {cap} bytes ({used} already decoded)"
+    )]
+    OverBudget {
+        /// Decoded bytes the refused tensor needs.
+        bytes: u128,
+        /// Bytes the message had already decoded.
+        used: u64,
+        /// The message's budget.
+        cap: u64,
     },
     /// An uncompressed payload has the wrong length.
     #[error("raw tensor payload has {got} bytes, raw_len says {expected}")]
@@ -530,31 +588,48 @@ impl TensorDecoder {
         Self { limits, decompressor: None, scratch: Vec::new() }
     }
 
-    /// Decodes a [`FrameKind::Tensor`] frame (refusing by-reference frames and other kinds).
-    pub fn decode_frame(&mut self, frame: &Frame) -> Result<DecodedTensor, CodecError> {
-        self.decode_frame_into(frame, Vec::new())
+    /// Decodes a [`FrameKind::Tensor`] frame (refusing by-reference frames and other kinds),
+    /// charging its output to `budget` (the budget of the message it belongs to).
+    pub fn decode_frame(
+        &mut self,
+        frame: &Frame,
+        budget: &mut DecodeBudget,
+    ) -> Result<DecodedTensor, CodecError> {
+        self.decode_frame_into(frame, Vec::new(), budget)
     }
 
     /// Like [`Self::decode_frame`], writing the elements into `out` (e.g. the `data` of a tensor
     /// decoded earlier) so a steady stream of tensors does not allocate each time.
-    pub fn decode_frame_into(&mut self, frame: &Frame, out: Vec<f32>) -> Result<DecodedTensor, CodecError> {
+    pub fn decode_frame_into(
+        &mut self,
+        frame: &Frame,
+        out: Vec<f32>,
+        budget: &mut DecodeBudget,
+    ) -> Result<DecodedTensor, CodecError> {
         if frame.flags & FLAG_BY_REFERENCE != 0 {
             return Err(CodecError::ByReference { flags: frame.flags });
         }
         let wire = frame.access_as::<WireTensor>(FrameKind::Tensor)?;
-        self.decode_archived_into(wire, out)
+        self.decode_archived_into(wire, out, budget)
     }
 
-    /// Decodes an archived tensor that was already accessed with checked rkyv access.
-    pub fn decode_archived(&mut self, wire: &ArchivedWireTensor) -> Result<DecodedTensor, CodecError> {
-        self.decode_archived_into(wire, Vec::new())
+    /// Decodes an archived tensor that was already accessed with checked rkyv access, charging
+    /// its output to `budget`.
+    pub fn decode_archived(
+        &mut self,
+        wire: &ArchivedWireTensor,
+        budget: &mut DecodeBudget,
+    ) -> Result<DecodedTensor, CodecError> {
+        self.decode_archived_into(wire, Vec::new(), budget)
     }
 
-    /// Like [`Self::decode_archived`], writing the elements into `out`.
+    /// Like [`Self::decode_archived`], writing the elements into `out`. Every check (shape,
+    /// per-tensor cap, message budget) runs before anything is allocated.
     pub fn decode_archived_into(
         &mut self,
         wire: &ArchivedWireTensor,
         mut out: Vec<f32>,
+        budget: &mut DecodeBudget,
     ) -> Result<DecodedTensor, CodecError> {
         let dtype = wire.dtype_on_wire.to_native();
         let raw_len = wire.raw_len.to_native();
@@ -574,6 +649,7 @@ impl TensorDecoder {
         if out_bytes > self.limits.max_decoded_bytes as u128 {
             return Err(CodecError::TooLarge { bytes: out_bytes, max: self.limits.max_decoded_bytes });
         }
+        budget.charge(out_bytes)?;
         // Both fit in usize now: they are below a usize cap.
         let count = count as usize;
         let raw_len_usize = raw_len as usize;
@@ -655,9 +731,11 @@ pub fn encode_tensor(
     TensorEncoder::new(*options).encode_frame(shape, data)
 }
 
-/// Decodes one tensor frame on a fresh decoder (see [`TensorDecoder`]).
+/// Decodes one tensor frame on a fresh decoder (see [`TensorDecoder`]): a message of one
+/// tensor, whose decoded-bytes budget is the per-tensor cap.
 pub fn decode_tensor(frame: &Frame, limits: &TensorLimits) -> Result<DecodedTensor, CodecError> {
-    TensorDecoder::new(*limits).decode_frame(frame)
+    let mut budget = DecodeBudget::new(limits.max_decoded_bytes as u64);
+    TensorDecoder::new(*limits).decode_frame(frame, &mut budget)
 }
 
 /// Rounds an f32 to bf16 bits, nearest even; NaN stays NaN (quieted).
@@ -937,6 +1015,41 @@ mod tests {
     }
 
     #[test]
+    fn a_message_of_many_small_bombs_is_refused_by_its_budget_before_allocating() {
+        // Each tensor: 1 MiB of zeros decoded, ~60 bytes on the wire, under the per-tensor cap.
+        let mut enc = TensorEncoder::new(opts(Compression::Always, false));
+        let zeros = vec![0.0f32; 1 << 18];
+        let (bomb, report) = enc.encode_frame(&[1 << 18], &zeros).unwrap();
+        assert!(report.wire_bytes < 200, "{report:?}");
+        let mut dec = TensorDecoder::new(TensorLimits { max_decoded_bytes: 1 << 20 });
+        // a message budget of 8 MiB: eight tensors decode, the ninth is refused
+        let mut budget = DecodeBudget::new(8 << 20);
+        let mut kept = Vec::new();
+        for _ in 0..8 {
+            kept.push(dec.decode_frame(&bomb, &mut budget).unwrap());
+        }
+        assert_eq!(budget.used(), 8 << 20);
+        let e = dec.decode_frame(&bomb, &mut budget).unwrap_err();
+        assert!(
+            matches!(e, CodecError::OverBudget { bytes: 1_048_576, used: 8_388_608, cap: 8_388_608 }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("decoded-bytes budget of 8388608 bytes"), "{e}");
+        // a single tensor that alone exceeds the message budget is refused on its declared size
+        let wire = WireTensor {
+            dtype_on_wire: WireDtype::F32,
+            shape: vec![1 << 30],
+            raw_len: 4 << 30,
+            encoding: Encoding::ShuffleZstd { level: 1 },
+            payload: vec![0x28, 0xb5, 0x2f, 0xfd],
+        };
+        let mut dec = TensorDecoder::new(TensorLimits { max_decoded_bytes: usize::MAX });
+        let e = dec.decode_frame(&frame_of(&wire), &mut DecodeBudget::new(64 << 20)).unwrap_err();
+        assert!(matches!(e, CodecError::OverBudget { bytes, used: 0, .. } if bytes == 4 << 30), "{e}");
+        assert_eq!(kept.len(), 8);
+    }
+
+    #[test]
     fn raw_len_over_the_cap_is_refused_before_allocation() {
         // Claims a 1 TiB tensor with a tiny payload: must fail on the size check alone.
         let wire = WireTensor {
@@ -1088,14 +1201,14 @@ mod tests {
                         let (f, r) = enc.encode_frame(&[n], &data).unwrap();
                         te.push(t.elapsed().as_secs_f64());
                         let t = Instant::now();
-                        let back = dec.decode_frame(&f).unwrap();
+                        let back = dec.decode_frame(&f, &mut DecodeBudget::new(u64::MAX)).unwrap();
                         td.push(t.elapsed().as_secs_f64());
                         std::hint::black_box(&back);
                         report = Some(r);
                         // Steady state: the previous body and output reused.
                         let t = Instant::now();
                         let (f, _) = enc.encode_frame_reusing(&[n], &data, body).unwrap();
-                        let back = dec.decode_frame_into(&f, out).unwrap();
+                        let back = dec.decode_frame_into(&f, out, &mut DecodeBudget::new(u64::MAX)).unwrap();
                         tr.push(t.elapsed().as_secs_f64());
                         (body, out) = (f.body, back.data);
                     }
@@ -1148,7 +1261,7 @@ mod tests {
             let data = smooth_activation(n);
             let (f, r) = enc.encode_frame(&[n], &data).unwrap();
             assert_eq!(r.compressed, n * 4 >= DEFAULT_MIN_COMPRESS_BYTES && r.ratio() < 0.95);
-            assert_eq!(dec.decode_frame(&f).unwrap().data, data);
+            assert_eq!(dec.decode_frame(&f, &mut DecodeBudget::new(1 << 20)).unwrap().data, data);
         }
     }
 }

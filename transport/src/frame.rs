@@ -2,7 +2,8 @@
 //!
 //! The length is checked against [`FrameLimits`] before anything is allocated, and the body buffer
 //! grows only as bytes actually arrive, so a peer that announces a huge frame and sends nothing
-//! costs nothing. Bodies land in a 16-byte aligned buffer and are only ever read through checked
+//! costs nothing; [`read_frame_budgeted`] also charges every growth of that buffer to the
+//! connection's [`ConnBudget`] before it is allocated. Bodies land in a 16-byte aligned buffer and are only ever read through checked
 //! rkyv access ([`Frame::access`]).
 
 use rkyv::api::high::{HighSerializer, HighValidator};
@@ -12,6 +13,8 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Portable, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::budget::{BudgetExceeded, ConnBudget, FrameCharge, Held};
 
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"TRPE";
@@ -130,6 +133,9 @@ pub enum FrameError {
         /// The validator's message.
         detail: String,
     },
+    /// Growing the body buffer would take the connection past its memory budget.
+    #[error(transparent)]
+    OverBudget(#[from] BudgetExceeded),
     /// The frame has a different kind than the reader expected.
     #[error("expected a {expected:?} frame, got {got:?}")]
     UnexpectedKind {
@@ -273,6 +279,34 @@ pub async fn read_frame<R>(r: &mut R, limits: &FrameLimits) -> Result<Option<Fra
 where
     R: AsyncRead + Unpin,
 {
+    Ok(read_frame_charged(r, limits, FrameCharge::unbounded()).await?.map(|(frame, _)| frame))
+}
+
+/// Like [`read_frame`], charging the body buffer to `budget` as it grows (before each
+/// allocation). Returns the frame with the charge it keeps ([`Held`]): hand both on together, and
+/// the bytes count against the connection until the `Held` is dropped. Fails with
+/// [`FrameError::OverBudget`] when a growth would pass the connection's cap.
+pub async fn read_frame_budgeted<R>(
+    r: &mut R,
+    limits: &FrameLimits,
+    budget: &ConnBudget,
+) -> Result<Option<(Frame, Held)>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
+    Ok(read_frame_charged(r, limits, budget.frame())
+        .await?
+        .map(|(frame, charge)| (frame, charge.into_held())))
+}
+
+async fn read_frame_charged<R>(
+    r: &mut R,
+    limits: &FrameLimits,
+    mut charge: FrameCharge,
+) -> Result<Option<(Frame, FrameCharge)>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
     let mut raw = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -287,7 +321,9 @@ where
     }
     let header = FrameHeader::parse(&raw, limits)?;
     let len = header.len as usize;
-    let mut body = AlignedVec::<16>::with_capacity(len.min(READ_CHUNK));
+    let first = len.min(READ_CHUNK);
+    charge.grow_to(first as u64)?;
+    let mut body = AlignedVec::<16>::with_capacity(first);
     // Read straight into the body. The window zero-filled ahead of each read adapts to what the
     // peer actually delivers (twice the last read, 4 KiB to 256 KiB), so a peer that dribbles
     // bytes costs little and a fast one is read with a single copy.
@@ -295,6 +331,13 @@ where
     while body.len() < len {
         let start = body.len();
         let step = (len - start).min(window);
+        if start + step > body.capacity() {
+            // Doubling, but never past the announced length, and charged before it is allocated
+            // (AlignedVec's own growth rounds up to a power of two).
+            let cap = (2 * body.capacity()).max(start + step).min(len);
+            charge.grow_to(cap as u64)?;
+            body.reserve_exact(cap - start);
+        }
         body.resize(start + step, 0);
         let n = r.read(&mut body[start..start + step]).await?;
         body.resize(start + n, 0);
@@ -303,7 +346,7 @@ where
         }
         window = (2 * n).clamp(MIN_WINDOW, MAX_WINDOW);
     }
-    Ok(Some(Frame { kind: header.kind, flags: header.flags, body }))
+    Ok(Some((Frame { kind: header.kind, flags: header.flags, body }, charge)))
 }
 
 /// Writes one frame (header then body).
@@ -403,5 +446,31 @@ mod tests {
         let mut r = &wire[..];
         let e = read_frame(&mut r, &limits).await.unwrap_err();
         assert!(matches!(e, FrameError::Truncated { got: 22, .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn budgeted_reads_charge_what_they_allocate_and_refuse_past_the_cap() {
+        let budget = ConnBudget::new("peer-x", 3 << 20);
+        let f = Frame::from_bytes(FrameKind::Tensor, 0, &vec![7u8; (5 << 20) / 2]);
+        let wire = f.to_wire().unwrap();
+        let limits = FrameLimits::default();
+        let mut r = &wire[..];
+        let (back, held) = read_frame_budgeted(&mut r, &limits, &budget).await.unwrap().unwrap();
+        assert_eq!(back.body.as_slice(), f.body.as_slice());
+        // the buffer never grew past the announced length, and all of it is charged
+        assert_eq!(back.body.capacity(), back.body.len());
+        assert_eq!((held.bytes(), budget.held()), (back.body.len() as u64, back.body.len() as u64));
+        // a second frame of the same size does not fit next to the first one
+        let mut r = &wire[..];
+        let e = read_frame_budgeted(&mut r, &limits, &budget).await.unwrap_err();
+        let FrameError::OverBudget(over) = &e else { panic!("{e}") };
+        assert_eq!((over.peer.as_str(), over.cap), ("peer-x", 3 << 20));
+        assert!(e.to_string().contains("per-connection cap of 3145728 bytes"), "{e}");
+        assert_eq!(budget.held(), back.body.len() as u64, "the refused frame released its charge");
+        drop(held);
+        assert_eq!(budget.held(), 0);
+        let mut r = &wire[..];
+        assert!(read_frame_budgeted(&mut r, &limits, &budget).await.unwrap().is_some());
+        assert_eq!(budget.held(), 0, "dropped at once: nothing kept");
     }
 }

@@ -2,6 +2,7 @@
 //! content-addressed blobs, and the [`Link`] seam with a seeded in-memory implementation.
 
 pub mod blob;
+pub mod budget;
 pub mod codec;
 pub mod frame;
 pub mod hello;
@@ -13,9 +14,10 @@ pub mod sim;
 pub use blob::{
     BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig, Incoming,
 };
+pub use budget::{BudgetExceeded, ConnBudget, DEFAULT_CONN_BUDGET, Held};
 pub use codec::{
-    CodecError, Compression, DecodedTensor, EncodeReport, Encoding, TensorDecoder, TensorEncodeOptions,
-    TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
+    CodecError, Compression, DecodeBudget, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
+    TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{ClusterCa, IdentityError, NodeIdentity};

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::future::Future;
 
+use crate::budget::Held;
 use crate::frame::{Frame, FrameError};
 
 /// A node's name, as written in its certificate and its hello.
@@ -67,6 +68,9 @@ pub struct Delivery {
     pub channel: Channel,
     /// The frame itself (already length-checked; access its body with checked rkyv).
     pub frame: Frame,
+    /// What the frame keeps charged against its connection's memory budget, released when the
+    /// delivery (and every clone of it) is dropped. `Held::default()` for frames not from QUIC.
+    pub held: Held,
 }
 
 /// Why a send or receive failed.

@@ -4,11 +4,19 @@
 //!
 //! Every stream opens with a one-byte tag saying what it carries. A bad frame on a stream stops
 //! that stream with an error naming the problem; the connection and the node keep serving.
+//!
+//! Memory one peer can make this node hold is bounded per connection: the frames being received
+//! on its streams and those received but not yet consumed count against a [`ConnBudget`] of
+//! [`QuicConfig::conn_budget`] bytes; past it the connection is closed with
+//! [`CODE_OVER_BUDGET`] and a [`PeerEvent::OverBudget`] naming the peer, the cap and the bytes
+//! held. QUIC flow control bounds what sits unread in quinn (the connection receive window), and
+//! [`QuicConfig::max_uni_streams`] how many streams a peer may have open at once. The event
+//! channel is bounded too ([`EVENT_CAPACITY`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -17,7 +25,10 @@ use tokio::sync::{Mutex, mpsc};
 use tracing::{debug, info, warn};
 
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
-use crate::frame::{Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, write_frame};
+use crate::budget::{ConnBudget, DEFAULT_CONN_BUDGET};
+use crate::frame::{
+    Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, read_frame_budgeted, write_frame,
+};
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
@@ -36,6 +47,17 @@ const CODE_BAD_FRAME: u32 = 0x10;
 const CODE_REFUSED: u32 = 0x11;
 /// Application error code when a newer connection from the same peer replaces this one.
 const CODE_REPLACED: u32 = 0x12;
+/// Application error code when a peer's connection goes over its memory budget
+/// ([`QuicConfig::conn_budget`]).
+pub const CODE_OVER_BUDGET: u32 = 0x13;
+/// Default for [`QuicConfig::max_uni_streams`]: a peer needs one stream per channel (three);
+/// the rest is room for streams being replaced.
+pub const DEFAULT_MAX_UNI_STREAMS: u32 = 16;
+/// Capacity of the [`PeerEvent`] channel. Events a peer can cause at will (refusals, bad
+/// streams, over-budget closes) are dropped and counted when it is full; the others (joins,
+/// leaves, control streams: at most a few per connection) wait for room, which holds back only
+/// the connection that caused them.
+pub const EVENT_CAPACITY: usize = 1024;
 /// Application error code for an orderly shutdown.
 const CODE_SHUTDOWN: u32 = 0x00;
 
@@ -54,6 +76,17 @@ pub struct QuicConfig {
     pub socket_buffer: usize,
     /// Frames buffered per channel before readers push back on the peer.
     pub inbox_capacity: usize,
+    /// Most bytes one connection may hold buffered: frames being received on all its streams
+    /// plus frames received but not yet consumed. Past it the connection is closed
+    /// ([`CODE_OVER_BUDGET`]). Default [`DEFAULT_CONN_BUDGET`] (256 MiB).
+    pub conn_budget: u64,
+    /// Most unidirectional streams a peer may have open at once (QUIC stream credit).
+    pub max_uni_streams: u32,
+    /// Most incoming connections between the handshake and a completed hello at once; more are
+    /// refused. Before its hello a connection holds at most QUIC's receive window.
+    pub max_pending_hellos: usize,
+    /// A connection that has not completed the hello by then is closed.
+    pub hello_timeout: Duration,
     /// Whether this endpoint joins the cluster (false for tools like `troupe status`, which peers
     /// then serve without counting them as members).
     pub member: bool,
@@ -68,6 +101,10 @@ impl Default for QuicConfig {
             keep_alive: Duration::from_millis(500),
             socket_buffer: 4 << 20,
             inbox_capacity: 256,
+            conn_budget: DEFAULT_CONN_BUDGET,
+            max_uni_streams: DEFAULT_MAX_UNI_STREAMS,
+            max_pending_hellos: 16,
+            hello_timeout: Duration::from_secs(10),
             member: true,
         }
     }
@@ -137,6 +174,15 @@ pub enum PeerEvent {
         /// Why it was refused.
         reason: String,
     },
+    /// A peer's connection went over its memory budget and was closed.
+    OverBudget {
+        /// The peer.
+        peer: NodeId,
+        /// The per-connection cap in bytes.
+        cap: u64,
+        /// Bytes it held when the growth that passed the cap was refused.
+        held: u64,
+    },
     /// A peer sent something invalid on a stream; that stream was stopped, the connection kept.
     BadStream {
         /// The peer.
@@ -183,6 +229,14 @@ struct Peer {
     senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
 }
 
+/// What the streams of one connection share.
+struct ConnState {
+    /// Bytes this connection holds buffered.
+    budget: ConnBudget,
+    /// Whether the peer already opened its control-plane stream.
+    control_opened: AtomicBool,
+}
+
 struct Inbox {
     control: mpsc::Receiver<Delivery>,
     data: mpsc::Receiver<Delivery>,
@@ -198,8 +252,9 @@ struct Inner {
     generation: AtomicU64,
     inbox_tx: HashMap<Channel, mpsc::Sender<Delivery>>,
     inbox_rx: Mutex<Inbox>,
-    events_tx: mpsc::UnboundedSender<PeerEvent>,
-    events_rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<PeerEvent>>>,
+    events_tx: mpsc::Sender<PeerEvent>,
+    events_rx: std::sync::Mutex<Option<mpsc::Receiver<PeerEvent>>>,
+    events_dropped: AtomicU64,
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
 }
 
@@ -214,7 +269,7 @@ fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, Qui
     t.stream_receive_window(VarInt::from_u32(16 << 20));
     t.receive_window(VarInt::from_u32(64 << 20));
     t.send_window(64 << 20);
-    t.max_concurrent_uni_streams(VarInt::from_u32(64));
+    t.max_concurrent_uni_streams(VarInt::from_u32(cfg.max_uni_streams));
     t.max_concurrent_bidi_streams(VarInt::from_u32(256));
     t.keep_alive_interval(Some(cfg.keep_alive));
     let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout)
@@ -251,7 +306,7 @@ impl QuicNode {
             (Channel::Blob, blob_tx),
         ]);
         let inbox_rx = Inbox { control, data, blob };
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
@@ -264,6 +319,7 @@ impl QuicNode {
                 inbox_rx: Mutex::new(inbox_rx),
                 events_tx,
                 events_rx: std::sync::Mutex::new(Some(events_rx)),
+                events_dropped: AtomicU64::new(0),
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
             }),
         };
@@ -278,9 +334,15 @@ impl QuicNode {
         Ok(self.inner.endpoint.local_addr()?)
     }
 
-    /// Takes the event stream (once; later calls get `None`).
-    pub fn events(&self) -> Option<mpsc::UnboundedReceiver<PeerEvent>> {
+    /// Takes the event stream (once; later calls get `None`). It is bounded
+    /// ([`EVENT_CAPACITY`]): read it, or joins eventually wait for room.
+    pub fn events(&self) -> Option<mpsc::Receiver<PeerEvent>> {
         self.inner.events_rx.lock().ok().and_then(|mut g| g.take())
+    }
+
+    /// Events dropped because the event channel was full (see [`EVENT_CAPACITY`]).
+    pub fn events_dropped(&self) -> u64 {
+        self.inner.events_dropped.load(Ordering::Relaxed)
     }
 
     /// Installs what serves blob pulls from peers.
@@ -355,7 +417,7 @@ impl QuicNode {
         }
         let _ = send.finish();
         let peer = NodeId::new(ack_view.node.as_str());
-        self.register(peer.clone(), conn, true, true);
+        self.register(peer.clone(), conn, true, true).await;
         Ok(peer)
     }
 
@@ -465,17 +527,40 @@ impl QuicNode {
         self.inner.peers.get(peer).map(|p| p.conn.clone()).ok_or_else(|| LinkError::UnknownPeer(peer.clone()))
     }
 
+    /// Emits an event a peer can cause at will: dropped (and counted) when the channel is full.
     fn emit(&self, ev: PeerEvent) {
-        let _ = self.inner.events_tx.send(ev);
+        if let Err(mpsc::error::TrySendError::Full(ev)) = self.inner.events_tx.try_send(ev) {
+            let dropped = self.inner.events_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            warn!(node = %self.inner.id, ?ev, dropped, "event channel full; event dropped");
+        }
+    }
+
+    /// Emits an event that must not be lost, waiting for room (bounded per connection).
+    async fn emit_wait(&self, ev: PeerEvent) {
+        let _ = self.inner.events_tx.send(ev).await;
     }
 
     async fn accept_loop(self) {
+        // Taken once the TLS handshake has verified the peer's certificate, so a client without
+        // one cannot occupy the places of the cluster's nodes.
+        let pending = Arc::new(tokio::sync::Semaphore::new(self.inner.config.max_pending_hellos.max(1)));
         while let Some(incoming) = self.inner.endpoint.accept().await {
-            let node = self.clone();
+            let (node, pending) = (self.clone(), pending.clone());
             tokio::spawn(async move {
                 let addr = incoming.remote_address();
                 match incoming.await {
-                    Ok(conn) => node.serve_hello(conn).await,
+                    Ok(conn) => match pending.try_acquire_owned() {
+                        Ok(_permit) => node.serve_hello(conn).await,
+                        Err(_) => {
+                            let reason = format!(
+                                "{} connections are already waiting for their hello",
+                                node.inner.config.max_pending_hellos
+                            );
+                            warn!(node = %node.inner.id, %addr, %reason, "refused connection");
+                            conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+                            node.emit(PeerEvent::Refused { addr, reason });
+                        }
+                    },
                     Err(e) => {
                         let reason = e.to_string();
                         warn!(node = %node.inner.id, %addr, %reason, "refused connection (TLS)");
@@ -488,7 +573,8 @@ impl QuicNode {
 
     async fn serve_hello(self, conn: Connection) {
         let addr = conn.remote_address();
-        let result = async {
+        let deadline = self.inner.config.hello_timeout;
+        let result = tokio::time::timeout(deadline, async {
             let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
             let mut tag = [0u8; 1];
             recv.read_exact(&mut tag).await.map_err(|e| e.to_string())?;
@@ -514,10 +600,11 @@ impl QuicNode {
             let _ = send.finish();
             verdict?;
             Ok((NodeId::new(hello.node.as_str()), hello.member))
-        }
-        .await;
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no hello within {deadline:?}")));
         match result {
-            Ok((peer, member)) => self.register(peer, conn, false, member),
+            Ok((peer, member)) => self.register(peer, conn, false, member).await,
             Err(reason) => {
                 let reason = connection_reason(&conn, reason);
                 warn!(node = %self.inner.id, %addr, %reason, "refused peer");
@@ -529,7 +616,7 @@ impl QuicNode {
         }
     }
 
-    fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool) {
+    async fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
         let entry = Arc::new(Peer { conn: conn.clone(), generation, member, senders });
@@ -538,27 +625,31 @@ impl QuicNode {
         }
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
-        self.emit(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member });
+        self.emit_wait(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member }).await;
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
     }
 
     async fn serve_connection(self, peer: NodeId, conn: Connection, generation: u64) {
+        let state = Arc::new(ConnState {
+            budget: ConnBudget::new(peer.as_str(), self.inner.config.conn_budget),
+            control_opened: AtomicBool::new(false),
+        });
         let uni = {
-            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            let (node, peer, conn, state) = (self.clone(), peer.clone(), conn.clone(), state.clone());
             async move {
                 while let Ok(recv) = conn.accept_uni().await {
-                    let (node, peer) = (node.clone(), peer.clone());
-                    tokio::spawn(async move { node.serve_uni(peer, recv).await });
+                    let (node, peer, conn, state) = (node.clone(), peer.clone(), conn.clone(), state.clone());
+                    tokio::spawn(async move { node.serve_uni(peer, conn, state, recv).await });
                 }
             }
         };
         let bi = {
-            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            let (node, peer, conn, state) = (self.clone(), peer.clone(), conn.clone(), state.clone());
             async move {
                 while let Ok((send, recv)) = conn.accept_bi().await {
-                    let (node, peer) = (node.clone(), peer.clone());
-                    tokio::spawn(async move { node.serve_bi(peer, send, recv).await });
+                    let (node, peer, state) = (node.clone(), peer.clone(), state.clone());
+                    tokio::spawn(async move { node.serve_bi(peer, state, send, recv).await });
                 }
             }
         };
@@ -567,11 +658,11 @@ impl QuicNode {
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
             info!(node = %self.inner.id, %peer, %reason, "peer left");
-            self.emit(PeerEvent::Left { peer, reason });
+            self.emit_wait(PeerEvent::Left { peer, reason }).await;
         }
     }
 
-    async fn serve_uni(self, peer: NodeId, mut recv: RecvStream) {
+    async fn serve_uni(self, peer: NodeId, conn: Connection, state: Arc<ConnState>, mut recv: RecvStream) {
         let mut tag = [0u8; 1];
         if recv.read_exact(&mut tag).await.is_err() {
             return;
@@ -586,11 +677,19 @@ impl QuicNode {
             return;
         };
         loop {
-            match read_frame(&mut recv, &self.inner.config.limits).await {
-                Ok(Some(frame)) => {
-                    if tx.send(Delivery { from: peer.clone(), channel, frame }).await.is_err() {
+            match read_frame_budgeted(&mut recv, &self.inner.config.limits, &state.budget).await {
+                Ok(Some((frame, held))) => {
+                    if tx.send(Delivery { from: peer.clone(), channel, frame, held }).await.is_err() {
                         return;
                     }
+                }
+                Err(FrameError::OverBudget(over)) => {
+                    let reason = over.to_string();
+                    warn!(node = %self.inner.id, %peer, cap = over.cap, held = over.held, %reason,
+                        "peer over its memory budget; closing the connection");
+                    conn.close(VarInt::from_u32(CODE_OVER_BUDGET), reason.as_bytes());
+                    self.emit(PeerEvent::OverBudget { peer, cap: over.cap, held: over.held });
+                    return;
                 }
                 Ok(None) => return,
                 Err(FrameError::Io(e)) => {
@@ -607,23 +706,43 @@ impl QuicNode {
         }
     }
 
-    async fn serve_bi(self, peer: NodeId, mut send: SendStream, mut recv: RecvStream) {
+    async fn serve_bi(self, peer: NodeId, state: Arc<ConnState>, mut send: SendStream, mut recv: RecvStream) {
         let mut tag = [0u8; 1];
         if recv.read_exact(&mut tag).await.is_err() {
             return;
         }
         match tag[0] {
-            TAG_CONTROL => self.emit(PeerEvent::ControlStream { peer, send, recv }),
+            // one control-plane session per connection: each buffers frames of its own
+            TAG_CONTROL if state.control_opened.swap(true, Ordering::AcqRel) => {
+                warn!(node = %self.inner.id, %peer, "second control stream on one connection; stopping it");
+                let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+                self.emit(PeerEvent::BadStream {
+                    peer,
+                    detail: "second control stream on one connection".into(),
+                });
+            }
+            TAG_CONTROL => self.emit_wait(PeerEvent::ControlStream { peer, send, recv }).await,
             TAG_BLOB => {
                 let limits = FrameLimits { max_body: 256 };
+                // the reply this peer makes us build counts against its connection until sent
+                let mut charge = state.budget.frame();
                 let reply = match read_frame(&mut recv, &limits).await {
                     Ok(Some(f)) => match blob::parse_request(&f) {
                         Ok(id) => {
                             let server = self.inner.blobs.read().map(|g| g.clone()).ok();
                             match server.and_then(|s| s.blob(&id.0)) {
-                                Some(bytes) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
-                                    Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
-                                }),
+                                Some(bytes) => {
+                                    match charge.grow_to(bytes.len() as u64 + blob::BLOB_DATA_OVERHEAD) {
+                                        Ok(()) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
+                                            Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
+                                        }),
+                                        Err(e) => Frame::from_bytes(
+                                            FrameKind::Error,
+                                            0,
+                                            format!("blob {id} not served now: {e}").as_bytes(),
+                                        ),
+                                    }
+                                }
                                 None => {
                                     Frame::from_bytes(FrameKind::Error, 0, format!("no blob {id}").as_bytes())
                                 }
@@ -646,6 +765,7 @@ impl QuicNode {
                     let _ = send.finish();
                     let _ = send.stopped().await;
                 }
+                drop(charge);
             }
             other => {
                 warn!(node = %self.inner.id, %peer, tag = other, "bidirectional stream with unknown tag; stopping it");
@@ -678,6 +798,24 @@ impl QuicNode {
             });
         }
         Ok(())
+    }
+
+    /// Opens a fresh stream tagged as `channel_tag` and hands it over unfinished (for tests of
+    /// the receive path that write frames piece by piece, as an adversarial peer would).
+    pub async fn open_raw(&self, to: &NodeId, channel_tag: u8) -> Result<SendStream, QuicError> {
+        let conn = self.connection(to)?;
+        let mut s = conn.open_uni().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        s.write_all(&[channel_tag]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        Ok(s)
+    }
+
+    /// Opens a bidirectional stream with tag byte `tag` (the hello, control or blob tags) and
+    /// hands both halves over (for tests that play a peer's side of a protocol by hand).
+    pub async fn open_raw_bi(&self, to: &NodeId, tag: u8) -> Result<(SendStream, RecvStream), QuicError> {
+        let conn = self.connection(to)?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        send.write_all(&[tag]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
+        Ok((send, recv))
     }
 
     /// Sends raw bytes on a fresh stream tagged as `channel` (for tests of the receive path).

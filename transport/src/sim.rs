@@ -21,6 +21,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use troupe_policy::Micros;
 
+use crate::budget::Held;
 use crate::frame::Frame;
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
 
@@ -246,7 +247,11 @@ impl SimNet {
             }
             self.stats.delivered += 1;
             self.log.push(format!("{at} deliver {}->{} {:?} #{}", msg.from, msg.to, msg.channel, msg.seq));
-            return Some((at, msg.to, Delivery { from: msg.from, channel: msg.channel, frame: msg.frame }));
+            return Some((
+                at,
+                msg.to,
+                Delivery { from: msg.from, channel: msg.channel, frame: msg.frame, held: Held::default() },
+            ));
         }
     }
 

@@ -386,3 +386,41 @@ proptest! {
         prop_assert!(t.is_ok(), "{:?}", t.err());
     }
 }
+
+// ---- per-message decoded-bytes budget ----
+
+#[test]
+fn a_message_of_compression_bombs_stops_at_its_budget_before_allocating() {
+    use troupe_transport::codec::{CodecError, DecodeBudget, TensorDecoder};
+    // One bomb: 4 MiB of zeros decoded from ~200 bytes on the wire, within the per-tensor cap.
+    let opts = TensorEncodeOptions { compress: Compression::Always, ..Default::default() };
+    let (bomb, report) = encode_tensor(&[1 << 20], &vec![0.0f32; 1 << 20], &opts).unwrap();
+    assert!(report.wire_bytes < 1024, "{report:?}");
+    let per_tensor = 4usize << 20;
+    let budget_cap = 16u64 << 20;
+    let mut decoder = TensorDecoder::new(TensorLimits { max_decoded_bytes: per_tensor });
+    let mut budget = DecodeBudget::new(budget_cap);
+    // A message of 64 such tensors (256 MiB decoded from ~13 KiB): decode until refused.
+    let ((decoded, refused), _largest, peak) = measure(|| {
+        let mut decoded = Vec::new();
+        let mut refused = None;
+        for i in 0..64 {
+            match decoder.decode_frame(&bomb, &mut budget) {
+                Ok(t) => decoded.push(t),
+                Err(e) => {
+                    refused = Some((i, e));
+                    break;
+                }
+            }
+        }
+        (decoded, refused)
+    });
+    let (at, e) = refused.expect("the budget never refused a 256 MiB message");
+    assert_eq!((at, decoded.len()), (4, 4), "16 MiB of budget holds four 4 MiB tensors");
+    assert!(matches!(e, CodecError::OverBudget { cap, .. } if cap == budget_cap), "{e}");
+    assert!(e.to_string().contains("budget of 16777216 bytes"), "{e}");
+    // Live memory: the four outputs, the decompression scratch (one tensor) and zstd's context;
+    // the refused fifth tensor allocated nothing.
+    let bound = budget_cap as usize + per_tensor + (1 << 20);
+    assert!(peak <= bound, "peak {peak} > {bound}");
+}

@@ -16,7 +16,7 @@ async fn node(ca: &ClusterCa, name: &str) -> QuicNode {
 
 /// Waits (bounded) for the first event matching `want`.
 async fn wait_event(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<PeerEvent>,
+    rx: &mut tokio::sync::mpsc::Receiver<PeerEvent>,
     want: impl Fn(&PeerEvent) -> bool,
 ) -> PeerEvent {
     tokio::time::timeout(Duration::from_secs(10), async {
@@ -219,4 +219,226 @@ async fn large_tensor_travels_by_reference_and_arrives_intact() {
     a.send_with_policy(&peer, Channel::Data, small, &policy, &a_store).await.unwrap();
     let d = b.recv().await.unwrap();
     assert_eq!(d.frame.flags & FLAG_BY_REFERENCE, 0);
+}
+
+#[tokio::test]
+async fn a_peer_over_its_memory_budget_is_cut_off_and_other_peers_are_served() {
+    use troupe_transport::FrameLimits;
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let cap = 8u64 << 20;
+    let cfg = QuicConfig {
+        conn_budget: cap,
+        limits: FrameLimits { max_body: 4 << 20 },
+        max_uni_streams: 4,
+        ..QuicConfig::default()
+    };
+    let victim = QuicNode::bind(&ca.issue_node("victim").unwrap(), cfg).await.unwrap();
+    let addr = victim.local_addr().unwrap();
+    let v = NodeId::new("victim");
+    let mut events = victim.events().unwrap();
+    let mallory = node(&ca, "mallory").await;
+    let mut mallory_events = mallory.events().unwrap();
+    let good = node(&ca, "good").await;
+    mallory.connect(addr, &v).await.unwrap();
+    good.connect(addr, &v).await.unwrap();
+
+    // 1. Frames received but not consumed count: nobody reads the victim's inbox, so two
+    // complete 3 MiB frames stay queued (6 MiB) and the third cannot arrive next to them.
+    let big = Frame::from_bytes(FrameKind::Message, 0, &vec![0xAB; 3 << 20]);
+    for _ in 0..3 {
+        // the third may fail once the victim closes the connection
+        let _ = mallory.send(&v, Channel::Data, big.clone()).await;
+    }
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::OverBudget { .. })).await;
+    let PeerEvent::OverBudget { peer, cap: got_cap, held } = ev else { unreachable!() };
+    assert_eq!((peer.as_str(), got_cap), ("mallory", cap));
+    assert!(held >= 6 << 20, "held {held}: the queued frames were not counted");
+    let ev = wait_event(&mut mallory_events, |e| matches!(e, PeerEvent::Left { .. })).await;
+    let PeerEvent::Left { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("per-connection cap of 8388608 bytes"), "{reason}");
+
+    // The other peer is still served; the frames accepted before the cut-off are delivered.
+    good.send(&v, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"still here")).await.unwrap();
+    let mut from_mallory = 0;
+    loop {
+        let d = tokio::time::timeout(Duration::from_secs(10), victim.recv()).await.unwrap().unwrap();
+        if d.from.as_str() == "good" {
+            assert_eq!(&d.frame.body[..], b"still here");
+            break;
+        }
+        assert_eq!(d.frame.body.len(), 3 << 20);
+        from_mallory += 1;
+    }
+    assert_eq!(from_mallory, 2, "the two frames accepted before the cut-off");
+
+    // 2. Frames being received count: every stream the peer may open announces a maximum-size
+    // frame and gets bytes in small pieces, never finishing (4 x 4 MiB could be held).
+    mallory.connect(addr, &v).await.unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let mut s = mallory.open_raw(&v, Channel::Data as u8).await.unwrap();
+        s.write_all(&FrameHeader { kind: FrameKind::Tensor, flags: 0, len: 4 << 20 }.to_bytes())
+            .await
+            .unwrap();
+        streams.push(s);
+    }
+    // Writes complete into QUIC's send buffer: what ends the loop early is the close arriving.
+    let piece = vec![0x5Au8; 64 << 10];
+    let mut write_error = None;
+    'send: for _ in 0..(4 << 20) / piece.len() - 1 {
+        // at most one piece short of finishing every frame
+        for s in &mut streams {
+            if let Err(e) = s.write_all(&piece).await {
+                write_error = Some(e);
+                break 'send;
+            }
+        }
+    }
+    let ev = wait_event(&mut events, |e| matches!(e, PeerEvent::OverBudget { .. })).await;
+    assert!(matches!(ev, PeerEvent::OverBudget { cap: c, .. } if c == cap), "{ev:?}");
+    let ev = wait_event(&mut mallory_events, |e| matches!(e, PeerEvent::Left { .. })).await;
+    let PeerEvent::Left { reason, .. } = ev else { unreachable!() };
+    assert!(reason.contains("per-connection cap"), "{reason}");
+    println!("trickling peer cut off: {reason} (write error: {write_error:?})");
+    good.send(&v, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"again")).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), victim.recv()).await.unwrap().unwrap();
+    assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"again"[..]));
+}
+
+#[tokio::test]
+async fn connections_without_a_hello_are_capped_and_closed_at_the_deadline() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let cfg = QuicConfig {
+        max_pending_hellos: 1,
+        // only has to outlast one handshake on loopback
+        hello_timeout: Duration::from_secs(2),
+        ..QuicConfig::default()
+    };
+    let server = QuicNode::bind(&ca.issue_node("server").unwrap(), cfg).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let mut events = server.events().unwrap();
+    // a client with a valid certificate that completes the handshake and never says hello
+    let silent = ca.issue_node("silent").unwrap();
+    let client_cfg = silent.client_config(Arc::new(quinn::TransportConfig::default())).unwrap();
+    let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let first = ep.connect_with(client_cfg.clone(), addr, "server").unwrap().await.unwrap();
+    // while it waits, a second one is closed as soon as its certificate is verified
+    let second = ep.connect_with(client_cfg, addr, "server").unwrap().await.unwrap();
+    let closed = second.closed().await;
+    assert!(closed.to_string().contains("already waiting for their hello"), "{closed}");
+    // the silent one is closed at the deadline, naming why; the node reported both
+    let mut reasons = Vec::new();
+    for _ in 0..2 {
+        if let PeerEvent::Refused { reason, .. } =
+            wait_event(&mut events, |e| matches!(e, PeerEvent::Refused { .. })).await
+        {
+            reasons.push(reason);
+        }
+    }
+    reasons.sort();
+    assert!(reasons[0].contains("already waiting for their hello"), "{reasons:?}");
+    assert!(reasons[1].contains("no hello within 2s"), "{reasons:?}");
+    let closed = first.closed().await;
+    assert!(closed.to_string().contains("no hello"), "{closed}");
+    // and a node that does say hello gets in
+    let good = node(&ca, "good").await;
+    good.connect(addr, &NodeId::new("server")).await.unwrap();
+}
+
+#[tokio::test]
+async fn blob_replies_a_peer_leaves_unread_count_against_its_budget() {
+    use std::sync::Mutex;
+    use troupe_transport::blob::request_frame;
+    use troupe_transport::frame::{read_frame, write_frame};
+    use troupe_transport::{BlobStore, FrameLimits};
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let cfg = QuicConfig { conn_budget: 48 << 20, ..QuicConfig::default() };
+    let server = QuicNode::bind(&ca.issue_node("server").unwrap(), cfg).await.unwrap();
+    let store = Arc::new(Mutex::new(BlobStore::in_memory(64 << 20)));
+    // Larger than a stream's receive window (16 MiB in transport_config): a reply the puller
+    // does not read cannot be fully delivered, so the server keeps it (and its charge).
+    let blob: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();
+    let id = store.lock().unwrap().put(blob.clone()).unwrap();
+    server.set_blob_server(store);
+    let puller = node(&ca, "puller").await;
+    let s = NodeId::new("server");
+    puller.connect(server.local_addr().unwrap(), &s).await.unwrap();
+    let limits = FrameLimits::default();
+    let ask = async || {
+        let (mut send, mut recv) = puller.open_raw_bi(&s, 0x42).await.unwrap();
+        write_frame(&mut send, &request_frame(id).unwrap()).await.unwrap();
+        send.finish().unwrap();
+        // the first bytes of the answer: the server has decided (and charged) by then
+        let mut head = [0u8; HEADER_LEN];
+        recv.read_exact(&mut head).await.unwrap();
+        (head, recv)
+    };
+    // two 20 MiB replies left unread hold 40 MiB of the peer's 48 MiB
+    let (head1, mut r1) = ask().await;
+    let (head2, mut r2) = ask().await;
+    let (head3, mut r3) = ask().await;
+    let kinds: Vec<u8> = [head1, head2, head3].iter().map(|h| h[5]).collect();
+    assert_eq!(kinds, vec![FrameKind::BlobData as u8, FrameKind::BlobData as u8, FrameKind::Error as u8]);
+    let mut rest = Vec::new();
+    r3.read_to_end(1 << 16).await.map(|b| rest = b).unwrap();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("not served now") && text.contains("per-connection cap of 50331648"), "{text}");
+    // reading the replies releases the charge: the next pull is served
+    for (head, r) in [(head1, &mut r1), (head2, &mut r2)] {
+        let mut wire = head.to_vec();
+        wire.extend(r.read_to_end(32 << 20).await.unwrap());
+        let mut cursor = &wire[..];
+        let f = read_frame(&mut cursor, &limits).await.unwrap().unwrap();
+        assert!(f.body.len() > blob.len());
+    }
+    // (the server releases a reply's charge when the puller's acknowledgement of its last bytes
+    // arrives, which may come after the next request: a refused pull is retried, boundedly)
+    let mut refused = 0;
+    let got = loop {
+        match puller.fetch_blob(&s, id.0, 32 << 20).await {
+            Ok(b) => break b,
+            Err(e) if e.to_string().contains("not served now") && refused < 1000 => refused += 1,
+            Err(e) => panic!("{e} after {refused} refusals"),
+        }
+    };
+    assert_eq!(got, blob);
+}
+
+#[tokio::test]
+async fn a_peer_cannot_grow_the_event_channel() {
+    use troupe_transport::quic::EVENT_CAPACITY;
+
+    let ca = ClusterCa::generate("t").unwrap();
+    let server = node(&ca, "server").await;
+    let addr = server.local_addr().unwrap();
+    let s = NodeId::new("server");
+    // taken but not read while the peer floods
+    let mut events = server.events().unwrap();
+    let bad = node(&ca, "bad").await;
+    bad.connect(addr, &s).await.unwrap();
+    let valid = Frame::from_bytes(FrameKind::Message, 0, b"x").to_wire().unwrap();
+    let flood = EVENT_CAPACITY + 100;
+    for _ in 0..flood {
+        // each returns once the server stopped the stream (and tried to report it)
+        bad.send_raw(&s, 0xEE, &valid).await.unwrap();
+    }
+    let dropped = server.events_dropped();
+    assert!(
+        dropped >= 100,
+        "{dropped} events dropped of {flood} bad streams into a channel of {EVENT_CAPACITY}"
+    );
+    // what the channel holds is at most its capacity; once read, joins are reported again
+    let mut held = 0;
+    while events.try_recv().is_ok() {
+        held += 1;
+    }
+    assert!(held <= EVENT_CAPACITY, "{held}");
+    let good = node(&ca, "good").await;
+    good.connect(addr, &s).await.unwrap();
+    wait_event(&mut events, |e| matches!(e, PeerEvent::Joined { peer, .. } if peer.as_str() == "good")).await;
+    good.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"served")).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
+    assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"served"[..]));
 }

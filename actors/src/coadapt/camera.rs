@@ -16,7 +16,7 @@ use troupe_kernels::vmoe::{VMoe, exact_match};
 use super::detect::{DetectorConfig, DriftDetector, Verdict, mean_top1_confidence};
 use super::edge::{AdaptOutcome, EdgeMsg};
 use super::params::{install_trainable, trainable_params};
-use super::wire::{CameraReport, UploadRequest, decode, encode};
+use super::wire::{CameraReport, DecodeBudget, MAX_DECODED_BYTES, UploadRequest, decode, encode};
 use super::{EDGE_GROUP, digits, zoo_student};
 
 /// Frames per inference batch (and per detector observation).
@@ -161,7 +161,8 @@ async fn run(args: &CameraArgs) -> CameraReport {
         Ok(b) => b,
         Err(e) => return failed(args, obs.drift_frame, format!("asking the edge: {e}")),
     };
-    let reply = match decode::<AdaptOutcome>("adapt reply", &bytes) {
+    let reply = match decode::<AdaptOutcome>("adapt reply", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))
+    {
         Ok(AdaptOutcome::Adapted(r)) => r,
         Ok(AdaptOutcome::Refused(why)) => {
             return failed(args, obs.drift_frame, format!("edge refused: {why}"));

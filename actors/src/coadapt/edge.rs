@@ -15,9 +15,16 @@ use troupe_policy::adapt::TaskId;
 
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
-use super::wire::{AdaptReply, CameraReport, EdgeSummary, UploadRequest, decode, encode};
+use super::wire::{
+    AdaptReply, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, UploadRequest, decode, encode,
+};
 use super::{EDGE_GROUP, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
+
+/// Most camera reports the edge keeps for a job; later ones are refused (logged).
+pub const MAX_REPORTS: usize = 1024;
+/// Most callers waiting for a summary at once; later ones are refused (their call fails).
+pub const MAX_WAITERS: usize = 64;
 
 /// What the edge answers an upload with.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -184,7 +191,7 @@ impl Actor for EdgeActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             EdgeMsg::Adapt(bytes, reply) => {
-                let req = match UploadRequest::decode(&bytes) {
+                let req = match UploadRequest::decode(&bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = %e, "refusing an upload");
@@ -192,6 +199,16 @@ impl Actor for EdgeActor {
                         return Ok(());
                     }
                 };
+                if state.engine.as_ref().is_some_and(EdgeEngine::is_full) {
+                    // refused before the teacher labels anything: backpressure to the camera
+                    let why = format!(
+                        "the edge already holds {} adaptation tasks; try again later",
+                        state.pending.len()
+                    );
+                    tracing::warn!(camera = %req.camera, %why, "refusing an upload");
+                    let _ = reply.send(encode(&AdaptOutcome::Refused(why)));
+                    return Ok(());
+                }
                 let Some(mut engine) = state.engine.take() else {
                     let _ = reply.send(encode(&AdaptOutcome::Refused("edge engine is gone".into())));
                     return Ok(());
@@ -244,7 +261,14 @@ impl Actor for EdgeActor {
                     me.cast(EdgeMsg::Cycle)?;
                 }
             }
-            EdgeMsg::Report(bytes) => match decode::<CameraReport>("camera report", &bytes) {
+            EdgeMsg::Report(bytes) => match decode::<CameraReport>(
+                "camera report",
+                &bytes,
+                &mut DecodeBudget::new(MAX_DECODED_BYTES),
+            ) {
+                Ok(r) if state.reports.len() >= MAX_REPORTS => {
+                    tracing::warn!(camera = %r.camera, cap = MAX_REPORTS, "refusing a camera report: the edge holds its most");
+                }
                 Ok(r) => {
                     tracing::info!(camera = %r.camera, before = r.exact_before, after = r.exact_after, "camera report");
                     state.reports.push(r);
@@ -253,6 +277,12 @@ impl Actor for EdgeActor {
                 Err(e) => tracing::warn!(error = %e, "ignoring a camera report"),
             },
             EdgeMsg::WaitSummary(n, reply) => {
+                if state.waiters.len() >= MAX_WAITERS {
+                    // dropping the port fails the caller's call: refused, not queued
+                    tracing::warn!(cap = MAX_WAITERS, "refusing a summary request: too many waiting");
+                    drop(reply);
+                    return Ok(());
+                }
                 state.waiters.push((n, reply));
                 answer_waiters(state);
             }

@@ -87,6 +87,9 @@ pub struct EngineConfig {
     pub val_fraction: f64,
     /// Seeds the split and the batch order.
     pub seed: u64,
+    /// Most tasks admitted and not yet finished (each holds a model and its samples); a job
+    /// submitted past it is refused with [`EngineError::Full`], back to its sender.
+    pub max_tasks: usize,
 }
 
 impl Default for EngineConfig {
@@ -102,6 +105,7 @@ impl Default for EngineConfig {
             target_gain: 0.10,
             val_fraction: 0.25,
             seed: 7,
+            max_tasks: 64,
         }
     }
 }
@@ -115,6 +119,14 @@ pub enum EngineError {
     /// A job cannot be used.
     #[error("invalid job: {0}")]
     Invalid(String),
+    /// The executor already holds its most tasks ([`EngineConfig::max_tasks`]).
+    #[error("the edge already holds {live} adaptation tasks, its cap ({cap}); try again later")]
+    Full {
+        /// Tasks admitted and not finished.
+        live: usize,
+        /// The cap.
+        cap: usize,
+    },
 }
 
 /// An adaptation job: a camera's model and its uploaded samples labelled by the teacher.
@@ -261,9 +273,17 @@ impl EdgeEngine {
         self.evictions
     }
 
+    /// Whether a job submitted now would be refused as [`EngineError::Full`].
+    pub fn is_full(&self) -> bool {
+        self.tasks.len() >= self.cfg.max_tasks
+    }
+
     /// Admits a job: splits its samples (validation share held out), measures its starting exact
     /// match, hands it to the scheduler.
     pub fn submit(&mut self, now: Micros, job: AdaptJob) -> Result<TaskId, EngineError> {
+        if self.tasks.len() >= self.cfg.max_tasks {
+            return Err(EngineError::Full { live: self.tasks.len(), cap: self.cfg.max_tasks });
+        }
         let n = job.samples.len();
         let n_val =
             ((n as f64 * self.cfg.val_fraction).round() as usize).clamp(1, n.saturating_sub(1).max(1));

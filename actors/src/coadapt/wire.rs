@@ -1,13 +1,24 @@
 //! What cameras and the edge send each other (rkyv bytes inside ractor_cluster messages). Every
 //! decode is checked: a length cap before copying, rkyv validation, then field checks that name
 //! what is wrong. Peer bytes are never trusted.
+//!
+//! Every decode takes the message's decoded-bytes budget ([`DecodeBudget`]) and charges it
+//! before copying: these messages carry plain f32/u32 vectors and strings (no compressed
+//! tensors), so what one decodes to is bounded by its wire size: the aligned copy plus values
+//! that take at most [`DECODED_PER_WIRE_BYTE`] - 1 bytes per archived byte (a `String` header
+//! is 24 bytes where its archive is 8).
 
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
+pub use troupe_transport::codec::DecodeBudget;
 
 /// Largest encoded message accepted from a peer (uploads of a few hundred 8x8 images are ~100 KiB).
 pub const MAX_WIRE_BYTES: usize = 16 << 20;
+/// Bytes charged to the decoded-bytes budget per wire byte (see the module doc).
+pub const DECODED_PER_WIRE_BYTE: u64 = 5;
+/// Default decoded-bytes budget of one message: the largest message accepted, decoded.
+pub const MAX_DECODED_BYTES: u64 = DECODED_PER_WIRE_BYTE * MAX_WIRE_BYTES as u64;
 /// Most images one upload may carry.
 pub const MAX_UPLOAD_IMAGES: usize = 20_000;
 /// Pixels per image (8x8 digits).
@@ -25,6 +36,14 @@ pub enum WireError {
         got: usize,
         /// The cap.
         cap: usize,
+    },
+    /// Decoding would pass the message's decoded-bytes budget.
+    #[error("{what}: {detail}")]
+    OverBudget {
+        /// Message type.
+        what: &'static str,
+        /// The budget's refusal (names the budget).
+        detail: String,
     },
     /// rkyv could not validate or decode the bytes.
     #[error("{what}: malformed bytes: {detail}")]
@@ -141,8 +160,9 @@ where
     rkyv::to_bytes::<rancor::Error>(value).map(|v| v.to_vec()).unwrap_or_default()
 }
 
-/// Checked decode of peer bytes (capped, copied to an aligned buffer, validated).
-pub fn decode<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
+/// Checked decode of peer bytes (capped, charged to `budget`, copied to an aligned buffer,
+/// validated).
+pub fn decode<T>(what: &'static str, bytes: &[u8], budget: &mut DecodeBudget) -> Result<T, WireError>
 where
     T: Archive,
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
@@ -151,6 +171,9 @@ where
     if bytes.len() > MAX_WIRE_BYTES {
         return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_WIRE_BYTES });
     }
+    budget
+        .charge(bytes.len() as u128 * u128::from(DECODED_PER_WIRE_BYTE))
+        .map_err(|e| WireError::OverBudget { what, detail: e.to_string() })?;
     let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
     rkyv::from_bytes::<T, rancor::Error>(&aligned)
@@ -158,10 +181,11 @@ where
 }
 
 impl UploadRequest {
-    /// Decodes and checks an upload: image buffers whole and within caps, pixels finite.
-    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+    /// Decodes and checks an upload: charged to `budget`, image buffers whole and within caps,
+    /// pixels finite.
+    pub fn decode(bytes: &[u8], budget: &mut DecodeBudget) -> Result<Self, WireError> {
         const WHAT: &str = "upload request";
-        let r: Self = decode(WHAT, bytes)?;
+        let r: Self = decode(WHAT, bytes, budget)?;
         let bad = |detail: String| Err(WireError::Invalid { what: WHAT, detail });
         for (name, px) in [("train_images", &r.train_images), ("eval_images", &r.eval_images)] {
             if px.is_empty() || !px.len().is_multiple_of(PIXELS) {
@@ -188,6 +212,10 @@ impl UploadRequest {
 mod tests {
     use super::*;
 
+    fn budget() -> DecodeBudget {
+        DecodeBudget::new(MAX_DECODED_BYTES)
+    }
+
     fn upload() -> UploadRequest {
         UploadRequest {
             camera: "cam-1".into(),
@@ -204,20 +232,73 @@ mod tests {
     fn round_trip_and_refusals() {
         let u = upload();
         let bytes = encode(&u);
-        assert_eq!(UploadRequest::decode(&bytes).unwrap(), u);
+        assert_eq!(UploadRequest::decode(&bytes, &mut budget()).unwrap(), u);
         // Truncated and flipped bytes are refused with a message, never a panic.
-        assert!(matches!(UploadRequest::decode(&bytes[..bytes.len() / 2]), Err(WireError::Malformed { .. })));
-        assert!(UploadRequest::decode(&[0xff; 3]).is_err());
+        assert!(matches!(
+            UploadRequest::decode(&bytes[..bytes.len() / 2], &mut budget()),
+            Err(WireError::Malformed { .. })
+        ));
+        assert!(UploadRequest::decode(&[0xff; 3], &mut budget()).is_err());
         // A ragged image buffer decodes but is invalid, and the error names the field.
         let ragged = UploadRequest { train_images: vec![0.1; PIXELS + 1], ..u.clone() };
-        let e = UploadRequest::decode(&encode(&ragged)).unwrap_err().to_string();
+        let e = UploadRequest::decode(&encode(&ragged), &mut budget()).unwrap_err().to_string();
         assert!(e.contains("train_images"), "{e}");
         let nan = UploadRequest { eval_images: vec![f32::NAN; PIXELS], ..u };
-        let e = UploadRequest::decode(&encode(&nan)).unwrap_err().to_string();
+        let e = UploadRequest::decode(&encode(&nan), &mut budget()).unwrap_err().to_string();
         assert!(e.contains("eval_images") && e.contains("finite"), "{e}");
-        let e = UploadRequest::decode(&encode(&UploadRequest { target_gain: 2.0, ..upload() })).unwrap_err();
+        let e =
+            UploadRequest::decode(&encode(&UploadRequest { target_gain: 2.0, ..upload() }), &mut budget())
+                .unwrap_err();
         assert!(e.to_string().contains("target_gain"), "{e}");
         let big = vec![0u8; MAX_WIRE_BYTES + 1];
-        assert!(matches!(UploadRequest::decode(&big), Err(WireError::TooLarge { .. })));
+        assert!(matches!(UploadRequest::decode(&big, &mut budget()), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn decodes_are_charged_to_the_message_budget_before_copying() {
+        let bytes = encode(&upload());
+        let mut b = budget();
+        UploadRequest::decode(&bytes, &mut b).unwrap();
+        assert_eq!(b.used(), bytes.len() as u64 * DECODED_PER_WIRE_BYTE);
+        // a budget that cannot hold it refuses, naming the budget, and charges nothing
+        let mut small = DecodeBudget::new(bytes.len() as u64);
+        let e = UploadRequest::decode(&bytes, &mut small).unwrap_err();
+        assert!(matches!(e, WireError::OverBudget { .. }), "{e}");
+        assert!(e.to_string().contains("decoded-bytes budget"), "{e}");
+        assert_eq!(small.used(), 0);
+        // the bound holds: a message of strings only (24-byte headers, 8-byte archives)
+        let report = CameraReport {
+            camera: "c".repeat(8),
+            drift_frame: 0,
+            exact_before: 0.0,
+            exact_after: 0.0,
+            accuracy_before: 0.0,
+            accuracy_after: 0.0,
+            latency_ms: 0,
+            error: "e".repeat(8),
+        };
+        let s = EdgeSummary { cameras: vec![report; 1000], ..summary() };
+        let bytes = encode(&s);
+        let native = s.cameras.len() * (std::mem::size_of::<CameraReport>() + 16);
+        assert!(
+            (native as u64) < bytes.len() as u64 * (DECODED_PER_WIRE_BYTE - 1),
+            "{native} vs {}",
+            bytes.len()
+        );
+        assert_eq!(decode::<EdgeSummary>("edge summary", &bytes, &mut budget()).unwrap(), s);
+    }
+
+    fn summary() -> EdgeSummary {
+        EdgeSummary {
+            cameras: Vec::new(),
+            budget: 1,
+            peak_used: 0,
+            events: 0,
+            max_fragmentation: 0.0,
+            mean_fragmentation: 0.0,
+            timeline: Vec::new(),
+            tasks_done: 0,
+            scheduler: "twin".into(),
+        }
     }
 }

@@ -31,10 +31,11 @@ use troupe_transport::{Link, NodeId, QuicNode};
 
 use super::job::PipelineJob;
 use super::wire::{
-    BlobShelf, EncodeTally, Request, Response, TelemetrySample, WireNamed, WorkerStats, decode_tensors,
-    encode_tensors, response_from_bytes, to_bytes,
+    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, TelemetrySample, WireNamed,
+    WorkerStats, decode_tensors, encode_tensors, response_from_bytes, to_bytes,
 };
 use super::worker::{PipelineWorkerMsg, WORKERS_GROUP};
+use troupe_transport::codec::DecodeBudget;
 
 /// Foreman settings.
 #[derive(Clone, Debug)]
@@ -309,7 +310,14 @@ async fn executor(
                         wire_f32_bytes,
                         max_abs_error,
                         ..
-                    }) => match decode_tensors(tensors, &ctx.link, &node).await {
+                    }) => match decode_tensors(
+                        tensors,
+                        &ctx.link,
+                        &node,
+                        &mut DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES),
+                    )
+                    .await
+                    {
                         Ok(outputs) => Ok(Ran {
                             outputs,
                             compute_micros,

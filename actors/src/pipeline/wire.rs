@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::onnx::{NamedTensor, TensorData};
-use troupe_transport::codec::{TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits};
+use troupe_transport::codec::{
+    DecodeBudget, TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits,
+};
 use troupe_transport::quic::BlobServer;
 use troupe_transport::{NodeId, QuicNode};
 
@@ -24,6 +26,9 @@ pub const BY_REFERENCE_ABOVE: usize = 1 << 20;
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// Largest tensor accepted from a peer, in decoded bytes.
 pub const MAX_TENSOR_BYTES: usize = 256 << 20;
+/// Default decoded-bytes budget of one request or response: all its tensors together (f32
+/// decoded, i64 as carried) decode to at most this much, however small they are on the wire.
+pub const MAX_MESSAGE_DECODED_BYTES: u64 = 512 << 20;
 /// Most tensors one request or response may carry.
 pub const MAX_TENSORS: usize = 64;
 /// Most bytes a [`BlobShelf`] keeps for tensors before it drops the oldest.
@@ -417,11 +422,14 @@ pub fn encode_tensors(
     Ok(out)
 }
 
-/// Decodes received tensors, pulling by-reference ones from `from` over `link`.
+/// Decodes received tensors, pulling by-reference ones from `from` over `link`. Everything the
+/// message decodes to is charged to `budget` before it is allocated (a compression bomb is
+/// refused with an error naming the budget); a pull is capped by what the budget has left.
 pub async fn decode_tensors(
     tensors: Vec<WireNamed>,
     link: &QuicNode,
     from: &str,
+    budget: &mut DecodeBudget,
 ) -> Result<Vec<NamedTensor>, WireError> {
     if tensors.len() > MAX_TENSORS {
         return Err(WireError::TooLarge { what: "tensor list", got: tensors.len(), cap: MAX_TENSORS });
@@ -433,6 +441,17 @@ pub async fn decode_tensors(
             TensorBody::ByRef { blob, len } => {
                 let pull =
                     |detail: String| WireError::Pull { name: t.name.clone(), from: from.to_owned(), detail };
+                if len > budget.remaining() {
+                    return Err(WireError::Tensor {
+                        name: t.name.clone(),
+                        detail: format!(
+                            "a {len}-byte reference passes the message's decoded-bytes budget of {} bytes \
+                             ({} already decoded)",
+                            budget.cap(),
+                            budget.used()
+                        ),
+                    });
+                }
                 let cap = u32::try_from(len.min(MAX_MESSAGE_BYTES as u64 * 16)).unwrap_or(u32::MAX);
                 let bytes =
                     link.fetch_blob(&NodeId::new(from), blob, cap).await.map_err(|e| pull(e.to_string()))?;
@@ -444,7 +463,7 @@ pub async fn decode_tensors(
             }
             body => WireNamed { name: t.name, body },
         };
-        out.push(decode_one(named, &mut decoder)?);
+        out.push(decode_one(named, &mut decoder, budget)?);
     }
     Ok(out)
 }
@@ -459,17 +478,24 @@ fn from_bytes_capped(bytes: &[u8]) -> Result<WireNamed, WireError> {
     })
 }
 
-fn decode_one(t: WireNamed, decoder: &mut TensorDecoder) -> Result<NamedTensor, WireError> {
+/// Decodes one tensor of a message, charging it to the message's `budget`.
+fn decode_one(
+    t: WireNamed,
+    decoder: &mut TensorDecoder,
+    budget: &mut DecodeBudget,
+) -> Result<NamedTensor, WireError> {
     let bad = |detail: String| WireError::Tensor { name: t.name.clone(), detail };
     match t.body {
         TensorBody::F32(wire) => {
             let bytes = rkyv::to_bytes::<rancor::Error>(&wire).map_err(|e| bad(e.to_string()))?;
             let archived = rkyv::access::<troupe_transport::codec::ArchivedWireTensor, rancor::Error>(&bytes)
                 .map_err(|e| bad(e.to_string()))?;
-            let d = decoder.decode_archived(archived).map_err(|e| bad(e.to_string()))?;
+            let d = decoder.decode_archived(archived, budget).map_err(|e| bad(e.to_string()))?;
             Ok(NamedTensor::f32(t.name, d.shape, d.data))
         }
         TensorBody::I64 { shape, data } => {
+            // already in memory as carried (within the message cap), counted all the same
+            budget.charge(data.len() as u128 * 8).map_err(|e| bad(e.to_string()))?;
             let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
             let tensor = NamedTensor::i64(t.name.clone(), shape, data);
             tensor.check_shape().map_err(bad)?;
@@ -505,15 +531,49 @@ mod tests {
         assert_eq!(tally.raw, 4096 * 4);
         assert_eq!(tally.max_abs_error, 0.0);
         let mut dec = TensorDecoder::default();
-        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec).unwrap();
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec, &mut budget).unwrap();
         assert_eq!(back, t);
 
         let mut lossy = EncodeTally::default();
         let wire = encode_tensors(std::slice::from_ref(&t), true, &shelf, &mut lossy).unwrap();
         assert!(lossy.wire < tally.wire, "bf16 {} vs f32 {}", lossy.wire, tally.wire);
-        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec).unwrap();
+        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec, &mut budget).unwrap();
         let err = back.as_f32().unwrap().iter().zip(&data).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(err > 0.0 && err <= lossy.max_abs_error, "{err} vs {}", lossy.max_abs_error);
+    }
+
+    #[tokio::test]
+    async fn a_message_of_compression_bombs_is_refused_by_its_decoded_bytes_budget() {
+        use troupe_transport::codec::{Compression, TensorEncodeOptions};
+        use troupe_transport::{ClusterCa, QuicConfig};
+        // 32 inputs of 4 MiB of zeros each: ~200 bytes apiece on the wire, 128 MiB decoded.
+        let opts = TensorEncodeOptions { compress: Compression::Always, ..TensorEncodeOptions::default() };
+        let (bomb, _) = TensorEncoder::new(opts).encode_wire(&[1 << 20], &vec![0.0f32; 1 << 20]).unwrap();
+        assert!(bomb.payload.len() < 1024);
+        let tensors: Vec<WireNamed> = (0..32)
+            .map(|i| WireNamed { name: format!("x{i}"), body: TensorBody::F32(bomb.clone()) })
+            .collect();
+        // the request carrying them is well under the message cap
+        let request = Request::Run { input: 0, stage: 0, tensors, from: "f".into(), lossy_bf16: false };
+        let bytes = to_bytes("request", &request).unwrap();
+        assert!(bytes.len() < 64 << 10, "{}", bytes.len());
+        let Request::Run { tensors, .. } = request_from_bytes(&bytes).unwrap() else { unreachable!() };
+        let ca = ClusterCa::generate("t").unwrap();
+        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        // the path a worker takes for Request::Run, with a 32 MiB message budget
+        let mut budget = DecodeBudget::new(32 << 20);
+        let e = decode_tensors(tensors.clone(), &link, "f", &mut budget).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("tensor x8") && text.contains("decoded-bytes budget of 33554432 bytes"),
+            "{text}"
+        );
+        assert_eq!(budget.used(), 32 << 20, "eight tensors decoded, the ninth refused before allocating");
+        // with the default budget the same message decodes
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        assert_eq!(decode_tensors(tensors, &link, "f", &mut budget).await.unwrap().len(), 32);
+        link.shutdown().await;
     }
 
     #[test]
@@ -537,7 +597,8 @@ mod tests {
         let bytes = shelf.blob(blob).unwrap();
         assert_eq!(bytes.len() as u64, *len);
         let inner = from_bytes_capped(&bytes).unwrap();
-        let back = decode_one(inner, &mut TensorDecoder::default()).unwrap();
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let back = decode_one(inner, &mut TensorDecoder::default(), &mut budget).unwrap();
         assert_eq!(back, t);
     }
 }

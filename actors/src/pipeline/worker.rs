@@ -21,9 +21,10 @@ use troupe_transport::{NodeId, QuicNode};
 
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
-    BlobShelf, EncodeTally, Request, Response, WorkerStats, decode_tensors, encode_tensors,
-    request_from_bytes, to_bytes,
+    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, WorkerStats, decode_tensors,
+    encode_tensors, request_from_bytes, to_bytes,
 };
+use troupe_transport::codec::DecodeBudget;
 
 /// Process group every pipeline worker joins (visible cluster-wide).
 pub const WORKERS_GROUP: &str = "pipeline-workers";
@@ -359,7 +360,8 @@ impl WorkerState {
             self.session = Some(live);
             return Err(msg);
         }
-        let inputs = match decode_tensors(tensors, &self.args.link, &from).await {
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let inputs = match decode_tensors(tensors, &self.args.link, &from, &mut budget).await {
             Ok(t) => t,
             Err(e) => {
                 self.session = Some(live);

@@ -13,7 +13,7 @@ use troupe_actors::coadapt::camera::{CameraActor, CameraArgs};
 use troupe_actors::coadapt::detect::DetectorConfig;
 use troupe_actors::coadapt::edge::{EdgeActor, EdgeArgs, EdgeMsg};
 use troupe_actors::coadapt::engine::{EngineConfig, SchedulerChoice};
-use troupe_actors::coadapt::wire::{EdgeSummary, decode};
+use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, decode};
 use troupe_actors::coadapt::{EDGE_GROUP, student_config};
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::drift::DriftSchedule;
@@ -239,7 +239,7 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
     println!("coadapt: waiting for {} camera reports", p.cameras);
     let ms = job.timeout_s.saturating_mul(1000);
     let bytes = ractor::call_t!(edge, EdgeMsg::WaitSummary, ms, p.cameras).context("asking the edge")?;
-    let s: EdgeSummary = decode("edge summary", &bytes)?;
+    let s: EdgeSummary = decode("edge summary", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))?;
     print!("{}", render(&s));
     let mut failures = Vec::new();
     for c in &s.cameras {
