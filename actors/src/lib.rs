@@ -11,6 +11,7 @@ pub mod kinds;
 pub mod membership;
 pub mod node;
 pub mod pipeline;
+pub mod service;
 pub mod supervisor;
 pub mod wire;
 
@@ -20,4 +21,5 @@ pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
 pub use kinds::scheduler::{DrivenPolicy, Effects, SchedulerActor, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};
 pub use node::{Children, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
+pub use service::{Allow, CallError, Caller, ServiceConfig, ServiceSpec, Services};
 pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

@@ -20,9 +20,13 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// Directory with `ca.crt`, `NAME.crt`, `NAME.key` (relative to the config file).
     pub keys: PathBuf,
-    /// ractor_cluster cookie (not a secret; identity comes from mutual TLS).
-    #[serde(default = "default_cookie")]
-    pub cookie: String,
+    /// ractor_cluster cookie, a per-cluster secret; default: the `cookie` file `troupe keys init`
+    /// wrote into the keys folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cookie: Option<String>,
+    /// Who may join: revocation list, allow-list.
+    #[serde(default)]
+    pub security: SecuritySection,
     /// Peers this node dials.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
@@ -46,8 +50,18 @@ pub struct NodeConfig {
     pub job: Option<JobConfig>,
 }
 
-fn default_cookie() -> String {
-    "troupe".into()
+/// `[security]`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecuritySection {
+    /// Revocation list (relative to the config file): one node name or `serial:HEX` per line,
+    /// `#` comments; checked at every hello and reloaded on SIGHUP (peers now revoked are
+    /// disconnected). The file must exist when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<PathBuf>,
+    /// When true, only the nodes listed in `peers` may join (admin tools such as `troupe status`
+    /// are still answered).
+    pub peers_only: bool,
 }
 
 /// A peer to dial.
@@ -182,8 +196,14 @@ impl NodeConfig {
             let field = e.message().split('`').nth(1).unwrap_or("file").to_string();
             err(&field, e.to_string().trim().replace('\n', " "))
         })?;
+        let base = path.parent().unwrap_or(Path::new("."));
         if cfg.keys.is_relative() {
-            cfg.keys = path.parent().unwrap_or(Path::new(".")).join(&cfg.keys);
+            cfg.keys = base.join(&cfg.keys);
+        }
+        if let Some(r) = &cfg.security.revoked
+            && r.is_relative()
+        {
+            cfg.security.revoked = Some(base.join(r));
         }
         cfg.validate().map_err(|(field, problem)| err(&field, problem))?;
         Ok(cfg)
@@ -240,6 +260,24 @@ impl NodeConfig {
             crate::workloads::validate_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
         }
         Ok(())
+    }
+
+    /// The ractor_cluster cookie: the config's, else the keys folder's `cookie` file.
+    pub fn cookie(&self) -> Result<String, troupe_transport::IdentityError> {
+        match &self.cookie {
+            Some(c) => Ok(c.clone()),
+            None => troupe_transport::cookie::read_cookie(&self.keys),
+        }
+    }
+
+    /// The admission rules `[security]` asks for (reads the revocation file).
+    pub fn admission(&self) -> Result<troupe_transport::Admission, troupe_transport::RevocationError> {
+        let revoked = match &self.security.revoked {
+            Some(p) => troupe_transport::Revocations::load(p)?,
+            None => troupe_transport::Revocations::default(),
+        };
+        let allow = self.security.peers_only.then(|| self.peers.iter().map(|p| p.name.clone()).collect());
+        Ok(troupe_transport::Admission { revoked, allow })
     }
 
     /// Heartbeat period.

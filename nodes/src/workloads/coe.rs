@@ -269,6 +269,7 @@ pub fn actor(
         dir: PathBuf::from(p.dir),
         executor: p.executor,
         node: ctx.config.name.clone(),
+        services: ctx.services.clone(),
     };
     Ok(troupe_actors::supervisor::ChildSpec::new(
         a.name.clone().unwrap_or_else(|| a.kind.clone()),
@@ -300,7 +301,7 @@ pub async fn run_job(
     };
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
-    let found = find_executors(&names, deadline).await?;
+    let found = find_executors(&runtime.services, &names, deadline).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
         app.trace.requests.len(),
@@ -313,7 +314,12 @@ pub async fn run_job(
         config.label()
     );
     let (ev_tx, ev_rx) = std::sync::mpsc::channel::<Event>();
-    let senders = spawn_links(&found, ev_tx.clone(), std::time::Duration::from_secs(p.call_timeout_s.max(1)));
+    let senders = spawn_links(
+        &runtime.services,
+        &found,
+        ev_tx.clone(),
+        std::time::Duration::from_secs(p.call_timeout_s.max(1)),
+    );
     let mut members = runtime.subscribe_membership();
     let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
     let watcher = tokio::spawn(async move {
