@@ -307,6 +307,25 @@ mod tests {
     }
 
     #[test]
+    fn security_section_resolves_the_list_and_builds_the_allow_list() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("revoked.txt"), "old-node\n").unwrap();
+        let text = format!(
+            "{GOOD}[security]\nrevoked = \"revoked.txt\"\npeers_only = true\n[[peers]]\nname = \"b\"\naddr = \"127.0.0.1:7001\"\n"
+        );
+        let c = NodeConfig::load(&write(d.path(), &text)).unwrap();
+        assert_eq!(c.security.revoked.as_deref(), Some(d.path().join("revoked.txt").as_path()));
+        let a = c.admission().unwrap();
+        assert_eq!(a.allow, Some(["b".to_string()].into()));
+        assert!(!a.revoked.is_empty());
+        std::fs::remove_file(d.path().join("revoked.txt")).unwrap();
+        let e = c.admission().unwrap_err().to_string();
+        assert!(e.contains("revoked.txt"), "a missing list is an error naming it: {e}");
+        let e = c.cookie().unwrap_err().to_string();
+        assert!(e.contains("cookie"), "{e}");
+    }
+
+    #[test]
     fn errors_name_file_field_and_problem() {
         let d = tempfile::tempdir().unwrap();
         let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();

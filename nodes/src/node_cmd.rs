@@ -80,9 +80,12 @@ fn device_child(d: &DeviceConfig, period: Duration) -> ChildSpec {
 /// Runs the node described by `cfg`.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
     let spec = spec_from_config(&cfg)?;
+    // listen for SIGHUP before anyone can see the node: its default action would end the process
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("listening for SIGHUP (revocation list reloads)")?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
-    let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone()));
+    let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone(), hup));
     let outcome = run_until_done(&cfg, runtime).await;
     reload.abort();
     outcome
@@ -94,14 +97,7 @@ fn identity_roles(cfg: &NodeConfig) -> String {
 
 /// On SIGHUP: re-reads the revocation list (and allow-list) and disconnects peers now refused.
 /// A file that no longer parses is logged and the rules in force are kept.
-async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            return tracing::warn!(error = %e, "cannot listen for SIGHUP; the revocation list will not reload");
-        }
-    };
+async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signal::unix::Signal) {
     while hup.recv().await.is_some() {
         match cfg.admission() {
             Ok(admission) => {
