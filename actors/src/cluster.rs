@@ -1,5 +1,6 @@
 //! The control plane: ractor_cluster node sessions carried over one QUIC bidirectional stream
-//! per peer (isolated mode). Identity comes from mutual TLS; the cluster cookie is not a secret.
+//! per peer (isolated mode). Identity comes from mutual TLS; the cluster cookie (a per-cluster
+//! secret from `troupe keys init`) is a second check on top.
 
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorRef};

@@ -13,6 +13,7 @@ pub mod kinds;
 pub mod membership;
 pub mod node;
 pub mod pipeline;
+pub mod service;
 pub mod supervisor;
 pub mod wire;
 
@@ -21,4 +22,5 @@ pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
 pub use kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};
 pub use node::{Children, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
+pub use service::{Allow, CallError, Caller, ServiceConfig, ServiceSpec, Services};
 pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

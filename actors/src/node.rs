@@ -19,6 +19,7 @@ use troupe_transport::{
 use crate::cluster::{QuicBidi, open_session, start_node_server};
 use crate::kinds::device::DeviceMsg;
 use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
+use crate::service::{ServiceConfig, Services};
 use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 use crate::wire::{ArchivedControlMsg, ControlMsg, DeviceView, Heartbeat, MemberView, NodeStatus};
 
@@ -34,12 +35,12 @@ pub struct PeerAddr {
     pub addr: SocketAddr,
 }
 
-/// Builds the root supervisor's children from the node's link.
-pub type Children = Box<dyn FnOnce(&QuicNode) -> Result<Vec<ChildSpec>, String> + Send>;
+/// Builds the root supervisor's children from the node's link and service router.
+pub type Children = Box<dyn FnOnce(&QuicNode, &Services) -> Result<Vec<ChildSpec>, String> + Send>;
 
 /// Children that need nothing from the link.
 pub fn fixed_children(children: Vec<ChildSpec>) -> Children {
-    Box::new(move |_| Ok(children))
+    Box::new(move |_, _| Ok(children))
 }
 
 /// Everything a node runtime needs to start.
@@ -54,7 +55,8 @@ pub struct NodeSpec {
     pub membership: MembershipConfig,
     /// Root supervisor restart intensity.
     pub intensity: Intensity,
-    /// ractor_cluster cookie (not a secret: identity comes from mutual TLS).
+    /// ractor_cluster cookie: the per-cluster secret `troupe keys init` writes (on top of mutual
+    /// TLS, which is where identity comes from).
     pub cookie: String,
     /// Makes the actors the root supervisor starts, once the link exists (actors may need it).
     pub children: Children,
@@ -99,6 +101,8 @@ pub struct NodeRuntime {
     pub supervisor: ActorRef<SupervisorMsg>,
     /// The ractor_cluster node server (control plane).
     pub cluster: ActorRef<NodeServerMessage>,
+    /// Role-checked service calls on the data plane (serving and calling).
+    pub services: Services,
     membership_events: broadcast::Sender<MembershipEvent<NodeId>>,
     supervisor_events: broadcast::Sender<SupervisorEvent>,
     root_events: broadcast::Receiver<SupervisorEvent>,
@@ -126,8 +130,9 @@ impl NodeRuntime {
         )
         .await
         .map_err(spawn_err("membership"))?;
-        let children =
-            (spec.children)(&link).map_err(|detail| RuntimeError::Spawn { what: "node actors", detail })?;
+        let services = Services::new(link.clone(), ServiceConfig::default());
+        let children = (spec.children)(&link, &services)
+            .map_err(|detail| RuntimeError::Spawn { what: "node actors", detail })?;
         let (supervisor_events, root_events) = broadcast::channel(1024);
         let (supervisor, supervisor_handle) = Actor::spawn(
             None,
@@ -144,8 +149,19 @@ impl NodeRuntime {
         let handler: Arc<std::sync::RwLock<Option<FrameHandler>>> = Arc::default();
         let mut tasks = Vec::new();
         let events = link.events().ok_or(RuntimeError::Status("link events already taken".into()))?;
-        tasks.push(tokio::spawn(peer_events(events, link.clone(), cluster.clone(), membership.clone())));
-        tasks.push(tokio::spawn(dispatch(link.clone(), membership.clone(), handler.clone())));
+        tasks.push(tokio::spawn(peer_events(
+            events,
+            link.clone(),
+            cluster.clone(),
+            membership.clone(),
+            services.clone(),
+        )));
+        tasks.push(tokio::spawn(dispatch(
+            link.clone(),
+            membership.clone(),
+            handler.clone(),
+            services.clone(),
+        )));
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
@@ -156,6 +172,7 @@ impl NodeRuntime {
             membership,
             supervisor,
             cluster,
+            services,
             membership_events,
             supervisor_events,
             root_events,
@@ -259,12 +276,14 @@ async fn peer_events(
     link: QuicNode,
     cluster: ActorRef<NodeServerMessage>,
     membership: ActorRef<MembershipMsg>,
+    services: Services,
 ) {
     while let Some(ev) = events.recv().await {
         match ev {
             PeerEvent::Joined { member: false, .. } => {}
             PeerEvent::Joined { peer, outbound, .. } => {
                 let _ = membership.cast(MembershipMsg::Heard(peer.clone()));
+                services.peer_joined(&peer);
                 if outbound {
                     match link.open_control(&peer).await {
                         Ok((send, recv)) => {
@@ -283,7 +302,10 @@ async fn peer_events(
                     warn!(%peer, error = %e, "could not accept the control-plane session");
                 }
             }
-            PeerEvent::Left { peer, reason } => debug!(%peer, %reason, "connection closed"),
+            PeerEvent::Left { peer, reason } => {
+                debug!(%peer, %reason, "connection closed");
+                services.peer_left(&peer, &reason);
+            }
             // logged by the transport, naming the peer (and for OverBudget the cap and the bytes held)
             PeerEvent::Refused { .. } | PeerEvent::BadStream { .. } | PeerEvent::OverBudget { .. } => {}
         }
@@ -294,6 +316,7 @@ async fn dispatch(
     link: QuicNode,
     membership: ActorRef<MembershipMsg>,
     handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
+    services: Services,
 ) {
     while let Ok(d) = link.recv().await {
         if link.is_member(&d.from) {
@@ -305,6 +328,7 @@ async fn dispatch(
                     warn!(peer = %d.from, error = %e, "invalid heartbeat");
                 }
             }
+            (_, FrameKind::Service) => services.handle_frame(d),
             (Channel::Control, FrameKind::Message) => match d.frame.access::<ControlMsg>() {
                 Ok(ArchivedControlMsg::StatusRequest) => {
                     let reply = match local_status(link.local_id(), &membership).await {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use troupe_transport::{ClusterCa, NodeIdentity};
+use troupe_transport::identity::{DEFAULT_CA_DAYS, DEFAULT_NODE_DAYS};
+use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Revocations, Role, RoleSet, Validity};
 
 use crate::config::NodeConfig;
 
@@ -85,7 +86,8 @@ pub enum Command {
 /// `troupe keys ...`.
 #[derive(Subcommand, Debug)]
 pub enum KeysCommand {
-    /// Creates a cluster CA (and an `admin` identity for `troupe status`).
+    /// Creates a cluster CA, the cluster cookie (a random secret) and an `admin` identity for
+    /// `troupe status`.
     Init {
         /// Folder to write into.
         #[arg(long, default_value = "keys")]
@@ -93,6 +95,9 @@ pub enum KeysCommand {
         /// Cluster name written into the CA certificate.
         #[arg(long, default_value = "troupe")]
         cluster: String,
+        /// Days the CA is valid.
+        #[arg(long, default_value_t = DEFAULT_CA_DAYS)]
+        days: u32,
     },
     /// Issues a node certificate signed by the cluster CA.
     Node {
@@ -101,6 +106,24 @@ pub enum KeysCommand {
         /// Folder holding the CA.
         #[arg(long, default_value = "keys")]
         keys: PathBuf,
+        /// Roles the certificate grants, comma-separated: scheduler, executor, worker, camera,
+        /// edge, admin (an admin identity can query status but never join).
+        #[arg(long, default_value = "")]
+        role: String,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = DEFAULT_NODE_DAYS)]
+        days: u32,
+    },
+    /// Appends a node name or `serial:HEX` to a revocation list (then SIGHUP the nodes).
+    Revoke {
+        /// A node name, or `serial:HEX` for one certificate.
+        entry: String,
+        /// Folder holding the keys (the list defaults to `revoked.txt` there).
+        #[arg(long, default_value = "keys")]
+        keys: PathBuf,
+        /// The revocation list to append to (default KEYS/revoked.txt).
+        #[arg(long)]
+        file: Option<PathBuf>,
     },
 }
 
@@ -178,17 +201,28 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 
 fn keys(cmd: KeysCommand) -> Result<()> {
     match cmd {
-        KeysCommand::Init { out, cluster } => {
-            let ca = ClusterCa::generate(&cluster)?;
+        KeysCommand::Init { out, cluster, days } => {
+            let ca = ClusterCa::generate_with(&cluster, Validity::days_from_now(days)?)?;
             ca.write(&out)?;
-            ca.issue_node("admin")?.write(&out)?;
-            println!("cluster CA and the admin identity written to {}", out.display());
-            println!("next: troupe keys node NAME --keys {}", out.display());
+            troupe_transport::cookie::ensure_cookie(&out)?;
+            ca.issue("admin", &IssueOptions::new(RoleSet::only(Role::Admin))?)?.write(&out)?;
+            println!("cluster CA ({days} days), cookie and the admin identity written to {}", out.display());
+            println!("next: troupe keys node NAME --role ROLE --keys {}", out.display());
         }
-        KeysCommand::Node { name, keys } => {
+        KeysCommand::Node { name, keys, role, days } => {
+            let roles = RoleSet::parse_list(&role)?;
             let ca = ClusterCa::load(&keys)?;
-            ca.issue_node(&name)?.write(&keys)?;
-            println!("{}/{name}.crt and {name}.key written (signed by the cluster CA)", keys.display());
+            let options = IssueOptions { roles, validity: Validity::days_from_now(days)? };
+            ca.issue(&name, &options)?.write(&keys)?;
+            println!(
+                "{}/{name}.crt and {name}.key written (roles {roles}, {days} days, signed by the cluster CA)",
+                keys.display()
+            );
+        }
+        KeysCommand::Revoke { entry, keys, file } => {
+            let file = file.unwrap_or_else(|| keys.join(crate::up::REVOKED_FILE));
+            Revocations::append(&file, &entry)?;
+            println!("{entry} appended to {}; send SIGHUP to running nodes to apply it", file.display());
         }
     }
     Ok(())

@@ -20,9 +20,13 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// Directory with `ca.crt`, `NAME.crt`, `NAME.key` (relative to the config file).
     pub keys: PathBuf,
-    /// ractor_cluster cookie (not a secret; identity comes from mutual TLS).
-    #[serde(default = "default_cookie")]
-    pub cookie: String,
+    /// ractor_cluster cookie, a per-cluster secret; default: the `cookie` file `troupe keys init`
+    /// wrote into the keys folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cookie: Option<String>,
+    /// Who may join: revocation list, allow-list.
+    #[serde(default)]
+    pub security: SecuritySection,
     /// Peers this node dials.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
@@ -109,8 +113,18 @@ impl FaultSiteConfig {
     }
 }
 
-fn default_cookie() -> String {
-    "troupe".into()
+/// `[security]`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecuritySection {
+    /// Revocation list (relative to the config file): one node name or `serial:HEX` per line,
+    /// `#` comments; checked at every hello and reloaded on SIGHUP (peers now revoked are
+    /// disconnected). The file must exist when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<PathBuf>,
+    /// When true, only the nodes listed in `peers` may join (admin tools such as `troupe status`
+    /// are still answered).
+    pub peers_only: bool,
 }
 
 /// A peer to dial.
@@ -263,8 +277,14 @@ impl NodeConfig {
             let field = e.message().split('`').nth(1).unwrap_or("file").to_string();
             err(&field, e.to_string().trim().replace('\n', " "))
         })?;
+        let base = path.parent().unwrap_or(Path::new("."));
         if cfg.keys.is_relative() {
-            cfg.keys = path.parent().unwrap_or(Path::new(".")).join(&cfg.keys);
+            cfg.keys = base.join(&cfg.keys);
+        }
+        if let Some(r) = &cfg.security.revoked
+            && r.is_relative()
+        {
+            cfg.security.revoked = Some(base.join(r));
         }
         cfg.validate().map_err(|(field, problem)| err(&field, problem))?;
         Ok(cfg)
@@ -343,6 +363,24 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// The ractor_cluster cookie: the config's, else the keys folder's `cookie` file.
+    pub fn cookie(&self) -> Result<String, troupe_transport::IdentityError> {
+        match &self.cookie {
+            Some(c) => Ok(c.clone()),
+            None => troupe_transport::cookie::read_cookie(&self.keys),
+        }
+    }
+
+    /// The admission rules `[security]` asks for (reads the revocation file).
+    pub fn admission(&self) -> Result<troupe_transport::Admission, troupe_transport::RevocationError> {
+        let revoked = match &self.security.revoked {
+            Some(p) => troupe_transport::Revocations::load(p)?,
+            None => troupe_transport::Revocations::default(),
+        };
+        let allow = self.security.peers_only.then(|| self.peers.iter().map(|p| p.name.clone()).collect());
+        Ok(troupe_transport::Admission { revoked, allow })
+    }
+
     /// Heartbeat period.
     pub fn heartbeat(&self) -> Duration {
         Duration::from_millis(self.membership.heartbeat_ms)
@@ -367,6 +405,25 @@ mod tests {
         let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
         assert_eq!(c.keys, d.path().join("keys"));
         assert_eq!(c.membership, MembershipSection::default());
+    }
+
+    #[test]
+    fn security_section_resolves_the_list_and_builds_the_allow_list() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("revoked.txt"), "old-node\n").unwrap();
+        let text = format!(
+            "{GOOD}[security]\nrevoked = \"revoked.txt\"\npeers_only = true\n[[peers]]\nname = \"b\"\naddr = \"127.0.0.1:7001\"\n"
+        );
+        let c = NodeConfig::load(&write(d.path(), &text)).unwrap();
+        assert_eq!(c.security.revoked.as_deref(), Some(d.path().join("revoked.txt").as_path()));
+        let a = c.admission().unwrap();
+        assert_eq!(a.allow, Some(["b".to_string()].into()));
+        assert!(!a.revoked.is_empty());
+        std::fs::remove_file(d.path().join("revoked.txt")).unwrap();
+        let e = c.admission().unwrap_err().to_string();
+        assert!(e.contains("revoked.txt"), "a missing list is an error naming it: {e}");
+        let e = c.cookie().unwrap_err().to_string();
+        assert!(e.contains("cookie"), "{e}");
     }
 
     #[test]

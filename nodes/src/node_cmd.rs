@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use tokio::sync::broadcast;
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::{
-    Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr,
+    Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, Services,
 };
 use troupe_transport::{FrameLimits, NodeId, NodeIdentity, QuicConfig, QuicNode};
 
@@ -18,9 +18,11 @@ use crate::workloads::{self, NodeContext};
 pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
     let identity = NodeIdentity::load(&cfg.keys, &cfg.name)
         .with_context(|| format!("loading the identity of node {} from {}", cfg.name, cfg.keys.display()))?;
+    let cookie = cfg.cookie().context("reading the cluster cookie")?;
+    let admission = cfg.admission().context("reading [security]")?;
     let config = cfg.clone();
-    let children: Children = Box::new(move |link: &QuicNode| {
-        let ctx = NodeContext { config: config.clone(), link: link.clone() };
+    let children: Children = Box::new(move |link: &QuicNode, services: &Services| {
+        let ctx = NodeContext { config: config.clone(), link: link.clone(), services: services.clone() };
         let mut children = Vec::new();
         for d in &config.devices {
             children.push(device_child(d, config.heartbeat()));
@@ -38,6 +40,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
             idle_timeout: Duration::from_millis(cfg.transport.idle_timeout_ms),
             conn_budget: cfg.transport.peer_buffer_bytes(),
             max_uni_streams: cfg.transport.max_peer_streams,
+            admission,
             ..QuicConfig::default()
         },
         peers: cfg
@@ -53,7 +56,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
             max_restarts: cfg.supervision.max_restarts,
             period: Duration::from_secs(cfg.supervision.period_s),
         },
-        cookie: cfg.cookie.clone(),
+        cookie,
         children,
         redial: Duration::from_millis(cfg.membership.heartbeat_ms.max(50)),
     })
@@ -83,9 +86,41 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         troupe_actors::fault::install(cfg.faults.plan());
     }
     let spec = spec_from_config(&cfg)?;
+    // listen for SIGHUP before anyone can see the node: its default action would end the process
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("listening for SIGHUP (revocation list reloads)")?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
-    tracing::info!(node = %cfg.name, listen = %cfg.listen, "node up");
-    let ctx = NodeContext { config: cfg.clone(), link: runtime.link.clone() };
+    tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
+    let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone(), hup));
+    let outcome = run_until_done(&cfg, runtime).await;
+    reload.abort();
+    outcome
+}
+
+fn identity_roles(cfg: &NodeConfig) -> String {
+    NodeIdentity::load(&cfg.keys, &cfg.name).map(|i| i.roles().to_string()).unwrap_or_default()
+}
+
+/// On SIGHUP: re-reads the revocation list (and allow-list) and disconnects peers now refused.
+/// A file that no longer parses is logged and the rules in force are kept.
+async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signal::unix::Signal) {
+    while hup.recv().await.is_some() {
+        match cfg.admission() {
+            Ok(admission) => {
+                let refused = link.set_admission(admission);
+                tracing::info!(node = %cfg.name, disconnected = refused.len(), "SIGHUP: admission rules reloaded");
+                for (peer, why) in refused {
+                    tracing::warn!(node = %cfg.name, %peer, reason = %why, "disconnected peer after reload");
+                }
+            }
+            Err(e) => tracing::error!(node = %cfg.name, error = %e, "SIGHUP: keeping the rules in force"),
+        }
+    }
+}
+
+async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime) -> Result<()> {
+    let ctx =
+        NodeContext { config: cfg.clone(), link: runtime.link.clone(), services: runtime.services.clone() };
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use troupe_transport::ClusterCa;
+use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Role, RoleSet};
 
 use crate::config::{
     ActorConfig, DeviceConfig, FaultsSection, JobConfig, MembershipSection, NodeConfig, PeerConfig,
@@ -106,7 +106,11 @@ impl Topology {
                 name: n.name.clone(),
                 listen: addrs[i],
                 keys: keys.to_path_buf(),
-                cookie: self.name.clone(),
+                cookie: None,
+                security: crate::config::SecuritySection {
+                    revoked: Some(keys.join(REVOKED_FILE)),
+                    peers_only: false,
+                },
                 peers: self.nodes[..i]
                     .iter()
                     .zip(&addrs)
@@ -124,15 +128,32 @@ impl Topology {
     }
 }
 
-/// Makes the CA and every node's certificate (plus `admin`) unless they exist.
-pub fn ensure_keys(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<()> {
+/// The revocation list `troupe up` gives every node, in the keys folder.
+pub const REVOKED_FILE: &str = "revoked.txt";
+/// A certificate that expires sooner than this is issued again by [`ensure_keys`].
+const RENEW_BEFORE: Duration = Duration::from_secs(86_400);
+
+/// Makes the CA, the cookie, an empty revocation list and every node's certificate with its
+/// roles (plus `admin` with the admin role), keeping what exists; a certificate whose roles
+/// differ from `nodes` or that expires within a day is issued again.
+pub fn ensure_keys(dir: &Path, cluster: &str, nodes: &[(&str, RoleSet)]) -> Result<()> {
     if !dir.join("ca.crt").exists() {
         ClusterCa::generate(cluster)?.write(dir)?;
     }
+    troupe_transport::cookie::ensure_cookie(dir)?;
+    let revoked = dir.join(REVOKED_FILE);
+    if !revoked.exists() {
+        std::fs::write(&revoked, "# one node name or serial:HEX per line; SIGHUP the nodes after editing\n")
+            .with_context(|| format!("writing {}", revoked.display()))?;
+    }
     let ca = ClusterCa::load(dir)?;
-    for name in nodes.iter().copied().chain(std::iter::once("admin")) {
-        if !dir.join(format!("{name}.crt")).exists() {
-            ca.issue_node(name)?.write(dir)?;
+    let admin = ("admin", RoleSet::only(Role::Admin));
+    for &(name, roles) in nodes.iter().chain(std::iter::once(&admin)) {
+        let current = NodeIdentity::load(dir, name).ok().and_then(|i| i.info());
+        let fresh = current
+            .is_some_and(|c| c.roles == roles && c.not_after > std::time::SystemTime::now() + RENEW_BEFORE);
+        if !fresh {
+            ca.issue(name, &IssueOptions::new(roles)?)?.write(dir)?;
         }
     }
     Ok(())
@@ -148,8 +169,12 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
 pub fn prepare(topology: &Topology, workdir: &Path) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
-    let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
-    ensure_keys(&keys, &topology.name, &names)?;
+    let nodes: Vec<(&str, RoleSet)> = topology
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), crate::workloads::roles_for(&n.actors, n.job.as_ref())))
+        .collect();
+    ensure_keys(&keys, &topology.name, &nodes)?;
     let ports = free_ports(topology.nodes.len())?;
     let keys = keys.canonicalize()?;
     let mut out = Vec::new();

@@ -94,6 +94,31 @@ impl ProcCluster {
         Ok(())
     }
 
+    /// Sends signal `sig` (e.g. `libc::SIGHUP`) to a running node.
+    pub fn signal(&self, name: &str, sig: i32) -> Result<()> {
+        let i = self.index(name)?;
+        let child = self.nodes[i].child.as_ref().with_context(|| format!("node {name} is not running"))?;
+        let pid = i32::try_from(child.id())?;
+        // SAFETY: sends a signal to a child process this cluster started and has not reaped.
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits until the node's log has a line containing every one of `needles`; fails after
+    /// `deadline` with the log. Returns the line.
+    pub async fn wait_log(&self, name: &str, deadline: Duration, needles: &[&str]) -> Result<String> {
+        let start = Instant::now();
+        while start.elapsed() < deadline {
+            if let Some(line) = self.log(name).lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return Ok(line.to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("node {name}: no log line with {needles:?} within {deadline:?}\nlog:\n{}", self.log(name))
+    }
+
     /// Starts a killed node again with the same config and identity.
     pub fn restart(&mut self, name: &str) -> Result<()> {
         let i = self.index(name)?;

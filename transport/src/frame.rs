@@ -51,6 +51,8 @@ pub enum FrameKind {
     Heartbeat = 7,
     /// The sender reports an error and closes the stream.
     Error = 8,
+    /// A service call or its response (see `service`): role-checked workload RPC.
+    Service = 9,
 }
 
 impl FrameKind {
@@ -65,6 +67,7 @@ impl FrameKind {
             6 => Self::BlobData,
             7 => Self::Heartbeat,
             8 => Self::Error,
+            9 => Self::Service,
             _ => return None,
         })
     }

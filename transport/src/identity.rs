@@ -2,18 +2,29 @@
 //! that make every connection mutually authenticated against that CA (nothing is switched off).
 //!
 //! On disk (`troupe keys`): `ca.crt`, `ca.key`, and `NAME.crt` / `NAME.key` per node, PEM.
+//!
+//! A node certificate carries its node name as a DNS SAN (plus [`ANY_NODE`]) and its roles as
+//! SAN URIs `troupe-role:ROLE` ([`crate::roles`]). Why SAN URIs and not a private X.509
+//! extension: the SAN is signed by the CA like any other field, standard tools print it
+//! (`openssl x509 -text`), x509-parser decodes it without a hand-written DER reader, and webpki
+//! ignores URI names when it matches server names, so roles cannot change who a node is (the
+//! same convention as SPIFFE IDs). Every certificate has a validity period; rustls' webpki
+//! verifier refuses one outside it, on both ends of a connection.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::roles::{ROLE_URI_PREFIX, Role, RoleSet};
 
 /// ALPN protocol id of troupe's QUIC connections.
 pub const ALPN: &[u8] = b"troupe/1";
@@ -63,6 +74,73 @@ pub enum IdentityError {
     /// The keys directory already holds a CA (refusing to overwrite it).
     #[error("{0} already holds a cluster CA; refusing to overwrite it")]
     CaExists(PathBuf),
+    /// A validity period that ends before it starts, or too far out to encode.
+    #[error("invalid validity period: {0}")]
+    BadValidity(String),
+}
+
+/// Default validity of a node certificate, in days.
+pub const DEFAULT_NODE_DAYS: u32 = 365;
+/// Default validity of the cluster CA, in days.
+pub const DEFAULT_CA_DAYS: u32 = 3650;
+/// Longest validity accepted, in days (100 years).
+pub const MAX_DAYS: u32 = 36_500;
+/// A fresh certificate is valid from this long before now (tolerates small clock skew).
+const BACKDATE: Duration = Duration::from_secs(300);
+
+/// When a certificate is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// Valid from.
+    pub not_before: SystemTime,
+    /// Valid until.
+    pub not_after: SystemTime,
+}
+
+impl Validity {
+    /// From a few minutes ago until `days` days from now.
+    pub fn days_from_now(days: u32) -> Result<Self, IdentityError> {
+        if days == 0 || days > MAX_DAYS {
+            return Err(IdentityError::BadValidity(format!("{days} days: use 1 to {MAX_DAYS}")));
+        }
+        let now = SystemTime::now();
+        let not_before = now.checked_sub(BACKDATE).unwrap_or(now);
+        let not_after = now + Duration::from_secs(u64::from(days) * 86_400);
+        Ok(Self { not_before, not_after })
+    }
+
+    fn apply(&self, params: &mut CertificateParams) -> Result<(), IdentityError> {
+        if self.not_after <= self.not_before {
+            return Err(IdentityError::BadValidity("not_after is not after not_before".into()));
+        }
+        params.not_before = offset_date_time(self.not_before)?;
+        params.not_after = offset_date_time(self.not_after)?;
+        Ok(())
+    }
+}
+
+fn offset_date_time(t: SystemTime) -> Result<time::OffsetDateTime, IdentityError> {
+    let secs = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+    };
+    time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| IdentityError::BadValidity(e.to_string()))
+}
+
+/// What a node certificate grants and for how long.
+#[derive(Clone, Copy, Debug)]
+pub struct IssueOptions {
+    /// The roles written into the certificate.
+    pub roles: RoleSet,
+    /// The validity period.
+    pub validity: Validity,
+}
+
+impl IssueOptions {
+    /// `roles`, valid for [`DEFAULT_NODE_DAYS`] from now.
+    pub fn new(roles: RoleSet) -> Result<Self, IdentityError> {
+        Ok(Self { roles, validity: Validity::days_from_now(DEFAULT_NODE_DAYS)? })
+    }
 }
 
 /// A name every node certificate also carries, so a client can dial an address without knowing
@@ -122,10 +200,16 @@ pub struct ClusterCa {
 }
 
 impl ClusterCa {
-    /// Generates a new CA for the cluster called `cluster`.
+    /// Generates a new CA for the cluster called `cluster`, valid for [`DEFAULT_CA_DAYS`].
     pub fn generate(cluster: &str) -> Result<Self, IdentityError> {
+        Self::generate_with(cluster, Validity::days_from_now(DEFAULT_CA_DAYS)?)
+    }
+
+    /// Generates a new CA valid for `validity`.
+    pub fn generate_with(cluster: &str, validity: Validity) -> Result<Self, IdentityError> {
         let key = KeyPair::generate()?;
-        let params = ca_params(cluster)?;
+        let mut params = ca_params(cluster)?;
+        validity.apply(&mut params)?;
         let cert = params.self_signed(&key)?;
         Ok(Self { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
@@ -165,11 +249,22 @@ impl ClusterCa {
         &self.cert_pem
     }
 
-    /// Issues a certificate for node `name` (server and client auth, SAN = name).
+    /// Issues a certificate for node `name` with no role, valid for [`DEFAULT_NODE_DAYS`].
     pub fn issue_node(&self, name: &str) -> Result<NodeIdentity, IdentityError> {
+        self.issue(name, &IssueOptions::new(RoleSet::EMPTY)?)
+    }
+
+    /// Issues a certificate for node `name` (server and client auth, DNS SAN = name, one SAN URI
+    /// per role) with the given roles and validity.
+    pub fn issue(&self, name: &str, options: &IssueOptions) -> Result<NodeIdentity, IdentityError> {
         validate_node_name(name)?;
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![name.to_string(), ANY_NODE.to_string()])?;
+        for role in options.roles.iter() {
+            let uri: rcgen::string::Ia5String = role.uri().try_into()?;
+            params.subject_alt_names.push(SanType::URI(uri));
+        }
+        options.validity.apply(&mut params)?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -242,6 +337,16 @@ impl NodeIdentity {
             cert_pem,
             key_pem,
         })
+    }
+
+    /// What this node's own certificate says (roles, serial, validity).
+    pub fn info(&self) -> Option<CertInfo> {
+        CertInfo::parse(&self.cert)
+    }
+
+    /// The roles in this node's certificate.
+    pub fn roles(&self) -> RoleSet {
+        self.info().map(|i| i.roles).unwrap_or_default()
     }
 
     fn key(&self) -> Result<PrivateKeyDer<'static>, IdentityError> {
@@ -323,10 +428,71 @@ pub fn certificate_names(cert: &CertificateDer<'_>) -> Vec<String> {
 
 /// Names in the certificate a QUIC peer presented (empty if none).
 pub fn peer_certificate_names(conn: &quinn::Connection) -> Vec<String> {
+    peer_certificate(conn).map(|c| c.names).unwrap_or_default()
+}
+
+/// What a node certificate says about its holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertInfo {
+    /// DNS names in the subject alternative names.
+    pub names: Vec<String>,
+    /// Roles from the `troupe-role:` SAN URIs (unknown role names are ignored).
+    pub roles: RoleSet,
+    /// The serial number, lowercase hex without separators or leading zero bytes.
+    pub serial: String,
+    /// End of the validity period.
+    pub not_after: SystemTime,
+}
+
+impl CertInfo {
+    /// Parses a DER certificate (`None` if it does not parse).
+    pub fn parse(cert: &CertificateDer<'_>) -> Option<Self> {
+        let (_, x509) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+        let mut names = Vec::new();
+        let mut roles = RoleSet::EMPTY;
+        if let Ok(Some(san)) = x509.subject_alternative_name() {
+            for n in &san.value.general_names {
+                match n {
+                    x509_parser::extensions::GeneralName::DNSName(s) => names.push((*s).to_string()),
+                    x509_parser::extensions::GeneralName::URI(u) => {
+                        if let Some(role) =
+                            u.strip_prefix(ROLE_URI_PREFIX).and_then(|r| r.parse::<Role>().ok())
+                        {
+                            roles = roles.with(role);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let ts = x509.validity().not_after.timestamp();
+        let not_after = match u64::try_from(ts) {
+            Ok(s) => UNIX_EPOCH + Duration::from_secs(s),
+            Err(_) => UNIX_EPOCH,
+        };
+        Some(Self { names, roles, serial: normalize_serial(&hex(x509.raw_serial())), not_after })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A serial number as written by people (`0A:1b:...`, `0x0a1b`) in [`CertInfo::serial`] form.
+pub fn normalize_serial(s: &str) -> String {
+    let s = s.trim();
+    let s = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    let hex: String = s.chars().filter(|c| *c != ':').collect::<String>().to_ascii_lowercase();
+    let trimmed = hex.trim_start_matches('0');
+    // keep whole bytes: an odd number of digits gets its leading zero back
+    if trimmed.len() % 2 == 1 { format!("0{trimmed}") } else { trimmed.to_string() }
+}
+
+/// The certificate a QUIC peer presented, parsed (`None` if it presented none).
+pub fn peer_certificate(conn: &quinn::Connection) -> Option<CertInfo> {
     conn.peer_identity()
         .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .and_then(|chain| chain.first().map(certificate_names))
-        .unwrap_or_default()
+        .and_then(|chain| chain.first().and_then(CertInfo::parse))
 }
 
 #[cfg(test)]
@@ -353,8 +519,26 @@ mod tests {
         let back = NodeIdentity::load(dir.path(), "worker-1").unwrap();
         assert_eq!(certificate_names(&back.cert), vec!["worker-1".to_string(), ANY_NODE.to_string()]);
         assert_eq!(back.ca, node.ca);
+        assert_eq!(back.roles(), RoleSet::EMPTY);
         let e = NodeIdentity::load(dir.path(), "worker-2").err().unwrap();
         assert!(e.to_string().contains("worker-2.crt"), "{e}");
+    }
+
+    #[test]
+    fn roles_serial_and_validity_round_trip() {
+        let ca = ClusterCa::generate("test").unwrap();
+        let roles = RoleSet::parse_list("scheduler,camera").unwrap();
+        let opts = IssueOptions { roles, validity: Validity::days_from_now(30).unwrap() };
+        let node = ca.issue("cam-1", &opts).unwrap();
+        let info = node.info().unwrap();
+        assert_eq!(info.roles, roles);
+        assert_eq!(info.names, vec!["cam-1".to_string(), ANY_NODE.to_string()]);
+        assert!(!info.serial.is_empty() && !info.serial.starts_with("00"), "{}", info.serial);
+        let days = info.not_after.duration_since(SystemTime::now()).unwrap().as_secs() / 86_400;
+        assert!((29..=30).contains(&days), "{days}");
+        assert!(Validity::days_from_now(0).is_err());
+        assert_eq!(normalize_serial("00:0A:bc"), "0abc");
+        assert_eq!(normalize_serial("0x0abc"), "0abc");
     }
 
     #[test]

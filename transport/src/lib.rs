@@ -1,16 +1,21 @@
 //! troupe's transport: QUIC endpoints with mutual TLS, framed rkyv messages, tensor codecs,
 //! content-addressed blobs, and the [`Link`] seam with a seeded in-memory implementation.
 
+pub mod admission;
 pub mod blob;
 pub mod budget;
 pub mod codec;
+pub mod cookie;
 pub mod frame;
 pub mod hello;
 pub mod identity;
 pub mod link;
 pub mod quic;
+pub mod roles;
+pub mod service;
 pub mod sim;
 
+pub use admission::{Admission, Refusal, RevocationError, Revocations};
 pub use blob::{
     BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig, Incoming,
 };
@@ -20,7 +25,8 @@ pub use codec::{
     TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
 pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
-pub use identity::{ClusterCa, IdentityError, NodeIdentity};
+pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentity, Validity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
+pub use roles::{Role, RoleSet};
 pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};

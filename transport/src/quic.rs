@@ -24,14 +24,16 @@ use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::sync::{Mutex, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
 use crate::budget::{ConnBudget, DEFAULT_CONN_BUDGET};
 use crate::frame::{
     Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, read_frame_budgeted, write_frame,
 };
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
-use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
+use crate::identity::{CertInfo, IdentityError, NodeIdentity, peer_certificate};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
+use crate::roles::RoleSet;
 
 /// Tag of the bidirectional stream carrying the hello exchange.
 const TAG_HELLO: u8 = 0x48;
@@ -90,6 +92,8 @@ pub struct QuicConfig {
     /// Whether this endpoint joins the cluster (false for tools like `troupe status`, which peers
     /// then serve without counting them as members).
     pub member: bool,
+    /// Who may join (revocation list, allow-list); replaceable with [`QuicNode::set_admission`].
+    pub admission: Admission,
 }
 
 impl Default for QuicConfig {
@@ -106,6 +110,7 @@ impl Default for QuicConfig {
             max_pending_hellos: 16,
             hello_timeout: Duration::from_secs(10),
             member: true,
+            admission: Admission::default(),
         }
     }
 }
@@ -226,6 +231,7 @@ struct Peer {
     conn: Connection,
     generation: u64,
     member: bool,
+    cert: CertInfo,
     senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
 }
 
@@ -256,6 +262,7 @@ struct Inner {
     events_rx: std::sync::Mutex<Option<mpsc::Receiver<PeerEvent>>>,
     events_dropped: AtomicU64,
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
+    admission: std::sync::RwLock<Admission>,
 }
 
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
@@ -307,6 +314,7 @@ impl QuicNode {
         ]);
         let inbox_rx = Inbox { control, data, blob };
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
+        let admission = std::sync::RwLock::new(config.admission.clone());
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
@@ -321,6 +329,7 @@ impl QuicNode {
                 events_rx: std::sync::Mutex::new(Some(events_rx)),
                 events_dropped: AtomicU64::new(0),
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
+                admission,
             }),
         };
         let acceptor = node.clone();
@@ -363,6 +372,51 @@ impl QuicNode {
     /// Whether `peer` is joined as a cluster member.
     pub fn is_member(&self, peer: &NodeId) -> bool {
         self.inner.peers.get(peer).is_some_and(|p| p.member)
+    }
+
+    /// The roles in the certificate `peer` presented (`None` if it is not connected).
+    pub fn peer_roles(&self, peer: &NodeId) -> Option<RoleSet> {
+        self.inner.peers.get(peer).map(|p| p.cert.roles)
+    }
+
+    /// What the certificate `peer` presented says (`None` if it is not connected).
+    pub fn peer_certificate(&self, peer: &NodeId) -> Option<CertInfo> {
+        self.inner.peers.get(peer).map(|p| p.cert.clone())
+    }
+
+    /// Replaces the admission rules and disconnects every connected peer they now refuse
+    /// (closing its connection with the refusal as the reason). Returns who was disconnected.
+    pub fn set_admission(&self, admission: Admission) -> Vec<(NodeId, Refusal)> {
+        let refused: Vec<(NodeId, Refusal)> = self
+            .inner
+            .peers
+            .iter()
+            .filter_map(|e| {
+                admission
+                    .check(e.key().as_str(), &e.value().cert, e.value().member)
+                    .err()
+                    .map(|r| (e.key().clone(), r))
+            })
+            .collect();
+        if let Ok(mut g) = self.inner.admission.write() {
+            *g = admission;
+        }
+        for (peer, why) in &refused {
+            if let Some((_, p)) = self.inner.peers.remove(peer) {
+                let reason = why.to_string();
+                warn!(node = %self.inner.id, %peer, %reason, "disconnecting peer");
+                p.conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+                self.emit(PeerEvent::Left { peer: peer.clone(), reason });
+            }
+        }
+        refused
+    }
+
+    fn admit(&self, name: &str, cert: &CertInfo, member: bool) -> Result<(), String> {
+        match self.inner.admission.read() {
+            Ok(a) => a.check(name, cert, member).map_err(|r| r.to_string()),
+            Err(_) => Err("admission rules unavailable (lock poisoned)".into()),
+        }
     }
 
     /// Round-trip time QUIC measures to `peer`.
@@ -408,16 +462,24 @@ impl QuicNode {
         if !ack_view.accepted {
             return Err(refused(ack_view.reason.to_string()));
         }
-        let names = peer_certificate_names(&conn);
-        check_hello(ack_view.node.as_str(), ack_view.protocol.to_native(), &names).map_err(refused)?;
+        let cert =
+            peer_certificate(&conn).ok_or_else(|| refused("the peer presented no certificate".into()))?;
+        check_hello(ack_view.node.as_str(), ack_view.protocol.to_native(), &cert.names).map_err(refused)?;
         if let Some(expected) = expected
             && ack_view.node.as_str() != expected.as_str()
         {
             return Err(refused(format!("expected node {expected}, found {}", ack_view.node)));
         }
+        // the acceptor is always a member: an admin, revoked or unlisted one is refused here too
+        if let Err(reason) = self.admit(ack_view.node.as_str(), &cert, true) {
+            warn!(node = %self.inner.id, %addr, %reason, "refused the node we dialed");
+            conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+            self.emit(PeerEvent::Refused { addr, reason: reason.clone() });
+            return Err(refused(reason));
+        }
         let _ = send.finish();
         let peer = NodeId::new(ack_view.node.as_str());
-        self.register(peer.clone(), conn, true, true).await;
+        self.register(peer.clone(), conn, true, true, cert).await;
         Ok(peer)
     }
 
@@ -587,8 +649,9 @@ impl QuicNode {
                 .ok_or("stream closed before the hello")?;
             let hello: &ArchivedHello =
                 frame.access_as::<Hello>(FrameKind::Hello).map_err(|e| e.to_string())?;
-            let names = peer_certificate_names(&conn);
-            let verdict = check_hello(hello.node.as_str(), hello.protocol.to_native(), &names);
+            let cert = peer_certificate(&conn).ok_or("the peer presented no certificate")?;
+            let verdict = check_hello(hello.node.as_str(), hello.protocol.to_native(), &cert.names)
+                .and_then(|()| self.admit(hello.node.as_str(), &cert, hello.member));
             let ack = HelloAck {
                 node: self.inner.id.0.clone(),
                 protocol: u32::from(PROTOCOL_VERSION),
@@ -599,12 +662,12 @@ impl QuicNode {
             write_frame(&mut send, &ack).await.map_err(|e| e.to_string())?;
             let _ = send.finish();
             verdict?;
-            Ok((NodeId::new(hello.node.as_str()), hello.member))
+            Ok((NodeId::new(hello.node.as_str()), hello.member, cert))
         })
         .await
         .unwrap_or_else(|_| Err(format!("no hello within {deadline:?}")));
         match result {
-            Ok((peer, member)) => self.register(peer, conn, false, member).await,
+            Ok((peer, member, cert)) => self.register(peer, conn, false, member, cert).await,
             Err(reason) => {
                 let reason = connection_reason(&conn, reason);
                 warn!(node = %self.inner.id, %addr, %reason, "refused peer");
@@ -616,10 +679,10 @@ impl QuicNode {
         }
     }
 
-    async fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool) {
+    async fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool, cert: CertInfo) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
-        let entry = Arc::new(Peer { conn: conn.clone(), generation, member, senders });
+        let entry = Arc::new(Peer { conn: conn.clone(), generation, member, cert, senders });
         if let Some(old) = self.inner.peers.insert(peer.clone(), entry) {
             old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
         }

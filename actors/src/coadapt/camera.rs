@@ -14,10 +14,12 @@ use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{VMoe, exact_match};
 
 use super::detect::{DetectorConfig, DriftDetector, Verdict, mean_top1_confidence};
-use super::edge::{AdaptOutcome, EdgeMsg};
+use super::edge::{ADAPT, AdaptOutcome, REPORT};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{CameraReport, DecodeBudget, MAX_DECODED_BYTES, UploadRequest, decode, encode};
-use super::{EDGE_GROUP, digits, zoo_student};
+use super::{EDGE_SERVICE, digits, zoo_student};
+use crate::service::Services;
+use troupe_transport::NodeId;
 
 /// Frames per inference batch (and per detector observation).
 pub const FRAME_BATCH: usize = 64;
@@ -45,6 +47,8 @@ pub struct CameraArgs {
     pub edge_timeout: Duration,
     /// The objective sent with the upload: exact-match gain to reach (0 = the edge's default).
     pub target_gain: f64,
+    /// The node's service router (the edge is called through it).
+    pub services: Services,
 }
 
 /// Messages of a camera (local only).
@@ -108,17 +112,19 @@ fn observe(args: &CameraArgs) -> Result<Observed, String> {
     Ok(Observed { model, drift_frame, uploads, eval, before })
 }
 
-/// Finds the edge actor in the cluster-wide group, waiting up to `timeout`.
-async fn find_edge(timeout: Duration) -> Option<ActorRef<EdgeMsg>> {
+/// Finds a node serving the edge, waiting up to `timeout` (woken by service announcements).
+async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut announcements = services.subscribe_announcements();
     loop {
-        if let Some(cell) = ractor::pg::get_members(&EDGE_GROUP.to_string()).into_iter().next() {
-            return Some(cell.into());
+        if let Some(node) = services.providers(EDGE_SERVICE).into_iter().next() {
+            return Some(node);
         }
-        if tokio::time::Instant::now() > deadline {
-            return None;
+        if let Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) =
+            tokio::time::timeout_at(deadline, announcements.recv()).await
+        {
+            return services.providers(EDGE_SERVICE).into_iter().next();
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -144,8 +150,8 @@ async fn run(args: &CameraArgs) -> CameraReport {
         Ok(Err(e)) => return failed(args, u64::MAX, e),
         Err(e) => return failed(args, u64::MAX, e.to_string()),
     };
-    let Some(edge) = find_edge(args.edge_timeout).await else {
-        return failed(args, obs.drift_frame, format!("no edge in group {EDGE_GROUP}"));
+    let Some(edge) = find_edge(&args.services, args.edge_timeout).await else {
+        return failed(args, obs.drift_frame, format!("no node announced the {EDGE_SERVICE} service"));
     };
     let req = UploadRequest {
         camera: args.name.clone(),
@@ -156,8 +162,7 @@ async fn run(args: &CameraArgs) -> CameraReport {
         drift_frame: obs.drift_frame,
         target_gain: args.target_gain,
     };
-    let ms = u64::try_from(args.edge_timeout.as_millis()).unwrap_or(u64::MAX);
-    let bytes = match ractor::call_t!(edge, EdgeMsg::Adapt, ms, encode(&req)) {
+    let bytes = match args.services.call(&edge, EDGE_SERVICE, ADAPT, encode(&req), args.edge_timeout).await {
         Ok(b) => b,
         Err(e) => return failed(args, obs.drift_frame, format!("asking the edge: {e}")),
     };
@@ -234,8 +239,19 @@ impl Actor for CameraActor {
         match msg {
             CameraMsg::Run => {
                 let report = run(args).await;
-                match find_edge(args.edge_timeout).await {
-                    Some(edge) => edge.cast(EdgeMsg::Report(encode(&report)))?,
+                match find_edge(&args.services, args.edge_timeout).await {
+                    Some(edge) => {
+                        let sent = args.services.call(
+                            &edge,
+                            EDGE_SERVICE,
+                            REPORT,
+                            encode(&report),
+                            args.edge_timeout,
+                        );
+                        if let Err(e) = sent.await {
+                            tracing::error!(camera = %args.name, error = %e, "the report did not reach the edge");
+                        }
+                    }
                     None => tracing::error!(camera = %args.name, "no edge to report to"),
                 }
             }

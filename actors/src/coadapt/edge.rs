@@ -1,4 +1,5 @@
-//! The edge actor: receives uploads over the cluster, labels them with the teacher, runs the
+//! The edge actor: receives uploads from cameras (role-checked service calls on the data plane:
+//! `adapt` and `report` for the `camera` role only), labels them with the teacher, runs the
 //! [`EdgeEngine`] cycle by cycle on a blocking thread (the mailbox keeps taking uploads between
 //! cycles, so late arrivals join the co-adaptation), replies to each camera with its adapted
 //! parameters, and collects the cameras' final reports for the job.
@@ -7,19 +8,47 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorClusterMessage;
+use ractor_cluster::RactorMessage;
 use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{FragSample, VMoe};
 use troupe_policy::adapt::TaskId;
+use troupe_transport::Role;
 
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{
     AdaptReply, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, UploadRequest, decode, encode,
 };
-use super::{EDGE_GROUP, digits, student_config, zoo_student, zoo_teacher};
+use super::{EDGE_GROUP, EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
+use crate::service::{Allow, Handler, ServiceSpec, Services};
+
+/// Method of [`EDGE_SERVICE`]: an [`UploadRequest`], answered with an [`AdaptOutcome`].
+pub const ADAPT: &str = "adapt";
+/// Method of [`EDGE_SERVICE`]: a [`CameraReport`], answered with an empty body.
+pub const REPORT: &str = "report";
+
+/// Who may call the edge: cameras only.
+pub fn spec() -> ServiceSpec {
+    ServiceSpec::new().method(ADAPT, Allow::role(Role::Camera)).method(REPORT, Allow::role(Role::Camera))
+}
+
+fn handler(actor: ActorRef<EdgeMsg>) -> Handler {
+    Arc::new(move |_caller, method, body| {
+        let actor = actor.clone();
+        Box::pin(async move {
+            let gone = |e: String| format!("the edge actor is not running: {e}");
+            match method.as_str() {
+                ADAPT => ractor::call!(actor, EdgeMsg::Adapt, body).map_err(|e| gone(e.to_string())),
+                REPORT => {
+                    actor.cast(EdgeMsg::Report(body)).map(|()| Vec::new()).map_err(|e| gone(e.to_string()))
+                }
+                other => Err(format!("{other:?} is not an edge method")),
+            }
+        })
+    })
+}
 
 /// Most camera reports the edge keeps for a job; later ones are refused (logged).
 pub const MAX_REPORTS: usize = 1024;
@@ -35,16 +64,14 @@ pub enum AdaptOutcome {
     Refused(String),
 }
 
-/// Messages of the edge actor (serialisable: cameras call it across nodes).
-#[derive(RactorClusterMessage)]
+/// Messages of the edge actor (local: cameras reach it through its service handler).
+#[derive(RactorMessage)]
 pub enum EdgeMsg {
     /// An [`UploadRequest`] (rkyv bytes); answered with an [`AdaptOutcome`] when its task completes.
-    #[rpc]
     Adapt(Vec<u8>, RpcReplyPort<Vec<u8>>),
     /// A camera's [`CameraReport`] (rkyv bytes).
     Report(Vec<u8>),
     /// Answers with an [`EdgeSummary`] once this many camera reports arrived.
-    #[rpc]
     WaitSummary(u32, RpcReplyPort<Vec<u8>>),
     /// Runs the next adaptation cycle (sent to itself).
     Cycle,
@@ -57,6 +84,8 @@ pub struct EdgeArgs {
     pub engine: EngineConfig,
     /// Student sizes the cameras run (their shared parts and step buffers are reserved).
     pub expected: Vec<String>,
+    /// The node's service router (the actor serves [`EDGE_SERVICE`] there).
+    pub services: Services,
 }
 
 struct Pending {
@@ -169,6 +198,7 @@ impl Actor for EdgeActor {
         })
         .await??;
         ractor::pg::join(EDGE_GROUP.to_string(), vec![me.get_cell()]);
+        args.services.register(EDGE_SERVICE, spec(), handler(me.clone()));
         tracing::info!(budget = cfg.budget, scheduler = cfg.scheduler.name(), "coadapt edge ready");
         Ok(EdgeState {
             engine: Some(engine),

@@ -14,6 +14,7 @@
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
 pub mod app;
+pub mod exec_wire;
 pub mod executor;
 pub mod profiler;
 pub mod remote;

@@ -1,7 +1,9 @@
 //! The foreman shell: carries out the decisions of `troupe_policy::pipeline::Foreman` over the
 //! cluster.
 //!
-//! It finds the workers (process group [`WORKERS_GROUP`]), asks each to join, submits the job to
+//! It finds the workers (nodes announcing a `pipeline-worker/NODE` service, see [`SERVICE_PREFIX`];
+//! calls are role-checked service calls on the data plane, for the `scheduler` role only), asks
+//! each to join, submits the job to
 //! the policy and then loops: policy actions become requests on a per-worker queue (performed in
 //! order, one RPC at a time, so a `SendStage` lands before the `Load` after it); answers,
 //! telemetry (polled every `telemetry_period`, RTT from QUIC) and membership events go back into
@@ -19,7 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{info, warn};
 use troupe_kernels::onnx::NamedTensor;
@@ -34,8 +35,10 @@ use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, TelemetrySample, WireNamed,
     WorkerStats, decode_tensors, encode_tensors, response_from_bytes, to_bytes,
 };
-use super::worker::{PipelineWorkerMsg, WORKERS_GROUP};
+use super::worker::{CALL, SERVICE_PREFIX};
+use crate::service::{CallError as ServiceCallError, Services};
 use troupe_transport::codec::DecodeBudget;
+use troupe_transport::service::FaultKind;
 
 /// Foreman settings.
 #[derive(Clone, Debug)]
@@ -200,15 +203,30 @@ impl std::fmt::Display for CallError {
     }
 }
 
-async fn call(
-    actor: &ActorRef<PipelineWorkerMsg>,
-    req: &Request,
-    timeout: Duration,
-) -> Result<Response, CallError> {
+/// A worker as the foreman reaches it: its node and its service.
+#[derive(Clone)]
+struct Target {
+    services: Services,
+    peer: NodeId,
+    service: String,
+}
+
+async fn call(target: &Target, req: &Request, timeout: Duration) -> Result<Response, CallError> {
     let bytes = to_bytes("request", req).map_err(|e| CallError::Remote(e.to_string()))?;
-    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    let answer = ractor::call_t!(actor, PipelineWorkerMsg::Call, ms, bytes)
-        .map_err(|e| CallError::Transport(e.to_string()))?;
+    let answer = target.services.call(&target.peer, &target.service, CALL, bytes, timeout).await.map_err(
+        |e| match e {
+            // refused by the worker's router: a problem with the request, not a lost worker
+            ServiceCallError::Remote {
+                kind:
+                    FaultKind::Forbidden
+                    | FaultKind::UnknownService
+                    | FaultKind::UnknownMethod
+                    | FaultKind::BadRequest,
+                ..
+            } => CallError::Remote(e.to_string()),
+            other => CallError::Transport(other.to_string()),
+        },
+    )?;
     match response_from_bytes(&answer).map_err(|e| CallError::Transport(e.to_string()))? {
         Response::Error(e) => Err(CallError::Remote(e)),
         r => Ok(r),
@@ -247,7 +265,7 @@ struct Event {
 
 struct Handle {
     node: String,
-    actor: ActorRef<PipelineWorkerMsg>,
+    actor: Target,
     queue: Option<mpsc::UnboundedSender<Cmd>>,
     lost: Arc<AtomicBool>,
     summary: WorkerSummary,
@@ -269,7 +287,7 @@ async fn executor(
     ctx: ExecCtx,
     worker: usize,
     node: String,
-    actor: ActorRef<PipelineWorkerMsg>,
+    actor: Target,
     lost: Arc<AtomicBool>,
     mut queue: mpsc::UnboundedReceiver<Cmd>,
 ) {
@@ -355,26 +373,36 @@ fn policy_telemetry(t: &TelemetrySample, rtt_ms: f64) -> Telemetry {
     }
 }
 
-/// Waits for `settings.workers` remote pipeline workers and returns them sorted by actor id.
-async fn discover(settings: &ShellSettings) -> Result<Vec<ActorRef<PipelineWorkerMsg>>, ShellError> {
-    let deadline = Instant::now() + settings.join_timeout;
+/// Waits for `settings.workers` remote pipeline workers (nodes that announced a worker
+/// service; woken by announcements, not polling) and returns them sorted by node name.
+async fn discover(services: &Services, settings: &ShellSettings) -> Result<Vec<Target>, ShellError> {
+    let deadline = tokio::time::Instant::now() + settings.join_timeout;
+    let mut announcements = services.subscribe_announcements();
     loop {
-        let mut found: Vec<ractor::ActorCell> = ractor::pg::get_members(&WORKERS_GROUP.to_string())
+        // the directory is sorted by node name
+        let found: Vec<Target> = services
+            .directory()
             .into_iter()
-            .filter(|c| !c.get_id().is_local())
+            .flat_map(|(peer, names)| {
+                names.into_iter().filter(|n| n.starts_with(SERVICE_PREFIX)).map(move |service| Target {
+                    services: services.clone(),
+                    peer: peer.clone(),
+                    service,
+                })
+            })
             .collect();
         if found.len() >= settings.workers {
-            found.sort_by_key(|c| c.get_id().to_string());
-            return Ok(found.into_iter().map(Into::into).collect());
+            return Ok(found);
         }
-        if Instant::now() > deadline {
+        if let Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) =
+            tokio::time::timeout_at(deadline, announcements.recv()).await
+        {
             return Err(ShellError::TooFewWorkers {
                 found: found.len(),
                 wanted: settings.workers,
                 secs: settings.join_timeout.as_secs(),
             });
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -619,16 +647,18 @@ impl Shell {
 
 /// Runs one job over the workers of the cluster and returns its outputs and metrics.
 ///
-/// `link` and `membership` are the foreman node's; `shelf` must be installed as its blob server.
+/// `link`, `services` and `membership` are the foreman node's; `shelf` must be installed as its
+/// blob server.
 pub async fn run_pipeline_job(
     link: &QuicNode,
+    services: &Services,
     shelf: &BlobShelf,
     mut membership: broadcast::Receiver<MembershipEvent<NodeId>>,
     job: PipelineJob,
     settings: ShellSettings,
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
-    let actors = discover(&settings).await?;
+    let actors = discover(services, &settings).await?;
     let t0 = Instant::now();
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let ctx = ExecCtx {

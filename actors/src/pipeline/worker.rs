@@ -13,17 +13,18 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorClusterMessage;
+use ractor_cluster::RactorMessage;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
-use troupe_transport::{NodeId, QuicNode};
+use troupe_transport::{NodeId, QuicNode, Role};
 
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, WorkerStats, decode_tensors,
     encode_tensors, request_from_bytes, to_bytes,
 };
+use crate::service::{Allow, Handler, ServiceSpec, Services};
 use troupe_transport::codec::DecodeBudget;
 
 /// Process group every pipeline worker joins (visible cluster-wide).
@@ -62,12 +63,32 @@ pub fn max_live_sessions() -> u32 {
     MAX_LIVE.load(Ordering::SeqCst)
 }
 
-/// The worker's one message: an rkyv [`Request`] in, an rkyv [`Response`] out.
-#[derive(RactorClusterMessage)]
+/// The worker's one message: an rkyv [`Request`] in, an rkyv [`Response`] out (local: the
+/// foreman reaches it through the worker's service handler).
+#[derive(RactorMessage)]
 pub enum PipelineWorkerMsg {
     /// A request from the foreman.
-    #[rpc]
     Call(Vec<u8>, RpcReplyPort<Vec<u8>>),
+}
+
+/// Service names of workers are this prefix plus the worker's node name.
+pub const SERVICE_PREFIX: &str = "pipeline-worker/";
+/// The worker service's one method: an rkyv [`Request`], answered with an rkyv [`Response`].
+pub const CALL: &str = "call";
+
+/// Who may call a worker: the `scheduler` role (the foreman) only.
+pub fn spec() -> ServiceSpec {
+    ServiceSpec::new().method(CALL, Allow::role(Role::Scheduler))
+}
+
+fn handler(actor: ActorRef<PipelineWorkerMsg>) -> Handler {
+    Arc::new(move |_caller, _method, body| {
+        let actor = actor.clone();
+        Box::pin(async move {
+            ractor::call!(actor, PipelineWorkerMsg::Call, body)
+                .map_err(|e| format!("the pipeline worker actor is not running: {e}"))
+        })
+    })
 }
 
 /// Settings of a worker (from its node config).
@@ -98,6 +119,8 @@ pub struct WorkerArgs {
     pub link: QuicNode,
     /// What this node serves to peers (large output tensors).
     pub shelf: BlobShelf,
+    /// The node's service router (the worker serves `pipeline-worker/NODE` there).
+    pub services: Services,
 }
 
 /// The worker actor.
@@ -140,6 +163,8 @@ impl Actor for PipelineWorker {
         );
         let sampler = Sampler::new(args.settings.device, args.settings.ram_budget_bytes);
         ractor::pg::join(WORKERS_GROUP.to_string(), vec![me.get_cell()]);
+        let service = format!("{SERVICE_PREFIX}{}", args.settings.node);
+        args.services.register(&service, spec(), handler(me.clone()));
         Ok(WorkerState { args, session: None, straggler, memory, sampler, stats: WorkerStats::default() })
     }
 
@@ -398,10 +423,10 @@ impl WorkerState {
 }
 
 /// Builds the start arguments and installs the shelf as the node's blob server.
-pub fn worker_args(settings: WorkerSettings, link: &QuicNode) -> WorkerArgs {
+pub fn worker_args(settings: WorkerSettings, link: &QuicNode, services: &Services) -> WorkerArgs {
     let shelf = BlobShelf::default();
     link.set_blob_server(Arc::new(shelf.clone()));
-    WorkerArgs { settings, link: link.clone(), shelf }
+    WorkerArgs { settings, link: link.clone(), shelf, services: services.clone() }
 }
 
 #[cfg(test)]

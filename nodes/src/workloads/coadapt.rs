@@ -202,7 +202,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
             seed: p.seed,
             ..EngineConfig::default()
         };
-        let args = EdgeArgs { engine, expected: p.students };
+        let args = EdgeArgs { engine, expected: p.students, services: ctx.services.clone() };
         return Ok(ChildSpec::new(name, move || (EdgeActor, args.clone())));
     }
     let (p, schedule) = camera_params(a).map_err(err)?;
@@ -217,6 +217,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         max_frames: p.max_frames,
         edge_timeout: Duration::from_secs(p.edge_timeout_s),
         target_gain: p.target_gain,
+        services: ctx.services.clone(),
     };
     Ok(ChildSpec::new(name, move || (CameraActor, args.clone())))
 }

@@ -274,6 +274,7 @@ pub fn actor(
         dir: PathBuf::from(p.dir),
         executor: p.executor,
         node: ctx.config.name.clone(),
+        services: ctx.services.clone(),
     };
     Ok(troupe_actors::supervisor::ChildSpec::new(
         a.name.clone().unwrap_or_else(|| a.kind.clone()),
@@ -324,7 +325,7 @@ pub async fn run_job(
     }
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
-    let found = find_executors(&names, deadline).await?;
+    let found = find_executors(&runtime.services, &names, deadline).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
         shared.total(),
@@ -338,7 +339,7 @@ pub async fn run_job(
     );
     let call_timeout = std::time::Duration::from_secs(p.call_timeout_s.max(1));
     for (exec, x) in found.iter().enumerate() {
-        connect_executor(&shared, exec, x, call_timeout);
+        connect_executor(&runtime.services, &shared, exec, x, call_timeout);
     }
     let failures = runtime.subscribe_supervision();
     let started = ractor::call!(runtime.supervisor, SupervisorMsg::StartChild, shared.child_spec())
@@ -350,7 +351,7 @@ pub async fn run_job(
     let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
     let lost = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
     let watcher = {
-        let (shared, lost) = (shared.clone(), lost.clone());
+        let (shared, lost, services) = (shared.clone(), lost.clone(), runtime.services.clone());
         tokio::spawn(async move {
             loop {
                 let event = match members.recv().await {
@@ -376,10 +377,10 @@ pub async fn run_job(
                         MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
                             let name = shared.executor_name(exec).to_string();
                             let until = std::time::Instant::now() + call_timeout;
-                            match find_executors(std::slice::from_ref(&name), until).await {
+                            match find_executors(&services, std::slice::from_ref(&name), until).await {
                                 Ok(found) => {
                                     if let Some(x) = found.first() {
-                                        connect_executor(&shared, exec, x, call_timeout);
+                                        connect_executor(&services, &shared, exec, x, call_timeout);
                                         println!("coe: executor {name} rejoined on {node}; back in service");
                                     }
                                 }
@@ -438,6 +439,7 @@ pub async fn run_job(
 /// Links executor `exec` (found on the cluster) to the job: commands go out as RPCs, its events
 /// come back tagged with the new link's generation.
 fn connect_executor(
+    services: &troupe_actors::service::Services,
     shared: &std::sync::Arc<troupe_actors::coe::serve::CoeShared>,
     exec: usize,
     x: &troupe_actors::coe::remote::RemoteExecutor,
@@ -445,7 +447,9 @@ fn connect_executor(
 ) {
     let (tx, rx) = std::sync::mpsc::channel();
     let Some(sender) =
-        troupe_actors::coe::remote::spawn_links(std::slice::from_ref(x), tx, call_timeout).into_iter().next()
+        troupe_actors::coe::remote::spawn_links(services, std::slice::from_ref(x), tx, call_timeout)
+            .into_iter()
+            .next()
     else {
         return;
     };

@@ -22,6 +22,29 @@ pub struct NodeContext {
     pub config: NodeConfig,
     /// The node's QUIC link (data plane).
     pub link: QuicNode,
+    /// The node's role-checked service router (data plane RPC).
+    pub services: troupe_actors::Services,
+}
+
+/// The certificate roles a node needs for the actors and the job it runs (`troupe up` issues
+/// them): executors and hello experts `executor`, pipeline workers `worker`, co-adaptation
+/// `edge` / `camera`, and any job `scheduler` (the job node drives the workload).
+pub fn roles_for(actors: &[ActorConfig], job: Option<&JobConfig>) -> troupe_transport::RoleSet {
+    use troupe_transport::{Role, RoleSet};
+    let mut roles = RoleSet::EMPTY;
+    for a in actors {
+        roles = match a.kind.as_str() {
+            "hello-expert" | "coe-executor" => roles.with(Role::Executor),
+            "pipeline-worker" => roles.with(Role::Worker),
+            "coadapt-edge" => roles.with(Role::Edge),
+            "coadapt-camera" => roles.with(Role::Camera),
+            _ => roles,
+        };
+    }
+    if job.is_some() {
+        roles = roles.with(Role::Scheduler);
+    }
+    roles
 }
 
 /// Parses a `params` table into the workload's own settings type, naming the bad field.

@@ -169,7 +169,7 @@ pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
 /// The worker actor of one `pipeline-worker` entry; installs its blob shelf on the node's link.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     let p: WorkerParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
-    let args = worker_args(worker_settings(&ctx.config.name, &p), &ctx.link);
+    let args = worker_args(worker_settings(&ctx.config.name, &p), &ctx.link, &ctx.services);
     Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
         (PipelineWorker, args.clone())
     }))
@@ -268,7 +268,8 @@ pub async fn run_job(runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig)
         telemetry_period: Duration::from_millis(p.telemetry_ms),
         ..ShellSettings::default()
     };
-    let outcome = run_pipeline_job(&runtime.link, &shelf, membership, job, settings, None).await?;
+    let outcome =
+        run_pipeline_job(&runtime.link, &runtime.services, &shelf, membership, job, settings, None).await?;
     print!("{}", render_outcome(&sentences, &outcome));
     Ok(())
 }

@@ -72,8 +72,9 @@ impl LocalCluster {
         std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
         let workdir = workdir.canonicalize()?;
         let keys = workdir.join("keys");
-        let mut names: Vec<&str> = vec![FOREMAN];
-        names.extend(workers.iter().map(|w| w.name.as_str()));
+        use troupe_transport::{Role, RoleSet};
+        let mut names: Vec<(&str, RoleSet)> = vec![(FOREMAN, RoleSet::only(Role::Scheduler))];
+        names.extend(workers.iter().map(|w| (w.name.as_str(), RoleSet::only(Role::Worker))));
         ensure_keys(&keys, "pipeline", &names)?;
         let ports = free_ports(workers.len() + 1)?;
         let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
@@ -81,7 +82,8 @@ impl LocalCluster {
             name: name.to_owned(),
             listen: addr(i),
             keys: keys.clone(),
-            cookie: "pipeline".into(),
+            cookie: None,
+            security: Default::default(),
             peers: Vec::new(),
             membership: membership(),
             supervision: SupervisionSection::default(),
@@ -135,7 +137,16 @@ impl LocalCluster {
         progress: Option<mpsc::UnboundedSender<Progress>>,
     ) -> Result<JobOutcome> {
         let membership = self.runtime.subscribe_membership();
-        Ok(run_pipeline_job(&self.runtime.link, &self.shelf, membership, job, settings, progress).await?)
+        Ok(run_pipeline_job(
+            &self.runtime.link,
+            &self.runtime.services,
+            &self.shelf,
+            membership,
+            job,
+            settings,
+            progress,
+        )
+        .await?)
     }
 
     /// OS process ids of the workers, by node name.

@@ -1,0 +1,526 @@
+//! Role-checked service calls on the data plane: the one wire path for workload RPC.
+//!
+//! A service (an actor kind, possibly with an instance name: `coe-executor/cpu0`) declares, per
+//! method, which certificate roles may call it ([`ServiceSpec`]). A request arrives as a
+//! [`FrameKind::Service`] frame on the data channel of an authenticated QUIC connection, so the
+//! router knows the sender's node name and, from its certificate, its roles: a call the roles do
+//! not allow is answered with [`FaultKind::Forbidden`] naming the role and the method, and logged;
+//! an unknown service or method is answered by name too. The envelope codec is
+//! `troupe_transport::service`.
+//!
+//! Caller side: [`Services::call`] with correlation ids, a timeout, and a bound on outstanding
+//! calls. Calls pending to a peer whose connection ends fail at once ([`Services::peer_left`]).
+//!
+//! Discovery: every node announces its services (built-in service [`DIRECTORY`]) to each member
+//! when it joins and to every member when a service is registered; [`Services::directory`] and
+//! [`Services::subscribe_announcements`] let a scheduler wait for executors without polling.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use rkyv::api::high::{HighSerializer, HighValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor;
+use rkyv::ser::allocator::ArenaHandle;
+use rkyv::util::AlignedVec;
+use tokio::sync::{Semaphore, broadcast, oneshot};
+use tracing::{debug, warn};
+use troupe_transport::service::{
+    self, Envelope, Fault, FaultKind, Outcome, Request, Response, ServiceLimits, ServiceWireError,
+};
+use troupe_transport::{Channel, Delivery, FrameKind, Link, NodeId, QuicNode, Role, RoleSet};
+
+/// The built-in service every node runs: service announcements.
+pub const DIRECTORY: &str = "troupe-directory";
+/// Method of [`DIRECTORY`] carrying the sender's service names.
+const ANNOUNCE: &str = "announce";
+/// Most service names one announcement may carry.
+pub const MAX_ANNOUNCED: usize = 256;
+/// How long an announcement may take before it is given up (it is repeated on the next join).
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Who may call a method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allow {
+    /// Any peer joined as a cluster member, whatever its roles.
+    AnyMember,
+    /// Peers whose certificate has at least one of these roles.
+    Roles(RoleSet),
+}
+
+impl Allow {
+    /// Only peers with `role`.
+    pub const fn role(role: Role) -> Self {
+        Allow::Roles(RoleSet::only(role))
+    }
+}
+
+/// What a service accepts: each method and who may call it. Methods not listed are unknown.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceSpec {
+    methods: BTreeMap<String, Allow>,
+}
+
+impl ServiceSpec {
+    /// An empty spec (add methods with [`ServiceSpec::method`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `method`, callable by `allow`.
+    pub fn method(mut self, method: &str, allow: Allow) -> Self {
+        self.methods.insert(method.to_string(), allow);
+        self
+    }
+
+    /// The rule for `method`.
+    pub fn allow(&self, method: &str) -> Option<Allow> {
+        self.methods.get(method).copied()
+    }
+}
+
+/// Who is calling, as the authenticated connection says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The sending node (its certificate's name).
+    pub node: NodeId,
+    /// The roles in its certificate.
+    pub roles: RoleSet,
+}
+
+/// A handler's future: the answer body, or a message naming what failed.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+/// Runs one admitted call: `(caller, method, body)`.
+pub type Handler = Arc<dyn Fn(Caller, String, Vec<u8>) -> HandlerFuture + Send + Sync>;
+
+/// Limits of a node's service router.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceConfig {
+    /// Calls this node may have outstanding at once (further calls fail with
+    /// [`CallError::TooManyOutstanding`]).
+    pub max_outstanding: usize,
+    /// Calls from peers this node runs at once (further ones are answered [`FaultKind::Busy`]).
+    pub max_inbound: usize,
+    /// Cap on each envelope decoded.
+    pub limits: ServiceLimits,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self { max_outstanding: 1024, max_inbound: 256, limits: ServiceLimits::default() }
+    }
+}
+
+/// Why a call produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The callee refused or failed the call (forbidden, unknown service or method, busy,
+    /// bad request, handler error); the message comes from the callee and names the problem.
+    #[error("{peer}: {service}.{method}: {message}")]
+    Remote {
+        /// The callee.
+        peer: NodeId,
+        /// The service called.
+        service: String,
+        /// The method called.
+        method: String,
+        /// The class of failure.
+        kind: FaultKind,
+        /// The callee's message.
+        message: String,
+    },
+    /// No answer within the timeout.
+    #[error("{peer}: {service}.{method}: no answer within {timeout:?}")]
+    Timeout {
+        /// The callee.
+        peer: NodeId,
+        /// The service called.
+        service: String,
+        /// The method called.
+        method: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The callee's connection ended before it answered.
+    #[error("{peer}: {service}.{method}: the peer left before answering ({reason})")]
+    PeerLeft {
+        /// The callee.
+        peer: NodeId,
+        /// The service called.
+        service: String,
+        /// The method called.
+        method: String,
+        /// Why the connection ended.
+        reason: String,
+    },
+    /// The request could not be sent.
+    #[error("{peer}: {service}.{method}: sending failed: {detail}")]
+    Send {
+        /// The callee.
+        peer: NodeId,
+        /// The service called.
+        service: String,
+        /// The method called.
+        method: String,
+        /// What failed.
+        detail: String,
+    },
+    /// Too many calls are outstanding on this node.
+    #[error("{0} calls are outstanding, the most this node allows")]
+    TooManyOutstanding(usize),
+    /// The request could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] ServiceWireError),
+}
+
+impl CallError {
+    /// The callee's fault class, for a [`CallError::Remote`].
+    pub fn fault(&self) -> Option<FaultKind> {
+        match self {
+            CallError::Remote { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// True when the peer is gone or silent (its work should be redone elsewhere).
+    pub fn is_lost(&self) -> bool {
+        matches!(self, CallError::Timeout { .. } | CallError::PeerLeft { .. } | CallError::Send { .. })
+    }
+}
+
+type Reply = Result<Vec<u8>, (FaultKind, String)>;
+
+struct Pending {
+    peer: NodeId,
+    tx: oneshot::Sender<Result<Reply, String>>,
+}
+
+struct Registered {
+    spec: ServiceSpec,
+    handler: Handler,
+}
+
+struct Inner {
+    link: QuicNode,
+    config: ServiceConfig,
+    services: std::sync::RwLock<HashMap<String, Arc<Registered>>>,
+    pending: DashMap<u64, Pending>,
+    next_id: AtomicU64,
+    outstanding: Arc<Semaphore>,
+    inbound: Arc<Semaphore>,
+    directory: DashMap<NodeId, Vec<String>>,
+    announcements: broadcast::Sender<NodeId>,
+}
+
+/// A node's service router (both ends: serving and calling). Cheap to clone.
+#[derive(Clone)]
+pub struct Services {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services").field("node", self.inner.link.local_id()).finish_non_exhaustive()
+    }
+}
+
+impl Services {
+    /// A router sending and receiving over `link` (frames reach it through
+    /// [`Services::handle_frame`]; the node runtime does that).
+    pub fn new(link: QuicNode, config: ServiceConfig) -> Self {
+        let (announcements, _) = broadcast::channel(256);
+        Self {
+            inner: Arc::new(Inner {
+                link,
+                config,
+                services: std::sync::RwLock::new(HashMap::new()),
+                pending: DashMap::new(),
+                next_id: AtomicU64::new(1),
+                outstanding: Arc::new(Semaphore::new(config.max_outstanding)),
+                inbound: Arc::new(Semaphore::new(config.max_inbound)),
+                directory: DashMap::new(),
+                announcements,
+            }),
+        }
+    }
+
+    /// Serves `name` with `handler` under `spec` (replacing a service of that name, e.g. after
+    /// its actor restarted) and announces it to every member.
+    pub fn register(&self, name: &str, spec: ServiceSpec, handler: Handler) {
+        if let Ok(mut g) = self.inner.services.write() {
+            g.insert(name.to_string(), Arc::new(Registered { spec, handler }));
+        }
+        for peer in self.inner.link.peers() {
+            self.announce_to(peer);
+        }
+    }
+
+    /// Stops serving `name`.
+    pub fn unregister(&self, name: &str) {
+        if let Ok(mut g) = self.inner.services.write() {
+            g.remove(name);
+        }
+    }
+
+    /// Names of the services this node serves.
+    pub fn local_services(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            self.inner.services.read().map(|g| g.keys().cloned().collect()).unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// What each peer announced it serves.
+    pub fn directory(&self) -> Vec<(NodeId, Vec<String>)> {
+        let mut v: Vec<(NodeId, Vec<String>)> =
+            self.inner.directory.iter().map(|e| (e.key().clone(), e.value().clone())).collect();
+        v.sort();
+        v
+    }
+
+    /// The peers that announced `service`.
+    pub fn providers(&self, service: &str) -> Vec<NodeId> {
+        self.directory().into_iter().filter(|(_, s)| s.iter().any(|x| x == service)).map(|(n, _)| n).collect()
+    }
+
+    /// Names of the peers that announce services, from now on (one event per announcement).
+    pub fn subscribe_announcements(&self) -> broadcast::Receiver<NodeId> {
+        self.inner.announcements.subscribe()
+    }
+
+    /// A member joined: tell it what this node serves.
+    pub fn peer_joined(&self, peer: &NodeId) {
+        self.announce_to(peer.clone());
+    }
+
+    /// A peer's connection ended: its pending calls fail now, its announcements are forgotten.
+    pub fn peer_left(&self, peer: &NodeId, reason: &str) {
+        self.inner.directory.remove(peer);
+        let ids: Vec<u64> =
+            self.inner.pending.iter().filter(|e| &e.value().peer == peer).map(|e| *e.key()).collect();
+        for id in ids {
+            if let Some((_, p)) = self.inner.pending.remove(&id) {
+                let _ = p.tx.send(Err(reason.to_string()));
+            }
+        }
+    }
+
+    fn announce_to(&self, peer: NodeId) {
+        let names = self.local_services();
+        if names.is_empty() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let body = match to_body(&names) {
+                Ok(b) => b,
+                Err(e) => return warn!(error = %e, "encoding the service announcement"),
+            };
+            if let Err(e) = this.call(&peer, DIRECTORY, ANNOUNCE, body, ANNOUNCE_TIMEOUT).await {
+                debug!(%peer, error = %e, "service announcement not delivered");
+            }
+        });
+    }
+
+    /// Calls `service.method` on `peer` with `body`; the answer body, or why there is none.
+    pub async fn call(
+        &self,
+        peer: &NodeId,
+        service: &str,
+        method: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        let _permit = self
+            .inner
+            .outstanding
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| CallError::TooManyOutstanding(self.inner.config.max_outstanding))?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = service::encode(&Envelope::Request(Request {
+            id,
+            service: service.to_string(),
+            method: method.to_string(),
+            body,
+        }))?;
+        let (tx, rx) = oneshot::channel();
+        self.inner.pending.insert(id, Pending { peer: peer.clone(), tx });
+        let names = || (peer.clone(), service.to_string(), method.to_string());
+        if let Err(e) = self.inner.link.send(peer, Channel::Data, frame).await {
+            self.inner.pending.remove(&id);
+            let (peer, service, method) = names();
+            return Err(CallError::Send { peer, service, method, detail: e.to_string() });
+        }
+        let outcome = tokio::time::timeout(timeout, rx).await;
+        self.inner.pending.remove(&id);
+        let (peer, service, method) = names();
+        match outcome {
+            Err(_) => Err(CallError::Timeout { peer, service, method, timeout }),
+            Ok(Err(_)) => Err(CallError::PeerLeft { peer, service, method, reason: "router stopped".into() }),
+            Ok(Ok(Err(reason))) => Err(CallError::PeerLeft { peer, service, method, reason }),
+            Ok(Ok(Ok(Ok(bytes)))) => Ok(bytes),
+            Ok(Ok(Ok(Err((kind, message))))) => {
+                Err(CallError::Remote { peer, service, method, kind, message })
+            }
+        }
+    }
+
+    /// Takes a [`FrameKind::Service`] frame from the link: a response completes its call, a
+    /// request is checked and run on its own task. Never blocks; bad frames are logged.
+    pub fn handle_frame(&self, d: Delivery) {
+        debug_assert_eq!(d.frame.kind, FrameKind::Service);
+        match service::decode(&d.frame, &self.inner.config.limits) {
+            Ok(Envelope::Response(Response { id, outcome })) => {
+                let Some((_, p)) = self.inner.pending.remove_if(&id, |_, p| p.peer == d.from) else {
+                    debug!(peer = %d.from, id, "response to no outstanding call");
+                    return;
+                };
+                let reply = match outcome {
+                    Outcome::Ok(b) => Ok(b),
+                    Outcome::Err(Fault { kind, message }) => Err((kind, message)),
+                };
+                let _ = p.tx.send(Ok(reply));
+            }
+            Ok(Envelope::Request(req)) => self.serve(d.from, req),
+            Err(e) => warn!(peer = %d.from, error = %e, "invalid service message dropped"),
+        }
+    }
+
+    fn serve(&self, from: NodeId, req: Request) {
+        let this = self.clone();
+        let permit = self.inner.inbound.clone().try_acquire_owned();
+        tokio::spawn(async move {
+            let Request { id, service, method, body } = req;
+            let reply = match permit {
+                Err(_) => Err((
+                    FaultKind::Busy,
+                    format!(
+                        "{} calls in progress, the most this node runs at once",
+                        this.inner.config.max_inbound
+                    ),
+                )),
+                Ok(_permit) => this.run(&from, &service, &method, body).await,
+            };
+            let outcome = match reply {
+                Ok(b) => Outcome::Ok(b),
+                Err((kind, message)) => {
+                    if kind == FaultKind::Forbidden
+                        || kind == FaultKind::UnknownService
+                        || kind == FaultKind::UnknownMethod
+                    {
+                        warn!(peer = %from, %service, %method, reason = %message, "service call refused");
+                    }
+                    Outcome::Err(Fault { kind, message })
+                }
+            };
+            let frame = match service::encode(&Envelope::Response(Response { id, outcome })) {
+                Ok(f) => f,
+                Err(e) => return warn!(peer = %from, %service, %method, error = %e, "encoding the response"),
+            };
+            if let Err(e) = this.inner.link.send(&from, Channel::Data, frame).await {
+                debug!(peer = %from, %service, %method, error = %e, "response not delivered");
+            }
+        });
+    }
+
+    async fn run(&self, from: &NodeId, service: &str, method: &str, body: Vec<u8>) -> Reply {
+        let me = self.inner.link.local_id().clone();
+        let roles = self.inner.link.peer_roles(from).unwrap_or_default();
+        let member = self.inner.link.is_member(from);
+        if service == DIRECTORY {
+            if method != ANNOUNCE {
+                return Err((
+                    FaultKind::UnknownMethod,
+                    format!("service {DIRECTORY} on {me} has no method {method:?}"),
+                ));
+            }
+            if !member {
+                return Err((
+                    FaultKind::Forbidden,
+                    format!("{from} (role {roles}) is not a member and may not call {DIRECTORY}.{ANNOUNCE}"),
+                ));
+            }
+            return self.announced(from, &body);
+        }
+        let registered = self.inner.services.read().ok().and_then(|g| g.get(service).cloned());
+        let Some(registered) = registered else {
+            return Err((FaultKind::UnknownService, format!("node {me} serves no service {service:?}")));
+        };
+        let Some(allow) = registered.spec.allow(method) else {
+            let known: Vec<&String> = registered.spec.methods.keys().collect();
+            return Err((
+                FaultKind::UnknownMethod,
+                format!("service {service} on {me} has no method {method:?} (methods: {known:?})"),
+            ));
+        };
+        let permitted = match allow {
+            Allow::AnyMember => member,
+            Allow::Roles(set) => roles.intersects(set),
+        };
+        if !permitted {
+            let needs = match allow {
+                Allow::AnyMember => "a cluster member".to_string(),
+                Allow::Roles(set) => format!("role {set}"),
+            };
+            return Err((
+                FaultKind::Forbidden,
+                format!("role {roles} of {from} may not call {service}.{method} (it needs {needs})"),
+            ));
+        }
+        let caller = Caller { node: from.clone(), roles };
+        (registered.handler)(caller, method.to_string(), body).await.map_err(|e| (FaultKind::Failed, e))
+    }
+
+    fn announced(&self, from: &NodeId, body: &[u8]) -> Reply {
+        let names: Vec<String> = with_archived::<Vec<String>, _>(body, |a| {
+            if a.len() > MAX_ANNOUNCED {
+                return Err(format!("{} services announced, the cap is {MAX_ANNOUNCED}", a.len()));
+            }
+            if let Some(long) = a.iter().find(|s| s.len() > service::MAX_NAME) {
+                return Err(format!("service name of {} bytes exceeds {}", long.len(), service::MAX_NAME));
+            }
+            Ok(a.iter().map(|s| s.as_str().to_string()).collect())
+        })
+        .map_err(|e| (FaultKind::BadRequest, e))?;
+        debug!(peer = %from, services = ?names, "services announced");
+        self.inner.directory.insert(from.clone(), names);
+        let _ = self.inner.announcements.send(from.clone());
+        Ok(Vec::new())
+    }
+}
+
+/// Serializer type for service bodies.
+pub type BodySerializer<'a> = HighSerializer<AlignedVec<16>, ArenaHandle<'a>, rancor::Error>;
+
+/// The rkyv archive of `value`, as a service body.
+pub fn to_body<T>(value: &T) -> Result<Vec<u8>, String>
+where
+    T: for<'a> rkyv::Serialize<BodySerializer<'a>>,
+{
+    rkyv::to_bytes::<rancor::Error>(value)
+        .map(|b| b.to_vec())
+        .map_err(|e| format!("encoding {}: {e}", std::any::type_name::<T>()))
+}
+
+/// Checked access to a body from a peer (copied into an aligned buffer first), handed to `f`
+/// to check bounds on the archived form and build what it needs.
+pub fn with_archived<T, R>(
+    body: &[u8],
+    f: impl FnOnce(&T::Archived) -> Result<R, String>,
+) -> Result<R, String>
+where
+    T: rkyv::Archive,
+    T::Archived: rkyv::Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
+{
+    let mut aligned = AlignedVec::<16>::with_capacity(body.len());
+    aligned.extend_from_slice(body);
+    let archived = rkyv::access::<T::Archived, rancor::Error>(&aligned)
+        .map_err(|e| format!("invalid {} body: {e}", std::any::type_name::<T>()))?;
+    f(archived)
+}

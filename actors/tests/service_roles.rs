@@ -1,0 +1,127 @@
+//! Role-checked service calls over real QUIC on loopback, against a real CoE executor (ONNX
+//! experts of a generated ci app): a camera-role certificate asking it to load an expert is
+//! refused with an error naming the role and the method, a scheduler-role one is served, and
+//! unknown services and methods are named.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use troupe_actors::coe::app::{App, Scale, generate};
+use troupe_actors::coe::exec_wire::{self, LOAD, WireExpert};
+use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
+use troupe_actors::coe::remote::{CoeExecutorActor, ExecutorArgs, RemoteExecutor, find_executors};
+use troupe_actors::coe::runner::{Cmd, Event};
+use troupe_actors::service::to_body;
+use troupe_actors::supervisor::ChildSpec;
+use troupe_actors::{Children, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
+use troupe_policy::coe::LatencyModel;
+use troupe_transport::service::FaultKind;
+use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
+
+fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, children: Children) -> NodeSpec {
+    NodeSpec {
+        identity: ca.issue(name, &IssueOptions::new(roles).unwrap()).unwrap(),
+        quic: Default::default(),
+        peers,
+        membership: MembershipConfig {
+            heartbeat: Duration::from_millis(100),
+            timeout: Duration::from_millis(2000),
+        },
+        intensity: Default::default(),
+        cookie: "0123456789abcdef0123456789abcdef".into(),
+        children,
+        redial: Duration::from_millis(100),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_scheduler_role_may_drive_a_coe_executor() {
+    let tmp = tempfile::tempdir().unwrap();
+    generate(tmp.path(), Scale::Ci, 3).unwrap();
+    let app = App::open(tmp.path(), None).unwrap();
+    let p = profile(&app, &default_plan(&app)).unwrap();
+    std::fs::write(tmp.path().join("profile.txt"), p.to_text()).unwrap();
+    let latency =
+        LatencyModel::from_profile(&load_profile(&tmp.path().join("profile.txt")).unwrap()).unwrap();
+    let executor = latency.name(0).to_string();
+    let expert = app.trace.model.roots().next().unwrap().id;
+
+    let ca = ClusterCa::generate("roles").unwrap();
+    let dir = tmp.path().to_path_buf();
+    let exec_name = executor.clone();
+    let children: Children = Box::new(move |_link, services| {
+        let args = ExecutorArgs {
+            dir: dir.clone(),
+            executor: exec_name.clone(),
+            node: "exec-node".into(),
+            services: services.clone(),
+        };
+        Ok(vec![ChildSpec::new("coe-executor", move || (CoeExecutorActor, args.clone()))])
+    });
+    let exec_node =
+        NodeRuntime::start(spec(&ca, "exec-node", RoleSet::only(Role::Executor), Vec::new(), children))
+            .await
+            .unwrap();
+    let addr = exec_node.link.local_addr().unwrap();
+    let peer = || vec![PeerAddr { name: NodeId::new("exec-node"), addr }];
+    let camera =
+        NodeRuntime::start(spec(&ca, "cam-1", RoleSet::only(Role::Camera), peer(), fixed_children(vec![])))
+            .await
+            .unwrap();
+    let scheduler = NodeRuntime::start(spec(
+        &ca,
+        "sched",
+        RoleSet::only(Role::Scheduler),
+        peer(),
+        fixed_children(vec![]),
+    ))
+    .await
+    .unwrap();
+
+    // discovery by announcement; hello is open to any member, so the camera finds it too
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let names = vec![executor.clone()];
+    let seen_by_camera: Vec<RemoteExecutor> =
+        find_executors(&camera.services, &names, deadline).await.unwrap();
+    let found = find_executors(&scheduler.services, &names, deadline).await.unwrap();
+    assert_eq!((found[0].node.as_str(), seen_by_camera[0].node.as_str()), ("exec-node", "exec-node"));
+    let service = exec_wire::service_name(&executor);
+    let body = to_body(&WireExpert { expert: expert.0 }).unwrap();
+    let timeout = Duration::from_secs(30);
+
+    let err = camera.services.call(&found[0].peer, &service, LOAD, body.clone(), timeout).await.unwrap_err();
+    assert_eq!(err.fault(), Some(FaultKind::Forbidden), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("role camera of cam-1 may not call") && msg.contains(&format!("{service}.{LOAD}")),
+        "the refusal must name the role and the method: {msg}"
+    );
+    assert!(msg.contains("needs role scheduler"), "{msg}");
+
+    let answer =
+        scheduler.services.call(&found[0].peer, &service, LOAD, body.clone(), timeout).await.unwrap();
+    match exec_wire::decode_outcome(0, &Cmd::Load(expert), &answer).unwrap() {
+        Some(Event::Loaded { resident, .. }) => assert!(resident > 0),
+        other => panic!("expected a load, got {other:?}"),
+    }
+
+    let err = scheduler
+        .services
+        .call(&found[0].peer, &service, "explode", body.clone(), timeout)
+        .await
+        .unwrap_err();
+    assert_eq!(err.fault(), Some(FaultKind::UnknownMethod), "{err}");
+    assert!(err.to_string().contains("no method \"explode\""), "{err}");
+    let err = scheduler
+        .services
+        .call(&found[0].peer, "coe-executor/nobody", LOAD, body, timeout)
+        .await
+        .unwrap_err();
+    assert_eq!(err.fault(), Some(FaultKind::UnknownService), "{err}");
+    assert!(err.to_string().contains("coe-executor/nobody"), "{err}");
+
+    for n in [camera, scheduler, exec_node] {
+        n.shutdown().await;
+    }
+}
