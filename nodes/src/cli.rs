@@ -147,7 +147,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies).
+pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,ractor_cluster=error,ractor=warn,quinn=warn")
     });
