@@ -324,6 +324,8 @@ impl QuicNode {
 
     /// Replaces the admission rules and disconnects every connected peer they now refuse
     /// (closing its connection with the refusal as the reason). Returns who was disconnected.
+    /// A hello checked under the old rules and registered while this runs can slip past it;
+    /// its next reconnection meets the new rules.
     pub fn set_admission(&self, admission: Admission) -> Vec<(NodeId, Refusal)> {
         let refused: Vec<(NodeId, Refusal)> = self
             .inner
