@@ -11,6 +11,13 @@
 //! Caller side: [`Services::call`] with correlation ids, a timeout, and a bound on outstanding
 //! calls. Calls pending to a peer whose connection ends fail at once ([`Services::peer_left`]).
 //!
+//! Shape, stated plainly: each request runs on its own task (a caller that needs order waits for
+//! each answer before the next call, as the CoE and pipeline links do); the caller's roles are
+//! looked up when the request is routed, from the peer's current connection, so a peer that
+//! reconnects with a re-issued certificate in between is judged by the new one; the request
+//! frame itself was already bounded by the link's frame cap, the envelope cap bounds what
+//! decoding allocates.
+//!
 //! Discovery: every node announces its services (built-in service [`DIRECTORY`]) to each member
 //! when it joins and to every member when a service is registered; [`Services::directory`] and
 //! [`Services::subscribe_announcements`] let a scheduler wait for executors without polling.

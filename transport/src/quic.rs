@@ -386,7 +386,12 @@ impl QuicNode {
 
     /// Replaces the admission rules and disconnects every connected peer they now refuse
     /// (closing its connection with the refusal as the reason). Returns who was disconnected.
+    /// The rules are replaced before the scan, and a joining peer is checked again after it is
+    /// listed, so a hello racing with this call meets the new rules.
     pub fn set_admission(&self, admission: Admission) -> Vec<(NodeId, Refusal)> {
+        if let Ok(mut g) = self.inner.admission.write() {
+            *g = admission.clone();
+        }
         let refused: Vec<(NodeId, Refusal)> = self
             .inner
             .peers
@@ -398,9 +403,6 @@ impl QuicNode {
                     .map(|r| (e.key().clone(), r))
             })
             .collect();
-        if let Ok(mut g) = self.inner.admission.write() {
-            *g = admission;
-        }
         for (peer, why) in &refused {
             if let Some((_, p)) = self.inner.peers.remove(peer) {
                 let reason = why.to_string();
@@ -683,8 +685,15 @@ impl QuicNode {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
         let entry = Arc::new(Peer { conn: conn.clone(), generation, member, cert, senders });
-        if let Some(old) = self.inner.peers.insert(peer.clone(), entry) {
+        if let Some(old) = self.inner.peers.insert(peer.clone(), entry.clone()) {
             old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
+        }
+        // checked again now that it is listed: rules replaced since the hello apply to it too
+        if let Err(reason) = self.admit(peer.as_str(), &entry.cert, member) {
+            self.inner.peers.remove_if(&peer, |_, p| p.generation == generation);
+            warn!(node = %self.inner.id, %peer, %reason, "refused peer (rules changed during its hello)");
+            conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
+            return;
         }
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");

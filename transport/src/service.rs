@@ -188,6 +188,24 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_and_mutated_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            flip in proptest::prelude::any::<(usize, u8)>(),
+        ) {
+            let limits = ServiceLimits { max_message: 4096 };
+            let _ = decode(&Frame::from_bytes(FrameKind::Service, 0, &bytes), &limits);
+            let mut valid = encode(&request("svc", bytes.clone())).unwrap().body.to_vec();
+            let i = flip.0 % valid.len();
+            valid[i] ^= flip.1;
+            if let Ok(Envelope::Request(r)) = decode(&Frame::from_bytes(FrameKind::Service, 0, &valid), &limits) {
+                proptest::prop_assert!(r.service.len() <= MAX_NAME && r.method.len() <= MAX_NAME);
+                proptest::prop_assert!(r.body.len() <= valid.len());
+            }
+        }
+    }
+
     #[test]
     fn oversized_garbage_and_long_names_are_refused_by_name() {
         let frame = encode(&request("s", vec![0; 4096])).unwrap();

@@ -349,3 +349,16 @@ fn admit(
     tracing::info!(camera = %req.camera, task = task.0, uploads = req.train_images.len() / 64, "adaptation task admitted");
     Ok((task, eval.labels.iter().map(|&l| l as u32).collect()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_cameras_may_call_the_edge() {
+        let s = spec();
+        assert_eq!(s.allow(ADAPT), Some(Allow::role(Role::Camera)));
+        assert_eq!(s.allow(REPORT), Some(Allow::role(Role::Camera)));
+        assert_eq!(s.allow("summary"), None, "the summary is local to the edge's node");
+    }
+}

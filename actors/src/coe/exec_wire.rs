@@ -244,6 +244,16 @@ mod tests {
     }
 
     #[test]
+    fn only_the_scheduler_role_may_command_an_executor() {
+        let s = spec();
+        for m in [LOAD, EVICT, RUN] {
+            assert_eq!(s.allow(m), Some(Allow::role(Role::Scheduler)), "{m}");
+        }
+        assert_eq!(s.allow(HELLO), Some(Allow::AnyMember));
+        assert_eq!(s.allow("explode"), None);
+    }
+
+    #[test]
     fn outcomes_must_answer_their_command() {
         let run = Cmd::Run { batch: BatchId(4), expert: ExpertId(2), requests: vec![(RequestId(8), 1)] };
         let ev = Event::Ran {

@@ -434,6 +434,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_scheduler_role_may_call_a_worker() {
+        assert_eq!(spec().allow(CALL), Some(Allow::role(Role::Scheduler)));
+        assert_eq!(spec().allow("load"), None);
+    }
+
+    #[test]
     fn cache_listing_keeps_only_hash_named_files() {
         let d = std::env::temp_dir().join(format!("troupe-cache-list-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
