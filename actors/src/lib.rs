@@ -1,6 +1,6 @@
-//! troupe's actors: supervision, membership, the control plane, and the four actor kinds
-//! (device, expert, buffer, scheduler). Decisions live in `troupe-policy`; these are the shells
-//! that carry them out.
+//! troupe's actors: supervision, membership, the control plane, the actor kinds (device, expert,
+//! scheduler), the journal and the fault switch. Decisions live in `troupe-policy`; these are the
+//! shells that carry them out.
 
 pub mod clock;
 pub mod cluster;

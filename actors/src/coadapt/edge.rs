@@ -1,17 +1,25 @@
-//! The edge actor: receives uploads from cameras (role-checked service calls on the data plane:
-//! `adapt` and `report` for the `camera` role only), labels them with the teacher, runs the
-//! [`EdgeEngine`] cycle by cycle on a blocking thread (the mailbox keeps taking uploads between
-//! cycles, so late arrivals join the co-adaptation), replies to each camera with its adapted
-//! parameters, and collects the cameras' final reports for the job.
+//! The edge: receives uploads from cameras (role-checked service calls on the data plane:
+//! `adapt` and `report` for the `camera` role only), labels them with the teacher, co-adapts in
+//! the [`EdgeEngine`] cycle by cycle on a blocking thread, and answers each camera with its
+//! adapted parameters.
+//!
+//! The scheduler runs in the runtime's one [`SchedulerActor`] shell under the node's supervisor,
+//! and the work it has accepted lives apart from it in [`EdgeShared`]: an upload is accepted
+//! into the store (with the camera's reply channel) before the scheduler hears of it, camera
+//! reports and summary waiters are kept there too. A restarted scheduler rebuilds its engine
+//! and admits every accepted upload not yet answered again, so a panic loses no adaptation and
+//! answers none twice (a reply channel is consumed once). Uploads accepted while no incarnation
+//! runs wait in the store.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorMessage;
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use rkyv::{Archive, Deserialize, Serialize};
+use tokio::sync::oneshot;
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{FragSample, VMoe};
+use troupe_policy::Micros;
 use troupe_policy::adapt::TaskId;
 use troupe_transport::Role;
 
@@ -20,40 +28,27 @@ use super::params::{install_trainable, trainable_params};
 use super::wire::{
     AdaptReply, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, UploadRequest, decode, encode,
 };
-use super::{EDGE_GROUP, EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
+use super::{EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
+use crate::kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 use crate::service::{Allow, Handler, ServiceSpec, Services};
+use crate::supervisor::ChildSpec;
 
 /// Method of [`EDGE_SERVICE`]: an [`UploadRequest`], answered with an [`AdaptOutcome`].
 pub const ADAPT: &str = "adapt";
 /// Method of [`EDGE_SERVICE`]: a [`CameraReport`], answered with an empty body.
 pub const REPORT: &str = "report";
+/// Fault-switch site hit once per edge scheduler input.
+pub const FAULT_SITE: &str = "coadapt.scheduler";
+/// Most camera reports the edge keeps for a job; later ones are refused (logged).
+pub const MAX_REPORTS: usize = 1024;
+/// Most callers waiting for a summary at once; later ones are refused.
+pub const MAX_WAITERS: usize = 64;
 
 /// Who may call the edge: cameras only.
 pub fn spec() -> ServiceSpec {
     ServiceSpec::new().method(ADAPT, Allow::role(Role::Camera)).method(REPORT, Allow::role(Role::Camera))
 }
-
-fn handler(actor: ActorRef<EdgeMsg>) -> Handler {
-    Arc::new(move |_caller, method, body| {
-        let actor = actor.clone();
-        Box::pin(async move {
-            let gone = |e: String| format!("the edge actor is not running: {e}");
-            match method.as_str() {
-                ADAPT => ractor::call!(actor, EdgeMsg::Adapt, body).map_err(|e| gone(e.to_string())),
-                REPORT => {
-                    actor.cast(EdgeMsg::Report(body)).map(|()| Vec::new()).map_err(|e| gone(e.to_string()))
-                }
-                other => Err(format!("{other:?} is not an edge method")),
-            }
-        })
-    })
-}
-
-/// Most camera reports the edge keeps for a job; later ones are refused (logged).
-pub const MAX_REPORTS: usize = 1024;
-/// Most callers waiting for a summary at once; later ones are refused (their call fails).
-pub const MAX_WAITERS: usize = 64;
 
 /// What the edge answers an upload with.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -64,261 +59,216 @@ pub enum AdaptOutcome {
     Refused(String),
 }
 
-/// Messages of the edge actor (local: cameras reach it through its service handler).
-#[derive(RactorMessage)]
-pub enum EdgeMsg {
-    /// An [`UploadRequest`] (rkyv bytes); answered with an [`AdaptOutcome`] when its task completes.
-    Adapt(Vec<u8>, RpcReplyPort<Vec<u8>>),
-    /// A camera's [`CameraReport`] (rkyv bytes).
-    Report(Vec<u8>),
-    /// Answers with an [`EdgeSummary`] once this many camera reports arrived.
-    WaitSummary(u32, RpcReplyPort<Vec<u8>>),
-    /// Runs the next adaptation cycle (sent to itself).
+/// What the edge scheduler is told.
+#[derive(Debug)]
+pub enum EdgeInput {
+    /// More uploads were accepted (read from the store).
+    Accepted,
+    /// A camera report or a summary waiter arrived (answer the waiters that can be).
+    Reported,
+    /// Run the next adaptation cycle (sent to itself).
     Cycle,
 }
 
-/// Arguments of the edge actor.
+type EdgeRef = ActorRef<SchedulerMsg<EdgeInput>>;
+
+/// Settings of the edge.
 #[derive(Clone, Debug)]
 pub struct EdgeArgs {
     /// Executor settings (pool budget, scheduler, epochs, target gain).
     pub engine: EngineConfig,
     /// Student sizes the cameras run (their shared parts and step buffers are reserved).
     pub expected: Vec<String>,
-    /// The node's service router (the actor serves [`EDGE_SERVICE`] there).
-    pub services: Services,
 }
 
-struct Pending {
-    reply: RpcReplyPort<Vec<u8>>,
-    eval_teacher_labels: Vec<u32>,
+struct Accepted {
+    request: UploadRequest,
+    reply: oneshot::Sender<Vec<u8>>,
 }
 
-/// The edge actor's state.
-pub struct EdgeState {
+#[derive(Default)]
+struct Store {
+    next: u64,
+    accepted: BTreeMap<u64, Accepted>,
+    reports: Vec<CameraReport>,
+    waiters: Vec<(u32, RpcReplyPort<Vec<u8>>)>,
+    done: u32,
+    peak_used: u64,
+    scheduler: Option<EdgeRef>,
+}
+
+/// The edge's accepted work, shared by the service handler and every scheduler incarnation.
+pub struct EdgeShared {
+    args: EdgeArgs,
+    store: Mutex<Store>,
+}
+
+fn lock(m: &Mutex<Store>) -> MutexGuard<'_, Store> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn refused(why: impl Into<String>) -> Vec<u8> {
+    encode(&AdaptOutcome::Refused(why.into()))
+}
+
+impl EdgeShared {
+    /// The edge's shared state; call [`EdgeShared::serve`] and start [`EdgeShared::child_spec`].
+    pub fn new(args: EdgeArgs) -> Arc<Self> {
+        Arc::new(Self { args, store: Mutex::new(Store::default()) })
+    }
+
+    /// Serves [`EDGE_SERVICE`] on `services` (once: the handler outlives scheduler restarts).
+    pub fn serve(self: &Arc<Self>, services: &Services) {
+        services.register(EDGE_SERVICE, spec(), self.handler());
+    }
+
+    /// The child spec running the edge scheduler under a supervisor.
+    pub fn child_spec(self: &Arc<Self>, name: &str) -> ChildSpec {
+        let shared = self.clone();
+        ChildSpec::new(name, move || {
+            (
+                SchedulerActor::<EdgeScheduler>::default(),
+                SchedulerArgs {
+                    scheduler: EdgeScheduler::new(shared.clone()),
+                    fault_site: FAULT_SITE.into(),
+                },
+            )
+        })
+    }
+
+    /// Registers a caller waiting for the summary once `reports` camera reports arrived.
+    pub fn wait_summary(&self, reports: u32, reply: RpcReplyPort<Vec<u8>>) -> Result<(), String> {
+        {
+            let mut st = lock(&self.store);
+            if st.waiters.len() >= MAX_WAITERS {
+                return Err(format!("{MAX_WAITERS} callers already wait for the summary"));
+            }
+            st.waiters.push((reports, reply));
+        }
+        self.tell(EdgeInput::Reported);
+        Ok(())
+    }
+
+    fn tell(&self, input: EdgeInput) {
+        let scheduler = lock(&self.store).scheduler.clone();
+        if let Some(s) = scheduler {
+            let _ = s.send_message(SchedulerMsg::Input(input));
+        }
+    }
+
+    /// Accepts an upload: refused (backpressure) past the engine's task cap, else kept with its
+    /// reply channel until a scheduler answers it.
+    fn accept(&self, request: UploadRequest) -> Result<oneshot::Receiver<Vec<u8>>, String> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = lock(&self.store);
+            if st.accepted.len() >= self.args.engine.max_tasks {
+                return Err(format!(
+                    "the edge already holds {} adaptation tasks; try again later",
+                    st.accepted.len()
+                ));
+            }
+            let key = st.next;
+            st.next += 1;
+            st.accepted.insert(key, Accepted { request, reply: tx });
+        }
+        self.tell(EdgeInput::Accepted);
+        Ok(rx)
+    }
+
+    fn report(&self, r: CameraReport) {
+        {
+            let mut st = lock(&self.store);
+            if st.reports.len() >= MAX_REPORTS {
+                tracing::warn!(camera = %r.camera, cap = MAX_REPORTS, "refusing a camera report: the edge holds its most");
+                return;
+            }
+            tracing::info!(camera = %r.camera, before = r.exact_before, after = r.exact_after, "camera report");
+            st.reports.push(r);
+        }
+        self.tell(EdgeInput::Reported);
+    }
+
+    /// Answers accepted upload `key` (once: its reply channel is consumed).
+    fn answer(&self, key: u64, bytes: Vec<u8>) {
+        let taken = lock(&self.store).accepted.remove(&key);
+        if let Some(a) = taken {
+            let _ = a.reply.send(bytes);
+        }
+    }
+
+    fn handler(self: &Arc<Self>) -> Handler {
+        let shared = self.clone();
+        Arc::new(move |_caller, method, body| {
+            let shared = shared.clone();
+            Box::pin(async move {
+                match method.as_str() {
+                    ADAPT => {
+                        let request =
+                            match UploadRequest::decode(&body, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "refusing an upload");
+                                    return Ok(refused(e.to_string()));
+                                }
+                            };
+                        let camera = request.camera.clone();
+                        match shared.accept(request) {
+                            Ok(rx) => rx.await.map_err(|_| "the edge dropped the upload".to_string()),
+                            Err(why) => {
+                                tracing::warn!(%camera, %why, "refusing an upload");
+                                Ok(refused(why))
+                            }
+                        }
+                    }
+                    REPORT => {
+                        match decode::<CameraReport>(
+                            "camera report",
+                            &body,
+                            &mut DecodeBudget::new(MAX_DECODED_BYTES),
+                        ) {
+                            Ok(r) => shared.report(r),
+                            Err(e) => tracing::warn!(error = %e, "ignoring a camera report"),
+                        }
+                        Ok(Vec::new())
+                    }
+                    other => Err(format!("{other:?} is not an edge method")),
+                }
+            })
+        })
+    }
+}
+
+/// The edge's decision state for one incarnation (rebuilt by `recover`).
+struct Live {
     engine: Option<EdgeEngine>,
     teacher: Arc<VMoe>,
     train: Arc<Dataset>,
-    pending: BTreeMap<TaskId, Pending>,
-    reports: Vec<CameraReport>,
-    waiters: Vec<(u32, RpcReplyPort<Vec<u8>>)>,
-    cycling: bool,
     clock: Clock,
-    done: u32,
+    /// Engine task -> (store key, teacher labels of its evaluation frames).
+    tasks: BTreeMap<TaskId, (u64, Vec<u32>)>,
+    admitted: BTreeSet<u64>,
+    cycling: bool,
 }
 
-/// The edge actor.
-pub struct EdgeActor;
+/// The edge workload half of the scheduler shell.
+pub struct EdgeScheduler {
+    shared: Arc<EdgeShared>,
+    live: Option<Live>,
+}
+
+impl EdgeScheduler {
+    /// A scheduler over the shared edge state (its engine is built in `recover`).
+    pub fn new(shared: Arc<EdgeShared>) -> Self {
+        Self { shared, live: None }
+    }
+}
 
 fn labelled(teacher: &VMoe, pixels: &[f32]) -> Result<Dataset, String> {
     let n = pixels.len() / super::wire::PIXELS;
     let mut d = Dataset { images: pixels.to_vec(), labels: vec![0; n] };
     d.labels = predict_all(teacher, &d).map_err(|e| e.to_string())?;
     Ok(d)
-}
-
-fn summary(state: &EdgeState) -> EdgeSummary {
-    let (budget, peak, frag): (u64, u64, &[FragSample]) = match &state.engine {
-        Some(e) => (e.pool().stats().budget, e.pool().peak_used(), e.pool().fragmentation_samples()),
-        None => (0, 0, &[]),
-    };
-    let max_fragmentation = frag.iter().map(|s| s.external_fragmentation).fold(0.0, f64::max);
-    let mean_fragmentation = if frag.is_empty() {
-        0.0
-    } else {
-        frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len() as f64
-    };
-    let every = (frag.len() / 12).max(1);
-    let timeline = frag.iter().step_by(every).map(|s| (s.event, s.used, s.external_fragmentation)).collect();
-    EdgeSummary {
-        cameras: state.reports.clone(),
-        budget,
-        peak_used: peak,
-        events: frag.len() as u64,
-        max_fragmentation,
-        mean_fragmentation,
-        timeline,
-        tasks_done: state.done,
-        scheduler: state.engine.as_ref().map_or("", |e| e.scheduler_name()).to_string(),
-    }
-}
-
-fn answer_waiters(state: &mut EdgeState) {
-    let have = state.reports.len() as u32;
-    if !state.waiters.iter().any(|(n, _)| *n <= have) {
-        return;
-    }
-    let bytes = encode(&summary(state));
-    let (ready, wait): (Vec<_>, Vec<_>) = state.waiters.drain(..).partition(|(n, _)| *n <= have);
-    state.waiters = wait;
-    for (_, port) in ready {
-        let _ = port.send(bytes.clone());
-    }
-}
-
-fn reply_finished(state: &mut EdgeState, done: Vec<Finished>) {
-    for f in done {
-        state.done += 1;
-        let latency_ms = f.done.saturating_sub(f.arrived).0 / 1000;
-        tracing::info!(
-            task = f.task.0, camera = %f.name, before = f.before, after = f.after, epochs = f.epochs,
-            reached = f.reached, latency_ms, "adaptation task complete"
-        );
-        let Some(p) = state.pending.remove(&f.task) else { continue };
-        let reply = AdaptOutcome::Adapted(AdaptReply {
-            task: f.task.0,
-            params: trainable_params(&f.model),
-            eval_teacher_labels: p.eval_teacher_labels,
-            val_before: f.before,
-            val_after: f.after,
-            epochs: f.epochs,
-            reached: f.reached,
-            latency_ms,
-        });
-        let _ = p.reply.send(encode(&reply));
-    }
-}
-
-impl Actor for EdgeActor {
-    type Msg = EdgeMsg;
-    type State = EdgeState;
-    type Arguments = EdgeArgs;
-
-    async fn pre_start(
-        &self,
-        me: ActorRef<EdgeMsg>,
-        args: EdgeArgs,
-    ) -> Result<EdgeState, ActorProcessingErr> {
-        let cfg = args.engine;
-        let expected: Vec<_> = args.expected.iter().map(|s| student_config(s)).collect::<Result<_, _>>()?;
-        let (engine, teacher, train) = tokio::task::spawn_blocking(move || {
-            let (train, _) = digits()?;
-            let teacher = zoo_teacher(&train)?;
-            let engine = EdgeEngine::new(cfg, &expected).map_err(|e| e.to_string())?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((engine, teacher, train))
-        })
-        .await??;
-        ractor::pg::join(EDGE_GROUP.to_string(), vec![me.get_cell()]);
-        args.services.register(EDGE_SERVICE, spec(), handler(me.clone()));
-        tracing::info!(budget = cfg.budget, scheduler = cfg.scheduler.name(), "coadapt edge ready");
-        Ok(EdgeState {
-            engine: Some(engine),
-            teacher: Arc::new(teacher),
-            train: Arc::new(train),
-            pending: BTreeMap::new(),
-            reports: Vec::new(),
-            waiters: Vec::new(),
-            cycling: false,
-            clock: Clock::start(),
-            done: 0,
-        })
-    }
-
-    async fn handle(
-        &self,
-        me: ActorRef<EdgeMsg>,
-        msg: EdgeMsg,
-        state: &mut EdgeState,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            EdgeMsg::Adapt(bytes, reply) => {
-                let req = match UploadRequest::decode(&bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "refusing an upload");
-                        let _ = reply.send(encode(&AdaptOutcome::Refused(e.to_string())));
-                        return Ok(());
-                    }
-                };
-                if state.engine.as_ref().is_some_and(EdgeEngine::is_full) {
-                    // refused before the teacher labels anything: backpressure to the camera
-                    let why = format!(
-                        "the edge already holds {} adaptation tasks; try again later",
-                        state.pending.len()
-                    );
-                    tracing::warn!(camera = %req.camera, %why, "refusing an upload");
-                    let _ = reply.send(encode(&AdaptOutcome::Refused(why)));
-                    return Ok(());
-                }
-                let Some(mut engine) = state.engine.take() else {
-                    let _ = reply.send(encode(&AdaptOutcome::Refused("edge engine is gone".into())));
-                    return Ok(());
-                };
-                let (teacher, train, clock) = (state.teacher.clone(), state.train.clone(), state.clock);
-                let (engine, admitted) = tokio::task::spawn_blocking(move || {
-                    let r = admit(&mut engine, &teacher, &train, req, clock);
-                    (engine, r)
-                })
-                .await?;
-                state.engine = Some(engine);
-                match admitted {
-                    Ok((task, eval_teacher_labels)) => {
-                        state.pending.insert(task, Pending { reply, eval_teacher_labels });
-                        if !state.cycling {
-                            state.cycling = true;
-                            me.cast(EdgeMsg::Cycle)?;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "refusing an upload");
-                        let _ = reply.send(encode(&AdaptOutcome::Refused(e)));
-                    }
-                }
-            }
-            EdgeMsg::Cycle => {
-                let Some(mut engine) = state.engine.take() else { return Ok(()) };
-                let clock = state.clock;
-                let (mut engine, result) = tokio::task::spawn_blocking(move || {
-                    let r = engine.run_cycle(&|| clock.now());
-                    (engine, r)
-                })
-                .await?;
-                let done = engine.take_finished();
-                let busy = engine.busy();
-                state.engine = Some(engine);
-                reply_finished(state, done);
-                if let Err(e) = result {
-                    // Nothing can make progress (memory refused with nothing to evict): fail the
-                    // waiting cameras rather than spin.
-                    tracing::error!(error = %e, "adaptation cycle failed");
-                    for (_, p) in std::mem::take(&mut state.pending) {
-                        let _ = p.reply.send(encode(&AdaptOutcome::Refused(e.to_string())));
-                    }
-                    state.cycling = false;
-                    return Ok(());
-                }
-                state.cycling = busy;
-                if busy {
-                    me.cast(EdgeMsg::Cycle)?;
-                }
-            }
-            EdgeMsg::Report(bytes) => match decode::<CameraReport>(
-                "camera report",
-                &bytes,
-                &mut DecodeBudget::new(MAX_DECODED_BYTES),
-            ) {
-                Ok(r) if state.reports.len() >= MAX_REPORTS => {
-                    tracing::warn!(camera = %r.camera, cap = MAX_REPORTS, "refusing a camera report: the edge holds its most");
-                }
-                Ok(r) => {
-                    tracing::info!(camera = %r.camera, before = r.exact_before, after = r.exact_after, "camera report");
-                    state.reports.push(r);
-                    answer_waiters(state);
-                }
-                Err(e) => tracing::warn!(error = %e, "ignoring a camera report"),
-            },
-            EdgeMsg::WaitSummary(n, reply) => {
-                if state.waiters.len() >= MAX_WAITERS {
-                    // dropping the port fails the caller's call: refused, not queued
-                    tracing::warn!(cap = MAX_WAITERS, "refusing a summary request: too many waiting");
-                    drop(reply);
-                    return Ok(());
-                }
-                state.waiters.push((n, reply));
-                answer_waiters(state);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Labels an upload with the teacher, rebuilds the camera's model (the cached student of its size
@@ -328,8 +278,8 @@ fn admit(
     engine: &mut EdgeEngine,
     teacher: &VMoe,
     train: &Dataset,
-    req: UploadRequest,
-    clock: Clock,
+    req: &UploadRequest,
+    now: Micros,
 ) -> Result<(TaskId, Vec<u32>), String> {
     let mut model = zoo_student(&req.model, train).map_err(|e| e.to_string())?;
     install_trainable(&mut model, &req.params).map_err(|e| format!("camera parameters: {e}"))?;
@@ -337,7 +287,7 @@ fn admit(
     let eval = labelled(teacher, &req.eval_images)?;
     let task = engine
         .submit(
-            clock.now(),
+            now,
             AdaptJob {
                 name: req.camera.clone(),
                 model,
@@ -350,15 +300,190 @@ fn admit(
     Ok((task, eval.labels.iter().map(|&l| l as u32).collect()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl Live {
+    fn summary(&self, st: &Store) -> EdgeSummary {
+        let (budget, peak, frag): (u64, u64, &[FragSample]) = match &self.engine {
+            Some(e) => (e.pool().stats().budget, e.pool().peak_used(), e.pool().fragmentation_samples()),
+            None => (0, 0, &[]),
+        };
+        let max_fragmentation = frag.iter().map(|s| s.external_fragmentation).fold(0.0, f64::max);
+        let mean_fragmentation = if frag.is_empty() {
+            0.0
+        } else {
+            frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len() as f64
+        };
+        let every = (frag.len() / 12).max(1);
+        let timeline =
+            frag.iter().step_by(every).map(|s| (s.event, s.used, s.external_fragmentation)).collect();
+        EdgeSummary {
+            cameras: st.reports.clone(),
+            budget,
+            peak_used: peak.max(st.peak_used),
+            events: frag.len() as u64,
+            max_fragmentation,
+            mean_fragmentation,
+            timeline,
+            tasks_done: st.done,
+            scheduler: self.engine.as_ref().map_or("", |e| e.scheduler_name()).to_string(),
+        }
+    }
 
-    #[test]
-    fn only_cameras_may_call_the_edge() {
-        let s = spec();
-        assert_eq!(s.allow(ADAPT), Some(Allow::role(Role::Camera)));
-        assert_eq!(s.allow(REPORT), Some(Allow::role(Role::Camera)));
-        assert_eq!(s.allow("summary"), None, "the summary is local to the edge's node");
+    fn answer_waiters(&self, shared: &EdgeShared) {
+        let mut st = lock(&shared.store);
+        let have = st.reports.len() as u32;
+        if !st.waiters.iter().any(|(n, _)| *n <= have) {
+            return;
+        }
+        let bytes = encode(&self.summary(&st));
+        let (ready, wait): (Vec<_>, Vec<_>) = st.waiters.drain(..).partition(|(n, _)| *n <= have);
+        st.waiters = wait;
+        for (_, port) in ready {
+            let _ = port.send(bytes.clone());
+        }
+    }
+
+    /// Admits every accepted upload this incarnation has not admitted yet.
+    async fn admit_accepted(&mut self, shared: &EdgeShared, me: &EdgeRef) -> Result<(), ActorProcessingErr> {
+        let fresh: Vec<(u64, UploadRequest)> = {
+            let st = lock(&shared.store);
+            st.accepted
+                .iter()
+                .filter(|(k, _)| !self.admitted.contains(k))
+                .map(|(k, a)| (*k, a.request.clone()))
+                .collect()
+        };
+        for (key, request) in fresh {
+            self.admitted.insert(key);
+            let Some(mut engine) = self.engine.take() else { return Ok(()) };
+            let (teacher, train, now) = (self.teacher.clone(), self.train.clone(), self.clock.now());
+            let (engine, admitted) = tokio::task::spawn_blocking(move || {
+                let r = admit(&mut engine, &teacher, &train, &request, now);
+                (engine, r)
+            })
+            .await?;
+            self.engine = Some(engine);
+            match admitted {
+                Ok((task, labels)) => {
+                    self.tasks.insert(task, (key, labels));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "refusing an upload");
+                    shared.answer(key, refused(e));
+                }
+            }
+        }
+        if !self.cycling && !self.tasks.is_empty() {
+            self.cycling = true;
+            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+        }
+        Ok(())
+    }
+
+    fn reply_finished(&mut self, shared: &EdgeShared, done: Vec<Finished>) {
+        for f in done {
+            let latency_ms = f.done.saturating_sub(f.arrived).0 / 1000;
+            tracing::info!(
+                task = f.task.0, camera = %f.name, before = f.before, after = f.after, epochs = f.epochs,
+                reached = f.reached, latency_ms, "adaptation task complete"
+            );
+            let Some((key, eval_teacher_labels)) = self.tasks.remove(&f.task) else { continue };
+            lock(&shared.store).done += 1;
+            let reply = AdaptOutcome::Adapted(AdaptReply {
+                task: f.task.0,
+                params: trainable_params(&f.model),
+                eval_teacher_labels,
+                val_before: f.before,
+                val_after: f.after,
+                epochs: f.epochs,
+                reached: f.reached,
+                latency_ms,
+            });
+            shared.answer(key, encode(&reply));
+        }
+    }
+
+    async fn cycle(&mut self, shared: &EdgeShared, me: &EdgeRef) -> Result<(), ActorProcessingErr> {
+        let Some(mut engine) = self.engine.take() else { return Ok(()) };
+        let clock = self.clock;
+        let (mut engine, result) = tokio::task::spawn_blocking(move || {
+            let r = engine.run_cycle(&|| clock.now());
+            (engine, r)
+        })
+        .await?;
+        let done = engine.take_finished();
+        let busy = engine.busy();
+        {
+            let mut st = lock(&shared.store);
+            st.peak_used = st.peak_used.max(engine.pool().peak_used());
+        }
+        self.engine = Some(engine);
+        self.reply_finished(shared, done);
+        if let Err(e) = result {
+            // Nothing can make progress (memory refused with nothing to evict): refuse the
+            // waiting cameras rather than spin.
+            tracing::error!(error = %e, "adaptation cycle failed");
+            for (_, (key, _)) in std::mem::take(&mut self.tasks) {
+                shared.answer(key, refused(e.to_string()));
+            }
+            self.cycling = false;
+            return Ok(());
+        }
+        self.cycling = busy;
+        if busy {
+            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+        }
+        Ok(())
+    }
+}
+
+impl Scheduler for EdgeScheduler {
+    type Input = EdgeInput;
+
+    async fn recover(&mut self, me: &EdgeRef, _now: Micros) -> Result<(), ActorProcessingErr> {
+        let shared = self.shared.clone();
+        let cfg = shared.args.engine;
+        let expected: Vec<_> =
+            shared.args.expected.iter().map(|s| student_config(s)).collect::<Result<_, _>>()?;
+        let (engine, teacher, train) = tokio::task::spawn_blocking(move || {
+            let (train, _) = digits()?;
+            let teacher = zoo_teacher(&train)?;
+            let engine = EdgeEngine::new(cfg, &expected).map_err(|e| e.to_string())?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((engine, teacher, train))
+        })
+        .await??;
+        let mut live = Live {
+            engine: Some(engine),
+            teacher: Arc::new(teacher),
+            train: Arc::new(train),
+            clock: Clock::start(),
+            tasks: BTreeMap::new(),
+            admitted: BTreeSet::new(),
+            cycling: false,
+        };
+        lock(&shared.store).scheduler = Some(me.clone());
+        live.admit_accepted(&shared, me).await?;
+        let pending = lock(&shared.store).accepted.len();
+        tracing::info!(budget = cfg.budget, scheduler = cfg.scheduler.name(), pending, "coadapt edge ready");
+        live.answer_waiters(&shared);
+        self.live = Some(live);
+        Ok(())
+    }
+
+    async fn handle(
+        &mut self,
+        me: &EdgeRef,
+        _now: Micros,
+        input: EdgeInput,
+    ) -> Result<(), ActorProcessingErr> {
+        let shared = self.shared.clone();
+        let live = self.live.as_mut().ok_or("edge scheduler used before recover")?;
+        match input {
+            EdgeInput::Accepted => live.admit_accepted(&shared, me).await,
+            EdgeInput::Reported => {
+                live.answer_waiters(&shared);
+                Ok(())
+            }
+            EdgeInput::Cycle => live.cycle(&shared, me).await,
+        }
     }
 }

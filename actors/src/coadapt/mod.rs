@@ -19,8 +19,6 @@ pub mod wire;
 use troupe_kernels::vmoe::train::{Dataset, digits_split, teacher_data};
 use troupe_kernels::vmoe::{ModelZoo, Recipe, VMoe, VMoeConfig, VMoeError};
 
-/// Process group the edge actor joins (the job on the edge's node finds it there).
-pub const EDGE_GROUP: &str = "coadapt-edge";
 /// The service the edge actor serves on the data plane (cameras call it; see `edge::spec`).
 pub const EDGE_SERVICE: &str = "coadapt-edge";
 

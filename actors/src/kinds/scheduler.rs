@@ -87,7 +87,7 @@ pub struct SchedulerState<S> {
     timer_generation: u64,
 }
 
-impl<S: Scheduler + Sync> SchedulerActor<S> {
+impl<S: Scheduler> SchedulerActor<S> {
     fn rearm(me: &ActorRef<SchedulerMsg<S::Input>>, st: &mut SchedulerState<S>) {
         if let Some(at) = st.scheduler.poll_timeout() {
             st.timer_generation += 1;
@@ -100,7 +100,7 @@ impl<S: Scheduler + Sync> SchedulerActor<S> {
     }
 }
 
-impl<S: Scheduler + Sync> Actor for SchedulerActor<S> {
+impl<S: Scheduler> Actor for SchedulerActor<S> {
     type Msg = SchedulerMsg<S::Input>;
     type State = SchedulerState<S>;
     type Arguments = SchedulerArgs<S>;

@@ -11,10 +11,10 @@ use serde::Deserialize;
 use troupe_actors::NodeRuntime;
 use troupe_actors::coadapt::camera::{CameraActor, CameraArgs};
 use troupe_actors::coadapt::detect::DetectorConfig;
-use troupe_actors::coadapt::edge::{EdgeActor, EdgeArgs, EdgeMsg};
+use troupe_actors::coadapt::edge::{EdgeArgs, EdgeShared};
 use troupe_actors::coadapt::engine::{EngineConfig, SchedulerChoice};
+use troupe_actors::coadapt::student_config;
 use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, decode};
-use troupe_actors::coadapt::{EDGE_GROUP, student_config};
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::drift::DriftSchedule;
 
@@ -187,6 +187,9 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
     Ok(())
 }
 
+/// The edges this node runs (set when its actors are built, read by its job).
+static LOCAL_EDGES: std::sync::Mutex<Vec<std::sync::Arc<EdgeShared>>> = std::sync::Mutex::new(Vec::new());
+
 /// The child spec of a `coadapt-edge` or `coadapt-camera` entry.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     let name = a.name.clone().unwrap_or_else(|| a.kind.clone());
@@ -202,8 +205,12 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
             seed: p.seed,
             ..EngineConfig::default()
         };
-        let args = EdgeArgs { engine, expected: p.students, services: ctx.services.clone() };
-        return Ok(ChildSpec::new(name, move || (EdgeActor, args.clone())));
+        let edge = EdgeShared::new(EdgeArgs { engine, expected: p.students });
+        edge.serve(&ctx.services);
+        if let Ok(mut edges) = LOCAL_EDGES.lock() {
+            edges.push(edge.clone());
+        }
+        return Ok(edge.child_spec(&name));
     }
     let (p, schedule) = camera_params(a).map_err(err)?;
     let args = CameraArgs {
@@ -226,20 +233,18 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
 pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     let p: CoadaptJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
-    let edge = loop {
-        let local =
-            ractor::pg::get_members(&EDGE_GROUP.to_string()).into_iter().find(|c| c.get_id().is_local());
-        if let Some(cell) = local {
-            break ractor::ActorRef::<EdgeMsg>::from(cell);
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("no coadapt-edge actor on this node within {} s", job.timeout_s);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let edge = LOCAL_EDGES
+        .lock()
+        .ok()
+        .and_then(|e| e.first().cloned())
+        .context("no coadapt-edge actor on this node (add one to [[actors]])")?;
     println!("coadapt: waiting for {} camera reports", p.cameras);
-    let ms = job.timeout_s.saturating_mul(1000);
-    let bytes = ractor::call_t!(edge, EdgeMsg::WaitSummary, ms, p.cameras).context("asking the edge")?;
+    let (tx, rx) = ractor::concurrency::oneshot();
+    edge.wait_summary(p.cameras, tx.into()).map_err(|e| anyhow::anyhow!("asking the edge: {e}"))?;
+    let bytes = tokio::time::timeout_at(deadline, rx)
+        .await
+        .map_err(|_| anyhow::anyhow!("no summary from the edge within {} s", job.timeout_s))?
+        .context("the edge dropped the summary request")?;
     let s: EdgeSummary = decode("edge summary", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))?;
     print!("{}", render(&s));
     let mut failures = Vec::new();
