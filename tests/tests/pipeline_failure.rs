@@ -42,7 +42,7 @@ async fn a_worker_killed_mid_job_has_its_tasks_moved_and_outputs_match() {
                             Progress::Assigned { node, task } if *node == victim => {
                                 Some(format!("as it was given {task}"))
                             }
-                            Progress::Assigned { .. } => None,
+                            Progress::Assigned { .. } | Progress::Lost { .. } | Progress::Rejoined { .. } => None,
                         };
                         if let Some(when) = now {
                             eprintln!("killing {victim} with SIGKILL {when}");

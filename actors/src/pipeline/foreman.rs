@@ -14,7 +14,8 @@
 //! Shape, stated plainly: the foreman is an async task in the foreman node's process (not a
 //! supervised ractor actor); telemetry is pulled (one RPC per worker per period) rather than
 //! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
-//! on the same worker; a worker lost during a job is not taken back by that job if it returns.
+//! on the same worker. A lost worker whose node comes back (its worker service announced again)
+//! is joined again under its old id and put back in service within the same job.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +40,9 @@ use super::worker::{CALL, SERVICE_PREFIX};
 use crate::service::{CallError as ServiceCallError, Services};
 use troupe_transport::codec::DecodeBudget;
 use troupe_transport::service::FaultKind;
+
+/// Longest a join of a lost worker's node may take before it is tried again.
+const REJOIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Foreman settings.
 #[derive(Clone, Debug)]
@@ -148,6 +152,10 @@ pub struct WorkerSummary {
     pub telemetry: TelemetrySample,
     /// Last RTT QUIC measured to it, ms.
     pub rtt_ms: f64,
+    /// Times it was put back in service after being lost.
+    pub rejoined: usize,
+    /// Tasks it completed since it was last put back in service.
+    pub tasks_since_rejoin: usize,
 }
 
 /// The result of a completed job.
@@ -185,6 +193,16 @@ pub enum Progress {
     Done {
         /// The task.
         task: TaskId,
+    },
+    /// A worker was declared lost.
+    Lost {
+        /// Its node.
+        node: String,
+    },
+    /// A lost worker was put back in service.
+    Rejoined {
+        /// Its node.
+        node: String,
     },
 }
 
@@ -249,11 +267,27 @@ struct Ran {
 }
 
 enum EventKind {
-    Fetched { stage: usize, result: Result<bool, CallError> },
-    Loaded { stage: usize, result: Result<(), CallError> },
+    Fetched {
+        stage: usize,
+        result: Result<bool, CallError>,
+    },
+    Loaded {
+        stage: usize,
+        result: Result<(), CallError>,
+    },
     Unloaded(Result<(), CallError>),
-    Ran { task: TaskId, result: Result<Ran, CallError> },
+    Ran {
+        task: TaskId,
+        result: Result<Ran, CallError>,
+    },
     Telemetry(TelemetrySample),
+    /// A lost worker's node came back and its worker answered a join.
+    Rejoined {
+        target: Target,
+        report: Box<Response>,
+    },
+    /// Joining a lost worker again failed (retried at the next announcement).
+    RejoinFailed,
 }
 
 struct Event {
@@ -421,6 +455,12 @@ struct Shell {
     progress: Option<mpsc::UnboundedSender<Progress>>,
     done: bool,
     failed: Option<TaskId>,
+    services: Services,
+    ctx: ExecCtx,
+    /// Lost workers, put back in service when their worker service is announced again.
+    rejoining: std::collections::BTreeSet<String>,
+    /// Rejoins whose join call is in flight.
+    joining: std::collections::BTreeSet<String>,
 }
 
 impl Shell {
@@ -549,14 +589,115 @@ impl Shell {
         h.lost.store(true, Ordering::SeqCst);
         h.queue = None;
         let node = h.node.clone();
+        self.rejoining.insert(node.clone());
         self.log(format!("worker {node} lost ({why}); re-planning its tasks"));
+        if let Some(p) = &self.progress {
+            let _ = p.send(Progress::Lost { node });
+        }
         self.policy.handle_worker_lost(micros_since(self.t0), WorkerId(worker as u32));
+        self.drain();
+        // its node may already be back (a fast restart is noticed only when a call fails)
+        self.try_rejoin();
+    }
+
+    /// Joins again every rejoining worker whose service is announced (the answer arrives as an
+    /// [`EventKind::Rejoined`] event).
+    fn try_rejoin(&mut self) {
+        let directory = self.services.directory();
+        let ready: Vec<(String, Target)> = self
+            .rejoining
+            .iter()
+            .filter(|node| !self.joining.contains(*node))
+            .filter_map(|node| {
+                let (peer, names) = directory.iter().find(|(p, _)| p.as_str() == node)?;
+                let service = names.iter().find(|n| n.starts_with(SERVICE_PREFIX))?.clone();
+                Some((node.clone(), Target { services: self.services.clone(), peer: peer.clone(), service }))
+            })
+            .collect();
+        for (node, target) in ready {
+            let Some(&worker) = self.by_node.get(&node) else { continue };
+            self.joining.insert(node.clone());
+            // short: the directory may still name the dead incarnation's connection; a failed
+            // try is retried at once, and then reaches the new one
+            let (events, timeout, t0) =
+                (self.ctx.events.clone(), REJOIN_TIMEOUT.min(self.settings.rpc_timeout), self.t0);
+            tokio::spawn(async move {
+                let start = t0.elapsed().as_secs_f64();
+                let kind = match call(&target, &Request::Join, timeout).await {
+                    Ok(report @ Response::Joined { .. }) => {
+                        EventKind::Rejoined { target, report: Box::new(report) }
+                    }
+                    Ok(other) => {
+                        warn!(%node, answer = ?other, "rejoining worker gave an unexpected join answer");
+                        EventKind::RejoinFailed
+                    }
+                    Err(e) => {
+                        warn!(%node, error = %e, "rejoining worker did not join (retried when it is announced again)");
+                        EventKind::RejoinFailed
+                    }
+                };
+                let end = t0.elapsed().as_secs_f64();
+                let _ = events.send(Event { worker, start, end, kind });
+            });
+        }
+    }
+
+    /// Puts a lost worker back in service under its old id, with a fresh executor queue.
+    fn rejoin(&mut self, worker: usize, target: Target, report: Response) {
+        let Response::Joined { node, pid, cached, live, straggler, telemetry } = report else { return };
+        let Some(h) = self.workers.get_mut(worker) else { return };
+        if !h.summary.lost {
+            return;
+        }
+        let rtt_ms = self.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let lost = Arc::new(AtomicBool::new(false));
+        tokio::spawn(executor(self.ctx.clone(), worker, node.clone(), target.clone(), lost.clone(), rx));
+        h.actor = target;
+        h.queue = Some(tx);
+        h.lost = lost;
+        h.summary.lost = false;
+        h.summary.rejoined += 1;
+        h.summary.tasks_since_rejoin = 0;
+        h.summary.pid = pid;
+        h.summary.straggler = straggler;
+        h.pulled.iter_mut().for_each(|p| *p = false);
+        let report = WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
+        self.log(format!("worker {node} rejoined (pid {pid}); back in service"));
+        if let Some(p) = &self.progress {
+            let _ = p.send(Progress::Rejoined { node: node.clone() });
+        }
+        if let Err(e) =
+            self.policy.handle_worker_joined(micros_since(self.t0), WorkerId(worker as u32), report)
+        {
+            self.log(format!("worker {node} could not rejoin: {e}"));
+        }
         self.drain();
     }
 
     fn on_event(&mut self, ev: Event) {
         let w = WorkerId(ev.worker as u32);
         let now = micros_since(self.t0);
+        match ev.kind {
+            EventKind::Rejoined { target, report } => {
+                if let Some(h) = self.workers.get(ev.worker) {
+                    let node = h.node.clone();
+                    self.joining.remove(&node);
+                    self.rejoining.remove(&node);
+                }
+                self.rejoin(ev.worker, target, *report);
+                return;
+            }
+            EventKind::RejoinFailed => {
+                if let Some(h) = self.workers.get(ev.worker) {
+                    let node = h.node.clone();
+                    self.joining.remove(&node);
+                }
+                self.try_rejoin();
+                return;
+            }
+            _ => {}
+        }
         if self.workers.get(ev.worker).is_none_or(|h| h.summary.lost) {
             if let EventKind::Ran { task, .. } = ev.kind {
                 self.log(format!("late answer for {task} from lost worker {} ignored", self.node_of(w)));
@@ -618,6 +759,9 @@ impl Shell {
                     self.outcome.compute_s.push((task.stage, ev.worker, ran.compute_micros as f64 / 1e6));
                     self.outputs[task.input][task.stage] = Some(ran.outputs);
                     self.workers[ev.worker].summary.tasks += 1;
+                    if self.workers[ev.worker].summary.rejoined > 0 {
+                        self.workers[ev.worker].summary.tasks_since_rejoin += 1;
+                    }
                     if let Some(p) = &self.progress {
                         let _ = p.send(Progress::Done { task });
                     }
@@ -630,6 +774,7 @@ impl Shell {
                     self.policy.handle_task_done(now, w, task, false);
                 }
             },
+            EventKind::Rejoined { .. } | EventKind::RejoinFailed => {} // handled above
             EventKind::Telemetry(t) => {
                 let rtt_ms = self
                     .link
@@ -742,11 +887,16 @@ pub async fn run_pipeline_job(
         progress,
         done: false,
         failed: None,
+        services: services.clone(),
+        ctx: ctx.clone(),
+        rejoining: std::collections::BTreeSet::new(),
+        joining: std::collections::BTreeSet::new(),
     };
     shell.log(format!("job submitted: {n} inputs x {s} stages, mode {}", shell.job.mode));
     shell.policy.submit_job(micros_since(t0), policy_job).map_err(|e| ShellError::Refused(e.to_string()))?;
     shell.drain();
     let mut ticker = tokio::time::interval(shell.settings.telemetry_period);
+    let mut announcements = services.subscribe_announcements();
     while !shell.done {
         if let Some(task) = shell.failed {
             let detail = shell.last_error.get(&task).cloned().unwrap_or_default();
@@ -757,11 +907,18 @@ pub async fn run_pipeline_job(
         }
         tokio::select! {
             Some(ev) = events.recv() => shell.on_event(ev),
-            m = membership.recv() => {
-                if let Ok(MembershipEvent::Down { member, .. }) = m
-                    && let Some(&w) = shell.by_node.get(member.as_str())
-                {
-                    shell.lose(w, "membership: member down");
+            m = membership.recv() => match m {
+                Ok(MembershipEvent::Down { member, .. }) => {
+                    if let Some(&w) = shell.by_node.get(member.as_str()) {
+                        shell.lose(w, "membership: member down");
+                    }
+                }
+                Ok(MembershipEvent::Up { .. }) => shell.try_rejoin(),
+                Err(_) => {}
+            },
+            a = announcements.recv() => {
+                if a.is_ok() {
+                    shell.try_rejoin();
                 }
             }
             _ = ticker.tick() => {

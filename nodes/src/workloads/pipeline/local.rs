@@ -60,6 +60,10 @@ pub struct LocalCluster {
     runtime: NodeRuntime,
     shelf: BlobShelf,
     children: Vec<(String, Child)>,
+    exe: std::path::PathBuf,
+    workdir: std::path::PathBuf,
+    /// Workers started again by [`LocalCluster::restart`] (stopped at shutdown too).
+    restarted: std::sync::Mutex<Vec<Child>>,
 }
 
 fn membership() -> MembershipSection {
@@ -113,20 +117,18 @@ impl LocalCluster {
             cfg.validate().map_err(|(f, p)| anyhow::anyhow!("worker {}: {f}: {p}", w.name))?;
             let path = workdir.join(format!("{}.toml", w.name));
             std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;
-            let log = std::fs::File::create(workdir.join(format!("{}.log", w.name)))?;
-            let child = Command::new(exe)
-                .arg("node")
-                .arg("--config")
-                .arg(&path)
-                .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()
+            let child = spawn_worker(exe, &path, &workdir.join(format!("{}.log", w.name)), false)
                 .with_context(|| format!("starting worker {}", w.name))?;
             children.push((w.name.clone(), child));
         }
-        Ok(LocalCluster { runtime, shelf, children })
+        Ok(LocalCluster {
+            runtime,
+            shelf,
+            children,
+            exe: exe.to_path_buf(),
+            workdir,
+            restarted: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Runs one job over the workers.
@@ -182,8 +184,27 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Starts worker `name` again (after [`LocalCluster::kill9`]) with its config and identity;
+    /// its log is appended to.
+    pub fn restart(&self, name: &str) -> Result<()> {
+        let path = self.workdir.join(format!("{name}.toml"));
+        if !path.is_file() {
+            bail!("no worker named {name}");
+        }
+        let child = spawn_worker(&self.exe, &path, &self.workdir.join(format!("{name}.log")), true)
+            .with_context(|| format!("restarting worker {name}"))?;
+        if let Ok(mut r) = self.restarted.lock() {
+            r.push(child);
+        }
+        Ok(())
+    }
+
     /// Stops the workers (SIGINT, then SIGKILL after 3 s) and the foreman node.
     pub async fn shutdown(mut self) {
+        if let Ok(mut r) = self.restarted.lock() {
+            let named = r.drain(..).map(|c| ("restarted".to_string(), c));
+            self.children.extend(named);
+        }
         for (_, child) in &mut self.children {
             if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
                 // SAFETY: signalling a child process we own; no memory is touched.
@@ -199,6 +220,21 @@ impl LocalCluster {
         }
         self.runtime.shutdown().await;
     }
+}
+
+/// Starts `troupe node --config CONFIG` with its output in `log` (appended to when `append`).
+fn spawn_worker(exe: &Path, config: &Path, log: &Path, append: bool) -> Result<Child> {
+    let log =
+        std::fs::OpenOptions::new().create(true).append(append).write(true).truncate(!append).open(log)?;
+    Ok(Command::new(exe)
+        .arg("node")
+        .arg("--config")
+        .arg(config)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?)
 }
 
 /// Loads `model` in this process, runs it once on a MiniLM-shaped input, and returns JSON with

@@ -1,0 +1,66 @@
+//! Pipeline restoration: a worker killed with `kill -9` mid-job and started again under its name
+//! is put back in service within the same job and runs tasks again; the outputs equal the whole
+//! model's. (Its own test binary: the foreman node runs in the test process.)
+
+use troupe::actors::pipeline::Progress;
+use troupe::policy::pipeline::Mode;
+use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::{load_job, minilm_stages};
+use troupe_tests::pipeline::{max_abs_error, sentences, settings, whole_model, within, workdir};
+
+fn exe() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_troupe-node"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
+    let dir = workdir("rejoin");
+    // a longer job (100 x the test sentences) so work is left when the worker comes back: the
+    // loss is noticed after the membership timeout, the restart takes a process start and a join
+    let inputs: Vec<String> = (0..100).flat_map(|_| sentences()).collect();
+    let job = load_job(&minilm_stages().unwrap(), &inputs, Mode::Streaming, false).unwrap();
+    let specs: Vec<WorkerSpec> =
+        (1..=3).map(|i| WorkerSpec::new(&format!("worker-{i}"), 100, &dir)).collect();
+    let victim = specs[1].name.clone();
+    let cluster = LocalCluster::start(&exe(), &dir, &specs).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let outcome = {
+        let run = cluster.run(job, settings(3), Some(tx));
+        tokio::pin!(run);
+        let (mut killed, mut restarted) = (false, false);
+        within("job with a kill and a restart", async {
+            loop {
+                tokio::select! {
+                    r = &mut run => break r,
+                    Some(p) = rx.recv() => match p {
+                        Progress::Done { task } if !killed => {
+                            eprintln!("killing {victim} with SIGKILL after {task} completed");
+                            cluster.kill9(&victim).unwrap();
+                            killed = true;
+                        }
+                        Progress::Lost { node } if node == victim && !restarted => {
+                            eprintln!("{victim} declared lost; starting it again");
+                            cluster.restart(&victim).unwrap();
+                            restarted = true;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        })
+        .await
+    };
+    cluster.shutdown().await;
+    let outcome = outcome.unwrap();
+    for line in &outcome.log {
+        eprintln!("{line}");
+    }
+    let w = outcome.workers.iter().find(|w| w.node == victim).unwrap();
+    let victim_log = std::fs::read_to_string(dir.join(format!("{victim}.log"))).unwrap_or_default();
+    assert!(w.rejoined >= 1, "{victim} was never put back in service; its log:\n{victim_log}");
+    assert!(!w.lost, "{victim} ended the job lost");
+    assert!(w.tasks_since_rejoin > 0, "{victim} got no task after it rejoined");
+    let err = max_abs_error(&outcome, &whole_model(&inputs));
+    assert!(err <= 1e-5, "after the kill and restart: max abs error {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
