@@ -404,6 +404,18 @@ async fn blob_replies_a_peer_leaves_unread_count_against_its_budget() {
         }
     };
     assert_eq!(got, blob);
+    // and the puller's side: a reply bigger than its own budget for the server's connection fails,
+    // naming the budget, and the connection stays up
+    let small = QuicNode::bind(
+        &ca.issue_node("small").unwrap(),
+        QuicConfig { conn_budget: 8 << 20, ..QuicConfig::default() },
+    )
+    .await
+    .unwrap();
+    small.connect(server.local_addr().unwrap(), &s).await.unwrap();
+    let e = small.fetch_blob(&s, id.0, 32 << 20).await.unwrap_err();
+    assert!(e.to_string().contains("per-connection cap of 8388608 bytes"), "{e}");
+    small.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"still up")).await.unwrap();
 }
 
 #[tokio::test]
