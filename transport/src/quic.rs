@@ -229,6 +229,8 @@ impl BlobServer for NoBlobs {
 
 struct Peer {
     conn: Connection,
+    /// Bytes this connection holds buffered (shared with its streams' readers).
+    budget: ConnBudget,
     generation: u64,
     member: bool,
     cert: CertInfo,
@@ -494,10 +496,16 @@ impl QuicNode {
     }
 
     /// Pulls blob `id` from `peer` on its own stream ([`blob::request_frame`] answered by a
-    /// [`blob::data_frame`]); verifies the id and the content hash of what arrived.
+    /// [`blob::data_frame`]); verifies the id and the content hash of what arrived. The reply is
+    /// received within the peer's connection budget (a pull that does not fit fails, naming it).
     pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
         let stream_err = |e: String| QuicError::Stream(e);
-        let conn = self.connection(peer)?;
+        let (conn, budget) = self
+            .inner
+            .peers
+            .get(peer)
+            .map(|p| (p.conn.clone(), p.budget.clone()))
+            .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| stream_err(e.to_string()))?;
         send.write_all(&[TAG_BLOB]).await.map_err(|e| stream_err(e.to_string()))?;
         let request = blob::request_frame(BlobId(id)).map_err(|e| stream_err(e.to_string()))?;
@@ -505,7 +513,7 @@ impl QuicNode {
         let _ = send.finish();
         let overhead = u32::try_from(blob::BLOB_DATA_OVERHEAD).unwrap_or(u32::MAX);
         let cap = max_len.saturating_add(overhead).min(self.inner.config.limits.max_body);
-        let frame = read_frame(&mut recv, &FrameLimits { max_body: cap })
+        let (frame, _held) = read_frame_budgeted(&mut recv, &FrameLimits { max_body: cap }, &budget)
             .await?
             .ok_or_else(|| stream_err(format!("{peer} closed the blob stream")))?;
         if frame.kind == FrameKind::Error {
@@ -684,7 +692,9 @@ impl QuicNode {
     async fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool, cert: CertInfo) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
-        let entry = Arc::new(Peer { conn: conn.clone(), generation, member, cert, senders });
+        let budget = ConnBudget::new(peer.as_str(), self.inner.config.conn_budget);
+        let entry =
+            Arc::new(Peer { conn: conn.clone(), budget: budget.clone(), generation, member, cert, senders });
         if let Some(old) = self.inner.peers.insert(peer.clone(), entry.clone()) {
             old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
         }
@@ -699,14 +709,11 @@ impl QuicNode {
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
         self.emit_wait(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member }).await;
         let node = self.clone();
-        tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
+        tokio::spawn(async move { node.serve_connection(peer, conn, budget, generation).await });
     }
 
-    async fn serve_connection(self, peer: NodeId, conn: Connection, generation: u64) {
-        let state = Arc::new(ConnState {
-            budget: ConnBudget::new(peer.as_str(), self.inner.config.conn_budget),
-            control_opened: AtomicBool::new(false),
-        });
+    async fn serve_connection(self, peer: NodeId, conn: Connection, budget: ConnBudget, generation: u64) {
+        let state = Arc::new(ConnState { budget, control_opened: AtomicBool::new(false) });
         let uni = {
             let (node, peer, conn, state) = (self.clone(), peer.clone(), conn.clone(), state.clone());
             async move {

@@ -404,6 +404,18 @@ async fn blob_replies_a_peer_leaves_unread_count_against_its_budget() {
         }
     };
     assert_eq!(got, blob);
+    // and the puller's side: a reply bigger than its own budget for the server's connection fails,
+    // naming the budget, and the connection stays up
+    let small = QuicNode::bind(
+        &ca.issue_node("small").unwrap(),
+        QuicConfig { conn_budget: 8 << 20, ..QuicConfig::default() },
+    )
+    .await
+    .unwrap();
+    small.connect(server.local_addr().unwrap(), &s).await.unwrap();
+    let e = small.fetch_blob(&s, id.0, 32 << 20).await.unwrap_err();
+    assert!(e.to_string().contains("per-connection cap of 8388608 bytes"), "{e}");
+    small.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"still up")).await.unwrap();
 }
 
 #[tokio::test]
@@ -441,4 +453,31 @@ async fn a_peer_cannot_grow_the_event_channel() {
     good.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"served")).await.unwrap();
     let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
     assert_eq!((d.from.as_str(), &d.frame.body[..]), ("good", &b"served"[..]));
+}
+
+#[tokio::test]
+async fn one_control_stream_per_connection() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let server = node(&ca, "server").await;
+    let mut events = server.events().unwrap();
+    let a = node(&ca, "a").await;
+    let s = a.connect(server.local_addr().unwrap(), &NodeId::new("server")).await.unwrap();
+    let (mut first, _first_recv) = a.open_control(&s).await.unwrap();
+    first.write_all(b"session").await.unwrap();
+    wait_event(&mut events, |e| matches!(e, PeerEvent::ControlStream { .. })).await;
+    // a second session would buffer control-plane frames of its own: refused, connection kept
+    let (mut second, _second_recv) = a.open_control(&s).await.unwrap();
+    second.write_all(b"again").await.unwrap();
+    let ev = wait_event(&mut events, |e| {
+        matches!(e, PeerEvent::BadStream { .. } | PeerEvent::ControlStream { .. })
+    })
+    .await;
+    let PeerEvent::BadStream { peer, detail } = ev else {
+        panic!("a second control stream was accepted: {ev:?}")
+    };
+    assert_eq!(peer.as_str(), "a");
+    assert!(detail.contains("second control stream"), "{detail}");
+    a.send(&s, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"still up")).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
+    assert_eq!(&d.frame.body[..], b"still up");
 }
