@@ -11,8 +11,10 @@
 //! A worker is declared lost when membership says it is down or when an RPC to it fails at the
 //! transport level; its tasks are re-planned by the policy and each move is logged.
 //!
-//! Shape, stated plainly: the foreman is an async task in the foreman node's process (not a
-//! supervised ractor actor); telemetry is pulled (one RPC per worker per period) rather than
+//! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
+//! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
+//! restart resubmits the inputs not answered yet; nothing is journaled, so a `kill -9` of the
+//! foreman's node loses the job; telemetry is pulled (one RPC per worker per period) rather than
 //! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
 //! on the same worker. A lost worker whose node comes back (its worker service announced again)
 //! is joined again under its old id and put back in service within the same job.
@@ -31,13 +33,17 @@ use troupe_policy::pipeline::{
 use troupe_policy::{MembershipEvent, Micros};
 use troupe_transport::{Link, NodeId, QuicNode};
 
+use ractor::ActorRef;
+
 use super::job::PipelineJob;
 use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, TelemetrySample, WireNamed,
     WorkerStats, decode_tensors, encode_tensors, response_from_bytes, to_bytes,
 };
 use super::worker::{CALL, SERVICE_PREFIX};
+use crate::kinds::scheduler::{SchedulerActor, SchedulerArgs, SchedulerMsg};
 use crate::service::{CallError as ServiceCallError, Services};
+use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent};
 use troupe_transport::codec::DecodeBudget;
 use troupe_transport::service::FaultKind;
 
@@ -315,6 +321,18 @@ struct ExecCtx {
     timeout: Duration,
     t0: Instant,
     events: mpsc::UnboundedSender<Event>,
+    /// One lock per worker, held during each call and shared by every foreman incarnation, so
+    /// a restarted foreman's join waits for a dead incarnation's call in flight. A worker that
+    /// rejoins gets a fresh lock: calls to its dead process are nobody's business.
+    rpc_locks: RpcLocks,
+}
+
+/// Per worker, the lock its calls hold (replaced when the worker rejoins).
+type RpcLocks = Arc<Vec<std::sync::Mutex<Arc<tokio::sync::Mutex<()>>>>>;
+
+/// The lock worker `worker`'s calls hold now.
+fn rpc_lock(locks: &RpcLocks, worker: usize) -> Option<Arc<tokio::sync::Mutex<()>>> {
+    locks.get(worker).map(|l| l.lock().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone()))
 }
 
 async fn executor(
@@ -329,6 +347,8 @@ async fn executor(
         if lost.load(Ordering::SeqCst) {
             return;
         }
+        let Some(lock) = rpc_lock(&ctx.rpc_locks, worker) else { return };
+        let _held = lock.lock().await;
         let start = ctx.t0.elapsed().as_secs_f64();
         let kind = match cmd {
             Cmd::Fetch { stage, sha256, blob, size } => {
@@ -443,7 +463,11 @@ async fn discover(services: &Services, settings: &ShellSettings) -> Result<Vec<T
 struct Shell {
     link: QuicNode,
     shelf: BlobShelf,
-    job: PipelineJob,
+    job: Arc<PipelineJob>,
+    /// This incarnation's job input i is the job's input `map[i]` (a restarted foreman submits
+    /// only the inputs not answered yet).
+    map: Vec<usize>,
+    shared: Arc<ForemanShared>,
     settings: ShellSettings,
     policy: Foreman,
     workers: Vec<Handle>,
@@ -560,7 +584,8 @@ impl Shell {
     /// A stage's inputs for one job input: the previous stage's outputs by name, else job inputs.
     fn task_inputs(&self, task: TaskId) -> Result<Vec<NamedTensor>, String> {
         let sig = self.job.chain.stage(task.stage).ok_or("no such stage")?;
-        let job_inputs = self.job.inputs.get(task.input).ok_or("no such input")?;
+        let global = *self.map.get(task.input).ok_or("no such input")?;
+        let job_inputs = self.job.inputs.get(global).ok_or("no such input")?;
         let prev = match task.stage {
             0 => None,
             k => Some(
@@ -650,6 +675,11 @@ impl Shell {
             return;
         }
         let rtt_ms = self.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        if let Some(slot) = self.ctx.rpc_locks.get(worker)
+            && let Ok(mut l) = slot.lock()
+        {
+            *l = Arc::new(tokio::sync::Mutex::new(()));
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let lost = Arc::new(AtomicBool::new(false));
         tokio::spawn(executor(self.ctx.clone(), worker, node.clone(), target.clone(), lost.clone(), rx));
@@ -757,6 +787,11 @@ impl Shell {
                         end: ev.end,
                     });
                     self.outcome.compute_s.push((task.stage, ev.worker, ran.compute_micros as f64 / 1e6));
+                    if task.stage + 1 == self.job.stages.len()
+                        && let Some(&global) = self.map.get(task.input)
+                    {
+                        self.shared.answer(global, &ran.outputs);
+                    }
                     self.outputs[task.input][task.stage] = Some(ran.outputs);
                     self.workers[ev.worker].summary.tasks += 1;
                     if self.workers[ev.worker].summary.rejoined > 0 {
@@ -790,10 +825,344 @@ impl Shell {
     }
 }
 
+/// Fault-switch site hit once per foreman input.
+pub const FAULT_SITE: &str = "pipeline.scheduler";
+
+/// What the foreman scheduler is told.
+enum ForemanInput {
+    /// An executor's answer, telemetry or a rejoin.
+    Event(Event),
+    /// Membership says this node is down.
+    Down(String),
+    /// A member came up or announced services: lost workers may be back.
+    Announced,
+}
+
+/// What every foreman incarnation of one job shares: the job, the workers found, the answers
+/// given so far (each input's last-stage outputs, answered at most once) and where the result
+/// goes. A restarted incarnation submits only the inputs not answered yet.
+struct ForemanShared {
+    link: QuicNode,
+    services: Services,
+    shelf: BlobShelf,
+    job: Arc<PipelineJob>,
+    settings: ShellSettings,
+    progress: Option<mpsc::UnboundedSender<Progress>>,
+    targets: Vec<Target>,
+    rpc_locks: RpcLocks,
+    t0: Instant,
+    answered: std::sync::Mutex<Vec<Option<Vec<NamedTensor>>>>,
+    finished: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Result<JobOutcome, ShellError>>>>,
+    scheduler: std::sync::Mutex<Option<ActorRef<SchedulerMsg<ForemanInput>>>>,
+    incarnations: std::sync::atomic::AtomicUsize,
+}
+
+impl ForemanShared {
+    fn answer(&self, input: usize, outputs: &[NamedTensor]) {
+        if let Ok(mut a) = self.answered.lock()
+            && let Some(slot) = a.get_mut(input)
+        {
+            if slot.is_some() {
+                warn!(input, "input already answered; the second answer is dropped");
+            } else {
+                *slot = Some(outputs.to_vec());
+            }
+        }
+    }
+
+    fn finish(&self, result: Result<JobOutcome, ShellError>) {
+        if let Some(tx) = self.finished.lock().ok().and_then(|mut f| f.take()) {
+            let _ = tx.send(result);
+        }
+    }
+
+    fn tell(&self, input: ForemanInput) {
+        let scheduler = self.scheduler.lock().ok().and_then(|s| s.clone());
+        if let Some(s) = scheduler {
+            let _ = s.send_message(SchedulerMsg::Input(input));
+        }
+    }
+}
+
+/// The pipeline workload half of the scheduler shell: one incarnation's [`Shell`].
+struct ForemanScheduler {
+    shared: Arc<ForemanShared>,
+    live: Option<Shell>,
+    next_tick: Micros,
+}
+
+/// Unloads (when asked) and joins one worker, holding its call lock; `None` when it does not answer.
+async fn join_worker(
+    target: &Target,
+    lock: &tokio::sync::Mutex<()>,
+    unload: bool,
+    timeout: Duration,
+) -> Option<(String, u32, Vec<String>, Option<String>, String, TelemetrySample)> {
+    let _held = lock.lock().await;
+    if unload && let Err(e) = call(target, &Request::Unload, timeout).await {
+        warn!(error = %e, "worker did not unload; skipped");
+        return None;
+    }
+    match call(target, &Request::Join, timeout).await {
+        Ok(Response::Joined { node, pid, cached, live, straggler, telemetry }) => {
+            Some((node, pid, cached, live, straggler, telemetry))
+        }
+        Ok(other) => {
+            warn!(answer = ?other, "unexpected join answer; worker skipped");
+            None
+        }
+        Err(e) => {
+            warn!(error = %e, "worker did not join; skipped");
+            None
+        }
+    }
+}
+
+impl ForemanScheduler {
+    /// Reports the end of the job once the policy says so (stats gathered from each worker).
+    async fn finish_if_over(&mut self) {
+        let Some(shell) = self.live.as_mut() else { return };
+        let over = if let Some(task) = shell.failed {
+            let detail = shell.last_error.get(&task).cloned().unwrap_or_default();
+            Some(Err(ShellError::Failed { task: task.to_string(), detail }))
+        } else if shell.workers.iter().all(|h| h.summary.lost) {
+            Some(Err(ShellError::NoWorkers))
+        } else if shell.done {
+            Some(Ok(()))
+        } else {
+            None
+        };
+        let Some(over) = over else { return };
+        let Some(mut shell) = self.live.take() else { return };
+        let result = match over {
+            Err(e) => Err(e),
+            Ok(()) => {
+                shell.outcome.makespan_s = shell.t0.elapsed().as_secs_f64();
+                shell.log(format!("job done in {:.3} s", shell.outcome.makespan_s));
+                for i in 0..shell.workers.len() {
+                    if shell.workers[i].summary.lost {
+                        continue;
+                    }
+                    let actor = shell.workers[i].actor.clone();
+                    // a failed call (e.g. a control-plane session re-forming) is retried a few times
+                    for _ in 0..3 {
+                        if let Ok(Response::Stats(st)) =
+                            call(&actor, &Request::Stats, shell.settings.rpc_timeout).await
+                        {
+                            shell.workers[i].summary.stats = Some(st);
+                            break;
+                        }
+                    }
+                }
+                let mut outcome = std::mem::take(&mut shell.outcome);
+                let answered = self.shared.answered.lock().map(|a| a.clone()).unwrap_or_default();
+                outcome.outputs = answered.into_iter().map(Option::unwrap_or_default).collect();
+                outcome.workers = shell.workers.iter().map(|h| h.summary.clone()).collect();
+                Ok(outcome)
+            }
+        };
+        self.shared.finish(result);
+    }
+}
+
+impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
+    type Input = ForemanInput;
+
+    async fn recover(
+        &mut self,
+        me: &ActorRef<SchedulerMsg<ForemanInput>>,
+        now: Micros,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        let shared = self.shared.clone();
+        if let Ok(mut s) = shared.scheduler.lock() {
+            *s = Some(me.clone());
+        }
+        let incarnation = shared.incarnations.fetch_add(1, Ordering::SeqCst);
+        let map: Vec<usize> = shared
+            .answered
+            .lock()
+            .map(|a| a.iter().enumerate().filter(|(_, o)| o.is_none()).map(|(i, _)| i).collect())
+            .unwrap_or_default();
+        let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
+        {
+            let me = me.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = events.recv().await {
+                    if me.send_message(SchedulerMsg::Input(ForemanInput::Event(ev))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let job = shared.job.clone();
+        let settings = shared.settings.clone();
+        let ctx = ExecCtx {
+            link: shared.link.clone(),
+            foreman: shared.link.local_id().as_str().to_owned(),
+            lossy_bf16: job.lossy_bf16,
+            timeout: settings.rpc_timeout,
+            t0: shared.t0,
+            events: events_tx,
+            rpc_locks: shared.rpc_locks.clone(),
+        };
+        let mut policy = Foreman::new(settings.policy);
+        let mut workers = Vec::new();
+        let mut by_node = BTreeMap::new();
+        // a restarted incarnation starts from empty workers, as its fresh policy believes
+        let unload = settings.fresh_start || incarnation > 0;
+        for (idx, target) in shared.targets.iter().enumerate() {
+            let Some(lock) = rpc_lock(&shared.rpc_locks, idx) else { continue };
+            let joined = join_worker(target, &lock, unload, settings.rpc_timeout).await;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let lost = Arc::new(AtomicBool::new(joined.is_none()));
+            let (node, summary) = match joined {
+                Some((node, pid, cached, live, straggler, telemetry)) => {
+                    let rtt_ms = shared.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+                    let report =
+                        WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
+                    policy
+                        .handle_worker_joined(micros_since(shared.t0), WorkerId(idx as u32), report)
+                        .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
+                    tokio::spawn(executor(ctx.clone(), idx, node.clone(), target.clone(), lost.clone(), rx));
+                    info!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
+                    let summary = WorkerSummary {
+                        node: node.clone(),
+                        pid,
+                        straggler,
+                        telemetry,
+                        rtt_ms,
+                        ..WorkerSummary::default()
+                    };
+                    (node, summary)
+                }
+                None => {
+                    let node = target.peer.as_str().to_owned();
+                    (node.clone(), WorkerSummary { node, lost: true, ..WorkerSummary::default() })
+                }
+            };
+            by_node.insert(node.clone(), idx);
+            workers.push(Handle {
+                node,
+                actor: target.clone(),
+                queue: (!summary.lost).then_some(tx),
+                lost,
+                summary,
+                pulled: vec![false; job.stages.len()],
+            });
+        }
+        let joined = workers.iter().filter(|h| !h.summary.lost).count();
+        if incarnation == 0 && joined < settings.workers {
+            let e = ShellError::TooFewWorkers {
+                found: joined,
+                wanted: settings.workers,
+                secs: settings.join_timeout.as_secs(),
+            };
+            shared.finish(Err(e));
+            return Ok(());
+        }
+        let n = map.len();
+        let s = job.stages.len();
+        let mut shell = Shell {
+            link: shared.link.clone(),
+            shelf: shared.shelf.clone(),
+            job: job.clone(),
+            map,
+            shared: shared.clone(),
+            settings,
+            policy,
+            workers,
+            by_node,
+            t0: shared.t0,
+            outputs: vec![vec![None; s]; n],
+            outcome: JobOutcome::default(),
+            last_error: BTreeMap::new(),
+            progress: shared.progress.clone(),
+            done: n == 0,
+            failed: None,
+            services: shared.services.clone(),
+            ctx,
+            rejoining: std::collections::BTreeSet::new(),
+            joining: std::collections::BTreeSet::new(),
+        };
+        for h in shell.workers.iter().filter(|h| h.summary.lost) {
+            shell.rejoining.insert(h.node.clone());
+        }
+        if incarnation > 0 {
+            shell.log(format!(
+                "foreman restarted (incarnation {incarnation}): resubmitting the {n} unanswered inputs"
+            ));
+        }
+        if n > 0 {
+            shell.log(format!("job submitted: {n} inputs x {s} stages, mode {}", job.mode));
+            let policy_job = Job { chain: job.chain.clone(), inputs: n, mode: job.mode };
+            shell
+                .policy
+                .submit_job(micros_since(shared.t0), policy_job)
+                .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
+            shell.drain();
+        }
+        self.live = Some(shell);
+        self.next_tick = now + Micros::from_duration(shared.settings.telemetry_period);
+        self.finish_if_over().await;
+        Ok(())
+    }
+
+    async fn handle(
+        &mut self,
+        _me: &ActorRef<SchedulerMsg<ForemanInput>>,
+        _now: Micros,
+        input: ForemanInput,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        let Some(shell) = self.live.as_mut() else { return Ok(()) };
+        match input {
+            ForemanInput::Event(ev) => shell.on_event(ev),
+            ForemanInput::Down(node) => {
+                if let Some(&w) = shell.by_node.get(&node) {
+                    shell.lose(w, "membership: member down");
+                }
+            }
+            ForemanInput::Announced => shell.try_rejoin(),
+        }
+        self.finish_if_over().await;
+        Ok(())
+    }
+
+    async fn handle_timeout(
+        &mut self,
+        _me: &ActorRef<SchedulerMsg<ForemanInput>>,
+        now: Micros,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        self.next_tick = now + Micros::from_duration(self.shared.settings.telemetry_period);
+        let Some(shell) = self.live.as_ref() else { return Ok(()) };
+        let (t0, timeout) = (shell.t0, shell.settings.rpc_timeout);
+        for (i, h) in shell.workers.iter().enumerate().filter(|(_, h)| !h.summary.lost) {
+            let (actor, tx) = (h.actor.clone(), shell.ctx.events.clone());
+            tokio::spawn(async move {
+                let start = t0.elapsed().as_secs_f64();
+                if let Ok(Response::Telemetry(t)) = call(&actor, &Request::Telemetry, timeout).await {
+                    let end = t0.elapsed().as_secs_f64();
+                    let _ = tx.send(Event { worker: i, start, end, kind: EventKind::Telemetry(t) });
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn poll_timeout(&self) -> Option<Micros> {
+        self.live.as_ref().map(|_| self.next_tick)
+    }
+}
+
+/// Distinguishes the registered names of foreman actors of concurrent jobs in one process.
+static FOREMAN_JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Runs one job over the workers of the cluster and returns its outputs and metrics.
 ///
-/// `link`, `services` and `membership` are the foreman node's; `shelf` must be installed as its
-/// blob server.
+/// The foreman runs as a [`crate::SchedulerActor`] under a supervisor of its own (restart
+/// intensity: 3 in 60 s); what it has answered lives outside it, so a panic (for instance
+/// through the fault switch, site [`FAULT_SITE`]) restarts it and the new incarnation
+/// resubmits only the unanswered inputs. `link`, `services` and `membership` are the foreman
+/// node's; `shelf` must be installed as its blob server.
 pub async fn run_pipeline_job(
     link: &QuicNode,
     services: &Services,
@@ -803,159 +1172,91 @@ pub async fn run_pipeline_job(
     settings: ShellSettings,
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
-    let actors = discover(services, &settings).await?;
-    let t0 = Instant::now();
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let ctx = ExecCtx {
-        link: link.clone(),
-        foreman: link.local_id().as_str().to_owned(),
-        lossy_bf16: job.lossy_bf16,
-        timeout: settings.rpc_timeout,
-        t0,
-        events: events_tx.clone(),
-    };
+    let targets = discover(services, &settings).await?;
     for s in &job.stages {
         shelf.pin(s.bytes.clone());
     }
-    let mut policy = Foreman::new(settings.policy);
-    let mut workers = Vec::new();
-    let mut by_node = BTreeMap::new();
-    for actor in actors {
-        if settings.fresh_start
-            && let Err(e) = call(&actor, &Request::Unload, settings.rpc_timeout).await
-        {
-            warn!(error = %e, "worker did not unload; skipped");
-            continue;
-        }
-        let (node, pid, cached, live, straggler, telemetry) =
-            match call(&actor, &Request::Join, settings.rpc_timeout).await {
-                Ok(Response::Joined { node, pid, cached, live, straggler, telemetry }) => {
-                    (node, pid, cached, live, straggler, telemetry)
-                }
-                Ok(other) => {
-                    warn!(answer = ?other, "unexpected join answer; worker skipped");
-                    continue;
-                }
-                Err(e) => {
-                    warn!(error = %e, "worker did not join; skipped");
-                    continue;
-                }
-            };
-        let idx = workers.len();
-        let rtt_ms = link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        let report = WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
-        policy
-            .handle_worker_joined(micros_since(t0), WorkerId(idx as u32), report)
-            .map_err(|e| ShellError::Refused(e.to_string()))?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let lost = Arc::new(AtomicBool::new(false));
-        tokio::spawn(executor(ctx.clone(), idx, node.clone(), actor.clone(), lost.clone(), rx));
-        info!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
-        by_node.insert(node.clone(), idx);
-        workers.push(Handle {
-            node: node.clone(),
-            actor,
-            queue: Some(tx),
-            lost,
-            summary: WorkerSummary { node, pid, straggler, telemetry, rtt_ms, ..WorkerSummary::default() },
-            pulled: vec![false; job.stages.len()],
-        });
-    }
-    if workers.len() < settings.workers {
-        return Err(ShellError::TooFewWorkers {
-            found: workers.len(),
-            wanted: settings.workers,
-            secs: settings.join_timeout.as_secs(),
-        });
-    }
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let n = job.inputs.len();
-    let s = job.stages.len();
-    let policy_job = Job { chain: job.chain.clone(), inputs: n, mode: job.mode };
-    let t_submit = Instant::now();
-    let mut shell = Shell {
+    let rpc_locks: RpcLocks = Arc::new(
+        targets.iter().map(|_| std::sync::Mutex::new(Arc::new(tokio::sync::Mutex::new(())))).collect(),
+    );
+    let shared = Arc::new(ForemanShared {
         link: link.clone(),
-        shelf: shelf.clone(),
-        job,
-        settings,
-        policy,
-        workers,
-        by_node,
-        t0,
-        outputs: vec![vec![None; s]; n],
-        outcome: JobOutcome::default(),
-        last_error: BTreeMap::new(),
-        progress,
-        done: false,
-        failed: None,
         services: services.clone(),
-        ctx: ctx.clone(),
-        rejoining: std::collections::BTreeSet::new(),
-        joining: std::collections::BTreeSet::new(),
+        shelf: shelf.clone(),
+        job: Arc::new(job),
+        settings,
+        progress,
+        targets,
+        rpc_locks,
+        t0: Instant::now(),
+        answered: std::sync::Mutex::new(vec![None; n]),
+        finished: std::sync::Mutex::new(Some(done_tx)),
+        scheduler: std::sync::Mutex::new(None),
+        incarnations: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let name = format!("pipeline-foreman-{}", FOREMAN_JOBS.fetch_add(1, Ordering::Relaxed));
+    let spec = {
+        let shared = shared.clone();
+        ChildSpec::new(name.clone(), move || {
+            (
+                SchedulerActor::<ForemanScheduler>::default(),
+                SchedulerArgs {
+                    scheduler: ForemanScheduler { shared: shared.clone(), live: None, next_tick: Micros(0) },
+                    fault_site: FAULT_SITE.into(),
+                },
+            )
+        })
     };
-    shell.log(format!("job submitted: {n} inputs x {s} stages, mode {}", shell.job.mode));
-    shell.policy.submit_job(micros_since(t0), policy_job).map_err(|e| ShellError::Refused(e.to_string()))?;
-    shell.drain();
-    let mut ticker = tokio::time::interval(shell.settings.telemetry_period);
+    let (sup_events, mut failures) = broadcast::channel(16);
+    let args = SupervisorArgs {
+        name: format!("{name}-supervisor"),
+        children: vec![spec],
+        intensity: Intensity { max_restarts: 3, period: Duration::from_secs(60) },
+        events: sup_events,
+    };
+    let (sup, sup_handle) = ractor::Actor::spawn(None, Supervisor, args)
+        .await
+        .map_err(|e| ShellError::Refused(format!("starting the foreman: {e}")))?;
     let mut announcements = services.subscribe_announcements();
-    while !shell.done {
-        if let Some(task) = shell.failed {
-            let detail = shell.last_error.get(&task).cloned().unwrap_or_default();
-            return Err(ShellError::Failed { task: task.to_string(), detail });
-        }
-        if shell.workers.iter().all(|h| h.summary.lost) {
-            return Err(ShellError::NoWorkers);
-        }
+    let forwarder = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    m = membership.recv() => match m {
+                        Ok(MembershipEvent::Down { member, .. }) => shared.tell(ForemanInput::Down(member.as_str().to_owned())),
+                        Ok(MembershipEvent::Up { .. }) => shared.tell(ForemanInput::Announced),
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    a = announcements.recv() => match a {
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => shared.tell(ForemanInput::Announced),
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        })
+    };
+    let mut done_rx = done_rx;
+    let result = loop {
         tokio::select! {
-            Some(ev) = events.recv() => shell.on_event(ev),
-            m = membership.recv() => match m {
-                Ok(MembershipEvent::Down { member, .. }) => {
-                    if let Some(&w) = shell.by_node.get(member.as_str()) {
-                        shell.lose(w, "membership: member down");
-                    }
+            r = &mut done_rx => break r.unwrap_or(Err(ShellError::Refused("the foreman stopped".into()))),
+            ev = failures.recv() => match ev {
+                Ok(SupervisorEvent::Escalated { reason, .. }) => {
+                    break Err(ShellError::Refused(format!("the foreman failed past its restart intensity: {reason}")));
                 }
-                Ok(MembershipEvent::Up { .. }) => shell.try_rejoin(),
-                Err(_) => {}
+                Ok(SupervisorEvent::Restarted { reason, .. }) => warn!(%reason, "pipeline foreman restarted"),
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => {
+                    break Err(ShellError::Refused("the foreman's supervisor stopped".into()));
+                }
             },
-            a = announcements.recv() => {
-                if a.is_ok() {
-                    shell.try_rejoin();
-                }
-            }
-            _ = ticker.tick() => {
-                for (i, h) in shell.workers.iter().enumerate().filter(|(_, h)| !h.summary.lost) {
-                    let (actor, tx, timeout) = (h.actor.clone(), events_tx.clone(), shell.settings.rpc_timeout);
-                    tokio::spawn(async move {
-                        let start = t0.elapsed().as_secs_f64();
-                        if let Ok(Response::Telemetry(t)) = call(&actor, &Request::Telemetry, timeout).await {
-                            let end = t0.elapsed().as_secs_f64();
-                            let _ = tx.send(Event { worker: i, start, end, kind: EventKind::Telemetry(t) });
-                        }
-                    });
-                }
-            }
         }
-    }
-    shell.outcome.makespan_s = t_submit.elapsed().as_secs_f64();
-    shell.log(format!("job done in {:.3} s", shell.outcome.makespan_s));
-    for i in 0..shell.workers.len() {
-        if shell.workers[i].summary.lost {
-            continue;
-        }
-        let actor = shell.workers[i].actor.clone();
-        // a failed call (e.g. a control-plane session re-forming) is retried a few times
-        for _ in 0..3 {
-            if let Ok(Response::Stats(st)) = call(&actor, &Request::Stats, shell.settings.rpc_timeout).await {
-                shell.workers[i].summary.stats = Some(st);
-                break;
-            }
-        }
-    }
-    let mut outcome = std::mem::take(&mut shell.outcome);
-    outcome.outputs = shell
-        .outputs
-        .iter_mut()
-        .map(|per_stage| per_stage.last_mut().and_then(Option::take).unwrap_or_default())
-        .collect();
-    outcome.workers = shell.workers.iter().map(|h| h.summary.clone()).collect();
-    Ok(outcome)
+    };
+    forwarder.abort();
+    sup.stop(None);
+    let _ = sup_handle.await;
+    result
 }

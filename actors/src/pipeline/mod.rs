@@ -14,7 +14,8 @@ pub mod wire;
 pub mod worker;
 
 pub use foreman::{
-    JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary, run_pipeline_job,
+    FAULT_SITE, JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary,
+    run_pipeline_job,
 };
 pub use job::{JobError, PipelineJob, StageFile, build_job};
 pub use wire::BlobShelf;
