@@ -241,6 +241,7 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
         backlog: vec![0; stages],
         in_flight: vec![0; stages],
         holders: vec![0; stages],
+        flow: None,
     };
     for line in input {
         let mut words = line.split_whitespace();
@@ -260,6 +261,7 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
                     cached: (0..stages).map(|k| cached.contains(&k)).collect(),
                     fits: (0..stages).map(|k| fits.contains(&k)).collect(),
                     score: arg(&a, "score").unwrap_or("0").parse().unwrap(),
+                    costs: None,
                 });
             }
             Some("ready") => {
@@ -287,6 +289,7 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
         let phase = match c.phase {
             Phase::WorkerClaim => "phase1",
             Phase::TaskClaim => "phase2",
+            Phase::Pull => "pull",
         };
         let _ = writeln!(out, "{} -> {} {} {phase}", c.task, c.worker, c.tier);
     }
@@ -312,6 +315,7 @@ fn dispatch_by_hand() {
         cached,
         fits: vec![true; 2],
         score,
+        costs: None,
     };
     let d = DispatchInput {
         workers: vec![
@@ -326,6 +330,7 @@ fn dispatch_by_hand() {
         backlog: vec![1, 2],
         in_flight: vec![0, 0],
         holders: vec![1, 1],
+        flow: None,
     };
     let claims = two_phase_dispatch(&d);
     let c = |i, s, w, tier, phase| Claim { task: TaskId::new(i, s), worker: WorkerId(w), tier, phase };
@@ -896,5 +901,116 @@ fn timeline_respects_dependencies_and_residency() {
             };
             assert!(start >= dep, "{t} started at {start} before its dependency ended at {dep}");
         }
+    }
+}
+
+/// Makespans of one instance family, with and without the cost rules: `(streaming, barrier)`.
+struct Family {
+    label: &'static str,
+    new: Vec<(f64, f64)>,
+    old: Vec<(f64, f64)>,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+impl Family {
+    fn ratios(v: &[(f64, f64)]) -> Vec<f64> {
+        v.iter().map(|(s, b)| s / b).collect()
+    }
+    fn print(&self) {
+        let (new, old) = (Self::ratios(&self.new), Self::ratios(&self.old));
+        let s_gain: Vec<f64> = self.new.iter().zip(&self.old).map(|(n, o)| n.0 / o.0).collect();
+        let b_gain: Vec<f64> = self.new.iter().zip(&self.old).map(|(n, o)| n.1 / o.1).collect();
+        println!(
+            "sim_{}: n={} streaming/barrier mean {:.3} median {:.3} max {:.3} | cost rules off: mean {:.3} \
+             median {:.3} max {:.3} | streaming new/old mean {:.3} max {:.3} | barrier new/old mean {:.3} max {:.3}",
+            self.label,
+            new.len(),
+            mean(&new),
+            median(&new),
+            max_of(&new),
+            mean(&old),
+            median(&old),
+            max_of(&old),
+            mean(&s_gain),
+            max_of(&s_gain),
+            mean(&b_gain),
+            max_of(&b_gain),
+        );
+    }
+}
+
+fn makespans(sizes: &[u64], speeds: &[f64], n: usize, cost_aware: bool) -> (f64, f64) {
+    let run = |mode| {
+        let mut s = setup(sizes, speeds, n, mode);
+        s.foreman.cost_aware = cost_aware;
+        let r = simulate(&s).unwrap();
+        assert!(r.completions.values().all(|&c| c == 1));
+        r.makespan
+            .unwrap_or_else(|| panic!("stuck: sizes {sizes:?} speeds {speeds:?} n {n} {mode}"))
+            .as_secs_f64()
+    };
+    (run(Mode::Streaming), run(Mode::Barrier))
+}
+
+fn family(label: &'static str, instances: impl Iterator<Item = (Vec<u64>, Vec<f64>, usize)>) -> Family {
+    let mut f = Family { label, new: Vec::new(), old: Vec::new() };
+    for (sizes, speeds, n) in instances {
+        f.new.push(makespans(&sizes, &speeds, n, true));
+        f.old.push(makespans(&sizes, &speeds, n, false));
+    }
+    f
+}
+
+/// The instance families of issue 10: the 400-instance sweep (same seed and draws as
+/// `streaming_vs_barrier_anomalies_are_rare_and_small`), then N = W and N = 10 W on heterogeneous
+/// crowds of 2..8 workers with 2..3 stages (60 each).
+fn sweep_families() -> Vec<Family> {
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let mut rng = SmallRng::seed_from_u64(7);
+    let sweep: Vec<_> = (0..400)
+        .map(|_| {
+            let sizes: Vec<u64> =
+                (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+            let speeds: Vec<f64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0.25..2.0)).collect();
+            let n = rng.random_range(1..10);
+            (sizes, speeds, n)
+        })
+        .collect();
+    let mut out = vec![family("sweep400", sweep.into_iter())];
+    for (label, mult) in [("n_eq_w", 1), ("n_10w", 10)] {
+        let mut rng = SmallRng::seed_from_u64(11);
+        let inst: Vec<_> = (0..60)
+            .map(|_| {
+                let sizes: Vec<u64> =
+                    (0..rng.random_range(2..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+                let speeds: Vec<f64> =
+                    (0..rng.random_range(2..9)).map(|_| rng.random_range(0.25..2.0)).collect();
+                let n = mult * speeds.len();
+                (sizes, speeds, n)
+            })
+            .collect();
+        out.push(family(label, inst.into_iter()));
+    }
+    out
+}
+
+#[test]
+fn sim_streaming_beats_barrier_with_cost_rules() {
+    for f in sweep_families() {
+        f.print();
     }
 }
