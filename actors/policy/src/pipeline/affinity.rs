@@ -34,6 +34,50 @@
 //!    flight is not offered in phase 2: work for its session is on the way, and swapping it out
 //!    would only force a reload (decided here; the paper calls Tier 4 a last resort). This never
 //!    deadlocks: such a worker waits only on a task that is running, loading or pinned.
+//!
+//! Cost rules (only with [`DispatchInput::flow`] and per-worker [`WorkerView::costs`], which the
+//! foreman fills from [`super::costs::CostModel`]; without them dispatch is exactly the above).
+//! Notation, per stage `k`: `U_k` unclaimed tasks, `n_k` alive holders (live or loading), their
+//! throughput `R_k = sum_h 1/tau_h(k)`, `d_k` µs until the first is productive; for a worker `w`:
+//! `tau_w(k)` its predicted task time, `L_w(k)` its predicted load time (warm or cold).
+//! Without the rules, phase 1 skips a stage with no free holder, so the holders of stage `k`
+//! keep claiming `k` until none is ready: `k + 1` starts only once `k` is all claimed, and
+//! streaming degenerates into barrier.
+//! 1. Pull (phase 0, before phase 1; stages `j` with ready tasks, later first, repeated while it
+//!    pays). A free holder `w` of `k = j - 1` is moved to `j` (claiming `j`'s oldest ready task,
+//!    its own output first) when `U_k > 0`, `n_k >= 2`, every holder of `k` has a measured task
+//!    time, `R_j < R_k` (the downstream does not keep up), and `F_pull < (1 - 0.02) F_stay`, where
+//!    `F` is the predicted time stage `j` is done:
+//!    - `t_e`, when `k` is done: list scheduling of the `U_k` tasks over the holders of `k`
+//!      (each task to the holder that would finish it first; busy ones from when they are free),
+//!      with `w` for `F_stay`, without for `F_pull`: this is "the remaining stage-`k` work over
+//!      the holders left", discrete, so a pull that adds a round upstream is seen.
+//!    - then a fluid model of `j`: its holders run at `b` from `d`; the holders of `k` switch at
+//!      `t_e` and run at `c = sum_{h holds k} 1/tau_h(j)` from `t_e + Lbar` (`Lbar` their mean
+//!      load of `j`); `F` solves `b (F - d)^+ + c (F - t_e - Lbar)^+ = U_j`, and
+//!      `F >= t_e + tau(j)` (`+ Lbar` too when `j` has no holder).
+//!    - stay: `(b, d) = (R_j, d_j)`; pull: `b = R_j + 1/tau_w(j)`, `d = min(d_j, L_w(j))` (just
+//!      `L_w(j)` when `j` had no holder) and `c` less `1/tau_w(j)`. Among the free holders that
+//!      qualify, the one with the least `F_pull` is pulled.
+//!
+//!    So `w` pays `L_w(j)` only when its downstream work, started after that load, brings the end
+//!    forward by more than the upstream loses without it (including what the switchers would
+//!    idle loading `j` at `t_e`).
+//! 2. Load gate (phase 2). A task of stage `s` takes a free worker `w` that must load `s` only if
+//!    `s` has no holder, or `L_w(s) + tau_w(s) < d_s + taubar_s (f + ceil(U_s / n_s))`, with
+//!    `taubar_s = n_s / R_s` and `f = 1` if the holders are still loading (`d_s > 0`), else `1/2`
+//!    (in phase 2 every holder of `s` is busy: it first ends the task in flight). Otherwise the
+//!    holders finish the stage sooner than `w` would finish this one task.
+//! 3. Tail decline (phase 1). A free Tier-1 holder `w` of `k` does not claim `k` (and is not
+//!    offered `k` in phase 2) when every holder of `k` is measured, `n_k >= 2`, `w` is not the
+//!    fastest (`tau_w(k) > min_h tau_h(k)`), and
+//!    `tau_w(k) > U_k / (R_k - 1/tau_w(k)) + (sum_h tau_h(k) - tau_w(k)) / (2 (n_k - 1))`:
+//!    the others would clear all of `k` before `w` finished one task. It stays free for other
+//!    stages (rules 1 and 2). The fastest holder never declines, so a stage with holders always
+//!    progresses; a holder leaving in the same round turns declines off for that stage.
+//!
+//! Residency is unchanged: a pulled or gated worker still runs one live stage (unload, then
+//! load) and only stages that fit its RAM budget are offered.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -363,8 +407,9 @@ fn holds_for_incoming(w: &WorkerView, input: &DispatchInput) -> bool {
 /// Fluid estimate of when stage `j = k + 1` finishes (module doc, rule 1): the holders of `k`
 /// are done with `k` at `te`, then switch to `j`, productive there from `te + lbar` at rate `c`;
 /// the holders of `j` are productive from `d` at rate `b`; `uj` tasks of `j` are left. The result
-/// `F` solves `b (F - d)^+ + c (F - te - lbar)^+ = uj`, and `F >= te`.
-fn fluid_finish(te: f64, uj: f64, b: f64, d: f64, c: f64, lbar: f64) -> f64 {
+/// `F` solves `b (F - d)^+ + c (F - te - lbar)^+ = uj`, and `F >= te + last` (the last upstream
+/// output still has to cross `j`, taking `last`).
+fn fluid_finish(te: f64, uj: f64, b: f64, d: f64, c: f64, lbar: f64, last: f64) -> f64 {
     let mut ramps: Vec<(f64, f64)> = [(d, b), (te + lbar, c)].into_iter().filter(|r| r.1 > 0.0).collect();
     ramps.sort_by(|x, y| x.0.total_cmp(&y.0));
     let f = match ramps[..] {
@@ -378,7 +423,7 @@ fn fluid_finish(te: f64, uj: f64, b: f64, d: f64, c: f64, lbar: f64) -> f64 {
         }
         _ => f64::INFINITY,
     };
-    f.max(te)
+    f.max(te + last)
 }
 
 /// Required relative gain of a pull (rule 1), against prediction noise.
@@ -510,10 +555,12 @@ impl Flow {
         let te_pull = upstream_end(&others, self.backlog[k]);
         others.push((0.0, tk));
         let te_stay = upstream_end(&others, self.backlog[k]);
-        let stay = fluid_finish(te_stay, uj, b, d, f.next_rate[k], f.next_load[k]);
+        // Without a holder of `j`, the last input waits for a switcher's load too.
+        let last_stay = if self.holders[j] == 0 { f.next_load[k] + tj } else { tj };
+        let stay = fluid_finish(te_stay, uj, b, d, f.next_rate[k], f.next_load[k], last_stay);
         let pull_d = if self.holders[j] == 0 { load } else { d.min(load) };
         let pulled =
-            fluid_finish(te_pull, uj, b + 1.0 / tj, pull_d, f.next_rate[k] - 1.0 / tj, f.next_load[k]);
+            fluid_finish(te_pull, uj, b + 1.0 / tj, pull_d, f.next_rate[k] - 1.0 / tj, f.next_load[k], tj);
         (pulled < stay * (1.0 - PULL_MARGIN)).then_some(pulled)
     }
 }
