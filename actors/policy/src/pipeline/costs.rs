@@ -102,7 +102,8 @@ impl CostModel {
         self.task_ref[k] = Some(ewma(self.task_ref[k], d / slowness));
     }
 
-    /// A load of stage `k` took `d` µs; `cold` when the file was sent for it.
+    /// A load of stage `k` took `d` µs; `cold` when the file was sent for it (note: [`Self::load`]
+    /// takes the opposite, whether the file is cached).
     pub fn observe_load(&mut self, k: usize, cold: bool, d: f64) {
         let Some(d) = clean(d) else { return };
         if k >= self.stages() {

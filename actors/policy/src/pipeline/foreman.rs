@@ -623,6 +623,12 @@ impl Foreman {
         self.job.as_ref().is_some_and(|j| j.finished)
     }
 
+    /// Predicted task and load times of every stage on worker `id` (µs, as dispatch sees them).
+    pub fn predicted_costs(&self, id: WorkerId) -> Option<WorkerCosts> {
+        let job = self.job.as_ref()?;
+        Some(Self::worker_costs(job, id, self.workers.get(&id)?))
+    }
+
     /// Session RSS estimate of stage `k` of the current job.
     pub fn stage_rss(&self, k: usize) -> Option<u64> {
         self.job.as_ref().and_then(|j| j.rss.get(k).copied())

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use proptest::prelude::*;
 
 use super::affinity::{
-    self, Claim, DispatchInput, Phase, ReadyTask, Telemetry, Tier, WorkerView, classify, entropy_weights,
-    two_phase_dispatch,
+    self, Claim, DispatchInput, Phase, ReadyTask, StageFlow, Telemetry, Tier, WorkerCosts, WorkerView,
+    classify, entropy_weights, two_phase_dispatch,
 };
 use super::chain::{ChainError, DType, Producer, StageSignature, TensorSig, check_chain};
 use super::foreman::{Action, Foreman, ForemanConfig, Job, WorkerReport};
@@ -233,8 +233,54 @@ proptest! {
 
 // ---------- two-phase dispatch ----------
 
+/// `a,b,c` in ms as µs per stage (for the cost-rule blocks).
+fn ms_list(s: &str) -> Vec<f64> {
+    s.split(',').map(|x| x.parse::<f64>().unwrap() * 1e3).collect()
+}
+
+/// The per-stage flow the foreman would build from the holders' predicted costs: free holders
+/// (worker lines) and busy ones (`busy` lines: `until=` ms until free, `wait=` ms of load left).
+fn flow_of(stages: usize, holders: &[(Option<usize>, WorkerCosts, f64, f64, bool)]) -> StageFlow {
+    let mut f = StageFlow {
+        rate: vec![0.0; stages],
+        wait: vec![f64::INFINITY; stages],
+        next_rate: vec![0.0; stages],
+        next_load: vec![0.0; stages],
+        measured: vec![true; stages],
+        task_sum: vec![0.0; stages],
+        fastest: vec![f64::INFINITY; stages],
+        busy: vec![Vec::new(); stages],
+    };
+    let mut n = vec![0usize; stages];
+    for (live, c, until, wait, busy) in holders {
+        let Some(k) = *live else { continue };
+        n[k] += 1;
+        f.rate[k] += 1.0 / c.task_us[k];
+        f.task_sum[k] += c.task_us[k];
+        f.fastest[k] = f.fastest[k].min(c.task_us[k]);
+        f.wait[k] = f.wait[k].min(*wait);
+        if k + 1 < stages {
+            f.next_rate[k] += 1.0 / c.task_us[k + 1];
+            f.next_load[k] += c.load_us[k + 1];
+        }
+        if *busy {
+            f.busy[k].push((*until, c.task_us[k]));
+        }
+    }
+    for w in &mut f.wait {
+        if !w.is_finite() {
+            *w = 0.0;
+        }
+    }
+    for (l, n) in f.next_load.iter_mut().zip(&n) {
+        *l /= (*n).max(1) as f64;
+    }
+    f
+}
+
 fn run_dispatch(cmd: &str, input: &[String]) -> String {
     let stages: usize = arg(&args(cmd), "stages").unwrap().parse().unwrap();
+    let mut holders_costs = Vec::new();
     let mut d = DispatchInput {
         workers: Vec::new(),
         ready: Vec::new(),
@@ -255,14 +301,29 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
                 };
                 let cached = stage_list(arg(&a, "cached").unwrap_or("none"), stages);
                 let fits = stage_list(arg(&a, "fits").unwrap_or("all"), stages);
+                let costs = arg(&a, "task")
+                    .map(|t| WorkerCosts { task_us: ms_list(t), load_us: ms_list(arg(&a, "load").unwrap()) });
+                if let Some(c) = &costs {
+                    holders_costs.push((live, c.clone(), 0.0, 0.0, false));
+                }
                 d.workers.push(WorkerView {
                     id,
                     live,
                     cached: (0..stages).map(|k| cached.contains(&k)).collect(),
                     fits: (0..stages).map(|k| fits.contains(&k)).collect(),
                     score: arg(&a, "score").unwrap_or("0").parse().unwrap(),
-                    costs: None,
+                    costs,
                 });
+            }
+            Some("busy") => {
+                let a = args(line);
+                let live = Some(arg(&a, "live").unwrap().parse().unwrap());
+                let c = WorkerCosts {
+                    task_us: ms_list(arg(&a, "task").unwrap()),
+                    load_us: ms_list(arg(&a, "load").unwrap()),
+                };
+                let ms = |key| arg(&a, key).unwrap_or("0").parse::<f64>().unwrap() * 1e3;
+                holders_costs.push((live, c, ms("until"), ms("wait"), true));
             }
             Some("ready") => {
                 d.ready = words
@@ -283,6 +344,9 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
             }
             other => panic!("unknown dispatch line {other:?}"),
         }
+    }
+    if !holders_costs.is_empty() {
+        d.flow = Some(flow_of(stages, &holders_costs));
     }
     let mut out = String::new();
     for c in two_phase_dispatch(&d) {
@@ -1082,4 +1146,69 @@ fn streaming_starts_stage1_before_stage0_is_all_claimed() {
     let (first1_off, last0_off, ms_off) = run(false);
     println!("cost rules off: first s1 assign {first1_off}, last s0 claim {last0_off}, makespan {ms_off}");
     assert!(first1_off >= last0_off);
+}
+
+// ---------- learned costs ----------
+
+#[test]
+fn costs_start_from_priors_and_learn_from_completions() {
+    use super::costs::{CostModel, prior_cold, prior_task, prior_warm};
+    let (w1, w2, w3) = (WorkerId(1), WorkerId(2), WorkerId(3));
+    let mut m = CostModel::new(&[1_000_000, 2_000_000]);
+    // Priors: 10 ms per MB of compute; loads 100 ms + 5 ms per MB warm, + 50 ms per MB cold.
+    assert_eq!(m.task(w1, 1), prior_task(2_000_000));
+    assert_eq!(m.task(w1, 1), 20_000.0);
+    assert_eq!(m.load(1, true), prior_warm(2_000_000));
+    assert_eq!(m.load(1, false), prior_cold(2_000_000));
+    assert_eq!(m.load(1, false), 210_000.0);
+    // w1 runs s0 twice as slow as the prior; w2 twice as slow as w1.
+    m.observe_task(w1, 0, 20_000.0);
+    m.observe_task(w2, 0, 40_000.0);
+    assert_eq!(m.task(w1, 0), 20_000.0);
+    assert_eq!(m.task(w2, 0), 40_000.0);
+    // An unseen worker is guessed at the reference speed; an unseen stage at its prior scaled by
+    // what the seen stages showed (x2), times the worker's slowness.
+    assert_eq!(m.task(w3, 0), 20_000.0);
+    assert_eq!(m.task(w1, 1), 40_000.0);
+    assert_eq!(m.task(w2, 1), 80_000.0);
+    assert!(m.measured(w2, 0) && !m.measured(w2, 1) && !m.measured(w3, 0));
+    // Moving average, weight 0.3 on the newest sample.
+    m.observe_task(w1, 0, 30_000.0);
+    assert!((m.task(w1, 0) - 23_000.0).abs() < 1e-6);
+    // Loads: a warm load of s0 at 300 ms (prior 105 ms) scales the warm prior of s1 alike; cold
+    // stays on its prior until a cold load is seen.
+    m.observe_load(0, false, 300_000.0);
+    assert_eq!(m.load(0, true), 300_000.0);
+    assert!((m.load(1, true) - 110_000.0 * 300.0 / 105.0).abs() < 1e-6);
+    assert_eq!(m.load(1, false), 210_000.0);
+    // Untrusted samples are ignored.
+    m.observe_task(w1, 0, f64::NAN);
+    m.observe_task(w1, 0, -5.0);
+    m.observe_load(1, false, f64::INFINITY);
+    assert!((m.task(w1, 0) - 23_000.0).abs() < 1e-6);
+    assert_eq!(m.load(1, false), 210_000.0);
+    assert_eq!(m.task(w1, 7), f64::INFINITY);
+}
+
+/// The foreman feeds the model from its own `now`: a task's time is Assign to completion, a
+/// load's is the decision to the report.
+#[test]
+fn foreman_measures_task_and_load_times_from_now() {
+    let mut f = Foreman::new(ForemanConfig::default());
+    let t = |s: u64| Micros::from_millis(s);
+    let report = WorkerReport {
+        telemetry: Telemetry { ram_budget_bytes: 1 << 30, ..Telemetry::default() },
+        ..WorkerReport::default()
+    };
+    f.handle_worker_joined(t(0), WorkerId(1), report).unwrap();
+    let chain = synthetic_chain(&[1_000_000, 2_000_000]).unwrap();
+    f.submit_job(t(0), Job { chain, inputs: 2, mode: Mode::Streaming }).unwrap();
+    f.handle_stage_loaded(t(700), WorkerId(1), 0, true);
+    f.handle_task_done(t(750), WorkerId(1), TaskId::new(0, 0), true);
+    let costs = f.predicted_costs(WorkerId(1)).unwrap();
+    assert_eq!(costs.task_us[0], 50_000.0);
+    // The s0 file was sent for that load: a cold load of 700 ms; s1 is guessed from its prior
+    // times what s0 showed (a task 5x its prior of 10 ms; a cold load 700 / 155 of its prior).
+    assert_eq!(costs.task_us[1], 100_000.0);
+    assert!((costs.load_us[1] - 210_000.0 * 700.0 / 155.0).abs() < 1e-6);
 }
