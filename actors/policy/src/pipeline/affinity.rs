@@ -34,6 +34,50 @@
 //!    flight is not offered in phase 2: work for its session is on the way, and swapping it out
 //!    would only force a reload (decided here; the paper calls Tier 4 a last resort). This never
 //!    deadlocks: such a worker waits only on a task that is running, loading or pinned.
+//!
+//! Cost rules (only with [`DispatchInput::flow`] and per-worker [`WorkerView::costs`], which the
+//! foreman fills from [`super::costs::CostModel`]; without them dispatch is exactly the above).
+//! Notation, per stage `k`: `U_k` unclaimed tasks, `n_k` alive holders (live or loading), their
+//! throughput `R_k = sum_h 1/tau_h(k)`, `d_k` µs until the first is productive; for a worker `w`:
+//! `tau_w(k)` its predicted task time, `L_w(k)` its predicted load time (warm or cold).
+//! Without the rules, phase 1 skips a stage with no free holder, so the holders of stage `k`
+//! keep claiming `k` until none is ready: `k + 1` starts only once `k` is all claimed, and
+//! streaming degenerates into barrier.
+//! 1. Pull (phase 0, before phase 1; stages `j` with ready tasks, later first, repeated while it
+//!    pays). A free holder `w` of `k = j - 1` is moved to `j` (claiming `j`'s oldest ready task,
+//!    its own output first) when `U_k > 0`, `n_k >= 2`, every holder of `k` has a measured task
+//!    time, `R_j < R_k` (the downstream does not keep up), and `F_pull < (1 - 0.02) F_stay`, where
+//!    `F` is the predicted time stage `j` is done:
+//!    - `t_e`, when `k` is done: list scheduling of the `U_k` tasks over the holders of `k`
+//!      (each task to the holder that would finish it first; busy ones from when they are free),
+//!      with `w` for `F_stay`, without for `F_pull`: this is "the remaining stage-`k` work over
+//!      the holders left", discrete, so a pull that adds a round upstream is seen.
+//!    - then a fluid model of `j`: its holders run at `b` from `d`; the holders of `k` switch at
+//!      `t_e` and run at `c = sum_{h holds k} 1/tau_h(j)` from `t_e + Lbar` (`Lbar` their mean
+//!      load of `j`); `F` solves `b (F - d)^+ + c (F - t_e - Lbar)^+ = U_j`, and
+//!      `F >= t_e + tau(j)` (`+ Lbar` too when `j` has no holder).
+//!    - stay: `(b, d) = (R_j, d_j)`; pull: `b = R_j + 1/tau_w(j)`, `d = min(d_j, L_w(j))` (just
+//!      `L_w(j)` when `j` had no holder) and `c` less `1/tau_w(j)`. Among the free holders that
+//!      qualify, the one with the least `F_pull` is pulled.
+//!
+//!    So `w` pays `L_w(j)` only when its downstream work, started after that load, brings the end
+//!    forward by more than the upstream loses without it (including what the switchers would
+//!    idle loading `j` at `t_e`).
+//! 2. Load gate (phase 2). A task of stage `s` takes a free worker `w` that must load `s` only if
+//!    `s` has no holder, or `L_w(s) + tau_w(s) < d_s + taubar_s (f + ceil(U_s / n_s))`, with
+//!    `taubar_s = n_s / R_s` and `f = 1` if the holders are still loading (`d_s > 0`), else `1/2`
+//!    (in phase 2 every holder of `s` is busy: it first ends the task in flight). Otherwise the
+//!    holders finish the stage sooner than `w` would finish this one task.
+//! 3. Tail decline (phase 1). A free Tier-1 holder `w` of `k` does not claim `k` (and is not
+//!    offered `k` in phase 2) when every holder of `k` is measured, `n_k >= 2`, `w` is not the
+//!    fastest (`tau_w(k) > min_h tau_h(k)`), and
+//!    `tau_w(k) > U_k / (R_k - 1/tau_w(k)) + (sum_h tau_h(k) - tau_w(k)) / (2 (n_k - 1))`:
+//!    the others would clear all of `k` before `w` finished one task. It stays free for other
+//!    stages (rules 1 and 2). The fastest holder never declines, so a stage with holders always
+//!    progresses; a holder leaving in the same round turns declines off for that stage.
+//!
+//! Residency is unchanged: a pulled or gated worker still runs one live stage (unload, then
+//! load) and only stages that fit its RAM budget are offered.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -205,6 +249,17 @@ pub struct WorkerView {
     pub fits: Vec<bool>,
     /// Entropy-weighted telemetry score (higher is better).
     pub score: f64,
+    /// Predicted costs on this worker; `None` turns the cost rules off for it.
+    pub costs: Option<WorkerCosts>,
+}
+
+/// Predicted costs of one worker, per stage, in µs (from [`super::costs::CostModel`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerCosts {
+    /// Per stage: predicted task time (occupancy) on this worker.
+    pub task_us: Vec<f64>,
+    /// Per stage: predicted time to make the stage live here (warm if cached, else cold).
+    pub load_us: Vec<f64>,
 }
 
 impl WorkerView {
@@ -213,6 +268,14 @@ impl WorkerView {
     }
     fn fits(&self, stage: usize) -> bool {
         self.fits.get(stage).copied().unwrap_or(false)
+    }
+    /// Predicted task time on `stage`, µs (`None` without costs).
+    fn task_us(&self, stage: usize) -> Option<f64> {
+        self.costs.as_ref().and_then(|c| c.task_us.get(stage).copied()).filter(|t| *t > 0.0 && t.is_finite())
+    }
+    /// Predicted load time of `stage`, µs (`None` without costs).
+    fn load_us(&self, stage: usize) -> Option<f64> {
+        self.costs.as_ref().and_then(|c| c.load_us.get(stage).copied()).filter(|t| *t >= 0.0 && t.is_finite())
     }
 }
 
@@ -229,7 +292,60 @@ pub struct DispatchInput {
     pub in_flight: Vec<usize>,
     /// Per stage: alive workers (free or busy) holding it live or loading it.
     pub holders: Vec<usize>,
+    /// Per-stage flow predictions; `None` (or of the wrong length) turns the cost rules off:
+    /// pure tier and rank dispatch.
+    pub flow: Option<StageFlow>,
 }
+
+/// Per-stage predictions for the cost rules, each a vector over the stages, times in µs.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct StageFlow {
+    /// `R_k = sum_{h holds k} 1 / tau_h(k)`: throughput of the alive holders of `k` (free or busy,
+    /// live or loading), tasks per µs.
+    pub rate: Vec<f64>,
+    /// `d_k`: µs until the first holder of `k` is productive (0 if one holds it live, else the
+    /// least predicted remaining load time; 0 when there is no holder).
+    pub wait: Vec<f64>,
+    /// `C_k = sum_{h holds k} 1 / tau_h(k + 1)`: what the holders of `k` would do on stage `k + 1`.
+    pub next_rate: Vec<f64>,
+    /// `Lbar_k`: mean predicted load time of stage `k + 1` over the holders of `k`.
+    pub next_load: Vec<f64>,
+    /// Every alive holder of `k` has completed a task of `k`, so `R_k` is measured, not guessed.
+    pub measured: Vec<bool>,
+    /// `sum_{h holds k} tau_h(k)`, µs (with the holder count, the mean task time of the holders).
+    pub task_sum: Vec<f64>,
+    /// `min_{h holds k} tau_h(k)`, µs (`+inf` without holders).
+    pub fastest: Vec<f64>,
+    /// Per stage, its busy holders as `(µs until free, tau_h(k))`: free after the task running
+    /// (or loading, then running) now.
+    pub busy: Vec<Vec<(f64, f64)>>,
+}
+
+/// When `uk` more tasks of a stage are done if each goes, in turn, to the holder that would finish
+/// it first (holders given as `(µs until free, task time)`); list scheduling, so the discrete tail
+/// counts. Above [`EXACT_TAIL_STEPS`] steps: the fluid time plus half a mean task.
+pub fn upstream_end(holders: &[(f64, f64)], uk: usize) -> f64 {
+    if holders.is_empty() {
+        return f64::INFINITY;
+    }
+    if uk.saturating_mul(holders.len()) > EXACT_TAIL_STEPS {
+        let rate: f64 = holders.iter().map(|h| 1.0 / h.1).sum();
+        let start = holders.iter().map(|h| h.0).sum::<f64>() / holders.len() as f64;
+        let mean = holders.len() as f64 / rate;
+        return start + uk as f64 / rate + 0.5 * mean;
+    }
+    let mut free: Vec<(f64, f64)> = holders.to_vec();
+    let mut end = free.iter().map(|h| h.0).fold(0.0, f64::max);
+    for _ in 0..uk {
+        let Some(best) = free.iter_mut().min_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1))) else { break };
+        best.0 += best.1;
+        end = end.max(best.0);
+    }
+    end
+}
+
+/// Most `tasks x holders` steps [`upstream_end`] simulates exactly.
+pub const EXACT_TAIL_STEPS: usize = 1 << 16;
 
 /// A ready task and where its input tensor was produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -247,6 +363,8 @@ pub enum Phase {
     WorkerClaim,
     /// Phase 2: the task claimed the best-ranked worker.
     TaskClaim,
+    /// Phase 0: a free upstream holder was pulled into the next stage (cost rule 1).
+    Pull,
 }
 
 /// One dispatch decision.
@@ -286,6 +404,167 @@ fn holds_for_incoming(w: &WorkerView, input: &DispatchInput) -> bool {
     victim_class(w, input) == 2 && live > 0 && input.in_flight.get(live - 1).copied().unwrap_or(0) > 0
 }
 
+/// Fluid estimate of when stage `j = k + 1` finishes (module doc, rule 1): the holders of `k`
+/// are done with `k` at `te`, then switch to `j`, productive there from `te + lbar` at rate `c`;
+/// the holders of `j` are productive from `d` at rate `b`; `uj` tasks of `j` are left. The result
+/// `F` solves `b (F - d)^+ + c (F - te - lbar)^+ = uj`, and `F >= te + last` (the last upstream
+/// output still has to cross `j`, taking `last`).
+fn fluid_finish(te: f64, uj: f64, b: f64, d: f64, c: f64, lbar: f64, last: f64) -> f64 {
+    let mut ramps: Vec<(f64, f64)> = [(d, b), (te + lbar, c)].into_iter().filter(|r| r.1 > 0.0).collect();
+    ramps.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let f = match ramps[..] {
+        [(s1, r1)] => s1 + uj / r1,
+        [(s1, r1), (s2, r2)] => {
+            if r1 * (s2 - s1) >= uj {
+                s1 + uj / r1
+            } else {
+                s2 + (uj - r1 * (s2 - s1)) / (r1 + r2)
+            }
+        }
+        _ => f64::INFINITY,
+    };
+    f.max(te + last)
+}
+
+/// Required relative gain of a pull (rule 1), against prediction noise.
+pub const PULL_MARGIN: f64 = 0.02;
+
+/// Mutable per-stage bookkeeping of one dispatch round (cost rules only).
+struct Flow {
+    f: Option<StageFlow>,
+    holders: Vec<usize>,
+    backlog: Vec<usize>,
+}
+
+fn inv(t: Option<f64>) -> f64 {
+    t.map_or(0.0, |t| 1.0 / t)
+}
+
+impl Flow {
+    fn new(input: &DispatchInput) -> Self {
+        let s = input.backlog.len();
+        let f = input.flow.clone().filter(|f| {
+            [&f.rate, &f.wait, &f.next_rate, &f.next_load, &f.task_sum]
+                .iter()
+                .all(|v| v.len() == s && v.iter().all(|x| x.is_finite()))
+                && input.holders.len() == s
+                && f.measured.len() == s
+                && f.fastest.len() == s
+                && f.busy.len() == s
+        });
+        Flow { f, holders: input.holders.clone(), backlog: input.backlog.clone() }
+    }
+    /// Book a claim of a stage-`s` task by `w` (moving `w`'s residency if it is not Tier 1).
+    fn claim(&mut self, w: &WorkerView, s: usize) {
+        if let Some(b) = self.backlog.get_mut(s) {
+            *b = b.saturating_sub(1);
+        }
+        let Some(f) = self.f.as_mut() else { return };
+        if w.live == Some(s) || s >= f.rate.len() {
+            return;
+        }
+        if let Some(k) = w.live.filter(|&k| k < f.rate.len()) {
+            self.holders[k] = self.holders[k].saturating_sub(1);
+            f.rate[k] = (f.rate[k] - inv(w.task_us(k))).max(0.0);
+            f.task_sum[k] = (f.task_sum[k] - w.task_us(k).unwrap_or(0.0)).max(0.0);
+            // The fastest holder may be the one leaving: no rule-3 declines on `k` this round.
+            f.measured[k] = false;
+            f.next_rate[k] = (f.next_rate[k] - inv(w.task_us(k + 1))).max(0.0);
+        }
+        let load = w.load_us(s).unwrap_or(0.0);
+        f.wait[s] = if self.holders[s] == 0 { load } else { f.wait[s].min(load) };
+        self.holders[s] += 1;
+        f.rate[s] += inv(w.task_us(s));
+        f.task_sum[s] += w.task_us(s).unwrap_or(0.0);
+        f.next_rate[s] += inv(w.task_us(s + 1));
+    }
+    /// Rule 2: a load of `s` on `w` for one task pays off (see the module doc).
+    fn load_pays(&self, w: &WorkerView, s: usize) -> bool {
+        let Some(f) = &self.f else { return true };
+        if w.tier(s) == Tier::Resident || self.holders.get(s).copied().unwrap_or(0) == 0 {
+            return true;
+        }
+        let (Some(load), Some(tau)) = (w.load_us(s), w.task_us(s)) else { return true };
+        let rate = f.rate[s];
+        if rate <= 0.0 {
+            return true;
+        }
+        // In phase 2 every holder of `s` is busy (a free one would have claimed in phase 1): each
+        // first ends its task in flight (a whole task after its load, half a task on average when
+        // running), then the `U_s` tasks left go `n_s` at a time.
+        let n = self.holders[s] as f64;
+        let mean_tau = n / rate;
+        let in_flight = if f.wait[s] > 0.0 { 1.0 } else { 0.5 };
+        let rounds = (self.backlog[s] as f64 / n).ceil();
+        load + tau < f.wait[s] + mean_tau * (in_flight + rounds)
+    }
+    /// Rule 3: a free Tier-1 holder `w` of `k` leaves the stage's last tasks to faster holders
+    /// when they would clear all of them before `w` finished one (see the module doc).
+    fn declines(&self, w: &WorkerView, k: usize) -> bool {
+        let Some(f) = self.f.as_ref() else { return false };
+        if k >= f.rate.len() || !f.measured[k] || self.holders[k] < 2 {
+            return false;
+        }
+        let Some(tk) = w.task_us(k) else { return false };
+        // The fastest holder never declines, so some holder always takes the stage's work.
+        if tk <= f.fastest[k] {
+            return false;
+        }
+        let others = f.rate[k] - 1.0 / tk;
+        if others <= 0.0 {
+            return false;
+        }
+        let nk = self.holders[k] as f64;
+        let clear = self.backlog[k] as f64 / others + 0.5 * (f.task_sum[k] - tk).max(0.0) / (nk - 1.0);
+        tk > clear
+    }
+
+    /// Rule 1: the predicted finish of stage `j` if free holder `w` of `j - 1` is pulled into
+    /// `j` now, when that beats staying by [`PULL_MARGIN`] (see the module doc).
+    fn pull_finish(&self, w: &WorkerView, j: usize, free: &[&WorkerView]) -> Option<f64> {
+        let f = self.f.as_ref()?;
+        let k = j.checked_sub(1)?;
+        if w.live != Some(k)
+            || !w.fits(j)
+            || self.holders[k] < 2
+            || self.backlog[k] == 0
+            || j >= f.rate.len()
+            || !f.measured[k]
+        {
+            return None;
+        }
+        let (tk, tj, load) = (w.task_us(k)?, w.task_us(j)?, w.load_us(j)?);
+        let (a, b) = (f.rate[k], f.rate[j]);
+        if b >= a {
+            return None;
+        }
+        let uj = self.backlog[j] as f64;
+        let d = if self.holders[j] == 0 { 0.0 } else { f.wait[j] };
+        // The upstream ends at `te = uk / R_k + tau_mean(k) / 2`: the fluid time, plus on average
+        // half a holder's task time for the last tasks in flight (what barrier-like switching
+        // waits for: with few tasks per worker it is most of the gap to the ideal bound).
+        // When the holders of `k` are done with it: list scheduling of the `U_k` tasks left over
+        // the busy holders and the free ones (with `w` when it stays, without when pulled).
+        let mut others: Vec<(f64, f64)> = f.busy[k].clone();
+        others.extend(
+            free.iter()
+                .filter(|v| v.id != w.id && v.live == Some(k))
+                .filter_map(|v| v.task_us(k))
+                .map(|t| (0.0, t)),
+        );
+        let te_pull = upstream_end(&others, self.backlog[k]);
+        others.push((0.0, tk));
+        let te_stay = upstream_end(&others, self.backlog[k]);
+        // Without a holder of `j`, the last input waits for a switcher's load too.
+        let last_stay = if self.holders[j] == 0 { f.next_load[k] + tj } else { tj };
+        let stay = fluid_finish(te_stay, uj, b, d, f.next_rate[k], f.next_load[k], last_stay);
+        let pull_d = if self.holders[j] == 0 { load } else { d.min(load) };
+        let pulled =
+            fluid_finish(te_pull, uj, b + 1.0 / tj, pull_d, f.next_rate[k] - 1.0 / tj, f.next_load[k], tj);
+        (pulled < stay * (1.0 - PULL_MARGIN)).then_some(pulled)
+    }
+}
+
 /// Two-phase batch dispatch; see the module doc. Each worker and each task is claimed at most once.
 pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     let mut claims = Vec::new();
@@ -293,8 +572,43 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     let mut ready: Vec<ReadyTask> = input.ready.clone();
     ready.sort();
     ready.dedup_by_key(|r| r.task);
+    let mut flow = Flow::new(input);
 
-    // Phase 1: worker claims, rarest coverage first.
+    let mut stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
+    stages.sort_unstable();
+    stages.dedup();
+
+    // Phase 0 (cost rule 1): pull free upstream holders into a later stage that falls behind.
+    for &j in stages.iter().rev() {
+        loop {
+            let best =
+                free.iter().copied().filter_map(|w| flow.pull_finish(w, j, &free).map(|t| (w, t))).min_by(
+                    |(a, ta), (b, tb)| {
+                        ta.partial_cmp(tb).unwrap_or(Ordering::Equal).then_with(|| by_score_then_id(a, b))
+                    },
+                );
+            let Some((w, _)) = best else { break };
+            let task = ready
+                .iter()
+                .filter(|r| r.task.stage == j)
+                .min_by_key(|r| (r.input_on != Some(w.id), r.task.input))
+                .map(|r| r.task);
+            let Some(task) = task else { break };
+            claims.push(Claim { task, worker: w.id, tier: w.tier(j), phase: Phase::Pull });
+            flow.claim(w, j);
+            let id = w.id;
+            ready.retain(|r| r.task != task);
+            free.retain(|v| v.id != id);
+        }
+    }
+
+    // Phase 1: worker claims, rarest coverage first (rule 3: slow holders decline a stage's
+    // last tasks).
+    let declined: Vec<WorkerId> = free
+        .iter()
+        .filter(|w| w.live.is_some_and(|k| ready.iter().any(|r| r.task.stage == k) && flow.declines(w, k)))
+        .map(|w| w.id)
+        .collect();
     let mut stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
     stages.sort_unstable();
     stages.dedup();
@@ -305,8 +619,11 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
         if cov == 0 {
             continue;
         }
-        let mut holders: Vec<&WorkerView> =
-            free.iter().copied().filter(|w| w.live == Some(s) && w.fits(s)).collect();
+        let mut holders: Vec<&WorkerView> = free
+            .iter()
+            .copied()
+            .filter(|w| w.live == Some(s) && w.fits(s) && !declined.contains(&w.id))
+            .collect();
         holders.sort_by(|a, b| by_score_then_id(a, b));
         let mut taken: Vec<(TaskId, WorkerId)> = Vec::new();
         let stage_tasks: Vec<ReadyTask> = ready.iter().copied().filter(|r| r.task.stage == s).collect();
@@ -335,6 +652,9 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
         taken.sort();
         for &(task, worker) in &taken {
             claims.push(Claim { task, worker, tier: Tier::Resident, phase: Phase::WorkerClaim });
+            if let Some(b) = flow.backlog.get_mut(s) {
+                *b = b.saturating_sub(1);
+            }
         }
         ready.retain(|r| !taken.iter().any(|(task, _)| *task == r.task));
         free.retain(|w| !taken.iter().any(|(_, id)| *id == w.id));
@@ -353,7 +673,10 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     for r in ready {
         let task = r.task;
         let s = task.stage;
-        let best = free.iter().copied().filter(|w| w.fits(s)).min_by(|a, b| {
+        let offered = |w: &&WorkerView| {
+            w.fits(s) && flow.load_pays(w, s) && !(w.live == Some(s) && declined.contains(&w.id))
+        };
+        let best = free.iter().copied().filter(offered).min_by(|a, b| {
             let (ta, tb) = (a.tier(s), b.tier(s));
             ta.cmp(&tb)
                 .then_with(|| {
@@ -377,6 +700,7 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
         });
         if let Some(w) = best {
             claims.push(Claim { task, worker: w.id, tier: w.tier(s), phase: Phase::TaskClaim });
+            flow.claim(w, s);
             let id = w.id;
             free.retain(|v| v.id != id);
         }

@@ -32,8 +32,9 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::affinity::{self, DispatchInput, ReadyTask, Telemetry, Tier, WorkerView};
+use super::affinity::{self, DispatchInput, ReadyTask, StageFlow, Telemetry, Tier, WorkerCosts, WorkerView};
 use super::chain::{Chain, is_sha256_hex};
+use super::costs::CostModel;
 use super::replan::{self, ReplanWeights, SurvivorView};
 use super::{Mode, TaskId, WorkerId};
 use crate::Micros;
@@ -82,11 +83,19 @@ pub struct ForemanConfig {
     pub replan: ReplanWeights,
     /// Attempts (task runs or loads for it that failed) after which the job fails.
     pub max_attempts: u32,
+    /// Cost-aware dispatch (learned task and load times; rules 1 and 2 of
+    /// [`affinity::two_phase_dispatch`]). Off: tier and rank only, as before.
+    pub cost_aware: bool,
 }
 
 impl Default for ForemanConfig {
     fn default() -> Self {
-        ForemanConfig { rss: RssModel::default(), replan: ReplanWeights::default(), max_attempts: 3 }
+        ForemanConfig {
+            rss: RssModel::default(),
+            replan: ReplanWeights::default(),
+            max_attempts: 3,
+            cost_aware: true,
+        }
     }
 }
 
@@ -254,6 +263,10 @@ enum TaskState {
 struct Loading {
     stage: usize,
     task: Option<(TaskId, Tier)>,
+    /// When the load was decided (start of the measured load time).
+    since: Micros,
+    /// The stage file was sent for this load.
+    cold: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -263,6 +276,8 @@ struct WorkerState {
     loading: Option<Loading>,
     cached: BTreeSet<String>,
     running: Option<TaskId>,
+    /// When `running` was assigned (start of the measured task time).
+    running_since: Micros,
     pinned: VecDeque<TaskId>,
     ok: u32,
     failed: u32,
@@ -290,6 +305,7 @@ struct JobState {
     done: usize,
     stalled: BTreeSet<usize>,
     finished: bool,
+    costs: CostModel,
 }
 
 impl JobState {
@@ -346,6 +362,8 @@ pub struct Foreman {
     lost: BTreeSet<WorkerId>,
     job: Option<JobState>,
     actions: VecDeque<Action>,
+    /// The latest `now` a handler was given (monotone).
+    now: Micros,
 }
 
 impl Foreman {
@@ -357,6 +375,7 @@ impl Foreman {
             lost: BTreeSet::new(),
             job: None,
             actions: VecDeque::new(),
+            now: Micros::ZERO,
         }
     }
 
@@ -375,22 +394,25 @@ impl Foreman {
     /// A worker joined (or rejoined after being lost: it starts fresh).
     pub fn handle_worker_joined(
         &mut self,
-        _now: Micros,
+        now: Micros,
         id: WorkerId,
         report: WorkerReport,
     ) -> Result<(), ForemanError> {
+        self.now = self.now.max(now);
         if !self.workers.contains_key(&id) && self.workers.len() >= MAX_WORKERS {
             return Err(ForemanError::TooManyWorkers);
         }
         self.lost.remove(&id);
         let live = report.live.filter(|h| is_sha256_hex(h));
         let cached = Self::clean_hashes(report.cached);
+        let now = self.now;
         let state = WorkerState {
             telemetry: report.telemetry,
             live,
             loading: None,
             cached,
             running: None,
+            running_since: now,
             pinned: VecDeque::new(),
             ok: 0,
             failed: 0,
@@ -414,7 +436,8 @@ impl Foreman {
     }
 
     /// New telemetry from a worker (unknown workers are ignored).
-    pub fn handle_telemetry(&mut self, _now: Micros, id: WorkerId, telemetry: Telemetry) {
+    pub fn handle_telemetry(&mut self, now: Micros, id: WorkerId, telemetry: Telemetry) {
+        self.now = self.now.max(now);
         if let Some(w) = self.workers.get_mut(&id) {
             w.telemetry = telemetry;
         } else {
@@ -424,14 +447,16 @@ impl Foreman {
     }
 
     /// A worker's report of the stage files on its disk (replaces what the foreman believed).
-    pub fn handle_residency(&mut self, _now: Micros, id: WorkerId, cached: Vec<String>) {
+    pub fn handle_residency(&mut self, now: Micros, id: WorkerId, cached: Vec<String>) {
+        self.now = self.now.max(now);
         if let Some(w) = self.workers.get_mut(&id) {
             w.cached = Self::clean_hashes(cached);
         }
     }
 
     /// Submits a job; its first decisions are queued for [`Foreman::poll_action`].
-    pub fn submit_job(&mut self, _now: Micros, job: Job) -> Result<(), ForemanError> {
+    pub fn submit_job(&mut self, now: Micros, job: Job) -> Result<(), ForemanError> {
+        self.now = self.now.max(now);
         if self.job.as_ref().is_some_and(|j| !j.finished) {
             return Err(ForemanError::JobInProgress);
         }
@@ -444,6 +469,7 @@ impl Foreman {
             return Err(ForemanError::TooManyTasks { tasks });
         }
         let rss = job.chain.stages().iter().map(|st| self.config.rss.estimate(st.size_bytes)).collect();
+        let sizes: Vec<u64> = job.chain.stages().iter().map(|st| st.size_bytes).collect();
         let mut state = JobState {
             chain: job.chain,
             inputs: job.inputs,
@@ -459,6 +485,7 @@ impl Foreman {
             done: 0,
             stalled: BTreeSet::new(),
             finished: false,
+            costs: CostModel::new(&sizes),
         };
         state.unclaimed[..].fill(job.inputs);
         for i in 0..job.inputs {
@@ -475,7 +502,8 @@ impl Foreman {
     }
 
     /// A `Load` finished (`ok`) or failed on a worker.
-    pub fn handle_stage_loaded(&mut self, _now: Micros, id: WorkerId, stage: usize, ok: bool) {
+    pub fn handle_stage_loaded(&mut self, now: Micros, id: WorkerId, stage: usize, ok: bool) {
+        self.now = self.now.max(now);
         let Some(job) = self.job.as_mut() else { return };
         let Some(w) = self.workers.get_mut(&id) else {
             return;
@@ -488,10 +516,13 @@ impl Foreman {
         };
         w.loading = None;
         if ok {
+            let took = now.0.saturating_sub(loading.since.0) as f64;
+            job.costs.observe_load(stage, loading.cold, took);
             w.live = Some(hash.clone());
             w.cached.insert(hash);
             if let Some((task, tier)) = loading.task {
                 w.running = Some(task);
+                w.running_since = now;
                 job.set(task, TaskState::Running(id));
                 self.actions.push_back(Action::Assign { task, worker: id, tier });
             }
@@ -506,7 +537,8 @@ impl Foreman {
     }
 
     /// A worker reports that `task` finished (`ok`) or failed.
-    pub fn handle_task_done(&mut self, _now: Micros, id: WorkerId, task: TaskId, ok: bool) {
+    pub fn handle_task_done(&mut self, now: Micros, id: WorkerId, task: TaskId, ok: bool) {
+        self.now = self.now.max(now);
         let Some(job) = self.job.as_mut() else { return };
         let Some(state) = job.state(task) else {
             self.ignore(task, id, IgnoreReason::NotAssigned);
@@ -531,6 +563,8 @@ impl Foreman {
             return;
         }
         w.ok = w.ok.saturating_add(1);
+        let took = now.0.saturating_sub(w.running_since.0) as f64;
+        job.costs.observe_task(id, task.stage, took);
         job.set(task, TaskState::Done);
         let next = task.stage + 1;
         if next < job.stages() {
@@ -555,7 +589,8 @@ impl Foreman {
     }
 
     /// A worker is gone: its tasks are re-planned onto survivors and logged.
-    pub fn handle_worker_lost(&mut self, _now: Micros, id: WorkerId) {
+    pub fn handle_worker_lost(&mut self, now: Micros, id: WorkerId) {
+        self.now = self.now.max(now);
         let Some(w) = self.workers.remove(&id) else {
             return;
         };
@@ -586,6 +621,12 @@ impl Foreman {
     /// Whether the current job has finished (all tasks done).
     pub fn is_job_done(&self) -> bool {
         self.job.as_ref().is_some_and(|j| j.finished)
+    }
+
+    /// Predicted task and load times of every stage on worker `id` (µs, as dispatch sees them).
+    pub fn predicted_costs(&self, id: WorkerId) -> Option<WorkerCosts> {
+        let job = self.job.as_ref()?;
+        Some(Self::worker_costs(job, id, self.workers.get(&id)?))
     }
 
     /// Session RSS estimate of stage `k` of the current job.
@@ -655,6 +696,14 @@ impl Foreman {
         job.chain.stages().iter().map(|s| w.cached.contains(&s.sha256)).collect()
     }
 
+    fn worker_costs(job: &JobState, id: WorkerId, w: &WorkerState) -> WorkerCosts {
+        let stages = job.chain.stages().iter().enumerate();
+        WorkerCosts {
+            task_us: (0..job.stages()).map(|k| job.costs.task(id, k)).collect(),
+            load_us: stages.map(|(k, st)| job.costs.load(k, w.cached.contains(&st.sha256))).collect(),
+        }
+    }
+
     fn fit_flags(job: &JobState, w: &WorkerState) -> Vec<bool> {
         job.rss.iter().map(|&r| r <= w.telemetry.ram_budget_bytes).collect()
     }
@@ -676,12 +725,13 @@ impl Foreman {
         if job.rss[stage] > w.telemetry.ram_budget_bytes {
             return;
         }
-        if !w.cached.contains(&sig.sha256) {
+        let cold = !w.cached.contains(&sig.sha256);
+        if cold {
             w.cached.insert(sig.sha256.clone());
             self.actions.push_back(Action::SendStage { worker: id, stage });
         }
         if stage == 0 && w.live.is_none() && w.is_free() && job.unclaimed[0] > 0 {
-            w.loading = Some(Loading { stage, task: None });
+            w.loading = Some(Loading { stage, task: None, since: self.now, cold });
             self.actions.push_back(Action::Load { worker: id, stage });
         }
     }
@@ -712,6 +762,7 @@ impl Foreman {
         };
         if Self::live_index(job, w) == Some(task.stage) {
             w.running = Some(task);
+            w.running_since = self.now;
             job.set(task, TaskState::Running(id));
             self.actions.push_back(Action::Assign { task, worker: id, tier });
             return;
@@ -719,11 +770,12 @@ impl Foreman {
         if w.live.take().is_some() {
             self.actions.push_back(Action::Unload { worker: id });
         }
-        if !w.cached.contains(&sig.sha256) {
+        let cold = !w.cached.contains(&sig.sha256);
+        if cold {
             w.cached.insert(sig.sha256.clone());
             self.actions.push_back(Action::SendStage { worker: id, stage: task.stage });
         }
-        w.loading = Some(Loading { stage: task.stage, task: Some((task, tier)) });
+        w.loading = Some(Loading { stage: task.stage, task: Some((task, tier)), since: self.now, cold });
         job.set(task, TaskState::Loading(id));
         self.actions.push_back(Action::Load { worker: id, stage: task.stage });
     }
@@ -753,11 +805,69 @@ impl Foreman {
             let telemetry: Vec<Telemetry> = alive.iter().map(|(_, w)| w.telemetry).collect();
             let (scores, _) = affinity::rank_telemetry(&telemetry);
             let mut holders = vec![0usize; job.stages()];
-            for (_, w) in &alive {
+            let mut rate = vec![0.0f64; job.stages()];
+            let mut wait = vec![f64::INFINITY; job.stages()];
+            let mut next_rate = vec![0.0f64; job.stages()];
+            let mut next_load = vec![0.0f64; job.stages()];
+            let mut measured = vec![true; job.stages()];
+            let mut task_sum = vec![0.0f64; job.stages()];
+            let mut fastest = vec![f64::INFINITY; job.stages()];
+            let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); job.stages()];
+            for &(&id, w) in &alive {
                 if let Some(k) = Self::live_index(job, w).filter(|&k| k < job.stages()) {
                     holders[k] += 1;
+                    // A task running longer than predicted bounds the worker's task time from below
+                    // (the first completions come from the fastest workers, so unseen workers are
+                    // otherwise guessed too fast).
+                    let running = match w.running {
+                        Some(t) if t.stage == k => self.now.0.saturating_sub(w.running_since.0) as f64,
+                        _ => 0.0,
+                    };
+                    let tau = job.costs.task(id, k).max(running);
+                    rate[k] += 1.0 / tau;
+                    task_sum[k] += tau;
+                    fastest[k] = fastest[k].min(tau);
+                    let left = match w.loading {
+                        Some(l) => {
+                            let spent = self.now.0.saturating_sub(l.since.0) as f64;
+                            (job.costs.load(k, !l.cold) - spent).max(0.0)
+                        }
+                        None => 0.0,
+                    };
+                    if !w.is_free() {
+                        let until_free = match w.loading {
+                            Some(l) if l.task.is_some() => left + tau,
+                            Some(_) => left,
+                            None => (tau - running).max(0.0),
+                        };
+                        busy[k].push((until_free, tau));
+                    }
+                    measured[k] &= job.costs.measured(id, k);
+                    if let Some(next) = job.chain.stage(k + 1) {
+                        next_rate[k] += 1.0 / job.costs.task(id, k + 1);
+                        next_load[k] += job.costs.load(k + 1, w.cached.contains(&next.sha256));
+                    }
+                    wait[k] = wait[k].min(left);
                 }
             }
+            for x in &mut wait {
+                if !x.is_finite() {
+                    *x = 0.0;
+                }
+            }
+            for (l, &h) in next_load.iter_mut().zip(&holders) {
+                *l /= h.max(1) as f64;
+            }
+            let flow = self.config.cost_aware.then_some(StageFlow {
+                rate,
+                wait,
+                next_rate,
+                next_load,
+                measured,
+                task_sum,
+                fastest,
+                busy,
+            });
             let views: Vec<WorkerView> = alive
                 .iter()
                 .zip(&scores)
@@ -768,6 +878,7 @@ impl Foreman {
                     cached: Self::cached_flags(job, w),
                     fits: Self::fit_flags(job, w),
                     score,
+                    costs: self.config.cost_aware.then(|| Self::worker_costs(job, id, w)),
                 })
                 .collect();
             if !views.is_empty() {
@@ -789,6 +900,7 @@ impl Foreman {
                     backlog: job.unclaimed.clone(),
                     in_flight: job.in_flight.clone(),
                     holders,
+                    flow,
                 };
                 for c in affinity::two_phase_dispatch(&input) {
                     self.start(c.worker, c.task, c.tier);

@@ -2,6 +2,7 @@
 //!
 //! - [`chain`]: job submission check (linear DAG of stage signatures).
 //! - [`affinity`]: 4-tier residency affinity, entropy-weighted ranking, two-phase dispatch.
+//! - [`costs`]: per-stage task and load times learned online from completions.
 //! - [`replan`]: failure planner for a lost worker's tasks.
 //! - [`foreman`]: the scheduler policy (sans-IO) tying them together.
 //! - [`sim`]: a discrete-event simulator driving the foreman over heterogeneous workers.
@@ -10,6 +11,7 @@ use std::fmt;
 
 pub mod affinity;
 pub mod chain;
+pub mod costs;
 pub mod foreman;
 pub mod replan;
 pub mod sim;

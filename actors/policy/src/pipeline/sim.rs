@@ -13,6 +13,17 @@
 //! - [`ideal_pipeline_bound`] `= max(sum_k t_k / s_max, N * sum_k t_k / sum_w s_w)`: one input
 //!   must cross every stage, at best on the fastest worker; and all `N x S` tasks' work must be
 //!   done by the crowd's aggregate speed. It is a true lower bound for any schedule.
+//! - [`ideal_pipeline_bound_with_loads`] counts loads too. With `L_k` the cheapest load of stage
+//!   `k` over the crowd (`warm_load_k` on a worker with the file, `download_k + warm_load_k`
+//!   otherwise), `L_min = min_k L_k`, and `S_m` the sum of the `m` largest speeds:
+//!   `max(L_0 + sum_k t_k / s_max, min_{m=1..W} max(L_min + N sum_k t_k / S_m,
+//!   (sum_k w_k + N sum_k t_k / s_max) / m))`, `w_k = warm_load_k`. The first term: stage 0 must
+//!   be loaded before any input starts. In the second, `m` is the number of workers the schedule
+//!   uses (unknown, so the minimum over it): each used worker loads at least one stage before it
+//!   computes, so the crowd computes at most `S_m (T - L_min)`; and the used workers' busy time,
+//!   at most `m T`, holds every stage's session creation at least once (a download can overlap
+//!   other work, so only `w_k` counts) plus all compute at the best speed. A lower bound for
+//!   any schedule.
 //! - [`classic_pipeline_bound`] `= sum_k t_k / s_max + (N - 1) * max_k t_k / s_max`: the textbook
 //!   one-worker-per-stage pipeline (fill, then one input per bottleneck-stage time). With more
 //!   workers than stages it is not a lower bound (a stage can run on several workers at once).
@@ -435,6 +446,40 @@ pub fn ideal_pipeline_bound(costs: &[StageCost], speeds: &[f64], inputs: usize) 
     }
     let total: f64 = costs.iter().map(|c| c.compute.0 as f64).sum();
     micros_of((total / max).max(inputs as f64 * total / sum))
+}
+
+/// Lower bound on makespan counting loads (formula in the module doc).
+pub fn ideal_pipeline_bound_with_loads(costs: &[StageCost], workers: &[SimWorker], inputs: usize) -> Micros {
+    let mut speeds: Vec<f64> =
+        workers.iter().map(|w| w.speed).filter(|s| s.is_finite() && *s > 0.0).collect();
+    speeds.sort_by(|a, b| b.total_cmp(a));
+    let Some(&s_max) = speeds.first() else {
+        return Micros(u64::MAX);
+    };
+    if costs.is_empty() {
+        return Micros::ZERO;
+    }
+    let load = |k: usize, c: &StageCost| -> f64 {
+        let cached = workers.iter().any(|w| w.cached.contains(&k));
+        let warm = c.warm_load.0 as f64;
+        if cached { warm } else { warm + c.download.0 as f64 }
+    };
+    let loads: Vec<f64> = costs.iter().enumerate().map(|(k, c)| load(k, c)).collect();
+    let total: f64 = costs.iter().map(|c| c.compute.0 as f64).sum();
+    let work = inputs as f64 * total;
+    let l_min = loads.iter().copied().fold(f64::INFINITY, f64::min);
+    let l_sum: f64 = costs.iter().map(|c| c.warm_load.0 as f64).sum();
+    let path = loads[0] + total / s_max;
+    let mut crowd = f64::INFINITY;
+    let mut s_m = 0.0;
+    for (i, s) in speeds.iter().enumerate() {
+        s_m += s;
+        let m = (i + 1) as f64;
+        crowd = crowd.min((l_min + work / s_m).max((l_sum + work / s_max) / m));
+    }
+    // Less one µs per task: the simulator rounds each scaled compute time to the µs.
+    let rounding = inputs.saturating_mul(costs.len()) as f64;
+    micros_of((path.max(crowd) - rounding).max(0.0))
 }
 
 /// `sum_k t_k / s_max + (N - 1) * max_k t_k / s_max`: the one-worker-per-stage pipeline time.
