@@ -32,7 +32,9 @@ use troupe_actors::pipeline::{JobOutcome, ShellSettings, Span, SpanKind, StageFi
 use troupe_kernels::onnx::{OnnxSession, SessionConfig};
 use troupe_policy::Micros;
 use troupe_policy::pipeline::Mode;
-use troupe_policy::pipeline::sim::{SimSetup, SimWorker, StageCost, ideal_pipeline_bound, simulate};
+use troupe_policy::pipeline::sim::{
+    SimSetup, SimWorker, StageCost, ideal_pipeline_bound, ideal_pipeline_bound_with_loads, simulate,
+};
 use troupe_policy::pipeline::{ForemanConfig, Telemetry, WorkerId};
 
 use crate::workloads::pipeline::local::{LocalCluster, WorkerSpec};
@@ -209,6 +211,7 @@ pub async fn run(
         .unwrap_or(0);
     put("worker_max_live_sessions", f64::from(max_live));
 
+    let streaming_makespan_s = streaming.makespan_s;
     put("streaming_s", streaming.makespan_s);
     put("barrier_s", barrier.makespan_s);
     put("streaming_over_barrier", streaming.makespan_s / barrier.makespan_s);
@@ -309,6 +312,11 @@ pub async fn run(
             cached: (0..t_k.len()).collect(),
         })
         .collect();
+    // the bound that also counts one (warm) load per stage for each worker it uses
+    // (`ideal_pipeline_bound_with_loads`: formula in troupe_policy::pipeline::sim)
+    let with_loads = ideal_pipeline_bound_with_loads(&sim_costs, &sim_workers, inputs).0 as f64 / 1e6;
+    put("ideal_pipeline_bound_with_loads_s", with_loads);
+    put("streaming_over_ideal_with_loads", streaming_makespan_s / with_loads.max(1e-9));
     let sim = |mode: Mode| -> f64 {
         let setup = SimSetup {
             chain: streaming_chain.clone(),
