@@ -8,6 +8,7 @@ pub mod hello;
 pub mod identity;
 pub mod link;
 pub mod quic;
+pub mod shm;
 pub mod sim;
 
 pub use blob::{
@@ -21,4 +22,5 @@ pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{ClusterCa, IdentityError, NodeIdentity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
+pub use shm::{ShmConfig, ShmError, ShmStats};
 pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};

@@ -21,6 +21,7 @@ use crate::frame::{Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, 
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{IdentityError, NodeIdentity, peer_certificate_names};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
+use crate::shm::{ShmConfig, ShmState, ShmStats};
 
 /// Tag of the bidirectional stream carrying the hello exchange.
 const TAG_HELLO: u8 = 0x48;
@@ -28,6 +29,8 @@ const TAG_HELLO: u8 = 0x48;
 const TAG_CONTROL: u8 = 0x43;
 /// Tag of a bidirectional stream pulling one blob.
 const TAG_BLOB: u8 = 0x42;
+/// Tag of the bidirectional stream offering the same-host path (see [`crate::shm`]).
+const TAG_SHM: u8 = 0x53;
 /// Cap on hello frames (a name and a version).
 const HELLO_LIMITS: FrameLimits = FrameLimits { max_body: 4096 };
 /// Application error code when a stream is stopped for a bad frame.
@@ -57,6 +60,8 @@ pub struct QuicConfig {
     /// Whether this endpoint joins the cluster (false for tools like `troupe status`, which peers
     /// then serve without counting them as members).
     pub member: bool,
+    /// The same-host shared-memory path (used only with peers that prove they share the host).
+    pub shm: ShmConfig,
 }
 
 impl Default for QuicConfig {
@@ -69,6 +74,7 @@ impl Default for QuicConfig {
             socket_buffer: 4 << 20,
             inbox_capacity: 256,
             member: true,
+            shm: ShmConfig::default(),
         }
     }
 }
@@ -201,6 +207,7 @@ struct Inner {
     events_tx: mpsc::UnboundedSender<PeerEvent>,
     events_rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<PeerEvent>>>,
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
+    shm: ShmState,
 }
 
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
@@ -252,6 +259,7 @@ impl QuicNode {
         ]);
         let inbox_rx = Inbox { control, data, blob };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let shm = ShmState::new(config.shm.clone());
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
@@ -265,6 +273,7 @@ impl QuicNode {
                 events_tx,
                 events_rx: std::sync::Mutex::new(Some(events_rx)),
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
+                shm,
             }),
         };
         let acceptor = node.clone();
@@ -301,6 +310,16 @@ impl QuicNode {
     /// Whether `peer` is joined as a cluster member.
     pub fn is_member(&self, peer: &NodeId) -> bool {
         self.inner.peers.get(peer).is_some_and(|p| p.member)
+    }
+
+    /// Whether frames to `peer` currently take the same-host path.
+    pub fn same_host(&self, peer: &NodeId) -> bool {
+        self.inner.shm.active_to(peer)
+    }
+
+    /// Counters of the same-host path.
+    pub fn shm_stats(&self) -> ShmStats {
+        self.inner.shm.stats()
     }
 
     /// Round-trip time QUIC measures to `peer`.
@@ -450,6 +469,7 @@ impl QuicNode {
     /// told: a connection to a peer that already vanished would otherwise hold on until its
     /// idle timeout.
     pub async fn shutdown(&self) {
+        self.inner.shm.close_all();
         self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
@@ -539,6 +559,15 @@ impl QuicNode {
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
         self.emit(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member });
+        if self.inner.shm.offers() {
+            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            tokio::spawn(async move {
+                match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
+                    Ok(()) => info!(node = %node.inner.id, %peer, "same-host path open"),
+                    Err(e) => debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used"),
+                }
+            });
+        }
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, generation).await });
     }
@@ -563,6 +592,7 @@ impl QuicNode {
             }
         };
         tokio::join!(uni, bi);
+        self.inner.shm.connection_closed(&peer, generation);
         let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
@@ -588,6 +618,18 @@ impl QuicNode {
         loop {
             match read_frame(&mut recv, &self.inner.config.limits).await {
                 Ok(Some(frame)) => {
+                    let frame = if crate::shm::is_shm(&frame) {
+                        match self.inner.shm.incoming(&peer, frame, &self.inner.config.limits).await {
+                            Ok(f) => f,
+                            Err(e) => {
+                                warn!(node = %self.inner.id, %peer, ?channel, error = %e, "refused a same-host segment");
+                                self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
+                                continue;
+                            }
+                        }
+                    } else {
+                        frame
+                    };
                     if tx.send(Delivery { from: peer.clone(), channel, frame }).await.is_err() {
                         return;
                     }
@@ -614,6 +656,7 @@ impl QuicNode {
         }
         match tag[0] {
             TAG_CONTROL => self.emit(PeerEvent::ControlStream { peer, send, recv }),
+            TAG_SHM => self.inner.shm.answer(&peer, send, recv).await,
             TAG_BLOB => {
                 let limits = FrameLimits { max_body: 256 };
                 let reply = match read_frame(&mut recv, &limits).await {
@@ -707,6 +750,12 @@ impl Link for QuicNode {
     }
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
+        let frame = self
+            .inner
+            .shm
+            .outgoing(to, channel, frame)
+            .await
+            .map_err(|e| LinkError::PeerDown(to.clone(), e.to_string()))?;
         self.send_frame(to, channel, &frame).await
     }
 
