@@ -392,7 +392,14 @@ fn read_into_spare(f: &File, body: &mut AlignedVec<16>, len: usize, offset: u64)
 }
 
 /// Removes segments left by processes that no longer exist (crashed senders); returns how many.
+///
+/// Liveness is judged by `/proc/<pid>`, so nothing is removed where `/proc` is not mounted; a
+/// process of another pid namespace sharing this `/dev/shm` would look dead (keep one
+/// `/dev/shm` per pid namespace, as container runtimes do by default).
 pub fn sweep_stale() -> usize {
+    if !Path::new("/proc/self").exists() {
+        return 0;
+    }
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else { return 0 };
     let me = std::process::id().to_string();
     let mut removed = 0;
@@ -714,6 +721,23 @@ mod tests {
         let got = read_segment(&seg.name, body.len() as u64, KIND_BODY, &token, true).unwrap();
         assert_eq!(got.as_slice(), &body[..]);
         assert!(!seg.path.exists(), "consumed segments are unlinked");
+    }
+
+    #[test]
+    fn start_up_sweep_removes_segments_of_dead_processes_only() {
+        // a pid that no process has right now (pid_max is at most 2^22)
+        let dead =
+            (4_000_000u32..4_194_304).find(|p| !Path::new("/proc").join(p.to_string()).exists()).unwrap();
+        let hex = "00112233445566778899aabbccddeeff";
+        let stale = Path::new(SHM_DIR).join(format!("{SEGMENT_PREFIX}{dead}-{hex}"));
+        let live = Path::new(SHM_DIR).join(format!("{SEGMENT_PREFIX}1-{hex}"));
+        std::fs::write(&stale, b"left by a crashed sender").unwrap();
+        std::fs::write(&live, b"pid 1 is alive").unwrap();
+        assert!(sweep_stale() >= 1);
+        let live_kept = live.exists();
+        let _ = std::fs::remove_file(&live);
+        assert!(!stale.exists(), "the dead process's segment was not removed");
+        assert!(live_kept, "a live process's segment was removed");
     }
 
     #[test]
