@@ -1,6 +1,7 @@
 //! The second process of `troupe bench transport` (`troupe bench-peer`, hidden): a node runtime
-//! with the actors the benchmark calls, a frame sink that acknowledges every tensor, a TCP frame
-//! sink for the baseline and a UDP echo. It prints one `READY` line and runs until its stdin
+//! with the actors the benchmark calls, a frame sink that acknowledges every tensor with its
+//! length (and answers a data-channel message with the blake3 hash of its body, for tests), a
+//! TCP frame sink for the baseline and a UDP echo. It prints one `READY` line and runs until its stdin
 //! closes, so it never outlives the benchmark.
 
 use std::net::SocketAddr;
@@ -128,6 +129,18 @@ pub async fn run(keys: &Path) -> Result<()> {
     .await?;
     let link = node.link.clone();
     node.set_frame_handler(Arc::new(move |d| {
+        if d.channel == Channel::Data && d.frame.kind == FrameKind::Message {
+            // integrity probe (tests): answer with the blake3 hash of the body
+            let link = link.clone();
+            tokio::spawn(async move {
+                let body = d.frame.body;
+                if let Ok(hash) = tokio::task::spawn_blocking(move || blake3::hash(&body)).await {
+                    let reply = Frame::from_bytes(FrameKind::Message, 0, hash.as_bytes());
+                    let _ = link.send(&d.from, Channel::Data, reply).await;
+                }
+            });
+            return;
+        }
         if d.channel != Channel::Data || d.frame.kind != FrameKind::Tensor {
             return;
         }
