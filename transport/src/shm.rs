@@ -608,11 +608,13 @@ impl ShmState {
         let token = out.token;
         let (kind, flags, len) = (frame.kind, frame.flags, frame.body.len() as u64);
         // the frame moves into the writer and comes back, so a failure falls back to the stream
+        let started = std::time::Instant::now();
         let written = tokio::task::spawn_blocking(move || {
             let seg = write_segment(KIND_BODY, &token, &frame.body);
             (frame, seg)
         })
         .await;
+        debug!(peer = %to, bytes = len, us = started.elapsed().as_micros() as u64, "segment written");
         let (frame, seg) = written.map_err(|e| ShmError::Task(e.to_string()))?;
         match seg.and_then(|s| {
             let r = Frame::encode(kind, &ShmRef { name: s.name.clone(), len })?;
@@ -658,9 +660,11 @@ impl ShmState {
             Some(t) if self.config.enabled => *t,
             _ => return Err(ShmError::NotOffered(peer.clone())),
         };
+        let started = std::time::Instant::now();
         let body = tokio::task::spawn_blocking(move || read_segment(&name, len, KIND_BODY, &token, true))
             .await
             .map_err(|e| ShmError::Task(e.to_string()))??;
+        debug!(%peer, bytes = len, us = started.elapsed().as_micros() as u64, "segment read");
         Ok(Frame { kind: frame.kind, flags: frame.flags & !FLAG_SHM, body })
     }
 

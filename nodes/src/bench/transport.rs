@@ -22,8 +22,12 @@
 //! first (raising the bound to 6500 halved the packet count's cost). The same-host path is
 //! bounded by the kernel: a 64 MiB tmpfs write takes ~24 ms (page allocation) and the read into
 //! a fresh buffer ~30 ms with huge pages (~47 ms without); a second copy thread on either side
-//! did not help (the page allocator and mm locks are shared). `memcpy_64mib_mb_s` is the copy
-//! into a fresh buffer that any receiver of a 64 MiB tensor pays.
+//! did not help (the page allocator and mm locks are shared). Inside this benchmark the same
+//! segments took 31-133 ms to write and 46-360 ms to read (`RUST_LOG=troupe_transport::shm=debug`
+//! logs each): the machine had < 1 GB free and 22 GB of page cache, so every fresh page came
+//! through reclaim and THP compaction stalls (`/proc/vmstat`), and the path allocates twice
+//! (tmpfs page, receive buffer) where TCP allocates once. `memcpy_64mib_mb_s` is the copy into
+//! a fresh buffer that any receiver of a 64 MiB tensor pays.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
