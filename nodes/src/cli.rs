@@ -81,6 +81,13 @@ pub enum Command {
         #[command(subcommand)]
         which: crate::bench::BenchCommand,
     },
+    /// The second process of `troupe bench transport` (started by it, not by hand).
+    #[command(hide = true)]
+    BenchPeer {
+        /// Folder holding the CA and the peer's identity.
+        #[arg(long)]
+        keys: PathBuf,
+    },
 }
 
 /// `troupe keys ...`.
@@ -197,6 +204,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             crate::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
+        Command::BenchPeer { keys } => crate::bench::peer::run(&keys).await.map(|_| ExitCode::SUCCESS),
     }
 }
 

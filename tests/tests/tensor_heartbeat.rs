@@ -11,12 +11,17 @@ use troupe::actors::membership::MembershipMsg;
 use troupe::actors::{MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
 use troupe::policy::{MemberStatus, MembershipEvent};
 use troupe::transport::codec::{Compression, TensorEncodeOptions, TensorEncoder, decode_tensor};
-use troupe::transport::{Channel, ClusterCa, Link, NodeId, QuicConfig, TensorLimits};
+use troupe::transport::{Channel, ClusterCa, Link, NodeId, QuicConfig, ShmConfig, TensorLimits};
 
 fn spec(ca: &ClusterCa, name: &str, peers: Vec<PeerAddr>) -> NodeSpec {
     NodeSpec {
         identity: ca.issue_node(name).unwrap(),
-        quic: QuicConfig::default(),
+        // the same-host shared-memory path is tested in transport/tests/shm_same_host.rs: keep
+        // this test on the encrypted QUIC stream it is about
+        quic: QuicConfig {
+            shm: ShmConfig { enabled: false, ..ShmConfig::default() },
+            ..QuicConfig::default()
+        },
         peers,
         membership: MembershipConfig {
             heartbeat: Duration::from_millis(50),

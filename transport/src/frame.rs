@@ -74,9 +74,11 @@ impl FrameKind {
 }
 
 /// Flag bits defined by this protocol version; any other bit set is an error.
-pub const KNOWN_FLAGS: u16 = 0x0001;
+pub const KNOWN_FLAGS: u16 = FLAG_BY_REFERENCE | FLAG_SHM;
 /// Flag: the body is a tensor whose payload is stored by reference (a content hash).
 pub const FLAG_BY_REFERENCE: u16 = 0x0001;
+/// Flag: the body names a same-host shared-memory segment holding the real body (see `shm`).
+pub const FLAG_SHM: u16 = 0x0002;
 
 /// Limits applied to every frame read from a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod link;
 pub mod quic;
 pub mod roles;
 pub mod service;
+pub mod shm;
 pub mod sim;
 
 pub use admission::{Admission, Refusal, RevocationError, Revocations};
@@ -29,4 +30,5 @@ pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentit
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
 pub use roles::{Role, RoleSet};
+pub use shm::{ShmConfig, ShmError, ShmStats};
 pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};

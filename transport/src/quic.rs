@@ -34,6 +34,7 @@ use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello
 use crate::identity::{CertInfo, IdentityError, NodeIdentity, peer_certificate};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
 use crate::roles::RoleSet;
+use crate::shm::{ShmConfig, ShmState, ShmStats};
 
 /// Tag of the bidirectional stream carrying the hello exchange.
 const TAG_HELLO: u8 = 0x48;
@@ -41,8 +42,15 @@ const TAG_HELLO: u8 = 0x48;
 const TAG_CONTROL: u8 = 0x43;
 /// Tag of a bidirectional stream pulling one blob.
 const TAG_BLOB: u8 = 0x42;
+/// Tag of the bidirectional stream offering the same-host path (see [`crate::shm`]).
+const TAG_SHM: u8 = 0x53;
 /// Cap on hello frames (a name and a version).
 const HELLO_LIMITS: FrameLimits = FrameLimits { max_body: 4096 };
+/// Largest UDP payload this node sends or accepts, and the upper bound of QUIC's path MTU
+/// discovery (which still finds ~1452 on Ethernet). 6500 because quinn batches up to 10
+/// datagrams into one GSO send, whose total must stay below the 64 KiB IP limit; on loopback
+/// (MTU 64 KiB) it cuts the packet count 4.5x against the 1452 default.
+const MAX_UDP_PAYLOAD: u16 = 6500;
 /// Application error code when a stream is stopped for a bad frame.
 const CODE_BAD_FRAME: u32 = 0x10;
 /// Application error code when the hello is refused.
@@ -94,6 +102,8 @@ pub struct QuicConfig {
     pub member: bool,
     /// Who may join (revocation list, allow-list); replaceable with [`QuicNode::set_admission`].
     pub admission: Admission,
+    /// The same-host shared-memory path (used only with peers that prove they share the host).
+    pub shm: ShmConfig,
 }
 
 impl Default for QuicConfig {
@@ -111,6 +121,7 @@ impl Default for QuicConfig {
             hello_timeout: Duration::from_secs(10),
             member: true,
             admission: Admission::default(),
+            shm: ShmConfig::default(),
         }
     }
 }
@@ -265,6 +276,7 @@ struct Inner {
     events_dropped: AtomicU64,
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
     admission: std::sync::RwLock<Admission>,
+    shm: ShmState,
 }
 
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
@@ -284,6 +296,9 @@ fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, Qui
     let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout)
         .map_err(|e| QuicError::Stream(format!("idle timeout: {e}")))?;
     t.max_idle_timeout(Some(idle));
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
     Ok(Arc::new(t))
 }
 
@@ -299,12 +314,11 @@ impl QuicNode {
         // best effort: the kernel may clamp it (net.core.rmem_max)
         let _ = state.set_recv_buffer_size((&socket).into(), config.socket_buffer);
         let _ = state.set_send_buffer_size((&socket).into(), config.socket_buffer);
-        let endpoint = Endpoint::new(
-            quinn::EndpointConfig::default(),
-            Some(server),
-            socket,
-            Arc::new(quinn::TokioRuntime),
-        )?;
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        endpoint_config
+            .max_udp_payload_size(MAX_UDP_PAYLOAD)
+            .map_err(|e| QuicError::Stream(format!("max UDP payload: {e}")))?;
+        let endpoint = Endpoint::new(endpoint_config, Some(server), socket, Arc::new(quinn::TokioRuntime))?;
         let cap = config.inbox_capacity.max(1);
         let (control_tx, control) = mpsc::channel(cap);
         let (data_tx, data) = mpsc::channel(cap);
@@ -317,6 +331,7 @@ impl QuicNode {
         let inbox_rx = Inbox { control, data, blob };
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let admission = std::sync::RwLock::new(config.admission.clone());
+        let shm = ShmState::new(config.shm.clone());
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
@@ -332,6 +347,7 @@ impl QuicNode {
                 events_dropped: AtomicU64::new(0),
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
                 admission,
+                shm,
             }),
         };
         let acceptor = node.clone();
@@ -421,6 +437,21 @@ impl QuicNode {
             Ok(a) => a.check(name, cert, member).map_err(|r| r.to_string()),
             Err(_) => Err("admission rules unavailable (lock poisoned)".into()),
         }
+    }
+
+    /// Whether frames to `peer` currently take the same-host path.
+    pub fn same_host(&self, peer: &NodeId) -> bool {
+        self.inner.shm.active_to(peer)
+    }
+
+    /// Counters of the same-host path.
+    pub fn shm_stats(&self) -> ShmStats {
+        self.inner.shm.stats()
+    }
+
+    /// QUIC's counters for the connection to `peer` (packets, losses, congestion events, MTU).
+    pub fn connection_stats(&self, peer: &NodeId) -> Option<quinn::ConnectionStats> {
+        self.inner.peers.get(peer).map(|p| p.conn.stats())
     }
 
     /// Round-trip time QUIC measures to `peer`.
@@ -540,7 +571,7 @@ impl QuicNode {
             let mut guard = store.lock().map_err(|_| QuicError::Stream("blob store lock poisoned".into()))?;
             blob::prepare_outgoing(frame, policy, &mut guard).map_err(|e| QuicError::Stream(e.to_string()))?
         };
-        Ok(self.send_frame(to, channel, &frame).await?)
+        Ok(self.send_frame(to, channel, frame).await?)
     }
 
     /// Turns a received frame back into the original: a by-reference frame is resolved from
@@ -584,6 +615,7 @@ impl QuicNode {
     /// told: a connection to a peer that already vanished would otherwise hold on until its
     /// idle timeout.
     pub async fn shutdown(&self) {
+        self.inner.shm.close_all();
         self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
@@ -605,6 +637,15 @@ impl QuicNode {
             let dropped = self.inner.events_dropped.fetch_add(1, Ordering::Relaxed) + 1;
             warn!(node = %self.inner.id, ?ev, dropped, "event channel full; event dropped");
         }
+    }
+
+    /// Closes `peer`'s connection for holding more than its memory budget, naming the cap.
+    fn close_over_budget(&self, conn: &Connection, peer: NodeId, over: crate::budget::BudgetExceeded) {
+        let reason = over.to_string();
+        warn!(node = %self.inner.id, %peer, cap = over.cap, held = over.held, %reason,
+            "peer over its memory budget; closing the connection");
+        conn.close(VarInt::from_u32(CODE_OVER_BUDGET), reason.as_bytes());
+        self.emit(PeerEvent::OverBudget { peer, cap: over.cap, held: over.held });
     }
 
     /// Emits an event that must not be lost, waiting for room (bounded per connection).
@@ -708,6 +749,15 @@ impl QuicNode {
         let addr = conn.remote_address();
         info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
         self.emit_wait(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member }).await;
+        if self.inner.shm.offers() {
+            let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+            tokio::spawn(async move {
+                match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
+                    Ok(()) => info!(node = %node.inner.id, %peer, "same-host path open"),
+                    Err(e) => debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used"),
+                }
+            });
+        }
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, budget, generation).await });
     }
@@ -733,6 +783,7 @@ impl QuicNode {
             }
         };
         tokio::join!(uni, bi);
+        self.inner.shm.connection_closed(&peer, generation);
         let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
@@ -758,16 +809,30 @@ impl QuicNode {
         loop {
             match read_frame_budgeted(&mut recv, &self.inner.config.limits, &state.budget).await {
                 Ok(Some((frame, held))) => {
+                    let (frame, held) = if crate::shm::is_shm(&frame) {
+                        // the segment's bytes count against the peer's budget before they are read
+                        let mut charge = state.budget.frame();
+                        if let Err(over) = charge.grow_to(crate::shm::declared_len(&frame).unwrap_or(0)) {
+                            self.close_over_budget(&conn, peer, over);
+                            return;
+                        }
+                        match self.inner.shm.incoming(&peer, frame, &self.inner.config.limits).await {
+                            Ok(f) => (f, charge.into_held()),
+                            Err(e) => {
+                                warn!(node = %self.inner.id, %peer, ?channel, error = %e, "refused a same-host segment");
+                                self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
+                                continue;
+                            }
+                        }
+                    } else {
+                        (frame, held)
+                    };
                     if tx.send(Delivery { from: peer.clone(), channel, frame, held }).await.is_err() {
                         return;
                     }
                 }
                 Err(FrameError::OverBudget(over)) => {
-                    let reason = over.to_string();
-                    warn!(node = %self.inner.id, %peer, cap = over.cap, held = over.held, %reason,
-                        "peer over its memory budget; closing the connection");
-                    conn.close(VarInt::from_u32(CODE_OVER_BUDGET), reason.as_bytes());
-                    self.emit(PeerEvent::OverBudget { peer, cap: over.cap, held: over.held });
+                    self.close_over_budget(&conn, peer, over);
                     return;
                 }
                 Ok(None) => return,
@@ -801,6 +866,7 @@ impl QuicNode {
                 });
             }
             TAG_CONTROL => self.emit_wait(PeerEvent::ControlStream { peer, send, recv }).await,
+            TAG_SHM => self.inner.shm.answer(&peer, send, recv).await,
             TAG_BLOB => {
                 let limits = FrameLimits { max_body: 256 };
                 // the reply this peer makes us build counts against its connection until sent
@@ -853,7 +919,9 @@ impl QuicNode {
         }
     }
 
-    async fn send_frame(&self, to: &NodeId, channel: Channel, frame: &Frame) -> Result<(), LinkError> {
+    /// Writes `frame` on the channel's stream; the body is handed to quinn without a copy.
+    async fn send_frame(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
+        let header = frame.header()?.to_bytes();
         let peer =
             self.inner.peers.get(to).map(|p| p.clone()).ok_or_else(|| LinkError::UnknownPeer(to.clone()))?;
         let slot = peer.senders.get(&channel).cloned().ok_or(LinkError::Closed)?;
@@ -869,12 +937,10 @@ impl QuicNode {
         let Some(stream) = guard.as_mut() else {
             return Err(LinkError::Closed);
         };
-        if let Err(e) = write_frame(stream, frame).await {
+        let mut chunks = [bytes::Bytes::copy_from_slice(&header), bytes::Bytes::from_owner(frame.body)];
+        if let Err(e) = stream.write_all_chunks(&mut chunks).await {
             *guard = None;
-            return Err(match e {
-                FrameError::Io(io) => down(io.to_string()),
-                other => LinkError::Frame(other),
-            });
+            return Err(down(e.to_string()));
         }
         Ok(())
     }
@@ -924,7 +990,13 @@ impl Link for QuicNode {
     }
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
-        self.send_frame(to, channel, &frame).await
+        let frame = self
+            .inner
+            .shm
+            .outgoing(to, channel, frame)
+            .await
+            .map_err(|e| LinkError::PeerDown(to.clone(), e.to_string()))?;
+        self.send_frame(to, channel, frame).await
     }
 
     async fn recv(&self) -> Result<Delivery, LinkError> {

@@ -10,6 +10,7 @@ use clap::Subcommand;
 pub mod coadapt;
 pub mod coe;
 pub mod kernels;
+pub mod peer;
 pub mod pipeline;
 pub mod stats;
 pub mod transport;
@@ -17,7 +18,8 @@ pub mod transport;
 /// Which benchmark to run.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// QUIC vs TCP goodput, remote ask vs UDP round trip, tell vs mpsc, rkyv vs memcpy.
+    /// Across a second process: QUIC, TCP and same-host goodput, remote ask vs UDP round trip,
+    /// remote tell, restart to service; locally tell vs mpsc and rkyv vs memcpy.
     Transport {
         /// Write the figures as one flat JSON object here.
         #[arg(long)]

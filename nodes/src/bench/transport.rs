@@ -1,52 +1,148 @@
-//! `troupe bench transport`: every figure is ours over a baseline measured in the same run.
+//! `troupe bench transport`: every figure is ours over a baseline measured in the same run, and
+//! everything that crosses nodes crosses *processes*: the benchmark starts a second process (the
+//! hidden `troupe bench-peer`, found through `current_exe`) and measures across it, as Ray's
+//! figures in PERF-ANCHORS.md are.
 //!
-//! - goodput: tensor frames over QUIC (mutual TLS, framed, checked) vs the same frames over
-//!   plain TCP on loopback, 1 MiB and 64 MiB payloads;
-//! - remote ask: a ractor_cluster RPC between two nodes over QUIC vs a raw UDP 64 B round trip;
+//! - tensor goodput: frames over QUIC (mutual TLS, framed, checked) vs the same frames over plain
+//!   TCP on loopback, and through the same-host shared-memory path, 1 MiB and 64 MiB payloads,
+//!   each acknowledged by the receiving node; the median of a few rounds that interleave the
+//!   three, against an in-process memcpy of the same size;
+//! - remote ask: a ractor_cluster RPC to an actor of the other process vs a raw UDP round trip
+//!   to that process;
+//! - remote tell: casts to an actor of the other process, until it has counted them all;
+//! - restart: an actor of the other process under its `Supervisor` panics; time from the crash
+//!   order to the first reply from its new incarnation (median of rounds);
 //! - local tell: casts to a ractor actor vs sends on a tokio mpsc channel;
 //! - serialisation: rkyv serialise + checked access of a 1 MiB tensor message vs memcpy.
+//!
+//! What dominated when profiled (perf, 2026-12-01, busy 2-core VM): the receiving process of
+//! 1 MiB QUIC frames spent ~21% in page faults on fresh receive buffers (15% under the
+//! zero-fill in `frame::read_frame`), ~12% in memmove, ~8.5% in AES-GCM decryption, ~7% in the
+//! recvmmsg copy and ~4% in memcg charging; at the default 1452-byte MTU per-packet work came
+//! first (raising the bound to 6500 halved the packet count's cost). The same-host path is
+//! bounded by the kernel: a 64 MiB tmpfs write takes ~24 ms (page allocation) and the read into
+//! a fresh buffer ~30 ms with huge pages (~47 ms without); a second copy thread on either side
+//! did not help (the page allocator and mm locks are shared). Inside this benchmark the same
+//! segments took 31-133 ms to write and 46-360 ms to read (`RUST_LOG=troupe_transport::shm=debug`
+//! logs each): the machine had < 1 GB free and 22 GB of page cache, so every fresh page came
+//! through reclaim and THP compaction stalls (`/proc/vmstat`), and the path allocates twice
+//! (tmpfs page, receive buffer) where TCP allocates once. `memcpy_64mib_mb_s` is the copy into
+//! a fresh buffer that any receiver of a 64 MiB tensor pays.
 
 use std::collections::BTreeMap;
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::pg::GroupChangeMessage;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorMessage;
-use tokio::net::{TcpListener, TcpStream};
-use troupe_actors::hello::{HelloExpert, HelloExpertMsg, remote_experts};
-use troupe_actors::supervisor::ChildSpec;
-use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use troupe_actors::hello::{HelloExpertMsg, remote_experts};
+use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
 use troupe_transport::frame::{read_frame, write_frame};
 use troupe_transport::{
-    Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode,
+    Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode, ShmConfig,
 };
 
+use super::peer::{CRASHY_GROUP, CrashyMsg, PEER_NAME, SINK_GROUP, SinkMsg};
 use super::stats::{median, quantile};
+
+/// Ray 2.60 on this machine kind (PERF-ANCHORS.md, 2026-12-01): 1 MiB and 64 MiB actor to
+/// actor in MB/s, synchronous call p50 in us, fire-and-forget calls/s, crashed actor back in ms.
+const RAY_1MIB_MB_S: f64 = 154.0;
+const RAY_64MIB_MB_S: f64 = 1271.0;
+const RAY_CALL_P50_US: f64 = 806.0;
+const RAY_TELLS_PER_S: f64 = 2784.0;
+const RAY_RESTART_MS: f64 = 561.0;
 
 /// Runs every transport figure.
 pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     let mut f = BTreeMap::new();
     let ca = ClusterCa::generate("bench")?;
+    let peer = PeerProcess::start(&ca).await?;
+    let peer_id = NodeId::new(PEER_NAME);
+    let quic_only = QuicConfig {
+        member: false,
+        shm: ShmConfig { enabled: false, ..ShmConfig::default() },
+        ..QuicConfig::default()
+    };
+    let quic = QuicNode::bind(&ca.issue_node("bench-quic")?, quic_only).await?;
+    quic.connect(peer.quic, &peer_id).await?;
+    let shm =
+        QuicNode::bind(&ca.issue_node("bench-shm")?, QuicConfig { member: false, ..QuicConfig::default() })
+            .await?;
+    shm.connect(peer.quic, &peer_id).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !shm.same_host(&peer_id) {
+        if Instant::now() > deadline {
+            bail!("the same-host path to the peer process did not open within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rounds = if quick { 1 } else { 3 };
     for (label, size, count) in
-        [("1mib", 1usize << 20, if quick { 16 } else { 128 }), ("64mib", 64 << 20, if quick { 1 } else { 4 })]
+        [("1mib", 1usize << 20, if quick { 16 } else { 64 }), ("64mib", 64 << 20, if quick { 1 } else { 4 })]
     {
         let payload = payload(size);
-        let quic = quic_goodput(&ca, &payload, count).await?;
-        let tcp = tcp_goodput(&payload, count).await?;
-        f.insert(format!("goodput_quic_mb_s_{label}"), quic);
-        f.insert(format!("goodput_tcp_mb_s_{label}"), tcp);
-        f.insert(format!("goodput_quic_over_tcp_{label}"), quic / tcp);
+        let (mut q, mut t, mut s) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            q.push(quic_goodput(&quic, &peer_id, &payload, count).await?);
+            t.push(tcp_goodput(peer.tcp, &payload, count).await?);
+            s.push(quic_goodput(&shm, &peer_id, &payload, count).await?);
+        }
+        let (q, t, s) = (median(&mut q), median(&mut t), median(&mut s));
+        let copy = memcpy_mb_s(&payload);
+        f.insert(format!("goodput_quic_mb_s_{label}"), q);
+        f.insert(format!("goodput_tcp_mb_s_{label}"), t);
+        f.insert(format!("goodput_quic_over_tcp_{label}"), q / t);
+        f.insert(format!("tensor_{label}_mb_s_quic"), q);
+        f.insert(format!("tensor_{label}_mb_s_tcp"), t);
+        f.insert(format!("tensor_{label}_mb_s_same_host"), s);
+        f.insert(format!("tensor_{label}_quic_over_tcp"), q / t);
+        f.insert(format!("tensor_{label}_same_host_over_tcp"), s / t);
+        f.insert(format!("memcpy_{label}_mb_s"), copy);
+        f.insert(format!("tensor_{label}_same_host_over_memcpy"), s / copy);
     }
+    if let Some(st) = quic.connection_stats(&peer_id) {
+        f.insert("quic_lost_packets".into(), st.path.lost_packets as f64);
+        f.insert("quic_sent_packets".into(), st.path.sent_packets as f64);
+        f.insert("quic_congestion_events".into(), st.path.congestion_events as f64);
+        f.insert("quic_mtu".into(), f64::from(st.path.current_mtu));
+        f.insert("quic_cwnd".into(), st.path.cwnd as f64);
+    }
+    if shm.shm_stats().sent == 0 {
+        bail!("the same-host figures did not use the same-host path");
+    }
+    f.insert("tensor_1mib_quic_over_ray".into(), f["tensor_1mib_mb_s_quic"] / RAY_1MIB_MB_S);
+    f.insert("tensor_64mib_same_host_over_ray".into(), f["tensor_64mib_mb_s_same_host"] / RAY_64MIB_MB_S);
+    f.insert("tensor_64mib_quic_over_ray".into(), f["tensor_64mib_mb_s_quic"] / RAY_64MIB_MB_S);
+    quic.shutdown().await;
+    shm.shutdown().await;
+
+    let client = NodeRuntime::start(bench_spec(&ca, "bench-client", peer.quic)?).await?;
     let asks = if quick { 200 } else { 2000 };
-    let (p50, p99) = remote_ask(&ca, asks).await?;
-    let udp = udp_rtt_p50(asks)?;
+    let (p50, p99) = remote_ask(asks).await?;
+    let udp = udp_rtt_p50(peer.udp, asks)?;
     f.insert("ask_p50_us".into(), p50);
     f.insert("ask_p99_us".into(), p99);
     f.insert("udp_rtt_p50_us".into(), udp);
     f.insert("ask_p50_over_udp_rtt".into(), p50 / udp);
-    let tells = if quick { 20_000 } else { 200_000 };
-    let (tell, mpsc) = tell_vs_mpsc(tells).await?;
+    f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
+    let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
+    f.insert("tell_cross_process_per_s".into(), tells);
+    f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
+    let restart = restart_to_service(if quick { 5 } else { 9 }).await?;
+    f.insert("restart_to_service_ms".into(), restart);
+    f.insert("ray_restart_over_ours".into(), RAY_RESTART_MS / restart);
+    client.shutdown().await;
+    peer.stop().await;
+
+    let local = if quick { 20_000 } else { 200_000 };
+    let (tell, mpsc) = tell_vs_mpsc(local).await?;
     f.insert("tell_msgs_per_s".into(), tell);
     f.insert("mpsc_msgs_per_s".into(), mpsc);
     f.insert("tell_over_mpsc".into(), tell / mpsc);
@@ -55,6 +151,74 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("memcpy_us_1mib".into(), copy);
     f.insert("rkyv_over_memcpy".into(), ser / copy);
     Ok(f)
+}
+
+/// The `troupe bench-peer` child process and where it listens.
+struct PeerProcess {
+    child: tokio::process::Child,
+    quic: SocketAddr,
+    tcp: SocketAddr,
+    udp: SocketAddr,
+}
+
+impl PeerProcess {
+    /// Writes the peer's identity into a private temporary folder, starts the peer and waits for
+    /// its `READY` line (the folder is removed once the peer has loaded its keys).
+    async fn start(ca: &ClusterCa) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("troupe-bench-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let written = ca.write(&dir).and_then(|_| ca.issue_node(PEER_NAME)?.write(&dir));
+        let started = async {
+            written?;
+            let exe = std::env::current_exe().context("finding the troupe binary")?;
+            let mut child = tokio::process::Command::new(exe)
+                .arg("bench-peer")
+                .arg("--keys")
+                .arg(&dir)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,ractor_cluster=error".into()),
+                )
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting the bench peer process")?;
+            let stdout = child.stdout.take().context("peer stdout")?;
+            let mut line = String::new();
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                tokio::io::BufReader::new(stdout).read_line(&mut line),
+            )
+            .await
+            .context("the bench peer did not start within 30 s")??;
+            let addrs: Vec<SocketAddr> = line
+                .strip_prefix("READY ")
+                .with_context(|| format!("unexpected first line from the bench peer: {line:?}"))?
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("bad addresses from the bench peer: {line:?}"))?;
+            let [quic, tcp, udp] = addrs[..] else {
+                bail!("expected three addresses from the bench peer: {line:?}")
+            };
+            Ok(Self { child, quic, tcp, udp })
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        started
+    }
+
+    /// Closes the peer's stdin (it shuts down) and waits for it, killing it after 5 s.
+    async fn stop(mut self) {
+        if let Some(mut stdin) = self.child.stdin.take() {
+            let _ = stdin.shutdown().await;
+        }
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
 }
 
 /// Incompressible-looking bytes (an LCG), so neither side can cheat with compression.
@@ -68,82 +232,113 @@ fn payload(len: usize) -> Vec<u8> {
         .collect()
 }
 
-async fn quic_goodput(ca: &ClusterCa, payload: &[u8], count: usize) -> Result<f64> {
-    let cfg = QuicConfig::default();
-    let a = QuicNode::bind(&ca.issue_node("bench-a")?, cfg.clone()).await?;
-    let b = QuicNode::bind(&ca.issue_node("bench-b")?, cfg).await?;
-    let peer = a.connect(b.local_addr()?, &NodeId::new("bench-b")).await?;
+/// Best of 5 copies of `src` into a fresh buffer each time (what a receiver pays), in MB/s.
+fn memcpy_mb_s(src: &[u8]) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let v = src.to_vec();
+        std::hint::black_box(&v);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    src.len() as f64 / best / 1e6
+}
+
+/// Waits for the peer's acknowledgement of one tensor frame; returns the bytes it counted.
+async fn ack(node: &QuicNode) -> Result<u64> {
+    loop {
+        let d = node.recv().await?;
+        if d.channel == Channel::Data && d.frame.kind == FrameKind::Message {
+            let b: [u8; 8] = d.frame.body[..].try_into().context("ack of the wrong size")?;
+            return Ok(u64::from_le_bytes(b));
+        }
+    }
+}
+
+/// `count` tensor frames to the peer process, timed until the last acknowledgement, in MB/s.
+async fn quic_goodput(node: &QuicNode, peer: &NodeId, payload: &[u8], count: usize) -> Result<f64> {
     let frame = Frame::from_bytes(FrameKind::Tensor, 0, payload);
-    // warm-up: one frame
-    a.send(&peer, Channel::Data, frame.clone()).await?;
-    b.recv().await?;
+    node.send(peer, Channel::Data, frame.clone()).await?; // warm-up
+    ack(node).await?;
+    let frames: Vec<Frame> = (0..count).map(|_| frame.clone()).collect();
+    drop(frame);
     let receiver = {
-        let b = b.clone();
+        let node = node.clone();
         tokio::spawn(async move {
-            let mut bytes = 0usize;
+            let mut bytes = 0u64;
             for _ in 0..count {
-                bytes += b.recv().await?.frame.body.len();
+                bytes += ack(&node).await?;
             }
             Ok::<_, anyhow::Error>(bytes)
         })
     };
     let start = Instant::now();
-    for _ in 0..count {
-        a.send(&peer, Channel::Data, frame.clone()).await?;
+    for f in frames {
+        node.send(peer, Channel::Data, f).await?;
     }
-    let bytes = receiver.await??;
-    let secs = start.elapsed().as_secs_f64();
-    a.shutdown().await;
-    b.shutdown().await;
-    Ok(bytes as f64 / secs / 1e6)
-}
-
-async fn tcp_goodput(payload: &[u8], count: usize) -> Result<f64> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let receiver = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await?;
-        s.set_nodelay(true)?;
-        let limits = FrameLimits::default();
-        let mut bytes = 0usize;
-        for _ in 0..=count {
-            let f = read_frame(&mut s, &limits).await?.context("tcp stream ended early")?;
-            bytes += f.body.len();
-        }
-        Ok::<_, anyhow::Error>(bytes)
-    });
-    let mut s = TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
-    let frame = Frame::from_bytes(FrameKind::Tensor, 0, payload);
-    write_frame(&mut s, &frame).await?; // warm-up, like the QUIC side
-    let start = Instant::now();
-    for _ in 0..count {
-        write_frame(&mut s, &frame).await?;
-    }
-    let bytes = receiver.await?? - payload.len();
+    let bytes = tokio::time::timeout(Duration::from_secs(120), receiver)
+        .await
+        .context("acks did not arrive")???;
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
 }
 
-fn bench_spec(ca: &ClusterCa, name: &str, children: Vec<ChildSpec>) -> Result<NodeSpec> {
+/// The same frames over plain TCP to the peer process, acknowledged the same way.
+async fn tcp_goodput(addr: SocketAddr, payload: &[u8], count: usize) -> Result<f64> {
+    let s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let (mut r, mut w) = s.into_split();
+    let limits = FrameLimits::default();
+    let frame = Frame::from_bytes(FrameKind::Tensor, 0, payload);
+    write_frame(&mut w, &frame).await?; // warm-up, like the QUIC side
+    read_frame(&mut r, &limits).await?.context("tcp ack missing")?;
+    let receiver = tokio::spawn(async move {
+        let mut bytes = 0u64;
+        for _ in 0..count {
+            let f = read_frame(&mut r, &limits).await?.context("tcp stream ended early")?;
+            let b: [u8; 8] = f.body[..].try_into().context("ack of the wrong size")?;
+            bytes += u64::from_le_bytes(b);
+        }
+        Ok::<_, anyhow::Error>(bytes)
+    });
+    let start = Instant::now();
+    for _ in 0..count {
+        write_frame(&mut w, &frame).await?;
+    }
+    let bytes = receiver.await??;
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr) -> Result<NodeSpec> {
     Ok(NodeSpec {
         identity: ca.issue_node(name)?,
         quic: QuicConfig::default(),
-        peers: Vec::new(),
+        peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer }],
         membership: MembershipConfig::default(),
         intensity: Intensity::default(),
         cookie: "bench".into(),
-        children: troupe_actors::fixed_children(children),
+        children: troupe_actors::fixed_children(Vec::new()),
         redial: Duration::from_millis(200),
     })
 }
 
-async fn remote_ask(ca: &ClusterCa, asks: usize) -> Result<(f64, f64)> {
-    let expert = ChildSpec::new("bench-expert", || (HelloExpert, "bench-server".to_string()));
-    let server = NodeRuntime::start(bench_spec(ca, "bench-server", vec![expert])?).await?;
-    let mut client_spec = bench_spec(ca, "bench-client", Vec::new())?;
-    client_spec.peers =
-        vec![troupe_actors::PeerAddr { name: NodeId::new("bench-server"), addr: server.link.local_addr()? }];
-    let client = NodeRuntime::start(client_spec).await?;
+/// A remote member of process group `group` (waits up to 20 s for it to appear).
+async fn remote_member(group: &str, not: Option<&ActorCell>) -> Result<ActorCell> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = ractor::pg::get_members(&group.to_string())
+            .into_iter()
+            .find(|c| !c.get_id().is_local() && not.is_none_or(|n| n.get_id() != c.get_id()));
+        if let Some(c) = found {
+            return Ok(c);
+        }
+        if Instant::now() > deadline {
+            bail!("no remote member of {group} appeared within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn remote_ask(asks: usize) -> Result<(f64, f64)> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let cell = loop {
         if let Some(c) = remote_experts().into_iter().next() {
@@ -163,26 +358,99 @@ async fn remote_ask(ca: &ClusterCa, asks: usize) -> Result<(f64, f64)> {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    client.shutdown().await;
-    server.shutdown().await;
     Ok((quantile(&mut samples, 0.5), quantile(&mut samples, 0.99)))
 }
 
-fn udp_rtt_p50(rounds: usize) -> Result<f64> {
-    let a = UdpSocket::bind("127.0.0.1:0")?;
-    let b = UdpSocket::bind("127.0.0.1:0")?;
-    a.connect(b.local_addr()?)?;
-    b.connect(a.local_addr()?)?;
-    a.set_read_timeout(Some(Duration::from_secs(2)))?;
-    b.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        for _ in 0..rounds + 50 {
-            if b.recv(&mut buf).is_err() || b.send(&buf).is_err() {
-                return;
-            }
+/// Casts `n` messages to the peer's sink and waits until it counted them all; casts per second.
+async fn remote_tells(n: u64) -> Result<f64> {
+    let sink: ActorRef<SinkMsg> = remote_member(SINK_GROUP, None).await?.into();
+    let before = ractor::call_t!(sink, SinkMsg::Total, 10_000, 0)?;
+    let start = Instant::now();
+    for _ in 0..n {
+        sink.cast(SinkMsg::Add(1))?;
+    }
+    let total = ractor::call_t!(sink, SinkMsg::Total, 120_000, 0)?;
+    let secs = start.elapsed().as_secs_f64();
+    if total != before + n {
+        bail!("the remote sink counted {} of {n} casts", total - before);
+    }
+    Ok(n as f64 / secs)
+}
+
+/// Tells a local watcher's channel whenever a process group it monitors gains members.
+struct GroupWatch;
+
+#[derive(RactorMessage)]
+enum WatchMsg {}
+
+impl Actor for GroupWatch {
+    type Msg = WatchMsg;
+    type State = mpsc::UnboundedSender<()>;
+    type Arguments = (String, mpsc::UnboundedSender<()>);
+
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        (group, tx): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::monitor(group, me.get_cell());
+        Ok(tx)
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        tx: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ProcessGroupChanged(GroupChangeMessage::Join(..)) = evt {
+            let _ = tx.send(());
         }
-    });
+        Ok(())
+    }
+}
+
+/// The peer's crashing actor panics `rounds` times; median ms from the crash order to the first
+/// reply from the new incarnation (found through its process group, as any client would).
+async fn restart_to_service(rounds: usize) -> Result<f64> {
+    let (tx, mut joined) = mpsc::unbounded_channel();
+    let (watch, watch_handle) = Actor::spawn(None, GroupWatch, (CRASHY_GROUP.to_string(), tx)).await?;
+    let mut samples = Vec::with_capacity(rounds);
+    let mut current = remote_member(CRASHY_GROUP, None).await?;
+    for i in 0..rounds as u64 {
+        let old: ActorRef<CrashyMsg> = current.clone().into();
+        ractor::call_t!(old, CrashyMsg::Ping, 5000, i)?; // it serves before the crash
+        while joined.try_recv().is_ok() {}
+        let start = Instant::now();
+        old.cast(CrashyMsg::Crash(i))?;
+        let deadline = start + Duration::from_secs(10);
+        current = loop {
+            if Instant::now() > deadline {
+                bail!("the crashed actor was not back in service within 10 s");
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(2), joined.recv()).await;
+            let candidate = ractor::pg::get_members(&CRASHY_GROUP.to_string())
+                .into_iter()
+                .find(|c| !c.get_id().is_local() && c.get_id() != current.get_id());
+            if let Some(c) = candidate {
+                let r: ActorRef<CrashyMsg> = c.clone().into();
+                if matches!(ractor::call_t!(r, CrashyMsg::Ping, 1000, i), Ok(x) if x == i) {
+                    samples.push(start.elapsed().as_secs_f64() * 1e3);
+                    break c;
+                }
+            }
+        };
+    }
+    watch.stop(None);
+    let _ = watch_handle.await;
+    Ok(median(&mut samples))
+}
+
+/// Raw 64 B UDP round trips to the peer process's echo; the median in microseconds.
+fn udp_rtt_p50(echo: SocketAddr, rounds: usize) -> Result<f64> {
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    a.connect(echo)?;
+    a.set_read_timeout(Some(Duration::from_secs(2)))?;
     let msg = [7u8; 64];
     let mut buf = [0u8; 64];
     let mut samples = Vec::with_capacity(rounds);
@@ -194,7 +462,6 @@ fn udp_rtt_p50(rounds: usize) -> Result<f64> {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    let _ = echo.join();
     Ok(median(&mut samples))
 }
 
