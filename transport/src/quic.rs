@@ -811,8 +811,15 @@ impl QuicNode {
                 Ok(Some((frame, held))) => {
                     let (frame, held) = if crate::shm::is_shm(&frame) {
                         // the segment's bytes count against the peer's budget before they are read
+                        // (a length past the frame cap is refused by name below, not charged)
+                        let declared = crate::shm::declared_len(&frame).unwrap_or(0);
+                        let chargeable = if declared > u64::from(self.inner.config.limits.max_body) {
+                            0
+                        } else {
+                            declared
+                        };
                         let mut charge = state.budget.frame();
-                        if let Err(over) = charge.grow_to(crate::shm::declared_len(&frame).unwrap_or(0)) {
+                        if let Err(over) = charge.grow_to(chargeable) {
                             self.close_over_budget(&conn, peer, over);
                             return;
                         }
