@@ -290,3 +290,29 @@ impl Drop for LineCluster {
         }
     }
 }
+
+/// Runs `exe args` to completion and returns its stdout and stderr; an error naming the command
+/// and its output when it fails.
+pub fn run_ok(exe: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(exe).args(args).output().with_context(|| format!("running {}", exe.display()))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        bail!("troupe {args:?} failed ({}):\n{text}", out.status);
+    }
+    Ok(text)
+}
+
+/// A coe results file (`request <id> digest <hex>` lines) as `(id, digest)` pairs.
+pub fn parse_coe_results(text: &str) -> Result<Vec<(u64, String)>> {
+    text.lines()
+        .map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            match t.as_slice() {
+                ["request", id, "digest", d] => {
+                    Ok((id.parse().with_context(|| format!("bad id in {l:?}"))?, d.to_string()))
+                }
+                _ => bail!("bad results line {l:?}"),
+            }
+        })
+        .collect()
+}

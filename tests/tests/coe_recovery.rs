@@ -13,7 +13,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use troupe_tests::LineCluster;
@@ -21,20 +20,11 @@ use troupe_tests::LineCluster;
 const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
 
 fn troupe(args: &[&str]) -> String {
-    let out = Command::new(EXE).args(args).output().expect("running troupe-node");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "troupe {args:?} failed:\n{text}");
-    text
+    troupe_tests::run_ok(EXE.as_ref(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn parse_results(text: &str) -> Vec<(u64, String)> {
-    text.lines()
-        .map(|l| {
-            let t: Vec<&str> = l.split_whitespace().collect();
-            assert_eq!(t.len(), 4, "bad results line {l:?}");
-            (t[1].parse().expect("request id"), t[3].to_string())
-        })
-        .collect()
+    troupe_tests::parse_coe_results(text).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A ci app and the fault-free local run's results.

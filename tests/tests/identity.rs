@@ -13,10 +13,7 @@ use troupe_tests::{ProcCluster, member_is};
 const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
 
 fn troupe(args: &[&str]) -> String {
-    let out = Command::new(EXE).args(args).output().expect("running troupe-node");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "troupe {args:?} failed:\n{text}");
-    text
+    troupe_tests::run_ok(EXE.as_ref(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 #[test]
