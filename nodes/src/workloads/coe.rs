@@ -400,11 +400,9 @@ pub async fn run_job(
             let mut last = 0;
             while answered.changed().await.is_ok() {
                 let done = *answered.borrow_and_update();
-                for step in (last / 25 + 1)..=(done / 25) {
+                // the last line is printed by the job itself once everything is answered
+                for step in (last / 25 + 1)..=(done.min(total.saturating_sub(1)) / 25) {
                     println!("coe: completed {} of {total}", step * 25);
-                }
-                if done == total && !done.is_multiple_of(25) {
-                    println!("coe: completed {done} of {total}");
                 }
                 last = done;
             }
@@ -415,6 +413,7 @@ pub async fn run_job(
     watcher.abort();
     progress.abort();
     served?;
+    println!("coe: completed {0} of {0}", shared.total());
     let lost: Vec<String> = lost.lock().map(|l| l.iter().cloned().collect()).unwrap_or_default();
     let report = shared.report(config.label(), lost)?;
     println!("coe: {}", run_line(&report));
