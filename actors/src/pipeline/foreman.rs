@@ -349,6 +349,10 @@ async fn executor(
         }
         let Some(lock) = rpc_lock(&ctx.rpc_locks, worker) else { return };
         let _held = lock.lock().await;
+        // checked again: the incarnation that queued this may have died while it waited
+        if lost.load(Ordering::SeqCst) {
+            return;
+        }
         let start = ctx.t0.elapsed().as_secs_f64();
         let kind = match cmd {
             Cmd::Fetch { stage, sha256, blob, size } => {
@@ -485,6 +489,16 @@ struct Shell {
     rejoining: std::collections::BTreeSet<String>,
     /// Rejoins whose join call is in flight.
     joining: std::collections::BTreeSet<String>,
+}
+
+/// A dead or finished incarnation's executors stop before their next call: commands still
+/// queued for them were decided by a policy that no longer exists.
+impl Drop for Shell {
+    fn drop(&mut self) {
+        for h in &self.workers {
+            h.lost.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Shell {
