@@ -426,11 +426,16 @@ pub async fn run_job(
     }
     if let Some(out) = &p.out {
         app::write_file(Path::new(out), troupe_actors::coe::runner::results_text(&report).as_bytes())?;
-        println!("coe: results written to {out}");
     }
-    // The answers are out: the journal has done its job, and a rerun starts afresh.
+    // The answers are out: the journal has done its job, and a rerun starts afresh. It goes
+    // before the last line, so whoever waits for that line finds the job wholly finished.
     if let Some(path) = shared.finish_journal() {
-        let _ = std::fs::remove_file(path);
+        if let Err(e) = std::fs::remove_file(&path) {
+            println!("coe: could not remove the finished job's journal {}: {e}", path.display());
+        }
+    }
+    if let Some(out) = &p.out {
+        println!("coe: results written to {out}");
     }
     Ok(())
 }
