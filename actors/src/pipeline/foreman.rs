@@ -13,8 +13,10 @@
 //!
 //! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
 //! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
-//! restart resubmits the inputs not answered yet; nothing is journaled, so a `kill -9` of the
-//! foreman's node loses the job; telemetry is pulled (one RPC per worker per period) rather than
+//! restart resubmits the inputs not answered yet. Answers live in the job's [`Ledger`]: with a
+//! journal (the `pipeline` job's default), the acceptance and every answer are synced to disk
+//! before they count, so a foreman node killed with `kill -9` and started again resumes the job
+//! with the unanswered inputs only (see [`AcceptedJob::open`]); telemetry is pulled (one RPC per worker per period) rather than
 //! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
 //! on the same worker. A lost worker whose node comes back (its worker service announced again)
 //! is joined again under its old id and put back in service within the same job.
@@ -36,6 +38,7 @@ use troupe_transport::{Link, NodeId, QuicNode};
 use ractor::ActorRef;
 
 use super::job::PipelineJob;
+use super::ledger::{Ledger, Resumed};
 use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, TelemetrySample, WireNamed,
     WorkerStats, decode_tensors, encode_tensors, response_from_bytes, to_bytes,
@@ -108,6 +111,39 @@ pub enum ShellError {
     /// Every worker was lost.
     #[error("every worker was lost")]
     NoWorkers,
+    /// The job's journal could not be opened, replayed or appended to.
+    #[error("{0}")]
+    Journal(String),
+}
+
+/// A job together with its ledger: what it has accepted and answered (journaled or in memory).
+#[derive(Debug)]
+pub struct AcceptedJob {
+    job: PipelineJob,
+    ledger: Ledger,
+}
+
+impl AcceptedJob {
+    /// Accepts `job` durably: with `journal`, the acceptance is journaled (synced) before this
+    /// returns, or an earlier run's acceptance and answers are replayed from it.
+    pub fn open(job: PipelineJob, journal: Option<&std::path::Path>) -> Result<(Self, Resumed), ShellError> {
+        match journal {
+            None => Ok((job.into(), Resumed::default())),
+            Some(path) => {
+                let (ledger, resumed) =
+                    Ledger::open(path, &job).map_err(|e| ShellError::Journal(e.to_string()))?;
+                Ok((AcceptedJob { job, ledger }, resumed))
+            }
+        }
+    }
+}
+
+/// A job accepted in memory only.
+impl From<PipelineJob> for AcceptedJob {
+    fn from(job: PipelineJob) -> Self {
+        let ledger = Ledger::in_memory(job.inputs.len());
+        AcceptedJob { job, ledger }
+    }
 }
 
 /// What a Gantt bar shows.
@@ -183,6 +219,9 @@ pub struct JobOutcome {
     pub tally: EncodeTally,
     /// Per stage, median ONNX Runtime compute time of its tasks, seconds, per worker.
     pub compute_s: Vec<(usize, usize, f64)>,
+    /// The journal that held the job, if it had one: remove it once the outputs are out, so
+    /// that the next run of the same job starts afresh.
+    pub journal: Option<std::path::PathBuf>,
 }
 
 /// Progress events for observers (tests use them to kill a worker mid-job).
@@ -865,23 +904,28 @@ struct ForemanShared {
     targets: Vec<Target>,
     rpc_locks: RpcLocks,
     t0: Instant,
-    answered: std::sync::Mutex<Vec<Option<Vec<NamedTensor>>>>,
+    ledger: std::sync::Mutex<Ledger>,
     finished: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Result<JobOutcome, ShellError>>>>,
     scheduler: std::sync::Mutex<Option<ActorRef<SchedulerMsg<ForemanInput>>>>,
     incarnations: std::sync::atomic::AtomicUsize,
 }
 
 impl ForemanShared {
+    /// Records an answer (journaled first when the job has a journal); a journal that cannot
+    /// take it ends the job with the reason, since an answer that is not durable must not count.
     fn answer(&self, input: usize, outputs: &[NamedTensor]) {
-        if let Ok(mut a) = self.answered.lock()
-            && let Some(slot) = a.get_mut(input)
-        {
-            if slot.is_some() {
-                warn!(input, "input already answered; the second answer is dropped");
-            } else {
-                *slot = Some(outputs.to_vec());
-            }
+        let result =
+            self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner).answer(input, outputs);
+        match result {
+            Ok(true) => {}
+            Ok(false) => warn!(input, "input already answered; the second answer is dropped"),
+            Err(e) => self.finish(Err(ShellError::Journal(e.to_string()))),
         }
+    }
+
+    /// Each input's answer so far.
+    fn answers(&self) -> Vec<Option<Vec<NamedTensor>>> {
+        self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner).answers().to_vec()
     }
 
     fn finish(&self, result: Result<JobOutcome, ShellError>) {
@@ -969,7 +1013,7 @@ impl ForemanScheduler {
                     }
                 }
                 let mut outcome = std::mem::take(&mut shell.outcome);
-                let answered = self.shared.answered.lock().map(|a| a.clone()).unwrap_or_default();
+                let answered = self.shared.answers();
                 outcome.outputs = answered.into_iter().map(Option::unwrap_or_default).collect();
                 outcome.workers = shell.workers.iter().map(|h| h.summary.clone()).collect();
                 Ok(outcome)
@@ -992,11 +1036,8 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             *s = Some(me.clone());
         }
         let incarnation = shared.incarnations.fetch_add(1, Ordering::SeqCst);
-        let map: Vec<usize> = shared
-            .answered
-            .lock()
-            .map(|a| a.iter().enumerate().filter(|(_, o)| o.is_none()).map(|(i, _)| i).collect())
-            .unwrap_or_default();
+        let map: Vec<usize> =
+            shared.answers().iter().enumerate().filter(|(_, o)| o.is_none()).map(|(i, _)| i).collect();
         let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
         {
             let me = me.clone();
@@ -1101,6 +1142,13 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         for h in shell.workers.iter().filter(|h| h.summary.lost) {
             shell.rejoining.insert(h.node.clone());
         }
+        if incarnation == 0 && n < job.inputs.len() {
+            shell.log(format!(
+                "resuming from the journal: {} of {} inputs answered, submitting the other {n}",
+                job.inputs.len() - n,
+                job.inputs.len()
+            ));
+        }
         if incarnation > 0 {
             shell.log(format!(
                 "foreman restarted (incarnation {incarnation}): resubmitting the {n} unanswered inputs"
@@ -1182,16 +1230,16 @@ pub async fn run_pipeline_job(
     services: &Services,
     shelf: &BlobShelf,
     mut membership: broadcast::Receiver<MembershipEvent<NodeId>>,
-    job: PipelineJob,
+    job: impl Into<AcceptedJob>,
     settings: ShellSettings,
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
+    let AcceptedJob { job, ledger } = job.into();
     let targets = discover(services, &settings).await?;
     for s in &job.stages {
         shelf.pin(s.bytes.clone());
     }
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let n = job.inputs.len();
     let rpc_locks: RpcLocks = Arc::new(
         targets.iter().map(|_| std::sync::Mutex::new(Arc::new(tokio::sync::Mutex::new(())))).collect(),
     );
@@ -1205,7 +1253,7 @@ pub async fn run_pipeline_job(
         targets,
         rpc_locks,
         t0: Instant::now(),
-        answered: std::sync::Mutex::new(vec![None; n]),
+        ledger: std::sync::Mutex::new(ledger),
         finished: std::sync::Mutex::new(Some(done_tx)),
         scheduler: std::sync::Mutex::new(None),
         incarnations: std::sync::atomic::AtomicUsize::new(0),
@@ -1272,5 +1320,6 @@ pub async fn run_pipeline_job(
     forwarder.abort();
     sup.stop(None);
     let _ = sup_handle.await;
-    result
+    let journal = shared.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner).finish();
+    result.map(|outcome| JobOutcome { journal, ..outcome })
 }

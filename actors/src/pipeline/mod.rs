@@ -3,20 +3,23 @@
 //!
 //! - [`job`]: stage files (SHA-256, tensor signatures) and the checks that refuse a broken job.
 //! - [`wire`]: foreman <-> worker messages (rkyv in ractor_cluster RPCs), tensor encoding, blobs.
+//! - [`ledger`]: the job's accepted inputs and answers, journaled on the foreman's node.
 //! - [`worker`]: the worker actor (single live session, disk cache of stage files).
 //! - [`foreman`]: the foreman shell (discovery, per-worker queues, telemetry, failures).
 //! - [`telemetry`]: CPU/RSS from the OS, the simulated device model, real and emulated stragglers.
 
 pub mod foreman;
 pub mod job;
+pub mod ledger;
 pub mod telemetry;
 pub mod wire;
 pub mod worker;
 
 pub use foreman::{
-    FAULT_SITE, JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary,
+    AcceptedJob, FAULT_SITE, JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary,
     run_pipeline_job,
 };
 pub use job::{JobError, PipelineJob, StageFile, build_job};
+pub use ledger::{Ledger, LedgerError, Resumed, job_digest};
 pub use wire::BlobShelf;
 pub use worker::{PipelineWorker, PipelineWorkerMsg, WorkerArgs, WorkerSettings, worker_args};

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use troupe_actors::NodeRuntime;
 use troupe_actors::pipeline::telemetry::DeviceModel;
 use troupe_actors::pipeline::{
-    BlobShelf, JobOutcome, PipelineJob, PipelineWorker, ShellSettings, StageFile, WorkerSettings, build_job,
-    run_pipeline_job, worker_args,
+    AcceptedJob, BlobShelf, JobOutcome, PipelineJob, PipelineWorker, ShellSettings, StageFile,
+    WorkerSettings, build_job, run_pipeline_job, worker_args,
 };
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::assets::{self, Assets};
@@ -101,6 +101,14 @@ pub struct JobParams {
     /// Telemetry period, ms.
     #[serde(default = "default_telemetry")]
     pub telemetry_ms: u64,
+    /// Where the outputs go: JSON lines, one row per input (see [`write_outputs`]).
+    #[serde(default)]
+    pub out: Option<PathBuf>,
+    /// The job's journal (default `.cache/pipeline/journal/NODE.journal`): its acceptance and
+    /// every answer, synced before they count, so a foreman node killed mid-job and started
+    /// again resumes the job. Removed once the outputs are written.
+    #[serde(default)]
+    pub journal: Option<PathBuf>,
 }
 
 fn default_mode() -> String {
@@ -251,8 +259,63 @@ pub fn load_job(stages: &[PathBuf], sentences: &[String], mode: Mode, bf16: bool
     Ok(build_job(files, tokenize(sentences)?, mode, bf16)?)
 }
 
+/// Writes a job's outputs as JSON lines: per input, in order, `{"input": i, "text": sentence,
+/// NAME: [elements...], ..., "shapes": {NAME: [dims...]}}` with one field per last-stage output
+/// (`pandas.read_json(path, lines=True)` reads it; numpy takes a column as an array).
+pub fn write_outputs(path: &Path, sentences: &[String], outputs: &[Vec<NamedTensor>]) -> Result<()> {
+    use std::io::Write;
+    let mut text = Vec::new();
+    for (i, (s, tensors)) in sentences.iter().zip(outputs).enumerate() {
+        let mut row = serde_json::Map::new();
+        row.insert("input".into(), i.into());
+        row.insert("text".into(), s.as_str().into());
+        let mut shapes = serde_json::Map::new();
+        for t in tensors {
+            let data: serde_json::Value = match &t.data {
+                troupe_kernels::onnx::TensorData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+                troupe_kernels::onnx::TensorData::I64(v) => v.iter().copied().collect(),
+            };
+            row.insert(t.name.clone(), data);
+            shapes.insert(t.name.clone(), t.shape.iter().copied().collect());
+        }
+        row.insert("shapes".into(), shapes.into());
+        serde_json::to_writer(&mut text, &row)?;
+        text.write_all(b"\n")?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Prints `pipeline: K of N inputs answered` every tenth answer while the job runs.
+fn print_progress(
+    total: usize,
+    stages: usize,
+    already: usize,
+) -> (tokio::sync::mpsc::UnboundedSender<troupe_actors::pipeline::Progress>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut answered = already;
+        while let Some(p) = rx.recv().await {
+            if let troupe_actors::pipeline::Progress::Done { task } = p
+                && task.stage + 1 == stages
+            {
+                answered += 1;
+                if answered.is_multiple_of(10) && answered < total {
+                    println!("pipeline: {answered} of {total} inputs answered");
+                }
+            }
+        }
+    });
+    (tx, task)
+}
+
 /// Runs the `pipeline` job on this (foreman) node and prints the results.
-pub async fn run_job(runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
+pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     let p: JobParams = params(&job.params).map_err(|(f, e)| anyhow!("job.{f}: {e}"))?;
     let mode = parse_mode(&p.mode).map_err(|e| anyhow!("job.params.mode: {e}"))?;
     let stages = if p.stages.is_empty() { minilm_stages()? } else { p.stages.clone() };
@@ -260,6 +323,21 @@ pub async fn run_job(runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig)
     let membership = runtime.subscribe_membership();
     let join_wait = Duration::from_secs(job.timeout_s.clamp(1, 60));
     let job = load_job(&stages, &sentences, mode, p.bf16)?;
+    let journal = p.journal.clone().unwrap_or_else(|| {
+        PathBuf::from(".cache/pipeline/journal").join(format!("{}.journal", ctx.config.name))
+    });
+    let (job, resumed) = AcceptedJob::open(job, Some(&journal))?;
+    if let Some(d) = &resumed.damage {
+        println!("pipeline: journal {}: {d}; that record was not replayed", journal.display());
+    }
+    if resumed.resumed {
+        println!(
+            "pipeline: resuming from journal {}: {} of {} inputs answered",
+            journal.display(),
+            resumed.answered,
+            sentences.len()
+        );
+    }
     let shelf = BlobShelf::default();
     runtime.link.set_blob_server(std::sync::Arc::new(shelf.clone()));
     let settings = ShellSettings {
@@ -268,9 +346,27 @@ pub async fn run_job(runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig)
         telemetry_period: Duration::from_millis(p.telemetry_ms),
         ..ShellSettings::default()
     };
+    let stage_count = stages.len();
+    let (progress, printer) = print_progress(sentences.len(), stage_count, resumed.answered);
     let outcome =
-        run_pipeline_job(&runtime.link, &runtime.services, &shelf, membership, job, settings, None).await?;
+        run_pipeline_job(&runtime.link, &runtime.services, &shelf, membership, job, settings, Some(progress))
+            .await;
+    printer.abort();
+    let outcome = outcome?;
     print!("{}", render_outcome(&sentences, &outcome));
+    if let Some(out) = &p.out {
+        write_outputs(out, &sentences, &outcome.outputs)?;
+    }
+    // The outputs are out: the journal has done its job, and a rerun starts afresh. It goes
+    // before the last line, so whoever waits for that line finds the job wholly finished.
+    if let Some(path) = &outcome.journal
+        && let Err(e) = std::fs::remove_file(path)
+    {
+        println!("pipeline: could not remove the finished job's journal {}: {e}", path.display());
+    }
+    if let Some(out) = &p.out {
+        println!("pipeline: results written to {}", out.display());
+    }
     Ok(())
 }
 
