@@ -167,12 +167,27 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
 
 /// Writes the configs of a topology into `workdir` and returns their paths.
 pub fn prepare(topology: &Topology, workdir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    prepare_with(topology, workdir, |_| None)
+}
+
+/// [`prepare`], with the roles of a node whose work runs in the launching process instead (such
+/// as a benchmark's in-process foreman): `roles(node)` overrides what the node's actors and job
+/// would give it. Every local cluster (`troupe up`, `pipeline submit`, the benches, the tests)
+/// gets its keys, ports and configs from here.
+pub fn prepare_with(
+    topology: &Topology,
+    workdir: &Path,
+    roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
+) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
     let nodes: Vec<(&str, RoleSet)> = topology
         .nodes
         .iter()
-        .map(|n| (n.name.as_str(), crate::workloads::roles_for(&n.actors, n.job.as_ref())))
+        .map(|n| {
+            let r = roles(n).unwrap_or_else(|| crate::workloads::roles_for(&n.actors, n.job.as_ref()));
+            (n.name.as_str(), r)
+        })
         .collect();
     ensure_keys(&keys, &topology.name, &nodes)?;
     let ports = free_ports(topology.nodes.len())?;
@@ -221,7 +236,7 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(reader: BufReader<R>, pre
 }
 
 /// Asks a child to stop (SIGINT, like ctrl-c), then kills it after a grace period.
-async fn stop_child(name: &str, child: &mut Child) {
+pub async fn stop_child(name: &str, child: &mut Child) {
     if let Some(pid) = child.id()
         && let Ok(pid) = i32::try_from(pid)
     {

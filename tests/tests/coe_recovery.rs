@@ -8,7 +8,8 @@
 //!   journal (a crash in the middle of a write), and the node is started again: the damage is
 //!   named, the job resumes from the journal and completes;
 //! - an executor node is killed and restarted: it is put back in service in the same job and
-//!   answers requests again.
+//!   answers requests again;
+//! - an executor node is killed for good: its queued and in-flight requests are reassigned.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -148,5 +149,21 @@ fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
         .unwrap_or_else(|| panic!("{log}"));
     let after: usize = line.split("; ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(after > 0, "the restored executor answered nothing: {line}");
+    assert_exactly_once(&out, &reference, &log);
+}
+
+#[test]
+fn an_executor_node_killed_for_good_has_its_work_reassigned_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (app, reference) = app_and_reference(tmp.path());
+    let out = tmp.path().join("out.txt");
+    let mut c = start(tmp.path(), &topology(&app, &out, 60.0, ""));
+    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
+    c.kill9("gpu-executor").unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let log = c.text();
+    assert!(done.is_some(), "the scheduler did not finish:\n{log}");
+    assert!(log.contains("lost executors [\"gpu0-standin-cpu\"]"), "the loss was not noticed:\n{log}");
     assert_exactly_once(&out, &reference, &log);
 }

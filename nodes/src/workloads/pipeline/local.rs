@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
@@ -16,10 +15,8 @@ use troupe_actors::pipeline::{
 };
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig, peak_resident_bytes};
 
-use crate::config::{
-    ActorConfig, MembershipSection, NodeConfig, PeerConfig, SupervisionSection, TransportSection,
-};
-use crate::up::{ensure_keys, free_ports};
+use crate::config::{ActorConfig, MembershipSection, NodeConfig};
+use crate::up::{Topology, TopologyNode, prepare_with, stop_child};
 
 /// Name of the foreman node.
 pub const FOREMAN: &str = "foreman";
@@ -71,55 +68,55 @@ fn membership() -> MembershipSection {
 }
 
 impl LocalCluster {
-    /// Starts the foreman node here and one `exe node` process per worker.
+    /// Starts the foreman node here and one `exe node` process per worker, with keys, ports and
+    /// configs from the launcher `troupe up` uses ([`prepare_with`]: a topology of the foreman
+    /// and the workers, the foreman holding the scheduler role).
     pub async fn start(exe: &Path, workdir: &Path, workers: &[WorkerSpec]) -> Result<Self> {
         std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
         let workdir = workdir.canonicalize()?;
-        let keys = workdir.join("keys");
-        use troupe_transport::{Role, RoleSet};
-        let mut names: Vec<(&str, RoleSet)> = vec![(FOREMAN, RoleSet::only(Role::Scheduler))];
-        names.extend(workers.iter().map(|w| (w.name.as_str(), RoleSet::only(Role::Worker))));
-        ensure_keys(&keys, "pipeline", &names)?;
-        let ports = free_ports(workers.len() + 1)?;
-        let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i]));
-        let base = |name: &str, i: usize| NodeConfig {
+        let node = |name: &str, actors: Vec<ActorConfig>| TopologyNode {
             name: name.to_owned(),
-            listen: addr(i),
-            keys: keys.clone(),
-            cookie: None,
-            security: Default::default(),
-            peers: Vec::new(),
-            membership: membership(),
-            supervision: SupervisionSection::default(),
-            transport: TransportSection::default(),
             devices: Vec::new(),
-            actors: Vec::new(),
+            actors,
             job: None,
             faults: Default::default(),
         };
-        let foreman = base(FOREMAN, 0);
-        let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman)?)
-            .await
-            .context("starting the foreman node")?;
-        let shelf = BlobShelf::default();
-        runtime.link.set_blob_server(Arc::new(shelf.clone()));
-        let mut children = Vec::new();
-        for (i, w) in workers.iter().enumerate() {
-            let mut cfg = base(&w.name, i + 1);
-            cfg.peers = vec![PeerConfig { name: FOREMAN.into(), addr: addr(0) }];
+        let mut nodes = vec![node(FOREMAN, Vec::new())];
+        for w in workers {
             let mut params = toml::Table::new();
             params.insert("ram_budget_mb".into(), toml::Value::Integer(i64::try_from(w.ram_budget_mb)?));
             params.insert("cpu_quota_pct".into(), toml::Value::Integer(i64::from(w.cpu_quota_pct)));
             params.insert("battery_pct".into(), toml::Value::Float(w.battery_pct));
             params.insert("enforce_ram_budget".into(), toml::Value::Boolean(w.enforce_ram_budget));
             params.insert("cache_dir".into(), toml::Value::String(w.cache_dir.display().to_string()));
-            cfg.actors = vec![ActorConfig { kind: "pipeline-worker".into(), name: None, params }];
-            cfg.validate().map_err(|(f, p)| anyhow::anyhow!("worker {}: {f}: {p}", w.name))?;
-            let path = workdir.join(format!("{}.toml", w.name));
-            std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;
-            let child = spawn_worker(exe, &path, &workdir.join(format!("{}.log", w.name)), false)
-                .with_context(|| format!("starting worker {}", w.name))?;
-            children.push((w.name.clone(), child));
+            nodes.push(node(
+                &w.name,
+                vec![ActorConfig { kind: "pipeline-worker".into(), name: None, params }],
+            ));
+        }
+        let topology = Topology {
+            name: "pipeline".into(),
+            membership: membership(),
+            supervision: Default::default(),
+            transport: Default::default(),
+            prepare: Vec::new(),
+            nodes,
+        };
+        let configs = prepare_with(&topology, &workdir, |n| {
+            (n.name == FOREMAN).then_some(troupe_transport::RoleSet::only(troupe_transport::Role::Scheduler))
+        })?;
+        let (_, foreman_path) = configs.first().context("the foreman's config")?;
+        let foreman = NodeConfig::load(foreman_path)?;
+        let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman)?)
+            .await
+            .context("starting the foreman node")?;
+        let shelf = BlobShelf::default();
+        runtime.link.set_blob_server(Arc::new(shelf.clone()));
+        let mut children = Vec::new();
+        for (name, path) in configs.iter().skip(1) {
+            let child = spawn_worker(exe, path, &workdir.join(format!("{name}.log")), false)
+                .with_context(|| format!("starting worker {name}"))?;
+            children.push((name.clone(), child));
         }
         Ok(LocalCluster {
             runtime,
@@ -205,18 +202,8 @@ impl LocalCluster {
             let named = r.drain(..).map(|c| ("restarted".to_string(), c));
             self.children.extend(named);
         }
-        for (_, child) in &mut self.children {
-            if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-                // SAFETY: signalling a child process we own; no memory is touched.
-                unsafe {
-                    libc::kill(pid, libc::SIGINT);
-                }
-            }
-        }
-        for (_, child) in &mut self.children {
-            if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
-                let _ = child.kill().await;
-            }
+        for (name, child) in &mut self.children {
+            stop_child(name, child).await;
         }
         self.runtime.shutdown().await;
     }
