@@ -35,7 +35,7 @@ use rkyv::bytecheck::CheckBytes;
 use rkyv::rancor;
 use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
-use tokio::sync::{Semaphore, broadcast, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, oneshot};
 use tracing::{debug, warn};
 use troupe_transport::service::{
     self, Envelope, Fault, FaultKind, Outcome, Request, Response, ServiceLimits, ServiceWireError,
@@ -48,6 +48,8 @@ pub const DIRECTORY: &str = "troupe-directory";
 const ANNOUNCE: &str = "announce";
 /// Most service names one announcement may carry.
 pub const MAX_ANNOUNCED: usize = 256;
+/// Most Busy answers one node sends at once (see `Inner::busy_replies`).
+const MAX_BUSY_REPLIES: usize = 64;
 /// How long an announcement may take before it is given up (it is repeated on the next join).
 const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -113,13 +115,21 @@ pub struct ServiceConfig {
     pub max_outstanding: usize,
     /// Calls from peers this node runs at once (further ones are answered [`FaultKind::Busy`]).
     pub max_inbound: usize,
+    /// Calls from one peer this node runs at once, so one peer cannot take every slot of
+    /// `max_inbound` from the others (further ones are answered [`FaultKind::Busy`]).
+    pub max_inbound_per_peer: usize,
     /// Cap on each envelope decoded.
     pub limits: ServiceLimits,
 }
 
 impl Default for ServiceConfig {
     fn default() -> Self {
-        Self { max_outstanding: 1024, max_inbound: 256, limits: ServiceLimits::default() }
+        Self {
+            max_outstanding: 1024,
+            max_inbound: 256,
+            max_inbound_per_peer: 64,
+            limits: ServiceLimits::default(),
+        }
     }
 }
 
@@ -220,6 +230,12 @@ struct Inner {
     next_id: AtomicU64,
     outstanding: Arc<Semaphore>,
     inbound: Arc<Semaphore>,
+    /// Per peer, its share of `inbound` (dropped when it leaves).
+    inbound_per_peer: DashMap<NodeId, Arc<Semaphore>>,
+    /// Busy answers being sent at once; past it a refused request is dropped unanswered (its
+    /// caller times out), so a peer that floods requests and reads no answers cannot make this
+    /// node hold a task per request.
+    busy_replies: Arc<Semaphore>,
     directory: DashMap<NodeId, Vec<String>>,
     announcements: broadcast::Sender<NodeId>,
 }
@@ -250,6 +266,8 @@ impl Services {
                 next_id: AtomicU64::new(1),
                 outstanding: Arc::new(Semaphore::new(config.max_outstanding)),
                 inbound: Arc::new(Semaphore::new(config.max_inbound)),
+                inbound_per_peer: DashMap::new(),
+                busy_replies: Arc::new(Semaphore::new(MAX_BUSY_REPLIES)),
                 directory: DashMap::new(),
                 announcements,
             }),
@@ -308,6 +326,7 @@ impl Services {
     /// A peer's connection ended: its pending calls fail now, its announcements are forgotten.
     pub fn peer_left(&self, peer: &NodeId, reason: &str) {
         self.inner.directory.remove(peer);
+        self.inner.inbound_per_peer.remove(peer);
         let ids: Vec<u64> =
             self.inner.pending.iter().filter(|e| &e.value().peer == peer).map(|e| *e.key()).collect();
         for id in ids {
@@ -399,20 +418,48 @@ impl Services {
         }
     }
 
+    /// Takes a slot for one call from `from`: its own share first, then the node's; the reason
+    /// when either is full.
+    fn admit(&self, from: &NodeId) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), String> {
+        let cfg = &self.inner.config;
+        let share = self
+            .inner
+            .inbound_per_peer
+            .entry(from.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(cfg.max_inbound_per_peer)))
+            .clone();
+        let mine = share.try_acquire_owned().map_err(|_| {
+            format!(
+                "{} calls from {from} in progress, the most this node runs for one peer",
+                cfg.max_inbound_per_peer
+            )
+        })?;
+        let node =
+            self.inner.inbound.clone().try_acquire_owned().map_err(|_| {
+                format!("{} calls in progress, the most this node runs at once", cfg.max_inbound)
+            })?;
+        Ok((mine, node))
+    }
+
     fn serve(&self, from: NodeId, req: Request) {
         let this = self.clone();
-        let permit = self.inner.inbound.clone().try_acquire_owned();
+        let permit = self.admit(&from);
+        let busy_slot = if permit.is_err() {
+            match self.inner.busy_replies.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    return debug!(peer = %from, service = %req.service, "busy, and too many busy answers in flight: request dropped");
+                }
+            }
+        } else {
+            None
+        };
         tokio::spawn(async move {
+            let _busy_slot = busy_slot;
             let Request { id, service, method, body } = req;
             let reply = match permit {
-                Err(_) => Err((
-                    FaultKind::Busy,
-                    format!(
-                        "{} calls in progress, the most this node runs at once",
-                        this.inner.config.max_inbound
-                    ),
-                )),
-                Ok(_permit) => this.run(&from, &service, &method, body).await,
+                Err(why) => Err((FaultKind::Busy, why)),
+                Ok(_permits) => this.run(&from, &service, &method, body).await,
             };
             let outcome = match reply {
                 Ok(b) => Outcome::Ok(b),

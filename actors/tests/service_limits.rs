@@ -94,3 +94,49 @@ async fn outstanding_and_concurrent_calls_are_bounded_and_named() {
     assert!(e.is_lost());
     release_tx.send(()).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_the_call_slots_of_the_others() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let config = ServiceConfig { max_inbound: 8, max_inbound_per_peer: 1, ..Default::default() };
+    let (server_link, server) = node(&ca, "server", config).await;
+    let mut events = server_link.events().unwrap();
+    let (started_tx, mut started) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (release_tx, release) = mpsc::unbounded_channel::<()>();
+    let release = Arc::new(Mutex::new(release));
+    let handler: Handler = Arc::new(move |_caller, _method, body| {
+        let (started, release) = (started_tx.clone(), release.clone());
+        Box::pin(async move {
+            let _ = started.send(body.clone());
+            release.lock().await.recv().await;
+            Ok(body)
+        })
+    });
+    server.register("slow", ServiceSpec::new().method("wait", Allow::AnyMember), handler);
+    let addr = server_link.local_addr().unwrap();
+    let server_id = NodeId::new("server");
+    let (a_link, a) = node(&ca, "greedy", ServiceConfig::default()).await;
+    a_link.connect(addr, &server_id).await.unwrap();
+    joined(&mut events, "greedy").await;
+    let (b_link, b) = node(&ca, "polite", ServiceConfig::default()).await;
+    b_link.connect(addr, &server_id).await.unwrap();
+    joined(&mut events, "polite").await;
+
+    let call = |s: &Services, body: &'static [u8]| {
+        let (s, id) = (s.clone(), server_id.clone());
+        tokio::spawn(async move { s.call(&id, "slow", "wait", body.to_vec(), Duration::from_secs(30)).await })
+    };
+    let greedy_first = call(&a, b"greedy-1");
+    assert_eq!(started.recv().await.unwrap(), b"greedy-1".to_vec());
+    // the greedy peer's second call is refused by its own share, naming the peer
+    let e = a.call(&server_id, "slow", "wait", vec![], Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(e.fault(), Some(FaultKind::Busy), "{e}");
+    assert!(e.to_string().contains("calls from greedy"), "{e}");
+    // the other peer is still served while the greedy one holds its slot
+    let polite = call(&b, b"polite-1");
+    assert_eq!(started.recv().await.unwrap(), b"polite-1".to_vec());
+    release_tx.send(()).unwrap();
+    release_tx.send(()).unwrap();
+    assert_eq!(greedy_first.await.unwrap().unwrap(), b"greedy-1".to_vec());
+    assert_eq!(polite.await.unwrap().unwrap(), b"polite-1".to_vec());
+}
