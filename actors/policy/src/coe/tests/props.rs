@@ -59,11 +59,10 @@ proptest! {
     fn manager_never_exceeds_budget_nor_evicts_pinned(
         sizes in prop::array::uniform8(10u64..=40),
         budget in 40u64..=120,
-        two_stage in any::<bool>(),
+        policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..80),
     ) {
         let model = small_model(&sizes);
-        let policy = if two_stage { EvictionPolicy::TwoStage } else { EvictionPolicy::Lru };
         let mut m = ExpertManager::new(budget, policy);
         let mut pins = [0u32; 8];
         for op in ops {
