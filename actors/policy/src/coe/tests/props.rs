@@ -214,7 +214,7 @@ proptest! {
         let profile = random_profile(&mut rng, largest, total);
         let latency = LatencyModel::from_profile(&profile).unwrap();
         let mut outputs = None;
-        for config in SchedulerConfig::combinations() {
+        for config in SchedulerConfig::all() {
             let config = SchedulerConfig { window_tasks: window, ..config };
             let report = simulate(&trace, &latency, config, &SimOptions::default());
             let report = match report {
@@ -262,7 +262,7 @@ proptest! {
         let clean = simulate(&trace, &latency, SchedulerConfig::ours(), &SimOptions::default()).unwrap();
         // Executor 0 holds every expert, so losing executor 1 strands nothing.
         let fault = ExecutorFault { executor: 1, at: Micros(at), back_after: back_after.map(Micros) };
-        for config in SchedulerConfig::combinations() {
+        for config in SchedulerConfig::all() {
             let options = SimOptions { fault: Some(fault), ..SimOptions::default() };
             let report = match simulate(&trace, &latency, config, &options) {
                 Ok(r) => r,
