@@ -8,7 +8,7 @@ use clap::Subcommand;
 use troupe_actors::coe::app::{self, App, Scale};
 use troupe_actors::coe::profiler;
 use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
-use troupe_policy::coe::{LatencyModel, Profile, SchedulerConfig};
+use troupe_policy::coe::{EvictionPolicy, LatencyModel, Profile, SchedulerConfig};
 
 /// `troupe coe ...`.
 #[derive(Subcommand, Debug)]
@@ -51,9 +51,13 @@ pub enum CoeCommand {
         /// Profile file (default DIR/profile.txt).
         #[arg(long)]
         profile: Option<PathBuf>,
-        /// `ours`, `fcfs+lru`, `sched-only` or `evict-only`.
+        /// `ours`, `fcfs+lru`, `sched-only`, `evict-only`, `paper-two-stage` or `fcfs+two-stage`.
         #[arg(long, default_value = "ours")]
         policy: String,
+        /// Eviction: `two-stage` (the paper's two stages), `two-stage+lookahead` (also keeps what
+        /// queued work needs) or `lru`. Replaces the policy's own (ours: two-stage+lookahead).
+        #[arg(long)]
+        eviction: Option<EvictionPolicy>,
         /// Write `request <id> digest <hex>` lines here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -74,10 +78,16 @@ pub fn scale(name: &str) -> Result<Scale> {
 
 /// Parse a policy label.
 pub fn policy(label: &str) -> Result<SchedulerConfig> {
-    SchedulerConfig::combinations()
-        .into_iter()
-        .find(|c| c.label() == label)
-        .with_context(|| format!("unknown policy {label:?} (use ours, fcfs+lru, sched-only, evict-only)"))
+    SchedulerConfig::all().into_iter().find(|c| c.label() == label).with_context(|| {
+        let names: Vec<&str> = SchedulerConfig::all().iter().map(|c| c.label()).collect();
+        format!("unknown policy {label:?} (use {})", names.join(", "))
+    })
+}
+
+/// The policy `label` with its eviction replaced by `eviction` when given.
+pub fn config(label: &str, eviction: Option<EvictionPolicy>) -> Result<SchedulerConfig> {
+    let config = policy(label)?;
+    Ok(eviction.map_or(config, |e| config.with_eviction(e)))
 }
 
 /// The app folder: `dir` or the scale's default.
@@ -132,7 +142,7 @@ pub fn profile_app(dir: &Path, out: &Path) -> Result<Profile> {
 /// One line describing a real run.
 pub fn run_line(r: &RunReport) -> String {
     format!(
-        "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms",
+        "{:<15} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms",
         r.label,
         r.throughput_rps,
         r.loads,
@@ -161,9 +171,9 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let out = out.unwrap_or_else(|| dir.join("profile.txt"));
             profile_app(&dir, &out).map(|_| ())
         }
-        CoeCommand::Run { scale: s, dir, trace, profile, policy: p, out, requests, simulate } => {
+        CoeCommand::Run { scale: s, dir, trace, profile, policy: p, eviction, out, requests, simulate } => {
             let dir = app_dir(scale(&s)?, dir);
-            let config = policy(&p)?;
+            let config = config(&p, eviction)?;
             let mut app = App::open(&dir, trace.as_deref())?;
             if let Some(n) = requests {
                 app.trace.requests.truncate(n);
@@ -183,7 +193,7 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             if simulate {
                 let sim = troupe_policy::coe::simulate(&app.trace, &latency, config, &Default::default())?;
                 println!(
-                    "{:<10} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  [simulated, profiled latencies]",
+                    "{:<15} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  [simulated, profiled latencies]",
                     sim.label,
                     sim.throughput_rps,
                     sim.loads,
@@ -221,6 +231,10 @@ pub struct CoeJob {
     /// Policy label (default `ours`).
     #[serde(default = "default_policy")]
     pub policy: String,
+    /// Eviction policy name (`two-stage`, `two-stage+lookahead` or `lru`) replacing the policy's
+    /// own; absent keeps it (ours: `two-stage+lookahead`).
+    #[serde(default)]
+    pub eviction: Option<String>,
     /// Trace arrival times are multiplied by this.
     #[serde(default = "default_scale")]
     pub arrival_scale: f64,
@@ -234,6 +248,18 @@ pub struct CoeJob {
     /// so a restarted node resumes the job. Removed once the results are written.
     #[serde(default)]
     pub journal: Option<String>,
+}
+
+impl CoeJob {
+    /// The eviction override, parsed.
+    pub fn eviction(&self) -> Result<Option<EvictionPolicy>, troupe_policy::coe::UnknownEvictionPolicy> {
+        self.eviction.as_deref().map(str::parse).transpose()
+    }
+
+    /// The scheduler configuration these params name.
+    pub fn config(&self) -> Result<SchedulerConfig> {
+        config(&self.policy, self.eviction()?)
+    }
 }
 
 fn default_policy() -> String {
@@ -258,6 +284,7 @@ pub fn validate_actor(a: &crate::config::ActorConfig) -> Result<(), (String, Str
 pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)> {
     let p: CoeJob = super::params(&j.params)?;
     policy(&p.policy).map_err(|e| ("params.policy".to_string(), e.to_string()))?;
+    p.eviction().map_err(|e| ("params.eviction".to_string(), e.to_string()))?;
     if !(p.arrival_scale.is_finite() && p.arrival_scale >= 0.0) {
         return Err(("params.arrival_scale".into(), "must be a finite number >= 0".into()));
     }
@@ -297,7 +324,7 @@ pub async fn run_job(
     use troupe_policy::MembershipEvent;
 
     let p: CoeJob = super::params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
-    let config = policy(&p.policy)?;
+    let config = p.config()?;
     let dir = PathBuf::from(&p.dir);
     let (app, latency) = {
         let dir = dir.clone();
@@ -459,4 +486,74 @@ fn connect_executor(
     };
     let generation = shared.install_link(exec, sender);
     shared.forward_events(exec, generation, rx);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use troupe_policy::coe::{EvictionPolicy, SchedulerConfig};
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn run_args(extra: &[&str]) -> Result<CoeCommand, clap::Error> {
+        let args = ["troupe", "coe", "run"].iter().chain(extra);
+        Cli::try_parse_from(args).map(|cli| match cli.command {
+            Command::Coe { command } => command,
+            other => panic!("parsed as {other:?}"),
+        })
+    }
+
+    fn eviction_of(cmd: CoeCommand) -> Option<EvictionPolicy> {
+        match cmd {
+            CoeCommand::Run { eviction, .. } => eviction,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn eviction_flag_takes_each_name_and_refuses_others_naming_the_valid_ones() {
+        assert_eq!(eviction_of(run_args(&[]).unwrap()), None);
+        for p in EvictionPolicy::ALL {
+            assert_eq!(eviction_of(run_args(&["--eviction", p.name()]).unwrap()), Some(p));
+        }
+        let e = run_args(&["--eviction", "fifo"]).unwrap_err().to_string();
+        assert!(e.contains("fifo"), "{e}");
+        for name in ["two-stage", "two-stage+lookahead", "lru"] {
+            assert!(e.contains(name), "{e:?} does not name {name}");
+        }
+    }
+
+    #[test]
+    fn eviction_replaces_the_policy_s_own_and_defaults_to_lookahead_for_ours() {
+        assert_eq!(config("ours", None).unwrap().eviction, EvictionPolicy::TwoStageLookahead);
+        let paper = config("ours", Some(EvictionPolicy::TwoStage)).unwrap();
+        assert_eq!(paper, SchedulerConfig::paper_two_stage());
+        assert_eq!(paper.label(), "paper-two-stage");
+        assert_eq!(config("fcfs+lru", None).unwrap(), SchedulerConfig::fcfs_lru());
+        assert_eq!(config("paper-two-stage", None).unwrap(), SchedulerConfig::paper_two_stage());
+        let e = policy("best").unwrap_err().to_string();
+        assert!(e.contains("paper-two-stage") && e.contains("fcfs+lru"), "{e}");
+    }
+
+    fn job_with(params: &str) -> crate::config::JobConfig {
+        crate::config::JobConfig {
+            kind: "coe".into(),
+            timeout_s: 60,
+            params: toml::from_str(params).unwrap(),
+        }
+    }
+
+    #[test]
+    fn job_params_take_an_eviction_name_and_refuse_unknown_ones() {
+        assert!(validate_job(&job_with("dir = \"d\"")).is_ok());
+        assert!(validate_job(&job_with("dir = \"d\"\neviction = \"two-stage\"")).is_ok());
+        let (f, e) = validate_job(&job_with("dir = \"d\"\neviction = \"mru\"")).unwrap_err();
+        assert_eq!(f, "params.eviction", "{e}");
+        assert!(e.contains("two-stage+lookahead") && e.contains("lru"), "{e}");
+        let p: CoeJob = super::super::params(&job_with("dir = \"d\"\neviction = \"lru\"").params).unwrap();
+        assert_eq!(p.config().unwrap(), SchedulerConfig::scheduling_only());
+        let p: CoeJob = super::super::params(&job_with("dir = \"d\"").params).unwrap();
+        assert_eq!(p.config().unwrap(), SchedulerConfig::ours());
+    }
 }

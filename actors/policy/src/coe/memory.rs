@@ -1,14 +1,16 @@
 //! Expert residency on one executor under a byte budget, and which experts to evict.
 //!
 //! [`ExpertManager`] tracks what is resident, how many batches pin each expert (a pinned expert is
-//! loading or executing and is never evicted), and picks eviction victims by one of two policies:
+//! loading or executing and is never evicted), and picks eviction victims by one of three
+//! policies ([`EvictionPolicy`]):
 //!
-//! - **Two-stage** (CoServe's dependency-aware management): stage 1 evicts subsequent experts
-//!   whose preliminary expert is not resident (they cannot run soon); stage 2 evicts the rest in
-//!   ascending usage probability. When the caller also says which experts queued work still needs
-//!   ([`EvictionContext::next_use`]), experts with queued work are kept until last and then evicted
-//!   farthest-next-use first; without that hint the policy is exactly the paper's two stages.
-//! - **LRU** (the Samba-CoE baseline): least recently used first.
+//! - **Two-stage** (CoServe's dependency-aware management, as the paper describes it): stage 1
+//!   evicts subsequent experts whose preliminary expert is not resident (they cannot run soon);
+//!   stage 2 evicts the rest in ascending usage probability. Queue hints are ignored.
+//! - **Two-stage with lookahead** (ours): the same two stages, except that experts queued work
+//!   still needs ([`EvictionContext::next_use`]) are kept until last and then evicted
+//!   farthest-next-use first. Without hints it decides exactly as the plain two stages.
+//! - **LRU** (the Samba-CoE baseline): least recently used first; stages and hints are ignored.
 //!
 //! [`belady_min_loads`] replays a served order under Belady's MIN, the yardstick for load counts.
 
@@ -19,19 +21,57 @@ use super::model::{CoeModel, ExpertId};
 /// How victims are chosen when room is needed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictionPolicy {
-    /// Dependency-aware two-stage eviction (ours).
+    /// The paper's dependency-aware two-stage eviction alone: stranded subsequent experts first,
+    /// then ascending usage probability. Ignores what queued work needs.
     TwoStage,
+    /// Two-stage eviction that also looks ahead in the queue: experts queued work needs are kept
+    /// to the last, farthest next use first among them (ours).
+    TwoStageLookahead,
     /// Least recently used (baseline).
     Lru,
 }
 
 impl EvictionPolicy {
-    /// Short name for reports and golden files.
+    /// Every policy, in the order error messages list them.
+    pub const ALL: [EvictionPolicy; 3] =
+        [EvictionPolicy::TwoStage, EvictionPolicy::TwoStageLookahead, EvictionPolicy::Lru];
+
+    /// Short name for reports, golden files and the command line.
     pub fn name(self) -> &'static str {
         match self {
             EvictionPolicy::TwoStage => "two-stage",
+            EvictionPolicy::TwoStageLookahead => "two-stage+lookahead",
             EvictionPolicy::Lru => "lru",
         }
+    }
+
+    /// Whether victims are ranked with the queue's hints ([`EvictionContext::next_use`]); the
+    /// scheduler skips computing them otherwise.
+    pub fn uses_queue_hints(self) -> bool {
+        self == EvictionPolicy::TwoStageLookahead
+    }
+}
+
+impl std::fmt::Display for EvictionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not an [`EvictionPolicy`]; the message lists the valid ones.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown eviction policy {0:?} (use two-stage, two-stage+lookahead or lru)")]
+pub struct UnknownEvictionPolicy(pub String);
+
+impl std::str::FromStr for EvictionPolicy {
+    type Err = UnknownEvictionPolicy;
+
+    /// Parses a [`EvictionPolicy::name`] exactly.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EvictionPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownEvictionPolicy(s.to_string()))
     }
 }
 
@@ -72,14 +112,14 @@ pub enum MemoryError {
     NotPinned(ExpertId),
 }
 
-/// What the two-stage policy may consult when ranking victims.
+/// What the two-stage policies may consult when ranking victims.
 pub struct EvictionContext<'a> {
     /// The application model (kinds, preliminaries, usage probabilities).
     pub model: &'a CoeModel,
     /// Whether an expert is resident (anywhere the caller considers close enough to run soon).
     pub is_resident: &'a dyn Fn(ExpertId) -> bool,
     /// Position of an expert's next queued use (smaller = sooner), `None` when no queued work
-    /// needs it. Return `None` always for the paper's plain two stages.
+    /// needs it. Only [`EvictionPolicy::TwoStageLookahead`] consults it.
     pub next_use: &'a dyn Fn(ExpertId) -> Option<u64>,
 }
 
@@ -185,10 +225,11 @@ impl ExpertManager {
     fn victim_key(&self, id: ExpertId, slot: &Slot, ctx: &EvictionContext<'_>) -> VictimKey {
         match self.policy {
             EvictionPolicy::Lru => VictimKey { stage: 0, primary: slot.last_use, prob_bits: 0 },
-            EvictionPolicy::TwoStage => {
+            EvictionPolicy::TwoStage | EvictionPolicy::TwoStageLookahead => {
                 let expert = ctx.model.expert(id);
                 let usage = expert.map_or(0.0, |e| e.usage_prob);
-                match (ctx.next_use)(id) {
+                let next_use = if self.policy.uses_queue_hints() { (ctx.next_use)(id) } else { None };
+                match next_use {
                     // Needed by queued work: keep to the last, then farthest next use first.
                     Some(pos) => VictimKey { stage: 3, primary: u64::MAX - pos, prob_bits: usage.to_bits() },
                     None => {
@@ -392,6 +433,58 @@ mod tests {
         m.admit(ExpertId(1), 10).unwrap();
         // Now e0 .6, e3 .06, e1 .4 resident; nobody stranded: lowest usage (e3) goes.
         assert_eq!(plan(&m, &model, 2).unwrap(), vec![ExpertId(3)]);
+    }
+
+    /// The victim `policy` picks to make room for e2 with e0, e4 (stranded) and e3 resident,
+    /// admitted in that order, and queued work needing the experts in `queued` at those positions.
+    fn victim(policy: EvictionPolicy, queued: &[(u32, u64)]) -> Vec<ExpertId> {
+        let model = model();
+        let mut m = ExpertManager::new(30, policy);
+        for e in [0, 4, 3] {
+            m.admit(ExpertId(e), 10).unwrap();
+        }
+        let resident = |x: ExpertId| m.is_resident(x);
+        let next_use = |x: ExpertId| queued.iter().find(|q| q.0 == x.0).map(|q| q.1);
+        let ctx = EvictionContext { model: &model, is_resident: &resident, next_use: &next_use };
+        m.plan_eviction(ExpertId(2), 10, &ctx).unwrap()
+    }
+
+    #[test]
+    fn lookahead_keeps_what_queued_work_needs_where_plain_two_stage_evicts_it() {
+        // Queued work needs the stranded e4 next.
+        let queued = [(4, 0)];
+        assert_eq!(victim(EvictionPolicy::TwoStage, &queued), vec![ExpertId(4)]);
+        // Lookahead keeps e4; of the rest, e3 has the lowest usage (.06 < .6).
+        assert_eq!(victim(EvictionPolicy::TwoStageLookahead, &queued), vec![ExpertId(3)]);
+        // LRU ignores stages, probabilities and hints: e0, the oldest, goes although it is the
+        // root with the highest usage.
+        assert_eq!(victim(EvictionPolicy::Lru, &queued), vec![ExpertId(0)]);
+    }
+
+    #[test]
+    fn lookahead_without_hints_decides_as_plain_two_stage() {
+        assert_eq!(victim(EvictionPolicy::TwoStageLookahead, &[]), vec![ExpertId(4)]);
+        assert_eq!(victim(EvictionPolicy::TwoStage, &[]), vec![ExpertId(4)]);
+    }
+
+    #[test]
+    fn lookahead_evicts_the_farthest_next_use_when_everything_is_needed() {
+        let queued = [(0, 5), (3, 2), (4, 0)];
+        assert_eq!(victim(EvictionPolicy::TwoStageLookahead, &queued), vec![ExpertId(0)]);
+        assert_eq!(victim(EvictionPolicy::TwoStage, &queued), vec![ExpertId(4)]);
+    }
+
+    #[test]
+    fn policy_names_round_trip_and_unknown_names_list_the_valid_ones() {
+        for p in EvictionPolicy::ALL {
+            assert_eq!(p.name().parse::<EvictionPolicy>(), Ok(p));
+        }
+        let err = "fifo".parse::<EvictionPolicy>().unwrap_err().to_string();
+        for p in EvictionPolicy::ALL {
+            assert!(err.contains(p.name()), "{err:?} does not name {}", p.name());
+        }
+        assert!(err.contains("\"fifo\""), "{err:?}");
+        assert!("Two-Stage".parse::<EvictionPolicy>().is_err(), "names are exact");
     }
 
     #[test]

@@ -28,7 +28,9 @@ pub mod trace;
 mod tests;
 
 pub use latency::LatencyModel;
-pub use memory::{EvictionContext, EvictionPolicy, ExpertManager, MemoryError, belady_min_loads};
+pub use memory::{
+    EvictionContext, EvictionPolicy, ExpertManager, MemoryError, UnknownEvictionPolicy, belady_min_loads,
+};
 pub use model::{CoeModel, Expert, ExpertId, ExpertKind, ExpertSpec, ModelError, Request, RequestId, Tier};
 pub use profile::{
     ExecutorKind, ExecutorProfile, LatencyPoint, MemorySplit, Profile, ProfileError, SizeClass,

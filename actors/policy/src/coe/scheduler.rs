@@ -180,23 +180,25 @@ pub struct SchedulerConfig {
     /// opened within the last `window_tasks` tasks queued on that executor (so no task is
     /// overtaken by more than this many later ones per group ahead of it).
     pub window_tasks: u64,
-    /// Whether two-stage eviction may keep experts that queued work still needs (the scheduler
-    /// knows its queue). Off gives the paper's plain two stages.
-    pub queue_aware_eviction: bool,
 }
 
 impl SchedulerConfig {
     /// Default reordering window, in tasks.
     pub const DEFAULT_WINDOW: u64 = 16_384;
 
-    /// Ours: dependency-aware scheduling and two-stage eviction.
+    /// Ours: dependency-aware scheduling and two-stage eviction with queue lookahead.
     pub fn ours() -> Self {
         SchedulerConfig {
             scheduling: Scheduling::DependencyAware,
-            eviction: EvictionPolicy::TwoStage,
+            eviction: EvictionPolicy::TwoStageLookahead,
             window_tasks: Self::DEFAULT_WINDOW,
-            queue_aware_eviction: true,
         }
+    }
+
+    /// The paper's combination: dependency-aware scheduling and the plain two stages (no queue
+    /// lookahead in eviction).
+    pub fn paper_two_stage() -> Self {
+        SchedulerConfig { eviction: EvictionPolicy::TwoStage, ..Self::ours() }
     }
 
     /// The Samba-CoE baseline: FCFS and LRU.
@@ -209,23 +211,44 @@ impl SchedulerConfig {
         SchedulerConfig { eviction: EvictionPolicy::Lru, ..Self::ours() }
     }
 
-    /// Ablation: FCFS scheduling with our eviction.
+    /// Ablation: FCFS scheduling with our eviction (two stages with lookahead in the FCFS queue).
     pub fn eviction_only() -> Self {
         SchedulerConfig { scheduling: Scheduling::Fcfs, ..Self::ours() }
     }
 
-    /// The four combinations a benchmark compares, baseline first.
+    /// The four combinations the ablation compares, baseline first, ours last.
     pub fn combinations() -> [SchedulerConfig; 4] {
         [Self::fcfs_lru(), Self::scheduling_only(), Self::eviction_only(), Self::ours()]
     }
 
-    /// Short label: `ours`, `fcfs+lru`, `sched-only`, `evict-only`.
+    /// Every scheduling and eviction pair (each has its own [`label`](Self::label)).
+    pub fn all() -> [SchedulerConfig; 6] {
+        let fcfs = |eviction| SchedulerConfig { eviction, ..Self::fcfs_lru() };
+        [
+            Self::fcfs_lru(),
+            Self::scheduling_only(),
+            Self::eviction_only(),
+            Self::ours(),
+            Self::paper_two_stage(),
+            fcfs(EvictionPolicy::TwoStage),
+        ]
+    }
+
+    /// This combination with another eviction policy (its label changes with it).
+    pub fn with_eviction(self, eviction: EvictionPolicy) -> Self {
+        SchedulerConfig { eviction, ..self }
+    }
+
+    /// Short label: `ours`, `fcfs+lru`, `sched-only`, `evict-only`, `paper-two-stage` (our
+    /// scheduling, the paper's plain two stages) or `fcfs+two-stage`.
     pub fn label(&self) -> &'static str {
         match (self.scheduling, self.eviction) {
-            (Scheduling::DependencyAware, EvictionPolicy::TwoStage) => "ours",
+            (Scheduling::DependencyAware, EvictionPolicy::TwoStageLookahead) => "ours",
+            (Scheduling::DependencyAware, EvictionPolicy::TwoStage) => "paper-two-stage",
             (Scheduling::Fcfs, EvictionPolicy::Lru) => "fcfs+lru",
             (Scheduling::DependencyAware, EvictionPolicy::Lru) => "sched-only",
-            (Scheduling::Fcfs, EvictionPolicy::TwoStage) => "evict-only",
+            (Scheduling::Fcfs, EvictionPolicy::TwoStageLookahead) => "evict-only",
+            (Scheduling::Fcfs, EvictionPolicy::TwoStage) => "fcfs+two-stage",
         }
     }
 }
@@ -874,7 +897,7 @@ impl RequestScheduler {
     /// Where each expert is next needed by queued work on executor `e` (for eviction).
     fn next_uses(&self, e: usize) -> BTreeMap<ExpertId, u64> {
         let mut next = BTreeMap::new();
-        if !self.config.queue_aware_eviction || self.config.eviction != EvictionPolicy::TwoStage {
+        if !self.config.eviction.uses_queue_hints() {
             return next;
         }
         match self.config.scheduling {

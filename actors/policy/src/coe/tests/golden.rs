@@ -144,10 +144,7 @@ impl EvictionScript {
                 vec![]
             }
             "manager" => {
-                let policy = match tokens[4] {
-                    "two-stage" => EvictionPolicy::TwoStage,
-                    _ => EvictionPolicy::Lru,
-                };
+                let policy: EvictionPolicy = tokens[4].parse().unwrap_or_else(|e| panic!("{e}"));
                 self.model = Some(CoeModel::new(self.specs.clone()).unwrap());
                 self.manager = Some(ExpertManager::new(tokens[2].parse().unwrap(), policy));
                 vec![]
@@ -295,4 +292,14 @@ fn golden_eviction_lru() {
 fn golden_belady() {
     let r = run_eviction_file("belady.txt");
     assert_eq!(r.last().unwrap().1[0], "loads: belady 7, lru 12");
+}
+
+#[test]
+fn golden_eviction_policies_differ() {
+    let r = run_eviction_file("eviction_policies.txt");
+    // Same residents, same queue hint (e4 next), one victim each.
+    assert_eq!(output_of(&r, "load e2", 0)[0], "evict e4", "two-stage: the stranded expert");
+    assert_eq!(output_of(&r, "load e2", 1)[0], "evict e3", "lookahead: keeps e4 for queued work");
+    assert_eq!(output_of(&r, "load e2", 2)[0], "evict e4", "lookahead without hints = two-stage");
+    assert_eq!(output_of(&r, "load e2", 3)[0], "evict e0", "lru: the oldest, a root");
 }

@@ -59,11 +59,10 @@ proptest! {
     fn manager_never_exceeds_budget_nor_evicts_pinned(
         sizes in prop::array::uniform8(10u64..=40),
         budget in 40u64..=120,
-        two_stage in any::<bool>(),
+        policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..80),
     ) {
         let model = small_model(&sizes);
-        let policy = if two_stage { EvictionPolicy::TwoStage } else { EvictionPolicy::Lru };
         let mut m = ExpertManager::new(budget, policy);
         let mut pins = [0u32; 8];
         for op in ops {
@@ -215,7 +214,7 @@ proptest! {
         let profile = random_profile(&mut rng, largest, total);
         let latency = LatencyModel::from_profile(&profile).unwrap();
         let mut outputs = None;
-        for config in SchedulerConfig::combinations() {
+        for config in SchedulerConfig::all() {
             let config = SchedulerConfig { window_tasks: window, ..config };
             let report = simulate(&trace, &latency, config, &SimOptions::default());
             let report = match report {
@@ -263,7 +262,7 @@ proptest! {
         let clean = simulate(&trace, &latency, SchedulerConfig::ours(), &SimOptions::default()).unwrap();
         // Executor 0 holds every expert, so losing executor 1 strands nothing.
         let fault = ExecutorFault { executor: 1, at: Micros(at), back_after: back_after.map(Micros) };
-        for config in SchedulerConfig::combinations() {
+        for config in SchedulerConfig::all() {
             let options = SimOptions { fault: Some(fault), ..SimOptions::default() };
             let report = match simulate(&trace, &latency, config, &options) {
                 Ok(r) => r,

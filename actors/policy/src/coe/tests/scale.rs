@@ -22,11 +22,10 @@ fn compare(
     let reports: Vec<SimReport> = SchedulerConfig::combinations()
         .iter()
         .map(|c| SchedulerConfig { window_tasks: window, ..*c })
-        .chain(with_plain_two_stage.then_some(SchedulerConfig {
-            window_tasks: window,
-            queue_aware_eviction: false,
-            ..SchedulerConfig::ours()
-        }))
+        .chain(
+            with_plain_two_stage
+                .then_some(SchedulerConfig { window_tasks: window, ..SchedulerConfig::paper_two_stage() }),
+        )
         .map(|c| simulate(&trace, &latency, c, &SimOptions::default()).unwrap())
         .collect();
     println!(
