@@ -313,6 +313,38 @@ impl Services {
         self.directory().into_iter().filter(|(_, s)| s.iter().any(|x| x == service)).map(|(n, _)| n).collect()
     }
 
+    /// Every announced service whose name starts with `prefix`, as (peer, service), sorted by
+    /// peer name.
+    pub fn services_with_prefix(&self, prefix: &str) -> Vec<(NodeId, String)> {
+        self.directory()
+            .into_iter()
+            .flat_map(|(peer, names)| {
+                names.into_iter().filter(|n| n.starts_with(prefix)).map(move |n| (peer.clone(), n))
+            })
+            .collect()
+    }
+
+    /// Waits until `found` returns something, looking again at each service announcement (not
+    /// by polling); `None` once `timeout` has passed, after a last look. The one way a
+    /// scheduler waits for the actors it needs.
+    pub async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        mut found: impl FnMut(&Services) -> Option<T>,
+    ) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut announcements = self.subscribe_announcements();
+        loop {
+            if let Some(t) = found(self) {
+                return Some(t);
+            }
+            match tokio::time::timeout_at(deadline, announcements.recv()).await {
+                Ok(Ok(_) | Err(broadcast::error::RecvError::Lagged(_))) => {}
+                Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return found(self),
+            }
+        }
+    }
+
     /// Names of the peers that announce services, from now on (one event per announcement).
     pub fn subscribe_announcements(&self) -> broadcast::Receiver<NodeId> {
         self.inner.announcements.subscribe()

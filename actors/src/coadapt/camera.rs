@@ -114,18 +114,7 @@ fn observe(args: &CameraArgs) -> Result<Observed, String> {
 
 /// Finds a node serving the edge, waiting up to `timeout` (woken by service announcements).
 async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut announcements = services.subscribe_announcements();
-    loop {
-        if let Some(node) = services.providers(EDGE_SERVICE).into_iter().next() {
-            return Some(node);
-        }
-        if let Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) =
-            tokio::time::timeout_at(deadline, announcements.recv()).await
-        {
-            return services.providers(EDGE_SERVICE).into_iter().next();
-        }
-    }
+    services.wait_for(timeout, |s| s.providers(EDGE_SERVICE).into_iter().next()).await
 }
 
 fn failed(args: &CameraArgs, drift_frame: u64, error: String) -> CameraReport {

@@ -473,33 +473,26 @@ fn policy_telemetry(t: &TelemetrySample, rtt_ms: f64) -> Telemetry {
 /// Waits for `settings.workers` remote pipeline workers (nodes that announced a worker
 /// service; woken by announcements, not polling) and returns them sorted by node name.
 async fn discover(services: &Services, settings: &ShellSettings) -> Result<Vec<Target>, ShellError> {
-    let deadline = tokio::time::Instant::now() + settings.join_timeout;
-    let mut announcements = services.subscribe_announcements();
-    loop {
-        // the directory is sorted by node name
-        let found: Vec<Target> = services
-            .directory()
+    let targets = |found: Vec<(NodeId, String)>| -> Vec<Target> {
+        found
             .into_iter()
-            .flat_map(|(peer, names)| {
-                names.into_iter().filter(|n| n.starts_with(SERVICE_PREFIX)).map(move |service| Target {
-                    services: services.clone(),
-                    peer: peer.clone(),
-                    service,
-                })
-            })
-            .collect();
-        if found.len() >= settings.workers {
-            return Ok(found);
-        }
-        if let Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) =
-            tokio::time::timeout_at(deadline, announcements.recv()).await
-        {
-            return Err(ShellError::TooFewWorkers {
-                found: found.len(),
-                wanted: settings.workers,
-                secs: settings.join_timeout.as_secs(),
-            });
-        }
+            .map(|(peer, service)| Target { services: services.clone(), peer, service })
+            .collect()
+    };
+    let wanted = settings.workers;
+    match services
+        .wait_for(settings.join_timeout, |s| {
+            let found = s.services_with_prefix(SERVICE_PREFIX);
+            (found.len() >= wanted).then_some(found)
+        })
+        .await
+    {
+        Some(found) => Ok(targets(found)),
+        None => Err(ShellError::TooFewWorkers {
+            found: services.services_with_prefix(SERVICE_PREFIX).len(),
+            wanted,
+            secs: settings.join_timeout.as_secs(),
+        }),
     }
 }
 
