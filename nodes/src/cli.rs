@@ -36,6 +36,11 @@ pub enum Command {
         /// The node's config file.
         #[arg(long)]
         config: PathBuf,
+        /// Once the node's job ends (reported as a `troupe-node: job KIND finished: ...` line),
+        /// keep serving its actors until ctrl-c instead of exiting, so that one job's end does
+        /// not take away actors another job still uses (`troupe up` passes it to job nodes).
+        #[arg(long)]
+        linger: bool,
     },
     /// Starts every node of a local topology as its own process on loopback.
     Up {
@@ -170,9 +175,9 @@ pub fn init_logging() {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
-        Command::Node { config } => {
+        Command::Node { config, linger } => {
             let cfg = NodeConfig::load(&config)?;
-            crate::node_cmd::run(cfg).await.map(|_| ExitCode::SUCCESS)
+            crate::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Up { topology, workdir } => crate::up::run(&topology, workdir).await,
         Command::Status { node, keys, as_name } => {

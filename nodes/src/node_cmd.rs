@@ -79,8 +79,12 @@ fn device_child(d: &DeviceConfig, period: Duration) -> ChildSpec {
     })
 }
 
-/// Runs the node described by `cfg`.
-pub async fn run(cfg: NodeConfig) -> Result<()> {
+/// The start of the line a node prints when its job ends (`... finished: ok` or
+/// `... finished: failed: REASON`); `troupe up` reads it from lingering job nodes.
+pub const JOB_FINISHED: &str = "troupe-node: job ";
+
+/// Runs the node described by `cfg`; with `linger`, it keeps serving after its job ends.
+pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
     if !cfg.faults.is_off() {
         tracing::warn!(node = %cfg.name, sites = cfg.faults.sites.len(), "fault switch on");
         troupe_actors::fault::install(cfg.faults.plan());
@@ -92,7 +96,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
     let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone(), hup));
-    let outcome = run_until_done(&cfg, runtime).await;
+    let outcome = run_until_done(&cfg, runtime, linger).await;
     reload.abort();
     outcome
 }
@@ -118,7 +122,7 @@ async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signa
     }
 }
 
-async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime) -> Result<()> {
+async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
     let ctx =
         NodeContext { config: cfg.clone(), link: runtime.link.clone(), services: runtime.services.clone() };
     match &cfg.job {
@@ -127,24 +131,39 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime) -> Result<()> {
                 r = tokio::time::timeout(Duration::from_secs(job.timeout_s), workloads::run_job(&runtime, &ctx, job)) => {
                     r.unwrap_or_else(|_| Err(anyhow::anyhow!("job {} did not finish within {} s", job.kind, job.timeout_s)))
                 }
-                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                _ = tokio::signal::ctrl_c() => {
+                    // interrupted before the job ended: nothing to linger for
+                    runtime.shutdown().await;
+                    return Err(anyhow::anyhow!("interrupted"));
+                }
             };
-            runtime.shutdown().await;
+            match &outcome {
+                Ok(()) => println!("{JOB_FINISHED}{} finished: ok", job.kind),
+                Err(e) => println!("{JOB_FINISHED}{} finished: failed: {e:#}", job.kind),
+            }
+            if linger {
+                serve_until_stopped(cfg, runtime).await?;
+            } else {
+                runtime.shutdown().await;
+            }
             outcome
         }
-        None => {
-            let mut supervision = runtime.subscribe_supervision();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {
-                    tracing::info!(node = %cfg.name, "ctrl-c: shutting down");
-                    runtime.shutdown().await;
-                    Ok(())
-                }
-                ev = wait_escalation(&mut supervision) => {
-                    runtime.shutdown().await;
-                    bail!("root supervisor escalated: {ev}")
-                }
-            }
+        None => serve_until_stopped(cfg, runtime).await,
+    }
+}
+
+/// Serves the node's actors until ctrl-c (SIGINT) or until its root supervisor escalates.
+async fn serve_until_stopped(cfg: &NodeConfig, runtime: NodeRuntime) -> Result<()> {
+    let mut supervision = runtime.subscribe_supervision();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!(node = %cfg.name, "ctrl-c: shutting down");
+            runtime.shutdown().await;
+            Ok(())
+        }
+        ev = wait_escalation(&mut supervision) => {
+            runtime.shutdown().await;
+            bail!("root supervisor escalated: {ev}")
         }
     }
 }

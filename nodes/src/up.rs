@@ -203,11 +203,18 @@ pub fn prepare_with(
     Ok(out)
 }
 
-fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize) -> Result<Child> {
-    let mut child = Command::new(exe)
-        .arg("node")
-        .arg("--config")
-        .arg(config)
+/// A job node reported its job's end: (node, succeeded).
+type JobEnded = tokio::sync::mpsc::UnboundedSender<(String, bool)>;
+
+/// Starts `troupe node --config CONFIG`, its lines prefixed with its name; a job node lingers
+/// after its job and reports the job's end on `jobs`.
+fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize, jobs: Option<JobEnded>) -> Result<Child> {
+    let mut cmd = Command::new(exe);
+    cmd.arg("node").arg("--config").arg(config);
+    if jobs.is_some() {
+        cmd.arg("--linger");
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -216,15 +223,21 @@ fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize) -> Result<Chi
         .with_context(|| format!("starting node {name}"))?;
     let prefix = format!("[{name:<width$}]");
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(prefix_lines(BufReader::new(out), prefix.clone(), false));
+        let jobs = jobs.map(|tx| (name.to_owned(), tx));
+        tokio::spawn(prefix_lines(BufReader::new(out), prefix.clone(), false, jobs));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(prefix_lines(BufReader::new(err), prefix, true));
+        tokio::spawn(prefix_lines(BufReader::new(err), prefix, true, None));
     }
     Ok(child)
 }
 
-async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(reader: BufReader<R>, prefix: String, stderr: bool) {
+async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
+    reader: BufReader<R>,
+    prefix: String,
+    stderr: bool,
+    jobs: Option<(String, JobEnded)>,
+) {
     let mut lines = reader.lines();
     while let Ok(Some(line)) = lines.next_line().await {
         if stderr {
@@ -232,11 +245,16 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(reader: BufReader<R>, pre
         } else {
             println!("{prefix} {line}");
         }
+        if let Some((name, tx)) = &jobs
+            && let Some(rest) = line.strip_prefix(crate::node_cmd::JOB_FINISHED)
+        {
+            let _ = tx.send((name.clone(), rest.contains(" finished: ok")));
+        }
     }
 }
 
-/// Asks a child to stop (SIGINT, like ctrl-c), then kills it after a grace period.
-pub async fn stop_child(name: &str, child: &mut Child) {
+/// Sends a running child SIGINT, as ctrl-c does.
+fn interrupt(child: &Child) {
     if let Some(pid) = child.id()
         && let Ok(pid) = i32::try_from(pid)
     {
@@ -245,6 +263,11 @@ pub async fn stop_child(name: &str, child: &mut Child) {
             libc::kill(pid, libc::SIGINT);
         }
     }
+}
+
+/// Asks a child to stop (SIGINT, like ctrl-c), then kills it after a grace period.
+pub async fn stop_child(name: &str, child: &mut Child) {
+    interrupt(child);
     if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
         eprintln!("[up] {name} did not stop within 3 s; killing it");
         let _ = child.kill().await;
@@ -277,7 +300,8 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
     let configs = prepare(&topology, &workdir)?;
     let width = configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
-    let job_node = topology.nodes.iter().find(|n| n.job.is_some()).map(|n| n.name.clone());
+    let job_nodes: Vec<String> =
+        topology.nodes.iter().filter(|n| n.job.is_some()).map(|n| n.name.clone()).collect();
     println!(
         "[up] topology {} : {} nodes on loopback, keys and configs in {}",
         topology.name,
@@ -285,10 +309,17 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
         workdir.display()
     );
     let mut children: Vec<(String, Child)> = Vec::new();
+    let (jobs_tx, mut jobs_rx) = tokio::sync::mpsc::unbounded_channel();
     for (name, cfg) in &configs {
-        children.push((name.clone(), spawn_node(&exe, name, cfg, width)?));
+        let jobs = job_nodes.contains(name).then(|| jobs_tx.clone());
+        children.push((name.clone(), spawn_node(&exe, name, cfg, width, jobs)?));
     }
-    let code = supervise(&mut children, job_node.as_deref()).await;
+    drop(jobs_tx);
+    let code = supervise(&mut children, &job_nodes, &mut jobs_rx).await;
+    // every node is asked first, so none spends its last seconds reporting the others down
+    for (_, child) in children.iter() {
+        interrupt(child);
+    }
     for (name, child) in children.iter_mut() {
         if child.try_wait().ok().flatten().is_none() {
             stop_child(name, child).await;
@@ -298,14 +329,26 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
     Ok(code)
 }
 
-/// Waits for ctrl-c, for the job node to end, or for every node to end.
-async fn supervise(children: &mut [(String, Child)], job_node: Option<&str>) -> ExitCode {
+/// Waits for ctrl-c, for every job to end (success only if every job succeeded; a job node that
+/// exits before reporting its job's end counts as a failed job), or for every node to end.
+async fn supervise(
+    children: &mut [(String, Child)],
+    job_nodes: &[String],
+    jobs: &mut tokio::sync::mpsc::UnboundedReceiver<(String, bool)>,
+) -> ExitCode {
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    let mut ended: Vec<(String, bool)> = Vec::new();
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {
                 println!("[up] ctrl-c: stopping every node");
                 return ExitCode::SUCCESS;
+            }
+            Some((name, ok)) = jobs.recv() => {
+                if !ended.iter().any(|(n, _)| *n == name) {
+                    println!("[up] job on {name} {}", if ok { "succeeded" } else { "failed" });
+                    ended.push((name, ok));
+                }
             }
             _ = ticker.tick() => {}
         }
@@ -313,12 +356,21 @@ async fn supervise(children: &mut [(String, Child)], job_node: Option<&str>) -> 
         for (name, child) in children.iter_mut() {
             match child.try_wait() {
                 Ok(None) => running += 1,
-                Ok(Some(status)) if Some(name.as_str()) == job_node => {
-                    println!("[up] job on {name} finished: {status}");
-                    return if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+                Ok(Some(status)) if job_nodes.contains(name) && !ended.iter().any(|(n, _)| n == name) => {
+                    println!("[up] job node {name} exited before its job ended: {status}");
+                    ended.push((name.clone(), false));
                 }
                 Ok(Some(_)) | Err(_) => {}
             }
+        }
+        if !job_nodes.is_empty() && ended.len() == job_nodes.len() {
+            let failed: Vec<&str> = ended.iter().filter(|(_, ok)| !ok).map(|(n, _)| n.as_str()).collect();
+            if failed.is_empty() {
+                println!("[up] every job succeeded ({})", job_nodes.join(", "));
+                return ExitCode::SUCCESS;
+            }
+            println!("[up] jobs failed on {}", failed.join(", "));
+            return ExitCode::FAILURE;
         }
         if running == 0 {
             println!("[up] every node has exited");
