@@ -9,7 +9,7 @@ use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::broadcast;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use troupe_policy::{MemberStatus, MembershipEvent};
 use troupe_transport::{
     Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError,
@@ -165,7 +165,7 @@ impl NodeRuntime {
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
-        info!(node = %name, "node runtime started");
+        debug!(node = %name, "node runtime started");
         Ok(Self {
             name,
             link,
@@ -357,7 +357,7 @@ async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
     loop {
         if !link.peers().contains(&peer.name) {
             match link.connect(peer.addr, &peer.name).await {
-                Ok(_) => info!(peer = %peer.name, addr = %peer.addr, "connected"),
+                Ok(_) => debug!(peer = %peer.name, addr = %peer.addr, "connected"),
                 Err(e) => debug!(peer = %peer.name, addr = %peer.addr, error = %e, "dial failed; will retry"),
             }
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::sync::{Mutex, mpsc};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
@@ -352,7 +352,7 @@ impl QuicNode {
         };
         let acceptor = node.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });
-        info!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
+        debug!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
         Ok(node)
     }
 
@@ -747,13 +747,13 @@ impl QuicNode {
             return;
         }
         let addr = conn.remote_address();
-        info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
+        debug!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
         self.emit_wait(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member }).await;
         if self.inner.shm.offers() {
             let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
             tokio::spawn(async move {
                 match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
-                    Ok(()) => info!(node = %node.inner.id, %peer, "same-host path open"),
+                    Ok(()) => debug!(node = %node.inner.id, %peer, "same-host path open"),
                     Err(e) => debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used"),
                 }
             });
@@ -787,7 +787,7 @@ impl QuicNode {
         let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
-            info!(node = %self.inner.id, %peer, %reason, "peer left");
+            debug!(node = %self.inner.id, %peer, %reason, "peer left");
             self.emit_wait(PeerEvent::Left { peer, reason }).await;
         }
     }
