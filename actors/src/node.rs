@@ -204,6 +204,12 @@ impl NodeRuntime {
         local_status(&self.name, &self.membership).await
     }
 
+    /// A cheap handle that reads this node's status later (for a metrics endpoint that outlives
+    /// no runtime but must not own it).
+    pub fn status_probe(&self) -> StatusProbe {
+        StatusProbe { name: self.name.clone(), membership: self.membership.clone() }
+    }
+
     /// Waits until the root supervisor stops: `Err` when it escalated.
     pub async fn wait(mut self) -> Result<(), RuntimeError> {
         let _ = (&mut self.supervisor_handle).await;
@@ -238,6 +244,20 @@ fn escalation(rx: &mut broadcast::Receiver<SupervisorEvent>) -> Result<(), Runti
         }
     }
     Ok(())
+}
+
+/// Reads a node's status (see [`NodeRuntime::status_probe`]). Cheap to clone.
+#[derive(Clone)]
+pub struct StatusProbe {
+    name: NodeId,
+    membership: ActorRef<MembershipMsg>,
+}
+
+impl StatusProbe {
+    /// The node's status now: members, registered actors, device budgets.
+    pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
+        local_status(&self.name, &self.membership).await
+    }
 }
 
 async fn local_status(

@@ -96,6 +96,7 @@ impl LocalCluster {
             actors: Vec::new(),
             job: None,
             faults: Default::default(),
+            metrics: Default::default(),
         };
         let foreman = base(FOREMAN, 0);
         let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman)?)
