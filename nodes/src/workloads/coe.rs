@@ -429,10 +429,10 @@ pub async fn run_job(
     }
     // The answers are out: the journal has done its job, and a rerun starts afresh. It goes
     // before the last line, so whoever waits for that line finds the job wholly finished.
-    if let Some(path) = shared.finish_journal() {
-        if let Err(e) = std::fs::remove_file(&path) {
-            println!("coe: could not remove the finished job's journal {}: {e}", path.display());
-        }
+    if let Some(path) = shared.finish_journal()
+        && let Err(e) = std::fs::remove_file(&path)
+    {
+        println!("coe: could not remove the finished job's journal {}: {e}", path.display());
     }
     if let Some(out) = &p.out {
         println!("coe: results written to {out}");
