@@ -6,7 +6,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};
 use troupe_transport::{Channel, Frame, FrameKind, Link, NodeId, QuicNode};
 
@@ -68,7 +68,7 @@ impl MembershipState {
         while let Some(ev) = self.detector.poll_event() {
             match &ev {
                 MembershipEvent::Up { member, rejoined, .. } => {
-                    info!(node = %self.link_id(), %member, rejoined, "member up")
+                    debug!(node = %self.link_id(), %member, rejoined, "member up")
                 }
                 MembershipEvent::Down { member, last_heard, at } => {
                     warn!(node = %self.link_id(), %member, silent_ms = (*at - *last_heard).as_millis(), "member down")

@@ -9,7 +9,7 @@ use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::broadcast;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use troupe_policy::{MemberStatus, MembershipEvent};
 use troupe_transport::{
     Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError,
@@ -165,7 +165,7 @@ impl NodeRuntime {
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
-        info!(node = %name, "node runtime started");
+        debug!(node = %name, "node runtime started");
         Ok(Self {
             name,
             link,
@@ -204,6 +204,12 @@ impl NodeRuntime {
         local_status(&self.name, &self.membership).await
     }
 
+    /// A cheap handle that reads this node's status later (for a metrics endpoint that outlives
+    /// no runtime but must not own it).
+    pub fn status_probe(&self) -> StatusProbe {
+        StatusProbe { name: self.name.clone(), membership: self.membership.clone() }
+    }
+
     /// Waits until the root supervisor stops: `Err` when it escalated.
     pub async fn wait(mut self) -> Result<(), RuntimeError> {
         let _ = (&mut self.supervisor_handle).await;
@@ -238,6 +244,20 @@ fn escalation(rx: &mut broadcast::Receiver<SupervisorEvent>) -> Result<(), Runti
         }
     }
     Ok(())
+}
+
+/// Reads a node's status (see [`NodeRuntime::status_probe`]). Cheap to clone.
+#[derive(Clone)]
+pub struct StatusProbe {
+    name: NodeId,
+    membership: ActorRef<MembershipMsg>,
+}
+
+impl StatusProbe {
+    /// The node's status now: members, registered actors, device budgets.
+    pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
+        local_status(&self.name, &self.membership).await
+    }
 }
 
 async fn local_status(
@@ -357,7 +377,7 @@ async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
     loop {
         if !link.peers().contains(&peer.name) {
             match link.connect(peer.addr, &peer.name).await {
-                Ok(_) => info!(peer = %peer.name, addr = %peer.addr, "connected"),
+                Ok(_) => debug!(peer = %peer.name, addr = %peer.addr, "connected"),
                 Err(e) => debug!(peer = %peer.name, addr = %peer.addr, error = %e, "dial failed; will retry"),
             }
         }

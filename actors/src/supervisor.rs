@@ -13,7 +13,7 @@ use ractor::{
 };
 use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
-use tracing::{error, info, warn};
+use tracing::{debug, error, warn};
 use troupe_policy::{Micros, RestartDecision, RestartIntensity};
 
 use crate::clock::Clock;
@@ -255,7 +255,7 @@ impl Actor for Supervisor {
             }
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 if let Some(idx) = st.running.remove(&cell.get_id()) {
-                    info!(supervisor = %st.name, child = %st.specs[idx].name, ?reason, "child stopped");
+                    debug!(supervisor = %st.name, child = %st.specs[idx].name, ?reason, "child stopped");
                     st.cells[idx] = None;
                 }
             }

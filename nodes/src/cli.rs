@@ -61,6 +61,9 @@ pub enum Command {
         /// Which identity in the keys folder to use.
         #[arg(long = "as", default_value = "admin")]
         as_name: String,
+        /// Prints one JSON object (node, members, actors, devices) instead of the text report.
+        #[arg(long)]
+        json: bool,
     },
     /// Sentence embeddings with all-MiniLM-L6-v2 on ONNX Runtime.
     Embed {
@@ -180,11 +183,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             crate::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Up { topology, workdir } => crate::up::run(&topology, workdir).await,
-        Command::Status { node, keys, as_name } => {
+        Command::Status { node, keys, as_name, json } => {
             let id = NodeIdentity::load(&keys, &as_name)
                 .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;
             let status = troupe_actors::node::query_status(&id, node, Duration::from_secs(5)).await?;
-            print!("{}", crate::status::render(&status));
+            if json {
+                println!("{}", serde_json::to_string_pretty(&crate::status::json(&status))?);
+            } else {
+                print!("{}", crate::status::render(&status));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Embed { texts } => {

@@ -51,6 +51,29 @@ pub struct NodeConfig {
     /// The fault switch (off unless sites are named): seeded, per-site injected panics.
     #[serde(default, skip_serializing_if = "FaultsSection::is_off")]
     pub faults: FaultsSection,
+    /// Prometheus metrics over HTTP (off unless `listen` is set).
+    #[serde(default, skip_serializing_if = "MetricsSection::is_off")]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: serve Prometheus text at `http://LISTEN/metrics`. Off by default.
+///
+/// Access rule: local scrape only. The endpoint has no authentication, so `listen` must be a
+/// loopback address (`127.0.0.1:PORT` or `[::1]:PORT`); any other address is refused when the
+/// config is validated. Port 0 picks a free port, which the node logs.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// TCP address the metrics endpoint binds to (loopback only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl MetricsSection {
+    /// True when metrics are not served.
+    pub fn is_off(&self) -> bool {
+        self.listen.is_none()
+    }
 }
 
 /// `[faults]`: the node's fault switch. Each named site panics when its rule says so; sites not
@@ -304,6 +327,17 @@ impl NodeConfig {
                 return bad(&format!("faults.sites[{i}]"), e);
             }
         }
+        if let Some(addr) = self.metrics.listen
+            && !addr.ip().is_loopback()
+        {
+            return bad(
+                "metrics.listen",
+                format!(
+                    "{addr} is not a loopback address; the metrics endpoint has no authentication and \
+                     serves local scrapes only (use 127.0.0.1:PORT and a local agent or tunnel)"
+                ),
+            );
+        }
         let m = self.membership;
         if m.heartbeat_ms == 0 {
             return bad("membership.heartbeat_ms", "must be at least 1".into());
@@ -398,6 +432,19 @@ mod tests {
     }
 
     const GOOD: &str = "name = \"a\"\nlisten = \"127.0.0.1:7000\"\nkeys = \"keys\"\n";
+
+    #[test]
+    fn metrics_are_off_by_default_and_refuse_a_non_loopback_address() {
+        let d = tempfile::tempdir().unwrap();
+        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        assert!(c.metrics.is_off());
+        let local = format!("{GOOD}[metrics]\nlisten = \"127.0.0.1:9100\"\n");
+        let c = NodeConfig::load(&write(d.path(), &local)).unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9100".parse().unwrap()));
+        let open = format!("{GOOD}[metrics]\nlisten = \"0.0.0.0:9100\"\n");
+        let e = NodeConfig::load(&write(d.path(), &open)).unwrap_err().to_string();
+        assert!(e.contains("metrics.listen") && e.contains("0.0.0.0:9100") && e.contains("loopback"), "{e}");
+    }
 
     #[test]
     fn good_config_resolves_keys_next_to_the_file() {

@@ -11,6 +11,7 @@ pub use troupe_transport as transport;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod metrics;
 pub mod node_cmd;
 pub mod status;
 pub mod up;

@@ -95,6 +95,28 @@ pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
         .context("listening for SIGHUP (revocation list reloads)")?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
+    let _metrics = match cfg.metrics.listen {
+        Some(addr) => {
+            let served = crate::metrics::serve(
+                addr,
+                runtime.status_probe(),
+                runtime.link.clone(),
+                runtime.subscribe_supervision(),
+            )
+            .await;
+            match served {
+                Ok(server) => {
+                    tracing::info!(node = %cfg.name, url = %format!("http://{}/metrics", server.addr), "metrics served");
+                    Some(server)
+                }
+                Err(e) => {
+                    runtime.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
     let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone(), hup));
     let outcome = run_until_done(&cfg, runtime, linger).await;
     reload.abort();

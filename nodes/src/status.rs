@@ -4,6 +4,27 @@ use std::fmt::Write;
 
 use troupe_actors::wire::NodeStatus;
 
+/// The machine-readable report `troupe status --json` prints: the same fields as the text one,
+/// under stable keys, bytes as integers.
+pub fn json(s: &NodeStatus) -> serde_json::Value {
+    serde_json::json!({
+        "node": s.node,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "name": m.name,
+            "status": m.status,
+            "last_heard_ms_ago": m.last_heard_ms_ago,
+        })).collect::<Vec<_>>(),
+        "actors": s.actors,
+        "devices": s.devices.iter().map(|d| serde_json::json!({
+            "name": d.name,
+            "kind": d.kind,
+            "budget_bytes": d.budget_bytes,
+            "used_bytes": d.used_bytes,
+            "fragmentation": d.fragmentation,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// A plain-text report: members, actors, device budgets.
 pub fn render(s: &NodeStatus) -> String {
     let mut out = String::new();

@@ -2,11 +2,15 @@
 //! loopback, with generated keys and configs, prefixes their logs with the node name, and tears
 //! all of them down on ctrl-c or when the topology's job ends.
 //!
+//! Each node's full output (DEBUG included) goes to `WORKDIR/NAME.log`; the console shows what
+//! a person reads: everything but DEBUG and TRACE lines (all of it when `RUST_LOG` is set).
+//!
 //! Idempotent: the CA and node certificates in the working folder are reused when present.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -16,8 +20,8 @@ use tokio::process::{Child, Command};
 use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Role, RoleSet};
 
 use crate::config::{
-    ActorConfig, DeviceConfig, FaultsSection, JobConfig, MembershipSection, NodeConfig, PeerConfig,
-    SupervisionSection, TransportSection,
+    ActorConfig, DeviceConfig, FaultsSection, JobConfig, MembershipSection, MetricsSection, NodeConfig,
+    PeerConfig, SupervisionSection, TransportSection,
 };
 
 /// Largest topology file read.
@@ -74,6 +78,9 @@ pub struct TopologyNode {
     /// This node's fault switch (off by default).
     #[serde(default)]
     pub faults: FaultsSection,
+    /// This node's metrics endpoint (off by default; loopback only).
+    #[serde(default)]
+    pub metrics: MetricsSection,
 }
 
 impl Topology {
@@ -123,6 +130,7 @@ impl Topology {
                 actors: n.actors.clone(),
                 job: n.job.clone(),
                 faults: n.faults.clone(),
+                metrics: n.metrics,
             })
             .collect()
     }
@@ -206,10 +214,34 @@ pub fn prepare_with(
 /// A job node reported its job's end: (node, succeeded).
 type JobEnded = tokio::sync::mpsc::UnboundedSender<(String, bool)>;
 
-/// Starts `troupe node --config CONFIG`, its lines prefixed with its name; a job node lingers
-/// after its job and reports the job's end on `jobs`.
-fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize, jobs: Option<JobEnded>) -> Result<Child> {
+/// The log filter `up` gives its nodes when `RUST_LOG` is not set: their files get DEBUG.
+const NODE_LOG_FILTER: &str = "debug,ractor_cluster=error,ractor=warn,quinn=warn";
+
+/// Where one node's output goes: its full log file, and the console (filtered or not).
+#[derive(Clone)]
+struct NodeOutput {
+    prefix: String,
+    file: Arc<std::sync::Mutex<std::fs::File>>,
+    /// Whether DEBUG and TRACE lines are kept off the console.
+    quiet_console: bool,
+}
+
+/// Starts `troupe node --config CONFIG`, its full output in `log` and its lines on the console
+/// prefixed with its name; a job node lingers after its job and reports the job's end on `jobs`.
+fn spawn_node(
+    exe: &Path,
+    name: &str,
+    config: &Path,
+    width: usize,
+    log: &Path,
+    jobs: Option<JobEnded>,
+) -> Result<Child> {
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(exe);
+    let quiet_console = std::env::var_os("RUST_LOG").is_none();
+    if quiet_console {
+        cmd.env("RUST_LOG", NODE_LOG_FILTER);
+    }
     cmd.arg("node").arg("--config").arg(config);
     if jobs.is_some() {
         cmd.arg("--linger");
@@ -221,34 +253,53 @@ fn spawn_node(exe: &Path, name: &str, config: &Path, width: usize, jobs: Option<
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting node {name}"))?;
-    let prefix = format!("[{name:<width$}]");
+    let output = NodeOutput {
+        prefix: format!("[{name:<width$}]"),
+        file: Arc::new(std::sync::Mutex::new(file)),
+        quiet_console,
+    };
     if let Some(out) = child.stdout.take() {
         let jobs = jobs.map(|tx| (name.to_owned(), tx));
-        tokio::spawn(prefix_lines(BufReader::new(out), prefix.clone(), false, jobs));
+        tokio::spawn(prefix_lines(BufReader::new(out), output.clone(), false, jobs));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(prefix_lines(BufReader::new(err), prefix, true, None));
+        tokio::spawn(prefix_lines(BufReader::new(err), output, true, None));
     }
     Ok(child)
 }
 
+/// True for a `tracing` line at DEBUG or TRACE (`TIMESTAMP LEVEL message`, no colours: the
+/// node's stderr is a pipe).
+fn is_debug_line(line: &str) -> bool {
+    matches!(line.split_whitespace().nth(1), Some("DEBUG" | "TRACE"))
+}
+
 async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
     reader: BufReader<R>,
-    prefix: String,
+    out: NodeOutput,
     stderr: bool,
     jobs: Option<(String, JobEnded)>,
 ) {
+    use std::io::Write as _;
     let mut lines = reader.lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if stderr {
-            eprintln!("{prefix} {line}");
-        } else {
-            println!("{prefix} {line}");
+        if let Ok(mut f) = out.file.lock() {
+            // a full disk loses log lines, not the node
+            let _ = writeln!(f, "{line}");
         }
         if let Some((name, tx)) = &jobs
             && let Some(rest) = line.strip_prefix(crate::node_cmd::JOB_FINISHED)
         {
             let _ = tx.send((name.clone(), rest.contains(" finished: ok")));
+        }
+        if out.quiet_console && is_debug_line(&line) {
+            continue;
+        }
+        let prefix = &out.prefix;
+        if stderr {
+            eprintln!("{prefix} {line}");
+        } else {
+            println!("{prefix} {line}");
         }
     }
 }
@@ -311,8 +362,10 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
     let mut children: Vec<(String, Child)> = Vec::new();
     let (jobs_tx, mut jobs_rx) = tokio::sync::mpsc::unbounded_channel();
     for (name, cfg) in &configs {
+        let log = workdir.join(format!("{name}.log"));
         let jobs = job_nodes.contains(name).then(|| jobs_tx.clone());
-        children.push((name.clone(), spawn_node(&exe, name, cfg, width, jobs)?));
+        children.push((name.clone(), spawn_node(&exe, name, cfg, width, &log, jobs)?));
+        println!("[up] {name}: full log in {}", log.display());
     }
     drop(jobs_tx);
     let code = supervise(&mut children, &job_nodes, &mut jobs_rx).await;
@@ -376,5 +429,20 @@ async fn supervise(
             println!("[up] every node has exited");
             return ExitCode::FAILURE;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_debug_line;
+
+    #[test]
+    fn debug_lines_are_told_apart_by_their_level_field() {
+        assert!(is_debug_line("2026-01-01T00:00:00.000001Z DEBUG node=a peer=b: peer joined"));
+        assert!(is_debug_line("2026-01-01T00:00:00.000001Z TRACE evicted"));
+        assert!(!is_debug_line("2026-01-01T00:00:00.000001Z  INFO node up"));
+        assert!(!is_debug_line("2026-01-01T00:00:00.000001Z  WARN member down"));
+        assert!(!is_debug_line("hello: answer from expert-1 DEBUG"));
+        assert!(!is_debug_line(""));
     }
 }

@@ -128,6 +128,7 @@ async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
             .arg(&topo)
             .arg("--workdir")
             .arg(dir.path().join("work"))
+            .env_remove("RUST_LOG")
             .kill_on_drop(true)
             .output(),
     )
@@ -141,6 +142,18 @@ async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
         assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
     }
     assert!(stdout.contains("[up] all nodes stopped"), "{stdout}");
+    // each node's full log is in a file whose path is printed; DEBUG chatter stays off the console
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for node in ["scheduler", "expert-1", "expert-2"] {
+        let path = dir.path().join("work").join(format!("{node}.log"));
+        assert!(stdout.contains(&format!("[up] {node}: full log in {}", path.display())), "{stdout}");
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            log.contains("DEBUG") && log.contains("peer joined"),
+            "{node}'s log lacks DEBUG lines:\n{log}"
+        );
+    }
+    assert!(!stdout.contains("peer joined") && !stderr.contains("peer joined"), "{stdout}\n{stderr}");
     // idempotent: a second run reuses the keys and succeeds again
     let ca_before = std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap();
     let again = tokio::process::Command::new(EXE)

@@ -15,6 +15,7 @@ pub mod roles;
 pub mod service;
 pub mod shm;
 pub mod sim;
+pub mod traffic;
 
 pub use admission::{Admission, Refusal, RevocationError, Revocations};
 pub use blob::{
@@ -32,3 +33,4 @@ pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
 pub use roles::{Role, RoleSet};
 pub use shm::{ShmConfig, ShmError, ShmStats};
 pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};
+pub use traffic::ChannelTraffic;

@@ -22,7 +22,9 @@ use std::time::Duration;
 use dashmap::DashMap;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::sync::{Mutex, mpsc};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
+
+use crate::traffic::Traffic;
 
 use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
@@ -277,6 +279,7 @@ struct Inner {
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
     admission: std::sync::RwLock<Admission>,
     shm: ShmState,
+    traffic: Traffic,
 }
 
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
@@ -348,12 +351,19 @@ impl QuicNode {
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
                 admission,
                 shm,
+                traffic: Traffic::default(),
             }),
         };
         let acceptor = node.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });
-        info!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
+        debug!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
         Ok(node)
+    }
+
+    /// Frames and bytes sent and received per channel since the node started (see
+    /// [`crate::traffic`]), in [`Channel::ALL`] order.
+    pub fn traffic(&self) -> Vec<(Channel, crate::ChannelTraffic)> {
+        self.inner.traffic.snapshot()
     }
 
     /// The bound address.
@@ -571,7 +581,10 @@ impl QuicNode {
             let mut guard = store.lock().map_err(|_| QuicError::Stream("blob store lock poisoned".into()))?;
             blob::prepare_outgoing(frame, policy, &mut guard).map_err(|e| QuicError::Stream(e.to_string()))?
         };
-        Ok(self.send_frame(to, channel, frame).await?)
+        let body = frame.body.len();
+        self.send_frame(to, channel, frame).await?;
+        self.inner.traffic.sent(channel, body);
+        Ok(())
     }
 
     /// Turns a received frame back into the original: a by-reference frame is resolved from
@@ -747,13 +760,13 @@ impl QuicNode {
             return;
         }
         let addr = conn.remote_address();
-        info!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
+        debug!(node = %self.inner.id, %peer, %addr, outbound, "peer joined");
         self.emit_wait(PeerEvent::Joined { peer: peer.clone(), addr, outbound, member }).await;
         if self.inner.shm.offers() {
             let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
             tokio::spawn(async move {
                 match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
-                    Ok(()) => info!(node = %node.inner.id, %peer, "same-host path open"),
+                    Ok(()) => debug!(node = %node.inner.id, %peer, "same-host path open"),
                     Err(e) => debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used"),
                 }
             });
@@ -787,7 +800,7 @@ impl QuicNode {
         let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
-            info!(node = %self.inner.id, %peer, %reason, "peer left");
+            debug!(node = %self.inner.id, %peer, %reason, "peer left");
             self.emit_wait(PeerEvent::Left { peer, reason }).await;
         }
     }
@@ -834,9 +847,11 @@ impl QuicNode {
                     } else {
                         (frame, held)
                     };
+                    let body = frame.body.len();
                     if tx.send(Delivery { from: peer.clone(), channel, frame, held }).await.is_err() {
                         return;
                     }
+                    self.inner.traffic.received(channel, body);
                 }
                 Err(FrameError::OverBudget(over)) => {
                     self.close_over_budget(&conn, peer, over);
@@ -997,13 +1012,16 @@ impl Link for QuicNode {
     }
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
+        let body = frame.body.len();
         let frame = self
             .inner
             .shm
             .outgoing(to, channel, frame)
             .await
             .map_err(|e| LinkError::PeerDown(to.clone(), e.to_string()))?;
-        self.send_frame(to, channel, frame).await
+        self.send_frame(to, channel, frame).await?;
+        self.inner.traffic.sent(channel, body);
+        Ok(())
     }
 
     async fn recv(&self) -> Result<Delivery, LinkError> {

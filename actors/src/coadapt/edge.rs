@@ -296,7 +296,7 @@ fn admit(
             },
         )
         .map_err(|e| e.to_string())?;
-    tracing::info!(camera = %req.camera, task = task.0, uploads = req.train_images.len() / 64, "adaptation task admitted");
+    tracing::debug!(camera = %req.camera, task = task.0, uploads = req.train_images.len() / 64, "adaptation task admitted");
     Ok((task, eval.labels.iter().map(|&l| l as u32).collect()))
 }
 

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::{
     Action, Foreman, ForemanConfig, Job, TaskId, Telemetry, WorkerId, WorkerReport,
@@ -534,9 +534,18 @@ impl Drop for Shell {
 }
 
 impl Shell {
+    /// Records a line a person reads (moves, failures, the job's end): logged at INFO.
     fn log(&mut self, line: String) {
         let stamped = format!("[{:8.3} s] {line}", self.t0.elapsed().as_secs_f64());
         info!("{stamped}");
+        self.outcome.log.push(stamped);
+    }
+
+    /// Records a routine dispatch step (send, load, assign): kept in the outcome's log, logged
+    /// at DEBUG only, so a run of thousands of tasks does not flood the console.
+    fn trace(&mut self, line: String) {
+        let stamped = format!("[{:8.3} s] {line}", self.t0.elapsed().as_secs_f64());
+        debug!("{stamped}");
         self.outcome.log.push(stamped);
     }
 
@@ -563,8 +572,12 @@ impl Shell {
             };
             if matches!(action, Action::Reassigned { .. } | Action::Requeued { .. }) {
                 self.outcome.moves.push(text.clone());
+                self.log(text);
+            } else if matches!(action, Action::Stalled { .. }) {
+                self.log(text);
+            } else {
+                self.trace(text);
             }
-            self.log(text);
             self.perform(action);
         }
     }
@@ -1072,7 +1085,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
                         .handle_worker_joined(micros_since(shared.t0), WorkerId(idx as u32), report)
                         .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
                     tokio::spawn(executor(ctx.clone(), idx, node.clone(), target.clone(), lost.clone(), rx));
-                    info!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
+                    debug!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
                     let summary = WorkerSummary {
                         node: node.clone(),
                         pid,

@@ -80,6 +80,7 @@ impl LocalCluster {
             actors,
             job: None,
             faults: Default::default(),
+            metrics: Default::default(),
         };
         let mut nodes = vec![node(FOREMAN, Vec::new())];
         for w in workers {

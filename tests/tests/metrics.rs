@@ -1,0 +1,143 @@
+//! A real node process with `[metrics] listen` on: its endpoint answers over HTTP with
+//! Prometheus text whose families carry live values (a member up, heartbeat frames and bytes,
+//! QUIC bytes to the peer, the device budget); `troupe status --json` reports the same member.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use troupe_tests::{ProcCluster, member_is, run_ok};
+
+const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
+
+const TOPOLOGY: &str = r#"name = "metrics"
+[membership]
+heartbeat_ms = 100
+timeout_ms = 1500
+
+[[nodes]]
+name = "a"
+devices = [{ name = "cpu0", kind = "cpu", memory_mb = 64 }]
+metrics = { listen = "127.0.0.1:0" }
+
+[[nodes]]
+name = "b"
+actors = [{ kind = "hello-expert" }]
+"#;
+
+/// One GET over a fresh connection; the status line and the body.
+async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut reply))
+        .await
+        .expect("the metrics endpoint did not answer")
+        .unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").expect("no end of the response head");
+    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+}
+
+/// Samples of a Prometheus text body: `name{labels}` (as written) to value.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (key, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {l:?}"));
+            (key.to_string(), value.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serves_prometheus_text_with_live_values() {
+    let cluster = ProcCluster::start(EXE.as_ref(), TOPOLOGY).unwrap();
+    let line = cluster.wait_log("a", Duration::from_secs(30), &["metrics served"]).await.unwrap();
+    let addr: SocketAddr = line
+        .split("url=http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .parse()
+        .unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    cluster.wait_status("a", Duration::from_secs(30), |s| member_is(s, "b", "up")).await.unwrap();
+
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.ends_with("# EOF\n"), "not OpenMetrics text:\n{body}");
+    for family in [
+        "troupe_members gauge",
+        "troupe_member_up gauge",
+        "troupe_frames counter",
+        "troupe_frame_bytes counter",
+        "troupe_peer_udp_bytes counter",
+        "troupe_device_memory_budget_bytes gauge",
+        "troupe_device_memory_used_bytes gauge",
+    ] {
+        assert!(body.contains(&format!("# TYPE {family}\n")), "no {family} in\n{body}");
+    }
+    let s = samples(&body);
+    let value = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no sample {k} in\n{body}"));
+    assert!(value("troupe_members{state=\"up\"}") >= 1.0, "{body}");
+    assert_eq!(value("troupe_member_up{member=\"b\"}"), 1.0, "{body}");
+    // heartbeats went both ways on the control channel
+    assert!(value("troupe_frames_total{channel=\"control\",direction=\"received\"}") >= 1.0, "{body}");
+    assert!(value("troupe_frame_bytes_total{channel=\"control\",direction=\"sent\"}") >= 12.0, "{body}");
+    assert!(value("troupe_peer_udp_bytes_total{peer=\"b\",direction=\"received\"}") > 0.0, "{body}");
+    assert_eq!(value("troupe_device_memory_budget_bytes{device=\"cpu0\"}"), f64::from(64u32 << 20), "{body}");
+
+    // counters are live: a later scrape sees more heartbeats (waited for, not timed)
+    let before = value("troupe_frames_total{channel=\"control\",direction=\"received\"}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, later) = get(addr, "/metrics").await;
+        let now = samples(&later)["troupe_frames_total{channel=\"control\",direction=\"received\"}"];
+        if now > before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no more control frames counted after {before}:\n{later}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (status, _) = get(addr, "/nothing").await;
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+
+    // the same member, machine-readable, through the CLI
+    let keys = cluster.dir().join("keys");
+    let node_addr = cluster.nodes[0].parsed.listen.to_string();
+    let out =
+        run_ok(EXE.as_ref(), &["status", "--node", &node_addr, "--keys", keys.to_str().unwrap(), "--json"])
+            .unwrap();
+    let json_start = out.find('{').unwrap_or_else(|| panic!("no JSON in {out}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&out[json_start..]).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["node"], "a", "{v}");
+    let members = v["members"].as_array().unwrap();
+    assert!(members.iter().any(|m| m["name"] == "b" && m["status"] == "up"), "{v}");
+    assert_eq!(v["devices"][0]["budget_bytes"], 64u64 << 20, "{v}");
+}
+
+#[test]
+fn a_non_loopback_metrics_address_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(
+        &cfg,
+        "name = \"a\"\nlisten = \"127.0.0.1:0\"\nkeys = \"keys\"\n[metrics]\nlisten = \"0.0.0.0:9464\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(EXE).args(["node", "--config"]).arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("metrics.listen") && err.contains("0.0.0.0:9464") && err.contains("loopback"),
+        "{err}"
+    );
+}
