@@ -385,13 +385,25 @@ async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
     }
 }
 
+/// Where a client endpoint that dials `target` binds: loopback for a loopback target, else the
+/// unspecified address of the target's family (a socket bound to 127.0.0.1 cannot send to
+/// another host's address: `sendmsg` fails with EINVAL).
+pub fn client_bind_for(target: SocketAddr) -> SocketAddr {
+    match target.ip() {
+        ip if ip.is_loopback() => SocketAddr::new(ip, 0),
+        std::net::IpAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        std::net::IpAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    }
+}
+
 /// Asks the node at `addr` for its status, connecting with `identity` (any node of the cluster).
 pub async fn query_status(
     identity: &NodeIdentity,
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<NodeStatus, RuntimeError> {
-    let link = QuicNode::bind(identity, QuicConfig { member: false, ..QuicConfig::default() }).await?;
+    let config = QuicConfig { member: false, bind: client_bind_for(addr), ..QuicConfig::default() };
+    let link = QuicNode::bind(identity, config).await?;
     let result = tokio::time::timeout(timeout, async {
         let peer = link.connect_any(addr).await?;
         let frame = Frame::encode(FrameKind::Message, &ControlMsg::StatusRequest).map_err(QuicError::from)?;
@@ -418,4 +430,20 @@ pub async fn query_status(
     .map_err(|_| RuntimeError::Status(format!("no answer from {addr} within {timeout:?}")))?;
     link.shutdown().await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_bind_for;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn a_status_client_binds_where_it_can_reach_its_target() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+        let at = |s: &str| client_bind_for(addr(s));
+        assert_eq!(at("127.0.0.1:7000"), addr("127.0.0.1:0"));
+        assert_eq!(at("10.20.0.3:7000"), addr("0.0.0.0:0"));
+        assert_eq!(at("[::1]:7000"), addr("[::1]:0"));
+        assert_eq!(at("[fd00::3]:7000"), addr("[::]:0"));
+    }
 }
