@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod service;
 pub mod supervisor;
 pub mod wire;
+pub mod work;
 
 pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
 pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};

@@ -71,6 +71,12 @@ struct ChannelLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkLabels {
+    workload: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabels {
     peer: String,
     direction: String,
@@ -93,6 +99,7 @@ pub struct NodeMetrics {
     peer_bytes: Family<PeerLabels, Counter>,
     device_used: Family<DeviceLabels, Gauge>,
     device_budget: Family<DeviceLabels, Gauge>,
+    work: Family<WorkLabels, Counter>,
 }
 
 impl Default for NodeMetrics {
@@ -147,6 +154,19 @@ impl NodeMetrics {
         registry.register("device_memory_used_bytes", "Device memory in use", device_used.clone());
         let device_budget = Family::<DeviceLabels, Gauge>::default();
         registry.register("device_memory_budget_bytes", "Device memory budget", device_budget.clone());
+        let work = Family::<WorkLabels, Counter>::default();
+        registry.register(
+            "work",
+            "Work finished in this node, per workload: coe requests answered, pipeline inputs \
+             answered, adaptations done (outcome done), and failed attempts (outcome failed)",
+            work.clone(),
+        );
+        for (workload, _) in troupe_actors::work::all() {
+            for outcome in ["done", "failed"] {
+                let _ =
+                    work.get_or_create(&WorkLabels { workload: workload.into(), outcome: outcome.into() });
+            }
+        }
         for state in ["up", "down"] {
             members.get_or_create(&StateLabels { state: state.into() }).set(0);
         }
@@ -168,6 +188,7 @@ impl NodeMetrics {
             peer_bytes,
             device_used,
             device_budget,
+            work,
         }
     }
 
@@ -219,6 +240,12 @@ impl NodeMetrics {
             mirror(&self.frames.get_or_create(&l("received")), t.frames_received);
             mirror(&self.frame_bytes.get_or_create(&l("sent")), t.bytes_sent);
             mirror(&self.frame_bytes.get_or_create(&l("received")), t.bytes_received);
+        }
+        for (workload, counters) in troupe_actors::work::all() {
+            let (done, failed) = counters.get();
+            let l = |outcome: &str| WorkLabels { workload: workload.into(), outcome: outcome.into() };
+            mirror(&self.work.get_or_create(&l("done")), done);
+            mirror(&self.work.get_or_create(&l("failed")), failed);
         }
         for peer in link.peers() {
             if let Some(stats) = link.connection_stats(&peer) {

@@ -35,11 +35,22 @@ pub struct ProcCluster {
     /// The nodes, in topology order.
     pub nodes: Vec<ProcNode>,
     admin: NodeIdentity,
+    /// Job nodes get `--linger` (they keep serving after their job, as under `troupe up`).
+    linger: bool,
 }
 
 impl ProcCluster {
     /// Writes `topology` (TOML text), generates keys and configs, starts every node.
     pub fn start(exe: &Path, topology: &str) -> Result<Self> {
+        Self::start_with(exe, topology, false)
+    }
+
+    /// Like [`ProcCluster::start`], with job nodes that linger after their job (`--linger`).
+    pub fn start_lingering(exe: &Path, topology: &str) -> Result<Self> {
+        Self::start_with(exe, topology, true)
+    }
+
+    fn start_with(exe: &Path, topology: &str, linger: bool) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("topology.toml");
         std::fs::write(&path, topology)?;
@@ -52,7 +63,7 @@ impl ProcCluster {
             let log = dir.path().join(format!("{name}.log"));
             nodes.push(ProcNode { name, config, parsed, child: None, log });
         }
-        let mut c = Self { dir, exe: exe.to_path_buf(), nodes, admin };
+        let mut c = Self { dir, exe: exe.to_path_buf(), nodes, admin, linger };
         for i in 0..c.nodes.len() {
             c.spawn(i)?;
         }
@@ -71,9 +82,12 @@ impl ProcCluster {
     fn spawn(&mut self, i: usize) -> Result<()> {
         let n = &mut self.nodes[i];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&n.log)?;
-        let child = Command::new(&self.exe)
-            .args(["node", "--config"])
-            .arg(&n.config)
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["node", "--config"]).arg(&n.config);
+        if self.linger && n.parsed.job.is_some() {
+            cmd.arg("--linger");
+        }
+        let child = cmd
             .env("RUST_LOG", "info,ractor_cluster=error,ractor=warn,quinn=warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

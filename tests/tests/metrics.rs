@@ -141,3 +141,46 @@ fn a_non_loopback_metrics_address_is_refused_by_name() {
         "{err}"
     );
 }
+
+const COADAPT: &str = r#"name = "metrics-work"
+[membership]
+heartbeat_ms = 200
+timeout_ms = 5000
+
+[[nodes]]
+name = "edge"
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 1, scheduler = "twin", target_gain = 0.10, max_epochs = 30 } }]
+job = { kind = "coadapt", timeout_s = 600, params = { cameras = 2, min_gain = 0.0 } }
+metrics = { listen = "127.0.0.1:0" }
+
+[[nodes]]
+name = "cam-fog"
+actors = [{ kind = "coadapt-camera", params = { seed = 11, drift = ["0 clean 0", "320 fog 0.8"] } }]
+
+[[nodes]]
+name = "cam-sun"
+actors = [{ kind = "coadapt-camera", params = { seed = 12, drift = ["0 clean 0", "256 sun 0.6"] } }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_counters_count_what_a_finished_job_did() {
+    let cluster = ProcCluster::start_lingering(EXE.as_ref(), COADAPT).unwrap();
+    let line = cluster.wait_log("edge", Duration::from_secs(30), &["metrics served"]).await.unwrap();
+    let addr: SocketAddr = line
+        .split("url=http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .parse()
+        .unwrap();
+    cluster
+        .wait_log("edge", Duration::from_secs(300), &["troupe-node: job coadapt finished: ok"])
+        .await
+        .unwrap();
+    let (_, body) = get(addr, "/metrics").await;
+    let s = samples(&body);
+    let value = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no sample {k} in\n{body}"));
+    assert_eq!(value("troupe_work_total{workload=\"coadapt\",outcome=\"done\"}"), 2.0, "{body}");
+    assert_eq!(value("troupe_work_total{workload=\"coadapt\",outcome=\"failed\"}"), 0.0, "{body}");
+    assert_eq!(value("troupe_work_total{workload=\"coe\",outcome=\"done\"}"), 0.0, "{body}");
+}

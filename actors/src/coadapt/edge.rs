@@ -388,6 +388,7 @@ impl Live {
             );
             let Some((key, eval_teacher_labels)) = self.tasks.remove(&f.task) else { continue };
             lock(&shared.store).done += 1;
+            crate::work::COADAPT.done();
             let reply = AdaptOutcome::Adapted(AdaptReply {
                 task: f.task.0,
                 params: trainable_params(&f.model),
@@ -423,6 +424,7 @@ impl Live {
             // waiting cameras rather than spin.
             tracing::error!(error = %e, "adaptation cycle failed");
             for (_, (key, _)) in std::mem::take(&mut self.tasks) {
+                crate::work::COADAPT.failed();
                 shared.answer(key, refused(e.to_string()));
             }
             self.cycling = false;

@@ -569,7 +569,10 @@ impl Live {
                 }
             }
             Event::Lost { why, .. } => self.lose(now, x, &why)?,
-            Event::Failed(e) => return Err(fail(e)),
+            Event::Failed(e) => {
+                crate::work::COE.failed();
+                return Err(fail(e));
+            }
         }
         Ok(())
     }
@@ -647,6 +650,7 @@ impl Live {
             st.answered.len()
         };
         shared.answered_tx.send_replace(count);
+        crate::work::COE.done();
         Ok(())
     }
 }

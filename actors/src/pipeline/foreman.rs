@@ -863,6 +863,7 @@ impl Shell {
                 }
                 Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
                 Err(CallError::Remote(e)) => {
+                    crate::work::PIPELINE.failed();
                     self.log(format!("{task} failed on {}: {e}", self.node_of(w)));
                     self.last_error.insert(task, e);
                     self.policy.handle_task_done(now, w, task, false);
@@ -923,7 +924,7 @@ impl ForemanShared {
         let result =
             self.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner).answer(input, outputs);
         match result {
-            Ok(true) => {}
+            Ok(true) => crate::work::PIPELINE.done(),
             Ok(false) => warn!(input, "input already answered; the second answer is dropped"),
             Err(e) => self.finish(Err(ShellError::Journal(e.to_string()))),
         }
