@@ -22,6 +22,6 @@ pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
 pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
 pub use kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};
-pub use node::{Children, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
+pub use node::{Children, MembershipEvents, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
 pub use service::{Allow, CallError, Caller, ServiceConfig, ServiceSpec, Services};
 pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

@@ -35,12 +35,17 @@ pub struct PeerAddr {
     pub addr: SocketAddr,
 }
 
-/// Builds the root supervisor's children from the node's link and service router.
-pub type Children = Box<dyn FnOnce(&QuicNode, &Services) -> Result<Vec<ChildSpec>, String> + Send>;
+/// Builds the root supervisor's children from the node's link, service router and membership
+/// events (subscribe for up/down of members).
+pub type Children =
+    Box<dyn FnOnce(&QuicNode, &Services, &MembershipEvents) -> Result<Vec<ChildSpec>, String> + Send>;
+
+/// Where a node's membership events are published (subscribe for up, down, rejoined).
+pub type MembershipEvents = broadcast::Sender<MembershipEvent<NodeId>>;
 
 /// Children that need nothing from the link.
 pub fn fixed_children(children: Vec<ChildSpec>) -> Children {
-    Box::new(move |_, _| Ok(children))
+    Box::new(move |_, _, _| Ok(children))
 }
 
 /// Everything a node runtime needs to start.
@@ -131,7 +136,7 @@ impl NodeRuntime {
         .await
         .map_err(spawn_err("membership"))?;
         let services = Services::new(link.clone(), ServiceConfig::default());
-        let children = (spec.children)(&link, &services)
+        let children = (spec.children)(&link, &services, &membership_events)
             .map_err(|detail| RuntimeError::Spawn { what: "node actors", detail })?;
         let (supervisor_events, root_events) = broadcast::channel(1024);
         let (supervisor, supervisor_handle) = Actor::spawn(
@@ -185,6 +190,11 @@ impl NodeRuntime {
     /// Membership events (up, down, rejoined) from now on.
     pub fn subscribe_membership(&self) -> broadcast::Receiver<MembershipEvent<NodeId>> {
         self.membership_events.subscribe()
+    }
+
+    /// Where membership events are published (for actors that subscribe later, per job).
+    pub fn membership_events(&self) -> MembershipEvents {
+        self.membership_events.clone()
     }
 
     /// Supervision events (restarts, escalations) from now on.

@@ -7,7 +7,8 @@ use anyhow::{Context, Result, bail};
 use tokio::sync::broadcast;
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::{
-    Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, Services,
+    Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, MembershipEvents, NodeRuntime, NodeSpec,
+    PeerAddr, Services,
 };
 use troupe_transport::{FrameLimits, NodeId, NodeIdentity, QuicConfig, QuicNode};
 
@@ -21,17 +22,23 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
     let cookie = cfg.cookie().context("reading the cluster cookie")?;
     let admission = cfg.admission().context("reading [security]")?;
     let config = cfg.clone();
-    let children: Children = Box::new(move |link: &QuicNode, services: &Services| {
-        let ctx = NodeContext { config: config.clone(), link: link.clone(), services: services.clone() };
-        let mut children = Vec::new();
-        for d in &config.devices {
-            children.push(device_child(d, config.heartbeat()));
-        }
-        for a in &config.actors {
-            children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
-        }
-        Ok(children)
-    });
+    let children: Children =
+        Box::new(move |link: &QuicNode, services: &Services, membership: &MembershipEvents| {
+            let ctx = NodeContext {
+                config: config.clone(),
+                link: link.clone(),
+                services: services.clone(),
+                membership: membership.clone(),
+            };
+            let mut children = Vec::new();
+            for d in &config.devices {
+                children.push(device_child(d, config.heartbeat()));
+            }
+            for a in &config.actors {
+                children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+            }
+            Ok(children)
+        });
     Ok(NodeSpec {
         identity,
         quic: QuicConfig {
@@ -145,8 +152,12 @@ async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signa
 }
 
 async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
-    let ctx =
-        NodeContext { config: cfg.clone(), link: runtime.link.clone(), services: runtime.services.clone() };
+    let ctx = NodeContext {
+        config: cfg.clone(),
+        link: runtime.link.clone(),
+        services: runtime.services.clone(),
+        membership: runtime.membership_events(),
+    };
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {

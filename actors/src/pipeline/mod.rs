@@ -4,6 +4,7 @@
 //! - [`job`]: stage files (SHA-256, tensor signatures) and the checks that refuse a broken job.
 //! - [`wire`]: foreman <-> worker messages (rkyv in ractor_cluster RPCs), tensor encoding, blobs.
 //! - [`ledger`]: the job's accepted inputs and answers, journaled on the foreman's node.
+//! - [`service`]: the foreman as a long-lived service taking jobs from clients over QUIC.
 //! - [`worker`]: the worker actor (single live session, disk cache of stage files).
 //! - [`foreman`]: the foreman shell (discovery, per-worker queues, telemetry, failures).
 //! - [`telemetry`]: CPU/RSS from the OS, the simulated device model, real and emulated stragglers.
@@ -11,6 +12,7 @@
 pub mod foreman;
 pub mod job;
 pub mod ledger;
+pub mod service;
 pub mod telemetry;
 pub mod wire;
 pub mod worker;

@@ -297,7 +297,8 @@ pub fn response_from_bytes(bytes: &[u8]) -> Result<Response, WireError> {
     from_bytes::<Response>("response", bytes)
 }
 
-fn from_bytes<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
+/// Checked access to a message of `what` from a peer (size-capped, copied aligned first).
+pub(crate) fn from_bytes<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
 where
     T: Archive,
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
@@ -351,6 +352,15 @@ impl BlobShelf {
             g.blobs.insert(id, bytes);
         }
         id
+    }
+
+    /// Stops serving a pinned blob (a finished job's stage file).
+    pub fn unpin(&self, id: &[u8; 32]) {
+        if let Ok(mut g) = self.inner.lock()
+            && !g.transient.contains(id)
+        {
+            g.blobs.remove(id);
+        }
     }
 
     /// Keeps `bytes` for a while (oldest dropped first over the budget); returns its BLAKE3.

@@ -24,6 +24,8 @@ pub struct NodeContext {
     pub link: QuicNode,
     /// The node's role-checked service router (data plane RPC).
     pub services: troupe_actors::Services,
+    /// The node's membership events (subscribe for members up and down).
+    pub membership: troupe_actors::MembershipEvents,
 }
 
 /// The certificate roles a node needs for the actors and the job it runs (`troupe up` issues
@@ -36,6 +38,8 @@ pub fn roles_for(actors: &[ActorConfig], job: Option<&JobConfig>) -> troupe_tran
         roles = match a.kind.as_str() {
             "hello-expert" | "coe-executor" => roles.with(Role::Executor),
             "pipeline-worker" => roles.with(Role::Worker),
+            // it drives workers, as a job's foreman does
+            "pipeline-foreman" => roles.with(Role::Scheduler),
             "coadapt-edge" => roles.with(Role::Edge),
             "coadapt-camera" => roles.with(Role::Camera),
             _ => roles,
@@ -62,6 +66,7 @@ pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
         "hello-expert" => hello::validate_actor(a),
         "coe-executor" => coe::validate_actor(a),
         "pipeline-worker" => pipeline::validate_actor(a),
+        "pipeline-foreman" => pipeline::validate_foreman(a),
         "coadapt-edge" | "coadapt-camera" => coadapt::validate_actor(a),
         other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
     }
@@ -79,8 +84,14 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
 }
 
 /// Actor kinds known to this build.
-pub const ACTOR_KINDS: &[&str] =
-    &["hello-expert", "coe-executor", "pipeline-worker", "coadapt-edge", "coadapt-camera"];
+pub const ACTOR_KINDS: &[&str] = &[
+    "hello-expert",
+    "coe-executor",
+    "pipeline-worker",
+    "pipeline-foreman",
+    "coadapt-edge",
+    "coadapt-camera",
+];
 /// Job kinds known to this build.
 pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
 
@@ -90,6 +101,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         "hello-expert" => hello::actor(ctx, a),
         "coe-executor" => coe::actor(ctx, a),
         "pipeline-worker" => pipeline::actor(ctx, a),
+        "pipeline-foreman" => pipeline::foreman_actor(ctx, a),
         "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }

@@ -80,6 +80,72 @@ fn default_threads() -> usize {
     1
 }
 
+/// `params` of a `pipeline-foreman` actor: a long-lived foreman taking jobs from clients
+/// (`troupe pipeline submit --foreman ADDR`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ForemanParams {
+    /// Workers each job waits for.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// How long a job waits for them, seconds.
+    #[serde(default = "default_join_timeout")]
+    pub join_timeout_s: u64,
+    /// Telemetry period, ms.
+    #[serde(default = "default_telemetry")]
+    pub telemetry_ms: u64,
+    /// Where job journals go (default `.cache/pipeline/journal/NODE`).
+    #[serde(default)]
+    pub journal_dir: Option<PathBuf>,
+}
+
+fn default_join_timeout() -> u64 {
+    60
+}
+
+/// Checks a `pipeline-foreman` entry.
+pub fn validate_foreman(a: &ActorConfig) -> Result<(), (String, String)> {
+    let p: ForemanParams = params(&a.params)?;
+    if p.workers == 0 {
+        return Err(("params.workers".into(), "must be at least 1".into()));
+    }
+    if p.join_timeout_s == 0 {
+        return Err(("params.join_timeout_s".into(), "must be at least 1".into()));
+    }
+    if p.telemetry_ms == 0 {
+        return Err(("params.telemetry_ms".into(), "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The foreman service actor of one `pipeline-foreman` entry; installs its blob shelf on the
+/// node's link.
+pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+    use troupe_actors::pipeline::service::{ForemanServiceActor, ForemanServiceArgs, ServiceSettings};
+    let p: ForemanParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
+    let journal_dir = p
+        .journal_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".cache/pipeline/journal").join(&ctx.config.name));
+    let args = ForemanServiceArgs {
+        link: ctx.link.clone(),
+        services: ctx.services.clone(),
+        membership: ctx.membership.clone(),
+        settings: ServiceSettings {
+            job: ShellSettings {
+                workers: p.workers,
+                join_timeout: Duration::from_secs(p.join_timeout_s),
+                telemetry_period: Duration::from_millis(p.telemetry_ms),
+                ..ShellSettings::default()
+            },
+            journal_dir,
+        },
+    };
+    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
+        (ForemanServiceActor, args.clone())
+    }))
+}
+
 /// `params` of the `pipeline` job.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -448,10 +514,29 @@ pub fn render_outcome(sentences: &[String], o: &JobOutcome) -> String {
 }
 
 /// `troupe pipeline ...`.
+#[allow(clippy::large_enum_variant)] // parsed once per process: the size does not matter
 #[derive(Subcommand, Debug)]
 pub enum PipelineCommand {
-    /// Checks the chain, starts a local foreman and worker processes, runs the job, prints results.
+    /// Checks the chain and runs the job: on a running cluster's foreman (`--foreman`), or on a
+    /// local foreman and worker processes started for it; prints the results.
     Submit {
+        /// A running foreman service's node address (a node with a `pipeline-foreman` actor);
+        /// without it a local crowd is started for this job.
+        #[arg(long)]
+        foreman: Option<std::net::SocketAddr>,
+        /// Keys folder of that cluster (with `--foreman`).
+        #[arg(long, default_value = "keys")]
+        keys: PathBuf,
+        /// Identity to submit as, from the keys folder: a certificate with the scheduler role
+        /// (`troupe keys node client --role scheduler --keys DIR`).
+        #[arg(long = "as", default_value = "client")]
+        as_name: String,
+        /// Longest the job may take, seconds (with `--foreman`).
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+        /// Write the outputs here: JSON lines, one row per input (see `write_outputs`).
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// Stage files, comma-separated, in order (default: MiniLM's 3 stages from the setup cache).
         #[arg(long, value_delimiter = ',')]
         stages: Vec<PathBuf>,
@@ -487,7 +572,67 @@ pub enum PipelineCommand {
 /// Runs `troupe pipeline ...`.
 pub async fn command(cmd: PipelineCommand) -> Result<()> {
     match cmd {
-        PipelineCommand::Submit { stages, inputs, workers, quotas, mode, bf16, workdir } => {
+        PipelineCommand::Submit {
+            foreman: Some(addr),
+            keys,
+            as_name,
+            timeout_s,
+            out,
+            stages,
+            inputs,
+            mode,
+            bf16,
+            ..
+        } => {
+            if bf16 {
+                bail!("--bf16 is not supported with --foreman (the service runs jobs losslessly)");
+            }
+            let mode = parse_mode(&mode).map_err(anyhow::Error::msg)?;
+            let stages = if stages.is_empty() { minilm_stages()? } else { stages };
+            let sentences = read_sentences(&inputs)?;
+            let job = load_job(&stages, &sentences, mode, false)?;
+            let id = troupe_transport::NodeIdentity::load(&keys, &as_name).with_context(|| {
+                format!(
+                    "loading identity {as_name} from {}; make one with `troupe keys node {as_name} --role scheduler --keys {}`",
+                    keys.display(),
+                    keys.display()
+                )
+            })?;
+            let client = troupe_actors::pipeline::service::ForemanClient::connect(&id, addr).await?;
+            println!(
+                "pipeline: submitting {} inputs x {} stages to the foreman on {} ({addr})",
+                sentences.len(),
+                job.stages.len(),
+                client.foreman()
+            );
+            let answer = client.submit(&job.stages, &job.inputs, mode, Duration::from_secs(timeout_s)).await;
+            client.close().await;
+            let answer = answer?;
+            println!(
+                "pipeline: {} inputs answered in {:.3} s by {} ({} from the foreman's journal)",
+                answer.outputs.len(),
+                answer.makespan_s,
+                answer.workers.join(", "),
+                answer.resumed
+            );
+            if let Some(out) = &out {
+                write_outputs(out, &sentences, &answer.outputs)?;
+                println!("pipeline: results written to {}", out.display());
+            }
+            Ok(())
+        }
+        PipelineCommand::Submit {
+            foreman: None,
+            stages,
+            inputs,
+            workers,
+            quotas,
+            mode,
+            bf16,
+            workdir,
+            out,
+            ..
+        } => {
             if workers == 0 || workers > 64 {
                 bail!("--workers must be between 1 and 64");
             }
@@ -512,7 +657,12 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             let cluster = local::LocalCluster::start(&exe, &workdir, &specs).await?;
             let result = cluster.run(job, ShellSettings { workers, ..ShellSettings::default() }, None).await;
             cluster.shutdown().await;
-            print!("{}", render_outcome(&sentences, &result?));
+            let outcome = result?;
+            print!("{}", render_outcome(&sentences, &outcome));
+            if let Some(out) = &out {
+                write_outputs(out, &sentences, &outcome.outputs)?;
+                println!("pipeline: results written to {}", out.display());
+            }
             Ok(())
         }
         PipelineCommand::ProbeRss { model } => {

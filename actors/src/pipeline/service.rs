@@ -1,0 +1,400 @@
+//! The foreman as a long-lived service: a node hosting a `pipeline-foreman` actor takes jobs
+//! from clients over QUIC ([`FOREMAN_SERVICE`], method [`SUBMIT`], scheduler role only) and
+//! answers each with its outputs.
+//!
+//! - **What travels.** A [`Submission`] names each stage file by its BLAKE3 and size; the
+//!   foreman pulls the bytes from the client's blob shelf (capped at the stage-file cap before
+//!   anything is allocated), checks the chain and the inputs exactly as a local job is checked,
+//!   and only then accepts the job. Outputs come back in the answer (large tensors by reference
+//!   from the foreman's shelf, as between workers).
+//! - **One job at a time, a bounded queue.** Jobs run in arrival order over the cluster's
+//!   workers; a job that finds [`MAX_QUEUED_JOBS`] waiting is refused with `busy` (backpressure),
+//!   never queued without bound.
+//! - **Durable acceptance.** Each job is journaled on the foreman's node under its digest
+//!   (`JOURNAL_DIR/<digest>.journal`): a client that resubmits the same job after the foreman's
+//!   node died gets the answers journaled before the crash without recomputing them.
+//! - **Workers.** Each job waits for the configured number of workers (woken by service
+//!   announcements), so a worker that joined since the last job is used by the next.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rkyv::{Archive, Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use troupe_kernels::onnx::NamedTensor;
+use troupe_policy::pipeline::Mode;
+use troupe_transport::codec::DecodeBudget;
+use troupe_transport::{Link, NodeId, QuicNode, Role};
+
+use super::foreman::{AcceptedJob, ShellSettings, run_pipeline_job};
+use super::job::{MAX_INPUTS, StageFile, build_job};
+use super::ledger::job_digest;
+use super::wire::{
+    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, WireError, WireNamed, decode_tensors, encode_tensors,
+    from_bytes, to_bytes,
+};
+use super::worker::MAX_STAGE_BYTES;
+use crate::MembershipEvents;
+use crate::service::{Allow, CallError, Handler, ServiceSpec, Services};
+
+/// The service a `pipeline-foreman` actor serves.
+pub const FOREMAN_SERVICE: &str = "pipeline-foreman";
+/// Its one method: run a job, answer with the outputs.
+pub const SUBMIT: &str = "submit";
+/// Jobs waiting behind the running one before new ones are refused as busy.
+pub const MAX_QUEUED_JOBS: usize = 4;
+/// Most stages one submitted job may have.
+pub const MAX_STAGES: usize = 32;
+
+/// One stage file of a submission: pulled from the client by its BLAKE3.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StageRef {
+    /// The stage's name (for messages).
+    pub name: String,
+    /// BLAKE3 of the file: the blob id on the client's shelf.
+    pub blob: [u8; 32],
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A job as a client submits it.
+#[derive(Archive, Serialize, Deserialize, Debug)]
+pub struct Submission {
+    /// The stage files, in chain order.
+    pub stages: Vec<StageRef>,
+    /// Per input, its tensors.
+    pub inputs: Vec<Vec<WireNamed>>,
+    /// Streaming (true) or barrier dependencies.
+    pub streaming: bool,
+    /// Send activations as bf16 (lossy).
+    pub lossy_bf16: bool,
+}
+
+/// What the foreman answers a submission with.
+#[derive(Archive, Serialize, Deserialize, Debug)]
+pub struct SubmitReply {
+    /// Per input, the last stage's outputs.
+    pub outputs: Vec<Vec<WireNamed>>,
+    /// Submission to the last answer, seconds.
+    pub makespan_s: f64,
+    /// Inputs answered from the journal of an earlier run of this job.
+    pub resumed: u32,
+    /// The workers that ran it.
+    pub workers: Vec<String>,
+}
+
+/// Settings of a foreman service.
+#[derive(Clone, Debug)]
+pub struct ServiceSettings {
+    /// How each job runs (workers to wait for, timeouts, policy).
+    pub job: ShellSettings,
+    /// Where job journals go.
+    pub journal_dir: PathBuf,
+}
+
+/// Why a submission failed, on the client's side.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The job could not be encoded, or the answer decoded.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The foreman refused or failed the job, or could not be reached.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// No connection to the foreman's node.
+    #[error("connecting to the foreman: {0}")]
+    Connect(String),
+}
+
+/// What a client gets back.
+#[derive(Debug)]
+pub struct Answer {
+    /// Per input, the last stage's outputs.
+    pub outputs: Vec<Vec<NamedTensor>>,
+    /// Submission to the last answer, as the foreman measured it, seconds.
+    pub makespan_s: f64,
+    /// Inputs answered from the foreman's journal.
+    pub resumed: u32,
+    /// The workers that ran it.
+    pub workers: Vec<String>,
+}
+
+/// The foreman service's state shared by its calls.
+struct Foreman {
+    link: QuicNode,
+    services: Services,
+    membership: MembershipEvents,
+    shelf: BlobShelf,
+    settings: ServiceSettings,
+    running: Semaphore,
+    waiting: AtomicUsize,
+}
+
+impl Foreman {
+    /// Pulls, checks and runs one submission from `client`.
+    async fn submit(&self, client: &NodeId, body: &[u8]) -> Result<Vec<u8>, String> {
+        let sub: Submission = from_bytes("submission", body).map_err(|e| e.to_string())?;
+        if sub.stages.is_empty() || sub.stages.len() > MAX_STAGES {
+            return Err(format!("a job needs 1..={MAX_STAGES} stages, this one has {}", sub.stages.len()));
+        }
+        if sub.inputs.is_empty() || sub.inputs.len() > MAX_INPUTS {
+            return Err(format!("a job needs 1..={MAX_INPUTS} inputs, this one has {}", sub.inputs.len()));
+        }
+        let mut stages = Vec::with_capacity(sub.stages.len());
+        for s in &sub.stages {
+            if s.size > MAX_STAGE_BYTES {
+                return Err(format!(
+                    "stage {}: {} bytes is above the {MAX_STAGE_BYTES}-byte cap",
+                    s.name, s.size
+                ));
+            }
+            let cap = u32::try_from(s.size).map_err(|_| format!("stage {}: {} bytes", s.name, s.size))?;
+            let bytes = self
+                .link
+                .fetch_blob(client, s.blob, cap)
+                .await
+                .map_err(|e| format!("pulling stage {} from {client}: {e}", s.name))?;
+            if *blake3::hash(&bytes).as_bytes() != s.blob || bytes.len() as u64 != s.size {
+                return Err(format!("stage {}: the pulled bytes do not match its BLAKE3 and size", s.name));
+            }
+            let origin = format!("{client}:{}", s.name);
+            stages.push(StageFile::from_bytes(&s.name, &origin, bytes).map_err(|e| e.to_string())?);
+        }
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let mut inputs = Vec::with_capacity(sub.inputs.len());
+        for tensors in sub.inputs {
+            inputs.push(
+                decode_tensors(tensors, &self.link, client.as_str(), &mut budget)
+                    .await
+                    .map_err(|e| format!("inputs: {e}"))?,
+            );
+        }
+        let mode = if sub.streaming { Mode::Streaming } else { Mode::Barrier };
+        let job = build_job(stages, inputs, mode, sub.lossy_bf16).map_err(|e| e.to_string())?;
+
+        // one job runs; a bounded number wait their turn
+        // the running job counts as one of `waiting`
+        if self.waiting.fetch_add(1, Ordering::SeqCst) > MAX_QUEUED_JOBS {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(format!(
+                "busy: {MAX_QUEUED_JOBS} jobs already wait for this foreman; submit again later"
+            ));
+        }
+        let turn = self.running.acquire().await;
+        let result = match turn {
+            Ok(_turn) => self.run(client, job).await,
+            Err(e) => Err(format!("the foreman is shutting down: {e}")),
+        };
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn run(&self, client: &NodeId, job: super::job::PipelineJob) -> Result<Vec<u8>, String> {
+        let digest = job_digest(&job);
+        let stage_ids: Vec<[u8; 32]> =
+            job.stages.iter().map(|s| *blake3::hash(&s.bytes).as_bytes()).collect();
+        let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+        let journal = self.settings.journal_dir.join(format!("{hex}.journal"));
+        let (n, s) = (job.inputs.len(), job.stages.len());
+        let (accepted, resumed) = AcceptedJob::open(job, Some(&journal)).map_err(|e| e.to_string())?;
+        tracing::info!(%client, job = %hex, inputs = n, stages = s, resumed = resumed.answered, "pipeline job accepted");
+        let outcome = run_pipeline_job(
+            &self.link,
+            &self.services,
+            &self.shelf,
+            self.membership.subscribe(),
+            accepted,
+            self.settings.job.clone(),
+            None,
+        )
+        .await;
+        for id in &stage_ids {
+            self.shelf.unpin(id);
+        }
+        let outcome = outcome.map_err(|e| e.to_string())?;
+        let mut tally = EncodeTally::default();
+        let outputs = outcome
+            .outputs
+            .iter()
+            .map(|o| encode_tensors(o, false, &self.shelf, &mut tally))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let reply = SubmitReply {
+            outputs,
+            makespan_s: outcome.makespan_s,
+            resumed: resumed.answered as u32,
+            workers: outcome.workers.iter().map(|w| w.node.clone()).collect(),
+        };
+        let bytes = to_bytes("answer", &reply).map_err(|e| e.to_string())?;
+        // answered: the journal has done its job
+        if let Some(path) = &outcome.journal
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a finished job's journal");
+        }
+        tracing::info!(%client, job = %hex, makespan_s = outcome.makespan_s, "pipeline job answered");
+        Ok(bytes)
+    }
+}
+
+/// Arguments of the foreman service actor.
+#[derive(Clone)]
+pub struct ForemanServiceArgs {
+    /// The node's link.
+    pub link: QuicNode,
+    /// The node's service router.
+    pub services: Services,
+    /// The node's membership events.
+    pub membership: MembershipEvents,
+    /// The service's settings.
+    pub settings: ServiceSettings,
+}
+
+/// The actor that serves [`FOREMAN_SERVICE`] while it runs (registers it on start; a restart
+/// registers it again). Jobs run on the calls' own tasks, each under its own supervised
+/// foreman ([`run_pipeline_job`]).
+pub struct ForemanServiceActor;
+
+impl Actor for ForemanServiceActor {
+    type Msg = ();
+    type State = Arc<ForemanServiceArgs>;
+    type Arguments = ForemanServiceArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: ForemanServiceArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let shelf = BlobShelf::default();
+        args.link.set_blob_server(Arc::new(shelf.clone()));
+        let foreman = Arc::new(Foreman {
+            link: args.link.clone(),
+            services: args.services.clone(),
+            membership: args.membership.clone(),
+            shelf,
+            settings: args.settings.clone(),
+            running: Semaphore::new(1),
+            waiting: AtomicUsize::new(0),
+        });
+        let handler: Handler = Arc::new(move |caller, _method, body| {
+            let foreman = foreman.clone();
+            Box::pin(async move { foreman.submit(&caller.node, &body).await })
+        });
+        args.services.register(
+            FOREMAN_SERVICE,
+            ServiceSpec::new().method(SUBMIT, Allow::role(Role::Scheduler)),
+            handler,
+        );
+        Ok(Arc::new(args))
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        args.services.unregister(FOREMAN_SERVICE);
+        Ok(())
+    }
+}
+
+/// A client of a foreman service: its own QUIC endpoint (not a cluster member), a service
+/// router for the answers and a blob shelf the foreman pulls stage files from.
+pub struct ForemanClient {
+    link: QuicNode,
+    services: Services,
+    shelf: BlobShelf,
+    foreman: NodeId,
+}
+
+impl ForemanClient {
+    /// Connects to the foreman's node at `addr` as `identity` (a certificate of the cluster
+    /// with the scheduler role).
+    pub async fn connect(
+        identity: &troupe_transport::NodeIdentity,
+        addr: std::net::SocketAddr,
+    ) -> Result<Self, SubmitError> {
+        let config = troupe_transport::QuicConfig {
+            member: false,
+            bind: crate::node::client_bind_for(addr),
+            ..troupe_transport::QuicConfig::default()
+        };
+        let link = QuicNode::bind(identity, config).await.map_err(|e| SubmitError::Connect(e.to_string()))?;
+        let shelf = BlobShelf::default();
+        link.set_blob_server(Arc::new(shelf.clone()));
+        let services = Services::new(link.clone(), crate::service::ServiceConfig::default());
+        {
+            let (link, services) = (link.clone(), services.clone());
+            tokio::spawn(async move {
+                while let Ok(d) = link.recv().await {
+                    if d.frame.kind == troupe_transport::FrameKind::Service {
+                        services.handle_frame(d);
+                    }
+                }
+            });
+        }
+        let foreman = link.connect_any(addr).await.map_err(|e| SubmitError::Connect(e.to_string()))?;
+        Ok(ForemanClient { link, services, shelf, foreman })
+    }
+
+    /// The foreman's node.
+    pub fn foreman(&self) -> &NodeId {
+        &self.foreman
+    }
+
+    /// Submits a job and waits for its outputs (at most `timeout`).
+    pub async fn submit(
+        &self,
+        stages: &[StageFile],
+        inputs: &[Vec<NamedTensor>],
+        mode: Mode,
+        timeout: Duration,
+    ) -> Result<Answer, SubmitError> {
+        let stage_refs: Vec<StageRef> = stages
+            .iter()
+            .map(|s| StageRef {
+                name: s.signature.name.clone(),
+                blob: self.shelf.pin(s.bytes.clone()),
+                size: s.bytes.len() as u64,
+            })
+            .collect();
+        let ids: Vec<[u8; 32]> = stage_refs.iter().map(|s| s.blob).collect();
+        let result = self.call(stage_refs, inputs, mode, timeout).await;
+        for id in &ids {
+            self.shelf.unpin(id);
+        }
+        result
+    }
+
+    async fn call(
+        &self,
+        stages: Vec<StageRef>,
+        inputs: &[Vec<NamedTensor>],
+        mode: Mode,
+        timeout: Duration,
+    ) -> Result<Answer, SubmitError> {
+        let mut tally = EncodeTally::default();
+        let inputs = inputs
+            .iter()
+            .map(|t| encode_tensors(t, false, &self.shelf, &mut tally))
+            .collect::<Result<Vec<_>, _>>()?;
+        let sub = Submission { stages, inputs, streaming: mode == Mode::Streaming, lossy_bf16: false };
+        let body = to_bytes("submission", &sub)?;
+        let answer = self.services.call(&self.foreman, FOREMAN_SERVICE, SUBMIT, body, timeout).await?;
+        let reply: SubmitReply = from_bytes("answer", &answer)?;
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let mut outputs = Vec::with_capacity(reply.outputs.len());
+        for o in reply.outputs {
+            outputs.push(decode_tensors(o, &self.link, self.foreman.as_str(), &mut budget).await?);
+        }
+        Ok(Answer { outputs, makespan_s: reply.makespan_s, resumed: reply.resumed, workers: reply.workers })
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) {
+        self.link.shutdown().await;
+    }
+}
