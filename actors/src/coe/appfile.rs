@@ -410,7 +410,13 @@ pub fn open_for_serving(loaded: &LoadedApp, work: &Path, requests: &Requests) ->
         let entry = &loaded.file.experts[loaded.graph.entry[id]];
         let named =
             |problem: String| bad(&loaded.path, format!("expert `{name}` ({}): {problem}", onnx.display()));
-        let bytes = std::fs::read(onnx).map_err(|e| CoeError::io("reading", onnx, e))?;
+        // Capped while reading too: the file may have grown since it was checked.
+        let mut bytes = Vec::new();
+        std::fs::File::open(onnx)
+            .and_then(|f| {
+                std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_ONNX_BYTES + 1), &mut bytes)
+            })
+            .map_err(|e| CoeError::io("reading", onnx, e))?;
         if bytes.is_empty() || bytes.len() as u64 > MAX_ONNX_BYTES {
             return Err(named(format!("{} bytes (1..={MAX_ONNX_BYTES} accepted)", bytes.len())));
         }
