@@ -13,7 +13,9 @@
 //! of the trace carries the selections the real experts make.
 //!
 //! Layout of an app folder: `app.txt` (manifest), `trace.txt` (the policy crate's trace format,
-//! whose `input` field is a digit image index), `store/e<id>.blob` (the weight store's blob files).
+//! whose `input` field is a digit image index), `store/e<id>.blob` (the weight store's blob files),
+//! and the same app as a user would write it: `app.toml` ([`super::appfile`]) naming
+//! `experts/e<id>.onnx` (the ONNX files again), for `troupe coe serve --app`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,6 +33,7 @@ use troupe_policy::coe::synth::{ModelConfig, synthetic_model};
 use troupe_policy::coe::{CoeModel, ExpertId, ExpertSpec, RequestId, Trace, TraceRequest};
 
 use super::CoeError;
+use super::appfile::{AppFile, Memory};
 
 /// Outputs of a leaf (defect) expert.
 pub const DEFECT_CLASSES: usize = 4;
@@ -44,10 +47,12 @@ pub const INPUT_NAME: &str = "x";
 pub const OUTPUT_NAME: &str = "probs";
 /// First line of a manifest.
 pub const MANIFEST_FORMAT: &str = "format troupe-coe-app 1";
+/// Name of the app file gen writes (see [`super::appfile`]).
+pub const APP_FILE: &str = "app.toml";
 /// Largest manifest accepted, bytes.
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest trace accepted, bytes.
-const MAX_TRACE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_TRACE_BYTES: u64 = 256 << 20;
 /// Widest layer accepted in a manifest.
 const MAX_WIDTH: usize = 1 << 16;
 
@@ -236,6 +241,9 @@ pub struct App {
     pub trace: Trace,
     /// The digit images requests refer to.
     pub digits: Digits,
+    /// Per expert: the outputs scoring its children, in the model's children order
+    /// (`0..k` for a generated app; what the app file's edges say for `serve --app`).
+    pub routes: Vec<Vec<usize>>,
 }
 
 /// Read a file with a size cap, naming it on error.
@@ -282,12 +290,18 @@ impl App {
                 ),
             });
         }
-        Ok(App { dir: dir.to_path_buf(), manifest, trace, digits })
+        let routes = trace.model.experts().iter().map(|e| (0..e.children.len()).collect()).collect();
+        Ok(App { dir: dir.to_path_buf(), manifest, trace, digits, routes })
     }
 
     /// The store folder.
     pub fn store_dir(&self) -> PathBuf {
         self.dir.join("store")
+    }
+
+    /// The scores of `expert`'s children (model order) in its output row `probs`.
+    pub fn child_scores(&self, expert: ExpertId, probs: &[f32]) -> Vec<f32> {
+        route_scores(probs, self.routes.get(expert.index()).map_or(&[][..], Vec::as_slice))
     }
 
     /// Digit image `image` (a request's input) as 64 floats in 0..1.
@@ -302,6 +316,11 @@ pub fn image_floats(digits: &Digits, i: usize) -> Vec<f32> {
         || vec![0.0; INPUT_WIDTH],
         |px| px.iter().map(|&p| f32::from(p) / f32::from(Digits::MAX_PIXEL)).collect(),
     )
+}
+
+/// `row[route[i]]` for each `i`, stopping at the first output `row` lacks.
+pub fn route_scores(row: &[f32], route: &[usize]) -> Vec<f32> {
+    route.iter().map_while(|&o| row.get(o).copied()).collect()
 }
 
 /// Which children a preliminary's output selects: the argmax, plus the runner-up when its
@@ -363,7 +382,7 @@ fn random_layers(widths: &[usize], rng: &mut SmallRng) -> Vec<DenseLayer> {
 }
 
 /// Per (root, image) walk: the selections each reached preliminary made, in walk order.
-type Walks = BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>;
+pub(crate) type Walks = BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>;
 
 /// What generation produced.
 #[derive(Clone, Debug, PartialEq)]
@@ -416,6 +435,7 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
         drop(layers);
         let blob = format!("e{}", e.id.0);
         store.put(&blob, &bytes)?;
+        write_file(&dir.join(format!("experts/e{}.onnx", e.id.0)), &bytes)?;
         sizes.push(bytes.len() as u64);
         if e.preliminary().is_none() {
             reach[e.id.index()] = (0..pool).map(|i| (e.id, i)).collect();
@@ -468,6 +488,9 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
     let manifest = Manifest { scale, seed, experts: files };
     write_file(&dir.join("app.txt"), manifest.to_text().as_bytes())?;
     write_file(&dir.join("trace.txt"), trace.to_text().as_bytes())?;
+    let memory = Memory { gpu_expert_bytes: cfg.gpu_expert_bytes, cpu_expert_bytes: cfg.cpu_expert_bytes };
+    let app_file = AppFile::from_model(&trace.model, Some(scale.name()), Some(memory));
+    write_file(&dir.join(APP_FILE), app_file.to_toml()?.as_bytes())?;
     Ok(GenReport {
         experts: n,
         total_bytes: sizes.iter().sum(),
@@ -489,7 +512,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CoeError> {
 
 /// Bursty Poisson arrivals with a skewed (Zipf) mix over the roots; each request's selections
 /// are the real ones recorded for its (root, image) walk.
-fn build_trace(
+pub(crate) fn build_trace(
     model: CoeModel,
     cfg: &ScaleConfig,
     pool: usize,

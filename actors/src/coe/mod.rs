@@ -5,6 +5,8 @@
 //!
 //! - [`app`]: the application generator (`troupe coe gen`): experts as ONNX files in a tiered
 //!   weight store, a manifest and a trace whose selections come from the real experts.
+//! - [`appfile`]: users' own applications (`troupe coe serve --app FILE`): an app file naming
+//!   each expert's ONNX file, the dependency edges and the usage probabilities.
 //! - [`executor`]: one executor (its own weight store, memory budget and ONNX sessions); loading
 //!   is an `O_DIRECT` read plus session creation.
 //! - [`runner`]: what executors are told and answer, and local runs over executor threads.
@@ -14,6 +16,7 @@
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
 pub mod app;
+pub mod appfile;
 pub mod exec_wire;
 pub mod executor;
 pub mod profiler;

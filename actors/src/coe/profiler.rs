@@ -74,9 +74,14 @@ pub struct ExecutorPlan {
 /// The two executors of the app's scale: the GPU stand-in and the CPU.
 pub fn default_plan(app: &App) -> Vec<ExecutorPlan> {
     let cfg = app.manifest.scale.config();
+    plan(cfg.gpu_expert_bytes, cfg.cpu_expert_bytes)
+}
+
+/// The GPU stand-in and the CPU executor with these expert bytes.
+pub fn plan(gpu_expert_bytes: u64, cpu_expert_bytes: u64) -> Vec<ExecutorPlan> {
     vec![
-        ExecutorPlan { name: standin_name(0), kind: ExecutorKind::Gpu, expert_bytes: cfg.gpu_expert_bytes },
-        ExecutorPlan { name: "cpu0".into(), kind: ExecutorKind::Cpu, expert_bytes: cfg.cpu_expert_bytes },
+        ExecutorPlan { name: standin_name(0), kind: ExecutorKind::Gpu, expert_bytes: gpu_expert_bytes },
+        ExecutorPlan { name: "cpu0".into(), kind: ExecutorKind::Cpu, expert_bytes: cpu_expert_bytes },
     ]
 }
 

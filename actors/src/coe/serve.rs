@@ -558,7 +558,7 @@ impl Live {
                     if children.is_empty() {
                         continue;
                     }
-                    let chosen = select_children(&probs, &children);
+                    let chosen = select_children(&shared.app.child_scores(expert, &probs), &children);
                     if req.selection(expert) != Some(chosen.as_slice()) {
                         return Err(fail(format!(
                             "{request}: {expert} selected {chosen:?}, the trace recorded {:?} (trace not made for this app?)",

@@ -1,4 +1,4 @@
-//! Workload `coe`: `troupe coe gen | profile | run`, the CoServe-style CoE application on real
+//! Workload `coe`: `troupe coe gen | profile | run | serve`, the CoServe-style CoE application on real
 //! ONNX experts (see `troupe_actors::coe`).
 
 use std::path::{Path, PathBuf};
@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use troupe_actors::coe::app::{self, App, Scale};
+use troupe_actors::coe::appfile::{LoadedApp, Memory, Requests, open_for_serving};
 use troupe_actors::coe::profiler;
 use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
 use troupe_policy::coe::{EvictionPolicy, LatencyModel, Profile, SchedulerConfig};
@@ -69,6 +70,103 @@ pub enum CoeCommand {
         #[arg(long)]
         simulate: bool,
     },
+    /// Serve a user's application (an app file, see the README) for real in this process.
+    Serve {
+        /// The app file (TOML): experts' ONNX files, dependency edges, usage probabilities.
+        #[arg(long)]
+        app: PathBuf,
+        /// Work folder: the imported weight store and the profile (default FILE's folder
+        /// joined with `<FILE stem>.serve`).
+        #[arg(long)]
+        work: Option<PathBuf>,
+        /// Serve this trace file's requests (the `coe run` format, e.g. a generated app's
+        /// trace.txt). Without it, requests are generated from the app's probabilities.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Requests to generate (without --trace), or the first N of the trace.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Seed of the generated requests.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Profile file (default WORK/profile.txt, measured now and written there if missing).
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// Policy label, as for `coe run`.
+        #[arg(long, default_value = "ours")]
+        policy: String,
+        /// Eviction override, as for `coe run`.
+        #[arg(long)]
+        eviction: Option<EvictionPolicy>,
+        /// Write `request <id> digest <hex>` lines here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// Requests `serve --app` generates when neither --trace nor --requests is given.
+pub const DEFAULT_SERVE_REQUESTS: usize = 300;
+
+/// `troupe coe serve --app FILE`: open the app file, make or read the requests, profile if
+/// needed, serve, print the run line and write the results.
+#[allow(clippy::too_many_arguments)]
+pub fn serve_app(
+    app_file: &Path,
+    work: Option<PathBuf>,
+    trace: Option<PathBuf>,
+    requests: Option<usize>,
+    seed: u64,
+    profile: Option<PathBuf>,
+    config: SchedulerConfig,
+    out: Option<PathBuf>,
+) -> Result<()> {
+    let loaded = LoadedApp::load(app_file)?;
+    let work = work.unwrap_or_else(|| {
+        let stem = app_file.file_stem().map_or_else(|| "app".into(), |s| s.to_string_lossy().into_owned());
+        app_file.parent().unwrap_or(Path::new(".")).join(format!("{stem}.serve"))
+    });
+    let source = match &trace {
+        Some(t) => Requests::Trace(t.clone()),
+        None => Requests::Generated { count: requests.unwrap_or(DEFAULT_SERVE_REQUESTS), seed },
+    };
+    let mut app = open_for_serving(&loaded, &work, &source)
+        .with_context(|| format!("opening {} for serving", app_file.display()))?;
+    if let (Some(n), Some(_)) = (requests, &trace) {
+        app.trace.requests.truncate(n);
+    }
+    let path = profile.unwrap_or_else(|| work.join("profile.txt"));
+    let profile = if path.is_file() {
+        profiler::load_profile(&path)?
+    } else {
+        let defaults = Scale::Ci.config();
+        let memory = loaded.file.memory.unwrap_or(Memory {
+            gpu_expert_bytes: defaults.gpu_expert_bytes,
+            cpu_expert_bytes: defaults.cpu_expert_bytes,
+        });
+        let p = profiler::profile(&app, &profiler::plan(memory.gpu_expert_bytes, memory.cpu_expert_bytes))?;
+        app::write_file(&path, p.to_text().as_bytes())?;
+        println!("coe serve: profiled this machine -> {}", path.display());
+        p
+    };
+    let latency = LatencyModel::from_profile(&profile)?;
+    let requests_from = match &trace {
+        Some(t) => format!("from {}", t.display()),
+        None => format!("generated (seed {seed})"),
+    };
+    println!(
+        "coe serve: {} experts from {}, {} requests {requests_from}",
+        app.trace.model.len(),
+        app_file.display(),
+        app.trace.requests.len()
+    );
+    let app = std::sync::Arc::new(app);
+    let report = run_local(&app, &latency, &RunOptions::new(config))?;
+    println!("{}", run_line(&report));
+    if let Some(out) = out {
+        app::write_file(&out, troupe_actors::coe::runner::results_text(&report).as_bytes())?;
+        println!("results written to {}", out.display());
+    }
+    Ok(())
 }
 
 /// Parse a scale name.
@@ -170,6 +268,9 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let dir = app_dir(scale(&s)?, dir);
             let out = out.unwrap_or_else(|| dir.join("profile.txt"));
             profile_app(&dir, &out).map(|_| ())
+        }
+        CoeCommand::Serve { app, work, trace, requests, seed, profile, policy: p, eviction, out } => {
+            serve_app(&app, work, trace, requests, seed, profile, config(&p, eviction)?, out)
         }
         CoeCommand::Run { scale: s, dir, trace, profile, policy: p, eviction, out, requests, simulate } => {
             let dir = app_dir(scale(&s)?, dir);
