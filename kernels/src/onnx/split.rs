@@ -34,7 +34,8 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 
 use super::proto::{
-    GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto, tensor_proto, type_proto,
+    GraphProto, ModelProto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_proto, type_proto,
 };
 
 /// Protobuf's hard limit on one message (2 GiB - 1): no ONNX file without external data is larger.
@@ -417,6 +418,42 @@ const SAME_TYPE_OPS: &[&str] = &[
     "Where",
 ];
 
+/// Ops whose output has the rank of their first input.
+const RANK_KEEPING_OPS: &[&str] = &[
+    "Abs",
+    "BatchNormalization",
+    "Cast",
+    "Ceil",
+    "Clip",
+    "Cos",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Floor",
+    "Gelu",
+    "HardSigmoid",
+    "Identity",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "Neg",
+    "Reciprocal",
+    "Relu",
+    "Sigmoid",
+    "Sin",
+    "Softmax",
+    "Softplus",
+    "Sqrt",
+    "Tanh",
+    "Transpose",
+];
+
+/// Broadcasting ops: the output's rank is the largest input rank.
+const BROADCAST_OPS: &[&str] = &["Add", "Div", "Max", "Mean", "Min", "Mul", "Pow", "Sub", "Sum", "Where"];
+
 /// Ops whose output is int64 whatever their inputs.
 const INT64_OPS: &[&str] = &["ArgMax", "ArgMin", "NonZero", "Shape", "Size"];
 
@@ -665,7 +702,12 @@ impl<'a> Analysis<'a> {
             detail,
         };
         match self.elem_type(tensor, 0) {
-            Some(FLOAT | INT64) => None,
+            Some(FLOAT | INT64) if self.rank(tensor, 0).is_some() => None,
+            Some(FLOAT | INT64) => Some(refuse(
+                "its rank cannot be told (no shape in its value_info and the op is unknown to the split; \
+                 run ONNX shape inference on the model first)"
+                    .into(),
+            )),
             Some(other) => Some(refuse(format!(
                 "its type is {}; pipeline stages pass only FLOAT and INT64",
                 dtype_name(other)
@@ -675,6 +717,44 @@ impl<'a> Analysis<'a> {
                  run ONNX shape inference on the model first)"
                     .into(),
             )),
+        }
+    }
+
+    /// Rank of a tensor: from value_info, initializers, else propagated through known ops.
+    fn rank(&self, tensor: &str, depth: usize) -> Option<usize> {
+        if let Some(vi) = self.infos.get(tensor) {
+            return match vi.r#type.as_ref()?.value.as_ref()? {
+                type_proto::Value::TensorType(t) => t.shape.as_ref().map(|s| s.dim.len()),
+                _ => None,
+            };
+        }
+        if let Some(init) = self.inits.get(tensor) {
+            return Some(match init {
+                Init::Dense(t) => t.dims.len(),
+                Init::Sparse(s) => s.dims.len(),
+            });
+        }
+        let node = self.nodes[*self.producer.get(tensor)?].node;
+        if depth > 64 || !matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+            return None;
+        }
+        let input = |i: usize| node.input.get(i).and_then(|t| self.rank(t, depth + 1));
+        let op = node.op_type.as_deref()?;
+        if RANK_KEEPING_OPS.contains(&op) {
+            return input(0);
+        }
+        if BROADCAST_OPS.contains(&op) {
+            return (0..node.input.len()).map(input).try_fold(0, |acc, r| r.map(|r| acc.max(r)));
+        }
+        match op {
+            "MatMul" => match (input(0)?, input(1)?) {
+                (a, b) if a >= 2 && b >= 2 => Some(a.max(b)),
+                _ => None,
+            },
+            "Gather" => (input(0)? + input(1)?).checked_sub(1),
+            "Shape" => Some(1),
+            "Size" => Some(0),
+            _ => None,
         }
     }
 
@@ -748,7 +828,9 @@ impl<'a> Analysis<'a> {
             r#type: Some(TypeProto {
                 value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                     elem_type: self.elem_type(tensor, 0),
-                    shape: None,
+                    shape: self.rank(tensor, 0).map(|r| TensorShapeProto {
+                        dim: vec![super::proto::tensor_shape_proto::Dimension::default(); r],
+                    }),
                 })),
                 denotation: None,
             }),
@@ -880,7 +962,11 @@ pub fn cut_points(model: &ModelProto) -> Result<Vec<CutPoint>, SplitError> {
         .collect())
 }
 
-/// Picks `k - 1` of the usable cuts minimising (largest stage bytes, sum of squares).
+/// Picks `k - 1` of the usable cuts minimising (largest stage bytes, sum of squares): a dynamic
+/// programme over boundaries, `O(k m^2)` stage costs for `m` cuts (each costed once, memoised).
+// The table is indexed by (stages, boundary) on both sides of each step; indices read clearer
+// than iterator adaptors here.
+#[allow(clippy::needless_range_loop)]
 fn balance(a: &Analysis<'_>, cuts: &[&str], k: usize) -> Vec<usize> {
     let m = cuts.len();
     // Boundaries: 0 = graph inputs, 1..=m = cuts, m + 1 = graph outputs.
@@ -906,9 +992,6 @@ fn balance(a: &Analysis<'_>, cuts: &[&str], k: usize) -> Vec<usize> {
         for j in (s + 1)..=m + 1 {
             let mut pick: Option<(Score, usize)> = None;
             for i in s..j {
-                if i > m {
-                    continue;
-                }
                 let Some(((mx, sq), _)) = best[s - 1][i] else { continue };
                 let c = cost_of(i, j);
                 let score = (mx.max(c), sq + u128::from(c) * u128::from(c));
@@ -1067,4 +1150,245 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SplitError> {
     let io = |source| SplitError::Io { path: path.to_owned(), source };
     fs::write(&tmp, bytes).map_err(io)?;
     fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::writer::{FLOAT, float_tensor, int_attribute, model, node, value_info};
+    use crate::onnx::{NamedTensor, OnnxSession, SessionConfig};
+
+    fn w(name: &str, seed: f32) -> TensorProto {
+        let data: Vec<f32> = (0..16).map(|i| ((i as f32) * 0.37 + seed).sin()).collect();
+        float_tensor(name, &[4, 4], &data)
+    }
+
+    /// x, m: f32 [N, 4]. a = x W0; b = relu(a); ms = m * c2 (side: depends on m only);
+    /// c = b + ms; d = c W1; y = d + ms. Cuts: a, b, c, d (after ms, b and ms both cross).
+    fn side_graph() -> ModelProto {
+        let io = [Err("n"), Ok(4)];
+        model(GraphProto {
+            node: vec![
+                node("MatMul", &["x", "w0"], &["a"], vec![]),
+                node("Relu", &["a"], &["b"], vec![]),
+                node("Mul", &["m", "c2"], &["ms"], vec![]),
+                node("Add", &["b", "ms"], &["c"], vec![]),
+                node("MatMul", &["c", "w1"], &["d"], vec![]),
+                node("Add", &["d", "ms"], &["y"], vec![]),
+            ],
+            name: Some("side".into()),
+            initializer: vec![w("w0", 0.1), w("w1", 0.7), float_tensor("c2", &[], &[0.5])],
+            input: vec![value_info("x", FLOAT, &io), value_info("m", FLOAT, &io)],
+            output: vec![value_info("y", FLOAT, &io)],
+            ..Default::default()
+        })
+    }
+
+    fn run_chain(stages: &[ModelProto], x: &[f32], m: &[f32]) -> Vec<f32> {
+        let mut have: HashMap<String, NamedTensor> = HashMap::new();
+        have.insert("x".into(), NamedTensor::f32("x", vec![2, 4], x.to_vec()));
+        have.insert("m".into(), NamedTensor::f32("m", vec![2, 4], m.to_vec()));
+        for (k, s) in stages.iter().enumerate() {
+            let bytes = s.encode_to_vec();
+            let mut sess =
+                OnnxSession::from_bytes(&bytes, &format!("stage{k}"), &SessionConfig::default()).unwrap();
+            let feed: Vec<NamedTensor> = sess.inputs().iter().map(|i| have[&i.name].clone()).collect();
+            for t in sess.run(&feed).unwrap() {
+                have.insert(t.name.clone(), t);
+            }
+        }
+        have["y"].as_f32().unwrap().to_vec()
+    }
+
+    #[test]
+    fn finds_single_tensor_cuts_with_side_inputs_passing_through() {
+        let m = side_graph();
+        let cuts: Vec<String> = cut_points(&m).unwrap().into_iter().map(|c| c.tensor).collect();
+        assert_eq!(cuts, ["a", "b", "c", "d"]);
+        let split = split_model(&m, &CutPlan::At(vec!["c".into()])).unwrap();
+        let names = |ts: &[TensorInfo]| ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&split.stages[0].inputs), ["x", "m"]);
+        assert_eq!(names(&split.stages[0].outputs), ["c"]);
+        // The side tensor ms is recomputed from m in stage 1.
+        assert_eq!(names(&split.stages[1].inputs), ["c", "m"]);
+        assert_eq!(split.stages[1].nodes, 3);
+        assert_eq!(split.stages[1].weight_bytes, 64 + 4);
+    }
+
+    #[test]
+    fn balanced_stages_chain_on_onnx_runtime_like_the_whole_model() {
+        let m = side_graph();
+        let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let mm: Vec<f32> = (0..8).map(|i| (i as f32 * 0.9).cos()).collect();
+        let whole = run_chain(std::slice::from_ref(&m), &x, &mm);
+        for k in 1..=5 {
+            let split = split_model(&m, &CutPlan::Balanced { stages: k }).unwrap();
+            assert_eq!(split.stages.len(), k);
+            let models: Vec<ModelProto> = split.stages.iter().map(|s| s.model.clone()).collect();
+            assert_eq!(run_chain(&models, &x, &mm), whole, "K = {k}, cuts {:?}", split.cuts);
+        }
+        // K = 2: w0 alone (64 bytes) against w1 + c2 (68): the most even split.
+        let split = split_model(&m, &CutPlan::Balanced { stages: 2 }).unwrap();
+        let bytes: Vec<u64> = split.stages.iter().map(|s| s.weight_bytes).collect();
+        assert_eq!(bytes, [64, 68], "cuts {:?}", split.cuts);
+    }
+
+    #[test]
+    fn refuses_more_stages_than_cuts_and_names_that_are_no_cut() {
+        let m = side_graph();
+        let err = split_model(&m, &CutPlan::Balanced { stages: 6 }).unwrap_err();
+        assert!(matches!(err, SplitError::NoValidCut { stages: 6, .. }), "{err}");
+        assert!(err.to_string().contains("4 usable cut point(s) (a, b, c, d)"), "{err}");
+        let err = split_model(&m, &CutPlan::At(vec!["ms".into()])).unwrap_err();
+        assert!(matches!(&err, SplitError::NotACut { tensor, .. } if tensor == "ms"), "{err}");
+        let err = split_model(&m, &CutPlan::At(vec!["nope".into()])).unwrap_err();
+        assert!(err.to_string().contains("no node makes a tensor of that name"), "{err}");
+        let err = split_model(&m, &CutPlan::At(vec!["c".into(), "a".into()])).unwrap_err();
+        assert!(err.to_string().contains("graph order"), "{err}");
+        assert!(matches!(
+            split_model(&m, &CutPlan::Balanced { stages: 0 }),
+            Err(SplitError::BadStageCount { .. })
+        ));
+    }
+
+    /// x -> OP -> t -> Relu -> y: `t` is the only possible cut.
+    fn one_cut(op: NodeProto) -> ModelProto {
+        let io = [Err("n"), Ok(4)];
+        model(GraphProto {
+            node: vec![op, node("Relu", &["t"], &["y"], vec![])],
+            input: vec![value_info("x", FLOAT, &io)],
+            output: vec![value_info("y", FLOAT, &io)],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn refuses_an_unknown_op_or_an_uncarried_type_at_the_cut() {
+        let mut custom = node("Frobnicate", &["x"], &["t"], vec![]);
+        custom.domain = Some("com.example".into());
+        let err = split_model(&one_cut(custom.clone()), &CutPlan::Balanced { stages: 2 }).unwrap_err();
+        assert!(
+            matches!(&err, SplitError::UnsupportedAtCut { tensor, op, .. } if tensor == "t" && op == "Frobnicate")
+        );
+        assert!(err.to_string().contains("in domain com.example"), "{err}");
+        // With a value_info for t, the type is known and the cut is fine.
+        let mut typed = one_cut(custom);
+        if let Some(g) = typed.graph.as_mut() {
+            g.value_info.push(value_info("t", FLOAT, &[Err("n"), Ok(4)]));
+        }
+        assert_eq!(split_model(&typed, &CutPlan::Balanced { stages: 2 }).unwrap().cuts, ["t"]);
+        // A type without a shape is not enough: stages declare the rank of what they pass.
+        if let Some(g) = typed.graph.as_mut()
+            && let Some(type_proto::Value::TensorType(t)) =
+                g.value_info[0].r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            t.shape = None;
+        }
+        let err = split_model(&typed, &CutPlan::Balanced { stages: 2 }).unwrap_err();
+        assert!(err.to_string().contains("rank cannot be told"), "{err}");
+        // A double tensor cannot travel between pipeline stages.
+        let cast = node("Cast", &["x"], &["t"], vec![int_attribute("to", 11)]);
+        let err = split_model(&one_cut(cast), &CutPlan::At(vec!["t".into()])).unwrap_err();
+        assert!(err.to_string().contains("DOUBLE"), "{err}");
+    }
+
+    #[test]
+    fn refuses_broken_graphs() {
+        let mut m = side_graph();
+        if let Some(g) = m.graph.as_mut() {
+            g.node[0].input[0] = "d".into(); // a <- d <- c <- b <- a
+        }
+        let err = split_model(&m, &CutPlan::Balanced { stages: 2 }).unwrap_err();
+        assert!(err.to_string().contains("cycle"), "{err}");
+        let mut m = side_graph();
+        if let Some(g) = m.graph.as_mut() {
+            g.node[1].input[0] = "ghost".into();
+        }
+        let err = split_model(&m, &CutPlan::Balanced { stages: 2 }).unwrap_err();
+        assert!(err.to_string().contains("'ghost', which nothing defines"), "{err}");
+        let err = decode_model(&[0xff; 16], "junk").unwrap_err();
+        assert!(matches!(err, SplitError::Decode { .. }), "{err}");
+    }
+
+    fn with_external_w0(location: &str, length: Option<u64>) -> ModelProto {
+        let mut m = side_graph();
+        if let Some(g) = m.graph.as_mut() {
+            let t = &mut g.initializer[0];
+            t.raw_data = None;
+            t.data_location = Some(tensor_proto::DataLocation::External as i32);
+            let entry = |k: &str, v: String| super::super::proto::StringStringEntryProto {
+                key: Some(k.into()),
+                value: Some(v),
+            };
+            t.external_data.push(entry("location", location.into()));
+            t.external_data.push(entry("offset", "0".into()));
+            if let Some(l) = length {
+                t.external_data.push(entry("length", l.to_string()));
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn external_data_is_inlined_when_present_and_refused_when_missing_or_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.onnx");
+        let raw = side_graph().graph.unwrap().initializer[0].raw_data.clone().unwrap();
+
+        fs::write(&path, with_external_w0("w0.bin", Some(64)).encode_to_vec()).unwrap();
+        let err = load_model(&path, &Limits::default()).unwrap_err();
+        assert!(matches!(&err, SplitError::ExternalData { tensor, .. } if tensor == "w0"), "{err}");
+        assert!(err.to_string().contains("is missing"), "{err}");
+
+        fs::write(dir.path().join("w0.bin"), &raw[..32]).unwrap();
+        let err = load_model(&path, &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("past the end"), "{err}");
+
+        fs::write(dir.path().join("w0.bin"), &raw).unwrap();
+        let loaded = load_model(&path, &Limits::default()).unwrap();
+        let g = loaded.model.graph.as_ref().unwrap();
+        assert_eq!(g.initializer[0].raw_data.as_deref(), Some(raw.as_slice()));
+        assert!(g.initializer[0].external_data.is_empty());
+        let limits = Limits { max_external_bytes: 63, ..Limits::default() };
+        assert!(load_model(&path, &limits).unwrap_err().to_string().contains("cap"));
+
+        fs::write(&path, with_external_w0("../w0.bin", None).encode_to_vec()).unwrap();
+        let err = load_model(&path, &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("inside the model's folder"), "{err}");
+    }
+
+    #[test]
+    fn refuses_a_file_above_the_cap_before_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.onnx");
+        let bytes = side_graph().encode_to_vec();
+        fs::write(&path, &bytes).unwrap();
+        let limits = Limits { max_model_bytes: 100, ..Limits::default() };
+        let err = load_model(&path, &limits).unwrap_err();
+        assert!(matches!(err, SplitError::TooLarge { cap: 100, .. }), "{err}");
+        assert_eq!(load_model(&path, &Limits::default()).unwrap().bytes, bytes.len() as u64);
+        let err = load_model(&dir.path().join("absent.onnx"), &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("absent.onnx"), "{err}");
+    }
+
+    #[test]
+    fn writes_stage_files_and_a_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("side.onnx");
+        fs::write(&path, side_graph().encode_to_vec()).unwrap();
+        let loaded = load_model(&path, &Limits::default()).unwrap();
+        let split = split_model(&loaded.model, &CutPlan::Balanced { stages: 3 }).unwrap();
+        let out = dir.path().join("out");
+        let (written, manifest) = write_split(&split, (&path, &loaded), &out, "side").unwrap();
+        assert_eq!(written.len(), 3);
+        let json: serde_json::Value = serde_json::from_slice(&fs::read(manifest).unwrap()).unwrap();
+        assert_eq!(json["source"]["sha256"], loaded.sha256.as_str());
+        for (k, w) in written.iter().enumerate() {
+            let bytes = fs::read(&w.path).unwrap();
+            assert_eq!(sha256_hex(&bytes), w.sha256);
+            assert_eq!(json["stages"][k]["sha256"], w.sha256.as_str());
+            assert_eq!(json["stages"][k]["file"], format!("side_stage{k}.onnx").as_str());
+            assert!(decode_model(&bytes, "stage").is_ok());
+        }
+    }
 }
