@@ -698,6 +698,23 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn split_refuses_an_unknown_balance_measure_and_a_missing_model() {
+        let d = tempfile::tempdir().unwrap();
+        let split = |balance: &str| PipelineCommand::Split {
+            model: d.path().join("m.onnx"),
+            stages: Some(2),
+            balance: balance.into(),
+            at: vec![],
+            out: d.path().join("out"),
+            max_model_mb: 1,
+        };
+        let err = command(split("flops")).await.unwrap_err();
+        assert!(err.to_string().contains("--balance flops"), "{err}");
+        let err = command(split("weights")).await.unwrap_err();
+        assert!(err.to_string().contains("m.onnx"), "{err}");
+    }
+
     #[test]
     fn modes_parse() {
         assert_eq!(parse_mode("streaming"), Ok(Mode::Streaming));
