@@ -139,6 +139,12 @@ fn split_refuses_more_stages_than_minilm_has_cuts_and_unknown_cut_names() {
     let err = split_to_dir(&whole_path(), &CutPlan::At(vec!["l3.ffn.in".into()]), &d, &Limits::default())
         .expect_err("a tensor with another activation beside it is no cut");
     assert!(err.to_string().contains("'l3.ffn.in' is not a valid cut"), "{err}");
+    // Inside layer 0 the residual stream (the embeddings) depends on input_ids only, so after the
+    // attention scores it looks like a side tensor; recomputing it would copy the 47 MB embedding
+    // table into the next stage, so that position is no cut.
+    let err = split_to_dir(&whole_path(), &CutPlan::At(vec!["l0.probs".into()]), &d, &Limits::default())
+        .expect_err("a cut that would recompute the embeddings is refused");
+    assert!(err.to_string().contains("'l0.probs' is not a valid cut"), "{err}");
     let limits = Limits { max_model_bytes: 1 << 20, max_external_bytes: 1 << 20 };
     let err = split_to_dir(&whole_path(), &CutPlan::Balanced { stages: 2 }, &d, &limits)
         .expect_err("a 90 MB model is above a 1 MiB cap");

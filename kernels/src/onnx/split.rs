@@ -9,7 +9,8 @@
 //! bias, which depends on `attention_mask` only) is a *side* tensor: the later stage recomputes it
 //! from the graph inputs, which pass through to every stage that needs them. A position is a
 //! valid cut when exactly one non-side activation crosses it: that tensor is the cut, the only
-//! output of the stage before and the first input of the stage after. A stage is what
+//! output of the stage before and the first input of the stage after, provided the side tensors
+//! cost at most [`SIDE_RECOMPUTE_MAX_BYTES`] of weights to recompute. A stage is what
 //! `onnx.utils.extract_model` would give: the nodes needed for its outputs, stopping at its inputs
 //! (the previous cut and the graph inputs) and at initializers.
 //!
@@ -40,6 +41,9 @@ use super::proto::{
 
 /// Protobuf's hard limit on one message (2 GiB - 1): no ONNX file without external data is larger.
 pub const PROTOBUF_LIMIT: u64 = (1 << 31) - 1;
+/// Most weight bytes a stage may recompute for its side tensors (those made from graph inputs
+/// only, such as an attention-mask bias); a position needing more is no cut.
+pub const SIDE_RECOMPUTE_MAX_BYTES: u64 = 64 << 10;
 /// Most stages one split may produce (the pipeline chain check's limit).
 pub const MAX_STAGES: usize = 256;
 /// `TensorProto.DataType.FLOAT`.
@@ -679,11 +683,23 @@ impl<'a> Analysis<'a> {
             if let [tensor] = main[..]
                 && !self.outputs.contains(&tensor)
                 && !found.iter().any(|c| c.tensor == tensor)
+                && self.side_is_light(live.iter().map(|&(_, t)| t).filter(|&t| t != tensor))
             {
                 found.push(Cut { tensor, position: p, problem: self.cut_problem(tensor) });
             }
         }
         found
+    }
+
+    /// Whether recomputing these side tensors from the graph inputs takes at most
+    /// [`SIDE_RECOMPUTE_MAX_BYTES`] of weights (a mask bias does; a second copy of an embedding
+    /// table, which the residual stream of a first layer depends on, does not).
+    fn side_is_light<'s>(&self, side: impl Iterator<Item = &'s str>) -> bool
+    where
+        'a: 's,
+    {
+        let side: Vec<&str> = side.collect();
+        side.is_empty() || self.stage_weight(&self.stage_nodes(None, &side)) <= SIDE_RECOMPUTE_MAX_BYTES
     }
 
     /// Why this tensor cannot carry a cut, if it cannot.

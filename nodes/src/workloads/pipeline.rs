@@ -569,7 +569,7 @@ pub enum PipelineCommand {
         /// The whole model.
         model: PathBuf,
         /// Number of stages (K).
-        #[arg(long, required_unless_present = "at")]
+        #[arg(long, required_unless_present_any = ["at", "list"])]
         stages: Option<usize>,
         /// What to balance: "weights" (initializer bytes per stage; the only measure so far).
         #[arg(long, default_value = "weights")]
@@ -578,11 +578,14 @@ pub enum PipelineCommand {
         #[arg(long, value_delimiter = ',', conflicts_with = "stages")]
         at: Vec<String>,
         /// Output folder.
-        #[arg(long)]
-        out: PathBuf,
+        #[arg(long, required_unless_present = "list")]
+        out: Option<PathBuf>,
         /// Largest model file read, MiB (external data is capped at the same size).
         #[arg(long, default_value_t = 2047)]
         max_model_mb: u64,
+        /// Print the valid cut points (tensor, nodes before it, why one cannot be used) and stop.
+        #[arg(long)]
+        list: bool,
     },
     /// Loads one model in this process, runs it once, prints its peak RSS as JSON (used by the
     /// benchmark to measure a model's RSS in a fresh process).
@@ -624,16 +627,25 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             print!("{}", render_outcome(&sentences, &result?));
             Ok(())
         }
-        PipelineCommand::Split { model, stages, balance, at, out, max_model_mb } => {
+        PipelineCommand::Split { model, stages, balance, at, out, max_model_mb, list } => {
             if balance != "weights" {
                 bail!("--balance {balance}: only \"weights\" (initializer bytes) is supported");
+            }
+            let bytes = max_model_mb.saturating_mul(1 << 20);
+            let limits = Limits { max_model_bytes: bytes, max_external_bytes: bytes };
+            if list {
+                let loaded = split::load_model(&model, &limits)?;
+                for c in split::cut_points(&loaded.model)? {
+                    let problem = c.problem.map(|p| format!("  (refused: {p})")).unwrap_or_default();
+                    println!("{:>6}  {}{problem}", c.position, c.tensor);
+                }
+                return Ok(());
             }
             let plan = match stages {
                 Some(stages) => CutPlan::Balanced { stages },
                 None => CutPlan::At(at),
             };
-            let bytes = max_model_mb.saturating_mul(1 << 20);
-            let limits = Limits { max_model_bytes: bytes, max_external_bytes: bytes };
+            let out = out.ok_or_else(|| anyhow!("--out is required"))?;
             let done =
                 tokio::task::spawn_blocking(move || split_to_dir(&model, &plan, &out, &limits)).await??;
             print!("{}", done.render());
@@ -706,8 +718,9 @@ mod tests {
             stages: Some(2),
             balance: balance.into(),
             at: vec![],
-            out: d.path().join("out"),
+            out: Some(d.path().join("out")),
             max_model_mb: 1,
+            list: false,
         };
         let err = command(split("flops")).await.unwrap_err();
         assert!(err.to_string().contains("--balance flops"), "{err}");
