@@ -1,43 +1,91 @@
-//! A minimal ONNX model writer: protobuf wire format by hand (varints and length-delimited
-//! fields), enough for MLP graphs (MatMul, Add, Relu, Softmax) at opset 17, so programs can make
-//! real ONNX models without Python.
-//!
-//! Field numbers follow `onnx.proto3`: ModelProto (ir_version 1, graph 7, opset_import 8),
-//! GraphProto (node 1, name 2, initializer 5, input 11, output 12), NodeProto (input 1, output 2,
-//! name 3, op_type 4, attribute 5), AttributeProto (name 1, i 3, type 20), TensorProto (dims 1,
-//! data_type 2, name 8, raw_data 9), ValueInfoProto (name 1, type 2), TypeProto (tensor_type 1),
-//! TypeProto.Tensor (elem_type 1, shape 2), TensorShapeProto (dim 1), Dimension (dim_value 1,
-//! dim_param 2).
+//! A minimal ONNX model writer: MLP graphs (MatMul, Add, Relu, Softmax) at opset 17 built from the
+//! prost types in [`proto`](super::proto) and encoded with prost, so programs can make real ONNX
+//! models without Python. The small builders ([`float_tensor`], [`node`], [`value_info`],
+//! [`model`]) are public for other graph code and tests.
+
+use prost::Message;
+
+use super::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+    TypeProto, ValueInfoProto, attribute_proto, tensor_shape_proto, type_proto,
+};
 
 /// IR version written (ONNX 1.13+, understood by every ONNX Runtime since 1.14).
 pub const IR_VERSION: u64 = 8;
 /// Default-domain opset written.
 pub const OPSET: u64 = 17;
 /// `TensorProto.DataType.FLOAT`.
-const FLOAT: u64 = 1;
-/// `AttributeProto.AttributeType.INT`.
-const ATTR_INT: u64 = 2;
+pub const FLOAT: i32 = 1;
+/// `TensorProto.DataType.INT64`.
+pub const INT64: i32 = 7;
 
-/// Append a varint.
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+/// A float initializer `name` of shape `dims` (little-endian raw data).
+pub fn float_tensor(name: &str, dims: &[usize], data: &[f32]) -> TensorProto {
+    TensorProto {
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: Some(FLOAT),
+        name: Some(name.to_owned()),
+        raw_data: Some(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ..Default::default()
     }
-    out.push(v as u8);
 }
 
-/// Append a varint field (wire type 0).
-fn field_varint(out: &mut Vec<u8>, field: u32, v: u64) {
-    varint(out, u64::from(field) << 3);
-    varint(out, v);
+/// An integer attribute.
+pub fn int_attribute(name: &str, value: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.to_owned()),
+        i: Some(value),
+        r#type: Some(attribute_proto::AttributeType::Int as i32),
+        ..Default::default()
+    }
 }
 
-/// Append a length-delimited field (wire type 2).
-fn field_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    varint(out, (u64::from(field) << 3) | 2);
-    varint(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
+/// A default-domain node `op(inputs) -> outputs`, named `{op}_{first output}`.
+pub fn node(op: &str, inputs: &[&str], outputs: &[&str], attributes: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| (*s).to_owned()).collect(),
+        output: outputs.iter().map(|s| (*s).to_owned()).collect(),
+        name: Some(format!("{op}_{}", outputs.first().copied().unwrap_or(""))),
+        op_type: Some(op.to_owned()),
+        attribute: attributes,
+        ..Default::default()
+    }
+}
+
+/// A tensor value info: element type and dims, `Err(name)` a symbolic dimension.
+pub fn value_info(name: &str, elem_type: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                Ok(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
+                Err(p) => tensor_shape_proto::dimension::Value::DimParam((*p).to_owned()),
+            }),
+            denotation: None,
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.to_owned()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem_type),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            denotation: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// A model around `graph` at [`IR_VERSION`] and default-domain opset [`OPSET`].
+pub fn model(graph: GraphProto) -> ModelProto {
+    ModelProto {
+        ir_version: Some(IR_VERSION as i64),
+        producer_name: Some("troupe".into()),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(OPSET as i64) }],
+        graph: Some(graph),
+        ..Default::default()
+    }
 }
 
 /// A dense layer `y = x W + b` with `W` row-major `[inputs, outputs]`.
@@ -102,95 +150,44 @@ fn check_layers(layers: &[DenseLayer]) -> Result<(), WriterError> {
     Ok(())
 }
 
-fn tensor(name: &str, dims: &[usize], data: &[f32]) -> Vec<u8> {
-    let mut t = Vec::with_capacity(data.len() * 4 + 64);
-    for &d in dims {
-        field_varint(&mut t, 1, d as u64);
-    }
-    field_varint(&mut t, 2, FLOAT);
-    field_bytes(&mut t, 8, name.as_bytes());
-    // raw_data: little-endian f32s.
-    varint(&mut t, (9 << 3) | 2);
-    varint(&mut t, (data.len() * 4) as u64);
-    for v in data {
-        t.extend_from_slice(&v.to_le_bytes());
-    }
-    t
-}
-
-fn node(op: &str, inputs: &[&str], output: &str, axis: Option<i64>) -> Vec<u8> {
-    let mut n = Vec::new();
-    for i in inputs {
-        field_bytes(&mut n, 1, i.as_bytes());
-    }
-    field_bytes(&mut n, 2, output.as_bytes());
-    field_bytes(&mut n, 3, format!("{op}_{output}").as_bytes());
-    field_bytes(&mut n, 4, op.as_bytes());
-    if let Some(axis) = axis {
-        let mut a = Vec::new();
-        field_bytes(&mut a, 1, b"axis");
-        field_varint(&mut a, 3, axis as u64);
-        field_varint(&mut a, 20, ATTR_INT);
-        field_bytes(&mut n, 5, &a);
-    }
-    n
-}
-
-/// A float tensor value info `[batch, width]` with a symbolic batch dimension.
-fn value_info(name: &str, width: usize) -> Vec<u8> {
-    let mut batch = Vec::new();
-    field_bytes(&mut batch, 2, b"batch");
-    let mut w = Vec::new();
-    field_varint(&mut w, 1, width as u64);
-    let mut shape = Vec::new();
-    field_bytes(&mut shape, 1, &batch);
-    field_bytes(&mut shape, 1, &w);
-    let mut tensor_type = Vec::new();
-    field_varint(&mut tensor_type, 1, FLOAT);
-    field_bytes(&mut tensor_type, 2, &shape);
-    let mut ty = Vec::new();
-    field_bytes(&mut ty, 1, &tensor_type);
-    let mut vi = Vec::new();
-    field_bytes(&mut vi, 1, name.as_bytes());
-    field_bytes(&mut vi, 2, &ty);
-    vi
-}
-
 /// Serialise an MLP as an ONNX model: `input [batch, in]` -> dense layers with ReLU between
 /// them -> softmax -> `output [batch, out]`.
 pub fn mlp_model(layers: &[DenseLayer], input: &str, output: &str) -> Result<Vec<u8>, WriterError> {
     check_layers(layers)?;
-    let mut graph = Vec::with_capacity(layers.iter().map(|l| l.param_bytes() as usize).sum::<usize>() + 4096);
+    let mut nodes = Vec::with_capacity(3 * layers.len());
     let mut x = input.to_string();
     for i in 0..layers.len() {
         let (w, b, mm, y) = (format!("w{i}"), format!("b{i}"), format!("mm{i}"), format!("y{i}"));
-        field_bytes(&mut graph, 1, &node("MatMul", &[&x, &w], &mm, None));
-        field_bytes(&mut graph, 1, &node("Add", &[&mm, &b], &y, None));
+        nodes.push(node("MatMul", &[&x, &w], &[&mm], vec![]));
+        nodes.push(node("Add", &[&mm, &b], &[&y], vec![]));
         x = y;
         if i + 1 < layers.len() {
             let r = format!("r{i}");
-            field_bytes(&mut graph, 1, &node("Relu", &[&x], &r, None));
+            nodes.push(node("Relu", &[&x], &[&r], vec![]));
             x = r;
         }
     }
-    field_bytes(&mut graph, 1, &node("Softmax", &[&x], output, Some(-1)));
-    field_bytes(&mut graph, 2, b"troupe_mlp");
-    for (i, l) in layers.iter().enumerate() {
-        field_bytes(&mut graph, 5, &tensor(&format!("w{i}"), &[l.inputs, l.outputs], &l.weights));
-        field_bytes(&mut graph, 5, &tensor(&format!("b{i}"), &[l.outputs], &l.bias));
-    }
-    field_bytes(&mut graph, 11, &value_info(input, layers[0].inputs));
-    field_bytes(&mut graph, 12, &value_info(output, layers[layers.len() - 1].outputs));
-
-    let mut model = Vec::with_capacity(graph.len() + 64);
-    field_varint(&mut model, 1, IR_VERSION);
-    field_bytes(&mut model, 2, b"troupe");
-    let mut opset = Vec::new();
-    field_bytes(&mut opset, 1, b"");
-    field_varint(&mut opset, 2, OPSET);
-    field_bytes(&mut model, 8, &opset);
-    field_bytes(&mut model, 7, &graph);
-    Ok(model)
+    nodes.push(node("Softmax", &[&x], &[output], vec![int_attribute("axis", -1)]));
+    let initializer = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| {
+            [
+                float_tensor(&format!("w{i}"), &[l.inputs, l.outputs], &l.weights),
+                float_tensor(&format!("b{i}"), &[l.outputs], &l.bias),
+            ]
+        })
+        .collect();
+    let width = |w: usize| [Err("batch"), Ok(w as i64)];
+    let graph = GraphProto {
+        node: nodes,
+        name: Some("troupe_mlp".into()),
+        initializer,
+        input: vec![value_info(input, FLOAT, &width(layers[0].inputs))],
+        output: vec![value_info(output, FLOAT, &width(layers[layers.len() - 1].outputs))],
+        ..Default::default()
+    };
+    Ok(model(graph).encode_to_vec())
 }
 
 /// The same forward pass in plain Rust (the reference the writer is tested against): `x` is
@@ -248,15 +245,17 @@ mod tests {
     }
 
     #[test]
-    fn varints_encode_like_protobuf() {
-        let mut v = Vec::new();
-        varint(&mut v, 1);
-        varint(&mut v, 300);
-        varint(&mut v, 0);
-        assert_eq!(v, vec![0x01, 0xAC, 0x02, 0x00]);
-        let mut f = Vec::new();
-        field_bytes(&mut f, 2, b"hi");
-        assert_eq!(f, vec![0x12, 2, b'h', b'i']);
+    fn written_mlp_decodes_back_with_its_layers() {
+        let layers = vec![layer(4, 3, 1), layer(3, 2, 2)];
+        let bytes = mlp_model(&layers, "x", "y").unwrap();
+        let m = ModelProto::decode(bytes.as_slice()).unwrap();
+        assert_eq!(m.ir_version, Some(IR_VERSION as i64));
+        let g = m.graph.unwrap();
+        let ops: Vec<&str> = g.node.iter().filter_map(|n| n.op_type.as_deref()).collect();
+        assert_eq!(ops, ["MatMul", "Add", "Relu", "MatMul", "Add", "Softmax"]);
+        assert_eq!(g.initializer.len(), 4);
+        assert_eq!(g.initializer[0].dims, [4, 3]);
+        assert_eq!(g.initializer[0].raw_data.as_ref().map(Vec::len), Some(4 * 12));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The `pipeline` workload (CROWDio): `pipeline-worker` actors (one per node: a phone-class stage
 //! runner with a RAM budget, a CPU quota and a simulated battery) and the `pipeline` job, whose
-//! node is the foreman. Also `troupe pipeline submit` (a local foreman plus worker processes)
-//! and `troupe pipeline probe-rss` (peak RSS of one model in a fresh process).
+//! node is the foreman. Also `troupe pipeline submit` (a local foreman plus worker processes),
+//! `troupe pipeline split` (cuts one model into checked stage files, see [`split_to_dir`]) and
+//! `troupe pipeline probe-rss` (peak RSS of one model in a fresh process).
 //!
 //! Inputs file format: UTF-8 text, one sentence per line; blank lines and lines starting with `#`
 //! are skipped. Each sentence is one job input, tokenised with the project's WordPiece tokenizer
@@ -22,9 +23,11 @@ use troupe_actors::pipeline::{
 };
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::assets::{self, Assets};
-use troupe_kernels::onnx::{NamedTensor, cosine};
+use troupe_kernels::onnx::split::{self, CutPlan, Limits};
+use troupe_kernels::onnx::{NamedTensor, cosine, proto};
 use troupe_kernels::tokenizer::WordPiece;
 use troupe_policy::pipeline::Mode;
+use troupe_policy::pipeline::chain::{Chain, DType, TensorSig, check_chain};
 
 use super::{NodeContext, params};
 use crate::config::{ActorConfig, JobConfig};
@@ -318,6 +321,90 @@ pub fn minilm_stages() -> Result<Vec<PathBuf>> {
     assets::MINILM_STAGES.iter().map(|s| a.path(s).map_err(Into::into)).collect()
 }
 
+/// What [`split_to_dir`] made.
+#[derive(Debug, Clone)]
+pub struct SplitOutcome {
+    /// The cut tensors.
+    pub cuts: Vec<String>,
+    /// The stage files, in chain order.
+    pub stages: Vec<PathBuf>,
+    /// Weight (initializer) bytes per stage.
+    pub weight_bytes: Vec<u64>,
+    /// File bytes per stage.
+    pub file_bytes: Vec<u64>,
+    /// The manifest written next to them.
+    pub manifest: PathBuf,
+    /// The checked chain.
+    pub chain: Chain,
+}
+
+impl SplitOutcome {
+    /// A short report: one line per stage.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "pipeline split: {} stages, cut at {}; chain checked; manifest {}\n",
+            self.stages.len(),
+            if self.cuts.is_empty() { "nothing".to_owned() } else { self.cuts.join(", ") },
+            self.manifest.display()
+        );
+        for (k, p) in self.stages.iter().enumerate() {
+            s += &format!(
+                "  stage {k}: {} ({} bytes, {} weight bytes)\n",
+                p.display(),
+                self.file_bytes[k],
+                self.weight_bytes[k]
+            );
+        }
+        s
+    }
+}
+
+/// Cuts `model` by `plan` into `out` (`PREFIX_stageK.onnx` and `PREFIX_split.json`, PREFIX the
+/// model's file stem without a trailing `_whole`), then checks the written files as a chain with
+/// ONNX Runtime (`StageFile::from_path` and the pipeline chain check, fed by the model's inputs).
+pub fn split_to_dir(model: &Path, plan: &CutPlan, out: &Path, limits: &Limits) -> Result<SplitOutcome> {
+    let loaded = split::load_model(model, limits)?;
+    let parts = split::split_model(&loaded.model, plan)?;
+    let stem = model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    let prefix = stem.strip_suffix("_whole").filter(|p| !p.is_empty()).unwrap_or(&stem).to_owned();
+    let (written, manifest) = split::write_split(&parts, (model, &loaded), out, &prefix)?;
+    let files = written.iter().map(|w| StageFile::from_path(&w.path)).collect::<Result<Vec<_>, _>>()?;
+    let job_inputs = loaded
+        .model
+        .graph
+        .iter()
+        .flat_map(|g| &g.input)
+        .filter(|i| parts.stages.iter().any(|s| s.inputs.iter().any(|t| Some(&t.name) == i.name.as_ref())))
+        .map(|i| {
+            let name = i.name.clone().unwrap_or_default();
+            let (dtype, rank) = match i.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                Some(proto::type_proto::Value::TensorType(t)) => (
+                    match t.elem_type {
+                        Some(1) => DType::F32,
+                        Some(7) => DType::I64,
+                        other => {
+                            bail!("model input '{name}' has element type {other:?}; stages pass f32 and i64")
+                        }
+                    },
+                    t.shape.as_ref().map_or(0, |s| s.dim.len()),
+                ),
+                _ => bail!("model input '{name}' is not a tensor"),
+            };
+            Ok(TensorSig { name, dtype, rank })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let signatures: Vec<_> = files.iter().map(|f| f.signature.clone()).collect();
+    let chain = check_chain(&signatures, &job_inputs).context("the written stages do not chain")?;
+    Ok(SplitOutcome {
+        cuts: parts.cuts,
+        weight_bytes: parts.stages.iter().map(|s| s.weight_bytes).collect(),
+        file_bytes: written.iter().map(|w| w.bytes).collect(),
+        stages: written.into_iter().map(|w| w.path).collect(),
+        manifest,
+        chain,
+    })
+}
+
 /// Reads and checks the stage files and the inputs; a broken chain is refused here, before any
 /// task runs, with a message naming the tensor.
 pub fn load_job(stages: &[PathBuf], sentences: &[String], mode: Mode, bf16: bool) -> Result<PipelineJob> {
@@ -560,6 +647,31 @@ pub enum PipelineCommand {
         #[arg(long, default_value = ".cache/pipeline-submit")]
         workdir: PathBuf,
     },
+    /// Cuts one ONNX model into stage files where a single activation crosses (side inputs such as
+    /// `attention_mask` pass through), balanced by weight bytes; writes the stages and a manifest
+    /// (`PREFIX_split.json`) to `--out`, then checks the chain as `submit` would.
+    Split {
+        /// The whole model.
+        model: PathBuf,
+        /// Number of stages (K).
+        #[arg(long, required_unless_present_any = ["at", "list"])]
+        stages: Option<usize>,
+        /// What to balance: "weights" (initializer bytes per stage; the only measure so far).
+        #[arg(long, default_value = "weights")]
+        balance: String,
+        /// Cut at these tensors instead (comma-separated, in graph order), e.g. hidden_2,hidden_5.
+        #[arg(long, value_delimiter = ',', conflicts_with = "stages")]
+        at: Vec<String>,
+        /// Output folder.
+        #[arg(long, required_unless_present = "list")]
+        out: Option<PathBuf>,
+        /// Largest model file read, MiB (external data is capped at the same size).
+        #[arg(long, default_value_t = 2047)]
+        max_model_mb: u64,
+        /// Print the valid cut points (tensor, nodes before it, why one cannot be used) and stop.
+        #[arg(long)]
+        list: bool,
+    },
     /// Loads one model in this process, runs it once, prints its peak RSS as JSON (used by the
     /// benchmark to measure a model's RSS in a fresh process).
     ProbeRss {
@@ -665,6 +777,30 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             }
             Ok(())
         }
+        PipelineCommand::Split { model, stages, balance, at, out, max_model_mb, list } => {
+            if balance != "weights" {
+                bail!("--balance {balance}: only \"weights\" (initializer bytes) is supported");
+            }
+            let bytes = max_model_mb.saturating_mul(1 << 20);
+            let limits = Limits { max_model_bytes: bytes, max_external_bytes: bytes };
+            if list {
+                let loaded = split::load_model(&model, &limits)?;
+                for c in split::cut_points(&loaded.model)? {
+                    let problem = c.problem.map(|p| format!("  (refused: {p})")).unwrap_or_default();
+                    println!("{:>6}  {}{problem}", c.position, c.tensor);
+                }
+                return Ok(());
+            }
+            let plan = match stages {
+                Some(stages) => CutPlan::Balanced { stages },
+                None => CutPlan::At(at),
+            };
+            let out = out.ok_or_else(|| anyhow!("--out is required"))?;
+            let done =
+                tokio::task::spawn_blocking(move || split_to_dir(&model, &plan, &out, &limits)).await??;
+            print!("{}", done.render());
+            Ok(())
+        }
         PipelineCommand::ProbeRss { model } => {
             let json = tokio::task::spawn_blocking(move || local::probe_rss(&model)).await??;
             println!("{json}");
@@ -722,6 +858,24 @@ mod tests {
         assert!(
             read_sentences(&d.path().join("missing.txt")).unwrap_err().to_string().contains("missing.txt")
         );
+    }
+
+    #[tokio::test]
+    async fn split_refuses_an_unknown_balance_measure_and_a_missing_model() {
+        let d = tempfile::tempdir().unwrap();
+        let split = |balance: &str| PipelineCommand::Split {
+            model: d.path().join("m.onnx"),
+            stages: Some(2),
+            balance: balance.into(),
+            at: vec![],
+            out: Some(d.path().join("out")),
+            max_model_mb: 1,
+            list: false,
+        };
+        let err = command(split("flops")).await.unwrap_err();
+        assert!(err.to_string().contains("--balance flops"), "{err}");
+        let err = command(split("weights")).await.unwrap_err();
+        assert!(err.to_string().contains("m.onnx"), "{err}");
     }
 
     #[test]
