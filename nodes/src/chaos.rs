@@ -408,14 +408,17 @@ fn recovery(i: usize, f: &Fault, run: &RunResult) -> (String, bool) {
 
 /// A log line without its `tracing` timestamp and level.
 fn message(line: &str) -> &str {
-    let mut w = line.splitn(3, ' ');
-    match (w.next(), w.next(), w.next()) {
-        (Some(ts), Some(level), Some(rest))
-            if ts.contains('T') && level.chars().all(|c| c.is_ascii_uppercase()) =>
-        {
-            rest.trim()
-        }
-        _ => line.trim(),
+    let mut rest = line.trim_start();
+    let mut word = || {
+        let (w, r) = rest.split_once(' ').unwrap_or((rest, ""));
+        rest = r.trim_start();
+        w
+    };
+    let (ts, level) = (word(), word());
+    if ts.contains('T') && !level.is_empty() && level.chars().all(|c| c.is_ascii_uppercase()) {
+        rest.trim()
+    } else {
+        line.trim()
     }
 }
 
