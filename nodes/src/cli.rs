@@ -1,4 +1,4 @@
-//! Command-line interface: `troupe keys | node | up | status | embed | bench`.
+//! Command-line interface: `troupe keys | node | up | chaos | status | embed | bench`.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -47,6 +47,22 @@ pub enum Command {
         /// The topology file (e.g. examples/hello.toml).
         topology: PathBuf,
         /// Working folder for keys and generated configs (default .cache/up/NAME).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+    },
+    /// Runs a local topology fault-free, then again while killing (SIGKILL) and restarting its
+    /// non-job nodes and panicking its schedulers on a seeded schedule; reports each fault, how
+    /// it was recovered, and whether every workload's outputs equal the fault-free run's.
+    Chaos {
+        /// The topology file (e.g. examples/campus.toml).
+        topology: PathBuf,
+        /// Seed of the fault schedule (the same seed gives the same schedule).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many faults to inject.
+        #[arg(long, default_value_t = 3)]
+        faults: usize,
+        /// Working folder for both runs and the report (default .cache/chaos/NAME).
         #[arg(long)]
         workdir: Option<PathBuf>,
     },
@@ -183,6 +199,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             crate::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Up { topology, workdir } => crate::up::run(&topology, workdir).await,
+        Command::Chaos { topology, seed, faults, workdir } => {
+            crate::chaos::run(&topology, seed, faults, workdir).await
+        }
         Command::Status { node, keys, as_name, json } => {
             let id = NodeIdentity::load(&keys, &as_name)
                 .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;

@@ -9,6 +9,7 @@ pub use troupe_policy as policy;
 pub use troupe_transport as transport;
 
 pub mod bench;
+pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod metrics;

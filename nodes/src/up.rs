@@ -212,7 +212,9 @@ pub fn prepare_with(
 }
 
 /// A job node reported its job's end: (node, succeeded).
-type JobEnded = tokio::sync::mpsc::UnboundedSender<(String, bool)>;
+pub type JobEnded = tokio::sync::mpsc::UnboundedSender<(String, bool)>;
+/// Every line a node prints but DEBUG and TRACE ones: (node, line).
+pub type NodeLines = tokio::sync::mpsc::UnboundedSender<(String, String)>;
 
 /// The log filter `up` gives its nodes when `RUST_LOG` is not set: their files get DEBUG.
 const NODE_LOG_FILTER: &str = "debug,ractor_cluster=error,ractor=warn,quinn=warn";
@@ -220,52 +222,146 @@ const NODE_LOG_FILTER: &str = "debug,ractor_cluster=error,ractor=warn,quinn=warn
 /// Where one node's output goes: its full log file, and the console (filtered or not).
 #[derive(Clone)]
 struct NodeOutput {
+    name: String,
     prefix: String,
     file: Arc<std::sync::Mutex<std::fs::File>>,
     /// Whether DEBUG and TRACE lines are kept off the console.
     quiet_console: bool,
+    /// Where the node's non-DEBUG lines are also sent, if anywhere.
+    lines: Option<NodeLines>,
 }
 
-/// Starts `troupe node --config CONFIG`, its full output in `log` and its lines on the console
-/// prefixed with its name; a job node lingers after its job and reports the job's end on `jobs`.
-fn spawn_node(
-    exe: &Path,
-    name: &str,
-    config: &Path,
+/// The node processes of one topology run on loopback: started from their configs, each one's
+/// full output in `WORKDIR/NAME.log` and its lines on the console prefixed with its name; job
+/// nodes linger after their job and report its end. `troupe up` and `troupe chaos` both run
+/// their nodes through this.
+pub struct Cluster {
+    exe: PathBuf,
+    workdir: PathBuf,
     width: usize,
-    log: &Path,
-    jobs: Option<JobEnded>,
-) -> Result<Child> {
-    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new(exe);
-    let quiet_console = std::env::var_os("RUST_LOG").is_none();
-    if quiet_console {
-        cmd.env("RUST_LOG", NODE_LOG_FILTER);
+    configs: Vec<(String, PathBuf)>,
+    /// The running (or exited) node processes, in start order.
+    pub children: Vec<(String, Child)>,
+    /// Nodes whose config has a job.
+    pub job_nodes: Vec<String>,
+    jobs: JobEnded,
+    lines: Option<NodeLines>,
+}
+
+impl Cluster {
+    /// Starts every node of `configs` (from [`prepare`]) in order; job ends arrive on the
+    /// returned receiver, and each node's non-DEBUG lines on `lines` when given.
+    pub fn start(
+        exe: &Path,
+        topology: &Topology,
+        workdir: &Path,
+        configs: Vec<(String, PathBuf)>,
+        lines: Option<NodeLines>,
+    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
+        let (jobs, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut cluster = Self {
+            exe: exe.to_path_buf(),
+            workdir: workdir.to_path_buf(),
+            width: configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4),
+            job_nodes: topology.nodes.iter().filter(|n| n.job.is_some()).map(|n| n.name.clone()).collect(),
+            configs,
+            children: Vec::new(),
+            jobs,
+            lines,
+        };
+        for i in 0..cluster.configs.len() {
+            let name = cluster.configs[i].0.clone();
+            let child = cluster.spawn(&name, false)?;
+            cluster.children.push((name.clone(), child));
+            println!("[up] {name}: full log in {}", cluster.log_path(&name).display());
+        }
+        Ok((cluster, jobs_rx))
     }
-    cmd.arg("node").arg("--config").arg(config);
-    if jobs.is_some() {
-        cmd.arg("--linger");
+
+    /// The full log of node `name`.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.workdir.join(format!("{name}.log"))
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting node {name}"))?;
-    let output = NodeOutput {
-        prefix: format!("[{name:<width$}]"),
-        file: Arc::new(std::sync::Mutex::new(file)),
-        quiet_console,
-    };
-    if let Some(out) = child.stdout.take() {
-        let jobs = jobs.map(|tx| (name.to_owned(), tx));
-        tokio::spawn(prefix_lines(BufReader::new(out), output.clone(), false, jobs));
+
+    /// Starts `troupe node --config CONFIG` for `name` (its log appended to when `append`).
+    fn spawn(&self, name: &str, append: bool) -> Result<Child> {
+        let config = &self.configs.iter().find(|(n, _)| n == name).context("no such node")?.1;
+        let log = self.log_path(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&self.exe);
+        let quiet_console = std::env::var_os("RUST_LOG").is_none();
+        if quiet_console {
+            cmd.env("RUST_LOG", NODE_LOG_FILTER);
+        }
+        cmd.arg("node").arg("--config").arg(config);
+        let job = self.job_nodes.iter().any(|n| n == name);
+        if job {
+            cmd.arg("--linger");
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting node {name}"))?;
+        let width = self.width;
+        let output = NodeOutput {
+            name: name.to_owned(),
+            prefix: format!("[{name:<width$}]"),
+            file: Arc::new(std::sync::Mutex::new(file)),
+            quiet_console,
+            lines: self.lines.clone(),
+        };
+        if let Some(out) = child.stdout.take() {
+            let jobs = job.then(|| self.jobs.clone());
+            tokio::spawn(prefix_lines(BufReader::new(out), output.clone(), false, jobs));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(prefix_lines(BufReader::new(err), output, true, None));
+        }
+        Ok(child)
     }
-    if let Some(err) = child.stderr.take() {
-        tokio::spawn(prefix_lines(BufReader::new(err), output, true, None));
+
+    fn child_mut(&mut self, name: &str) -> Result<&mut Child> {
+        self.children
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
+            .with_context(|| format!("no node {name}"))
     }
-    Ok(child)
+
+    /// Kills node `name` with SIGKILL (no chance to say goodbye) and reaps it.
+    pub async fn kill9(&mut self, name: &str) -> Result<()> {
+        let child = self.child_mut(name)?;
+        child.kill().await.with_context(|| format!("killing {name}"))
+    }
+
+    /// Starts node `name` again from its config, appending to its log.
+    pub fn restart(&mut self, name: &str) -> Result<()> {
+        let child = self.spawn(name, true)?;
+        *self.child_mut(name)? = child;
+        Ok(())
+    }
+
+    /// Stops every node: all are asked first (SIGINT), so none spends its last seconds
+    /// reporting the others down, then each is killed if it has not stopped within 3 s.
+    pub async fn stop_all(&mut self) {
+        for (_, child) in self.children.iter() {
+            interrupt(child);
+        }
+        for (name, child) in self.children.iter_mut() {
+            if child.try_wait().ok().flatten().is_none() {
+                stop_child(name, child).await;
+            }
+        }
+    }
 }
 
 /// True for a `tracing` line at DEBUG or TRACE (`TIMESTAMP LEVEL message`, no colours: the
@@ -278,7 +374,7 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
     reader: BufReader<R>,
     out: NodeOutput,
     stderr: bool,
-    jobs: Option<(String, JobEnded)>,
+    jobs: Option<JobEnded>,
 ) {
     use std::io::Write as _;
     let mut lines = reader.lines();
@@ -287,12 +383,18 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
             // a full disk loses log lines, not the node
             let _ = writeln!(f, "{line}");
         }
-        if let Some((name, tx)) = &jobs
+        if let Some(tx) = &jobs
             && let Some(rest) = line.strip_prefix(crate::node_cmd::JOB_FINISHED)
         {
-            let _ = tx.send((name.clone(), rest.contains(" finished: ok")));
+            let _ = tx.send((out.name.clone(), rest.contains(" finished: ok")));
         }
-        if out.quiet_console && is_debug_line(&line) {
+        let debug = is_debug_line(&line);
+        if let Some(tx) = &out.lines
+            && !debug
+        {
+            let _ = tx.send((out.name.clone(), line.clone()));
+        }
+        if out.quiet_console && debug {
             continue;
         }
         let prefix = &out.prefix;
@@ -326,7 +428,7 @@ pub async fn stop_child(name: &str, child: &mut Child) {
 }
 
 /// Runs the topology's set-up steps whose output is missing.
-async fn prepare_steps(exe: &Path, steps: &[PrepareStep]) -> Result<()> {
+pub async fn prepare_steps(exe: &Path, steps: &[PrepareStep]) -> Result<()> {
     for step in steps {
         if step.creates.exists() {
             continue;
@@ -350,84 +452,94 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
     prepare_steps(&exe, &topology.prepare).await?;
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
     let configs = prepare(&topology, &workdir)?;
-    let width = configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
-    let job_nodes: Vec<String> =
-        topology.nodes.iter().filter(|n| n.job.is_some()).map(|n| n.name.clone()).collect();
     println!(
         "[up] topology {} : {} nodes on loopback, keys and configs in {}",
         topology.name,
         configs.len(),
         workdir.display()
     );
-    let mut children: Vec<(String, Child)> = Vec::new();
-    let (jobs_tx, mut jobs_rx) = tokio::sync::mpsc::unbounded_channel();
-    for (name, cfg) in &configs {
-        let log = workdir.join(format!("{name}.log"));
-        let jobs = job_nodes.contains(name).then(|| jobs_tx.clone());
-        children.push((name.clone(), spawn_node(&exe, name, cfg, width, &log, jobs)?));
-        println!("[up] {name}: full log in {}", log.display());
-    }
-    drop(jobs_tx);
-    let code = supervise(&mut children, &job_nodes, &mut jobs_rx).await;
-    // every node is asked first, so none spends its last seconds reporting the others down
-    for (_, child) in children.iter() {
-        interrupt(child);
-    }
-    for (name, child) in children.iter_mut() {
-        if child.try_wait().ok().flatten().is_none() {
-            stop_child(name, child).await;
-        }
-    }
+    let (mut cluster, mut jobs_rx) = Cluster::start(&exe, &topology, &workdir, configs, None)?;
+    let code = supervise(&mut cluster, &mut jobs_rx).await;
+    cluster.stop_all().await;
     println!("[up] all nodes stopped");
     Ok(code)
+}
+
+/// The jobs of a topology run: which have ended, and how.
+pub struct JobTracker {
+    job_nodes: Vec<String>,
+    /// Jobs that ended: (node, succeeded), in the order they ended.
+    pub ended: Vec<(String, bool)>,
+}
+
+impl JobTracker {
+    /// Tracks the jobs of `job_nodes`.
+    pub fn new(job_nodes: &[String]) -> Self {
+        Self { job_nodes: job_nodes.to_vec(), ended: Vec::new() }
+    }
+
+    /// Records that the job on `name` ended (the first report counts).
+    pub fn job_ended(&mut self, name: String, ok: bool) {
+        if !self.ended.iter().any(|(n, _)| *n == name) {
+            println!("[up] job on {name} {}", if ok { "succeeded" } else { "failed" });
+            self.ended.push((name, ok));
+        }
+    }
+
+    /// Looks at the node processes: a job node that exited before reporting its job's end
+    /// counts as a failed job. Returns the run's exit code once every job ended (success only
+    /// if every job succeeded) or every node exited.
+    pub fn check(&mut self, children: &mut [(String, Child)]) -> Option<ExitCode> {
+        let mut running = 0;
+        for (name, child) in children.iter_mut() {
+            match child.try_wait() {
+                Ok(None) => running += 1,
+                Ok(Some(status))
+                    if self.job_nodes.contains(name) && !self.ended.iter().any(|(n, _)| n == name) =>
+                {
+                    println!("[up] job node {name} exited before its job ended: {status}");
+                    self.ended.push((name.clone(), false));
+                }
+                Ok(Some(_)) | Err(_) => {}
+            }
+        }
+        if !self.job_nodes.is_empty() && self.ended.len() == self.job_nodes.len() {
+            let failed: Vec<&str> =
+                self.ended.iter().filter(|(_, ok)| !ok).map(|(n, _)| n.as_str()).collect();
+            if failed.is_empty() {
+                println!("[up] every job succeeded ({})", self.job_nodes.join(", "));
+                return Some(ExitCode::SUCCESS);
+            }
+            println!("[up] jobs failed on {}", failed.join(", "));
+            return Some(ExitCode::FAILURE);
+        }
+        if running == 0 {
+            println!("[up] every node has exited");
+            return Some(ExitCode::FAILURE);
+        }
+        None
+    }
 }
 
 /// Waits for ctrl-c, for every job to end (success only if every job succeeded; a job node that
 /// exits before reporting its job's end counts as a failed job), or for every node to end.
 async fn supervise(
-    children: &mut [(String, Child)],
-    job_nodes: &[String],
+    cluster: &mut Cluster,
     jobs: &mut tokio::sync::mpsc::UnboundedReceiver<(String, bool)>,
 ) -> ExitCode {
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
-    let mut ended: Vec<(String, bool)> = Vec::new();
+    let mut tracker = JobTracker::new(&cluster.job_nodes);
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {
                 println!("[up] ctrl-c: stopping every node");
                 return ExitCode::SUCCESS;
             }
-            Some((name, ok)) = jobs.recv() => {
-                if !ended.iter().any(|(n, _)| *n == name) {
-                    println!("[up] job on {name} {}", if ok { "succeeded" } else { "failed" });
-                    ended.push((name, ok));
-                }
-            }
+            Some((name, ok)) = jobs.recv() => tracker.job_ended(name, ok),
             _ = ticker.tick() => {}
         }
-        let mut running = 0;
-        for (name, child) in children.iter_mut() {
-            match child.try_wait() {
-                Ok(None) => running += 1,
-                Ok(Some(status)) if job_nodes.contains(name) && !ended.iter().any(|(n, _)| n == name) => {
-                    println!("[up] job node {name} exited before its job ended: {status}");
-                    ended.push((name.clone(), false));
-                }
-                Ok(Some(_)) | Err(_) => {}
-            }
-        }
-        if !job_nodes.is_empty() && ended.len() == job_nodes.len() {
-            let failed: Vec<&str> = ended.iter().filter(|(_, ok)| !ok).map(|(n, _)| n.as_str()).collect();
-            if failed.is_empty() {
-                println!("[up] every job succeeded ({})", job_nodes.join(", "));
-                return ExitCode::SUCCESS;
-            }
-            println!("[up] jobs failed on {}", failed.join(", "));
-            return ExitCode::FAILURE;
-        }
-        if running == 0 {
-            println!("[up] every node has exited");
-            return ExitCode::FAILURE;
+        if let Some(code) = tracker.check(&mut cluster.children) {
+            return code;
         }
     }
 }

@@ -6,6 +6,7 @@
 //! policy runs live inside an actor, under a seeded simulation, and in a benchmark replaying a trace.
 
 pub mod adapt;
+pub mod chaos;
 pub mod coe;
 pub mod fault;
 pub mod membership;
@@ -13,6 +14,7 @@ pub mod pipeline;
 pub mod restart;
 pub mod time;
 
+pub use chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, ScheduleError};
 pub use fault::{FaultPlan, SiteRule};
 pub use membership::{FailureDetector, MemberStatus, MembershipEvent};
 pub use restart::{RestartDecision, RestartIntensity};
