@@ -63,8 +63,10 @@ pub struct LocalCluster {
     restarted: std::sync::Mutex<Vec<Child>>,
 }
 
+/// Heartbeats every 200 ms, a member down after 5 s of silence (as in examples/pipeline.toml):
+/// 2 s declared every worker of a CI run down at once when the test process stalled under load.
 fn membership() -> MembershipSection {
-    MembershipSection { heartbeat_ms: 200, timeout_ms: 2000 }
+    MembershipSection { heartbeat_ms: 200, timeout_ms: 5000 }
 }
 
 impl LocalCluster {
