@@ -521,6 +521,9 @@ struct Shell {
     rejoining: std::collections::BTreeSet<String>,
     /// Rejoins whose join call is in flight.
     joining: std::collections::BTreeSet<String>,
+    /// Since when every worker has been lost (the job fails if none is back within the join
+    /// timeout: a stall that made members look down must not end a job).
+    all_lost_since: Option<Instant>,
 }
 
 /// A dead or finished incarnation's executors stop before their next call: commands still
@@ -747,6 +750,7 @@ impl Shell {
         h.lost = lost;
         h.summary.lost = false;
         h.summary.rejoined += 1;
+        self.all_lost_since = None;
         h.summary.tasks_since_rejoin = 0;
         h.summary.pid = pid;
         h.summary.straggler = straggler;
@@ -991,7 +995,16 @@ impl ForemanScheduler {
             let detail = shell.last_error.get(&task).cloned().unwrap_or_default();
             Some(Err(ShellError::Failed { task: task.to_string(), detail }))
         } else if shell.workers.iter().all(|h| h.summary.lost) {
-            Some(Err(ShellError::NoWorkers))
+            let wait = shell.settings.join_timeout;
+            match shell.all_lost_since {
+                None => {
+                    shell.all_lost_since = Some(Instant::now());
+                    shell.log(format!("every worker is lost; waiting up to {wait:?} for one to come back"));
+                    None
+                }
+                Some(since) if since.elapsed() >= wait => Some(Err(ShellError::NoWorkers)),
+                Some(_) => None,
+            }
         } else if shell.done {
             Some(Ok(()))
         } else {
@@ -1145,6 +1158,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             ctx,
             rejoining: std::collections::BTreeSet::new(),
             joining: std::collections::BTreeSet::new(),
+            all_lost_since: None,
         };
         for h in shell.workers.iter().filter(|h| h.summary.lost) {
             shell.rejoining.insert(h.node.clone());
@@ -1214,6 +1228,8 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
                 }
             });
         }
+        // a job waiting for a lost crowd to come back gives up here once the wait is over
+        self.finish_if_over().await;
         Ok(())
     }
 
