@@ -26,10 +26,6 @@ pub const HEADER_LEN: usize = 12;
 pub const DEFAULT_MAX_BODY: u32 = 128 << 20;
 /// The body buffer starts at most this large; after that it grows with the bytes received.
 const READ_CHUNK: usize = 1 << 20;
-/// Smallest read window into a body (see [`read_frame`]).
-const MIN_WINDOW: usize = 4 << 10;
-/// Largest read window into a body.
-const MAX_WINDOW: usize = 256 << 10;
 
 /// What a frame carries; unknown kinds are rejected before the body is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -329,29 +325,54 @@ where
     let first = len.min(READ_CHUNK);
     charge.grow_to(first as u64)?;
     let mut body = AlignedVec::<16>::with_capacity(first);
-    // Read straight into the body. The window zero-filled ahead of each read adapts to what the
-    // peer actually delivers (twice the last read, 4 KiB to 256 KiB), so a peer that dribbles
-    // bytes costs little and a fast one is read with a single copy.
-    let mut window = MIN_WINDOW;
+    // Read straight into the body's spare capacity: no zero-fill pass, one copy. The buffer
+    // grows only once it is full of bytes that actually arrived.
     while body.len() < len {
         let start = body.len();
-        let step = (len - start).min(window);
-        if start + step > body.capacity() {
+        if start == body.capacity() {
             // Doubling, but never past the announced length, and charged before it is allocated
             // (AlignedVec's own growth rounds up to a power of two).
-            let cap = (2 * body.capacity()).max(start + step).min(len);
+            let cap = (2 * body.capacity()).max(start + 1).min(len);
             charge.grow_to(cap as u64)?;
             body.reserve_exact(cap - start);
         }
-        body.resize(start + step, 0);
-        let n = r.read(&mut body[start..start + step]).await?;
-        body.resize(start + n, 0);
+        let room = len.min(body.capacity()) - start;
+        let n = read_spare(r, &mut body, room).await?;
         if n == 0 {
             return Err(FrameError::Truncated { expected: HEADER_LEN + len, got: HEADER_LEN + start });
         }
-        window = (2 * n).clamp(MIN_WINDOW, MAX_WINDOW);
     }
     Ok(Some((Frame { kind: header.kind, flags: header.flags, body }, charge)))
+}
+
+/// Reads at most `max` bytes (no more than `body`'s spare capacity) onto the end of `body`
+/// without initialising them first; returns how many arrived (0 at the end of the stream).
+async fn read_spare<R>(r: &mut R, body: &mut AlignedVec<16>, max: usize) -> std::io::Result<usize>
+where
+    R: AsyncRead + Unpin,
+{
+    use std::mem::MaybeUninit;
+    let start = body.len();
+    let max = max.min(body.capacity() - start);
+    std::future::poll_fn(|cx| {
+        // SAFETY: `start + max <= capacity`, so these bytes lie inside `body`'s allocation and
+        // belong to no other value; they are only exposed as `MaybeUninit`, never read as `u8`.
+        let spare = unsafe {
+            std::slice::from_raw_parts_mut(body.as_mut_ptr().add(start).cast::<MaybeUninit<u8>>(), max)
+        };
+        let at = spare.as_ptr().cast::<u8>();
+        let mut buf = tokio::io::ReadBuf::uninit(spare);
+        std::task::ready!(std::pin::Pin::new(&mut *r).poll_read(cx, &mut buf))?;
+        let n = buf.filled().len();
+        if buf.filled().as_ptr() != at || n > max {
+            return std::task::Poll::Ready(Err(std::io::Error::other("reader swapped its buffer")));
+        }
+        // SAFETY: `ReadBuf` guarantees its first `n` bytes were initialised (written by the
+        // reader), they are the bytes right after `start` (checked above), and `n <= max`.
+        unsafe { body.set_len(start + n) };
+        std::task::Poll::Ready(Ok(n))
+    })
+    .await
 }
 
 /// Writes one frame (header then body).

@@ -12,11 +12,20 @@
 //!    `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, under an unguessable name
 //!    (`troupe-shm-<pid>-<128 random bits in hex>`); its 64-byte header carries the token and the
 //!    length. The stream carries only a small frame with [`FLAG_SHM`] whose body is [`ShmRef`].
+//!    **Warm pool.** Rather than a fresh segment per frame, the sender keeps up to
+//!    [`ShmConfig::pool_bytes`] of *pooled* segments per peer connection (header kind 3, a state
+//!    word at byte 56: ready or free) and rewrites one the receiver has marked free, so the
+//!    tmpfs pages are allocated and faulted once, not per frame (a fresh 64 MiB segment cost
+//!    ~24 ms of page allocation here, more under reclaim). A pool that is full of segments not
+//!    yet read falls back to one-shot segments. Each pool belongs to one connection's token: a
+//!    reconnect gets a new token and a new pool, the old one is removed.
 //! 4. **Receive.** The receiver validates the name strictly (fixed prefix, digits, 32 hex
 //!    characters: no `/`, no `..`), checks the length against its frame cap *before* anything
 //!    is opened or allocated, opens with `O_NOFOLLOW`, requires a regular file owned by its own
 //!    uid with no group/other permission and exactly header + length bytes, checks the header's
-//!    magic, token and length, unlinks it, then reads it into an aligned buffer.
+//!    magic, token and length, unlinks it, then reads it into an aligned buffer (one copy). A
+//!    pooled segment must also be marked ready; it is read the same way, then marked free (with
+//!    the token checked first, so no other peer can free, read or replay it) and left in place.
 //!
 //! # Why a peer that lies cannot hurt the receiver
 //! The host identity is only a hint that decides whether to *try*; nothing the receiver does
@@ -33,8 +42,9 @@
 //! not needed for a copy that never leaves the kernel.
 //!
 //! # Nothing leaks forever
-//! The receiver unlinks each segment it consumes. The sender tracks the segments it created per
-//! connection and unlinks whatever is left when that connection closes or the node shuts down;
+//! The receiver unlinks each one-shot segment it consumes. The sender tracks the segments it
+//! created per connection (pooled and one-shot) and unlinks whatever is left when that
+//! connection closes or the node shuts down;
 //! a node starting up removes segments whose creating process no longer exists.
 
 use std::fs::{File, OpenOptions};
@@ -68,6 +78,18 @@ const SEGMENT_MAGIC: [u8; 8] = *b"TRPESHM1";
 const KIND_BODY: u8 = 1;
 /// Header kind byte: a handshake probe.
 const KIND_PROBE: u8 = 2;
+/// Header kind byte: a frame body in a pooled segment that the sender rewrites once freed.
+const KIND_POOLED: u8 = 3;
+/// Offset of a pooled segment's state word in the header.
+const STATE_AT: u64 = 56;
+/// State word of a pooled segment the receiver has read (the sender may rewrite it).
+const STATE_FREE: u64 = 0;
+/// State word of a pooled segment holding a body not yet read.
+const STATE_READY: u64 = 1;
+/// Default cap on the bytes of warm segments kept per peer.
+pub const DEFAULT_POOL_BYTES: u64 = 256 << 20;
+/// Most warm segments kept per peer.
+const MAX_POOL_SEGMENTS: usize = 64;
 /// Length of a probe's body (the nonce).
 const PROBE_LEN: u64 = 32;
 /// Longest name accepted (prefix, up to 10 pid digits, a dash, 32 hex characters).
@@ -82,11 +104,14 @@ pub struct ShmConfig {
     pub enabled: bool,
     /// Bodies of at least this many bytes go through a segment.
     pub min_bytes: usize,
+    /// Bytes of warm segments kept per peer for reuse (0: a fresh segment per frame). Past it,
+    /// frames use fresh one-shot segments.
+    pub pool_bytes: u64,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        Self { enabled: true, min_bytes: DEFAULT_MIN_BYTES }
+        Self { enabled: true, min_bytes: DEFAULT_MIN_BYTES, pool_bytes: DEFAULT_POOL_BYTES }
     }
 }
 
@@ -252,6 +277,9 @@ fn header(kind: u8, token: &[u8; 32], len: u64) -> [u8; SEGMENT_HEADER_LEN] {
     h[8] = kind;
     h[16..48].copy_from_slice(token);
     h[48..56].copy_from_slice(&len.to_le_bytes());
+    if kind == KIND_POOLED {
+        h[56..64].copy_from_slice(&STATE_READY.to_le_bytes());
+    }
     h
 }
 
@@ -262,18 +290,25 @@ struct Segment {
     path: PathBuf,
 }
 
-/// Creates a segment (`O_EXCL`, 0600, never following a link) holding `body`.
-fn write_segment(kind: u8, token: &[u8; 32], body: &[u8]) -> Result<Segment, ShmError> {
+/// Creates an empty segment file (`O_EXCL`, 0600, never following a link) under a fresh name.
+fn create_segment() -> Result<(Segment, File), ShmError> {
     let name = new_name()?;
     let path = Path::new(SHM_DIR).join(&name);
-    let io = |op, source| ShmError::Io { path: path.clone(), op, source };
-    let mut f = OpenOptions::new()
+    let f = OpenOptions::new()
+        .read(true)
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
-        .map_err(|e| io("create", e))?;
+        .map_err(|source| ShmError::Io { path: path.clone(), op: "create", source })?;
+    Ok((Segment { name, path }, f))
+}
+
+/// Creates a one-shot segment holding `body` (the receiver unlinks it).
+fn write_segment(kind: u8, token: &[u8; 32], body: &[u8]) -> Result<Segment, ShmError> {
+    let (Segment { name, path }, mut f) = create_segment()?;
+    let io = |op, source| ShmError::Io { path: path.clone(), op, source };
     let written = f
         .write_all(&header(kind, token, body.len() as u64))
         .and_then(|_| f.write_all(body))
@@ -293,7 +328,9 @@ fn own_uid() -> u32 {
 
 /// Opens, checks and reads segment `name` of `len` body bytes. The file must be a regular file
 /// of our uid with mode 0600 and carry `token` and `kind`; it is unlinked (when `consume`) only
-/// after those checks, so a segment meant for another connection is left alone.
+/// after those checks, so a segment meant for another connection is left alone. Where a body is
+/// expected, a pooled segment is accepted too: it must be marked ready, is read in place and then
+/// marked free for its sender to rewrite (never unlinked, never read twice).
 fn read_segment(
     name: &str,
     len: u64,
@@ -307,6 +344,7 @@ fn read_segment(
     let refused = |reason: String| ShmError::Refused { path: path.clone(), reason };
     let f = OpenOptions::new()
         .read(true)
+        .write(kind == KIND_BODY)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&path)
         .map_err(|e| io("open", e))?;
@@ -321,7 +359,7 @@ fn read_segment(
         return Err(refused(format!("mode {:o} gives access to others", meta.mode() & 0o777)));
     }
     let expected = SEGMENT_HEADER_LEN as u64 + len;
-    if meta.len() != expected {
+    if meta.len() < expected {
         return Err(refused(format!("holds {} bytes, the frame announced {expected}", meta.len())));
     }
     let mut h = [0u8; SEGMENT_HEADER_LEN];
@@ -329,8 +367,12 @@ fn read_segment(
     if h[..8] != SEGMENT_MAGIC {
         return Err(refused("bad magic".into()));
     }
-    if h[8] != kind {
+    let pooled = kind == KIND_BODY && h[8] == KIND_POOLED;
+    if h[8] != kind && !pooled {
         return Err(refused(format!("kind {} where {kind} was expected", h[8])));
+    }
+    if !pooled && meta.len() != expected {
+        return Err(refused(format!("holds {} bytes, the frame announced {expected}", meta.len())));
     }
     if h[16..48] != token[..] {
         return Err(refused("token does not match the one issued to this peer".into()));
@@ -338,13 +380,22 @@ fn read_segment(
     if h[48..56] != len.to_le_bytes() {
         return Err(refused("header length differs from the frame's".into()));
     }
-    if consume {
+    if pooled && h[56..64] != STATE_READY.to_le_bytes() {
+        return Err(refused("pooled segment is not marked ready (already read)".into()));
+    }
+    if consume && !pooled {
         std::fs::remove_file(&path).map_err(|e| io("unlink", e))?;
     }
     let len = usize::try_from(len).map_err(|_| refused("length does not fit in memory".into()))?;
     let mut body = AlignedVec::<16>::with_capacity(len);
     advise_huge_pages(&mut body);
-    read_into_spare(&f, &mut body, len, SEGMENT_HEADER_LEN as u64).map_err(|e| io("read body", e))?;
+    let read = read_into_spare(&f, &mut body, len, SEGMENT_HEADER_LEN as u64).map_err(|e| io("read body", e));
+    if pooled {
+        // read or not, the sender may have it back: the token proved it is this peer's segment
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&STATE_FREE.to_le_bytes(), STATE_AT).map_err(|e| io("mark free", e))?;
+    }
+    read?;
     Ok(body)
 }
 
@@ -425,14 +476,155 @@ pub fn sweep_stale() -> usize {
     removed
 }
 
-/// The sending side of one peer's path: its token and the segments not yet known consumed.
+/// A shared, writable mapping of a whole segment file, unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value alone (no aliasing Rust references
+// exist), so moving it to another thread is sound.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps all `len` bytes of `file` shared and writable, with its pages populated up front
+    /// (MAP_POPULATE: the tmpfs pages are allocated and faulted here, once).
+    fn new(file: &File, len: usize) -> std::io::Result<Self> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a file we own and sized to
+        // `len` beforehand; nothing else in this process refers to that range.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Copies `bytes` to `offset` (which must leave room for them).
+    fn write(&mut self, offset: usize, bytes: &[u8]) {
+        assert!(offset.checked_add(bytes.len()).is_some_and(|end| end <= self.len), "write past the mapping");
+        // SAFETY: the range lies inside the mapping (asserted above), `bytes` is another
+        // allocation (a mapping is never handed out as a slice), and u8 has no invalid values.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(offset), bytes.len()) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned, and the mapping is dropped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A warm segment of one peer's pool: created and mapped once (pages populated), rewritten with
+/// a plain memory copy for every body that fits once its receiver has marked it free, so its
+/// tmpfs pages are allocated and faulted only the first time. The file is ours (0600, created
+/// `O_EXCL`); only a process of our uid could truncate it under the mapping.
+#[derive(Debug)]
+struct PoolSegment {
+    seg: Segment,
+    file: File,
+    map: Mapping,
+    /// Body bytes the file has room for.
+    capacity: u64,
+}
+
+impl PoolSegment {
+    /// A new pooled segment with room for `capacity` body bytes.
+    fn create(capacity: u64) -> Result<Self, ShmError> {
+        let (seg, file) = create_segment()?;
+        let io = |op, source| ShmError::Io { path: seg.path.clone(), op, source };
+        let made = usize::try_from(capacity)
+            .ok()
+            .and_then(|c| c.checked_add(SEGMENT_HEADER_LEN))
+            .ok_or_else(|| io("size", std::io::Error::other("segment too large")))
+            .and_then(|len| {
+                file.set_len(len as u64).map_err(|e| io("truncate", e))?;
+                Mapping::new(&file, len).map_err(|e| io("mmap", e))
+            });
+        match made {
+            Ok(map) => Ok(Self { seg, file, map, capacity }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&seg.path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the receiver has read it (or it was never handed out).
+    fn is_free(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut w = [0u8; 8];
+        self.file.read_exact_at(&mut w, STATE_AT).is_ok() && u64::from_le_bytes(w) == STATE_FREE
+    }
+
+    /// Writes `body`, then the header that marks it ready for the peer holding `token`.
+    fn fill(&mut self, token: &[u8; 32], body: &[u8]) -> Result<(), ShmError> {
+        use std::os::unix::fs::FileExt;
+        if body.len() as u64 > self.capacity {
+            return Err(ShmError::Refused {
+                path: self.seg.path.clone(),
+                reason: "body exceeds the segment".into(),
+            });
+        }
+        self.map.write(SEGMENT_HEADER_LEN, body);
+        self.file
+            .write_all_at(&header(KIND_POOLED, token, body.len() as u64), 0)
+            .map_err(|source| ShmError::Io { path: self.seg.path.clone(), op: "write", source })
+    }
+}
+
+/// One peer's warm segments; `bytes` counts the capacity of all of them, lent out or not.
+#[derive(Debug, Default)]
+struct Pool {
+    idle: Vec<PoolSegment>,
+    bytes: u64,
+    count: usize,
+    closed: bool,
+}
+
+/// Where a body goes.
+enum Slot {
+    /// A warm segment the receiver has freed.
+    Reuse(PoolSegment),
+    /// A new pooled segment of exactly this many bytes (already counted in the pool).
+    Grow(u64),
+    /// A fresh one-shot segment (the pool is full or busy).
+    OneShot,
+}
+
+/// The sending side of one peer's path: its token, its warm segments and the one-shot segments
+/// not yet known consumed.
 struct Outbound {
     generation: u64,
     token: [u8; 32],
     pending: std::sync::Mutex<Vec<PathBuf>>,
+    pool: std::sync::Mutex<Pool>,
+    pool_cap: u64,
 }
 
 impl Outbound {
+    fn new(generation: u64, token: [u8; 32], pool_cap: u64) -> Self {
+        Self {
+            generation,
+            token,
+            pending: std::sync::Mutex::new(Vec::new()),
+            pool: std::sync::Mutex::new(Pool::default()),
+            pool_cap,
+        }
+    }
+
     fn track(&self, path: PathBuf) {
         if let Ok(mut p) = self.pending.lock() {
             // whatever the receiver already unlinked needs no cleanup
@@ -441,10 +633,105 @@ impl Outbound {
         }
     }
 
+    /// Picks a segment for a body of `len` bytes: a free warm one that fits (not more than twice
+    /// the size), else a new one while the pool stays within its cap (free segments that do not
+    /// fit are removed to make room), else a one-shot segment.
+    fn slot(&self, len: u64) -> Slot {
+        let Ok(mut pool) = self.pool.lock() else { return Slot::OneShot };
+        if pool.closed {
+            return Slot::OneShot;
+        }
+        let fits = |s: &PoolSegment| s.capacity >= len && s.capacity / 2 <= len;
+        if let Some(i) = pool.idle.iter().position(|s| fits(s) && s.is_free()) {
+            return Slot::Reuse(pool.idle.swap_remove(i));
+        }
+        while pool.bytes + len > self.pool_cap || pool.count >= MAX_POOL_SEGMENTS {
+            let Some(i) = pool.idle.iter().position(PoolSegment::is_free) else { break };
+            let old = pool.idle.swap_remove(i);
+            pool.bytes -= old.capacity;
+            pool.count -= 1;
+            let _ = std::fs::remove_file(&old.seg.path);
+        }
+        if pool.bytes + len <= self.pool_cap && pool.count < MAX_POOL_SEGMENTS {
+            pool.bytes += len;
+            pool.count += 1;
+            Slot::Grow(len)
+        } else {
+            Slot::OneShot
+        }
+    }
+
+    /// Puts a pooled segment back (removes it if the connection closed meanwhile).
+    fn give_back(&self, seg: PoolSegment) {
+        match self.pool.lock() {
+            Ok(mut pool) if !pool.closed => pool.idle.push(seg),
+            _ => {
+                let _ = std::fs::remove_file(&seg.seg.path);
+            }
+        }
+    }
+
+    /// A [`Slot::Grow`] whose segment could not be made: its bytes leave the pool.
+    fn shrink(&self, len: u64) {
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.bytes -= len;
+            pool.count -= 1;
+        }
+    }
+
+    /// Bytes of warm segments held for this peer (lent out or not).
+    #[cfg(test)]
+    fn pool_bytes(&self) -> u64 {
+        self.pool.lock().map(|p| p.bytes).unwrap_or(0)
+    }
+
+    /// Writes `body` into `slot`; the segment's name, and the warm segment to give back.
+    fn write(&self, slot: Slot, body: &[u8]) -> Result<(String, Option<PoolSegment>), ShmError> {
+        match slot {
+            Slot::Reuse(mut seg) => match seg.fill(&self.token, body) {
+                Ok(()) => Ok((seg.seg.name.clone(), Some(seg))),
+                Err(e) => {
+                    self.shrink(seg.capacity);
+                    let _ = std::fs::remove_file(&seg.seg.path);
+                    Err(e)
+                }
+            },
+            Slot::Grow(capacity) => {
+                let made =
+                    PoolSegment::create(capacity).and_then(|mut seg| match seg.fill(&self.token, body) {
+                        Ok(()) => Ok(seg),
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&seg.seg.path);
+                            Err(e)
+                        }
+                    });
+                match made {
+                    Ok(seg) => Ok((seg.seg.name.clone(), Some(seg))),
+                    Err(e) => {
+                        self.shrink(capacity);
+                        Err(e)
+                    }
+                }
+            }
+            Slot::OneShot => {
+                let seg = write_segment(KIND_BODY, &self.token, body)?;
+                let name = seg.name.clone();
+                self.track(seg.path);
+                Ok((name, None))
+            }
+        }
+    }
+
     fn remove_all(&self) {
         if let Ok(mut p) = self.pending.lock() {
             for path in p.drain(..) {
                 let _ = std::fs::remove_file(path);
+            }
+        }
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.closed = true;
+            for seg in pool.idle.drain(..) {
+                let _ = std::fs::remove_file(&seg.seg.path);
             }
         }
     }
@@ -548,7 +835,7 @@ impl ShmState {
         .await;
         let _ = std::fs::remove_file(&probe.path);
         let token = exchange?;
-        let out = Arc::new(Outbound { generation, token, pending: std::sync::Mutex::new(Vec::new()) });
+        let out = Arc::new(Outbound::new(generation, token, self.config.pool_bytes));
         if let Some(old) = self.outbound.insert(peer.clone(), out) {
             old.remove_all();
         }
@@ -610,24 +897,28 @@ impl ShmState {
             return Ok(frame);
         }
         let Some(out) = self.outbound.get(to).map(|o| o.clone()) else { return Ok(frame) };
-        let token = out.token;
         let (kind, flags, len) = (frame.kind, frame.flags, frame.body.len() as u64);
         // the frame moves into the writer and comes back, so a failure falls back to the stream
         let started = std::time::Instant::now();
+        let writer = out.clone();
         let written = tokio::task::spawn_blocking(move || {
-            let seg = write_segment(KIND_BODY, &token, &frame.body);
+            let slot = writer.slot(len);
+            let seg = writer.write(slot, &frame.body);
             (frame, seg)
         })
         .await;
         debug!(peer = %to, bytes = len, us = started.elapsed().as_micros() as u64, "segment written");
         let (frame, seg) = written.map_err(|e| ShmError::Task(e.to_string()))?;
-        match seg.and_then(|s| {
-            let r = Frame::encode(kind, &ShmRef { name: s.name.clone(), len })?;
-            Ok((s, r))
+        match seg.and_then(|(name, warm)| {
+            let r = Frame::encode(kind, &ShmRef { name, len });
+            if let Some(warm) = warm {
+                // back in the pool now: it is only reused once the receiver has marked it free
+                out.give_back(warm);
+            }
+            Ok(r?)
         }) {
-            Ok((seg, mut reference)) => {
+            Ok(mut reference) => {
                 reference.flags = flags | FLAG_SHM;
-                out.track(seg.path);
                 self.sent.fetch_add(1, Ordering::Relaxed);
                 Ok(reference)
             }
@@ -730,6 +1021,87 @@ mod tests {
         let got = read_segment(&seg.name, body.len() as u64, KIND_BODY, &token, true).unwrap();
         assert_eq!(got.as_slice(), &body[..]);
         assert!(!seg.path.exists(), "consumed segments are unlinked");
+    }
+
+    /// Reads `name` as the receiver of the peer holding `token` does.
+    fn receive(name: &str, len: usize, token: &[u8; 32]) -> Result<AlignedVec<16>, ShmError> {
+        read_segment(name, len as u64, KIND_BODY, token, true)
+    }
+
+    #[test]
+    fn a_warm_segment_is_reused_and_never_readable_by_a_second_peer() {
+        let (a, b) = (random32().unwrap(), random32().unwrap());
+        let out = Outbound::new(1, a, DEFAULT_POOL_BYTES);
+        let first: Vec<u8> = (0..200_000u32).map(|i| (i * 3) as u8).collect();
+        let (name, warm) = out.write(out.slot(first.len() as u64), &first).unwrap();
+        out.give_back(warm.expect("a pooled segment"));
+        // busy until its receiver read it: the next body gets another segment
+        let (other, warm2) = out.write(out.slot(first.len() as u64), &first).unwrap();
+        assert_ne!(name, other);
+        out.give_back(warm2.unwrap());
+        // another peer (token b) naming it is refused and leaves it ready for its rightful reader
+        let e = receive(&name, first.len(), &b).unwrap_err();
+        assert!(e.to_string().contains("token"), "{e}");
+        assert_eq!(receive(&name, first.len(), &a).unwrap().as_slice(), &first[..]);
+        // read once only: a replayed reference is refused, and the file stays for reuse
+        let e = receive(&name, first.len(), &a).unwrap_err();
+        assert!(e.to_string().contains("not marked ready"), "{e}");
+        assert!(Path::new(SHM_DIR).join(&name).exists());
+        // the freed segment is rewritten for the next body; peer b still cannot read it
+        let second: Vec<u8> = (0..150_000u32).map(|i| (i * 11) as u8).collect();
+        let (again, warm) = out.write(out.slot(second.len() as u64), &second).unwrap();
+        assert_eq!(again, name, "the freed warm segment was not reused");
+        out.give_back(warm.unwrap());
+        let e = receive(&name, second.len(), &b).unwrap_err();
+        assert!(e.to_string().contains("token"), "{e}");
+        assert_eq!(receive(&name, second.len(), &a).unwrap().as_slice(), &second[..]);
+        out.remove_all();
+        assert!(!Path::new(SHM_DIR).join(&name).exists());
+        assert!(!Path::new(SHM_DIR).join(&other).exists());
+    }
+
+    #[test]
+    fn the_pool_stays_within_its_cap() {
+        let token = random32().unwrap();
+        let body = vec![5u8; 100_000];
+        let cap = 350_000;
+        let out = Outbound::new(1, token, cap);
+        let mut names = Vec::new();
+        // nothing is read, so every body needs a segment of its own: three warm, then one-shot
+        for _ in 0..6 {
+            let (name, warm) = out.write(out.slot(body.len() as u64), &body).unwrap();
+            if let Some(w) = warm {
+                out.give_back(w);
+            }
+            assert!(out.pool_bytes() <= cap, "pool holds {} of {cap}", out.pool_bytes());
+            names.push(name);
+        }
+        assert_eq!(out.pool_bytes(), 300_000);
+        for name in &names {
+            assert_eq!(receive(name, body.len(), &token).unwrap().as_slice(), &body[..]);
+        }
+        // one-shot segments were consumed; warm ones stay for reuse
+        let left = names.iter().filter(|n| Path::new(SHM_DIR).join(n).exists()).count();
+        assert_eq!(left, 3);
+        // a larger body evicts free warm segments that do not fit instead of growing past the cap
+        let big = vec![9u8; 300_000];
+        let (name, warm) = out.write(out.slot(big.len() as u64), &big).unwrap();
+        assert!(warm.is_some(), "room was not made for the larger body");
+        out.give_back(warm.unwrap());
+        assert!(out.pool_bytes() <= cap, "pool holds {} of {cap}", out.pool_bytes());
+        assert_eq!(receive(&name, big.len(), &token).unwrap().as_slice(), &big[..]);
+        out.remove_all();
+        assert!(names.iter().chain([&name]).all(|n| !Path::new(SHM_DIR).join(n).exists()));
+    }
+
+    #[test]
+    fn a_zero_cap_keeps_one_shot_segments() {
+        let token = random32().unwrap();
+        let out = Outbound::new(1, token, 0);
+        let (name, warm) = out.write(out.slot(70_000), &[1u8; 70_000]).unwrap();
+        assert!(warm.is_none());
+        receive(&name, 70_000, &token).unwrap();
+        assert!(!Path::new(SHM_DIR).join(&name).exists(), "one-shot segments are unlinked when read");
     }
 
     #[test]

@@ -28,6 +28,14 @@
 //! through reclaim and THP compaction stalls (`/proc/vmstat`), and the path allocates twice
 //! (tmpfs page, receive buffer) where TCP allocates once. `memcpy_64mib_mb_s` is the copy into
 //! a fresh buffer that any receiver of a 64 MiB tensor pays.
+//!
+//! Since then (2026-12-01, same machine kind, busy): the sender rewrites warm, pre-populated
+//! segments from a per-peer pool (12-13 ms per 64 MiB instead of 29-70 ms for a fresh one), and
+//! frame bodies are read into uninitialised capacity (no zero-fill pass). A perf profile of the
+//! same-host run then shows the receiver's kernel zeroing fresh huge pages under its `pread`
+//! (`clear_page_erms` in `folio_zero_user`, ~14% of all samples) as the largest single cost: the
+//! delivered `Frame` owns a fresh `AlignedVec`, so the same-host figure is bounded by
+//! `memcpy_64mib_mb_s` until the receiving API can lend a reused or mapped buffer.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
