@@ -93,6 +93,33 @@ fn body_attr<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
     rest.split('"').next()
 }
 
+/// One raw request; the status line of the reply ("" when the connection closed without one).
+fn raw(addr: &str, request: &[u8]) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = s.write_all(request);
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    String::from_utf8_lossy(&reply).lines().next().unwrap_or_default().to_string()
+}
+
+/// HTTP requests are untrusted: an oversized head is dropped unanswered, a foreign `Host` and
+/// other methods are refused, unknown paths are 404, and the snapshot is served as JSON.
+fn http_limits(addr: &str) {
+    let host = format!("Host: {addr}\r\n\r\n");
+    assert_eq!(raw(addr, format!("GET /status.json HTTP/1.1\r\n{host}").as_bytes()), "HTTP/1.1 200 OK");
+    assert_eq!(raw(addr, format!("GET /nothing HTTP/1.1\r\n{host}").as_bytes()), "HTTP/1.1 404 Not Found");
+    assert_eq!(
+        raw(addr, format!("DELETE / HTTP/1.1\r\n{host}").as_bytes()),
+        "HTTP/1.1 405 Method Not Allowed"
+    );
+    assert_eq!(raw(addr, b"GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n"), "HTTP/1.1 403 Forbidden");
+    let mut huge = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
+    huge.resize(64 << 10, b'a');
+    assert_eq!(raw(addr, &huge), "", "a 64 KiB request head is not answered");
+}
+
 fn count_lines(path: &Path, needle: &str) -> usize {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
 }
@@ -150,6 +177,7 @@ fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
         }
     };
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    http_limits(base.strip_prefix("http://").unwrap());
     let profile = tempfile::tempdir().unwrap();
 
     // 1. Every node up: load the page (it closes its stream after the first poll's snapshot)
