@@ -1,4 +1,4 @@
-//! Command-line interface: `troupe keys | node | up | chaos | status | embed | bench`.
+//! Command-line interface: `troupe keys | node | up | chaos | status | dashboard | embed | bench`.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -80,6 +80,25 @@ pub enum Command {
         /// Prints one JSON object (node, members, actors, devices) instead of the text report.
         #[arg(long)]
         json: bool,
+    },
+    /// Serves a live cluster page (members up or down, actors, device budgets) pushed by
+    /// server-sent events; loopback listen addresses only (the page has no authentication).
+    Dashboard {
+        /// A node to ask (repeat to ask several: their actors and devices are shown too).
+        #[arg(long = "node", required = true)]
+        nodes: Vec<SocketAddr>,
+        /// Keys folder holding the identity to connect with.
+        #[arg(long, default_value = "keys")]
+        keys: PathBuf,
+        /// Which identity in the keys folder to use.
+        #[arg(long = "as", default_value = "admin")]
+        as_name: String,
+        /// Where the page is served (loopback only; port 0 picks one, printed at start).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Milliseconds between status polls.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
     },
     /// Sentence embeddings with all-MiniLM-L6-v2 on ONNX Runtime.
     Embed {
@@ -211,6 +230,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 print!("{}", crate::status::render(&status));
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dashboard { nodes, keys, as_name, listen, interval_ms } => {
+            crate::dashboard::check_listen(listen)?;
+            let identity = NodeIdentity::load(&keys, &as_name)
+                .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;
+            let interval = Duration::from_millis(interval_ms.max(100));
+            crate::dashboard::run(crate::dashboard::Options { nodes, identity, listen, interval }).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Embed { texts } => {

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod metrics;
 pub mod node_cmd;
 pub mod status;

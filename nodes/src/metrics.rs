@@ -41,10 +41,10 @@ use troupe_actors::SupervisorEvent;
 use troupe_actors::node::StatusProbe;
 use troupe_transport::{Channel, QuicNode};
 
-/// Largest request head read from a scraper.
-const MAX_REQUEST: usize = 8 << 10;
-/// A scraper that sends no complete request head within this is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request head read from a scraper (or a dashboard client).
+pub(crate) const MAX_REQUEST: usize = 8 << 10;
+/// A scraper (or dashboard client) that sends no complete request head within this is dropped.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The content type of OpenMetrics text (what `prometheus_client::encoding::text` writes).
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -355,7 +355,7 @@ async fn answer(
 }
 
 /// Bytes up to the blank line that ends the request head (at most [`MAX_REQUEST`]).
-async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>> {
+pub(crate) async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -372,7 +372,7 @@ async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>> {
 }
 
 /// Method and path of a request head, if its first line is `METHOD PATH HTTP/1.x`.
-fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+pub(crate) fn request_line(head: &[u8]) -> Option<(&str, &str)> {
     let text = std::str::from_utf8(head).ok()?;
     let first = text.lines().next()?;
     let mut parts = first.split(' ');
