@@ -686,7 +686,7 @@ mod tests {
     fn budget_fractions_outside_zero_one_are_refused_by_the_cli() {
         for flag in ["--device-budget", "--host-budget"] {
             for bad in ["0", "-0.1", "1.5", "nan", "x"] {
-                let e = gen_args(&[flag, bad]).unwrap_err().to_string();
+                let e = gen_args(&[&format!("{flag}={bad}")]).unwrap_err().to_string();
                 assert!(e.contains(flag) && e.contains(bad), "{flag} {bad}: {e}");
             }
             match gen_args(&[flag, "1"]).unwrap() {
