@@ -29,8 +29,9 @@ use troupe_kernels::assets::{Assets, Digits};
 use troupe_kernels::onnx::writer::{DenseLayer, mlp_model};
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_policy::Micros;
+use troupe_policy::coe::sweep::{self, Arrivals, KnobError};
 use troupe_policy::coe::synth::{ModelConfig, synthetic_model};
-use troupe_policy::coe::{CoeModel, ExpertId, ExpertSpec, RequestId, Trace, TraceRequest};
+use troupe_policy::coe::{CoeModel, ExpertId, ExpertSpec, RequestId, Tier, Trace, TraceRequest};
 
 use super::CoeError;
 use super::appfile::{AppFile, Memory};
@@ -150,6 +151,161 @@ impl Scale {
     }
 }
 
+/// Knobs of `coe gen` over the scale's defaults (`None` keeps the scale's value).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GenKnobs {
+    /// Device (GPU-executor) expert memory, as a fraction of all expert bytes, in (0, 1]. The
+    /// CPU executor gets the scale's CPU : GPU ratio of it.
+    pub device_budget: Option<f64>,
+    /// Bytes of the most used experts homed in host memory, as a fraction of all expert bytes.
+    pub host_budget: Option<f64>,
+    /// Zipf skew of the mix over entry experts.
+    pub zipf: Option<f64>,
+    /// Mean arrival rate, requests per second (bursty Poisson).
+    pub rate_rps: Option<f64>,
+    /// About this many experts (the number of entry experts is scaled to it).
+    pub experts: Option<usize>,
+    /// Smallest expert, bytes.
+    pub min_bytes: Option<u64>,
+    /// Largest expert, bytes.
+    pub max_bytes: Option<u64>,
+}
+
+impl GenKnobs {
+    /// Check every knob given.
+    pub fn validate(&self) -> Result<(), KnobError> {
+        if let Some(b) = self.device_budget {
+            sweep::check_fraction("device_budget", b)?;
+        }
+        if let Some(b) = self.host_budget {
+            sweep::check_fraction("host_budget", b)?;
+        }
+        if let Some(z) = self.zipf {
+            sweep::check_skew(z)?;
+        }
+        if let Some(r) = self.rate_rps {
+            sweep::check_rate(r)?;
+        }
+        if let Some(n) = self.experts
+            && n == 0
+        {
+            return Err(KnobError::Range { name: "experts", value: 0.0, problem: "must be at least 1" });
+        }
+        match (self.min_bytes, self.max_bytes) {
+            (Some(0), _) | (_, Some(0)) => {
+                Err(KnobError::Range { name: "min_bytes", value: 0.0, problem: "sizes must be >= 1 byte" })
+            }
+            (Some(lo), Some(hi)) if lo > hi => Err(KnobError::Range {
+                name: "min_bytes",
+                value: lo as f64,
+                problem: "must not exceed max_bytes",
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The knobs an app was generated with, resolved (recorded in its manifest's `knobs` line).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Knobs {
+    /// Device expert memory over all expert bytes (raised to hold the largest expert).
+    pub device_budget: f64,
+    /// Host-homed bytes over all expert bytes.
+    pub host_budget: f64,
+    /// Zipf skew of the root mix.
+    pub zipf: f64,
+    /// Mean arrival rate, requests/s.
+    pub rate_rps: f64,
+    /// Experts generated.
+    pub experts: usize,
+    /// Smallest expert asked for, bytes.
+    pub min_bytes: u64,
+    /// Largest expert asked for, bytes.
+    pub max_bytes: u64,
+    /// Expert memory of the GPU(-stand-in) executor, bytes.
+    pub gpu_expert_bytes: u64,
+    /// Expert memory of the CPU executor, bytes.
+    pub cpu_expert_bytes: u64,
+}
+
+impl Knobs {
+    /// The `knobs ...` line (without newline).
+    pub fn to_line(&self) -> String {
+        format!(
+            "knobs device_budget {} host_budget {} zipf {} rate_rps {} experts {} min_bytes {} max_bytes {} gpu_expert_bytes {} cpu_expert_bytes {}",
+            self.device_budget,
+            self.host_budget,
+            self.zipf,
+            self.rate_rps,
+            self.experts,
+            self.min_bytes,
+            self.max_bytes,
+            self.gpu_expert_bytes,
+            self.cpu_expert_bytes
+        )
+    }
+
+    fn parse(tokens: &[&str]) -> Result<Knobs, String> {
+        let pairs: BTreeMap<&str, &str> = tokens.chunks(2).filter_map(|c| Some((c[0], *c.get(1)?))).collect();
+        if tokens.len() != 18 || pairs.len() != 9 {
+            return Err("expected nine `name value` pairs after `knobs`".into());
+        }
+        fn get<T: std::str::FromStr>(pairs: &BTreeMap<&str, &str>, k: &str) -> Result<T, String> {
+            pairs.get(k).ok_or(format!("no `{k}`"))?.parse().map_err(|_| format!("bad `{k}`"))
+        }
+        let k = Knobs {
+            device_budget: get(&pairs, "device_budget")?,
+            host_budget: get(&pairs, "host_budget")?,
+            zipf: get(&pairs, "zipf")?,
+            rate_rps: get(&pairs, "rate_rps")?,
+            experts: get(&pairs, "experts")?,
+            min_bytes: get(&pairs, "min_bytes")?,
+            max_bytes: get(&pairs, "max_bytes")?,
+            gpu_expert_bytes: get(&pairs, "gpu_expert_bytes")?,
+            cpu_expert_bytes: get(&pairs, "cpu_expert_bytes")?,
+        };
+        sweep::check_fraction("device_budget", k.device_budget).map_err(|e| e.to_string())?;
+        if !(k.host_budget.is_finite() && (0.0..=1.0).contains(&k.host_budget)) {
+            return Err(format!("host_budget {} is not in [0, 1]", k.host_budget));
+        }
+        sweep::check_skew(k.zipf).map_err(|e| e.to_string())?;
+        sweep::check_rate(k.rate_rps).map_err(|e| e.to_string())?;
+        Ok(k)
+    }
+}
+
+impl ScaleConfig {
+    /// This scale's configuration with `knobs` applied (all but the budgets, which need the
+    /// generated experts' sizes).
+    pub fn with_knobs(mut self, knobs: &GenKnobs) -> ScaleConfig {
+        if let Some(z) = knobs.zipf {
+            self.model.zipf = z;
+        }
+        if let Some(r) = knobs.rate_rps {
+            self.mean_gap =
+                Arrivals { rate_rps: r, burst_prob: self.burst_prob, burst_max: self.burst_max }.mean_gap();
+        }
+        if let Some(lo) = knobs.min_bytes {
+            self.model.min_bytes = lo;
+        }
+        if let Some(hi) = knobs.max_bytes {
+            self.model.max_bytes = hi;
+        }
+        if let Some(n) = knobs.experts {
+            let m = &self.model;
+            let c = m.children_per_root as f64;
+            let per_root = 1.0 + c + c * m.branching_share * m.grandchildren as f64;
+            self.model.roots = ((n as f64 / per_root).round() as usize).max(1);
+        }
+        self
+    }
+
+    /// The mean arrival rate of this configuration, requests/s.
+    pub fn rate_rps(&self) -> f64 {
+        Arrivals::rate_of_gap(self.mean_gap, self.burst_prob, self.burst_max)
+    }
+}
+
 /// One expert's file as the manifest records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpertFile {
@@ -162,12 +318,14 @@ pub struct ExpertFile {
 }
 
 /// The manifest: scale, seed and the experts' files.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Manifest {
     /// The scale it was generated at.
     pub scale: Scale,
     /// The seed of the generator.
     pub seed: u64,
+    /// The knobs it was generated with (absent in apps generated before knobs existed).
+    pub knobs: Option<Knobs>,
     /// One entry per expert, in id order.
     pub experts: Vec<ExpertFile>,
 }
@@ -176,6 +334,10 @@ impl Manifest {
     /// Text form (`format` line, `scale`, `seed`, one `expert <id> widths <w,..> blob <id>` each).
     pub fn to_text(&self) -> String {
         let mut out = format!("{MANIFEST_FORMAT}\nscale {}\nseed {}\n", self.scale.name(), self.seed);
+        if let Some(k) = &self.knobs {
+            out.push_str(&k.to_line());
+            out.push('\n');
+        }
         for e in &self.experts {
             let widths: Vec<String> = e.widths.iter().map(usize::to_string).collect();
             let _ = writeln!(out, "expert {} widths {} blob {}", e.id.0, widths.join(","), e.blob);
@@ -195,7 +357,7 @@ impl Manifest {
             Some((_, l)) if l == MANIFEST_FORMAT => {}
             _ => return Err(bad(1, format!("expected `{MANIFEST_FORMAT}`"))),
         }
-        let (mut scale, mut seed, mut experts) = (None, None, Vec::new());
+        let (mut scale, mut seed, mut knobs, mut experts) = (None, None, None, Vec::new());
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
             match t.as_slice() {
@@ -203,6 +365,7 @@ impl Manifest {
                     scale = Some(Scale::from_name(s).ok_or_else(|| bad(n, format!("unknown scale `{s}`")))?)
                 }
                 ["seed", s] => seed = Some(s.parse::<u64>().map_err(|_| bad(n, format!("bad seed `{s}`")))?),
+                ["knobs", rest @ ..] => knobs = Some(Knobs::parse(rest).map_err(|p| bad(n, p))?),
                 ["expert", id, "widths", w, "blob", blob] => {
                     let id: u32 = id.parse().map_err(|_| bad(n, format!("bad expert id `{id}`")))?;
                     if id as usize != experts.len() {
@@ -225,6 +388,7 @@ impl Manifest {
         Ok(Manifest {
             scale: scale.ok_or_else(|| bad(0, "no `scale` line".into()))?,
             seed: seed.ok_or_else(|| bad(0, "no `seed` line".into()))?,
+            knobs,
             experts,
         })
     }
@@ -405,8 +569,15 @@ pub struct GenReport {
 
 /// Generate the app of `scale` into `dir` with `seed` (replacing what is there).
 pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeError> {
+    generate_with(dir, scale, seed, &GenKnobs::default())
+}
+
+/// Generate the app of `scale` with `knobs` applied into `dir` with `seed` (replacing what is
+/// there); the manifest records the resolved knobs.
+pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<GenReport, CoeError> {
+    knobs.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
     let start = std::time::Instant::now();
-    let cfg = scale.config();
+    let cfg = scale.config().with_knobs(knobs);
     let digits = Assets::locate()?.digits()?;
     let pool = cfg.image_pool.min(digits.len());
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -482,13 +653,38 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
             parent: e.preliminary(),
         });
     }
-    let model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let mut model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let total = model.total_bytes().max(1);
+    if let Some(h) = knobs.host_budget {
+        model = CoeModel::new(sweep::assign_homes(&model, (h * total as f64) as u64))
+            .map_err(|e| CoeError::Invalid(e.to_string()))?;
+    }
+    let host: u64 = model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
+    let (gpu_bytes, cpu_bytes, device_budget) = match knobs.device_budget {
+        Some(b) => {
+            let (gpu, effective) = sweep::budget_bytes(&model, b);
+            let ratio = cfg.cpu_expert_bytes as f64 / cfg.gpu_expert_bytes.max(1) as f64;
+            (gpu, (gpu as f64 * ratio).round() as u64, effective)
+        }
+        None => (cfg.gpu_expert_bytes, cfg.cpu_expert_bytes, cfg.gpu_expert_bytes as f64 / total as f64),
+    };
+    let recorded = Knobs {
+        device_budget: device_budget.min(1.0),
+        host_budget: host as f64 / total as f64,
+        zipf: cfg.model.zipf,
+        rate_rps: cfg.rate_rps(),
+        experts: n,
+        min_bytes: cfg.model.min_bytes,
+        max_bytes: cfg.model.max_bytes,
+        gpu_expert_bytes: gpu_bytes,
+        cpu_expert_bytes: cpu_bytes,
+    };
     let trace = build_trace(model, &cfg, pool, &selections, &mut rng);
     trace.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
-    let manifest = Manifest { scale, seed, experts: files };
+    let manifest = Manifest { scale, seed, knobs: Some(recorded), experts: files };
     write_file(&dir.join("app.txt"), manifest.to_text().as_bytes())?;
     write_file(&dir.join("trace.txt"), trace.to_text().as_bytes())?;
-    let memory = Memory { gpu_expert_bytes: cfg.gpu_expert_bytes, cpu_expert_bytes: cfg.cpu_expert_bytes };
+    let memory = Memory { gpu_expert_bytes: gpu_bytes, cpu_expert_bytes: cpu_bytes };
     let app_file = AppFile::from_model(&trace.model, Some(scale.name()), Some(memory));
     write_file(&dir.join(APP_FILE), app_file.to_toml()?.as_bytes())?;
     Ok(GenReport {
@@ -559,6 +755,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn knobs_shape_the_scale_config() {
+        let k = GenKnobs { zipf: Some(1.4), rate_rps: Some(800.0), experts: Some(72), ..GenKnobs::default() };
+        let c = Scale::Ci.config().with_knobs(&k);
+        assert_eq!(c.model.zipf, 1.4);
+        assert!((c.rate_rps() / 800.0 - 1.0).abs() < 1e-3, "{}", c.rate_rps());
+        assert_eq!(c.model.roots, 8);
+        assert!(GenKnobs { device_budget: Some(0.0), ..k }.validate().is_err());
+        assert!(GenKnobs { host_budget: Some(1.2), ..k }.validate().is_err());
+        assert!(k.validate().is_ok());
+    }
+
+    #[test]
     fn hidden_width_hits_the_size() {
         for bytes in [64u64 << 10, 1 << 20, 40 << 20] {
             let h = hidden_width(bytes, 4);
@@ -581,10 +789,27 @@ mod tests {
         let m = Manifest {
             scale: Scale::Ci,
             seed: 7,
+            knobs: None,
             experts: vec![ExpertFile { id: ExpertId(0), widths: vec![64, 10, 10, 3], blob: "e0".into() }],
         };
         let p = Path::new("app.txt");
         assert_eq!(Manifest::parse(&m.to_text(), p).unwrap(), m);
+        let knobs = Knobs {
+            device_budget: 0.1,
+            host_budget: 0.25,
+            zipf: 1.4,
+            rate_rps: 2_500.5,
+            experts: 36,
+            min_bytes: 1 << 16,
+            max_bytes: 1 << 21,
+            gpu_expert_bytes: 123_456,
+            cpu_expert_bytes: 185_184,
+        };
+        let with = Manifest { knobs: Some(knobs), ..m.clone() };
+        assert_eq!(Manifest::parse(&with.to_text(), p).unwrap(), with);
+        let bad = with.to_text().replace("device_budget 0.1", "device_budget 1.5");
+        let err = Manifest::parse(&bad, p).unwrap_err().to_string();
+        assert!(err.contains("line 4") && err.contains("(0, 1]"), "{err}");
         let err =
             Manifest::parse("format troupe-coe-app 1\nscale ci\nseed 1\nexpert 0 widths 3,4 blob e0\n", p)
                 .unwrap_err()

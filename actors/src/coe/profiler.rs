@@ -73,8 +73,13 @@ pub struct ExecutorPlan {
 
 /// The two executors of the app's scale: the GPU stand-in and the CPU.
 pub fn default_plan(app: &App) -> Vec<ExecutorPlan> {
-    let cfg = app.manifest.scale.config();
-    plan(cfg.gpu_expert_bytes, cfg.cpu_expert_bytes)
+    match &app.manifest.knobs {
+        Some(k) => plan(k.gpu_expert_bytes, k.cpu_expert_bytes),
+        None => {
+            let cfg = app.manifest.scale.config();
+            plan(cfg.gpu_expert_bytes, cfg.cpu_expert_bytes)
+        }
+    }
 }
 
 /// The GPU stand-in and the CPU executor with these expert bytes.

@@ -17,10 +17,150 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::profiler;
-use troupe_actors::coe::runner::{RunOptions, run_local};
-use troupe_policy::coe::{LatencyModel, SchedulerConfig, SimOptions, simulate};
+use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
+use troupe_policy::coe::sweep::{self, Arrivals, Point, PointResult};
+use troupe_policy::coe::{LatencyModel, Profile, SchedulerConfig, SimOptions, Tier, simulate};
 
-use crate::workloads::coe as cmd;
+use crate::workloads::coe::{self as cmd, KnobArgs};
+
+/// Reorder window of the bounded-window run of the sweep, tasks.
+pub const BOUNDED_WINDOW: u64 = 256;
+/// The open-loop run's arrival rate, as a share of ours' saturated throughput.
+pub const OPEN_LOOP_SHARE: f64 = 0.5;
+
+/// One policy's figures at a sweep point (real or simulated).
+struct Measured {
+    throughput: f64,
+    loads_over_belady: f64,
+    p99_ms: f64,
+    outputs: Vec<u64>,
+}
+
+fn measure(
+    app: &std::sync::Arc<App>,
+    latency: &LatencyModel,
+    config: SchedulerConfig,
+    real: bool,
+    arrival_scale: f64,
+) -> Result<Measured> {
+    if real {
+        let options = RunOptions {
+            deadline: std::time::Duration::from_secs(3 * 3600),
+            arrival_scale,
+            ..RunOptions::new(config)
+        };
+        let r: RunReport = run_local(app, latency, &options)?;
+        Ok(Measured {
+            throughput: r.throughput_rps,
+            loads_over_belady: r.loads_over_belady(),
+            p99_ms: r.p99_ms,
+            outputs: r.digests,
+        })
+    } else {
+        let mut trace = app.trace.clone();
+        for r in &mut trace.requests {
+            r.arrival = troupe_policy::Micros((r.arrival.0 as f64 * arrival_scale).round() as u64);
+        }
+        let r = simulate(&trace, latency, config, &SimOptions::default())?;
+        Ok(Measured {
+            throughput: r.throughput_rps,
+            loads_over_belady: r.loads_over_belady(),
+            p99_ms: r.latency_p99.0 as f64 / 1e3,
+            outputs: r.outputs,
+        })
+    }
+}
+
+/// `troupe bench coe --sweep`: at every device budget of [`sweep::SWEEP_BUDGETS`] x skew of
+/// [`sweep::SWEEP_SKEWS`], FCFS+LRU, the paper's two-stage and ours on the app's experts (one
+/// generated app; the trace is reshaped per point from its recorded walks, the profile's
+/// budgets replaced). Real execution at ci scale (or with `--real`), else simulated with this
+/// machine's profile and every key `sim_`. Then, at the app's own point: ours at a bounded
+/// reorder window ([`BOUNDED_WINDOW`]) beside the default one, and FCFS+LRU and ours open-loop
+/// at [`OPEN_LOOP_SHARE`] of ours' saturated throughput.
+///
+/// Keys: those of [`sweep::sweep_figures`]; `window<N>_{throughput_rps,p99_latency_ms}` for
+/// both windows; `open_loop_rate_rps`, `open_loop_{ours,fcfs_lru}_{throughput_rps,
+/// p99_latency_ms}`; each `sim_`-prefixed when simulated.
+pub fn run_sweep(
+    scale_name: &str,
+    dir: Option<PathBuf>,
+    force_real: bool,
+    knobs: &KnobArgs,
+) -> Result<BTreeMap<String, f64>> {
+    let scale = cmd::scale(scale_name)?;
+    let (app, profile) = prepare(scale, dir, knobs)?;
+    let real = force_real || scale == Scale::Ci;
+    let pre = prefix(real);
+    let mut points = Vec::new();
+    for &budget in &sweep::SWEEP_BUDGETS {
+        for &skew in &sweep::SWEEP_SKEWS {
+            let (trace, p, effective) = reshaped(&app, &profile, Some(budget), Some(skew), knobs)?;
+            let latency = LatencyModel::from_profile(&p)?;
+            let point_app = std::sync::Arc::new(with_trace(&app, trace));
+            let base = measure(&point_app, &latency, SchedulerConfig::fcfs_lru(), real, 1.0)?;
+            let paper = measure(&point_app, &latency, SchedulerConfig::paper_two_stage(), real, 1.0)?;
+            let ours = measure(&point_app, &latency, SchedulerConfig::ours(), real, 1.0)?;
+            if base.outputs != paper.outputs || base.outputs != ours.outputs {
+                bail!("request outputs differ between policies at {}", sweep::point_key(budget, skew));
+            }
+            let r = PointResult {
+                budget,
+                effective_budget: effective,
+                skew,
+                fcfs_lru_rps: base.throughput,
+                ours_over_fcfs_lru: ours.throughput / base.throughput.max(1e-9),
+                paper_over_fcfs_lru: paper.throughput / base.throughput.max(1e-9),
+                ours_loads_over_belady: ours.loads_over_belady,
+                paper_loads_over_belady: paper.loads_over_belady,
+                real,
+            };
+            println!(
+                "sweep {}: ours {:.2}x, paper {:.2}x over fcfs+lru ({:.1} req/s); loads/MIN ours {:.2}x paper {:.2}x",
+                sweep::point_key(budget, skew),
+                r.ours_over_fcfs_lru,
+                r.paper_over_fcfs_lru,
+                r.fcfs_lru_rps,
+                r.ours_loads_over_belady,
+                r.paper_loads_over_belady
+            );
+            points.push(r);
+        }
+    }
+    let mut f = sweep::sweep_figures(&points);
+    print!("{}", sweep::sweep_table(&points));
+    // At the app's own point (its recorded budget, skew and rate, or those knobs given).
+    let (trace, p, _) = reshaped(&app, &profile, knobs.device_budget, knobs.zipf, knobs)?;
+    let latency = LatencyModel::from_profile(&p)?;
+    let own = std::sync::Arc::new(with_trace(&app, trace));
+    let mut outputs = None;
+    for window in [SchedulerConfig::DEFAULT_WINDOW, BOUNDED_WINDOW] {
+        let config = SchedulerConfig { window_tasks: window, ..SchedulerConfig::ours() };
+        let m = measure(&own, &latency, config, real, 1.0)?;
+        if outputs.get_or_insert_with(|| m.outputs.clone()) != &m.outputs {
+            bail!("request outputs differ between reorder windows");
+        }
+        println!("window {window:>5}: ours {:.1} req/s, p99 {:.1} ms", m.throughput, m.p99_ms);
+        f.insert(format!("{pre}window{window}_throughput_rps"), m.throughput);
+        f.insert(format!("{pre}window{window}_p99_latency_ms"), m.p99_ms);
+    }
+    let saturated = f[&format!("{pre}window{}_throughput_rps", SchedulerConfig::DEFAULT_WINDOW)];
+    let target = OPEN_LOOP_SHARE * saturated;
+    let span_s = own.trace.requests.last().map_or(0.0, |r| r.arrival.0 as f64 / 1e6);
+    let trace_rate = own.trace.requests.len() as f64 / span_s.max(1e-9);
+    let arrival_scale = trace_rate / target.max(1e-9);
+    f.insert(format!("{pre}open_loop_rate_rps"), target);
+    for (name, config) in [("fcfs_lru", SchedulerConfig::fcfs_lru()), ("ours", SchedulerConfig::ours())] {
+        let m = measure(&own, &latency, config, real, arrival_scale)?;
+        println!("open loop at {target:.1} req/s: {name} {:.1} req/s, p99 {:.1} ms", m.throughput, m.p99_ms);
+        f.insert(format!("{pre}open_loop_{name}_throughput_rps"), m.throughput);
+        f.insert(format!("{pre}open_loop_{name}_p99_latency_ms"), m.p99_ms);
+    }
+    f.insert("real_execution".into(), if real { 1.0 } else { 0.0 });
+    f.insert("requests".into(), app.trace.requests.len() as f64);
+    f.insert("experts".into(), app.trace.model.len() as f64);
+    Ok(f)
+}
 
 /// One policy combination's figures.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,17 +183,12 @@ pub struct Row {
     pub compute_s: f64,
 }
 
-/// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
-pub fn run(
-    scale_name: &str,
-    dir: Option<PathBuf>,
-    svg: &Path,
-    force_real: bool,
-) -> Result<BTreeMap<String, f64>> {
-    let scale = cmd::scale(scale_name)?;
+/// The app of `scale` in `dir` (generated with `knobs` if missing; refused if its recorded
+/// expert count or sizes differ from the ones asked) and this machine's profile of it.
+fn prepare(scale: Scale, dir: Option<PathBuf>, knobs: &KnobArgs) -> Result<(App, Profile)> {
     let dir = cmd::app_dir(scale, dir);
     if !dir.join("app.txt").is_file() {
-        cmd::gen_app(&dir, scale, 1)?;
+        cmd::gen_app(&dir, scale, 1, &knobs.gen_knobs())?;
     }
     let profile_path = dir.join("profile.txt");
     if !profile_path.is_file() {
@@ -61,8 +196,108 @@ pub fn run(
     }
     let profile = profiler::load_profile(&profile_path)
         .with_context(|| "re-run `troupe coe profile` on this machine (or delete the file)".to_string())?;
+    let app = App::open(&dir, None)?;
+    if knobs.experts.is_some() || knobs.min_bytes.is_some() || knobs.max_bytes.is_some() {
+        let Some(k) = app.manifest.knobs else {
+            bail!(
+                "{} records no knobs; pass a fresh --dir to generate one with --experts/--min-bytes/--max-bytes",
+                dir.display()
+            );
+        };
+        let asked = [knobs.min_bytes.map(|b| b == k.min_bytes), knobs.max_bytes.map(|b| b == k.max_bytes)];
+        // The generator rounds the entry-expert count, so the count is "about" the one asked.
+        let experts_off = knobs.experts.is_some_and(|n| n.abs_diff(k.experts) * 4 > n);
+        if asked.contains(&Some(false)) || experts_off {
+            bail!(
+                "{} was generated with {} experts of {}-{} bytes; pass a fresh --dir for other expert counts or sizes",
+                dir.display(),
+                k.experts,
+                k.min_bytes,
+                k.max_bytes
+            );
+        }
+    }
+    Ok((app, profile))
+}
+
+/// The app's recorded knob values, or the scale's for an app generated before knobs.
+fn recorded(app: &App) -> (f64, f64, f64) {
+    let trace = &app.trace;
+    let total = trace.model.total_bytes().max(1) as f64;
+    let host: u64 = trace.model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
+    match app.manifest.knobs {
+        Some(k) => (k.zipf, k.host_budget, k.rate_rps),
+        None => {
+            let c = app.manifest.scale.config();
+            (c.model.zipf, host as f64 / total, c.rate_rps())
+        }
+    }
+}
+
+/// `app`'s trace and `profile` reshaped to the budget, skew, host budget and rate given (each
+/// absent keeps the app's). Returns the trace, the profile and the device budget really given.
+fn reshaped(
+    app: &App,
+    profile: &Profile,
+    device_budget: Option<f64>,
+    zipf: Option<f64>,
+    knobs: &KnobArgs,
+) -> Result<(troupe_policy::coe::Trace, Profile, f64)> {
+    let (z0, h0, r0) = recorded(app);
+    let cfg = app.manifest.scale.config();
+    let trace = if zipf.is_none() && knobs.host_budget.is_none() && knobs.rate.is_none() {
+        app.trace.clone()
+    } else {
+        let point = Point {
+            zipf: zipf.unwrap_or(z0),
+            host_budget: knobs.host_budget.unwrap_or(h0).max(f64::MIN_POSITIVE),
+            arrivals: Arrivals {
+                rate_rps: knobs.rate.unwrap_or(r0),
+                burst_prob: cfg.burst_prob,
+                burst_max: cfg.burst_max,
+            },
+            requests: app.trace.requests.len(),
+            seed: 1,
+        };
+        sweep::reshape(&app.trace, &point)?
+    };
+    let total = trace.model.total_bytes().max(1) as f64;
+    match device_budget {
+        Some(b) => {
+            let (bytes, effective) = sweep::budget_bytes(&trace.model, b);
+            Ok((trace, sweep::with_device_budget(profile, bytes), effective))
+        }
+        None => {
+            let bytes = profile.executors.first().map_or(0, |e| e.expert_memory_bytes);
+            Ok((trace, profile.clone(), bytes as f64 / total))
+        }
+    }
+}
+
+/// `app` serving `trace` instead of its own.
+fn with_trace(app: &App, trace: troupe_policy::coe::Trace) -> App {
+    App {
+        dir: app.dir.clone(),
+        manifest: app.manifest.clone(),
+        trace,
+        digits: app.digits.clone(),
+        routes: app.routes.clone(),
+    }
+}
+
+/// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
+pub fn run(
+    scale_name: &str,
+    dir: Option<PathBuf>,
+    svg: &Path,
+    force_real: bool,
+    knobs: &KnobArgs,
+) -> Result<BTreeMap<String, f64>> {
+    let scale = cmd::scale(scale_name)?;
+    let (app, profile) = prepare(scale, dir, knobs)?;
+    let (trace, profile, effective) = reshaped(&app, &profile, knobs.device_budget, knobs.zipf, knobs)?;
     let latency = LatencyModel::from_profile(&profile)?;
-    let app = std::sync::Arc::new(App::open(&dir, None)?);
+    let app = std::sync::Arc::new(with_trace(&app, trace));
     let real = force_real || scale == Scale::Ci;
     let mut rows = Vec::new();
     let mut digests: Option<Vec<u64>> = None;
@@ -124,6 +359,7 @@ pub fn run(
     f.insert("requests".into(), app.trace.requests.len() as f64);
     f.insert("experts".into(), app.trace.model.len() as f64);
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
+    f.insert("device_budget_fraction".into(), effective);
     if let Some(ours) = rows.iter().find(|r| r.label == "ours") {
         // The floor of the switching share on this trace: every expert it uses loaded exactly
         // once (at the first executor's profiled bandwidth), against ours' compute time.

@@ -54,6 +54,13 @@ pub enum BenchCommand {
         /// Serve every combination for real even at paper scale (FCFS+LRU takes many minutes).
         #[arg(long)]
         real: bool,
+        /// Sweep device budgets 5/10/20/40% x Zipf skews 0.6/1.0/1.4 (FCFS+LRU, the paper's
+        /// two-stage, ours at each point), plus a bounded reorder window and an open-loop rate.
+        #[arg(long)]
+        sweep: bool,
+        /// Workload knobs (expert count and sizes apply when the app is generated).
+        #[command(flatten)]
+        knobs: crate::workloads::coe::KnobArgs,
     },
     /// Pipeline (CROWDio): worker peak RSS vs whole model, streaming vs barrier, loads, wire bytes.
     Pipeline {
@@ -102,8 +109,15 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
         }
-        BenchCommand::Coe { json, scale, dir, svg, real } => {
-            ("coe", tokio::task::spawn_blocking(move || coe::run(&scale, dir, &svg, real)).await??, json)
+        BenchCommand::Coe { json, scale, dir, svg, real, sweep, knobs } => {
+            let run = move || {
+                if sweep {
+                    coe::run_sweep(&scale, dir, real, &knobs)
+                } else {
+                    coe::run(&scale, dir, &svg, real, &knobs)
+                }
+            };
+            ("coe", tokio::task::spawn_blocking(run).await??, json)
         }
         BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir } => {
             ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)

@@ -5,11 +5,70 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use troupe_actors::coe::app::{self, App, Scale};
+use troupe_actors::coe::app::{self, App, GenKnobs, Scale};
 use troupe_actors::coe::appfile::{LoadedApp, Memory, Requests, open_for_serving};
 use troupe_actors::coe::profiler;
 use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
 use troupe_policy::coe::{EvictionPolicy, LatencyModel, Profile, SchedulerConfig};
+
+/// Workload knobs of `coe gen` and `bench coe` (each absent keeps the scale's, or the app's).
+#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq)]
+pub struct KnobArgs {
+    /// Device (GPU-executor) expert memory as a fraction of all expert bytes, in (0, 1] (the
+    /// CPU executor keeps the scale's CPU : GPU ratio; raised to hold the largest expert).
+    #[arg(long, value_parser = fraction)]
+    pub device_budget: Option<f64>,
+    /// Bytes of the most used experts homed in host memory, fraction of all expert bytes, in (0, 1].
+    #[arg(long, value_parser = fraction)]
+    pub host_budget: Option<f64>,
+    /// Zipf skew of the mix over entry experts (>= 0).
+    #[arg(long, value_parser = skew)]
+    pub zipf: Option<f64>,
+    /// Mean arrival rate, requests/s (bursty Poisson).
+    #[arg(long, value_parser = rate)]
+    pub rate: Option<f64>,
+    /// About this many experts (generation only).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Smallest expert, bytes (generation only).
+    #[arg(long)]
+    pub min_bytes: Option<u64>,
+    /// Largest expert, bytes (generation only).
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
+}
+
+impl KnobArgs {
+    /// The generator's knobs.
+    pub fn gen_knobs(&self) -> GenKnobs {
+        GenKnobs {
+            device_budget: self.device_budget,
+            host_budget: self.host_budget,
+            zipf: self.zipf,
+            rate_rps: self.rate,
+            experts: self.experts,
+            min_bytes: self.min_bytes,
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+fn number(s: &str) -> Result<f64, String> {
+    s.parse::<f64>().map_err(|_| format!("`{s}` is not a number"))
+}
+
+/// A budget fraction in (0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    troupe_policy::coe::sweep::check_fraction("budget", number(s)?).map_err(|e| e.to_string())
+}
+
+fn skew(s: &str) -> Result<f64, String> {
+    troupe_policy::coe::sweep::check_skew(number(s)?).map_err(|e| e.to_string())
+}
+
+fn rate(s: &str) -> Result<f64, String> {
+    troupe_policy::coe::sweep::check_rate(number(s)?).map_err(|e| e.to_string())
+}
 
 /// `troupe coe ...`.
 #[derive(Subcommand, Debug)]
@@ -25,6 +84,9 @@ pub enum CoeCommand {
         /// Generator seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Workload knobs.
+        #[command(flatten)]
+        knobs: KnobArgs,
     },
     /// Measure this machine and write the profile the scheduler reads.
     Profile {
@@ -194,8 +256,8 @@ pub fn app_dir(scale: Scale, dir: Option<PathBuf>) -> PathBuf {
 }
 
 /// Generate and print a summary.
-pub fn gen_app(dir: &Path, scale: Scale, seed: u64) -> Result<()> {
-    let r = app::generate(dir, scale, seed)
+pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<()> {
+    let r = app::generate_with(dir, scale, seed, knobs)
         .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
         "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, random-init weights, usage probabilities pre-assessed on digit images; {:.1}s -> {}",
@@ -260,9 +322,9 @@ pub fn app_write(path: &Path, text: &str) -> Result<()> {
 /// Runs a `troupe coe` command.
 pub fn run(cmd: CoeCommand) -> Result<()> {
     match cmd {
-        CoeCommand::Gen { scale: s, dir, seed } => {
+        CoeCommand::Gen { scale: s, dir, seed, knobs } => {
             let s = scale(&s)?;
-            gen_app(&app_dir(s, dir), s, seed)
+            gen_app(&app_dir(s, dir), s, seed, &knobs.gen_knobs())
         }
         CoeCommand::Profile { scale: s, dir, out } => {
             let dir = app_dir(scale(&s)?, dir);
@@ -610,6 +672,37 @@ mod tests {
             CoeCommand::Run { eviction, .. } => eviction,
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    fn gen_args(extra: &[&str]) -> Result<CoeCommand, clap::Error> {
+        let args = ["troupe", "coe", "gen"].iter().chain(extra);
+        Cli::try_parse_from(args).map(|cli| match cli.command {
+            Command::Coe { command } => command,
+            other => panic!("parsed as {other:?}"),
+        })
+    }
+
+    #[test]
+    fn budget_fractions_outside_zero_one_are_refused_by_the_cli() {
+        for flag in ["--device-budget", "--host-budget"] {
+            for bad in ["0", "-0.1", "1.5", "nan", "x"] {
+                let e = gen_args(&[&format!("{flag}={bad}")]).unwrap_err().to_string();
+                assert!(e.contains(flag) && e.contains(bad), "{flag} {bad}: {e}");
+            }
+            match gen_args(&[flag, "1"]).unwrap() {
+                CoeCommand::Gen { knobs, .. } => {
+                    assert_eq!(knobs.device_budget.or(knobs.host_budget), Some(1.0));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let e = gen_args(&["--device-budget", "2"]).unwrap_err().to_string();
+        assert!(e.contains("(0, 1]"), "{e}");
+        let e = crate::cli::Cli::try_parse_from(["troupe", "bench", "coe", "--device-budget", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(0, 1]"), "{e}");
+        assert!(gen_args(&["--zipf", "-1"]).is_err() && gen_args(&["--rate", "0"]).is_err());
     }
 
     #[test]

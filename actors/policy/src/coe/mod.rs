@@ -12,6 +12,7 @@
 //!   decisions.
 //! - [`trace`] and [`synth`]: the trace file format and a seeded synthetic workload generator.
 //! - [`sim`]: a discrete-event simulator that replays a trace through a policy and reports metrics.
+//! - [`sweep`]: workload knobs (budgets, skew, rate) applied to a trace, and the sweep's figures.
 //! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
 pub mod latency;
@@ -20,6 +21,7 @@ pub mod model;
 pub mod profile;
 pub mod scheduler;
 pub mod sim;
+pub mod sweep;
 pub mod synth;
 pub mod text;
 pub mod trace;
