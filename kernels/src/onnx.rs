@@ -8,6 +8,8 @@
 //!   measured ([`SessionMemory`]); [`check_chain`] checks that stage files fit together.
 //! - [`Embedder`] / [`embed`]: sentence embeddings with all-MiniLM-L6-v2.
 //! - [`writer`]: writes MLP graphs as ONNX models from Rust (no Python at run time).
+//! - [`mapped`]: rewrites a model's large initializers into a page-aligned external-data file so
+//!   ONNX Runtime memory-maps them ([`OnnxSession::from_file_mapped`]).
 //! - [`split`]: cuts one model into a chain of stage models at single-tensor cut points, balanced
 //!   by weight bytes (`troupe pipeline split`).
 //! - [`proto`]: the ONNX protobuf types (prost, generated from `onnx.proto`; see
@@ -16,6 +18,7 @@
 
 mod bench;
 mod embed;
+pub mod mapped;
 mod memory;
 mod runtime;
 mod session;
@@ -132,6 +135,9 @@ pub enum OnnxError {
     /// The tokenizer could not be built.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A model could not be rewritten with memory-mapped initializers.
+    #[error(transparent)]
+    Mapped(#[from] mapped::MappedError),
     /// Reading a model file failed.
     #[error("{path}: {source}")]
     Io {

@@ -360,7 +360,9 @@ impl WorkerState {
                 let _ = std::fs::remove_file(&path);
                 return Err(format!("{}: cached file has SHA-256 {got}; removed it", path.display()));
             }
-            OnnxSession::from_file(&path, &SessionConfig { intra_threads: threads })
+            // Large initializers memory-mapped: a stage holding the word-embedding table keeps
+            // only the rows its inputs touch resident (see `troupe_kernels::onnx::mapped`).
+            OnnxSession::from_file_mapped(&path, &SessionConfig { intra_threads: threads })
                 .map_err(|e| e.to_string())
         })
         .await

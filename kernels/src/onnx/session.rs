@@ -112,6 +112,22 @@ impl OnnxSession {
         Self::create(origin, config, |builder| builder.commit_from_file(path), env)
     }
 
+    /// Loads the model at `path` with its large initializers memory-mapped from disk rather than
+    /// copied into memory: the file is rewritten once, streaming, into `<path>.mapped/` (a small
+    /// model plus a page-aligned external-data file, see [`super::mapped`]) and ONNX Runtime
+    /// loads that, mapping the data file. Only the pages a run reads (e.g. the embedding rows of
+    /// the tokens seen) become resident; outputs are those of [`Self::from_file`]. The folder
+    /// needs to be writable; it is reused while the source's length and mtime are unchanged.
+    pub fn from_file_mapped(path: &Path, config: &SessionConfig) -> Result<Self, OnnxError> {
+        if !path.is_file() {
+            return Err(OnnxError::ModelMissing { path: path.to_path_buf() });
+        }
+        let env = runtime()?;
+        let rewritten = super::mapped::externalized_beside(path)?;
+        let origin = path.display().to_string();
+        Self::create(origin, config, |builder| builder.commit_from_file(&rewritten), env)
+    }
+
     /// Loads a model from its bytes; `origin` labels it in errors (e.g. the peer or file it came from).
     pub fn from_bytes(bytes: &[u8], origin: &str, config: &SessionConfig) -> Result<Self, OnnxError> {
         let env = runtime()?;

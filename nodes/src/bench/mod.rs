@@ -82,6 +82,9 @@ pub enum BenchCommand {
         /// Working folder (keys, worker configs, logs and disk caches).
         #[arg(long, default_value = ".cache/bench/pipeline")]
         workdir: PathBuf,
+        /// Only the memory figures (floor, whole model, stages of K = 2, 3, 4).
+        #[arg(long)]
+        memory_only: bool,
     },
     /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE (simulated sweep over K,
     /// ablations) plus measured calibration and a real concurrent-adaptation run on the pool.
@@ -119,8 +122,12 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             };
             ("coe", tokio::task::spawn_blocking(run).await??, json)
         }
-        BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir } => {
-            ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
+        BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir, memory_only } => {
+            if memory_only {
+                ("pipeline", pipeline::memory_split(&std::env::current_exe()?).await?, json)
+            } else {
+                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
+            }
         }
         BenchCommand::Coadapt { json, svg, k_max, quick } => {
             let svg = svg.unwrap_or_else(|| {

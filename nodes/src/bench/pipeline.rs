@@ -48,9 +48,18 @@ pub const QUOTAS: [u32; 5] = [60, 40, 40, 20, 20];
 const MIB: f64 = (1u64 << 20) as f64;
 
 fn probe(exe: &Path, model: &Path) -> Result<u64> {
-    let out = std::process::Command::new(exe)
-        .args(["pipeline", "probe-rss", "--model"])
-        .arg(model)
+    probe_with(exe, model, false)
+}
+
+/// Peak RSS of `model` loaded and run once in a fresh process (`mapped`: as a worker loads a
+/// stage file).
+fn probe_with(exe: &Path, model: &Path, mapped: bool) -> Result<u64> {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["pipeline", "probe-rss", "--model"]).arg(model);
+    if mapped {
+        cmd.arg("--mapped");
+    }
+    let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("probing {}", model.display()))?;
@@ -59,6 +68,133 @@ fn probe(exe: &Path, model: &Path) -> Result<u64> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("probe output")?;
     v.get("peak_rss_bytes").and_then(serde_json::Value::as_u64).context("probe output has no peak_rss_bytes")
+}
+
+/// Runs `stages` as a chain on `input` in this process and returns the last stage's outputs.
+fn run_chain(
+    stages: &[PathBuf],
+    mapped: bool,
+    input: &[troupe_kernels::onnx::NamedTensor],
+) -> Result<Vec<troupe_kernels::onnx::NamedTensor>> {
+    let mut carried = input.to_vec();
+    for p in stages {
+        let cfg = SessionConfig::default();
+        let mut s =
+            if mapped { OnnxSession::from_file_mapped(p, &cfg)? } else { OnnxSession::from_file(p, &cfg)? };
+        let wanted: Vec<_> = s
+            .inputs()
+            .iter()
+            .filter_map(|spec| carried.iter().chain(input.iter()).find(|t| t.name == spec.name).cloned())
+            .collect();
+        carried = s.run(&wanted)?;
+    }
+    Ok(carried)
+}
+
+/// A folder removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Memory that shows the split: peak RSS, each in a fresh process, of the runtime's floor (the
+/// setup cache's `tiny_mlp.onnx`, a 2-layer MLP of a few hundred bytes: what a session of
+/// anything costs), the whole MiniLM model (loaded as the baseline loads it) and every stage of
+/// K = 2, 3 and 4, cut by the Rust splitter (`--balance weights`) into a temp dir and loaded as
+/// a worker loads a stage file (initializers memory-mapped). Per K,
+/// `worker_rss_above_floor_over_whole_kK` = max over stages of (stage - floor) / (whole - floor),
+/// beside its target 1.3/K; `_plain_` variants load the stages without mapping, `_mapped_whole_`
+/// variants divide by the whole model loaded with mapping too (the fair contrast for mapping
+/// alone). The mapped chains' outputs are checked against the whole model's here.
+pub async fn memory_split(exe: &Path) -> Result<BTreeMap<String, f64>> {
+    use troupe_kernels::assets::{Assets, MINILM_WHOLE, TINY_MLP};
+    use troupe_kernels::onnx::split::{CutPlan, Limits};
+    let assets = Assets::locate()?;
+    let floor_model = assets.path(TINY_MLP)?;
+    let whole = assets.path(MINILM_WHOLE)?;
+    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-memory-split-{}", std::process::id())));
+    std::fs::create_dir_all(tmp.path()).context("temp dir for the split")?;
+    let mut f = BTreeMap::new();
+    let floor = probe_with(exe, &floor_model, false)?;
+    let whole_rss = probe_with(exe, &whole, false)?;
+    // A link in the temp dir, so the mapped rewrite lands there and not in the setup cache.
+    let link = tmp.path().join("minilm_whole.onnx");
+    std::os::unix::fs::symlink(&whole, &link).context("linking the whole model")?;
+    let whole_mapped = probe_with(exe, &link, true)?;
+    f.insert("rss_floor_mb".into(), floor as f64 / MIB);
+    f.insert("whole_model_rss_mb".into(), whole_rss as f64 / MIB);
+    f.insert("whole_model_mapped_rss_mb".into(), whole_mapped as f64 / MIB);
+    let above = |r: u64, of: u64| r.saturating_sub(floor) as f64 / of.saturating_sub(floor).max(1) as f64;
+    let sentence = "A man is eating a piece of bread while the sun sets over the quiet harbour.".to_string();
+    let input = crate::workloads::pipeline::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
+    let want = run_chain(std::slice::from_ref(&whole), false, &input)?;
+    let mut worst_err = 0.0f32;
+    println!("memory split (peak RSS, fresh process each; floor = tiny_mlp.onnx):");
+    for k in [2usize, 3, 4] {
+        let out = tmp.path().join(format!("k{k}"));
+        let model = whole.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            crate::workloads::pipeline::split_to_dir(
+                &model,
+                &CutPlan::Balanced { stages: k },
+                &out,
+                &Limits::default(),
+            )
+        })
+        .await??;
+        let (mut worst, mut worst_plain) = (0u64, 0u64);
+        for (i, s) in done.stages.iter().enumerate() {
+            let mapped = probe_with(exe, s, true)?;
+            let plain = probe_with(exe, s, false)?;
+            f.insert(format!("k{k}_stage{i}_rss_mb"), mapped as f64 / MIB);
+            f.insert(format!("k{k}_stage{i}_plain_rss_mb"), plain as f64 / MIB);
+            worst = worst.max(mapped);
+            worst_plain = worst_plain.max(plain);
+        }
+        let got = run_chain(&done.stages, true, &input)?;
+        for (a, b) in got.iter().zip(&want) {
+            if let (Some(a), Some(b)) = (a.as_f32(), b.as_f32()) {
+                if a.len() != b.len() {
+                    bail!(
+                        "K={k}: mapped chain output {} has {} values, whole model {}",
+                        a.len(),
+                        a.len(),
+                        b.len()
+                    );
+                }
+                worst_err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(worst_err, f32::max);
+            }
+        }
+        let r = above(worst, whole_rss);
+        f.insert(format!("worker_rss_above_floor_over_whole_k{k}"), r);
+        f.insert(format!("worker_rss_above_floor_over_whole_plain_k{k}"), above(worst_plain, whole_rss));
+        f.insert(format!("worker_rss_above_floor_over_whole_mapped_whole_k{k}"), above(worst, whole_mapped));
+        f.insert(format!("worker_rss_above_floor_target_k{k}"), 1.3 / k as f64);
+        println!(
+            "  K={k}: largest stage {:>6.1} MiB mapped ({:>6.1} plain); above floor / whole {r:.3} (target {:.3}, plain {:.3})",
+            worst as f64 / MIB,
+            worst_plain as f64 / MIB,
+            1.3 / k as f64,
+            above(worst_plain, whole_rss)
+        );
+    }
+    println!(
+        "  floor {:.1} MiB, whole {:.1} MiB (mapped {:.1} MiB)",
+        floor as f64 / MIB,
+        whole_rss as f64 / MIB,
+        whole_mapped as f64 / MIB
+    );
+    f.insert("mapped_stage_chain_max_abs_error".into(), f64::from(worst_err));
+    Ok(f)
 }
 
 /// Median ONNX Runtime time of each stage per input at full speed, measured in this process.
@@ -134,6 +270,9 @@ pub async fn run(
     };
 
     // RSS of the whole model and of each stage, each in a fresh process.
+    for (k, v) in memory_split(&exe).await? {
+        put(&k, v);
+    }
     let whole_rss = probe(&exe, &whole)?;
     let mut stage_rss = Vec::new();
     for (k, s) in stages.iter().enumerate() {
@@ -142,7 +281,6 @@ pub async fn run(
         stage_rss.push(r);
     }
     let largest_stage_rss = stage_rss.iter().copied().max().unwrap_or(1).max(1);
-    put("whole_model_rss_mb", whole_rss as f64 / MIB);
 
     let job_inputs = tokenize_batches(&sentences, inputs, batch)?;
     let t_k = stage_times(&stages, &job_inputs)?;

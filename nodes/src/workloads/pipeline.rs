@@ -678,6 +678,14 @@ pub enum PipelineCommand {
         /// The ONNX file.
         #[arg(long)]
         model: PathBuf,
+        /// Load it as a pipeline worker loads a stage file: large initializers memory-mapped
+        /// (rewritten once into `MODEL.mapped/` beside the file).
+        #[arg(long)]
+        mapped: bool,
+        /// First put this process in a cgroup v1 memory group with this limit (fails if there
+        /// is no controller); the OS kills the process if the model does not fit.
+        #[arg(long)]
+        memory_limit_mb: Option<u64>,
     },
 }
 
@@ -801,8 +809,19 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             print!("{}", done.render());
             Ok(())
         }
-        PipelineCommand::ProbeRss { model } => {
-            let json = tokio::task::spawn_blocking(move || local::probe_rss(&model)).await??;
+        PipelineCommand::ProbeRss { model, mapped, memory_limit_mb } => {
+            if let Some(mb) = memory_limit_mb {
+                let limit = troupe_actors::pipeline::telemetry::apply_memory_limit(
+                    "probe-rss",
+                    mb.saturating_mul(1 << 20),
+                    true,
+                );
+                if !matches!(limit, troupe_actors::pipeline::telemetry::MemoryLimit::CgroupV1 { .. }) {
+                    bail!("--memory-limit-mb {mb}: {}", limit.describe());
+                }
+                eprintln!("{}", limit.describe());
+            }
+            let json = tokio::task::spawn_blocking(move || local::probe_rss(&model, mapped)).await??;
             println!("{json}");
             Ok(())
         }

@@ -230,8 +230,12 @@ fn spawn_worker(exe: &Path, config: &Path, log: &Path, append: bool) -> Result<C
 
 /// Loads `model` in this process, runs it once on a MiniLM-shaped input, and returns JSON with
 /// the process's peak RSS and the session's own RSS growth.
-pub fn probe_rss(model: &Path) -> Result<String> {
-    let mut session = OnnxSession::from_file(model, &SessionConfig::default())?;
+pub fn probe_rss(model: &Path, mapped: bool) -> Result<String> {
+    let mut session = if mapped {
+        OnnxSession::from_file_mapped(model, &SessionConfig::default())?
+    } else {
+        OnnxSession::from_file(model, &SessionConfig::default())?
+    };
     let sentence = "A man is eating a piece of bread while the sun sets over the quiet harbour.".to_string();
     let mut inputs: Vec<NamedTensor> = super::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
     let seq = inputs.first().map_or(1, |t| t.shape.get(1).copied().unwrap_or(1));
