@@ -1,10 +1,25 @@
 //! The `hello` topology's actors: experts that answer questions over the cluster, and a
-//! scheduler that finds them through a process group and asks each over QUIC.
+//! scheduler that finds them and asks each over QUIC.
+//!
+//! The `hello` job goes through the role-checked service path like every workload
+//! ([`SERVICE_PREFIX`]`NODE`, method [`ASK`], rkyv bodies read with checked access, found by
+//! service announcements). The expert also answers [`HelloExpertMsg::Ask`] as a ractor_cluster
+//! message: `troupe bench transport` measures remote actor calls through it.
 
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
+use troupe_transport::{NodeId, Role};
+
+use crate::service::{Allow, Handler, ServiceSpec, Services, to_body, with_archived};
+
+/// Services of hello experts are named `hello-expert/NODE`.
+pub const SERVICE_PREFIX: &str = "hello-expert/";
+/// The method that answers a question.
+pub const ASK: &str = "ask";
+/// Longest question accepted, bytes.
+pub const MAX_QUESTION: usize = 4096;
 
 /// Process group the hello experts join (visible cluster-wide).
 pub const EXPERTS_GROUP: &str = "hello-experts";
@@ -28,14 +43,47 @@ pub fn answer(node: &str, question: &str) -> String {
     format!("{node}: {words} words, {letters} letters, reversed \"{reversed}\"")
 }
 
+/// What a hello expert starts with: the node it answers as, and the router it serves on
+/// (`None`: ractor messages only, as the transport bench's peer runs it).
+#[derive(Clone)]
+pub struct HelloArgs {
+    /// The node name it answers as.
+    pub node: String,
+    /// The node's service router.
+    pub services: Option<Services>,
+}
+
+fn handler(node: String) -> Handler {
+    std::sync::Arc::new(move |_caller, _method, body| {
+        let node = node.clone();
+        Box::pin(async move {
+            let question = with_archived::<String, _>(&body, |q| {
+                if q.len() > MAX_QUESTION {
+                    return Err(format!("a question of {} bytes exceeds {MAX_QUESTION}", q.len()));
+                }
+                Ok(q.as_str().to_owned())
+            })?;
+            to_body(&answer(&node, &question))
+        })
+    })
+}
+
 impl Actor for HelloExpert {
     type Msg = HelloExpertMsg;
     type State = String;
-    type Arguments = String;
+    type Arguments = HelloArgs;
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, node: String) -> Result<String, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        args: HelloArgs,
+    ) -> Result<String, ActorProcessingErr> {
         ractor::pg::join(EXPERTS_GROUP.to_string(), vec![me.get_cell()]);
-        Ok(node)
+        if let Some(services) = &args.services {
+            let spec = ServiceSpec::new().method(ASK, Allow::role(Role::Scheduler));
+            services.register(&format!("{SERVICE_PREFIX}{}", args.node), spec, handler(args.node.clone()));
+        }
+        Ok(args.node)
     }
 
     async fn handle(
@@ -63,19 +111,35 @@ pub fn remote_experts() -> Vec<ActorCell> {
     v
 }
 
-/// Asks every expert in `experts` the same question over the cluster; answers in order.
-pub async fn ask_all(
-    experts: &[ActorCell],
+/// Waits (woken by service announcements, at most `timeout`) until `count` hello experts are
+/// announced; their nodes and services, sorted by node. `Err(found)` when too few came.
+pub async fn find_experts(
+    services: &Services,
+    count: usize,
+    timeout: Duration,
+) -> Result<Vec<(NodeId, String)>, usize> {
+    services
+        .wait_for(timeout, |s| {
+            let found = s.services_with_prefix(SERVICE_PREFIX);
+            (found.len() >= count).then_some(found)
+        })
+        .await
+        .ok_or_else(|| services.services_with_prefix(SERVICE_PREFIX).len())
+}
+
+/// Asks each expert the same question through the service path; answers in order.
+pub async fn ask_each(
+    services: &Services,
+    experts: &[(NodeId, String)],
     question: &str,
     timeout: Duration,
 ) -> Result<Vec<String>, String> {
+    let body = to_body(&question.to_string())?;
     let mut answers = Vec::new();
-    for cell in experts {
-        let expert: ActorRef<HelloExpertMsg> = cell.clone().into();
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let a = ractor::call_t!(expert, HelloExpertMsg::Ask, ms, question.to_string())
-            .map_err(|e| format!("asking {}: {e}", cell.get_id()))?;
-        answers.push(a);
+    for (peer, service) in experts {
+        let reply =
+            services.call(peer, service, ASK, body.clone(), timeout).await.map_err(|e| e.to_string())?;
+        answers.push(with_archived::<String, _>(&reply, |a| Ok(a.as_str().to_owned()))?);
     }
     Ok(answers)
 }

@@ -111,7 +111,9 @@ pub async fn run(keys: &Path) -> Result<()> {
     std::panic::set_hook(Box::new(|info| eprintln!("bench-peer: {info}")));
     let identity = NodeIdentity::load(keys, PEER_NAME).with_context(|| format!("loading {PEER_NAME}"))?;
     let children = vec![
-        ChildSpec::new("bench-expert", || (HelloExpert, PEER_NAME.to_string())),
+        ChildSpec::new("bench-expert", || {
+            (HelloExpert, troupe_actors::hello::HelloArgs { node: PEER_NAME.to_string(), services: None })
+        }),
         ChildSpec::new("bench-sink", || (Sink, ())),
         ChildSpec::new("bench-crashy", || (Crashy, ())),
     ];

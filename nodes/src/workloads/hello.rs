@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde::Deserialize;
 use troupe_actors::NodeRuntime;
-use troupe_actors::hello::{HelloExpert, ask_all, remote_experts};
+use troupe_actors::hello::{HelloArgs, HelloExpert, ask_each, find_experts};
 use troupe_actors::supervisor::ChildSpec;
 
 use super::{NodeContext, params};
@@ -51,27 +51,21 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
 
 /// A hello expert answering as this node.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
-    let node = ctx.config.name.clone();
-    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || (HelloExpert, node.clone())))
+    let args = HelloArgs { node: ctx.config.name.clone(), services: Some(ctx.services.clone()) };
+    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || (HelloExpert, args.clone())))
 }
 
-/// Waits for the experts, asks each, prints the answers.
-pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
+/// Waits for the experts (woken by service announcements), asks each, prints the answers.
+pub async fn run_job(_runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     let p: HelloJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
-    let experts = loop {
-        let found = remote_experts();
-        if found.len() >= p.experts {
-            break found;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("only {} of {} hello experts joined within {} s", found.len(), p.experts, job.timeout_s);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let experts = match find_experts(&ctx.services, p.experts, Duration::from_secs(job.timeout_s)).await {
+        Ok(found) => found,
+        Err(found) => bail!("only {found} of {} hello experts joined within {} s", p.experts, job.timeout_s),
     };
     println!("hello: asking {} experts over QUIC: {:?}", experts.len(), p.question);
-    let answers =
-        ask_all(&experts, &p.question, Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
+    let answers = ask_each(&ctx.services, &experts, &p.question, Duration::from_secs(10))
+        .await
+        .map_err(anyhow::Error::msg)?;
     for a in &answers {
         println!("hello: answer from {a}");
     }
