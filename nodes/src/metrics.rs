@@ -311,11 +311,15 @@ pub async fn serve(
             }
         }
     });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     let accept = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
+            // past MAX_SCRAPES connections at once, new ones are closed unanswered
+            let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
             let (metrics, status, link) = (metrics.clone(), status.clone(), link.clone());
             tokio::spawn(async move {
+                let _slot = slot;
                 if let Err(e) = answer(stream, &metrics, &status, &link).await {
                     tracing::debug!(error = %e, "metrics: scrape not answered");
                 }
@@ -324,6 +328,9 @@ pub async fn serve(
     });
     Ok(MetricsServer { addr: bound, tasks: vec![events, accept] })
 }
+
+/// Scrapes answered at once (each also bounded by the request timeout).
+const MAX_SCRAPES: usize = 16;
 
 /// Reads one request head and answers it: `GET /metrics` gets the text, anything else 404 or
 /// 405. One request per connection.

@@ -41,6 +41,17 @@ async fn get(addr: SocketAddr, path: &str) -> (String, String) {
     (head.lines().next().unwrap_or_default().to_string(), body.to_string())
 }
 
+/// The metrics address node `name` logs once its endpoint is up.
+async fn metrics_addr(cluster: &ProcCluster, name: &str) -> SocketAddr {
+    let line = cluster.wait_log(name, Duration::from_secs(30), &["metrics served"]).await.unwrap();
+    line.split("url=http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
 /// Samples of a Prometheus text body: `name{labels}` (as written) to value.
 fn samples(text: &str) -> HashMap<String, f64> {
     text.lines()
@@ -55,14 +66,7 @@ fn samples(text: &str) -> HashMap<String, f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_serves_prometheus_text_with_live_values() {
     let cluster = ProcCluster::start(EXE.as_ref(), TOPOLOGY).unwrap();
-    let line = cluster.wait_log("a", Duration::from_secs(30), &["metrics served"]).await.unwrap();
-    let addr: SocketAddr = line
-        .split("url=http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .parse()
-        .unwrap();
+    let addr = metrics_addr(&cluster, "a").await;
     assert!(addr.ip().is_loopback(), "{addr}");
     cluster.wait_status("a", Duration::from_secs(30), |s| member_is(s, "b", "up")).await.unwrap();
 
@@ -165,14 +169,7 @@ actors = [{ kind = "coadapt-camera", params = { seed = 12, drift = ["0 clean 0",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_counters_count_what_a_finished_job_did() {
     let cluster = ProcCluster::start_lingering(EXE.as_ref(), COADAPT).unwrap();
-    let line = cluster.wait_log("edge", Duration::from_secs(30), &["metrics served"]).await.unwrap();
-    let addr: SocketAddr = line
-        .split("url=http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .parse()
-        .unwrap();
+    let addr = metrics_addr(&cluster, "edge").await;
     cluster
         .wait_log("edge", Duration::from_secs(300), &["troupe-node: job coadapt finished: ok"])
         .await

@@ -48,6 +48,8 @@ pub const SUBMIT: &str = "submit";
 pub const MAX_QUEUED_JOBS: usize = 4;
 /// Most stages one submitted job may have.
 pub const MAX_STAGES: usize = 32;
+/// Most stage-file bytes one submitted job may make the foreman pull and hold.
+pub const MAX_JOB_STAGE_BYTES: u64 = 2 << 30;
 
 /// One stage file of a submission: pulled from the client by its BLAKE3.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -134,14 +136,35 @@ struct Foreman {
 }
 
 impl Foreman {
-    /// Pulls, checks and runs one submission from `client`.
+    /// Admits one submission from `client` (a bounded number wait; past it: busy), then pulls,
+    /// checks and runs it. Admission comes before the pulls, so at most the admitted jobs'
+    /// stage files are ever held.
     async fn submit(&self, client: &NodeId, body: &[u8]) -> Result<Vec<u8>, String> {
         let sub: Submission = from_bytes("submission", body).map_err(|e| e.to_string())?;
+        // the running job counts as one of `waiting`
+        if self.waiting.fetch_add(1, Ordering::SeqCst) > MAX_QUEUED_JOBS {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(format!(
+                "busy: {MAX_QUEUED_JOBS} jobs already wait for this foreman; submit again later"
+            ));
+        }
+        let result = self.admitted(client, sub).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn admitted(&self, client: &NodeId, sub: Submission) -> Result<Vec<u8>, String> {
         if sub.stages.is_empty() || sub.stages.len() > MAX_STAGES {
             return Err(format!("a job needs 1..={MAX_STAGES} stages, this one has {}", sub.stages.len()));
         }
         if sub.inputs.is_empty() || sub.inputs.len() > MAX_INPUTS {
             return Err(format!("a job needs 1..={MAX_INPUTS} inputs, this one has {}", sub.inputs.len()));
+        }
+        let total: u64 = sub.stages.iter().map(|s| s.size).fold(0, u64::saturating_add);
+        if total > MAX_JOB_STAGE_BYTES {
+            return Err(format!(
+                "the stage files total {total} bytes, above the {MAX_JOB_STAGE_BYTES}-byte cap"
+            ));
         }
         let mut stages = Vec::with_capacity(sub.stages.len());
         for s in &sub.stages {
@@ -175,21 +198,11 @@ impl Foreman {
         let mode = if sub.streaming { Mode::Streaming } else { Mode::Barrier };
         let job = build_job(stages, inputs, mode, sub.lossy_bf16).map_err(|e| e.to_string())?;
 
-        // one job runs; a bounded number wait their turn
-        // the running job counts as one of `waiting`
-        if self.waiting.fetch_add(1, Ordering::SeqCst) > MAX_QUEUED_JOBS {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(format!(
-                "busy: {MAX_QUEUED_JOBS} jobs already wait for this foreman; submit again later"
-            ));
-        }
-        let turn = self.running.acquire().await;
-        let result = match turn {
+        // one job runs at a time, in arrival order
+        match self.running.acquire().await {
             Ok(_turn) => self.run(client, job).await,
             Err(e) => Err(format!("the foreman is shutting down: {e}")),
-        };
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        result
+        }
     }
 
     async fn run(&self, client: &NodeId, job: super::job::PipelineJob) -> Result<Vec<u8>, String> {

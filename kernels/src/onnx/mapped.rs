@@ -311,22 +311,10 @@ fn put_len_field(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
 mod tests {
     use super::*;
     use crate::onnx::proto::ModelProto;
-    use crate::onnx::writer::{DenseLayer, mlp_model};
+    use crate::onnx::writer::mlp_model;
+    use crate::onnx::writer::tests::layer;
     use crate::onnx::{NamedTensor, OnnxSession, SessionConfig};
     use prost::Message;
-
-    fn layer(inputs: usize, outputs: usize, seed: u32) -> DenseLayer {
-        let val = |i: usize| {
-            let h = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
-            ((h >> 8) % 2001) as f32 / 1000.0 - 1.0
-        };
-        DenseLayer {
-            inputs,
-            outputs,
-            weights: (0..inputs * outputs).map(|i| val(i) * 0.3).collect(),
-            bias: (0..outputs).map(|i| val(i + 7) * 0.1).collect(),
-        }
-    }
 
     fn written_mlp() -> Vec<u8> {
         // 64 -> 512 -> 8: the first weight (128 KiB) goes external, the second (16 KiB) stays.

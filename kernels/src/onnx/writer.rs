@@ -226,11 +226,12 @@ pub fn mlp_forward(layers: &[DenseLayer], x: &[f32], batch: usize) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::onnx::{NamedTensor, OnnxSession, SessionConfig};
 
-    fn layer(inputs: usize, outputs: usize, seed: u32) -> DenseLayer {
+    /// A dense layer with deterministic weights (shared with the other ONNX modules' tests).
+    pub(crate) fn layer(inputs: usize, outputs: usize, seed: u32) -> DenseLayer {
         // A deterministic, sign-mixed pattern (no RNG needed in a unit test).
         let val = |i: usize| {
             let h = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
