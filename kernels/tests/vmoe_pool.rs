@@ -142,3 +142,20 @@ fn fragmentation_is_sampled_over_time() {
     let whats: Vec<&str> = pool.fragmentation_samples().iter().map(|s| s.what).collect();
     assert_eq!(&whats[whats.len() - 2..], &["reserve", "release"]);
 }
+
+#[test]
+fn an_unshared_pool_gives_every_model_its_own_frozen_parts() {
+    let m = model(VMoeConfig::tiny(), 1);
+    let mut pool = CoAdaptPool::new("isolated", 8 << 20).unwrap();
+    pool.set_sharing(false);
+    let a = pool.load("cam0", &m).unwrap();
+    let shared = pool.shared_memory_bytes();
+    let b = pool.load("cam1", &m).unwrap();
+    assert_eq!(pool.shared_memory_bytes(), 2 * shared, "the second copy brings its own shared parts");
+    let (ma, mb) = (pool.model(a).unwrap(), pool.model(b).unwrap());
+    assert!(!ma.params.patch_w.shares_buffer_with(&mb.params.patch_w));
+    pool.unload(a).unwrap();
+    assert_eq!(pool.shared_memory_bytes(), shared);
+    pool.unload(b).unwrap();
+    assert_eq!(pool.stats().used, 0);
+}

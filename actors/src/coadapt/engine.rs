@@ -64,6 +64,45 @@ impl SchedulerChoice {
     }
 }
 
+/// AdaSprite's mechanisms the executor runs; each can be turned off alone for the ablation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// Knapsack grouping: which experts' training steps share a time slice under the pool budget.
+    pub grouping: bool,
+    /// Fill-clamp-refill: how many threads each expert of a slice gets.
+    pub threads: bool,
+    /// The reuse cache of expert outputs under a byte budget, backed by disk.
+    pub reuse: bool,
+    /// Preloading the next task's models while the current one computes.
+    pub preload: bool,
+}
+
+impl Mechanisms {
+    /// Every mechanism on (the default).
+    pub const ALL: Self = Self { grouping: true, threads: true, reuse: true, preload: true };
+    /// Their names, as [`Mechanisms::without`] takes them.
+    pub const NAMES: [&'static str; 4] = ["grouping", "threads", "reuse", "preload"];
+
+    /// These mechanisms with `name` turned off; `None` for an unknown name.
+    pub fn without(self, name: &str) -> Option<Self> {
+        let mut m = self;
+        match name {
+            "grouping" => m.grouping = false,
+            "threads" => m.threads = false,
+            "reuse" => m.reuse = false,
+            "preload" => m.preload = false,
+            _ => return None,
+        }
+        Some(m)
+    }
+}
+
+impl Default for Mechanisms {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
 /// Knobs of the executor.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -90,6 +129,11 @@ pub struct EngineConfig {
     /// Most tasks admitted and not yet finished (each holds a model and its samples); a job
     /// submitted past it is refused with [`EngineError::Full`], back to its sender.
     pub max_tasks: usize,
+    /// Which of AdaSprite's mechanisms run.
+    pub mechanisms: Mechanisms,
+    /// Whether the models' identical frozen parts are stored once in the pool (merging) or each task
+    /// holds its own copy (isolated adaptation).
+    pub share_backbone: bool,
 }
 
 impl Default for EngineConfig {
@@ -106,6 +150,8 @@ impl Default for EngineConfig {
             val_fraction: 0.25,
             seed: 7,
             max_tasks: 64,
+            mechanisms: Mechanisms::ALL,
+            share_backbone: true,
         }
     }
 }
@@ -218,7 +264,8 @@ impl EdgeEngine {
     /// An executor over a fresh pool; `expected` are the model configs it will see (their shared
     /// parts and step temporaries are kept out of the scheduler's budget).
     pub fn new(cfg: EngineConfig, expected: &[VMoeConfig]) -> Result<Self, EngineError> {
-        let pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
+        let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
+        pool.set_sharing(cfg.share_backbone);
         let limits = CycleLimits {
             memory_budget: cfg.budget.saturating_sub(reserved_bytes(expected, cfg.batch)),
             max_epochs: cfg.max_epochs,
@@ -459,6 +506,7 @@ impl EdgeEngine {
         while let Some(a) = self.sched.poll_action() {
             match a {
                 SchedAction::RunEpoch { task } => self.queued.push(task),
+                SchedAction::Preload { .. } if !self.cfg.mechanisms.preload => {}
                 SchedAction::Preload { task, .. } => {
                     let mut keep = self.queued.clone();
                     keep.push(task);

@@ -139,6 +139,7 @@ pub struct CoAdaptPool {
     tmp: Vec<TmpSample>,
     peak_used: u64,
     weight_decay: f32,
+    share: bool,
 }
 
 fn shared_key(t: &Tensor) -> [u8; 32] {
@@ -163,7 +164,15 @@ impl CoAdaptPool {
             tmp: Vec::new(),
             peak_used: 0,
             weight_decay: 0.0,
+            share: true,
         })
+    }
+
+    /// Whether identical shared tensors of different models are stored once (the default, AdaSprite's
+    /// merging) or every model keeps its own copy (isolated adaptation, the baseline). Applies to
+    /// models loaded after the call.
+    pub fn set_sharing(&mut self, share: bool) {
+        self.share = share;
     }
 
     fn sample(&mut self, what: &'static str) {
@@ -210,11 +219,24 @@ impl CoAdaptPool {
             if group != ParamGroup::Shared {
                 continue;
             }
-            let key = shared_key(t);
+            let mut key = shared_key(t);
+            if !self.share {
+                // Unshared: the key names this model, so nothing is found from another one.
+                key = *blake3::Hasher::new()
+                    .update(&key)
+                    .update(&self.next_id.to_le_bytes())
+                    .finalize()
+                    .as_bytes();
+            }
             keys.push(key);
             if !self.shared.contains_key(&key) && !fresh.contains_key(&key) {
                 let a = self.alloc(t.size_in_bytes() as u64, &mut taken)?;
-                fresh.insert(key, (t.clone(), a));
+                let mut own = t.clone();
+                if !self.share {
+                    // Isolated: a buffer of its own, as a per-task copy would hold (copy-on-write).
+                    own.f32_mut()?;
+                }
+                fresh.insert(key, (own, a));
             }
         }
         let c = model.config;
