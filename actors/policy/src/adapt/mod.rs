@@ -10,6 +10,8 @@
 //! * [`age`], [`nnls`] and [`twin`]: twin-buffer scheduler driven by accuracy gain per epoch (§3.4);
 //! * [`baselines`]: isolated, AMS-like, RECL-like and MoE-SE schedulers (§5.1);
 //! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
+//! * [`drift`] and [`online`]: a camera's drift detection, re-arming after each update, its
+//!   bounded accuracy log, and when a job over streaming cameras may end.
 
 pub mod age;
 pub mod baselines;
@@ -18,6 +20,7 @@ pub mod grouping;
 pub(crate) mod linalg;
 pub mod memory;
 pub mod nnls;
+pub mod online;
 pub mod predictor;
 pub mod reuse;
 pub mod sched;
