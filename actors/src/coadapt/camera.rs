@@ -1,27 +1,41 @@
-//! The camera actor: streams its drifting camera feed through its V-MoE, notices drift with the
-//! [`DriftDetector`], uploads the frames that follow to the edge, installs the experts and
-//! projector the edge sends back, and reports exact match (against the teacher's labels, which
-//! come back with the update) and accuracy on a held-out evaluation window before and after.
+//! The camera actor: streams its drifting camera feed through its V-MoE for its whole stream
+//! (`frames` frames), and for every drift phase the policy's [`OnlineDrift`] notices it uploads
+//! the frames that follow to the edge, installs the experts and projector the edge sends back,
+//! and records exact match (against the teacher's labels, which come back with the update) and
+//! accuracy on a held-out evaluation window before and after. After each update the detector
+//! re-arms on the adapted model, so a camera that drifts twice is adapted twice.
 //!
-//! The evaluation window is drawn from held-out digits under the same weather at the same frame,
+//! Accuracy over time: every batch's accuracy (against the feed's true labels) and mean
+//! confidence go into a bounded [`SampleLog`]; the camera sends its whole progress (a
+//! [`StreamReport`] snapshot) to the edge every `report_every` batches, after each adaptation,
+//! and when its stream ends.
+//!
+//! Frames are the stream's clock: while an adaptation is out the stream waits for it (the
+//! edge's latency is reported in milliseconds apart), so runs are reproducible from the seeds.
+//! The evaluation window is drawn from held-out digits under the same weather at the drift frame,
 //! so it never overlaps the uploaded images.
 
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::runtime::Handle;
 use troupe_kernels::drift::{CameraStream, DriftSchedule};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{VMoe, exact_match};
+use troupe_policy::adapt::online::{OnlineConfig, OnlineDrift, OnlineStep, SampleLog};
 
-use super::detect::{DetectorConfig, DriftDetector, Verdict, mean_top1_confidence};
+use super::detect::{DetectorConfig, mean_top1_confidence};
 use super::edge::{ADAPT, AdaptOutcome, REPORT};
 use super::params::{install_trainable, trainable_params};
-use super::wire::{CameraReport, DecodeBudget, MAX_DECODED_BYTES, UploadRequest, decode, encode};
+use super::wire::{
+    AccuracySample, CameraReport, DecodeBudget, MAX_DECODED_BYTES, MAX_SAMPLES, PhaseMark, StreamReport,
+    UploadRequest, decode, encode,
+};
 use super::{EDGE_SERVICE, digits, zoo_student};
 use crate::service::Services;
 use troupe_transport::NodeId;
 
-/// Frames per inference batch (and per detector observation).
+/// Frames per inference batch (and per detector observation and accuracy sample).
 pub const FRAME_BATCH: usize = 64;
 
 /// Arguments of a camera actor.
@@ -41,8 +55,12 @@ pub struct CameraArgs {
     pub uploads: usize,
     /// Frames in the held-out evaluation window.
     pub eval: usize,
-    /// Frames after which the camera gives up noticing drift.
-    pub max_frames: u64,
+    /// Frames the stream has in all; the camera reports "ended" after the last.
+    pub frames: u64,
+    /// Most adaptations this camera asks for.
+    pub max_adaptations: u32,
+    /// Batches between progress reports to the edge.
+    pub report_every: u64,
     /// How long to wait for the edge to appear and to answer.
     pub edge_timeout: Duration,
     /// The objective sent with the upload: exact-match gain to reach (0 = the edge's default).
@@ -59,150 +77,284 @@ pub enum CameraMsg {
 
 impl ractor::Message for CameraMsg {}
 
-/// What the stream phase produced.
-struct Observed {
-    model: VMoe,
-    drift_frame: u64,
-    uploads: Vec<f32>,
-    eval: Dataset,
-    before: Vec<usize>,
-}
-
 /// The camera actor.
 pub struct CameraActor;
-
-/// Streams until drift is noticed; returns the uploads and the evaluation window, or why not.
-fn observe(args: &CameraArgs) -> Result<Observed, String> {
-    let (train, test) = digits().map_err(|e| e.to_string())?;
-    let model = zoo_student(&args.model, &train).map_err(|e| e.to_string())?;
-    let cam = (args.seed & 0xffff) as u32;
-    let mut stream = CameraStream::new(cam, args.schedule.clone(), &train.images, &train.labels, args.seed)
-        .map_err(|e| e.to_string())?;
-    let mut detector = DriftDetector::new(args.detector);
-    let mut frame = 0u64;
-    let drift_frame = loop {
-        if frame >= args.max_frames {
-            return Err(format!("no drift noticed within {} frames", args.max_frames));
-        }
-        let frames: Vec<_> = stream.by_ref().take(FRAME_BATCH).collect();
-        frame += frames.len() as u64;
-        let batch = Dataset::from_frames(&frames);
-        let idx: Vec<usize> = (0..batch.len()).collect();
-        let (logits, _) =
-            model.forward(&batch.batch(&idx).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-        let conf = mean_top1_confidence(&logits.f32_cow(), model.config.classes);
-        match detector.observe(conf) {
-            Verdict::Drift { baseline, now } => {
-                tracing::info!(camera = %args.name, frame, baseline, now, "drift noticed; uploading samples");
-                break frame;
-            }
-            Verdict::Calibrating | Verdict::Stable => {
-                tracing::debug!(camera = %args.name, frame, conf, "stream batch");
-            }
-        }
-    };
-    let upload_frames: Vec<_> = stream.by_ref().take(args.uploads).collect();
-    let uploads = Dataset::from_frames(&upload_frames).images;
-    let mut held =
-        CameraStream::new(cam, args.schedule.clone(), &test.images, &test.labels, args.seed ^ 0xe7a1)
-            .map_err(|e| e.to_string())?;
-    held.seek(drift_frame);
-    let eval = Dataset::from_frames(&held.take(args.eval).collect::<Vec<_>>());
-    let before = predict_all(&model, &eval).map_err(|e| e.to_string())?;
-    Ok(Observed { model, drift_frame, uploads, eval, before })
-}
 
 /// Finds a node serving the edge, waiting up to `timeout` (woken by service announcements).
 async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
     services.wait_for(timeout, |s| s.providers(EDGE_SERVICE).into_iter().next()).await
 }
 
-fn failed(args: &CameraArgs, drift_frame: u64, error: String) -> CameraReport {
-    tracing::error!(camera = %args.name, %error, "camera could not adapt");
-    CameraReport {
-        camera: args.name.clone(),
-        drift_frame,
-        exact_before: 0.0,
-        exact_after: 0.0,
-        accuracy_before: 0.0,
-        accuracy_after: 0.0,
-        latency_ms: 0,
-        error,
+/// Calls the edge's `method` with `body` (finding the edge first).
+fn call_edge(args: &CameraArgs, rt: &Handle, method: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
+    rt.block_on(async {
+        let edge = find_edge(&args.services, args.edge_timeout)
+            .await
+            .ok_or_else(|| format!("no node announced the {EDGE_SERVICE} service"))?;
+        args.services
+            .call(&edge, EDGE_SERVICE, method, body, args.edge_timeout)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Predicted class of each row of `logits` (`rows x classes`).
+fn argmax_rows(logits: &[f32], classes: usize) -> Vec<usize> {
+    logits
+        .chunks_exact(classes.max(1))
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                .0
+        })
+        .collect()
+}
+
+/// The camera's whole run: its model, stream position, online policy and what it reports.
+struct Run<'a> {
+    args: &'a CameraArgs,
+    model: VMoe,
+    test: &'a Dataset,
+    online: OnlineDrift,
+    log: SampleLog<(f32, f32)>,
+    adaptations: Vec<CameraReport>,
+    frame: u64,
+}
+
+/// Frames being collected for an upload after drift was noticed.
+struct Collecting {
+    index: u32,
+    drift_frame: u64,
+    images: Vec<f32>,
+    count: usize,
+}
+
+impl Run<'_> {
+    fn report(&self, ended: bool) -> StreamReport {
+        StreamReport {
+            camera: self.args.name.clone(),
+            frame: self.frame,
+            frames: self.args.frames,
+            ended,
+            requested: self.online.requested(),
+            phases: self
+                .args
+                .schedule
+                .phases()
+                .iter()
+                .take(super::wire::MAX_PHASE_MARKS)
+                .map(|p| PhaseMark {
+                    start_frame: p.start_frame,
+                    weather: format!("{} {}", p.corruption.name(), p.severity),
+                })
+                .collect(),
+            samples: self
+                .log
+                .samples()
+                .iter()
+                .map(|&(frame, (accuracy, confidence))| AccuracySample { frame, accuracy, confidence })
+                .collect(),
+            adaptations: self.adaptations.clone(),
+            error: String::new(),
+        }
+    }
+
+    fn send_report(&self, rt: &Handle, ended: bool) {
+        if let Err(e) = call_edge(self.args, rt, REPORT, encode(&self.report(ended))) {
+            tracing::error!(camera = %self.args.name, error = %e, ended, "the progress report did not reach the edge");
+        }
+    }
+
+    /// Uploads the collected frames with a fresh held-out window, installs the update; the
+    /// adaptation's figures (or why it failed).
+    fn adapt(&mut self, rt: &Handle, c: Collecting) -> CameraReport {
+        let mut r = CameraReport {
+            camera: self.args.name.clone(),
+            adaptation: c.index,
+            drift_frame: c.drift_frame,
+            installed_frame: self.frame,
+            exact_before: 0.0,
+            exact_after: 0.0,
+            accuracy_before: 0.0,
+            accuracy_after: 0.0,
+            latency_ms: 0,
+            error: String::new(),
+        };
+        if let Err(e) = self.try_adapt(rt, c, &mut r) {
+            tracing::error!(camera = %self.args.name, adaptation = r.adaptation, error = %e, "camera could not adapt");
+            r.error = e;
+        }
+        r
+    }
+
+    fn try_adapt(&mut self, rt: &Handle, c: Collecting, r: &mut CameraReport) -> Result<(), String> {
+        let a = self.args;
+        let cam = (a.seed & 0xffff) as u32;
+        let salt = 0xe7a1 ^ (u64::from(c.index) << 24);
+        let mut held =
+            CameraStream::new(cam, a.schedule.clone(), &self.test.images, &self.test.labels, a.seed ^ salt)
+                .map_err(|e| e.to_string())?;
+        held.seek(c.drift_frame);
+        let eval = Dataset::from_frames(&held.take(a.eval).collect::<Vec<_>>());
+        let before = predict_all(&self.model, &eval).map_err(|e| e.to_string())?;
+        let req = UploadRequest {
+            camera: a.name.clone(),
+            model: a.model.clone(),
+            params: trainable_params(&self.model),
+            train_images: c.images,
+            eval_images: eval.images.clone(),
+            drift_frame: c.drift_frame,
+            target_gain: a.target_gain,
+        };
+        let bytes = call_edge(a, rt, ADAPT, encode(&req)).map_err(|e| format!("asking the edge: {e}"))?;
+        let reply =
+            match decode::<AdaptOutcome>("adapt reply", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
+                Ok(AdaptOutcome::Adapted(r)) => r,
+                Ok(AdaptOutcome::Refused(why)) => return Err(format!("edge refused: {why}")),
+                Err(e) => return Err(e.to_string()),
+            };
+        if reply.eval_teacher_labels.len() != eval.len() {
+            return Err(format!(
+                "{} teacher labels for {} evaluation frames",
+                reply.eval_teacher_labels.len(),
+                eval.len()
+            ));
+        }
+        let teacher: Vec<usize> = reply.eval_teacher_labels.iter().map(|&l| l as usize).collect();
+        let mut model = self.model.clone();
+        install_trainable(&mut model, &reply.params).map_err(|e| format!("installing the update: {e}"))?;
+        let after = predict_all(&model, &eval).map_err(|e| e.to_string())?;
+        self.model = model;
+        r.exact_before = exact_match(&before, &teacher);
+        r.exact_after = exact_match(&after, &teacher);
+        r.accuracy_before = exact_match(&before, &eval.labels);
+        r.accuracy_after = exact_match(&after, &eval.labels);
+        r.latency_ms = reply.latency_ms;
+        tracing::info!(
+            camera = %r.camera, adaptation = r.adaptation, drift_frame = r.drift_frame, installed_frame = r.installed_frame,
+            exact_before = r.exact_before, exact_after = r.exact_after, accuracy_before = r.accuracy_before,
+            accuracy_after = r.accuracy_after, epochs = reply.epochs, "update installed"
+        );
+        Ok(())
     }
 }
 
-/// The whole camera run: observe, upload, install, evaluate.
-async fn run(args: &CameraArgs) -> CameraReport {
-    let a = args.clone();
-    let obs = match tokio::task::spawn_blocking(move || observe(&a)).await {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => return failed(args, u64::MAX, e),
-        Err(e) => return failed(args, u64::MAX, e.to_string()),
+/// Streams the whole feed (on a blocking thread; edge calls block on the runtime `rt`).
+fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
+    let (train, test) = digits().map_err(|e| e.to_string())?;
+    let model = zoo_student(&args.model, &train).map_err(|e| e.to_string())?;
+    let cam = (args.seed & 0xffff) as u32;
+    let mut feed = CameraStream::new(cam, args.schedule.clone(), &train.images, &train.labels, args.seed)
+        .map_err(|e| e.to_string())?;
+    let online =
+        OnlineDrift::new(OnlineConfig { detector: args.detector, max_adaptations: args.max_adaptations });
+    let mut run = Run {
+        args,
+        model,
+        test: &test,
+        online,
+        log: SampleLog::new(MAX_SAMPLES),
+        adaptations: Vec::new(),
+        frame: 0,
+    };
+    let classes = run.model.config.classes;
+    let mut collecting: Option<Collecting> = None;
+    let mut batches = 0u64;
+    run.send_report(rt, false);
+    while run.frame < args.frames {
+        let n = FRAME_BATCH.min((args.frames - run.frame) as usize);
+        let frames: Vec<_> = feed.by_ref().take(n).collect();
+        run.frame += frames.len() as u64;
+        let batch = Dataset::from_frames(&frames);
+        let idx: Vec<usize> = (0..batch.len()).collect();
+        let (logits, _) =
+            run.model.forward(&batch.batch(&idx).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let logits = logits.f32_cow();
+        let conf = mean_top1_confidence(&logits, classes);
+        let accuracy = exact_match(&argmax_rows(&logits, classes), &batch.labels);
+        run.log.offer(run.frame, (accuracy as f32, conf as f32));
+        batches += 1;
+        if let Some(c) = collecting.as_mut() {
+            let want = args.uploads - c.count;
+            let take = want.min(batch.len());
+            c.images.extend_from_slice(&batch.images[..take * super::wire::PIXELS]);
+            c.count += take;
+            if c.count >= args.uploads {
+                let done = collecting.take().expect("collecting");
+                let r = run.adapt(rt, done);
+                run.adaptations.push(r);
+                run.online.settled();
+                run.send_report(rt, false);
+            }
+        } else {
+            match run.online.observe(conf) {
+                OnlineStep::Stream => {}
+                OnlineStep::Adapt { index, baseline, now } => {
+                    tracing::info!(camera = %args.name, frame = run.frame, adaptation = index, baseline, now, "drift noticed; uploading the frames that follow");
+                    collecting =
+                        Some(Collecting { index, drift_frame: run.frame, images: Vec::new(), count: 0 });
+                }
+                OnlineStep::Exhausted => {
+                    tracing::warn!(camera = %args.name, frame = run.frame, cap = args.max_adaptations, "drift noticed past the adaptation cap; not adapted");
+                }
+            }
+        }
+        if batches.is_multiple_of(args.report_every.max(1)) {
+            run.send_report(rt, false);
+        }
+    }
+    if let Some(c) = collecting.take() {
+        // the stream ended while collecting: upload what there is when it is a whole batch
+        let r = if c.count >= FRAME_BATCH {
+            run.adapt(rt, c)
+        } else {
+            CameraReport {
+                camera: args.name.clone(),
+                adaptation: c.index,
+                drift_frame: c.drift_frame,
+                installed_frame: run.frame,
+                exact_before: 0.0,
+                exact_after: 0.0,
+                accuracy_before: 0.0,
+                accuracy_after: 0.0,
+                latency_ms: 0,
+                error: format!(
+                    "the stream ended {} frames after the drift, before a batch to upload",
+                    c.count
+                ),
+            }
+        };
+        run.adaptations.push(r);
+        run.online.settled();
+    }
+    tracing::info!(camera = %args.name, frames = run.frame, adaptations = run.adaptations.len(), "stream ended");
+    run.send_report(rt, true);
+    Ok(())
+}
+
+/// Tells the edge the stream stopped early (so the job ends, naming why, rather than waits).
+async fn stopped(args: &CameraArgs, error: String) {
+    tracing::error!(camera = %args.name, %error, "the camera's stream stopped");
+    let report = StreamReport {
+        camera: args.name.clone(),
+        frame: 0,
+        frames: args.frames,
+        ended: true,
+        requested: 0,
+        phases: Vec::new(),
+        samples: Vec::new(),
+        adaptations: Vec::new(),
+        error,
     };
     let Some(edge) = find_edge(&args.services, args.edge_timeout).await else {
-        return failed(args, obs.drift_frame, format!("no node announced the {EDGE_SERVICE} service"));
+        tracing::error!(camera = %args.name, "no edge to report to");
+        return;
     };
-    let req = UploadRequest {
-        camera: args.name.clone(),
-        model: args.model.clone(),
-        params: trainable_params(&obs.model),
-        train_images: obs.uploads.clone(),
-        eval_images: obs.eval.images.clone(),
-        drift_frame: obs.drift_frame,
-        target_gain: args.target_gain,
-    };
-    let bytes = match args.services.call(&edge, EDGE_SERVICE, ADAPT, encode(&req), args.edge_timeout).await {
-        Ok(b) => b,
-        Err(e) => return failed(args, obs.drift_frame, format!("asking the edge: {e}")),
-    };
-    let reply = match decode::<AdaptOutcome>("adapt reply", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))
-    {
-        Ok(AdaptOutcome::Adapted(r)) => r,
-        Ok(AdaptOutcome::Refused(why)) => {
-            return failed(args, obs.drift_frame, format!("edge refused: {why}"));
-        }
-        Err(e) => return failed(args, obs.drift_frame, e.to_string()),
-    };
-    if reply.eval_teacher_labels.len() != obs.eval.len() {
-        return failed(
-            args,
-            obs.drift_frame,
-            format!(
-                "{} teacher labels for {} evaluation frames",
-                reply.eval_teacher_labels.len(),
-                obs.eval.len()
-            ),
-        );
+    let sent = args.services.call(&edge, EDGE_SERVICE, REPORT, encode(&report), args.edge_timeout).await;
+    if let Err(e) = sent {
+        tracing::error!(camera = %args.name, error = %e, "the report did not reach the edge");
     }
-    let teacher: Vec<usize> = reply.eval_teacher_labels.iter().map(|&l| l as usize).collect();
-    let mut model = obs.model;
-    if let Err(e) = install_trainable(&mut model, &reply.params) {
-        return failed(args, obs.drift_frame, format!("installing the update: {e}"));
-    }
-    let eval = obs.eval;
-    let after = match tokio::task::spawn_blocking(move || predict_all(&model, &eval).map(|p| (p, eval))).await
-    {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return failed(args, obs.drift_frame, e.to_string()),
-        Err(e) => return failed(args, obs.drift_frame, e.to_string()),
-    };
-    let (after, eval) = after;
-    let r = CameraReport {
-        camera: args.name.clone(),
-        drift_frame: obs.drift_frame,
-        exact_before: exact_match(&obs.before, &teacher),
-        exact_after: exact_match(&after, &teacher),
-        accuracy_before: exact_match(&obs.before, &eval.labels),
-        accuracy_after: exact_match(&after, &eval.labels),
-        latency_ms: reply.latency_ms,
-        error: String::new(),
-    };
-    tracing::info!(
-        camera = %r.camera, exact_before = r.exact_before, exact_after = r.exact_after,
-        accuracy_before = r.accuracy_before, accuracy_after = r.accuracy_after, epochs = reply.epochs,
-        "update installed"
-    );
-    r
 }
 
 impl Actor for CameraActor {
@@ -227,21 +379,12 @@ impl Actor for CameraActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             CameraMsg::Run => {
-                let report = run(args).await;
-                match find_edge(&args.services, args.edge_timeout).await {
-                    Some(edge) => {
-                        let sent = args.services.call(
-                            &edge,
-                            EDGE_SERVICE,
-                            REPORT,
-                            encode(&report),
-                            args.edge_timeout,
-                        );
-                        if let Err(e) = sent.await {
-                            tracing::error!(camera = %args.name, error = %e, "the report did not reach the edge");
-                        }
-                    }
-                    None => tracing::error!(camera = %args.name, "no edge to report to"),
+                let a = args.clone();
+                let rt = Handle::current();
+                match tokio::task::spawn_blocking(move || stream(&a, &rt)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => stopped(args, e).await,
+                    Err(e) => stopped(args, format!("the stream panicked: {e}")).await,
                 }
             }
         }

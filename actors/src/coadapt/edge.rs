@@ -1,7 +1,11 @@
 //! The edge: receives uploads from cameras (role-checked service calls on the data plane:
 //! `adapt` and `report` for the `camera` role only), labels them with the teacher, co-adapts in
 //! the [`EdgeEngine`] cycle by cycle on a blocking thread, and answers each camera with its
-//! adapted parameters.
+//! adapted parameters. Uploads are admitted as they arrive, between cycles (an upload's
+//! `Accepted` input queues behind the cycle running, the next `Cycle` behind it), so a camera
+//! that drifts late or joins late joins the tasks already adapting rather than waiting for a
+//! batch. Cameras' progress reports (accuracy over time, adaptations, stream ended) are kept
+//! per camera for the job, which is answered once every camera it expects is done.
 //!
 //! The scheduler runs in the runtime's one [`SchedulerActor`] shell under the node's supervisor,
 //! and the work it has accepted lives apart from it in [`EdgeShared`]: an upload is accepted
@@ -21,12 +25,13 @@ use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{FragSample, VMoe};
 use troupe_policy::Micros;
 use troupe_policy::adapt::TaskId;
+use troupe_policy::adapt::online::{CameraProgress, Completion, completion};
 use troupe_transport::Role;
 
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{
-    AdaptReply, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, UploadRequest, decode, encode,
+    AdaptReply, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, StreamReport, UploadRequest, encode,
 };
 use super::{EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
@@ -36,12 +41,13 @@ use crate::supervisor::ChildSpec;
 
 /// Method of [`EDGE_SERVICE`]: an [`UploadRequest`], answered with an [`AdaptOutcome`].
 pub const ADAPT: &str = "adapt";
-/// Method of [`EDGE_SERVICE`]: a [`CameraReport`], answered with an empty body.
+/// Method of [`EDGE_SERVICE`]: a [`StreamReport`] (a camera's progress so far, replacing its
+/// previous one), answered with an empty body.
 pub const REPORT: &str = "report";
 /// Fault-switch site hit once per edge scheduler input.
 pub const FAULT_SITE: &str = "coadapt.scheduler";
-/// Most camera reports the edge keeps for a job; later ones are refused (logged).
-pub const MAX_REPORTS: usize = 1024;
+/// Most cameras the edge keeps progress for; reports of further cameras are refused (logged).
+pub const MAX_CAMERAS: usize = 256;
 /// Most callers waiting for a summary at once; later ones are refused.
 pub const MAX_WAITERS: usize = 64;
 
@@ -90,7 +96,9 @@ struct Accepted {
 struct Store {
     next: u64,
     accepted: BTreeMap<u64, Accepted>,
-    reports: Vec<CameraReport>,
+    /// Each camera's latest progress, in the order cameras were first heard from.
+    cameras: Vec<StreamReport>,
+    /// (cameras expected, reply): answered once every expected camera is done.
     waiters: Vec<(u32, RpcReplyPort<Vec<u8>>)>,
     done: u32,
     peak_used: u64,
@@ -136,14 +144,16 @@ impl EdgeShared {
         })
     }
 
-    /// Registers a caller waiting for the summary once `reports` camera reports arrived.
-    pub fn wait_summary(&self, reports: u32, reply: RpcReplyPort<Vec<u8>>) -> Result<(), String> {
+    /// Registers a caller waiting for the summary once `cameras` cameras are done: heard from,
+    /// streamed to their end, every adaptation they asked for answered (see
+    /// [`troupe_policy::adapt::online::completion`]).
+    pub fn wait_summary(&self, cameras: u32, reply: RpcReplyPort<Vec<u8>>) -> Result<(), String> {
         {
             let mut st = lock(&self.store);
             if st.waiters.len() >= MAX_WAITERS {
                 return Err(format!("{MAX_WAITERS} callers already wait for the summary"));
             }
-            st.waiters.push((reports, reply));
+            st.waiters.push((cameras, reply));
         }
         self.tell(EdgeInput::Reported);
         Ok(())
@@ -176,15 +186,26 @@ impl EdgeShared {
         Ok(rx)
     }
 
-    fn report(&self, r: CameraReport) {
+    /// Where the job stands with `expected` cameras now (for a timeout message).
+    pub fn progress(&self, expected: u32) -> Completion {
+        completion(expected, &progress_of(&lock(&self.store).cameras))
+    }
+
+    fn report(&self, r: StreamReport) {
         {
             let mut st = lock(&self.store);
-            if st.reports.len() >= MAX_REPORTS {
-                tracing::warn!(camera = %r.camera, cap = MAX_REPORTS, "refusing a camera report: the edge holds its most");
-                return;
+            let full = st.cameras.len() >= MAX_CAMERAS;
+            match st.cameras.iter_mut().find(|c| c.camera == r.camera) {
+                Some(c) => *c = r,
+                None if full => {
+                    tracing::warn!(camera = %r.camera, cap = MAX_CAMERAS, "refusing a camera report: the edge holds its most cameras");
+                    return;
+                }
+                None => {
+                    tracing::info!(camera = %r.camera, frames = r.frames, "camera heard from");
+                    st.cameras.push(r);
+                }
             }
-            tracing::info!(camera = %r.camera, before = r.exact_before, after = r.exact_after, "camera report");
-            st.reports.push(r);
         }
         self.tell(EdgeInput::Reported);
     }
@@ -222,11 +243,7 @@ impl EdgeShared {
                         }
                     }
                     REPORT => {
-                        match decode::<CameraReport>(
-                            "camera report",
-                            &body,
-                            &mut DecodeBudget::new(MAX_DECODED_BYTES),
-                        ) {
+                        match StreamReport::decode(&body, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
                             Ok(r) => shared.report(r),
                             Err(e) => tracing::warn!(error = %e, "ignoring a camera report"),
                         }
@@ -237,6 +254,20 @@ impl EdgeShared {
             })
         })
     }
+}
+
+/// What the completion policy needs of each camera's report.
+fn progress_of(cameras: &[StreamReport]) -> Vec<CameraProgress> {
+    cameras
+        .iter()
+        .map(|c| CameraProgress {
+            name: c.camera.clone(),
+            frame: c.frame,
+            ended: c.ended,
+            requested: c.requested,
+            answered: c.adaptations.len() as u32,
+        })
+        .collect()
 }
 
 /// The edge's decision state for one incarnation (rebuilt by `recover`).
@@ -316,7 +347,7 @@ impl Live {
         let timeline =
             frag.iter().step_by(every).map(|s| (s.event, s.used, s.external_fragmentation)).collect();
         EdgeSummary {
-            cameras: st.reports.clone(),
+            cameras: st.cameras.clone(),
             budget,
             peak_used: peak.max(st.peak_used),
             events: frag.len() as u64,
@@ -330,12 +361,13 @@ impl Live {
 
     fn answer_waiters(&self, shared: &EdgeShared) {
         let mut st = lock(&shared.store);
-        let have = st.reports.len() as u32;
-        if !st.waiters.iter().any(|(n, _)| *n <= have) {
+        let progress = progress_of(&st.cameras);
+        let done = |n: u32| completion(n, &progress).done;
+        if !st.waiters.iter().any(|(n, _)| done(*n)) {
             return;
         }
         let bytes = encode(&self.summary(&st));
-        let (ready, wait): (Vec<_>, Vec<_>) = st.waiters.drain(..).partition(|(n, _)| *n <= have);
+        let (ready, wait): (Vec<_>, Vec<_>) = st.waiters.drain(..).partition(|(n, _)| done(*n));
         st.waiters = wait;
         for (_, port) in ready {
             let _ = port.send(bytes.clone());

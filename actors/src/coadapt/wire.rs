@@ -106,13 +106,28 @@ pub struct AdaptReply {
     pub latency_ms: u64,
 }
 
-/// A camera's final figures, cast to the edge after it installed the update.
+/// Most accuracy samples one camera reports (its log decimates to stay under it).
+pub const MAX_SAMPLES: usize = 512;
+/// Most adaptations one camera may ask for over its stream (and report).
+pub const MAX_ADAPTATIONS: usize = 64;
+/// Most drift phases a camera reports from its schedule (for the plot's marks).
+pub const MAX_PHASE_MARKS: usize = 64;
+/// Longest camera name or weather name accepted from a peer, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Longest error text accepted in a report, in bytes.
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// The figures of one adaptation, kept by the camera after it installed the update (or failed).
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct CameraReport {
     /// Camera name.
     pub camera: String,
+    /// Which adaptation of this camera (0-based, in stream order).
+    pub adaptation: u32,
     /// Frame at which drift was noticed (`u64::MAX` when it never was).
     pub drift_frame: u64,
+    /// Frame at which the update was installed (the stream resumes there).
+    pub installed_frame: u64,
     /// Exact match with the teacher on the evaluation window, before the update.
     pub exact_before: f64,
     /// The same after installing the update.
@@ -127,11 +142,102 @@ pub struct CameraReport {
     pub error: String,
 }
 
-/// The edge's summary for the job: camera reports plus memory figures.
+/// One accuracy sample of a camera's stream: the batch of frames ending at `frame`.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct AccuracySample {
+    /// Frames streamed when the batch ended.
+    pub frame: u64,
+    /// Accuracy of the batch against the stream's true labels (known in this simulated feed).
+    pub accuracy: f32,
+    /// The batch's mean top-1 confidence (what the drift detector sees).
+    pub confidence: f32,
+}
+
+/// Where a drift phase of the camera's schedule starts (for marking the plot).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PhaseMark {
+    /// First frame of the phase.
+    pub start_frame: u64,
+    /// Its weather, e.g. `fog 0.8`.
+    pub weather: String,
+}
+
+/// A camera's whole progress so far, sent to the edge periodically and when its stream ends.
+/// Each report replaces the previous one (a snapshot, so a lost or repeated report is harmless).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StreamReport {
+    /// Camera name.
+    pub camera: String,
+    /// Frames streamed so far.
+    pub frame: u64,
+    /// Frames its stream has in all.
+    pub frames: u64,
+    /// The whole stream has been streamed.
+    pub ended: bool,
+    /// Adaptations asked of the edge so far.
+    pub requested: u32,
+    /// Its schedule's phases.
+    pub phases: Vec<PhaseMark>,
+    /// Accuracy over time (at most [`MAX_SAMPLES`], evenly spaced over the stream).
+    pub samples: Vec<AccuracySample>,
+    /// Adaptations that came back, in order.
+    pub adaptations: Vec<CameraReport>,
+    /// Why the stream stopped before its end (empty when it did not).
+    pub error: String,
+}
+
+impl StreamReport {
+    /// Decodes and checks a camera's report: charged to `budget`, lists within their caps, names
+    /// short, figures finite, adaptations no more than requested.
+    pub fn decode(bytes: &[u8], budget: &mut DecodeBudget) -> Result<Self, WireError> {
+        const WHAT: &str = "stream report";
+        let r: Self = decode(WHAT, bytes, budget)?;
+        let bad = |detail: String| Err(WireError::Invalid { what: WHAT, detail });
+        if r.camera.is_empty() || r.camera.len() > MAX_NAME_BYTES {
+            return bad(format!("camera name of {} bytes", r.camera.len()));
+        }
+        for (name, n, cap) in [
+            ("phases", r.phases.len(), MAX_PHASE_MARKS),
+            ("samples", r.samples.len(), MAX_SAMPLES),
+            ("adaptations", r.adaptations.len(), MAX_ADAPTATIONS),
+        ] {
+            if n > cap {
+                return bad(format!("{name}: {n} entries exceed {cap}"));
+            }
+        }
+        if r.adaptations.len() > r.requested as usize {
+            return bad(format!("{} adaptations reported, {} requested", r.adaptations.len(), r.requested));
+        }
+        if r.error.len() > MAX_ERROR_BYTES {
+            return bad(format!("error of {} bytes", r.error.len()));
+        }
+        if let Some(p) = r.phases.iter().find(|p| p.weather.len() > MAX_NAME_BYTES) {
+            return bad(format!("phase weather of {} bytes", p.weather.len()));
+        }
+        if let Some(s) = r.samples.iter().find(|s| !s.accuracy.is_finite() || !s.confidence.is_finite()) {
+            return bad(format!("sample at frame {} is not finite", s.frame));
+        }
+        for a in &r.adaptations {
+            if a.camera != r.camera {
+                return bad(format!("adaptation of camera {:?} in the report of {:?}", a.camera, r.camera));
+            }
+            if a.error.len() > MAX_ERROR_BYTES {
+                return bad(format!("adaptation {}: error of {} bytes", a.adaptation, a.error.len()));
+            }
+            let figures = [a.exact_before, a.exact_after, a.accuracy_before, a.accuracy_after];
+            if figures.iter().any(|v| !v.is_finite()) {
+                return bad(format!("adaptation {}: a figure is not finite", a.adaptation));
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The edge's summary for the job: every camera's progress plus memory figures.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EdgeSummary {
-    /// Camera reports, in arrival order.
-    pub cameras: Vec<CameraReport>,
+    /// Camera reports, in the order cameras were first heard from.
+    pub cameras: Vec<StreamReport>,
     /// Pool budget in bytes.
     pub budget: u64,
     /// Most pool bytes ever in use.
@@ -269,7 +375,9 @@ mod tests {
         // the bound holds: a message of strings only (24-byte headers, 8-byte archives)
         let report = CameraReport {
             camera: "c".repeat(8),
+            adaptation: 0,
             drift_frame: 0,
+            installed_frame: 0,
             exact_before: 0.0,
             exact_after: 0.0,
             accuracy_before: 0.0,
@@ -277,15 +385,62 @@ mod tests {
             latency_ms: 0,
             error: "e".repeat(8),
         };
-        let s = EdgeSummary { cameras: vec![report; 1000], ..summary() };
+        let stream = StreamReport { adaptations: vec![report; 1000], requested: 1000, ..stream() };
+        let s = EdgeSummary { cameras: vec![stream], ..summary() };
         let bytes = encode(&s);
-        let native = s.cameras.len() * (std::mem::size_of::<CameraReport>() + 16);
+        let native = s.cameras[0].adaptations.len() * (std::mem::size_of::<CameraReport>() + 16);
         assert!(
             (native as u64) < bytes.len() as u64 * (DECODED_PER_WIRE_BYTE - 1),
             "{native} vs {}",
             bytes.len()
         );
         assert_eq!(decode::<EdgeSummary>("edge summary", &bytes, &mut budget()).unwrap(), s);
+    }
+
+    fn stream() -> StreamReport {
+        StreamReport {
+            camera: "c".repeat(8),
+            frame: 64,
+            frames: 1024,
+            ended: false,
+            requested: 1,
+            phases: vec![PhaseMark { start_frame: 0, weather: "clean 0".into() }],
+            samples: vec![AccuracySample { frame: 64, accuracy: 0.9, confidence: 0.8 }],
+            adaptations: Vec::new(),
+            error: String::new(),
+        }
+    }
+
+    #[test]
+    fn stream_reports_are_checked_field_by_field() {
+        let s = stream();
+        assert_eq!(StreamReport::decode(&encode(&s), &mut budget()).unwrap(), s);
+        let e = |r: StreamReport| StreamReport::decode(&encode(&r), &mut budget()).unwrap_err().to_string();
+        let many = StreamReport { samples: vec![s.samples[0]; MAX_SAMPLES + 1], ..stream() };
+        assert!(e(many).contains("samples"), "capped");
+        let nan = StreamReport {
+            samples: vec![AccuracySample { frame: 3, accuracy: f32::NAN, confidence: 0.5 }],
+            ..stream()
+        };
+        assert!(e(nan).contains("frame 3"));
+        let a = CameraReport {
+            camera: s.camera.clone(),
+            adaptation: 0,
+            drift_frame: 1,
+            installed_frame: 2,
+            exact_before: 0.1,
+            exact_after: 0.2,
+            accuracy_before: 0.1,
+            accuracy_after: 0.2,
+            latency_ms: 1,
+            error: String::new(),
+        };
+        let too_many = StreamReport { adaptations: vec![a.clone(), a.clone()], ..stream() };
+        assert!(e(too_many).contains("2 adaptations reported, 1 requested"));
+        let other = StreamReport { adaptations: vec![CameraReport { camera: "x".into(), ..a }], ..stream() };
+        assert!(e(other).contains("in the report of"));
+        assert!(e(StreamReport { camera: String::new(), ..stream() }).contains("camera name"));
+        assert!(StreamReport::decode(&[1, 2, 3], &mut budget()).is_err());
     }
 
     fn summary() -> EdgeSummary {

@@ -574,65 +574,26 @@ fn simulated(k_max: usize, real_k: usize, fig: &mut BTreeMap<String, f64>) -> Ve
     strategies.iter().map(|s| (s.name, reports[s.name].iter().map(|r| r.slo_attainment).collect())).collect()
 }
 
-/// A hand-written SVG: simulated SLO attainment against K for ours and each baseline.
+/// A hand-written SVG ([`super::chart`]): simulated SLO attainment against K for ours and each
+/// baseline, the SLO ratio dashed.
 pub fn render_svg(curves: &[(&str, Vec<f64>)], k_max: usize) -> String {
-    let (w, h, left, top, pw, ph) = (720.0, 420.0, 60.0, 40.0, 600.0, 320.0);
-    let colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
-    let x = |k: usize| left + pw * (k as f64 - 1.0) / (k_max.max(2) as f64 - 1.0);
-    let y = |v: f64| top + ph * (1.0 - v.clamp(0.0, 1.0));
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n<text x=\"{left}\" y=\"22\" font-size=\"14\">coadapt (simulated): SLO attainment vs concurrent adaptation tasks</text>\n"
-    );
-    s.push_str(&format!(
-        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>\n",
-        top + ph,
-        left + pw,
-        top + ph,
-        top + ph
-    ));
-    for t in 0..=5 {
-        let v = t as f64 / 5.0;
-        s.push_str(&format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.1}</text>\n<line x1=\"{left}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n",
-            left - 6.0,
-            y(v) + 4.0,
-            y(v),
-            left + pw,
-            y(v)
-        ));
-    }
     let step = (k_max / 8).max(1);
-    for k in (1..=k_max).step_by(step) {
-        s.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{k}</text>\n",
-            x(k),
-            top + ph + 18.0
-        ));
+    super::chart::LineChart {
+        title: "coadapt (simulated): SLO attainment vs concurrent adaptation tasks".into(),
+        x_label: "K (concurrent tasks)".into(),
+        x_range: (1.0, k_max.max(2) as f64),
+        x_ticks: (1..=k_max).step_by(step).map(|k| (k as f64, k.to_string())).collect(),
+        reference: Some(SLO_RATIO),
+        curves: curves
+            .iter()
+            .map(|(name, ys)| super::chart::Curve {
+                name: (*name).to_string(),
+                points: ys.iter().enumerate().map(|(j, v)| ((j + 1) as f64, *v)).collect(),
+            })
+            .collect(),
+        marks: Vec::new(),
     }
-    s.push_str(&format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">K (concurrent tasks)</text>\n<line x1=\"{left}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n",
-        left + pw / 2.0,
-        h - 8.0,
-        y(SLO_RATIO),
-        left + pw,
-        y(SLO_RATIO)
-    ));
-    for (i, (name, ys)) in curves.iter().enumerate() {
-        let c = colours[i % colours.len()];
-        let pts: Vec<String> =
-            ys.iter().enumerate().map(|(j, v)| format!("{:.1},{:.1}", x(j + 1), y(*v))).collect();
-        s.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            pts.join(" ")
-        ));
-        s.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{name}</text>\n",
-            left + pw - 90.0,
-            top + 16.0 + 16.0 * i as f64
-        ));
-    }
-    s.push_str("</svg>\n");
-    s
+    .render()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 
+pub mod chart;
 pub mod coadapt;
 pub mod coe;
 pub mod kernels;

@@ -1,9 +1,12 @@
 //! The `coadapt` workload (AdaSprite): a `coadapt-edge` actor that co-adapts the cameras' V-MoEs
-//! in one pool, `coadapt-camera` actors that stream drifting frames and upload samples when they
-//! notice drift, and a `coadapt` job (on the edge node) that waits for every camera's report and
-//! prints each camera's exact match and accuracy before and after, plus the pool's memory and
-//! fragmentation over time.
+//! in one pool, `coadapt-camera` actors that stream drifting frames for their whole stream and
+//! upload samples whenever they notice drift, and a `coadapt` job (on the edge node) that waits
+//! until every camera's stream ended and every adaptation came back, then prints each
+//! adaptation's exact match and accuracy before and after, the pool's memory and fragmentation
+//! over time, and (with `out`) writes accuracy over time per camera as CSV and an SVG plot.
 
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -14,11 +17,12 @@ use troupe_actors::coadapt::detect::DetectorConfig;
 use troupe_actors::coadapt::edge::{EdgeArgs, EdgeShared};
 use troupe_actors::coadapt::engine::{EngineConfig, SchedulerChoice};
 use troupe_actors::coadapt::student_config;
-use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, decode};
+use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, MAX_DECODED_BYTES, decode};
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::drift::DriftSchedule;
 
 use super::{NodeContext, params};
+use crate::bench::chart::{Curve, LineChart, Mark};
 use crate::config::{ActorConfig, JobConfig};
 
 /// `params` of a `coadapt-edge` actor.
@@ -68,9 +72,15 @@ pub struct CameraParams {
     /// Confidence drop that counts as drift.
     #[serde(default = "default_drop")]
     pub drop: f64,
-    /// Frames after which the camera gives up noticing drift.
-    #[serde(default = "default_max_frames")]
-    pub max_frames: u64,
+    /// Frames the camera streams in all (its stream then ends).
+    #[serde(default = "default_frames")]
+    pub frames: u64,
+    /// Most adaptations the camera asks for over its stream.
+    #[serde(default = "default_max_adaptations")]
+    pub max_adaptations: u32,
+    /// Batches of 64 frames between progress reports to the edge.
+    #[serde(default = "default_report_every")]
+    pub report_every: u64,
     /// Seconds to wait for the edge (to appear and to answer).
     #[serde(default = "default_edge_timeout")]
     pub edge_timeout_s: u64,
@@ -83,11 +93,15 @@ pub struct CameraParams {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CoadaptJob {
-    /// Camera reports to wait for.
+    /// Cameras to wait for: the job ends when this many cameras have streamed to their end and
+    /// had every adaptation answered (cameras that join late included).
     pub cameras: u32,
-    /// Smallest exact-match gain every camera must show for the job to succeed.
+    /// Smallest exact-match gain every adaptation must show for the job to succeed.
     #[serde(default)]
     pub min_gain: f64,
+    /// Folder for `accuracy.csv`, `adaptations.csv` and `accuracy.svg` (none when absent).
+    #[serde(default)]
+    pub out: Option<PathBuf>,
 }
 
 fn default_memory_mb() -> u64 {
@@ -120,8 +134,14 @@ fn default_eval() -> usize {
 fn default_drop() -> f64 {
     0.08
 }
-fn default_max_frames() -> u64 {
-    4096
+fn default_frames() -> u64 {
+    1536
+}
+fn default_max_adaptations() -> u32 {
+    4
+}
+fn default_report_every() -> u64 {
+    4
 }
 fn default_edge_timeout() -> u64 {
     300
@@ -166,6 +186,15 @@ fn camera_params(a: &ActorConfig) -> Result<(CameraParams, DriftSchedule), (Stri
     }
     if !(p.drop > 0.0 && p.drop < 1.0) {
         return bad("drop", "must be in (0, 1)".into());
+    }
+    if p.frames < 64 || p.frames > 1 << 24 {
+        return bad("frames", "must be 64..=16777216".into());
+    }
+    if p.max_adaptations as usize > MAX_ADAPTATIONS {
+        return bad("max_adaptations", format!("must be at most {MAX_ADAPTATIONS}"));
+    }
+    if p.report_every == 0 {
+        return bad("report_every", "must be at least 1".into());
     }
     Ok((p, schedule))
 }
@@ -221,7 +250,9 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         detector: DetectorConfig { drop: p.drop, ..DetectorConfig::default() },
         uploads: p.uploads,
         eval: p.eval,
-        max_frames: p.max_frames,
+        frames: p.frames,
+        max_adaptations: p.max_adaptations,
+        report_every: p.report_every,
         edge_timeout: Duration::from_secs(p.edge_timeout_s),
         target_gain: p.target_gain,
         services: ctx.services.clone(),
@@ -229,7 +260,8 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     Ok(ChildSpec::new(name, move || (CameraActor, args.clone())))
 }
 
-/// Waits for every camera's report from the local edge and prints the results.
+/// Waits until every camera is done (see [`CoadaptJob::cameras`]), prints the results, writes the
+/// accuracy files; fails naming what is missing when the job's timeout passes first.
 pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     let p: CoadaptJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
@@ -238,26 +270,37 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
         .ok()
         .and_then(|e| e.first().cloned())
         .context("no coadapt-edge actor on this node (add one to [[actors]])")?;
-    println!("coadapt: waiting for {} camera reports", p.cameras);
+    println!("coadapt: waiting for {} cameras to stream to their end", p.cameras);
     let (tx, rx) = ractor::concurrency::oneshot();
     edge.wait_summary(p.cameras, tx.into()).map_err(|e| anyhow::anyhow!("asking the edge: {e}"))?;
-    let bytes = tokio::time::timeout_at(deadline, rx)
-        .await
-        .map_err(|_| anyhow::anyhow!("no summary from the edge within {} s", job.timeout_s))?
-        .context("the edge dropped the summary request")?;
+    let Ok(answer) = tokio::time::timeout_at(deadline, rx).await else {
+        let missing = edge.progress(p.cameras).missing;
+        bail!("coadapt: not done within {} s: {}", job.timeout_s, missing.join("; "));
+    };
+    let bytes = answer.context("the edge dropped the summary request")?;
     let s: EdgeSummary = decode("edge summary", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))?;
     print!("{}", render(&s));
+    if let Some(dir) = &p.out {
+        write_outputs(dir, &s)?;
+        println!("coadapt: accuracy over time written to {}", dir.join("accuracy.svg").display());
+    }
     let mut failures = Vec::new();
     for c in &s.cameras {
         if !c.error.is_empty() {
             failures.push(format!("{}: {}", c.camera, c.error));
-        } else if c.exact_after - c.exact_before < p.min_gain {
-            failures.push(format!(
-                "{}: gain {:.3} below {:.3}",
-                c.camera,
-                c.exact_after - c.exact_before,
-                p.min_gain
-            ));
+        }
+        for a in &c.adaptations {
+            if !a.error.is_empty() {
+                failures.push(format!("{} adaptation {}: {}", a.camera, a.adaptation, a.error));
+            } else if a.exact_after - a.exact_before < p.min_gain {
+                failures.push(format!(
+                    "{} adaptation {}: gain {:.3} below {:.3}",
+                    a.camera,
+                    a.adaptation,
+                    a.exact_after - a.exact_before,
+                    p.min_gain
+                ));
+            }
         }
     }
     if s.peak_used > s.budget {
@@ -270,35 +313,144 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
     Ok(())
 }
 
-/// The job's printout (stable lines the tests read).
+/// The job's printout (stable lines the tests read: one `coadapt: camera NAME drift_frame ...`
+/// line per adaptation, one `coadapt: stream NAME ...` line per camera).
 pub fn render(s: &EdgeSummary) -> String {
     let mut out = String::new();
     for c in &s.cameras {
-        if c.error.is_empty() {
-            out.push_str(&format!(
-                "coadapt: camera {} drift_frame {} exact_match_vs_teacher {:.3} -> {:.3} accuracy {:.3} -> {:.3} edge_latency_ms {}\n",
-                c.camera, c.drift_frame, c.exact_before, c.exact_after, c.accuracy_before, c.accuracy_after, c.latency_ms
-            ));
-        } else {
-            out.push_str(&format!("coadapt: camera {} failed: {}\n", c.camera, c.error));
+        for a in &c.adaptations {
+            if a.error.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "coadapt: camera {} drift_frame {} exact_match_vs_teacher {:.3} -> {:.3} accuracy {:.3} -> {:.3} edge_latency_ms {} adaptation {} installed_frame {}",
+                    a.camera,
+                    a.drift_frame,
+                    a.exact_before,
+                    a.exact_after,
+                    a.accuracy_before,
+                    a.accuracy_after,
+                    a.latency_ms,
+                    a.adaptation,
+                    a.installed_frame
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "coadapt: camera {} adaptation {} failed: {}",
+                    a.camera, a.adaptation, a.error
+                );
+            }
         }
+        let _ = writeln!(
+            out,
+            "coadapt: stream {} frames {} ended {} adaptations {} of {} requested accuracy_samples {}{}",
+            c.camera,
+            c.frame,
+            c.ended,
+            c.adaptations.iter().filter(|a| a.error.is_empty()).count(),
+            c.requested,
+            c.samples.len(),
+            if c.error.is_empty() { String::new() } else { format!(" failed: {}", c.error) }
+        );
     }
-    out.push_str(&format!(
-        "coadapt: scheduler {} tasks_done {} pool_budget {} peak_used {} within_budget {}\n",
+    let _ = writeln!(
+        out,
+        "coadapt: scheduler {} tasks_done {} pool_budget {} peak_used {} within_budget {}",
         s.scheduler,
         s.tasks_done,
         s.budget,
         s.peak_used,
         s.peak_used <= s.budget
-    ));
-    out.push_str(&format!(
-        "coadapt: fragmentation over {} pool events: mean {:.3} max {:.3}\n",
+    );
+    let _ = writeln!(
+        out,
+        "coadapt: fragmentation over {} pool events: mean {:.3} max {:.3}",
         s.events, s.mean_fragmentation, s.max_fragmentation
-    ));
+    );
     for (event, used, frag) in &s.timeline {
-        out.push_str(&format!("coadapt:   event {event:>5} used {used:>10} fragmentation {frag:.3}\n"));
+        let _ = writeln!(out, "coadapt:   event {event:>5} used {used:>10} fragmentation {frag:.3}");
     }
     out
+}
+
+/// `accuracy.csv` (camera, frame, accuracy, confidence), `adaptations.csv` and `accuracy.svg`
+/// under `dir`.
+pub fn write_outputs(dir: &Path, s: &EdgeSummary) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut acc = String::from("camera,frame,accuracy,confidence\n");
+    let mut adapt = String::from(
+        "camera,adaptation,drift_frame,installed_frame,exact_before,exact_after,accuracy_before,accuracy_after,edge_latency_ms,error\n",
+    );
+    for c in &s.cameras {
+        for x in &c.samples {
+            let _ = writeln!(acc, "{},{},{:.4},{:.4}", c.camera, x.frame, x.accuracy, x.confidence);
+        }
+        for a in &c.adaptations {
+            let _ = writeln!(
+                adapt,
+                "{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{:?}",
+                a.camera,
+                a.adaptation,
+                a.drift_frame,
+                a.installed_frame,
+                a.exact_before,
+                a.exact_after,
+                a.accuracy_before,
+                a.accuracy_after,
+                a.latency_ms,
+                a.error
+            );
+        }
+    }
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("accuracy.csv", &acc)?;
+    write("adaptations.csv", &adapt)?;
+    write("accuracy.svg", &accuracy_chart(s).render())
+}
+
+/// Accuracy over time per camera: one curve each, its drift phases dashed and its installed
+/// updates solid in its colour.
+pub fn accuracy_chart(s: &EdgeSummary) -> LineChart {
+    let end = s.cameras.iter().map(|c| c.frames.max(c.frame)).max().unwrap_or(1).max(1) as f64;
+    let mut marks = Vec::new();
+    for (i, c) in s.cameras.iter().enumerate() {
+        for p in c.phases.iter().filter(|p| p.start_frame > 0) {
+            marks.push(Mark {
+                x: p.start_frame as f64,
+                curve: Some(i),
+                dashed: true,
+                label: p.weather.clone(),
+            });
+        }
+        for a in c.adaptations.iter().filter(|a| a.error.is_empty()) {
+            marks.push(Mark {
+                x: a.installed_frame as f64,
+                curve: Some(i),
+                dashed: false,
+                label: format!("update {}", a.adaptation + 1),
+            });
+        }
+    }
+    LineChart {
+        title: "coadapt: accuracy over time per camera (dashed: drift phase starts; solid: update installed)"
+            .into(),
+        x_label: "frame".into(),
+        x_range: (0.0, end),
+        x_ticks: (0..=4).map(|k| (end * k as f64 / 4.0, format!("{:.0}", end * k as f64 / 4.0))).collect(),
+        reference: None,
+        curves: s
+            .cameras
+            .iter()
+            .map(|c| Curve {
+                name: c.camera.clone(),
+                points: c.samples.iter().map(|x| (x.frame as f64, f64::from(x.accuracy))).collect(),
+            })
+            .collect(),
+        marks,
+    }
 }
 
 #[cfg(test)]
@@ -333,17 +485,36 @@ mod tests {
         assert_eq!(validate_job(&job).unwrap_err().0, "params.cameras");
     }
 
-    #[test]
-    fn render_names_each_camera_and_the_budget_check() {
-        let s = EdgeSummary {
-            cameras: vec![troupe_actors::coadapt::wire::CameraReport {
+    fn summary() -> EdgeSummary {
+        use troupe_actors::coadapt::wire::{AccuracySample, CameraReport, PhaseMark, StreamReport};
+        let adaptation = |k: u32, drift: u64| CameraReport {
+            camera: "cam-1".into(),
+            adaptation: k,
+            drift_frame: drift,
+            installed_frame: drift + 256,
+            exact_before: 0.25,
+            exact_after: 0.8125,
+            accuracy_before: 0.2,
+            accuracy_after: 0.7,
+            latency_ms: 5,
+            error: String::new(),
+        };
+        EdgeSummary {
+            cameras: vec![StreamReport {
                 camera: "cam-1".into(),
-                drift_frame: 320,
-                exact_before: 0.25,
-                exact_after: 0.8125,
-                accuracy_before: 0.2,
-                accuracy_after: 0.7,
-                latency_ms: 5,
+                frame: 1000,
+                frames: 1000,
+                ended: true,
+                requested: 2,
+                phases: vec![
+                    PhaseMark { start_frame: 0, weather: "clean 0".into() },
+                    PhaseMark { start_frame: 250, weather: "fog 0.8".into() },
+                ],
+                samples: vec![
+                    AccuracySample { frame: 0, accuracy: 1.0, confidence: 0.9 },
+                    AccuracySample { frame: 1000, accuracy: 0.5, confidence: 0.6 },
+                ],
+                adaptations: vec![adaptation(0, 320), adaptation(1, 700)],
                 error: String::new(),
             }],
             budget: 100,
@@ -352,11 +523,36 @@ mod tests {
             max_fragmentation: 0.5,
             mean_fragmentation: 0.25,
             timeline: vec![(0, 10, 0.0)],
-            tasks_done: 1,
+            tasks_done: 2,
             scheduler: "twin-buffer".into(),
-        };
-        let out = render(&s);
+        }
+    }
+
+    #[test]
+    fn render_names_each_adaptation_and_the_budget_check() {
+        let out = render(&summary());
         assert!(out.contains("camera cam-1 drift_frame 320 exact_match_vs_teacher 0.250 -> 0.812"), "{out}");
+        assert!(out.contains("adaptation 1 installed_frame 956"), "{out}");
+        assert_eq!(out.matches("coadapt: camera cam-1 drift_frame").count(), 2, "{out}");
+        assert!(out.contains("coadapt: stream cam-1 frames 1000 ended true adaptations 2 of 2"), "{out}");
         assert!(out.contains("peak_used 90 within_budget true"), "{out}");
+    }
+
+    #[test]
+    fn the_accuracy_plot_marks_drift_and_updates_per_camera() {
+        let chart = accuracy_chart(&summary());
+        assert_eq!(chart.x_range, (0.0, 1000.0));
+        assert_eq!(chart.curves.len(), 1);
+        assert_eq!(chart.curves[0].points, [(0.0, 1.0), (1000.0, 0.5)]);
+        // the fog phase (frame 0 is the start, unmarked) dashed, both updates solid
+        let marks: Vec<(f64, bool)> = chart.marks.iter().map(|m| (m.x, m.dashed)).collect();
+        assert_eq!(marks, [(250.0, true), (576.0, false), (956.0, false)]);
+        let dir = tempfile::tempdir().unwrap();
+        write_outputs(dir.path(), &summary()).unwrap();
+        let csv = std::fs::read_to_string(dir.path().join("accuracy.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 3, "{csv}");
+        assert!(csv.contains("cam-1,1000,0.5000,0.6000"), "{csv}");
+        let svg = std::fs::read_to_string(dir.path().join("accuracy.svg")).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 1);
     }
 }
