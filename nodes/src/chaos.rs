@@ -475,7 +475,8 @@ fn compare(
             a.sort();
             b.sort();
             let names = |v: &[(String, String, String)]| v.iter().map(|c| c.0.clone()).collect::<Vec<_>>();
-            let mut uniq = names(&b);
+            // a camera adapts once per drift phase: one line per (camera, drift frame)
+            let mut uniq: Vec<(&str, &str)> = b.iter().map(|c| (c.0.as_str(), c.1.as_str())).collect();
             uniq.dedup();
             let once = uniq.len() == b.len();
             let same_cams = names(&a) == names(&b);
@@ -484,7 +485,7 @@ fn compare(
             (
                 !b.is_empty() && once && same_cams && same_drift,
                 format!(
-                    "{} cameras adapted, each once: {once}; same cameras and drift frames: {}; exact-match figures identical: {same_numbers} (they depend on how the co-adaptation cycles interleave, so not compared)",
+                    "{} adaptations, each drift adapted once: {once}; same cameras and drift frames: {}; exact-match figures identical: {same_numbers} (they depend on how the co-adaptation cycles interleave, so not compared)",
                     b.len(),
                     same_cams && same_drift
                 ),

@@ -50,7 +50,17 @@ impl ProcCluster {
         Self::start_with(exe, topology, true)
     }
 
+    /// Like [`ProcCluster::start`], but the nodes named in `held` are not started: start each
+    /// later with [`ProcCluster::restart`] (a node that joins late).
+    pub fn start_holding(exe: &Path, topology: &str, held: &[&str]) -> Result<Self> {
+        Self::start_filtered(exe, topology, false, held)
+    }
+
     fn start_with(exe: &Path, topology: &str, linger: bool) -> Result<Self> {
+        Self::start_filtered(exe, topology, linger, &[])
+    }
+
+    fn start_filtered(exe: &Path, topology: &str, linger: bool, held: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("topology.toml");
         std::fs::write(&path, topology)?;
@@ -65,7 +75,9 @@ impl ProcCluster {
         }
         let mut c = Self { dir, exe: exe.to_path_buf(), nodes, admin, linger };
         for i in 0..c.nodes.len() {
-            c.spawn(i)?;
+            if !held.contains(&c.nodes[i].name.as_str()) {
+                c.spawn(i)?;
+            }
         }
         Ok(c)
     }
@@ -133,7 +145,7 @@ impl ProcCluster {
         bail!("node {name}: no log line with {needles:?} within {deadline:?}\nlog:\n{}", self.log(name))
     }
 
-    /// Starts a killed node again with the same config and identity.
+    /// Starts a killed (or held back) node again with the same config and identity.
     pub fn restart(&mut self, name: &str) -> Result<()> {
         let i = self.index(name)?;
         self.spawn(i)

@@ -71,7 +71,7 @@ fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_fre
     }
     assert!(report.contains("300 requests, each answered once: true, digests identical: true"), "{report}");
     assert!(report.contains("each answered once: true, max abs embedding difference"), "{report}");
-    assert!(report.contains("3 cameras adapted, each once: true"), "{report}");
+    assert!(report.contains("3 adaptations, each drift adapted once: true"), "{report}");
     // camera nodes carry an actor that does not recover from a restart: never killed
     for cam in ["phone-1", "phone-2", "phone-3"] {
         assert!(!log.contains(&format!("killed {cam} with SIGKILL")), "{log}");

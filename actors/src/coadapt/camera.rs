@@ -22,7 +22,7 @@ use tokio::runtime::Handle;
 use troupe_kernels::drift::{CameraStream, DriftSchedule};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{VMoe, exact_match};
-use troupe_policy::adapt::online::{OnlineConfig, OnlineDrift, OnlineStep, SampleLog};
+use troupe_policy::adapt::online::{OnlineConfig, OnlineDrift, OnlineStep, SampleLog, input_stats};
 
 use super::detect::{DetectorConfig, mean_top1_confidence};
 use super::edge::{ADAPT, AdaptOutcome, REPORT};
@@ -49,8 +49,10 @@ pub struct CameraArgs {
     pub schedule: DriftSchedule,
     /// Seeds its stream.
     pub seed: u64,
-    /// Drift detector settings.
+    /// Drift detector settings (confidence drop, reference batches, patience).
     pub detector: DetectorConfig,
+    /// Input-statistics move that counts as drift (see [`OnlineConfig::shift`]).
+    pub shift: f64,
     /// Frames uploaded after drift is noticed.
     pub uploads: usize,
     /// Frames in the held-out evaluation window.
@@ -247,8 +249,11 @@ fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
     let cam = (args.seed & 0xffff) as u32;
     let mut feed = CameraStream::new(cam, args.schedule.clone(), &train.images, &train.labels, args.seed)
         .map_err(|e| e.to_string())?;
-    let online =
-        OnlineDrift::new(OnlineConfig { detector: args.detector, max_adaptations: args.max_adaptations });
+    let online = OnlineDrift::new(OnlineConfig {
+        detector: args.detector,
+        shift: args.shift,
+        max_adaptations: args.max_adaptations,
+    });
     let mut run = Run {
         args,
         model,
@@ -274,6 +279,8 @@ fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
         let conf = mean_top1_confidence(&logits, classes);
         let accuracy = exact_match(&argmax_rows(&logits, classes), &batch.labels);
         run.log.offer(run.frame, (accuracy as f32, conf as f32));
+        let stats = input_stats(&batch.images, super::wire::PIXELS);
+        tracing::debug!(camera = %args.name, frame = run.frame, conf, accuracy, mean = stats[0], std = stats[1], "stream batch");
         batches += 1;
         if let Some(c) = collecting.as_mut() {
             let want = args.uploads - c.count;
@@ -288,10 +295,10 @@ fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
                 run.send_report(rt, false);
             }
         } else {
-            match run.online.observe(conf) {
+            match run.online.observe(conf, stats) {
                 OnlineStep::Stream => {}
-                OnlineStep::Adapt { index, baseline, now } => {
-                    tracing::info!(camera = %args.name, frame = run.frame, adaptation = index, baseline, now, "drift noticed; uploading the frames that follow");
+                OnlineStep::Adapt { index, signal } => {
+                    tracing::info!(camera = %args.name, frame = run.frame, adaptation = index, ?signal, conf, "drift noticed; uploading the frames that follow");
                     collecting =
                         Some(Collecting { index, drift_frame: run.frame, images: Vec::new(), count: 0 });
                 }

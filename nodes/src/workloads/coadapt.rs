@@ -72,6 +72,9 @@ pub struct CameraParams {
     /// Confidence drop that counts as drift.
     #[serde(default = "default_drop")]
     pub drop: f64,
+    /// Move of the input's pixel mean or contrast (pixels in 0..1) that counts as drift.
+    #[serde(default = "default_shift")]
+    pub shift: f64,
     /// Frames the camera streams in all (its stream then ends).
     #[serde(default = "default_frames")]
     pub frames: u64,
@@ -134,6 +137,9 @@ fn default_eval() -> usize {
 fn default_drop() -> f64 {
     0.08
 }
+fn default_shift() -> f64 {
+    0.05
+}
 fn default_frames() -> u64 {
     1536
 }
@@ -186,6 +192,9 @@ fn camera_params(a: &ActorConfig) -> Result<(CameraParams, DriftSchedule), (Stri
     }
     if !(p.drop > 0.0 && p.drop < 1.0) {
         return bad("drop", "must be in (0, 1)".into());
+    }
+    if !(p.shift > 0.0 && p.shift < 1.0) {
+        return bad("shift", "must be in (0, 1)".into());
     }
     if p.frames < 64 || p.frames > 1 << 24 {
         return bad("frames", "must be 64..=16777216".into());
@@ -248,6 +257,7 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         schedule,
         seed: p.seed,
         detector: DetectorConfig { drop: p.drop, ..DetectorConfig::default() },
+        shift: p.shift,
         uploads: p.uploads,
         eval: p.eval,
         frames: p.frames,

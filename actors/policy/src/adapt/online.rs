@@ -1,21 +1,41 @@
 //! Online co-adaptation decisions for a camera that streams for a whole job (issue 11, item 5):
-//! when a drift phase calls for an adaptation, how the detector re-arms after an update is
+//! when a drift phase calls for an adaptation, how the detectors re-arm after an update is
 //! installed, which accuracy samples a bounded log keeps, and when the job that waits for every
 //! camera may end (and what it still misses when it may not).
 //!
-//! Pure and deterministic: the camera shell feeds frame counts and confidences, the job feeds
-//! what the cameras reported; nothing here reads a clock or draws a random number.
+//! Drift is noticed from two label-free signals, either one enough: the student's mean top-1
+//! confidence falling (the [`DriftDetector`]), and the input's statistics moving
+//! ([`InputShift`]: batch pixel mean and per-image contrast). The second is needed once a camera
+//! has been adapted: measured on the tiny student, a fog-adapted model's confidence stays near
+//! its baseline (0.73-0.80 against 0.78) when a second phase of sun or snow drops its accuracy
+//! from 0.6 to 0.2-0.35, while the input's statistics move by more than the threshold.
+//!
+//! Pure and deterministic: the camera shell feeds confidences and input statistics, the job
+//! feeds what the cameras reported; nothing here reads a clock or draws a random number.
 
 use super::drift::{DetectorConfig, DriftDetector, Verdict};
 
 /// Knobs of the camera's online loop.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnlineConfig {
-    /// The drift detector (re-armed with the same settings after every update).
+    /// The confidence detector (re-armed with the same settings after every update); its
+    /// reference batches and patience apply to the input statistics too.
     pub detector: DetectorConfig,
+    /// Move of an input statistic (pixel mean or mean per-image standard deviation, pixels in
+    /// `0..=1`) away from its baseline that counts as drift.
+    pub shift: f64,
     /// Most adaptations one camera asks for over its stream (bounds the edge work one camera
     /// can cause; drift past it is logged and not adapted).
     pub max_adaptations: u32,
+}
+
+/// The signal that noticed a drift.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// The model's confidence fell.
+    Confidence,
+    /// The input's statistics moved.
+    Input,
 }
 
 /// What the camera should do after a batch.
@@ -27,35 +47,107 @@ pub enum OnlineStep {
     Adapt {
         /// Which adaptation of this camera this is.
         index: u32,
-        /// The baseline mean confidence the drop was measured from.
-        baseline: f64,
-        /// The batch's mean confidence.
-        now: f64,
+        /// Which signal noticed it.
+        signal: Signal,
     },
     /// Drift, but the camera already asked for its most adaptations.
     Exhausted,
 }
 
-/// The camera's online state: watching with an armed detector, or waiting for an update.
+/// Statistics of a batch of images (`pixels` per image, values in `0..=1`) that weather moves:
+/// `[mean pixel, mean per-image standard deviation]`.
+pub fn input_stats(images: &[f32], pixels: usize) -> [f64; 2] {
+    let rows = images.chunks_exact(pixels.max(1));
+    let n = rows.len().max(1) as f64;
+    let (mut mean, mut std) = (0.0, 0.0);
+    for img in rows {
+        let m = img.iter().map(|&v| f64::from(v)).sum::<f64>() / img.len() as f64;
+        let var = img.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / img.len() as f64;
+        mean += m;
+        std += var.sqrt();
+    }
+    [mean / n, std / n]
+}
+
+/// Notices the input's statistics moving: the first `reference_batches` batches set a baseline
+/// per statistic; drift when `patience` consecutive batches have some statistic `shift` or more
+/// away from it (either direction).
+#[derive(Clone, Debug)]
+pub struct InputShift {
+    reference_batches: usize,
+    patience: usize,
+    shift: f64,
+    reference: Vec<[f64; 2]>,
+    run: usize,
+}
+
+impl InputShift {
+    /// A detector with no baseline yet.
+    pub fn new(reference_batches: usize, patience: usize, shift: f64) -> Self {
+        Self {
+            reference_batches: reference_batches.max(1),
+            patience: patience.max(1),
+            shift,
+            reference: Vec::new(),
+            run: 0,
+        }
+    }
+
+    /// The baseline statistics, once set.
+    pub fn baseline(&self) -> Option<[f64; 2]> {
+        (self.reference.len() >= self.reference_batches).then(|| {
+            let n = self.reference.len() as f64;
+            let sum = self.reference.iter().fold([0.0; 2], |a, r| [a[0] + r[0], a[1] + r[1]]);
+            [sum[0] / n, sum[1] / n]
+        })
+    }
+
+    /// Feeds one batch's statistics; whether drift is declared.
+    pub fn observe(&mut self, stats: [f64; 2]) -> bool {
+        let Some(base) = self.baseline() else {
+            self.reference.push(stats);
+            return false;
+        };
+        if base.iter().zip(stats).any(|(b, s)| (s - b).abs() >= self.shift) {
+            self.run += 1;
+        } else {
+            self.run = 0;
+        }
+        self.run >= self.patience
+    }
+}
+
+/// The camera's online state: watching with armed detectors, or waiting for an update.
 #[derive(Clone, Debug)]
 pub struct OnlineDrift {
     cfg: OnlineConfig,
-    detector: DriftDetector,
+    confidence: DriftDetector,
+    inputs: InputShift,
     requested: u32,
     pending: bool,
     exhausted_logged: bool,
 }
 
 impl OnlineDrift {
-    /// Watching, with a detector that calibrates on the first batches.
+    /// Watching, with detectors that calibrate on the first batches.
     pub fn new(cfg: OnlineConfig) -> Self {
         Self {
             cfg,
-            detector: DriftDetector::new(cfg.detector),
+            confidence: DriftDetector::new(cfg.detector),
+            inputs: Self::input_detector(&cfg),
             requested: 0,
             pending: false,
             exhausted_logged: false,
         }
+    }
+
+    fn input_detector(cfg: &OnlineConfig) -> InputShift {
+        InputShift::new(cfg.detector.reference_batches, cfg.detector.patience, cfg.shift)
+    }
+
+    fn rearm(&mut self) {
+        self.confidence = DriftDetector::new(self.cfg.detector);
+        self.inputs = Self::input_detector(&self.cfg);
     }
 
     /// Adaptations asked for so far.
@@ -68,44 +160,47 @@ impl OnlineDrift {
         self.pending
     }
 
-    /// The armed detector's baseline, once calibrated.
+    /// The armed confidence detector's baseline, once calibrated.
     pub fn baseline(&self) -> Option<f64> {
-        self.detector.baseline()
+        self.confidence.baseline()
     }
 
-    /// Feeds one batch's mean top-1 confidence. While an adaptation is pending the detector is
-    /// not fed (the frames are drifted by definition and would only repeat the verdict).
-    pub fn observe(&mut self, mean_confidence: f64) -> OnlineStep {
+    /// Feeds one batch's mean top-1 confidence and [`input_stats`]. While an adaptation is
+    /// pending the detectors are not fed (the frames are drifted by definition and would only
+    /// repeat the verdict).
+    pub fn observe(&mut self, mean_confidence: f64, stats: [f64; 2]) -> OnlineStep {
         if self.pending {
             return OnlineStep::Stream;
         }
-        match self.detector.observe(mean_confidence) {
-            Verdict::Calibrating | Verdict::Stable => OnlineStep::Stream,
-            Verdict::Drift { baseline, now } => {
-                if self.requested >= self.cfg.max_adaptations {
-                    // re-arm so a long drifted phase does not report on every batch
-                    self.detector = DriftDetector::new(self.cfg.detector);
-                    if self.exhausted_logged {
-                        return OnlineStep::Stream;
-                    }
-                    self.exhausted_logged = true;
-                    return OnlineStep::Exhausted;
-                }
-                let index = self.requested;
-                self.requested += 1;
-                self.pending = true;
-                OnlineStep::Adapt { index, baseline, now }
+        let verdict = self.confidence.observe(mean_confidence);
+        let shifted = self.inputs.observe(stats);
+        let signal = match verdict {
+            Verdict::Drift { .. } => Signal::Confidence,
+            _ if shifted => Signal::Input,
+            _ => return OnlineStep::Stream,
+        };
+        if self.requested >= self.cfg.max_adaptations {
+            // re-arm so a long drifted phase does not report on every batch
+            self.rearm();
+            if self.exhausted_logged {
+                return OnlineStep::Stream;
             }
+            self.exhausted_logged = true;
+            return OnlineStep::Exhausted;
         }
+        let index = self.requested;
+        self.requested += 1;
+        self.pending = true;
+        OnlineStep::Adapt { index, signal }
     }
 
     /// The update of the pending adaptation was installed (or the adaptation failed and the
-    /// camera keeps its model): the detector re-arms and calibrates a fresh baseline on the
-    /// model now running, under the weather now in force, so the next drift phase is measured
-    /// against the adapted model rather than the original one.
+    /// camera keeps its model): both detectors re-arm and calibrate fresh baselines on the model
+    /// now running, under the weather now in force, so the next drift phase is measured against
+    /// the adapted model and the current weather rather than the original ones.
     pub fn settled(&mut self) {
         self.pending = false;
-        self.detector = DriftDetector::new(self.cfg.detector);
+        self.rearm();
     }
 }
 
@@ -217,13 +312,25 @@ mod tests {
     fn cfg(max: u32) -> OnlineConfig {
         OnlineConfig {
             detector: DetectorConfig { reference_batches: 2, drop: 0.1, patience: 2 },
+            shift: 0.05,
             max_adaptations: max,
         }
     }
 
-    /// Feeds confidences, returning the steps that are not `Stream`.
+    /// Input statistics of a steady weather.
+    const CLEAR: [f64; 2] = [0.3, 0.4];
+
+    /// Feeds confidences under steady inputs, returning the steps that are not `Stream`.
     fn feed(o: &mut OnlineDrift, confs: &[f64]) -> Vec<OnlineStep> {
-        confs.iter().map(|&c| o.observe(c)).filter(|s| *s != OnlineStep::Stream).collect()
+        confs.iter().map(|&c| o.observe(c, CLEAR)).filter(|s| *s != OnlineStep::Stream).collect()
+    }
+
+    #[test]
+    fn input_stats_by_hand() {
+        // image 1: all 0.5 (mean 0.5, std 0); image 2: half 0, half 1 (mean 0.5, std 0.5)
+        let imgs = [0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 1.0, 1.0];
+        let [mean, std] = input_stats(&imgs, 4);
+        assert!((mean - 0.5).abs() < 1e-12 && (std - 0.25).abs() < 1e-12, "{mean} {std}");
     }
 
     #[test]
@@ -231,7 +338,7 @@ mod tests {
         let mut o = OnlineDrift::new(cfg(8));
         // calibrate at 0.9, drift to 0.6 (two low batches)
         let steps = feed(&mut o, &[0.9, 0.9, 0.9, 0.6, 0.6]);
-        assert_eq!(steps, vec![OnlineStep::Adapt { index: 0, baseline: 0.9, now: 0.6 }]);
+        assert_eq!(steps, vec![OnlineStep::Adapt { index: 0, signal: Signal::Confidence }]);
         assert!(o.pending());
         // while pending, even lower confidences ask for nothing more
         assert!(feed(&mut o, &[0.3, 0.3, 0.3]).is_empty());
@@ -243,8 +350,27 @@ mod tests {
         assert_eq!(o.baseline(), Some(0.7));
         // the second phase drops it to 0.5
         let steps = feed(&mut o, &[0.5, 0.5]);
-        assert_eq!(steps, vec![OnlineStep::Adapt { index: 1, baseline: 0.7, now: 0.5 }]);
+        assert_eq!(steps, vec![OnlineStep::Adapt { index: 1, signal: Signal::Confidence }]);
         assert_eq!(o.requested(), 2);
+    }
+
+    #[test]
+    fn a_weather_change_the_confidence_misses_is_noticed_from_the_inputs() {
+        let mut o = OnlineDrift::new(cfg(8));
+        let steady = |o: &mut OnlineDrift, stats: [f64; 2], n: usize| {
+            (0..n).map(|_| o.observe(0.78, stats)).filter(|s| *s != OnlineStep::Stream).count()
+        };
+        assert_eq!(steady(&mut o, CLEAR, 6), 0);
+        // confidence flat, contrast down by 0.04 (below the threshold): nothing
+        assert_eq!(steady(&mut o, [0.3, 0.36], 4), 0);
+        // pixel mean up by 0.2: one batch is not enough, the second is
+        assert_eq!(o.observe(0.78, [0.5, 0.4]), OnlineStep::Stream);
+        assert_eq!(o.observe(0.78, [0.5, 0.4]), OnlineStep::Adapt { index: 0, signal: Signal::Input });
+        o.settled();
+        // re-armed on the new weather: it is the baseline now
+        assert_eq!(steady(&mut o, [0.5, 0.4], 6), 0);
+        assert_eq!(o.observe(0.78, CLEAR), OnlineStep::Stream);
+        assert_eq!(o.observe(0.78, CLEAR), OnlineStep::Adapt { index: 1, signal: Signal::Input });
     }
 
     #[test]
