@@ -223,6 +223,28 @@ async fn a_camera_drifting_twice_is_adapted_twice_and_a_late_camera_is_served() 
     assert!(svg.contains(">update 2<") && svg.contains(">sun 0.6<"), "{svg}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_missing_a_camera_fails_at_its_timeout_naming_what_is_missing() {
+    // three cameras expected, two in the topology: the job cannot end before its timeout
+    let short = TOPOLOGY.replace(
+        "job = { kind = \"coadapt\", timeout_s = 900, params = { cameras = 2 } }",
+        "job = { kind = \"coadapt\", timeout_s = 30, params = { cameras = 3 } }",
+    );
+    assert_ne!(short, TOPOLOGY);
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &short).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(s) = cluster.exited("edge").unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "job did not end:\n{}", cluster.log("edge"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = cluster.log("edge");
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("coadapt: not done within 29 s: 1 of 3 cameras not heard from yet"), "{log}");
+}
+
 #[test]
 fn camera_lines_parse_by_hand() {
     let log = "[x] coadapt: camera cam-1 drift_frame 320 exact_match_vs_teacher 0.250 -> 0.812 accuracy 0.2 -> 0.7 edge_latency_ms 5 adaptation 1 installed_frame 640\nnoise\n";

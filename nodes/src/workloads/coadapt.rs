@@ -274,7 +274,9 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
 /// accuracy files; fails naming what is missing when the job's timeout passes first.
 pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
     let p: CoadaptJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(job.timeout_s);
+    // a second before the node's own job timeout, so this job's failure names what is missing
+    let wait = Duration::from_secs(job.timeout_s).saturating_sub(Duration::from_secs(1));
+    let deadline = tokio::time::Instant::now() + wait;
     let edge = LOCAL_EDGES
         .lock()
         .ok()
@@ -285,7 +287,7 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
     edge.wait_summary(p.cameras, tx.into()).map_err(|e| anyhow::anyhow!("asking the edge: {e}"))?;
     let Ok(answer) = tokio::time::timeout_at(deadline, rx).await else {
         let missing = edge.progress(p.cameras).missing;
-        bail!("coadapt: not done within {} s: {}", job.timeout_s, missing.join("; "));
+        bail!("coadapt: not done within {} s: {}", wait.as_secs(), missing.join("; "));
     };
     let bytes = answer.context("the edge dropped the summary request")?;
     let s: EdgeSummary = decode("edge summary", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES))?;
