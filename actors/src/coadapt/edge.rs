@@ -220,7 +220,7 @@ impl EdgeShared {
 
     fn handler(self: &Arc<Self>) -> Handler {
         let shared = self.clone();
-        Arc::new(move |_caller, method, body| {
+        Arc::new(move |caller, method, body| {
             let shared = shared.clone();
             Box::pin(async move {
                 match method.as_str() {
@@ -244,8 +244,20 @@ impl EdgeShared {
                     }
                     REPORT => {
                         match StreamReport::decode(&body, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
+                            // a report replaces its camera's progress: a node reports only for itself
+                            Ok(r) if r.camera != caller.node.0 => {
+                                let why = format!(
+                                    "node {} may not report for camera {:?}",
+                                    caller.node.0, r.camera
+                                );
+                                tracing::warn!(%why, "ignoring a camera report");
+                                return Err(why);
+                            }
                             Ok(r) => shared.report(r),
-                            Err(e) => tracing::warn!(error = %e, "ignoring a camera report"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "ignoring a camera report");
+                                return Err(e.to_string());
+                            }
                         }
                         Ok(Vec::new())
                     }
