@@ -110,7 +110,7 @@ impl LineChart {
                 y(r)
             );
         }
-        for (i, m) in self.marks.iter().enumerate() {
+        for m in &self.marks {
             let c = m.curve.map_or("#777", |k| COLOURS[k % COLOURS.len()]);
             let dash = if m.dashed { " stroke-dasharray=\"3 3\"" } else { "" };
             let _ = writeln!(
@@ -121,12 +121,13 @@ impl LineChart {
                 top + ph
             );
             if !m.label.is_empty() {
-                // labels alternate between two rows so neighbours do not overprint
+                // one label row per curve and kind of mark, so neighbours rarely overprint
+                let row = (2 * m.curve.unwrap_or(0) + usize::from(m.dashed)) % 8;
                 let _ = writeln!(
                     s,
                     "<text x=\"{:.1}\" y=\"{}\" fill=\"{c}\" font-size=\"10\">{}</text>",
                     x(m.x) + 2.0,
-                    top + 10.0 + 11.0 * (i % 2) as f64,
+                    top + 10.0 + 11.0 * row as f64,
                     escape(&m.label)
                 );
             }
