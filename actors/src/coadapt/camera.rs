@@ -171,7 +171,17 @@ impl Run<'_> {
     /// Uploads the collected frames with a fresh held-out window, installs the update; the
     /// adaptation's figures (or why it failed).
     fn adapt(&mut self, rt: &Handle, c: Collecting) -> CameraReport {
-        let mut r = CameraReport {
+        let mut r = self.blank_report(&c);
+        if let Err(e) = self.try_adapt(rt, c, &mut r) {
+            tracing::error!(camera = %self.args.name, adaptation = r.adaptation, error = %e, "camera could not adapt");
+            r.error = e;
+        }
+        r
+    }
+
+    /// The report of adaptation `c` installed now, figures not yet measured.
+    fn blank_report(&self, c: &Collecting) -> CameraReport {
+        CameraReport {
             camera: self.args.name.clone(),
             adaptation: c.index,
             drift_frame: c.drift_frame,
@@ -182,12 +192,7 @@ impl Run<'_> {
             accuracy_after: 0.0,
             latency_ms: 0,
             error: String::new(),
-        };
-        if let Err(e) = self.try_adapt(rt, c, &mut r) {
-            tracing::error!(camera = %self.args.name, adaptation = r.adaptation, error = %e, "camera could not adapt");
-            r.error = e;
         }
-        r
     }
 
     fn try_adapt(&mut self, rt: &Handle, c: Collecting, r: &mut CameraReport) -> Result<(), String> {
@@ -316,21 +321,9 @@ fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
         let r = if c.count >= FRAME_BATCH {
             run.adapt(rt, c)
         } else {
-            CameraReport {
-                camera: args.name.clone(),
-                adaptation: c.index,
-                drift_frame: c.drift_frame,
-                installed_frame: run.frame,
-                exact_before: 0.0,
-                exact_after: 0.0,
-                accuracy_before: 0.0,
-                accuracy_after: 0.0,
-                latency_ms: 0,
-                error: format!(
-                    "the stream ended {} frames after the drift, before a batch to upload",
-                    c.count
-                ),
-            }
+            let error =
+                format!("the stream ended {} frames after the drift, before a batch to upload", c.count);
+            CameraReport { error, ..run.blank_report(&c) }
         };
         run.adaptations.push(r);
         run.online.settled();

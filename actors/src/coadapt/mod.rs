@@ -1,11 +1,15 @@
 //! The `coadapt` workload's actors (AdaSprite, ARCHITECTURE.md "Workload 3"): camera actors stream
-//! a drifting [`troupe_kernels::drift::CameraStream`] through their V-MoE, notice drift from a drop
-//! in confidence, and upload samples to the edge; the edge actor labels them with the teacher,
-//! co-adapts every camera's experts and projector in one [`troupe_kernels::vmoe::CoAdaptPool`]
-//! under a co-adaptation scheduler ([`engine`]), and sends the adapted parameters back.
+//! a drifting [`troupe_kernels::drift::CameraStream`] through their V-MoE for their whole stream,
+//! notice every drift (a drop in confidence or a move of the input's statistics), and upload
+//! samples to the edge; the edge actor labels them with the teacher, co-adapts every camera's
+//! experts and projector in one [`troupe_kernels::vmoe::CoAdaptPool`] under a co-adaptation
+//! scheduler ([`engine`]), and sends the adapted parameters back. Cameras report their progress
+//! (accuracy over time, adaptations, stream ended) to the edge for the job.
 //!
 //! - [`wire`]: the checked rkyv messages; [`params`]: the trainable part as a flat vector.
-//! - [`detect`]: the confidence-drop drift detector; [`engine`]: scheduler + pool executor.
+//! - [`detect`]: the confidence-drop drift detector; the online loop's decisions (re-arming,
+//!   input shift, sample log, job completion) are `troupe_policy::adapt::online`;
+//!   [`engine`]: scheduler + pool executor.
 //! - [`edge`] and [`camera`]: the actor shells.
 
 pub mod camera;
