@@ -7,20 +7,31 @@
 //! `RunEpoch` the scheduler emitted together; their steps are interleaved on the pool (co-adapted),
 //! then each epoch is reported with its validation exact match. A task leaves with its adapted
 //! model when the scheduler completes it. Device memory is the pool's budget: a model is merged in
-//! when the scheduler first runs or preloads it, and models idle longest are unloaded (their
-//! adapted weights kept on the host, optimiser state dropped) when the pool refuses memory.
+//! when the scheduler first runs or preloads it, and when the pool refuses memory the policy
+//! ([`troupe_policy::adapt::evict`]) says which model to unload (adapted weights kept on the host,
+//! optimiser state dropped), whether to split a slice, or to give up.
+//!
+//! With [`Mechanisms::grouping`] on, each step of the cycle is planned by the policy's knapsack
+//! ([`troupe_policy::adapt::plan`]): the experts of every member are packed into time slices under
+//! the pool's free bytes, `M_tmp` from the estimator fitted on this pool's measurements, and each
+//! slice runs as one [`CoAdaptPool::train_slice`] (its experts train, the rest are frozen). Off,
+//! each member takes a whole-model step in turn, as before.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
-use troupe_kernels::vmoe::pool::step_plan;
+use troupe_kernels::Tensor;
+use troupe_kernels::vmoe::pool::{SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
 use troupe_policy::Micros;
 use troupe_policy::adapt::baselines::QueueScheduler;
+use troupe_policy::adapt::evict::{OnRefusal, Refused, Resident, on_refusal};
+use troupe_policy::adapt::memory::{ExpertShape, MemoryModel, MemorySample};
+use troupe_policy::adapt::plan::{PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices};
 use troupe_policy::adapt::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec};
 use troupe_policy::adapt::twin::{TwinBufferScheduler, TwinConfig};
 use troupe_policy::adapt::{ExpertId, ModelId, TaskId};
@@ -211,8 +222,58 @@ pub struct Finished {
     pub done: Micros,
 }
 
+/// One time slice the executor ran (grouping on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceRecord {
+    /// The cycle.
+    pub cycle: u64,
+    /// The step within the cycle's epoch.
+    pub step: usize,
+    /// Index of the planned slice it carried out (a refused slice split in two gives two records
+    /// with the same index).
+    pub slice: usize,
+    /// `(task, block, expert)` whose weights the pool's optimiser updated, ascending.
+    pub trained: Vec<(TaskId, usize, usize)>,
+}
+
+/// The slice plan of one step (grouping on), as the policy made it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRecord {
+    /// The cycle.
+    pub cycle: u64,
+    /// The step within the cycle's epoch.
+    pub step: usize,
+    /// The plan, with everything it was computed from.
+    pub plan: SlicePlan,
+}
+
+/// Most [`SliceRecord`]s and [`PlanRecord`]s kept (the newest).
+pub const RECORDS_KEPT: usize = 4096;
+
+/// Experts of one task per [`ExpertId`] block: `ExpertId(task * EXPERT_ID_STRIDE + b * experts + e)`.
+pub const EXPERT_ID_STRIDE: u32 = 1024;
+
+/// The pool-wide expert id of `(block, expert)` of `task`.
+pub fn expert_id(task: TaskId, c: &VMoeConfig, block: usize, expert: usize) -> ExpertId {
+    ExpertId(task.0 * EXPERT_ID_STRIDE + (block * c.experts + expert) as u32)
+}
+
+/// `(task, block, expert)` of a pool-wide expert id made by [`expert_id`].
+pub fn expert_of(id: ExpertId, c: &VMoeConfig) -> (TaskId, usize, usize) {
+    let local = (id.0 % EXPERT_ID_STRIDE) as usize;
+    (TaskId(id.0 / EXPERT_ID_STRIDE), local / c.experts, local % c.experts)
+}
+
+/// The knapsack's `η` (per second of expert lifespan) the executor plans with.
+pub const PLAN_ETA_PER_SEC: f64 = 0.01;
+/// Lifespan assumed for an expert before its task has been measured, in microseconds.
+const DEFAULT_EXPERT_US: u64 = 1000;
+
 struct LiveTask {
     name: String,
+    config: VMoeConfig,
+    /// Measured step time per trained expert (microseconds), the lifespan estimate.
+    expert_us: u64,
     train: Dataset,
     val: Dataset,
     resident: Option<PoolModel>,
@@ -237,6 +298,9 @@ pub struct EdgeEngine {
     rng: SmallRng,
     steps: u64,
     evictions: u64,
+    estimator: Option<MemoryModel>,
+    plans: VecDeque<PlanRecord>,
+    slices: VecDeque<SliceRecord>,
 }
 
 /// Bytes only one adapting model holds: experts, projector and head, and their AdamW state.
@@ -292,6 +356,9 @@ impl EdgeEngine {
             rng: SmallRng::seed_from_u64(cfg.seed),
             steps: 0,
             evictions: 0,
+            estimator: None,
+            plans: VecDeque::new(),
+            slices: VecDeque::new(),
         })
     }
 
@@ -318,6 +385,21 @@ impl EdgeEngine {
     /// Models unloaded to make room so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
+    }
+
+    /// The newest slice plans (grouping on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn plan_records(&self) -> &VecDeque<PlanRecord> {
+        &self.plans
+    }
+
+    /// The newest slices run (grouping on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn slice_records(&self) -> &VecDeque<SliceRecord> {
+        &self.slices
+    }
+
+    /// The `M_tmp` estimator fitted on this pool's measurements (refitted every cycle), if any.
+    pub fn estimator(&self) -> Option<&MemoryModel> {
+        self.estimator.as_ref()
     }
 
     /// Whether a job submitted now would be refused as [`EngineError::Full`].
@@ -349,7 +431,7 @@ impl EdgeEngine {
         let spec = TaskSpec {
             id,
             model: ModelId(id.0),
-            experts: (0..per_model).map(|e| ExpertId(id.0 * 1024 + e)).collect(),
+            experts: (0..per_model).map(|e| ExpertId(id.0 * EXPERT_ID_STRIDE + e)).collect(),
             accuracy: before,
             target: before + job.target_gain.unwrap_or(self.cfg.target_gain),
             footprint: task_footprint(&c),
@@ -358,6 +440,8 @@ impl EdgeEngine {
             id,
             LiveTask {
                 name: job.name,
+                config: c,
+                expert_us: DEFAULT_EXPERT_US,
                 train,
                 val,
                 resident: None,
@@ -390,9 +474,16 @@ impl EdgeEngine {
         for t in &runs {
             self.ensure_resident(*t, &runs)?;
         }
-        for _ in 0..self.cfg.steps_per_epoch {
-            for t in &runs {
-                self.adapt_step(*t, &runs)?;
+        if self.cfg.mechanisms.grouping {
+            self.refit_estimator();
+        }
+        for step in 0..self.cfg.steps_per_epoch {
+            if self.cfg.mechanisms.grouping {
+                self.grouped_step(&runs, step)?;
+            } else {
+                for t in &runs {
+                    self.adapt_step(*t, &runs)?;
+                }
             }
             if self.sched.poll_timeout().is_some_and(|due| clock() >= due) {
                 self.sched.handle_timeout(clock());
@@ -433,6 +524,7 @@ impl EdgeEngine {
             let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
             (task.train.batch(&idx)?, labels, id)
         };
+        let (mut id, mut reloaded) = (id, false);
         loop {
             match self.pool.adapt_step(id, &images, &labels, self.cfg.lr) {
                 Ok(_) => {
@@ -440,12 +532,195 @@ impl EdgeEngine {
                     return Ok(());
                 }
                 Err(e) => {
-                    if !self.evict_one(keep, t)? {
-                        return Err(e.into());
+                    let refused = Refused::Slice { tasks: &[t], experts: 1, reloaded };
+                    match on_refusal(&self.residents(keep), &refused) {
+                        OnRefusal::Evict(v) => self.unload_task(v)?,
+                        OnRefusal::Reload(v) => {
+                            self.unload_task(v)?;
+                            self.ensure_resident(v, keep)?;
+                            reloaded = true;
+                            id = self.resident_id(t)?;
+                        }
+                        OnRefusal::Split | OnRefusal::GiveUp => return Err(e.into()),
                     }
                 }
             }
         }
+    }
+
+    /// Refits the `M_tmp` estimator on the pool's temporary-memory measurements.
+    fn refit_estimator(&mut self) {
+        let samples: Vec<MemorySample> = self
+            .pool
+            .tmp_samples()
+            .iter()
+            .rev()
+            .take(troupe_policy::adapt::memory::MAX_FIT_SAMPLES)
+            .map(|s| MemorySample {
+                shape: ExpertShape { tokens: s.tokens as u64, d_k: s.dim as u64 },
+                measured_bytes: s.bytes as f64,
+            })
+            .collect();
+        self.estimator = fit_estimator(&samples);
+    }
+
+    /// One step of every cycle member, its experts grouped into time slices by the policy's
+    /// knapsack ([`plan_slices`]); each slice runs on the pool as one [`CoAdaptPool::train_slice`].
+    fn grouped_step(&mut self, runs: &[TaskId], step: usize) -> Result<(), EngineError> {
+        for t in runs {
+            self.ensure_resident(*t, runs)?;
+            self.ensure_trainer(*t, runs)?;
+        }
+        // One batch per task for the whole step, whichever slices its experts land in.
+        let mut batches: BTreeMap<TaskId, (Tensor, Vec<usize>)> = BTreeMap::new();
+        let mut experts = Vec::new();
+        let mut workspace = 0u64;
+        for t in runs {
+            let Some(task) = self.tasks.get(t) else { continue };
+            let n = task.train.len();
+            let b = self.cfg.batch.min(n);
+            let idx = sample(&mut self.rng, n, b).into_vec();
+            let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
+            batches.insert(*t, (task.train.batch(&idx)?, labels));
+            let c = task.config;
+            let tokens = b * c.tokens_per_image();
+            let cap = c.capacity(tokens).min(tokens);
+            let dense: Vec<_> = step_plan(&c, b).into_iter().filter(|(w, _)| *w != "expert tmp").collect();
+            workspace = workspace.max(plan_bytes(&dense, 256));
+            for block in 0..c.blocks {
+                for e in 0..c.experts {
+                    experts.push(PlanExpert {
+                        task: *t,
+                        expert: expert_id(*t, &c, block, e),
+                        shape: ExpertShape { tokens: cap as u64, d_k: c.dim as u64 },
+                        bound_bytes: expert_tmp_bytes(&c, cap),
+                        lifespan: Micros(task.expert_us),
+                    });
+                }
+            }
+        }
+        let memory = PlanMemory {
+            free_bytes: self.pool.stats().free,
+            workspace_bytes: workspace,
+            align: 256,
+            eta_per_sec: PLAN_ETA_PER_SEC,
+        };
+        let seed = self.cfg.seed ^ (self.cycle << 16) ^ step as u64;
+        let plan = plan_slices(&experts, self.estimator.as_ref(), memory, seed);
+        let mut work: VecDeque<(usize, Vec<ExpertId>)> = plan.slices.iter().cloned().enumerate().collect();
+        push_capped(&mut self.plans, PlanRecord { cycle: self.cycle, step, plan });
+        let mut stepped: Vec<TaskId> = Vec::new();
+        let mut reloaded = false;
+        while let Some((k, slice)) = work.pop_front() {
+            let mut by_task: Vec<(TaskId, Vec<(usize, usize)>)> = Vec::new();
+            for id in &slice {
+                let t = TaskId(id.0 / EXPERT_ID_STRIDE);
+                let Some(task) = self.tasks.get(&t) else { continue };
+                let (_, b, e) = expert_of(*id, &task.config);
+                match by_task.iter_mut().find(|(x, _)| *x == t) {
+                    Some((_, v)) => v.push((b, e)),
+                    None => by_task.push((t, vec![(b, e)])),
+                }
+            }
+            let members: Vec<TaskId> = by_task.iter().map(|(t, _)| *t).collect();
+            // A member may have been unloaded to let an earlier slice run (fragmentation).
+            for t in &members {
+                self.ensure_resident(*t, runs)?;
+                self.ensure_trainer(*t, runs)?;
+            }
+            let mut parts = Vec::with_capacity(by_task.len());
+            for (t, ex) in &by_task {
+                let (Some(id), Some((x, y))) = (self.tasks.get(t).and_then(|l| l.resident), batches.get(t))
+                else {
+                    return Err(EngineError::Invalid(format!("task {} is not resident", t.0)));
+                };
+                parts.push(SliceTask { model: id, images: x, labels: y, experts: ex });
+            }
+            match self.pool.train_slice(&parts, self.cfg.lr) {
+                Ok(report) => {
+                    let mut trained = Vec::new();
+                    for ((t, _), m) in by_task.iter().zip(&report.models) {
+                        trained.extend(m.trained.iter().map(|&(b, e)| (*t, b, e)));
+                        if let Some(task) = self.tasks.get_mut(t)
+                            && !m.trained.is_empty()
+                        {
+                            task.expert_us = (m.elapsed_us / m.trained.len() as u64).max(1);
+                        }
+                        if !stepped.contains(t) {
+                            stepped.push(*t);
+                        }
+                    }
+                    trained.sort_unstable();
+                    reloaded = false;
+                    push_capped(&mut self.slices, SliceRecord { cycle: self.cycle, step, slice: k, trained });
+                }
+                Err(e) => {
+                    let refused = Refused::Slice { tasks: &members, experts: slice.len(), reloaded };
+                    match on_refusal(&self.residents(runs), &refused) {
+                        OnRefusal::Evict(v) => {
+                            self.unload_task(v)?;
+                            work.push_front((k, slice));
+                        }
+                        OnRefusal::Reload(v) => {
+                            // Merged back in (and its optimiser state) at the top of the loop.
+                            self.unload_task(v)?;
+                            reloaded = true;
+                            work.push_front((k, slice));
+                        }
+                        OnRefusal::Split => {
+                            let (a, b) = slice.split_at(slice.len() / 2);
+                            work.push_front((k, b.to_vec()));
+                            work.push_front((k, a.to_vec()));
+                        }
+                        OnRefusal::GiveUp => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        self.steps += stepped.len() as u64;
+        Ok(())
+    }
+
+    /// Allocates the task's optimiser state, unloading models as the policy decides while refused.
+    fn ensure_trainer(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
+        loop {
+            let Some(id) = self.tasks.get(&t).and_then(|l| l.resident) else { return Ok(()) };
+            match self.pool.ensure_trainer(id, self.cfg.lr) {
+                Ok(()) => return Ok(()),
+                Err(e) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
+                    OnRefusal::Evict(v) => self.unload_task(v)?,
+                    OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => return Err(e.into()),
+                },
+            }
+        }
+    }
+
+    /// The pool id of a task's resident model.
+    fn resident_id(&self, t: TaskId) -> Result<PoolModel, EngineError> {
+        self.tasks
+            .get(&t)
+            .and_then(|l| l.resident)
+            .ok_or_else(|| EngineError::Invalid(format!("task {} is not resident", t.0)))
+    }
+
+    /// Resident models as the eviction policy sees them.
+    fn residents(&self, cycle: &[TaskId]) -> Vec<Resident> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.resident.is_some())
+            .map(|(id, t)| Resident { task: *id, last_cycle: t.last_cycle, in_cycle: cycle.contains(id) })
+            .collect()
+    }
+
+    /// Unloads a task's model (adapted weights kept on the host, optimiser state dropped).
+    fn unload_task(&mut self, v: TaskId) -> Result<(), EngineError> {
+        if let Some(task) = self.tasks.get_mut(&v)
+            && let Some(id) = task.resident.take()
+        {
+            task.stash = Some(self.pool.unload(id)?);
+            self.evictions += 1;
+        }
+        Ok(())
     }
 
     /// Merges the task's model into the pool, unloading idle models while the pool refuses.
@@ -468,38 +743,17 @@ impl EdgeEngine {
                     }
                     return Ok(());
                 }
-                Err(e) => {
-                    if !self.evict_one(keep, t)? {
+                Err(e) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
+                    OnRefusal::Evict(v) => self.unload_task(v)?,
+                    OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => {
                         if let Some(task) = self.tasks.get_mut(&t) {
                             task.stash = Some(model);
                         }
                         return Err(e.into());
                     }
-                }
+                },
             }
         }
-    }
-
-    /// Unloads a resident model other than `needed` to make room: the one idle longest outside
-    /// `prefer_keep` (the current cycle), else the one idle longest (free space can be too
-    /// fragmented for the cycle's own models to fit together). False when there is none.
-    fn evict_one(&mut self, prefer_keep: &[TaskId], needed: TaskId) -> Result<bool, EngineError> {
-        let pick = |outside_keep: bool| {
-            self.tasks
-                .iter()
-                .filter(|(id, t)| t.resident.is_some() && **id != needed)
-                .filter(|(id, _)| !outside_keep || !prefer_keep.contains(id))
-                .min_by_key(|(id, t)| (t.last_cycle, **id))
-                .map(|(id, _)| *id)
-        };
-        let Some(v) = pick(true).or_else(|| pick(false)) else { return Ok(false) };
-        if let Some(task) = self.tasks.get_mut(&v)
-            && let Some(id) = task.resident.take()
-        {
-            task.stash = Some(self.pool.unload(id)?);
-            self.evictions += 1;
-        }
-        Ok(true)
     }
 
     fn drain(&mut self, now: Micros) -> Result<(), EngineError> {
@@ -538,4 +792,12 @@ impl EdgeEngine {
         }
         Ok(())
     }
+}
+
+/// Appends `r`, dropping the oldest past [`RECORDS_KEPT`].
+fn push_capped<T>(q: &mut VecDeque<T>, r: T) {
+    if q.len() == RECORDS_KEPT {
+        q.pop_front();
+    }
+    q.push_back(r);
 }

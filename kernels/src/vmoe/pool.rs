@@ -179,6 +179,8 @@ pub struct SliceModelReport {
     pub trained: Vec<(usize, usize)>,
     /// Tokens per expert, per block.
     pub expert_loads: Vec<Vec<usize>>,
+    /// Wall time of its step in microseconds (a measurement for lifespan estimates, not a decision).
+    pub elapsed_us: u64,
 }
 
 /// What one slice did.
@@ -520,7 +522,9 @@ impl CoAdaptPool {
             ParamGroup::Expert { block, expert } => chosen.contains(&(block, expert)),
             _ => true,
         };
+        let started = std::time::Instant::now();
         let (loss, cache, trained) = trainer.step_selected(&mut p.model, t.images, t.labels, &trains)?;
+        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let expert_loads: Vec<Vec<usize>> = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
         for &(block, expert) in &trained {
             let tokens = expert_loads[block][expert];
@@ -536,7 +540,7 @@ impl CoAdaptPool {
                 bytes: fwd + backward + (config.expert_params() * 4) as u64,
             });
         }
-        Ok(SliceModelReport { model: t.model, loss, trained, expert_loads })
+        Ok(SliceModelReport { model: t.model, loss, trained, expert_loads, elapsed_us })
     }
 
     fn run_step(

@@ -212,7 +212,7 @@ impl Trainer {
         images: &Tensor,
         labels: &[usize],
         trains: &dyn Fn(ParamGroup) -> bool,
-    ) -> Result<(f32, super::model::ForwardCache, Vec<(usize, usize)>), VMoeError> {
+    ) -> Result<SelectedStep, VMoeError> {
         if self.opts.len() != model.params.tensors().len() {
             return Err(VMoeError::Config("trainer was made for a different model".into()));
         }
@@ -241,6 +241,10 @@ impl Trainer {
         Ok(self.step_with_cache(model, images, labels)?.0)
     }
 }
+
+/// What [`Trainer::step_selected`] returns: the loss before the update, the forward cache, and
+/// the experts `(block, expert)` updated, ascending.
+pub type SelectedStep = (f32, super::model::ForwardCache, Vec<(usize, usize)>);
 
 /// How to train a model: seed, epochs, batch size, learning rate (linearly decayed to 10%).
 #[derive(Clone, Copy, Debug, PartialEq)]

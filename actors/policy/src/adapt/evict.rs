@@ -6,7 +6,9 @@
 //! to the cycle, split a slice of more than one expert in two (half the temporaries at a time);
 //! else unload the cycle member idle longest that the refused work does not need (free space can be
 //! too fragmented for the cycle's own models to fit together; it is reloaded before it runs);
-//! else give up. Ties go to the lower task id, so the choice is deterministic.
+//! else, once per refused slice, reload one of the slice's own models (unloading and merging it
+//! back packs its buffers into the free space, which undoes fragmentation; its optimiser state
+//! starts over); else give up. Ties go to the lower task id, so the choice is deterministic.
 
 use super::TaskId;
 
@@ -32,6 +34,8 @@ pub enum Refused<'a> {
         tasks: &'a [TaskId],
         /// Experts in the slice.
         experts: usize,
+        /// Whether the executor already reloaded one of its models for this slice.
+        reloaded: bool,
     },
 }
 
@@ -42,6 +46,8 @@ pub enum OnRefusal {
     Evict(TaskId),
     /// Run the slice as two halves, in order.
     Split,
+    /// Unload this task's model (one of the refused slice's) and merge it back in, then retry.
+    Reload(TaskId),
     /// Nothing helps: report the refusal.
     GiveUp,
 }
@@ -67,7 +73,17 @@ pub fn on_refusal(resident: &[Resident], refused: &Refused<'_>) -> OnRefusal {
     {
         return OnRefusal::Split;
     }
-    idlest(false).map_or(OnRefusal::GiveUp, OnRefusal::Evict)
+    if let Some(t) = idlest(false) {
+        return OnRefusal::Evict(t);
+    }
+    match refused {
+        Refused::Slice { tasks, reloaded: false, .. } => resident
+            .iter()
+            .filter(|r| tasks.contains(&r.task))
+            .min_by_key(|r| (r.last_cycle, r.task))
+            .map_or(OnRefusal::GiveUp, |r| OnRefusal::Reload(r.task)),
+        _ => OnRefusal::GiveUp,
+    }
 }
 
 #[cfg(test)]
@@ -92,16 +108,27 @@ mod tests {
         let rs = [r(0, 0, false), r(1, 4, false)];
         assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(0))), OnRefusal::Evict(TaskId(1)));
         let slice = [TaskId(0), TaskId(1)];
-        assert_eq!(on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1 }), OnRefusal::GiveUp);
+        // Nothing else to unload: the slice's own model is reloaded once (compaction), then give up.
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: false }),
+            OnRefusal::Reload(TaskId(0))
+        );
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: true }),
+            OnRefusal::GiveUp
+        );
     }
 
     #[test]
     fn inside_the_cycle_a_slice_splits_before_a_member_is_unloaded() {
         let rs = [r(0, 7, true), r(1, 6, true)];
         let slice = [TaskId(0)];
-        assert_eq!(on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 3 }), OnRefusal::Split);
         assert_eq!(
-            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1 }),
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 3, reloaded: false }),
+            OnRefusal::Split
+        );
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: false }),
             OnRefusal::Evict(TaskId(1))
         );
         // A load inside a full cycle unloads the idlest other member; alone, it gives up.

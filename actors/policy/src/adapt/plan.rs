@@ -165,7 +165,7 @@ mod tests {
         let m = fit_estimator(&samples).unwrap();
         assert_eq!(temp_bytes(&e(0, 0, 10, 99_999), Some(&m), 256), 1536);
         // Equal token counts do not determine it.
-        assert!(fit_estimator(&vec![samples[0]; 5]).is_none());
+        assert!(fit_estimator(&[samples[0]; 5]).is_none());
     }
 
     #[test]
