@@ -186,3 +186,44 @@ fn the_pool_never_exceeds_its_budget_under_any_scheduler_or_arrivals() {
         assert!(pool.fragmentation_samples().iter().any(|s| s.what == "reserve"), "{what}: nothing ran");
     }
 }
+
+#[test]
+fn preloads_are_prepared_in_the_background_and_every_one_is_accounted_for() {
+    let f = fixture(4, 64);
+    let c = f.student.config;
+    let budget = reserved_bytes(&[c], 32) + 3 * task_footprint(&c);
+    for preload in [true, false] {
+        let mechanisms = if preload { Mechanisms::ALL } else { Mechanisms::ALL.without("preload").unwrap() };
+        let cfg = EngineConfig {
+            budget,
+            scheduler: SchedulerChoice::Twin,
+            seats: 2,
+            steps_per_epoch: 2,
+            max_epochs: 4,
+            mechanisms,
+            ..EngineConfig::default()
+        };
+        let mut eng = EdgeEngine::new(cfg, &[c]).unwrap();
+        for i in 0..f.jobs.len() {
+            eng.submit(Micros(0), job(&f, i)).unwrap();
+        }
+        let clock = logical_clock();
+        let mut done = 0;
+        for _ in 0..1000 {
+            if !eng.busy() {
+                break;
+            }
+            eng.run_cycle(&clock).unwrap();
+            done += eng.take_finished().len();
+        }
+        assert_eq!(done, f.jobs.len());
+        let s = eng.preload_stats();
+        if preload {
+            assert!(s.started > 0, "the twin-buffer scheduler preloads the next task: {s:?}");
+            assert_eq!(s.started, s.committed + s.refused + s.claimed + s.dropped, "{s:?}");
+        } else {
+            assert_eq!(s, Default::default());
+        }
+        assert!(eng.pool().peak_used() <= budget);
+    }
+}

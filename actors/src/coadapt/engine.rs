@@ -24,7 +24,7 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use troupe_kernels::Tensor;
-use troupe_kernels::vmoe::pool::{SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
+use troupe_kernels::vmoe::pool::{PreparedLoad, SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
 use troupe_policy::Micros;
@@ -247,6 +247,26 @@ pub struct PlanRecord {
     pub plan: SlicePlan,
 }
 
+/// What the background preloading did (preload on).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PreloadStats {
+    /// Preparations started on a background thread.
+    pub started: u64,
+    /// Of them, merged into the pool between slices or steps while another task computed.
+    pub committed: u64,
+    /// Of them, left on the host because the pool had no room outside the running cycle.
+    pub refused: u64,
+    /// Of them, taken by the task's own cycle before a commit point merged them.
+    pub claimed: u64,
+    /// Of them, dropped because the task completed first.
+    pub dropped: u64,
+    /// Times a cycle had to wait for a preparation still running.
+    pub waited: u64,
+}
+
+/// A model being prepared on a background thread.
+type Preparing = std::thread::JoinHandle<Result<PreparedLoad, VMoeError>>;
+
 /// Most [`SliceRecord`]s and [`PlanRecord`]s kept (the newest).
 pub const RECORDS_KEPT: usize = 4096;
 
@@ -299,6 +319,8 @@ pub struct EdgeEngine {
     steps: u64,
     evictions: u64,
     estimator: Option<MemoryModel>,
+    preparing: BTreeMap<TaskId, Preparing>,
+    preload_stats: PreloadStats,
     plans: VecDeque<PlanRecord>,
     slices: VecDeque<SliceRecord>,
 }
@@ -357,6 +379,8 @@ impl EdgeEngine {
             steps: 0,
             evictions: 0,
             estimator: None,
+            preparing: BTreeMap::new(),
+            preload_stats: PreloadStats::default(),
             plans: VecDeque::new(),
             slices: VecDeque::new(),
         })
@@ -395,6 +419,11 @@ impl EdgeEngine {
     /// The newest slices run (grouping on), oldest first, at most [`RECORDS_KEPT`].
     pub fn slice_records(&self) -> &VecDeque<SliceRecord> {
         &self.slices
+    }
+
+    /// What the background preloading did so far.
+    pub fn preload_stats(&self) -> PreloadStats {
+        self.preload_stats
     }
 
     /// The `M_tmp` estimator fitted on this pool's measurements (refitted every cycle), if any.
@@ -483,6 +512,7 @@ impl EdgeEngine {
             } else {
                 for t in &runs {
                     self.adapt_step(*t, &runs)?;
+                    self.commit_ready(&runs)?;
                 }
             }
             if self.sched.poll_timeout().is_some_and(|due| clock() >= due) {
@@ -652,6 +682,7 @@ impl EdgeEngine {
                     }
                     trained.sort_unstable();
                     reloaded = false;
+                    self.commit_ready(runs)?;
                     push_capped(&mut self.slices, SliceRecord { cycle: self.cycle, step, slice: k, trained });
                 }
                 Err(e) => {
@@ -724,6 +755,7 @@ impl EdgeEngine {
     }
 
     /// Merges the task's model into the pool, unloading idle models while the pool refuses.
+    /// A preload under way in the background is waited for and committed.
     fn ensure_resident(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
         let cycle = self.cycle;
         let Some(task) = self.tasks.get_mut(&t) else { return Ok(()) };
@@ -731,23 +763,38 @@ impl EdgeEngine {
         if task.resident.is_some() {
             return Ok(());
         }
-        let Some(model) = task.stash.take() else {
-            return Err(EngineError::Invalid(format!("task {} has no model", t.0)));
+        let mut prepared = match self.preparing.remove(&t) {
+            Some(handle) => {
+                if !handle.is_finished() {
+                    self.preload_stats.waited += 1;
+                }
+                self.preload_stats.claimed += 1;
+                join_prepared(handle)?
+            }
+            None => {
+                let Some(model) = task.stash.take() else {
+                    return Err(EngineError::Invalid(format!("task {} has no model", t.0)));
+                };
+                CoAdaptPool::prepare_load(&task.name, model)?
+            }
         };
-        let name = task.name.clone();
         loop {
-            match self.pool.load(&name, &model) {
+            match self.pool.commit_load(prepared) {
                 Ok(id) => {
                     if let Some(task) = self.tasks.get_mut(&t) {
                         task.resident = Some(id);
                     }
                     return Ok(());
                 }
-                Err(e) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
-                    OnRefusal::Evict(v) => self.unload_task(v)?,
+                Err(refused) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
+                    OnRefusal::Evict(v) => {
+                        self.unload_task(v)?;
+                        prepared = refused.1;
+                    }
                     OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => {
+                        let (e, back) = *refused;
                         if let Some(task) = self.tasks.get_mut(&t) {
-                            task.stash = Some(model);
+                            task.stash = Some(back.into_model());
                         }
                         return Err(e.into());
                     }
@@ -756,20 +803,76 @@ impl EdgeEngine {
         }
     }
 
+    /// Starts preparing a task's model for the pool on a background thread (copies of its
+    /// trainable tensors, hashes of its shared ones) while the current cycle computes.
+    fn start_preload(&mut self, t: TaskId) {
+        if self.preparing.contains_key(&t) {
+            return;
+        }
+        let Some(task) = self.tasks.get_mut(&t) else { return };
+        if task.resident.is_some() {
+            return;
+        }
+        let Some(model) = task.stash.take() else { return };
+        let name = task.name.clone();
+        self.preparing.insert(t, std::thread::spawn(move || CoAdaptPool::prepare_load(&name, model)));
+        self.preload_stats.started += 1;
+    }
+
+    /// Commits every background preparation that has finished (called between slices and steps):
+    /// the policy may unload a model outside `cycle` to make room; otherwise the model waits on the
+    /// host until its cycle merges it.
+    fn commit_ready(&mut self, cycle: &[TaskId]) -> Result<(), EngineError> {
+        let ready: Vec<TaskId> =
+            self.preparing.iter().filter(|(_, h)| h.is_finished()).map(|(t, _)| *t).collect();
+        for t in ready {
+            let Some(handle) = self.preparing.remove(&t) else { continue };
+            let mut prepared = join_prepared(handle)?;
+            let mut keep = cycle.to_vec();
+            keep.push(t);
+            loop {
+                match self.pool.commit_load(prepared) {
+                    Ok(id) => {
+                        if let Some(task) = self.tasks.get_mut(&t) {
+                            task.resident = Some(id);
+                            task.last_cycle = self.cycle;
+                        }
+                        self.preload_stats.committed += 1;
+                        break;
+                    }
+                    Err(refused) => match on_refusal(&self.residents(&keep), &Refused::Preload(t)) {
+                        OnRefusal::Evict(v) => {
+                            self.unload_task(v)?;
+                            prepared = refused.1;
+                        }
+                        OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => {
+                            if let Some(task) = self.tasks.get_mut(&t) {
+                                task.stash = Some(refused.1.into_model());
+                            }
+                            self.preload_stats.refused += 1;
+                            break;
+                        }
+                    },
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn drain(&mut self, now: Micros) -> Result<(), EngineError> {
         while let Some(a) = self.sched.poll_action() {
             match a {
                 SchedAction::RunEpoch { task } => self.queued.push(task),
                 SchedAction::Preload { .. } if !self.cfg.mechanisms.preload => {}
-                SchedAction::Preload { task, .. } => {
-                    let mut keep = self.queued.clone();
-                    keep.push(task);
-                    // Best effort: a refused preload is retried when the task's cycle starts.
-                    if let Err(e) = self.ensure_resident(task, &keep) {
-                        tracing::debug!(task = task.0, error = %e, "preload refused");
-                    }
-                }
+                // Best effort: a refused preload is merged when the task's cycle starts.
+                SchedAction::Preload { task, .. } => self.start_preload(task),
                 SchedAction::Complete { task, reached } => {
+                    if let Some(handle) = self.preparing.remove(&task)
+                        && let Some(t) = self.tasks.get_mut(&task)
+                    {
+                        t.stash = Some(join_prepared(handle)?.into_model());
+                        self.preload_stats.dropped += 1;
+                    }
                     let Some(mut t) = self.tasks.remove(&task) else { continue };
                     let model = match (t.resident.take(), t.stash.take()) {
                         (Some(id), _) => self.pool.unload(id)?,
@@ -792,6 +895,20 @@ impl EdgeEngine {
         }
         Ok(())
     }
+}
+
+impl Drop for EdgeEngine {
+    /// Waits for background preparations (they only copy and hash; none outlives the executor).
+    fn drop(&mut self) {
+        for (_, h) in std::mem::take(&mut self.preparing) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A background preparation's result.
+fn join_prepared(h: Preparing) -> Result<PreparedLoad, EngineError> {
+    h.join().map_err(|_| EngineError::Invalid("a preload thread panicked".into()))?.map_err(EngineError::from)
 }
 
 /// Appends `r`, dropping the oldest past [`RECORDS_KEPT`].

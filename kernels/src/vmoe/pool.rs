@@ -194,6 +194,37 @@ pub struct SliceReport {
     pub peak_used: u64,
 }
 
+/// A model made ready to merge off the pool's thread ([`CoAdaptPool::prepare_load`]): its own copy
+/// of the trainable tensors and the hash of every shared tensor. Committing it
+/// ([`CoAdaptPool::commit_load`]) only allocates and takes references.
+#[derive(Clone, Debug)]
+pub struct PreparedLoad {
+    name: String,
+    model: Box<VMoe>,
+    /// blake3 of each shared tensor's shape and bytes, in [`super::model::VMoeParams::tensors`] order.
+    keys: Vec<[u8; 32]>,
+}
+
+impl PreparedLoad {
+    /// The name it will be loaded under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Gives the model back (a refused commit keeps it on the host).
+    pub fn into_model(self) -> VMoe {
+        *self.model
+    }
+}
+
+/// A load's buffers, allocated and not yet committed.
+struct Staged {
+    keys: Vec<[u8; 32]>,
+    fresh: HashMap<[u8; 32], (Tensor, Allocation)>,
+    expert_allocs: Vec<Vec<Allocation>>,
+    projector_alloc: Allocation,
+}
+
 /// The merged models and their memory (see the module docs).
 pub struct CoAdaptPool {
     pool: MemoryPool,
@@ -274,18 +305,49 @@ impl CoAdaptPool {
 
     /// Merges `model` into the pool under `name`: shared tensors already present are reused (refcounted,
     /// same buffer), the rest and every expert and the projector are allocated. Refused (nothing
-    /// changes) when it does not fit.
+    /// changes) when it does not fit. The same as [`Self::prepare_load`] then [`Self::commit_load`].
     pub fn load(&mut self, name: &str, model: &VMoe) -> Result<ModelId, VMoeError> {
-        let mut model = model.clone();
+        self.commit_load(Self::prepare_load(name, model.clone())?).map_err(|b| b.0)
+    }
+
+    /// The part of a load that needs no pool: copies the trainable tensors (experts, projector,
+    /// head) into buffers of the model's own and hashes every shared tensor. Pure and `Send`, so a
+    /// background thread can run it while the pool computes (AdaSprite's preloading).
+    pub fn prepare_load(name: &str, mut model: VMoe) -> Result<PreparedLoad, VMoeError> {
+        let mut keys = Vec::new();
+        for (group, t) in model.params.tensors_mut() {
+            if group == ParamGroup::Shared {
+                keys.push(shared_key(t));
+            } else {
+                // Copy-on-write: a tensor still shared with the host copy gets its own buffer.
+                t.f32_mut()?;
+            }
+        }
+        Ok(PreparedLoad { name: name.to_string(), model: Box::new(model), keys })
+    }
+
+    /// Merges a prepared model (see [`Self::load`]); refused, with the prepared model handed back
+    /// and nothing changed, when it does not fit.
+    pub fn commit_load(&mut self, prepared: PreparedLoad) -> Result<ModelId, Box<(VMoeError, PreparedLoad)>> {
+        match self.commit_inner(&prepared) {
+            Ok(staged) => {
+                let PreparedLoad { name, model, .. } = prepared;
+                Ok(self.commit_apply(name, *model, staged))
+            }
+            Err(e) => Err(Box::new((e, prepared))),
+        }
+    }
+
+    /// Allocates a prepared model's buffers (all or none).
+    fn commit_inner(&mut self, prepared: &PreparedLoad) -> Result<Staged, VMoeError> {
+        let model = &prepared.model;
         let mut taken = Vec::new();
         // Shared tensors: new ones are allocated first; refs are only taken once everything fits.
         let mut keys = Vec::new();
         let mut fresh: HashMap<[u8; 32], (Tensor, Allocation)> = HashMap::new();
-        for (group, t) in model.params.tensors() {
-            if group != ParamGroup::Shared {
-                continue;
-            }
-            let mut key = shared_key(t);
+        let shared = model.params.tensors().into_iter().filter(|(g, _)| *g == ParamGroup::Shared);
+        for ((_, t), prepared_key) in shared.zip(&prepared.keys) {
+            let mut key = *prepared_key;
             if !self.share {
                 // Unshared: the key names this model, so nothing is found from another one.
                 key = *blake3::Hasher::new()
@@ -315,6 +377,12 @@ impl CoAdaptPool {
             expert_allocs.push(row);
         }
         let projector_alloc = self.alloc((c.projector_params() * 4) as u64, &mut taken)?;
+        Ok(Staged { keys, fresh, expert_allocs, projector_alloc })
+    }
+
+    /// Takes references and registers a model whose buffers [`Self::commit_inner`] allocated.
+    fn commit_apply(&mut self, name: String, mut model: VMoe, staged: Staged) -> ModelId {
+        let Staged { keys, fresh, expert_allocs, projector_alloc } = staged;
         // Everything fits: commit.
         for (key, (tensor, alloc)) in fresh {
             self.shared.insert(key, SharedEntry { tensor, alloc, refs: 0 });
@@ -333,17 +401,10 @@ impl CoAdaptPool {
         self.next_id += 1;
         self.models.insert(
             id,
-            Pooled {
-                name: name.to_string(),
-                model,
-                shared_keys: keys,
-                expert_allocs,
-                projector_alloc,
-                trainer: None,
-            },
+            Pooled { name, model, shared_keys: keys, expert_allocs, projector_alloc, trainer: None },
         );
         self.sample("load");
-        Ok(id)
+        id
     }
 
     /// Removes a model, freeing its experts, projector, optimiser state and any shared tensor no other

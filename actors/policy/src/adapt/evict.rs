@@ -8,7 +8,8 @@
 //! too fragmented for the cycle's own models to fit together; it is reloaded before it runs);
 //! else, once per refused slice, reload one of the slice's own models (unloading and merging it
 //! back packs its buffers into the free space, which undoes fragmentation; its optimiser state
-//! starts over); else give up. Ties go to the lower task id, so the choice is deterministic.
+//! starts over); else give up. A preload merged while a cycle runs may only unload models outside
+//! the cycle; otherwise it waits on the host. Ties go to the lower task id, so the choice is deterministic.
 
 use super::TaskId;
 
@@ -28,6 +29,8 @@ pub struct Resident {
 pub enum Refused<'a> {
     /// Loading this task's model or allocating its optimiser state.
     Load(TaskId),
+    /// Merging this task's preloaded model while a cycle runs: only models outside the cycle may go.
+    Preload(TaskId),
     /// A slice over these tasks with this many experts.
     Slice {
         /// The tasks whose experts are in the slice (they must stay resident).
@@ -55,7 +58,7 @@ pub enum OnRefusal {
 /// Decides (see the module doc).
 pub fn on_refusal(resident: &[Resident], refused: &Refused<'_>) -> OnRefusal {
     let needed = |t: TaskId| match refused {
-        Refused::Load(n) => *n == t,
+        Refused::Load(n) | Refused::Preload(n) => *n == t,
         Refused::Slice { tasks, .. } => tasks.contains(&t),
     };
     let idlest = |outside_cycle: bool| {
@@ -67,6 +70,9 @@ pub fn on_refusal(resident: &[Resident], refused: &Refused<'_>) -> OnRefusal {
     };
     if let Some(t) = idlest(true) {
         return OnRefusal::Evict(t);
+    }
+    if matches!(refused, Refused::Preload(_)) {
+        return OnRefusal::GiveUp;
     }
     if let Refused::Slice { experts, .. } = refused
         && *experts > 1
@@ -135,5 +141,13 @@ mod tests {
         assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(1))), OnRefusal::Evict(TaskId(0)));
         assert_eq!(on_refusal(&[r(0, 7, true)], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
         assert_eq!(on_refusal(&[], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
+    }
+
+    #[test]
+    fn a_preload_never_unloads_a_model_of_the_running_cycle() {
+        let rs = [r(0, 1, true), r(1, 9, false), r(2, 0, true)];
+        assert_eq!(on_refusal(&rs, &Refused::Preload(TaskId(5))), OnRefusal::Evict(TaskId(1)));
+        assert_eq!(on_refusal(&rs[..1], &Refused::Preload(TaskId(5))), OnRefusal::GiveUp);
+        assert_eq!(on_refusal(&[r(2, 0, true)], &Refused::Preload(TaskId(5))), OnRefusal::GiveUp);
     }
 }
