@@ -16,6 +16,10 @@
 //! the pool's free bytes, `M_tmp` from the estimator fitted on this pool's measurements, and each
 //! slice runs as one [`CoAdaptPool::train_slice`] (its experts train, the rest are frozen). Off,
 //! each member takes a whole-model step in turn, as before.
+//!
+//! With [`Mechanisms::preload`] on, a scheduler's `Preload` starts [`CoAdaptPool::prepare_load`]
+//! (copies and hashes) on a background thread; the result is committed into the pool between
+//! slices and steps, or claimed by the task's own cycle when it starts first.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -80,11 +84,16 @@ impl SchedulerChoice {
 pub struct Mechanisms {
     /// Knapsack grouping: which experts' training steps share a time slice under the pool budget.
     pub grouping: bool,
-    /// Fill-clamp-refill: how many threads each expert of a slice gets.
+    /// Fill-clamp-refill: how many threads each expert of a slice gets. Not carried out yet: the
+    /// CPU kernels run one model's step on one thread, so this switch changes nothing today.
     pub threads: bool,
-    /// The reuse cache of expert outputs under a byte budget, backed by disk.
+    /// The reuse cache of expert outputs under a byte budget, backed by disk. Not carried out yet
+    /// (it needs a forward pass that starts from cached stem outputs, in the model being reworked
+    /// for attention); this switch changes nothing today.
     pub reuse: bool,
-    /// Preloading the next task's models while the current one computes.
+    /// Preloading the next task's models on a background thread while the current one computes,
+    /// merged into the pool between slices and steps. Off, `Preload` actions are ignored and a model
+    /// is merged synchronously when its cycle starts.
     pub preload: bool,
 }
 
