@@ -227,3 +227,57 @@ fn preloads_are_prepared_in_the_background_and_every_one_is_accounted_for() {
         assert!(eng.pool().peak_used() <= budget);
     }
 }
+
+#[test]
+fn each_experts_threads_are_fill_clamp_refills() {
+    use troupe_policy::adapt::threads::{block_profiles, fill_clamp_refill};
+    let f = fixture(2, 128);
+    let c = f.student.config;
+    let budget = reserved_bytes(&[c], 32) + 2 * task_footprint(&c);
+    for threads in [true, false] {
+        let mechanisms = if threads { Mechanisms::ALL } else { Mechanisms::ALL.without("threads").unwrap() };
+        // Eight threads (more than the cores here: the split is what is checked, not speed).
+        let cfg = EngineConfig {
+            budget,
+            seats: 2,
+            steps_per_epoch: 2,
+            max_epochs: 2,
+            mechanisms,
+            threads: 8,
+            ..EngineConfig::default()
+        };
+        let mut eng = EdgeEngine::new(cfg, &[c]).unwrap();
+        for i in 0..f.jobs.len() {
+            eng.submit(Micros(0), job(&f, i)).unwrap();
+        }
+        let clock = logical_clock();
+        for _ in 0..1000 {
+            if !eng.busy() {
+                break;
+            }
+            eng.run_cycle(&clock).unwrap();
+            eng.take_finished();
+        }
+        let records = eng.thread_records();
+        if !threads {
+            assert!(records.is_empty());
+            continue;
+        }
+        // Forward and backward of every block of every model step.
+        assert!(records.len() >= 2 * c.blocks, "{} splits", records.len());
+        let total = eng.threads_total();
+        assert_eq!(total, 8);
+        // Some expert got more than one thread (the split is not the trivial one).
+        assert!(records.iter().any(|r| r.split.iter().any(|&t| t > 1)));
+        for r in records {
+            assert_eq!(r.total, total);
+            assert_eq!(r.rows.len(), c.experts);
+            // Recompute fill-clamp-refill over the experts that had rows.
+            let active: Vec<_> = block_profiles(&r.rows, 1.0).into_iter().filter(|p| p.tokens > 0).collect();
+            let want = fill_clamp_refill(&active, total.max(active.len() as u32)).unwrap();
+            let got: Vec<u32> = r.split.iter().copied().filter(|&t| t > 0).collect();
+            assert_eq!(got, want.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), "{r:?}");
+            assert!(r.rows.iter().zip(&r.split).all(|(&n, &t)| (n == 0) == (t == 0)), "{r:?}");
+        }
+    }
+}

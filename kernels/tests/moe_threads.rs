@@ -7,14 +7,16 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use troupe_kernels::Tensor;
-use troupe_kernels::ops::{ExpertParams, moe_ffn_backward, moe_ffn_forward, top_k_route, with_expert_threads};
+use troupe_kernels::ops::{
+    ExpertParams, moe_ffn_backward, moe_ffn_forward, top_k_route, with_expert_threads,
+};
 
 fn vals(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 500.0 - 1.0) * scale).collect()
 }
 
 fn t(v: Vec<f32>, s: &[usize]) -> Tensor {
-    Tensor::from_f32(s, v).unwrap()
+    Tensor::from_f32(s, v).expect("valid test input")
 }
 
 #[test]

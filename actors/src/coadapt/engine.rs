@@ -21,13 +21,16 @@
 //! (copies and hashes) on a background thread; the result is committed into the pool between
 //! slices and steps, or claimed by the task's own cycle when it starts first.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use troupe_kernels::Tensor;
+use troupe_kernels::ops::with_expert_threads;
 use troupe_kernels::vmoe::pool::{PreparedLoad, SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
@@ -37,6 +40,7 @@ use troupe_policy::adapt::evict::{OnRefusal, Refused, Resident, on_refusal};
 use troupe_policy::adapt::memory::{ExpertShape, MemoryModel, MemorySample};
 use troupe_policy::adapt::plan::{PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices};
 use troupe_policy::adapt::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec};
+use troupe_policy::adapt::threads::block_threads;
 use troupe_policy::adapt::twin::{TwinBufferScheduler, TwinConfig};
 use troupe_policy::adapt::{ExpertId, ModelId, TaskId};
 
@@ -84,8 +88,9 @@ impl SchedulerChoice {
 pub struct Mechanisms {
     /// Knapsack grouping: which experts' training steps share a time slice under the pool budget.
     pub grouping: bool,
-    /// Fill-clamp-refill: how many threads each expert of a slice gets. Not carried out yet: the
-    /// CPU kernels run one model's step on one thread, so this switch changes nothing today.
+    /// Fill-clamp-refill: how many threads each expert gets. On, the experts of every block run
+    /// concurrently, each on the threads the policy gives it from its routed rows; off, one after
+    /// another on the executor's thread.
     pub threads: bool,
     /// The reuse cache of expert outputs under a byte budget, backed by disk. Not carried out yet
     /// (it needs a forward pass that starts from cached stem outputs, in the model being reworked
@@ -151,6 +156,9 @@ pub struct EngineConfig {
     pub max_tasks: usize,
     /// Which of AdaSprite's mechanisms run.
     pub mechanisms: Mechanisms,
+    /// Threads the experts of a block share when [`Mechanisms::threads`] is on (0: this machine's
+    /// parallelism).
+    pub threads: usize,
     /// Whether the models' identical frozen parts are stored once in the pool (merging) or each task
     /// holds its own copy (isolated adaptation).
     pub share_backbone: bool,
@@ -171,6 +179,7 @@ impl Default for EngineConfig {
             seed: 7,
             max_tasks: 64,
             mechanisms: Mechanisms::ALL,
+            threads: 0,
             share_backbone: true,
         }
     }
@@ -256,6 +265,19 @@ pub struct PlanRecord {
     pub plan: SlicePlan,
 }
 
+/// The thread split of one block's experts in one forward or backward pass (threads on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadRecord {
+    /// The cycle.
+    pub cycle: u64,
+    /// Rows (routed tokens) of each expert of the block.
+    pub rows: Vec<usize>,
+    /// Threads the executor had.
+    pub total: u32,
+    /// Threads each expert ran on (what the kernels used; 0 for an expert without rows).
+    pub split: Vec<u32>,
+}
+
 /// What the background preloading did (preload on).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PreloadStats {
@@ -330,6 +352,8 @@ pub struct EdgeEngine {
     estimator: Option<MemoryModel>,
     preparing: BTreeMap<TaskId, Preparing>,
     preload_stats: PreloadStats,
+    threads_total: u32,
+    thread_log: VecDeque<ThreadRecord>,
     plans: VecDeque<PlanRecord>,
     slices: VecDeque<SliceRecord>,
 }
@@ -390,6 +414,11 @@ impl EdgeEngine {
             estimator: None,
             preparing: BTreeMap::new(),
             preload_stats: PreloadStats::default(),
+            threads_total: match cfg.threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                n => u32::try_from(n).unwrap_or(u32::MAX),
+            },
+            thread_log: VecDeque::new(),
             plans: VecDeque::new(),
             slices: VecDeque::new(),
         })
@@ -428,6 +457,16 @@ impl EdgeEngine {
     /// The newest slices run (grouping on), oldest first, at most [`RECORDS_KEPT`].
     pub fn slice_records(&self) -> &VecDeque<SliceRecord> {
         &self.slices
+    }
+
+    /// The newest expert thread splits (threads on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn thread_records(&self) -> &VecDeque<ThreadRecord> {
+        &self.thread_log
+    }
+
+    /// Threads the executor gives the experts of a block (this machine's parallelism).
+    pub fn threads_total(&self) -> u32 {
+        self.threads_total
     }
 
     /// What the background preloading did so far.
@@ -565,7 +604,12 @@ impl EdgeEngine {
         };
         let (mut id, mut reloaded) = (id, false);
         loop {
-            match self.pool.adapt_step(id, &images, &labels, self.cfg.lr) {
+            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
+            let lr = self.cfg.lr;
+            let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
+                p.adapt_step(id, &images, &labels, lr)
+            });
+            match result {
                 Ok(_) => {
                     self.steps += 1;
                     return Ok(());
@@ -675,7 +719,12 @@ impl EdgeEngine {
                 };
                 parts.push(SliceTask { model: id, images: x, labels: y, experts: ex });
             }
-            match self.pool.train_slice(&parts, self.cfg.lr) {
+            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
+            let lr = self.cfg.lr;
+            let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
+                p.train_slice(&parts, lr)
+            });
+            match result {
                 Ok(report) => {
                     let mut trained = Vec::new();
                     for ((t, _), m) in by_task.iter().zip(&report.models) {
@@ -913,6 +962,31 @@ impl Drop for EdgeEngine {
             let _ = h.join();
         }
     }
+}
+
+/// Runs `f` on the pool with, when `threads` is set, the policy's fill-clamp-refill
+/// ([`block_threads`]) deciding the threads of every block's experts, and logs each split.
+fn run_planned<R>(
+    pool: &mut CoAdaptPool,
+    threads: Option<u32>,
+    log: &mut VecDeque<ThreadRecord>,
+    cycle: u64,
+    f: impl FnOnce(&mut CoAdaptPool) -> R,
+) -> R {
+    let Some(total) = threads else { return f(pool) };
+    let seen: Rc<RefCell<Vec<ThreadRecord>>> = Rc::default();
+    let sink = Rc::clone(&seen);
+    let planner = Rc::new(move |rows: &[usize]| {
+        // The experts of a block share one shape, so any positive per-row time gives this split.
+        let (split, _) = block_threads(rows, 1.0, total);
+        sink.borrow_mut().push(ThreadRecord { cycle, rows: rows.to_vec(), total, split: split.clone() });
+        split
+    });
+    let out = with_expert_threads(planner, || f(pool));
+    for r in seen.take() {
+        push_capped(log, r);
+    }
+    out
 }
 
 /// A background preparation's result.

@@ -290,7 +290,9 @@ pub(crate) fn backward_with(
     let rows: Vec<usize> = cache.experts.iter().map(|c| c.tokens.len()).collect();
     let plan = if k.threaded() { planned_threads(&rows)? } else { None };
     let mut threaded = match plan {
-        Some(threads) => Some(experts_backward_threaded(experts, &cache.experts, &d_os, &threads, d)?.into_iter()),
+        Some(threads) => {
+            Some(experts_backward_threaded(experts, &cache.experts, &d_os, &threads, d)?.into_iter())
+        }
         None => None,
     };
     for ((p, c), d_o) in experts.iter().zip(&cache.experts).zip(&d_os) {
@@ -349,7 +351,10 @@ fn planned_threads(rows: &[usize]) -> Result<Option<Vec<usize>>> {
     let Some(planner) = PLANNER.with(|p| p.borrow().clone()) else { return Ok(None) };
     let plan = planner(rows);
     if plan.len() != rows.len() {
-        return Err(KernelError::shape("moe expert threads", format!("{} entries for {} experts", plan.len(), rows.len())));
+        return Err(KernelError::shape(
+            "moe expert threads",
+            format!("{} entries for {} experts", plan.len(), rows.len()),
+        ));
     }
     Ok(Some(rows.iter().zip(plan).map(|(&n, t)| if n == 0 { 0 } else { (t as usize).clamp(1, n) }).collect()))
 }
@@ -368,6 +373,9 @@ fn chunks(n: usize, k: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// One expert's forward outputs `(h, a, o)`, as in [`ExpertCache`].
+type ExpertOutputs = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// The CPU expert forward of every expert, each on its planned threads: `(h, a, o)` per expert.
 fn experts_forward_threaded(
     experts: &[ExpertParams],
@@ -375,7 +383,7 @@ fn experts_forward_threaded(
     rows: &[usize],
     threads: &[usize],
     d: usize,
-) -> Result<Vec<(Vec<f32>, Vec<f32>, Vec<f32>)>> {
+) -> Result<Vec<ExpertOutputs>> {
     let hd: Vec<usize> = experts.iter().map(|p| p.dims().map(|(_, h)| h)).collect::<Result<_>>()?;
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(experts.len());
@@ -396,7 +404,8 @@ fn experts_forward_threaded(
             .map(|(e, parts)| {
                 let (mut h, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
                 for part in parts {
-                    let (ph, pa, po) = part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
+                    let (ph, pa, po) =
+                        part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
                     h.extend(ph);
                     a.extend(pa);
                     o.extend(po);
