@@ -21,28 +21,33 @@
 //! (copies and hashes) on a background thread; the result is committed into the pool between
 //! slices and steps, or claimed by the task's own cycle when it starts first.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
-use std::rc::Rc;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
-use troupe_kernels::Tensor;
-use troupe_kernels::ops::with_expert_threads;
-use troupe_kernels::vmoe::pool::{PreparedLoad, SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
+use troupe_kernels::vmoe::pool::step_plan;
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
 use troupe_policy::Micros;
 use troupe_policy::adapt::baselines::QueueScheduler;
 use troupe_policy::adapt::evict::{OnRefusal, Refused, Resident, on_refusal};
-use troupe_policy::adapt::memory::{ExpertShape, MemoryModel, MemorySample};
-use troupe_policy::adapt::plan::{PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices};
+use troupe_policy::adapt::memory::MemoryModel;
 use troupe_policy::adapt::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec};
-use troupe_policy::adapt::threads::block_threads;
 use troupe_policy::adapt::twin::{TwinBufferScheduler, TwinConfig};
 use troupe_policy::adapt::{ExpertId, ModelId, TaskId};
+
+mod preload;
+mod slices;
+
+pub use preload::PreloadStats;
+use preload::{Preparing, join_prepared};
+use slices::run_planned;
+pub use slices::{
+    EXPERT_ID_STRIDE, PLAN_ETA_PER_SEC, PlanRecord, RECORDS_KEPT, SliceRecord, ThreadRecord, expert_id,
+    expert_of,
+};
 
 /// Which scheduler the edge runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,83 +245,6 @@ pub struct Finished {
     pub done: Micros,
 }
 
-/// One time slice the executor ran (grouping on).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SliceRecord {
-    /// The cycle.
-    pub cycle: u64,
-    /// The step within the cycle's epoch.
-    pub step: usize,
-    /// Index of the planned slice it carried out (a refused slice split in two gives two records
-    /// with the same index).
-    pub slice: usize,
-    /// `(task, block, expert)` whose weights the pool's optimiser updated, ascending.
-    pub trained: Vec<(TaskId, usize, usize)>,
-}
-
-/// The slice plan of one step (grouping on), as the policy made it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PlanRecord {
-    /// The cycle.
-    pub cycle: u64,
-    /// The step within the cycle's epoch.
-    pub step: usize,
-    /// The plan, with everything it was computed from.
-    pub plan: SlicePlan,
-}
-
-/// The thread split of one block's experts in one forward or backward pass (threads on).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ThreadRecord {
-    /// The cycle.
-    pub cycle: u64,
-    /// Rows (routed tokens) of each expert of the block.
-    pub rows: Vec<usize>,
-    /// Threads the executor had.
-    pub total: u32,
-    /// Threads each expert ran on (what the kernels used; 0 for an expert without rows).
-    pub split: Vec<u32>,
-}
-
-/// What the background preloading did (preload on).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PreloadStats {
-    /// Preparations started on a background thread.
-    pub started: u64,
-    /// Of them, merged into the pool between slices or steps while another task computed.
-    pub committed: u64,
-    /// Of them, left on the host because the pool had no room outside the running cycle.
-    pub refused: u64,
-    /// Of them, taken by the task's own cycle before a commit point merged them.
-    pub claimed: u64,
-    /// Of them, dropped because the task completed first.
-    pub dropped: u64,
-    /// Times a cycle had to wait for a preparation still running.
-    pub waited: u64,
-}
-
-/// A model being prepared on a background thread.
-type Preparing = std::thread::JoinHandle<Result<PreparedLoad, VMoeError>>;
-
-/// Most [`SliceRecord`]s and [`PlanRecord`]s kept (the newest).
-pub const RECORDS_KEPT: usize = 4096;
-
-/// Experts of one task per [`ExpertId`] block: `ExpertId(task * EXPERT_ID_STRIDE + b * experts + e)`.
-pub const EXPERT_ID_STRIDE: u32 = 1024;
-
-/// The pool-wide expert id of `(block, expert)` of `task`.
-pub fn expert_id(task: TaskId, c: &VMoeConfig, block: usize, expert: usize) -> ExpertId {
-    ExpertId(task.0 * EXPERT_ID_STRIDE + (block * c.experts + expert) as u32)
-}
-
-/// `(task, block, expert)` of a pool-wide expert id made by [`expert_id`].
-pub fn expert_of(id: ExpertId, c: &VMoeConfig) -> (TaskId, usize, usize) {
-    let local = (id.0 % EXPERT_ID_STRIDE) as usize;
-    (TaskId(id.0 / EXPERT_ID_STRIDE), local / c.experts, local % c.experts)
-}
-
-/// The knapsack's `η` (per second of expert lifespan) the executor plans with.
-pub const PLAN_ETA_PER_SEC: f64 = 0.01;
 /// Lifespan assumed for an expert before its task has been measured, in microseconds.
 const DEFAULT_EXPERT_US: u64 = 1000;
 
@@ -631,145 +559,6 @@ impl EdgeEngine {
         }
     }
 
-    /// Refits the `M_tmp` estimator on the pool's temporary-memory measurements.
-    fn refit_estimator(&mut self) {
-        let samples: Vec<MemorySample> = self
-            .pool
-            .tmp_samples()
-            .iter()
-            .rev()
-            .take(troupe_policy::adapt::memory::MAX_FIT_SAMPLES)
-            .map(|s| MemorySample {
-                shape: ExpertShape { tokens: s.tokens as u64, d_k: s.dim as u64 },
-                measured_bytes: s.bytes as f64,
-            })
-            .collect();
-        self.estimator = fit_estimator(&samples);
-    }
-
-    /// One step of every cycle member, its experts grouped into time slices by the policy's
-    /// knapsack ([`plan_slices`]); each slice runs on the pool as one [`CoAdaptPool::train_slice`].
-    fn grouped_step(&mut self, runs: &[TaskId], step: usize) -> Result<(), EngineError> {
-        for t in runs {
-            self.ensure_resident(*t, runs)?;
-            self.ensure_trainer(*t, runs)?;
-        }
-        // One batch per task for the whole step, whichever slices its experts land in.
-        let mut batches: BTreeMap<TaskId, (Tensor, Vec<usize>)> = BTreeMap::new();
-        let mut experts = Vec::new();
-        let mut workspace = 0u64;
-        for t in runs {
-            let Some(task) = self.tasks.get(t) else { continue };
-            let n = task.train.len();
-            let b = self.cfg.batch.min(n);
-            let idx = sample(&mut self.rng, n, b).into_vec();
-            let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
-            batches.insert(*t, (task.train.batch(&idx)?, labels));
-            let c = task.config;
-            let tokens = b * c.tokens_per_image();
-            let cap = c.capacity(tokens).min(tokens);
-            let dense: Vec<_> = step_plan(&c, b).into_iter().filter(|(w, _)| *w != "expert tmp").collect();
-            workspace = workspace.max(plan_bytes(&dense, 256));
-            for block in 0..c.blocks {
-                for e in 0..c.experts {
-                    experts.push(PlanExpert {
-                        task: *t,
-                        expert: expert_id(*t, &c, block, e),
-                        shape: ExpertShape { tokens: cap as u64, d_k: c.dim as u64 },
-                        bound_bytes: expert_tmp_bytes(&c, cap),
-                        lifespan: Micros(task.expert_us),
-                    });
-                }
-            }
-        }
-        let memory = PlanMemory {
-            free_bytes: self.pool.stats().free,
-            workspace_bytes: workspace,
-            align: 256,
-            eta_per_sec: PLAN_ETA_PER_SEC,
-        };
-        let seed = self.cfg.seed ^ (self.cycle << 16) ^ step as u64;
-        let plan = plan_slices(&experts, self.estimator.as_ref(), memory, seed);
-        let mut work: VecDeque<(usize, Vec<ExpertId>)> = plan.slices.iter().cloned().enumerate().collect();
-        push_capped(&mut self.plans, PlanRecord { cycle: self.cycle, step, plan });
-        let mut stepped: Vec<TaskId> = Vec::new();
-        let mut reloaded = false;
-        while let Some((k, slice)) = work.pop_front() {
-            let mut by_task: Vec<(TaskId, Vec<(usize, usize)>)> = Vec::new();
-            for id in &slice {
-                let t = TaskId(id.0 / EXPERT_ID_STRIDE);
-                let Some(task) = self.tasks.get(&t) else { continue };
-                let (_, b, e) = expert_of(*id, &task.config);
-                match by_task.iter_mut().find(|(x, _)| *x == t) {
-                    Some((_, v)) => v.push((b, e)),
-                    None => by_task.push((t, vec![(b, e)])),
-                }
-            }
-            let members: Vec<TaskId> = by_task.iter().map(|(t, _)| *t).collect();
-            // A member may have been unloaded to let an earlier slice run (fragmentation).
-            for t in &members {
-                self.ensure_resident(*t, runs)?;
-                self.ensure_trainer(*t, runs)?;
-            }
-            let mut parts = Vec::with_capacity(by_task.len());
-            for (t, ex) in &by_task {
-                let (Some(id), Some((x, y))) = (self.tasks.get(t).and_then(|l| l.resident), batches.get(t))
-                else {
-                    return Err(EngineError::Invalid(format!("task {} is not resident", t.0)));
-                };
-                parts.push(SliceTask { model: id, images: x, labels: y, experts: ex });
-            }
-            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
-            let lr = self.cfg.lr;
-            let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
-                p.train_slice(&parts, lr)
-            });
-            match result {
-                Ok(report) => {
-                    let mut trained = Vec::new();
-                    for ((t, _), m) in by_task.iter().zip(&report.models) {
-                        trained.extend(m.trained.iter().map(|&(b, e)| (*t, b, e)));
-                        if let Some(task) = self.tasks.get_mut(t)
-                            && !m.trained.is_empty()
-                        {
-                            task.expert_us = (m.elapsed_us / m.trained.len() as u64).max(1);
-                        }
-                        if !stepped.contains(t) {
-                            stepped.push(*t);
-                        }
-                    }
-                    trained.sort_unstable();
-                    reloaded = false;
-                    self.commit_ready(runs)?;
-                    push_capped(&mut self.slices, SliceRecord { cycle: self.cycle, step, slice: k, trained });
-                }
-                Err(e) => {
-                    let refused = Refused::Slice { tasks: &members, experts: slice.len(), reloaded };
-                    match on_refusal(&self.residents(runs), &refused) {
-                        OnRefusal::Evict(v) => {
-                            self.unload_task(v)?;
-                            work.push_front((k, slice));
-                        }
-                        OnRefusal::Reload(v) => {
-                            // Merged back in (and its optimiser state) at the top of the loop.
-                            self.unload_task(v)?;
-                            reloaded = true;
-                            work.push_front((k, slice));
-                        }
-                        OnRefusal::Split => {
-                            let (a, b) = slice.split_at(slice.len() / 2);
-                            work.push_front((k, b.to_vec()));
-                            work.push_front((k, a.to_vec()));
-                        }
-                        OnRefusal::GiveUp => return Err(e.into()),
-                    }
-                }
-            }
-        }
-        self.steps += stepped.len() as u64;
-        Ok(())
-    }
-
     /// Allocates the task's optimiser state, unloading models as the policy decides while refused.
     fn ensure_trainer(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
         loop {
@@ -861,62 +650,6 @@ impl EdgeEngine {
         }
     }
 
-    /// Starts preparing a task's model for the pool on a background thread (copies of its
-    /// trainable tensors, hashes of its shared ones) while the current cycle computes.
-    fn start_preload(&mut self, t: TaskId) {
-        if self.preparing.contains_key(&t) {
-            return;
-        }
-        let Some(task) = self.tasks.get_mut(&t) else { return };
-        if task.resident.is_some() {
-            return;
-        }
-        let Some(model) = task.stash.take() else { return };
-        let name = task.name.clone();
-        self.preparing.insert(t, std::thread::spawn(move || CoAdaptPool::prepare_load(&name, model)));
-        self.preload_stats.started += 1;
-    }
-
-    /// Commits every background preparation that has finished (called between slices and steps):
-    /// the policy may unload a model outside `cycle` to make room; otherwise the model waits on the
-    /// host until its cycle merges it.
-    fn commit_ready(&mut self, cycle: &[TaskId]) -> Result<(), EngineError> {
-        let ready: Vec<TaskId> =
-            self.preparing.iter().filter(|(_, h)| h.is_finished()).map(|(t, _)| *t).collect();
-        for t in ready {
-            let Some(handle) = self.preparing.remove(&t) else { continue };
-            let mut prepared = join_prepared(handle)?;
-            let mut keep = cycle.to_vec();
-            keep.push(t);
-            loop {
-                match self.pool.commit_load(prepared) {
-                    Ok(id) => {
-                        if let Some(task) = self.tasks.get_mut(&t) {
-                            task.resident = Some(id);
-                            task.last_cycle = self.cycle;
-                        }
-                        self.preload_stats.committed += 1;
-                        break;
-                    }
-                    Err(refused) => match on_refusal(&self.residents(&keep), &Refused::Preload(t)) {
-                        OnRefusal::Evict(v) => {
-                            self.unload_task(v)?;
-                            prepared = refused.1;
-                        }
-                        OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => {
-                            if let Some(task) = self.tasks.get_mut(&t) {
-                                task.stash = Some(refused.1.into_model());
-                            }
-                            self.preload_stats.refused += 1;
-                            break;
-                        }
-                    },
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn drain(&mut self, now: Micros) -> Result<(), EngineError> {
         while let Some(a) = self.sched.poll_action() {
             match a {
@@ -953,51 +686,4 @@ impl EdgeEngine {
         }
         Ok(())
     }
-}
-
-impl Drop for EdgeEngine {
-    /// Waits for background preparations (they only copy and hash; none outlives the executor).
-    fn drop(&mut self) {
-        for (_, h) in std::mem::take(&mut self.preparing) {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Runs `f` on the pool with, when `threads` is set, the policy's fill-clamp-refill
-/// ([`block_threads`]) deciding the threads of every block's experts, and logs each split.
-fn run_planned<R>(
-    pool: &mut CoAdaptPool,
-    threads: Option<u32>,
-    log: &mut VecDeque<ThreadRecord>,
-    cycle: u64,
-    f: impl FnOnce(&mut CoAdaptPool) -> R,
-) -> R {
-    let Some(total) = threads else { return f(pool) };
-    let seen: Rc<RefCell<Vec<ThreadRecord>>> = Rc::default();
-    let sink = Rc::clone(&seen);
-    let planner = Rc::new(move |rows: &[usize]| {
-        // The experts of a block share one shape, so any positive per-row time gives this split.
-        let (split, _) = block_threads(rows, 1.0, total);
-        sink.borrow_mut().push(ThreadRecord { cycle, rows: rows.to_vec(), total, split: split.clone() });
-        split
-    });
-    let out = with_expert_threads(planner, || f(pool));
-    for r in seen.take() {
-        push_capped(log, r);
-    }
-    out
-}
-
-/// A background preparation's result.
-fn join_prepared(h: Preparing) -> Result<PreparedLoad, EngineError> {
-    h.join().map_err(|_| EngineError::Invalid("a preload thread panicked".into()))?.map_err(EngineError::from)
-}
-
-/// Appends `r`, dropping the oldest past [`RECORDS_KEPT`].
-fn push_capped<T>(q: &mut VecDeque<T>, r: T) {
-    if q.len() == RECORDS_KEPT {
-        q.pop_front();
-    }
-    q.push_back(r);
 }
