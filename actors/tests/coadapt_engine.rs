@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use troupe_actors::coadapt::engine::{
-    AdaptJob, EdgeEngine, EngineConfig, SchedulerChoice, reserved_bytes, task_footprint,
+    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, task_footprint,
 };
 use troupe_actors::coadapt::{digits, zoo_student, zoo_teacher};
 use troupe_kernels::drift::{CameraStream, DriftSchedule};
@@ -37,7 +37,8 @@ fn every_scheduler_finishes_within_the_budget_and_ours_gains() {
         })
         .collect();
     let budget = reserved_bytes(&[student.config], 32) + 2 * task_footprint(&student.config);
-    for choice in SchedulerChoice::ALL {
+    let grouped = [Mechanisms::ALL, Mechanisms::ALL.without("grouping").unwrap()];
+    for (choice, mechanisms) in SchedulerChoice::ALL.into_iter().flat_map(|c| grouped.map(|m| (c, m))) {
         let cfg = EngineConfig {
             budget,
             scheduler: choice,
@@ -45,6 +46,7 @@ fn every_scheduler_finishes_within_the_budget_and_ours_gains() {
             steps_per_epoch: 1,
             max_epochs: 60,
             target_gain: TARGET_GAIN,
+            mechanisms,
             ..EngineConfig::default()
         };
         let mut eng = EdgeEngine::new(cfg, &[student.config]).unwrap();
@@ -78,15 +80,24 @@ fn every_scheduler_finishes_within_the_budget_and_ours_gains() {
         let pool = eng.pool();
         assert!(pool.peak_used() <= budget, "{}: peak {} > budget {budget}", choice.name(), pool.peak_used());
         assert!(pool.fragmentation_samples().iter().all(|s| s.used <= budget));
-        // Four tasks, room for two: rotating schedulers had to unload models and merge them back
-        // in (FIFO runs two to completion, then the other two).
+        // Four tasks, room for two whole-model steps: rotating schedulers had to unload models and
+        // merge them back in (FIFO runs two to completion, then the other two).
+        // Grouping splits a step into more slices than the cycle has tasks instead.
+        let most_slices = eng.plan_records().iter().map(|p| p.plan.slices.len()).max().unwrap_or(0);
         if matches!(choice, SchedulerChoice::Twin | SchedulerChoice::RoundRobin) {
-            assert!(eng.evictions() > 0, "{}: no memory pressure", choice.name());
+            assert!(
+                eng.evictions() > 0 || most_slices > cfg.seats,
+                "{} (grouping {}): no memory pressure",
+                choice.name(),
+                mechanisms.grouping
+            );
         }
+        assert_eq!(mechanisms.grouping, !eng.plan_records().is_empty());
         for f in &done {
             println!(
-                "{} {}: {:.3} -> {:.3} in {} epochs",
+                "{} (grouping {}) {}: {:.3} -> {:.3} in {} epochs",
                 choice.name(),
+                mechanisms.grouping,
                 f.name,
                 f.before,
                 f.after,

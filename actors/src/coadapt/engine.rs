@@ -7,10 +7,21 @@
 //! `RunEpoch` the scheduler emitted together; their steps are interleaved on the pool (co-adapted),
 //! then each epoch is reported with its validation exact match. A task leaves with its adapted
 //! model when the scheduler completes it. Device memory is the pool's budget: a model is merged in
-//! when the scheduler first runs or preloads it, and models idle longest are unloaded (their
-//! adapted weights kept on the host, optimiser state dropped) when the pool refuses memory.
+//! when the scheduler first runs or preloads it, and when the pool refuses memory the policy
+//! ([`troupe_policy::adapt::evict`]) says which model to unload (adapted weights kept on the host,
+//! optimiser state dropped), whether to split a slice, or to give up.
+//!
+//! With [`Mechanisms::grouping`] on, each step of the cycle is planned by the policy's knapsack
+//! ([`troupe_policy::adapt::plan`]): the experts of every member are packed into time slices under
+//! the pool's free bytes, `M_tmp` from the estimator fitted on this pool's measurements, and each
+//! slice runs as one [`CoAdaptPool::train_slice`] (its experts train, the rest are frozen). Off,
+//! each member takes a whole-model step in turn, as before.
+//!
+//! With [`Mechanisms::preload`] on, a scheduler's `Preload` starts [`CoAdaptPool::prepare_load`]
+//! (copies and hashes) on a background thread; the result is committed into the pool between
+//! slices and steps, or claimed by the task's own cycle when it starts first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -21,9 +32,22 @@ use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
 use troupe_policy::Micros;
 use troupe_policy::adapt::baselines::QueueScheduler;
+use troupe_policy::adapt::evict::{OnRefusal, Refused, Resident, on_refusal};
+use troupe_policy::adapt::memory::MemoryModel;
 use troupe_policy::adapt::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec};
 use troupe_policy::adapt::twin::{TwinBufferScheduler, TwinConfig};
 use troupe_policy::adapt::{ExpertId, ModelId, TaskId};
+
+mod preload;
+mod slices;
+
+pub use preload::PreloadStats;
+use preload::{Preparing, join_prepared};
+use slices::run_planned;
+pub use slices::{
+    EXPERT_ID_STRIDE, PLAN_ETA_PER_SEC, PlanRecord, RECORDS_KEPT, SliceRecord, ThreadRecord, expert_id,
+    expert_of,
+};
 
 /// Which scheduler the edge runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,11 +93,17 @@ impl SchedulerChoice {
 pub struct Mechanisms {
     /// Knapsack grouping: which experts' training steps share a time slice under the pool budget.
     pub grouping: bool,
-    /// Fill-clamp-refill: how many threads each expert of a slice gets.
+    /// Fill-clamp-refill: how many threads each expert gets. On, the experts of every block run
+    /// concurrently, each on the threads the policy gives it from its routed rows; off, one after
+    /// another on the executor's thread.
     pub threads: bool,
-    /// The reuse cache of expert outputs under a byte budget, backed by disk.
+    /// The reuse cache of expert outputs under a byte budget, backed by disk. Not carried out yet
+    /// (it needs a forward pass that starts from cached stem outputs, in the model being reworked
+    /// for attention); this switch changes nothing today.
     pub reuse: bool,
-    /// Preloading the next task's models while the current one computes.
+    /// Preloading the next task's models on a background thread while the current one computes,
+    /// merged into the pool between slices and steps. Off, `Preload` actions are ignored and a model
+    /// is merged synchronously when its cycle starts.
     pub preload: bool,
 }
 
@@ -131,6 +161,9 @@ pub struct EngineConfig {
     pub max_tasks: usize,
     /// Which of AdaSprite's mechanisms run.
     pub mechanisms: Mechanisms,
+    /// Threads the experts of a block share when [`Mechanisms::threads`] is on (0: this machine's
+    /// parallelism).
+    pub threads: usize,
     /// Whether the models' identical frozen parts are stored once in the pool (merging) or each task
     /// holds its own copy (isolated adaptation).
     pub share_backbone: bool,
@@ -151,6 +184,7 @@ impl Default for EngineConfig {
             seed: 7,
             max_tasks: 64,
             mechanisms: Mechanisms::ALL,
+            threads: 0,
             share_backbone: true,
         }
     }
@@ -211,8 +245,14 @@ pub struct Finished {
     pub done: Micros,
 }
 
+/// Lifespan assumed for an expert before its task has been measured, in microseconds.
+const DEFAULT_EXPERT_US: u64 = 1000;
+
 struct LiveTask {
     name: String,
+    config: VMoeConfig,
+    /// Measured step time per trained expert (microseconds), the lifespan estimate.
+    expert_us: u64,
     train: Dataset,
     val: Dataset,
     resident: Option<PoolModel>,
@@ -237,6 +277,13 @@ pub struct EdgeEngine {
     rng: SmallRng,
     steps: u64,
     evictions: u64,
+    estimator: Option<MemoryModel>,
+    preparing: BTreeMap<TaskId, Preparing>,
+    preload_stats: PreloadStats,
+    threads_total: u32,
+    thread_log: VecDeque<ThreadRecord>,
+    plans: VecDeque<PlanRecord>,
+    slices: VecDeque<SliceRecord>,
 }
 
 /// Bytes only one adapting model holds: experts, projector and head, and their AdamW state.
@@ -292,6 +339,16 @@ impl EdgeEngine {
             rng: SmallRng::seed_from_u64(cfg.seed),
             steps: 0,
             evictions: 0,
+            estimator: None,
+            preparing: BTreeMap::new(),
+            preload_stats: PreloadStats::default(),
+            threads_total: match cfg.threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                n => u32::try_from(n).unwrap_or(u32::MAX),
+            },
+            thread_log: VecDeque::new(),
+            plans: VecDeque::new(),
+            slices: VecDeque::new(),
         })
     }
 
@@ -318,6 +375,36 @@ impl EdgeEngine {
     /// Models unloaded to make room so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
+    }
+
+    /// The newest slice plans (grouping on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn plan_records(&self) -> &VecDeque<PlanRecord> {
+        &self.plans
+    }
+
+    /// The newest slices run (grouping on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn slice_records(&self) -> &VecDeque<SliceRecord> {
+        &self.slices
+    }
+
+    /// The newest expert thread splits (threads on), oldest first, at most [`RECORDS_KEPT`].
+    pub fn thread_records(&self) -> &VecDeque<ThreadRecord> {
+        &self.thread_log
+    }
+
+    /// Threads the executor gives the experts of a block (this machine's parallelism).
+    pub fn threads_total(&self) -> u32 {
+        self.threads_total
+    }
+
+    /// What the background preloading did so far.
+    pub fn preload_stats(&self) -> PreloadStats {
+        self.preload_stats
+    }
+
+    /// The `M_tmp` estimator fitted on this pool's measurements (refitted every cycle), if any.
+    pub fn estimator(&self) -> Option<&MemoryModel> {
+        self.estimator.as_ref()
     }
 
     /// Whether a job submitted now would be refused as [`EngineError::Full`].
@@ -349,7 +436,7 @@ impl EdgeEngine {
         let spec = TaskSpec {
             id,
             model: ModelId(id.0),
-            experts: (0..per_model).map(|e| ExpertId(id.0 * 1024 + e)).collect(),
+            experts: (0..per_model).map(|e| ExpertId(id.0 * EXPERT_ID_STRIDE + e)).collect(),
             accuracy: before,
             target: before + job.target_gain.unwrap_or(self.cfg.target_gain),
             footprint: task_footprint(&c),
@@ -358,6 +445,8 @@ impl EdgeEngine {
             id,
             LiveTask {
                 name: job.name,
+                config: c,
+                expert_us: DEFAULT_EXPERT_US,
                 train,
                 val,
                 resident: None,
@@ -390,9 +479,17 @@ impl EdgeEngine {
         for t in &runs {
             self.ensure_resident(*t, &runs)?;
         }
-        for _ in 0..self.cfg.steps_per_epoch {
-            for t in &runs {
-                self.adapt_step(*t, &runs)?;
+        if self.cfg.mechanisms.grouping {
+            self.refit_estimator();
+        }
+        for step in 0..self.cfg.steps_per_epoch {
+            if self.cfg.mechanisms.grouping {
+                self.grouped_step(&runs, step)?;
+            } else {
+                for t in &runs {
+                    self.adapt_step(*t, &runs)?;
+                    self.commit_ready(&runs)?;
+                }
             }
             if self.sched.poll_timeout().is_some_and(|due| clock() >= due) {
                 self.sched.handle_timeout(clock());
@@ -433,22 +530,79 @@ impl EdgeEngine {
             let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
             (task.train.batch(&idx)?, labels, id)
         };
+        let (mut id, mut reloaded) = (id, false);
         loop {
-            match self.pool.adapt_step(id, &images, &labels, self.cfg.lr) {
+            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
+            let lr = self.cfg.lr;
+            let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
+                p.adapt_step(id, &images, &labels, lr)
+            });
+            match result {
                 Ok(_) => {
                     self.steps += 1;
                     return Ok(());
                 }
                 Err(e) => {
-                    if !self.evict_one(keep, t)? {
-                        return Err(e.into());
+                    let refused = Refused::Slice { tasks: &[t], experts: 1, reloaded };
+                    match on_refusal(&self.residents(keep), &refused) {
+                        OnRefusal::Evict(v) => self.unload_task(v)?,
+                        OnRefusal::Reload(v) => {
+                            self.unload_task(v)?;
+                            self.ensure_resident(v, keep)?;
+                            reloaded = true;
+                            id = self.resident_id(t)?;
+                        }
+                        OnRefusal::Split | OnRefusal::GiveUp => return Err(e.into()),
                     }
                 }
             }
         }
     }
 
+    /// Allocates the task's optimiser state, unloading models as the policy decides while refused.
+    fn ensure_trainer(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
+        loop {
+            let Some(id) = self.tasks.get(&t).and_then(|l| l.resident) else { return Ok(()) };
+            match self.pool.ensure_trainer(id, self.cfg.lr) {
+                Ok(()) => return Ok(()),
+                Err(e) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
+                    OnRefusal::Evict(v) => self.unload_task(v)?,
+                    OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => return Err(e.into()),
+                },
+            }
+        }
+    }
+
+    /// The pool id of a task's resident model.
+    fn resident_id(&self, t: TaskId) -> Result<PoolModel, EngineError> {
+        self.tasks
+            .get(&t)
+            .and_then(|l| l.resident)
+            .ok_or_else(|| EngineError::Invalid(format!("task {} is not resident", t.0)))
+    }
+
+    /// Resident models as the eviction policy sees them.
+    fn residents(&self, cycle: &[TaskId]) -> Vec<Resident> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.resident.is_some())
+            .map(|(id, t)| Resident { task: *id, last_cycle: t.last_cycle, in_cycle: cycle.contains(id) })
+            .collect()
+    }
+
+    /// Unloads a task's model (adapted weights kept on the host, optimiser state dropped).
+    fn unload_task(&mut self, v: TaskId) -> Result<(), EngineError> {
+        if let Some(task) = self.tasks.get_mut(&v)
+            && let Some(id) = task.resident.take()
+        {
+            task.stash = Some(self.pool.unload(id)?);
+            self.evictions += 1;
+        }
+        Ok(())
+    }
+
     /// Merges the task's model into the pool, unloading idle models while the pool refuses.
+    /// A preload under way in the background is waited for and committed.
     fn ensure_resident(&mut self, t: TaskId, keep: &[TaskId]) -> Result<(), EngineError> {
         let cycle = self.cycle;
         let Some(task) = self.tasks.get_mut(&t) else { return Ok(()) };
@@ -456,50 +610,44 @@ impl EdgeEngine {
         if task.resident.is_some() {
             return Ok(());
         }
-        let Some(model) = task.stash.take() else {
-            return Err(EngineError::Invalid(format!("task {} has no model", t.0)));
+        let mut prepared = match self.preparing.remove(&t) {
+            Some(handle) => {
+                if !handle.is_finished() {
+                    self.preload_stats.waited += 1;
+                }
+                self.preload_stats.claimed += 1;
+                join_prepared(handle)?
+            }
+            None => {
+                let Some(model) = task.stash.take() else {
+                    return Err(EngineError::Invalid(format!("task {} has no model", t.0)));
+                };
+                CoAdaptPool::prepare_load(&task.name, model)?
+            }
         };
-        let name = task.name.clone();
         loop {
-            match self.pool.load(&name, &model) {
+            match self.pool.commit_load(prepared) {
                 Ok(id) => {
                     if let Some(task) = self.tasks.get_mut(&t) {
                         task.resident = Some(id);
                     }
                     return Ok(());
                 }
-                Err(e) => {
-                    if !self.evict_one(keep, t)? {
+                Err(refused) => match on_refusal(&self.residents(keep), &Refused::Load(t)) {
+                    OnRefusal::Evict(v) => {
+                        self.unload_task(v)?;
+                        prepared = refused.1;
+                    }
+                    OnRefusal::Split | OnRefusal::Reload(_) | OnRefusal::GiveUp => {
+                        let (e, back) = *refused;
                         if let Some(task) = self.tasks.get_mut(&t) {
-                            task.stash = Some(model);
+                            task.stash = Some(back.into_model());
                         }
                         return Err(e.into());
                     }
-                }
+                },
             }
         }
-    }
-
-    /// Unloads a resident model other than `needed` to make room: the one idle longest outside
-    /// `prefer_keep` (the current cycle), else the one idle longest (free space can be too
-    /// fragmented for the cycle's own models to fit together). False when there is none.
-    fn evict_one(&mut self, prefer_keep: &[TaskId], needed: TaskId) -> Result<bool, EngineError> {
-        let pick = |outside_keep: bool| {
-            self.tasks
-                .iter()
-                .filter(|(id, t)| t.resident.is_some() && **id != needed)
-                .filter(|(id, _)| !outside_keep || !prefer_keep.contains(id))
-                .min_by_key(|(id, t)| (t.last_cycle, **id))
-                .map(|(id, _)| *id)
-        };
-        let Some(v) = pick(true).or_else(|| pick(false)) else { return Ok(false) };
-        if let Some(task) = self.tasks.get_mut(&v)
-            && let Some(id) = task.resident.take()
-        {
-            task.stash = Some(self.pool.unload(id)?);
-            self.evictions += 1;
-        }
-        Ok(true)
     }
 
     fn drain(&mut self, now: Micros) -> Result<(), EngineError> {
@@ -507,15 +655,15 @@ impl EdgeEngine {
             match a {
                 SchedAction::RunEpoch { task } => self.queued.push(task),
                 SchedAction::Preload { .. } if !self.cfg.mechanisms.preload => {}
-                SchedAction::Preload { task, .. } => {
-                    let mut keep = self.queued.clone();
-                    keep.push(task);
-                    // Best effort: a refused preload is retried when the task's cycle starts.
-                    if let Err(e) = self.ensure_resident(task, &keep) {
-                        tracing::debug!(task = task.0, error = %e, "preload refused");
-                    }
-                }
+                // Best effort: a refused preload is merged when the task's cycle starts.
+                SchedAction::Preload { task, .. } => self.start_preload(task),
                 SchedAction::Complete { task, reached } => {
+                    if let Some(handle) = self.preparing.remove(&task)
+                        && let Some(t) = self.tasks.get_mut(&task)
+                    {
+                        t.stash = Some(join_prepared(handle)?.into_model());
+                        self.preload_stats.dropped += 1;
+                    }
                     let Some(mut t) = self.tasks.remove(&task) else { continue };
                     let model = match (t.resident.take(), t.stash.take()) {
                         (Some(id), _) => self.pool.unload(id)?,

@@ -23,8 +23,8 @@ pub use gemm::{Gemm, Matmul, matmul};
 pub use layer_norm::{LayerNorm, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward};
 pub use loss::{CrossEntropy, cross_entropy};
 pub use moe::{
-    ExpertCache, ExpertGrads, ExpertParams, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads, moe_ffn_backward,
-    moe_ffn_forward,
+    ExpertCache, ExpertGrads, ExpertParams, ExpertThreadPlanner, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads,
+    moe_ffn_backward, moe_ffn_forward, with_expert_threads,
 };
 pub use optim::{AdamW, Sgd};
 pub use routing::{Assignment, Dropped, Routing, TopKRouting, top_k_route};

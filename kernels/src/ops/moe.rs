@@ -3,6 +3,14 @@
 //!
 //! The gather / weight / scatter logic is shared by the CPU and CUDA paths; only the per-expert
 //! dense work ([`ExpertKernels`]) differs.
+//!
+//! On the CPU the experts of a block can run concurrently, each on the number of threads a planner
+//! gives it ([`with_expert_threads`]: the co-adaptation executor installs fill-clamp-refill there);
+//! an expert on `k` threads splits its rows into `k` contiguous chunks. Without a planner every
+//! expert runs in turn on the caller's thread, as before.
+
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use super::elementwise::{gelu_grad_scalar, gelu_scalar};
 use super::gemm::Gemm;
@@ -104,6 +112,10 @@ pub(crate) trait ExpertKernels {
     fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     /// From `d o` (`n x d`, already gate-weighted): the weight grads and `d x` (`n x d`).
     fn backward(&self, p: &ExpertParams, c: &ExpertCache, d_o: &[f32]) -> Result<(ExpertGrads, Vec<f32>)>;
+    /// Whether [`with_expert_threads`]' planner applies (the CPU backend).
+    fn threaded(&self) -> bool {
+        false
+    }
 }
 
 /// The CPU reference of the per-expert work.
@@ -120,6 +132,10 @@ fn col_sums(x: &[f32], cols: usize) -> Vec<f32> {
 }
 
 impl ExpertKernels for CpuExpert {
+    fn threaded(&self) -> bool {
+        true
+    }
+
     fn forward(&self, p: &ExpertParams, x: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let (d, hd) = p.dims()?;
         let (b1, b2) = (p.b1.f32_cow(), p.b2.f32_cow());
@@ -185,6 +201,7 @@ pub(crate) fn forward_with(
     let xv = x.f32_cow();
     let mut y = vec![0.0; tokens * d];
     let mut caches = Vec::with_capacity(experts.len());
+    let mut gathered = Vec::with_capacity(experts.len());
     for (p, assigned) in experts.iter().zip(&routing.experts) {
         let (pd, _) = p.dims()?;
         if pd != d {
@@ -193,12 +210,24 @@ pub(crate) fn forward_with(
                 format!("expert d_model {pd} vs input width {d}"),
             ));
         }
-        let n = assigned.len();
-        let mut xe = Vec::with_capacity(n * d);
+        let mut xe = Vec::with_capacity(assigned.len() * d);
         for a in assigned {
             xe.extend_from_slice(&xv[a.token * d..(a.token + 1) * d]);
         }
-        let (h, act, o) = if n == 0 { Default::default() } else { k.forward(p, &xe, n)? };
+        gathered.push(xe);
+    }
+    let rows: Vec<usize> = routing.experts.iter().map(Vec::len).collect();
+    let plan = if k.threaded() { planned_threads(&rows)? } else { None };
+    let outputs = match plan {
+        Some(threads) => experts_forward_threaded(experts, &gathered, &rows, &threads, d)?,
+        None => experts
+            .iter()
+            .zip(&gathered)
+            .zip(&rows)
+            .map(|((p, xe), &n)| if n == 0 { Ok(Default::default()) } else { k.forward(p, xe, n) })
+            .collect::<Result<_>>()?,
+    };
+    for ((assigned, xe), (h, act, o)) in routing.experts.iter().zip(gathered).zip(outputs) {
         for (a, orow) in assigned.iter().zip(o.chunks_exact(d.max(1))) {
             for (yv, &ov) in y[a.token * d..(a.token + 1) * d].iter_mut().zip(orow) {
                 *yv += a.gate * ov;
@@ -240,8 +269,9 @@ pub(crate) fn backward_with(
     let mut dx = vec![0.0; cache.num_tokens * d];
     let mut grads = Vec::with_capacity(experts.len());
     let mut dgates = Vec::with_capacity(experts.len());
+    let mut d_os = Vec::with_capacity(experts.len());
     for (p, c) in experts.iter().zip(&cache.experts) {
-        let (pd, hd) = p.dims()?;
+        let (pd, _) = p.dims()?;
         if pd != d {
             return Err(KernelError::shape("moe_ffn_backward", "expert width changed since forward"));
         }
@@ -254,7 +284,23 @@ pub(crate) fn backward_with(
             dg.push(dyr.iter().zip(orow).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32);
             d_o.extend(dyr.iter().map(|&v| g * v));
         }
-        let (eg, dxe) = if n == 0 {
+        dgates.push(dg);
+        d_os.push(d_o);
+    }
+    let rows: Vec<usize> = cache.experts.iter().map(|c| c.tokens.len()).collect();
+    let plan = if k.threaded() { planned_threads(&rows)? } else { None };
+    let mut threaded = match plan {
+        Some(threads) => {
+            Some(experts_backward_threaded(experts, &cache.experts, &d_os, &threads, d)?.into_iter())
+        }
+        None => None,
+    };
+    for ((p, c), d_o) in experts.iter().zip(&cache.experts).zip(&d_os) {
+        let (_, hd) = p.dims()?;
+        let n = c.tokens.len();
+        let (eg, dxe) = if let Some(done) = threaded.as_mut() {
+            done.next().ok_or_else(|| KernelError::shape("moe_ffn_backward", "threaded result missing"))?
+        } else if n == 0 {
             (
                 ExpertGrads {
                     w1: Tensor::zeros(&[d, hd])?,
@@ -265,7 +311,7 @@ pub(crate) fn backward_with(
                 Vec::new(),
             )
         } else {
-            k.backward(p, c, &d_o)?
+            k.backward(p, c, d_o)?
         };
         for (&t, row) in c.tokens.iter().zip(dxe.chunks_exact(d.max(1))) {
             for (o, &v) in dx[t * d..(t + 1) * d].iter_mut().zip(row) {
@@ -273,9 +319,162 @@ pub(crate) fn backward_with(
             }
         }
         grads.push(eg);
-        dgates.push(dg);
     }
     Ok(MoeGrads { experts: grads, dgates, dx: Tensor::from_f32(&[cache.num_tokens, d], dx)? })
+}
+
+/// Decides how many threads each expert of a block gets from the rows (routed tokens) of each;
+/// `0` for an expert with no rows. Called once per block in the forward and once in the backward.
+pub type ExpertThreadPlanner = dyn Fn(&[usize]) -> Vec<u32>;
+
+thread_local! {
+    static PLANNER: RefCell<Option<Rc<ExpertThreadPlanner>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `planner` deciding the expert threads of every CPU MoE forward and backward that
+/// `f` runs on this thread (restored afterwards, also on panic).
+pub fn with_expert_threads<R>(planner: Rc<ExpertThreadPlanner>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<ExpertThreadPlanner>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            PLANNER.with(|p| *p.borrow_mut() = prev);
+        }
+    }
+    let _restore = Restore(PLANNER.with(|p| p.borrow_mut().replace(planner)));
+    f()
+}
+
+/// The installed planner's threads for these rows, checked (one entry per expert, at least one
+/// thread for an expert with rows, at most one per row); `None` without a planner.
+fn planned_threads(rows: &[usize]) -> Result<Option<Vec<usize>>> {
+    let Some(planner) = PLANNER.with(|p| p.borrow().clone()) else { return Ok(None) };
+    let plan = planner(rows);
+    if plan.len() != rows.len() {
+        return Err(KernelError::shape(
+            "moe expert threads",
+            format!("{} entries for {} experts", plan.len(), rows.len()),
+        ));
+    }
+    Ok(Some(rows.iter().zip(plan).map(|(&n, t)| if n == 0 { 0 } else { (t as usize).clamp(1, n) }).collect()))
+}
+
+/// `n` rows in `k` contiguous chunks as `(start, len)`, the first `n % k` one row longer.
+fn chunks(n: usize, k: usize) -> Vec<(usize, usize)> {
+    let k = k.max(1);
+    let (base, extra) = (n / k, n % k);
+    let mut out = Vec::with_capacity(k);
+    let mut start = 0;
+    for i in 0..k {
+        let len = base + usize::from(i < extra);
+        out.push((start, len));
+        start += len;
+    }
+    out
+}
+
+/// One expert's forward outputs `(h, a, o)`, as in [`ExpertCache`].
+type ExpertOutputs = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// The CPU expert forward of every expert, each on its planned threads: `(h, a, o)` per expert.
+fn experts_forward_threaded(
+    experts: &[ExpertParams],
+    gathered: &[Vec<f32>],
+    rows: &[usize],
+    threads: &[usize],
+    d: usize,
+) -> Result<Vec<ExpertOutputs>> {
+    let hd: Vec<usize> = experts.iter().map(|p| p.dims().map(|(_, h)| h)).collect::<Result<_>>()?;
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(experts.len());
+        for (e, p) in experts.iter().enumerate() {
+            let parts: Vec<_> = chunks(rows[e], threads[e])
+                .into_iter()
+                .filter(|(_, len)| *len > 0)
+                .map(|(start, len)| {
+                    let x = &gathered[e][start * d..(start + len) * d];
+                    scope.spawn(move || CpuExpert.forward(p, x, len))
+                })
+                .collect();
+            handles.push(parts);
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(e, parts)| {
+                let (mut h, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
+                for part in parts {
+                    let (ph, pa, po) =
+                        part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
+                    h.extend(ph);
+                    a.extend(pa);
+                    o.extend(po);
+                }
+                debug_assert_eq!(h.len(), rows[e] * hd[e]);
+                Ok((h, a, o))
+            })
+            .collect()
+    })
+}
+
+/// The CPU expert backward of every expert, each on its planned threads: per expert the weight
+/// gradients (chunk partials summed in chunk order) and `d x` of its rows.
+fn experts_backward_threaded(
+    experts: &[ExpertParams],
+    caches: &[ExpertCache],
+    d_os: &[Vec<f32>],
+    threads: &[usize],
+    d: usize,
+) -> Result<Vec<(ExpertGrads, Vec<f32>)>> {
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(experts.len());
+        for (e, p) in experts.iter().enumerate() {
+            let c = &caches[e];
+            let (_, hd) = p.dims()?;
+            let parts: Vec<_> = chunks(c.tokens.len(), threads[e])
+                .into_iter()
+                .filter(|(_, len)| *len > 0)
+                .map(|(s, len)| {
+                    let sub = ExpertCache {
+                        tokens: c.tokens[s..s + len].to_vec(),
+                        gates: c.gates[s..s + len].to_vec(),
+                        x: c.x[s * d..(s + len) * d].to_vec(),
+                        h: c.h[s * hd..(s + len) * hd].to_vec(),
+                        a: c.a[s * hd..(s + len) * hd].to_vec(),
+                        o: c.o[s * d..(s + len) * d].to_vec(),
+                    };
+                    let d_o = &d_os[e][s * d..(s + len) * d];
+                    scope.spawn(move || CpuExpert.backward(p, &sub, d_o))
+                })
+                .collect();
+            handles.push((hd, parts));
+        }
+        handles
+            .into_iter()
+            .map(|(hd, parts)| {
+                let (mut w1, mut b1, mut w2, mut b2) =
+                    (vec![0f32; d * hd], vec![0f32; hd], vec![0f32; hd * d], vec![0f32; d]);
+                let mut dx = Vec::new();
+                for part in parts {
+                    let (g, pdx) =
+                        part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
+                    for (acc, t) in [(&mut w1, &g.w1), (&mut b1, &g.b1), (&mut w2, &g.w2), (&mut b2, &g.b2)] {
+                        acc.iter_mut().zip(t.f32_cow().iter()).for_each(|(a, &v)| *a += v);
+                    }
+                    dx.extend(pdx);
+                }
+                Ok((
+                    ExpertGrads {
+                        w1: Tensor::from_f32(&[d, hd], w1)?,
+                        b1: Tensor::from_f32(&[hd], b1)?,
+                        w2: Tensor::from_f32(&[hd, d], w2)?,
+                        b2: Tensor::from_f32(&[d], b2)?,
+                    },
+                    dx,
+                ))
+            })
+            .collect()
+    })
 }
 
 /// The MoE expert FFN forward: `(y, cache)`.

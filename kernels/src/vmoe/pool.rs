@@ -128,6 +128,103 @@ pub fn step_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> 
     plan
 }
 
+/// The buffers one step of `batch` images reserves when only `chosen` of the model's experts train
+/// (the rest frozen): [`step_plan`]'s dense buffers with the trainable gradients cut to the chosen
+/// experts and the projector, then one temporary per chosen expert bounded by its capacity. Frozen
+/// experts get no gradient buffer and no temporary: they only pass activations through, which the
+/// dense buffers (`moe out`, `backward stream`) already hold.
+pub fn subset_step_plan(config: &VMoeConfig, batch: usize, chosen: usize) -> Vec<(&'static str, u64)> {
+    let mut plan = subset_dense_plan(config, batch, chosen);
+    let cap = config.capacity(batch * config.tokens_per_image()).min(batch * config.tokens_per_image());
+    plan.extend(std::iter::repeat_n(("expert tmp", expert_tmp_bytes(config, cap)), chosen));
+    plan
+}
+
+/// [`subset_step_plan`] without the expert temporaries: the dense workspace of one model's step.
+fn subset_dense_plan(config: &VMoeConfig, batch: usize, chosen: usize) -> Vec<(&'static str, u64)> {
+    let grads = ((chosen * config.expert_params() + config.projector_params()) * 4) as u64;
+    step_plan(config, batch)
+        .into_iter()
+        .filter(|(what, _)| *what != "expert tmp")
+        .map(|(what, bytes)| if what == "trainable grads" { (what, grads) } else { (what, bytes) })
+        .collect()
+}
+
+/// Aligned bytes of a plan's buffers (what reserving them takes from the pool).
+pub fn plan_bytes(plan: &[(&'static str, u64)], align: u64) -> u64 {
+    plan.iter().map(|(_, b)| b.div_ceil(align.max(1)) * align.max(1)).sum()
+}
+
+/// One model's share of a time slice: a batch and the experts `(block, expert)` that train on it.
+#[derive(Clone, Copy, Debug)]
+pub struct SliceTask<'a> {
+    /// The model.
+    pub model: ModelId,
+    /// `batch x pixels` images.
+    pub images: &'a Tensor,
+    /// The teacher's labels.
+    pub labels: &'a [usize],
+    /// The experts that train; every other expert of the model is frozen for this step.
+    pub experts: &'a [(usize, usize)],
+}
+
+/// What one model did in a slice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceModelReport {
+    /// The model.
+    pub model: ModelId,
+    /// Cross-entropy before the update.
+    pub loss: f32,
+    /// The experts `(block, expert)` whose weights the optimiser updated, ascending.
+    pub trained: Vec<(usize, usize)>,
+    /// Tokens per expert, per block.
+    pub expert_loads: Vec<Vec<usize>>,
+    /// Wall time of its step in microseconds (a measurement for lifespan estimates, not a decision).
+    pub elapsed_us: u64,
+}
+
+/// What one slice did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceReport {
+    /// Per model, in the slice's order.
+    pub models: Vec<SliceModelReport>,
+    /// Bytes reserved for the slice: every chosen expert's temporaries plus one dense workspace.
+    pub reserved_bytes: u64,
+    /// Pool bytes in use while the slice ran.
+    pub peak_used: u64,
+}
+
+/// A model made ready to merge off the pool's thread ([`CoAdaptPool::prepare_load`]): its own copy
+/// of the trainable tensors and the hash of every shared tensor. Committing it
+/// ([`CoAdaptPool::commit_load`]) only allocates and takes references.
+#[derive(Clone, Debug)]
+pub struct PreparedLoad {
+    name: String,
+    model: Box<VMoe>,
+    /// blake3 of each shared tensor's shape and bytes, in [`super::model::VMoeParams::tensors`] order.
+    keys: Vec<[u8; 32]>,
+}
+
+impl PreparedLoad {
+    /// The name it will be loaded under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Gives the model back (a refused commit keeps it on the host).
+    pub fn into_model(self) -> VMoe {
+        *self.model
+    }
+}
+
+/// A load's buffers, allocated and not yet committed.
+struct Staged {
+    keys: Vec<[u8; 32]>,
+    fresh: HashMap<[u8; 32], (Tensor, Allocation)>,
+    expert_allocs: Vec<Vec<Allocation>>,
+    projector_alloc: Allocation,
+}
+
 /// The merged models and their memory (see the module docs).
 pub struct CoAdaptPool {
     pool: MemoryPool,
@@ -208,18 +305,49 @@ impl CoAdaptPool {
 
     /// Merges `model` into the pool under `name`: shared tensors already present are reused (refcounted,
     /// same buffer), the rest and every expert and the projector are allocated. Refused (nothing
-    /// changes) when it does not fit.
+    /// changes) when it does not fit. The same as [`Self::prepare_load`] then [`Self::commit_load`].
     pub fn load(&mut self, name: &str, model: &VMoe) -> Result<ModelId, VMoeError> {
-        let mut model = model.clone();
+        self.commit_load(Self::prepare_load(name, model.clone())?).map_err(|b| b.0)
+    }
+
+    /// The part of a load that needs no pool: copies the trainable tensors (experts, projector,
+    /// head) into buffers of the model's own and hashes every shared tensor. Pure and `Send`, so a
+    /// background thread can run it while the pool computes (AdaSprite's preloading).
+    pub fn prepare_load(name: &str, mut model: VMoe) -> Result<PreparedLoad, VMoeError> {
+        let mut keys = Vec::new();
+        for (group, t) in model.params.tensors_mut() {
+            if group == ParamGroup::Shared {
+                keys.push(shared_key(t));
+            } else {
+                // Copy-on-write: a tensor still shared with the host copy gets its own buffer.
+                t.f32_mut()?;
+            }
+        }
+        Ok(PreparedLoad { name: name.to_string(), model: Box::new(model), keys })
+    }
+
+    /// Merges a prepared model (see [`Self::load`]); refused, with the prepared model handed back
+    /// and nothing changed, when it does not fit.
+    pub fn commit_load(&mut self, prepared: PreparedLoad) -> Result<ModelId, Box<(VMoeError, PreparedLoad)>> {
+        match self.commit_inner(&prepared) {
+            Ok(staged) => {
+                let PreparedLoad { name, model, .. } = prepared;
+                Ok(self.commit_apply(name, *model, staged))
+            }
+            Err(e) => Err(Box::new((e, prepared))),
+        }
+    }
+
+    /// Allocates a prepared model's buffers (all or none).
+    fn commit_inner(&mut self, prepared: &PreparedLoad) -> Result<Staged, VMoeError> {
+        let model = &prepared.model;
         let mut taken = Vec::new();
         // Shared tensors: new ones are allocated first; refs are only taken once everything fits.
         let mut keys = Vec::new();
         let mut fresh: HashMap<[u8; 32], (Tensor, Allocation)> = HashMap::new();
-        for (group, t) in model.params.tensors() {
-            if group != ParamGroup::Shared {
-                continue;
-            }
-            let mut key = shared_key(t);
+        let shared = model.params.tensors().into_iter().filter(|(g, _)| *g == ParamGroup::Shared);
+        for ((_, t), prepared_key) in shared.zip(&prepared.keys) {
+            let mut key = *prepared_key;
             if !self.share {
                 // Unshared: the key names this model, so nothing is found from another one.
                 key = *blake3::Hasher::new()
@@ -249,6 +377,12 @@ impl CoAdaptPool {
             expert_allocs.push(row);
         }
         let projector_alloc = self.alloc((c.projector_params() * 4) as u64, &mut taken)?;
+        Ok(Staged { keys, fresh, expert_allocs, projector_alloc })
+    }
+
+    /// Takes references and registers a model whose buffers [`Self::commit_inner`] allocated.
+    fn commit_apply(&mut self, name: String, mut model: VMoe, staged: Staged) -> ModelId {
+        let Staged { keys, fresh, expert_allocs, projector_alloc } = staged;
         // Everything fits: commit.
         for (key, (tensor, alloc)) in fresh {
             self.shared.insert(key, SharedEntry { tensor, alloc, refs: 0 });
@@ -267,17 +401,10 @@ impl CoAdaptPool {
         self.next_id += 1;
         self.models.insert(
             id,
-            Pooled {
-                name: name.to_string(),
-                model,
-                shared_keys: keys,
-                expert_allocs,
-                projector_alloc,
-                trainer: None,
-            },
+            Pooled { name, model, shared_keys: keys, expert_allocs, projector_alloc, trainer: None },
         );
         self.sample("load");
-        Ok(id)
+        id
     }
 
     /// Removes a model, freeing its experts, projector, optimiser state and any shared tensor no other
@@ -321,16 +448,7 @@ impl CoAdaptPool {
     ) -> Result<AdaptReport, VMoeError> {
         let config = self.models.get(&id).ok_or(VMoeError::UnknownModel(id.0))?.model.config;
         let batch = images.dims2()?.0;
-        if self.models.get(&id).is_some_and(|p| p.trainer.is_none()) {
-            let mut taken = Vec::new();
-            let bytes = Trainer::state_bytes(&config, TrainScope::ExpertsAndProjector);
-            let a = self.alloc(bytes, &mut taken)?;
-            if let Some(p) = self.models.get_mut(&id) {
-                let mut t = Trainer::new(&p.model, TrainScope::ExpertsAndProjector, lr, self.weight_decay);
-                t.set_lr(lr);
-                p.trainer = Some((t, a));
-            }
-        }
+        self.ensure_trainer(id, lr)?;
         let plan = step_plan(&config, batch);
         let mut taken = Vec::new();
         for (_, bytes) in &plan {
@@ -366,6 +484,124 @@ impl CoAdaptPool {
             expert_loads.push(load);
         }
         Ok(AdaptReport { loss, reserved_bytes, activation_bytes, peak_used, expert_loads })
+    }
+
+    /// Allocates model `id`'s optimiser state (experts and projector) unless it has one; refused
+    /// (nothing changes) when it does not fit.
+    pub fn ensure_trainer(&mut self, id: ModelId, lr: f32) -> Result<(), VMoeError> {
+        let p = self.models.get(&id).ok_or(VMoeError::UnknownModel(id.0))?;
+        if p.trainer.is_some() {
+            return Ok(());
+        }
+        let bytes = Trainer::state_bytes(&p.model.config, TrainScope::ExpertsAndProjector);
+        let mut taken = Vec::new();
+        let a = self.alloc(bytes, &mut taken)?;
+        if let Some(p) = self.models.get_mut(&id) {
+            let mut t = Trainer::new(&p.model, TrainScope::ExpertsAndProjector, lr, self.weight_decay);
+            t.set_lr(lr);
+            p.trainer = Some((t, a));
+        }
+        Ok(())
+    }
+
+    /// One time slice of co-adaptation: for each [`SliceTask`], one step of its model on its batch
+    /// that trains only the chosen experts (plus projector and head); the other experts are frozen
+    /// (no gradient buffer, no optimiser update, no temporaries). Every chosen expert's temporaries
+    /// are reserved together for the whole slice (they share it), plus one dense workspace (the
+    /// largest model's [`subset_step_plan`] without expert temporaries) that the models use in turn.
+    /// Optimiser state is allocated first where missing. If anything does not fit the slice is
+    /// refused before any model trains and the pool is as before (optimiser state once allocated
+    /// is kept).
+    pub fn train_slice(&mut self, tasks: &[SliceTask<'_>], lr: f32) -> Result<SliceReport, VMoeError> {
+        let mut plans = Vec::with_capacity(tasks.len());
+        for (i, t) in tasks.iter().enumerate() {
+            let p = self.models.get(&t.model).ok_or(VMoeError::UnknownModel(t.model.0))?;
+            let c = p.model.config;
+            if tasks[..i].iter().any(|o| o.model == t.model) {
+                return Err(VMoeError::Config(format!("model {} appears twice in a slice", t.model.0)));
+            }
+            if let Some(&(b, e)) = t.experts.iter().find(|(b, e)| *b >= c.blocks || *e >= c.experts) {
+                return Err(VMoeError::Config(format!(
+                    "expert ({b}, {e}) of a {}x{} model",
+                    c.blocks, c.experts
+                )));
+            }
+            let batch = t.images.dims2()?.0;
+            plans.push(subset_step_plan(&c, batch, t.experts.len()));
+        }
+        for t in tasks {
+            self.ensure_trainer(t.model, lr)?;
+        }
+        let mut taken = Vec::new();
+        for plan in &plans {
+            for (_, bytes) in plan.iter().filter(|(what, _)| *what == "expert tmp") {
+                self.alloc(*bytes, &mut taken)?;
+            }
+        }
+        let workspace = plans
+            .iter()
+            .map(|p| p.iter().filter(|(what, _)| *what != "expert tmp").copied().collect::<Vec<_>>())
+            .max_by_key(|p| plan_bytes(p, 256))
+            .unwrap_or_default();
+        for (_, bytes) in &workspace {
+            self.alloc(*bytes, &mut taken)?;
+        }
+        let reserved_bytes = taken.iter().map(|a| a.len).sum();
+        self.sample("reserve");
+        let peak_used = self.pool.stats().used;
+        let mut models = Vec::with_capacity(tasks.len());
+        let mut failed = None;
+        for t in tasks {
+            match self.run_selected(t, lr) {
+                Ok(r) => models.push(r),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        for a in taken {
+            self.pool.free(a)?;
+        }
+        self.sample("release");
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(SliceReport { models, reserved_bytes, peak_used })
+    }
+
+    /// Runs one [`SliceTask`]'s step and records the trained experts' temporary-memory samples.
+    fn run_selected(&mut self, t: &SliceTask<'_>, lr: f32) -> Result<SliceModelReport, VMoeError> {
+        let p = self.models.get_mut(&t.model).ok_or(VMoeError::UnknownModel(t.model.0))?;
+        let config = p.model.config;
+        let Some((trainer, _)) = p.trainer.as_mut() else {
+            return Err(VMoeError::Config("optimiser state missing".into()));
+        };
+        trainer.set_lr(lr);
+        let chosen = t.experts;
+        let trains = |g: ParamGroup| match g {
+            ParamGroup::Expert { block, expert } => chosen.contains(&(block, expert)),
+            _ => true,
+        };
+        let started = std::time::Instant::now();
+        let (loss, cache, trained) = trainer.step_selected(&mut p.model, t.images, t.labels, &trains)?;
+        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let expert_loads: Vec<Vec<usize>> = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
+        for &(block, expert) in &trained {
+            let tokens = expert_loads[block][expert];
+            let fwd = cache.expert_activation_bytes(block, expert);
+            let backward = (tokens * (2 * config.dim + 2 * config.hidden + 1) * 4) as u64;
+            self.tmp.push(TmpSample {
+                model: t.model,
+                block,
+                expert,
+                tokens,
+                dim: config.dim,
+                hidden: config.hidden,
+                bytes: fwd + backward + (config.expert_params() * 4) as u64,
+            });
+        }
+        Ok(SliceModelReport { model: t.model, loss, trained, expert_loads, elapsed_us })
     }
 
     fn run_step(

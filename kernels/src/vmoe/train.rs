@@ -202,11 +202,49 @@ impl Trainer {
         Ok((loss, cache))
     }
 
+    /// One step that updates only the parameters `trains` accepts (within the scope); the others are
+    /// frozen for this step (no optimiser update, their moments untouched). Returns the loss before
+    /// the update, the forward cache and the experts `(block, expert)` that were updated, ascending.
+    /// Used by the co-adaptation pool to train the experts of one time slice.
+    pub fn step_selected(
+        &mut self,
+        model: &mut VMoe,
+        images: &Tensor,
+        labels: &[usize],
+        trains: &dyn Fn(ParamGroup) -> bool,
+    ) -> Result<SelectedStep, VMoeError> {
+        if self.opts.len() != model.params.tensors().len() {
+            return Err(VMoeError::Config("trainer was made for a different model".into()));
+        }
+        let (logits, cache) = model.forward(images)?;
+        let (loss, dlogits) = cross_entropy(&logits, labels)?;
+        let grads = model.backward(&cache, &dlogits)?;
+        let mut updated = Vec::new();
+        for ((opt, (group, param)), (_, grad)) in
+            self.opts.iter_mut().zip(model.params.tensors_mut()).zip(grads.tensors())
+        {
+            if self.scope.trains(group) && trains(group) {
+                opt.step(param.f32_mut()?, &grad.f32_cow())?;
+                if let ParamGroup::Expert { block, expert } = group
+                    && updated.last() != Some(&(block, expert))
+                {
+                    updated.push((block, expert));
+                }
+            }
+        }
+        self.steps += 1;
+        Ok((loss, cache, updated))
+    }
+
     /// One step; returns the loss before the update.
     pub fn step(&mut self, model: &mut VMoe, images: &Tensor, labels: &[usize]) -> Result<f32, VMoeError> {
         Ok(self.step_with_cache(model, images, labels)?.0)
     }
 }
+
+/// What [`Trainer::step_selected`] returns: the loss before the update, the forward cache, and
+/// the experts `(block, expert)` updated, ascending.
+pub type SelectedStep = (f32, super::model::ForwardCache, Vec<(usize, usize)>);
 
 /// How to train a model: seed, epochs, batch size, learning rate (linearly decayed to 10%).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -4,6 +4,8 @@
 //! these modules decide how that pool uses one edge device:
 //! * [`memory`]: per-expert temporary-memory estimator (§3.2.1);
 //! * [`grouping`]: knapsack DP packing experts into ordered time slices (§3.2.1);
+//! * [`plan`]: the executor's per-step slice plan from the two above (§3.2.1);
+//! * [`evict`]: what the executor unloads, splits or gives up when the pool refuses memory;
 //! * [`threads`]: fill-clamp-refill compute allocation within a slice (§3.2.2);
 //! * [`reuse`] and [`predictor`]: budgeted disk-backed reuse cache with I/O-hiding token order
 //!   and importance-aware residency (§3.3);
@@ -16,11 +18,13 @@
 pub mod age;
 pub mod baselines;
 pub mod drift;
+pub mod evict;
 pub mod grouping;
 pub(crate) mod linalg;
 pub mod memory;
 pub mod nnls;
 pub mod online;
+pub mod plan;
 pub mod predictor;
 pub mod reuse;
 pub mod sched;

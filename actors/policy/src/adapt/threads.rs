@@ -129,6 +129,47 @@ pub fn fill_clamp_refill(profiles: &[ExpertProfile], total: u32) -> Result<Threa
     Ok(ThreadAllocation { threads: profiles.iter().map(|p| p.expert).zip(alloc).collect(), idle: left })
 }
 
+/// Least rows (tokens) one thread takes in an expert's step: past `rows / MIN_ROWS_PER_THREAD`
+/// threads an expert is saturated (its chunks get too small to pay for a thread).
+pub const MIN_ROWS_PER_THREAD: usize = 8;
+
+/// Profiles of the experts of one block for [`fill_clamp_refill`], from the rows routed to each:
+/// the experts of a block share one shape, so the work of each is proportional to its rows
+/// (`per_token_us` is the measured time per row, the same for all of them); at least one thread,
+/// saturated at `rows / MIN_ROWS_PER_THREAD`. Expert `i` is `ExpertId(i)`.
+pub fn block_profiles(rows: &[usize], per_token_us: f64) -> Vec<ExpertProfile> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, &n)| ExpertProfile {
+            expert: ExpertId(i as u32),
+            tokens: n as u64,
+            per_token_us,
+            min_threads: 1,
+            saturation: (n / MIN_ROWS_PER_THREAD).max(1) as u32,
+        })
+        .collect()
+}
+
+/// Threads for each expert of a block (the executor's split): fill-clamp-refill over the experts
+/// that have rows, with `total` threads or one per such expert if that is more (each runs on at
+/// least one); experts without rows get 0. Returns the split and the allocation it came from.
+pub fn block_threads(rows: &[usize], per_token_us: f64, total: u32) -> (Vec<u32>, ThreadAllocation) {
+    let active: Vec<usize> = (0..rows.len()).filter(|&i| rows[i] > 0).collect();
+    let profiles: Vec<ExpertProfile> =
+        block_profiles(rows, per_token_us).into_iter().filter(|p| p.tokens > 0).collect();
+    let total = total.max(active.len() as u32);
+    // Σ min threads = active experts <= total, so fill-clamp-refill cannot refuse.
+    let alloc = fill_clamp_refill(&profiles, total).unwrap_or_else(|_| ThreadAllocation {
+        threads: profiles.iter().map(|p| (p.expert, 1)).collect(),
+        idle: 0,
+    });
+    let mut split = vec![0u32; rows.len()];
+    for (i, (_, t)) in active.iter().zip(&alloc.threads) {
+        split[*i] = *t;
+    }
+    (split, alloc)
+}
+
 /// Uniform split (the ablation / default-parallel baseline): `total / n` each, remainder to the
 /// first experts, no saturation awareness.
 pub fn uniform_split(profiles: &[ExpertProfile], total: u32) -> ThreadAllocation {
@@ -218,6 +259,21 @@ mod tests {
         // FCR: 1,1 + 6 split 1:7 -> 0.75, 5.25 -> 1, 5 (largest remainder 0.75) = 2, 6.
         assert_eq!(fcr.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![2, 6]);
         assert!(fcr.makespan_us(&ps) < uni.makespan_us(&ps));
+    }
+
+    #[test]
+    fn block_threads_by_hand() {
+        // Rows 80, 0, 16, 40 with 8 threads: active 0, 2, 3; saturation 10, 2, 5.
+        // Fill 1,1,1 (5 left); shares 80:16:40 of 5 -> 2.94, 0.59, 1.47: floors 2, 0, 1, the two
+        // left go to the largest remainders (.94, .59) -> +3, +1, +1 -> 4, 2, 2; none saturated.
+        let (split, alloc) = block_threads(&[80, 0, 16, 40], 2.0, 8);
+        assert_eq!(split, vec![4, 0, 2, 2]);
+        assert_eq!(alloc.idle, 0);
+        // More active experts than threads: one each.
+        assert_eq!(block_threads(&[9, 9, 9], 1.0, 2).0, vec![1, 1, 1]);
+        // All saturated: idle threads stay idle.
+        let (split, alloc) = block_threads(&[8, 16], 1.0, 16);
+        assert_eq!((split, alloc.idle), (vec![1, 2], 13));
     }
 
     proptest! {

@@ -1,0 +1,153 @@
+//! What the executor does when the pool refuses memory (a load, optimiser state or a slice): which
+//! resident model to unload, whether to split the slice, or to give up. Pure: the executor passes
+//! who is resident and when each last ran, then carries the decision out and retries.
+//!
+//! Rule: unload the model idle longest outside the current cycle; if every resident model belongs
+//! to the cycle, split a slice of more than one expert in two (half the temporaries at a time);
+//! else unload the cycle member idle longest that the refused work does not need (free space can be
+//! too fragmented for the cycle's own models to fit together; it is reloaded before it runs);
+//! else, once per refused slice, reload one of the slice's own models (unloading and merging it
+//! back packs its buffers into the free space, which undoes fragmentation; its optimiser state
+//! starts over); else give up. A preload merged while a cycle runs may only unload models outside
+//! the cycle; otherwise it waits on the host. Ties go to the lower task id, so the choice is deterministic.
+
+use super::TaskId;
+
+/// A model resident in the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    /// Its task.
+    pub task: TaskId,
+    /// The last cycle that ran (or preloaded) it.
+    pub last_cycle: u64,
+    /// Whether it belongs to the current cycle.
+    pub in_cycle: bool,
+}
+
+/// What was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused<'a> {
+    /// Loading this task's model or allocating its optimiser state.
+    Load(TaskId),
+    /// Merging this task's preloaded model while a cycle runs: only models outside the cycle may go.
+    Preload(TaskId),
+    /// A slice over these tasks with this many experts.
+    Slice {
+        /// The tasks whose experts are in the slice (they must stay resident).
+        tasks: &'a [TaskId],
+        /// Experts in the slice.
+        experts: usize,
+        /// Whether the executor already reloaded one of its models for this slice.
+        reloaded: bool,
+    },
+}
+
+/// The decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// Unload this task's model and retry.
+    Evict(TaskId),
+    /// Run the slice as two halves, in order.
+    Split,
+    /// Unload this task's model (one of the refused slice's) and merge it back in, then retry.
+    Reload(TaskId),
+    /// Nothing helps: report the refusal.
+    GiveUp,
+}
+
+/// Decides (see the module doc).
+pub fn on_refusal(resident: &[Resident], refused: &Refused<'_>) -> OnRefusal {
+    let needed = |t: TaskId| match refused {
+        Refused::Load(n) | Refused::Preload(n) => *n == t,
+        Refused::Slice { tasks, .. } => tasks.contains(&t),
+    };
+    let idlest = |outside_cycle: bool| {
+        resident
+            .iter()
+            .filter(|r| !needed(r.task) && (!outside_cycle || !r.in_cycle))
+            .min_by_key(|r| (r.last_cycle, r.task))
+            .map(|r| r.task)
+    };
+    if let Some(t) = idlest(true) {
+        return OnRefusal::Evict(t);
+    }
+    if matches!(refused, Refused::Preload(_)) {
+        return OnRefusal::GiveUp;
+    }
+    if let Refused::Slice { experts, .. } = refused
+        && *experts > 1
+    {
+        return OnRefusal::Split;
+    }
+    if let Some(t) = idlest(false) {
+        return OnRefusal::Evict(t);
+    }
+    match refused {
+        Refused::Slice { tasks, reloaded: false, .. } => resident
+            .iter()
+            .filter(|r| tasks.contains(&r.task))
+            .min_by_key(|r| (r.last_cycle, r.task))
+            .map_or(OnRefusal::GiveUp, |r| OnRefusal::Reload(r.task)),
+        _ => OnRefusal::GiveUp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(task: u32, last_cycle: u64, in_cycle: bool) -> Resident {
+        Resident { task: TaskId(task), last_cycle, in_cycle }
+    }
+
+    #[test]
+    fn the_idlest_model_outside_the_cycle_goes_first() {
+        let rs = [r(0, 5, true), r(1, 3, false), r(2, 1, false), r(3, 1, true)];
+        assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(0))), OnRefusal::Evict(TaskId(2)));
+        // Equal idleness: the lower id.
+        let rs = [r(4, 1, false), r(2, 1, false)];
+        assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(9))), OnRefusal::Evict(TaskId(2)));
+    }
+
+    #[test]
+    fn the_needed_model_is_never_chosen() {
+        let rs = [r(0, 0, false), r(1, 4, false)];
+        assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(0))), OnRefusal::Evict(TaskId(1)));
+        let slice = [TaskId(0), TaskId(1)];
+        // Nothing else to unload: the slice's own model is reloaded once (compaction), then give up.
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: false }),
+            OnRefusal::Reload(TaskId(0))
+        );
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: true }),
+            OnRefusal::GiveUp
+        );
+    }
+
+    #[test]
+    fn inside_the_cycle_a_slice_splits_before_a_member_is_unloaded() {
+        let rs = [r(0, 7, true), r(1, 6, true)];
+        let slice = [TaskId(0)];
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 3, reloaded: false }),
+            OnRefusal::Split
+        );
+        assert_eq!(
+            on_refusal(&rs, &Refused::Slice { tasks: &slice, experts: 1, reloaded: false }),
+            OnRefusal::Evict(TaskId(1))
+        );
+        // A load inside a full cycle unloads the idlest other member; alone, it gives up.
+        assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(1))), OnRefusal::Evict(TaskId(0)));
+        assert_eq!(on_refusal(&[r(0, 7, true)], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
+        assert_eq!(on_refusal(&[], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
+    }
+
+    #[test]
+    fn a_preload_never_unloads_a_model_of_the_running_cycle() {
+        let rs = [r(0, 1, true), r(1, 9, false), r(2, 0, true)];
+        assert_eq!(on_refusal(&rs, &Refused::Preload(TaskId(5))), OnRefusal::Evict(TaskId(1)));
+        assert_eq!(on_refusal(&rs[..1], &Refused::Preload(TaskId(5))), OnRefusal::GiveUp);
+        assert_eq!(on_refusal(&[r(2, 0, true)], &Refused::Preload(TaskId(5))), OnRefusal::GiveUp);
+    }
+}
