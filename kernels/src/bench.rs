@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use troupe_policy::stats::median_of;
+
 use crate::device::Device;
 use crate::direct_io::{ReadMode, read_range};
 use crate::error::Result;
@@ -121,11 +123,6 @@ impl KernelBench {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?; // warm-up
     let mut t = Vec::with_capacity(reps);
@@ -134,7 +131,7 @@ fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
         f()?;
         t.push(s.elapsed().as_secs_f64());
     }
-    Ok(median(t))
+    Ok(median_of(t))
 }
 
 mod fma {
@@ -404,7 +401,7 @@ fn disk_figures(cfg: &BenchConfig) -> Result<(f64, f64, bool)> {
     fallback |= store.stats().odirect_fallbacks > 0;
     store.remove(&id)?;
     let mb = len as f64 / 1e6;
-    Ok((mb / median(load_t), mb / median(raw_t), fallback))
+    Ok((mb / median_of(load_t), mb / median_of(raw_t), fallback))
 }
 
 fn cuda_gemm_gflops() -> Option<f64> {

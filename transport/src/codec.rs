@@ -1131,11 +1131,8 @@ mod tests {
     #[ignore = "measurement; run in release"]
     fn codec_throughput() {
         use std::time::Instant;
+        use troupe_policy::stats::median_of as median;
 
-        fn median(mut v: Vec<f64>) -> f64 {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        }
         // Activation-like: the smooth signal plus deterministic noise of ~5% of its range.
         fn noisy(n: usize) -> Vec<f32> {
             let mut state = 0x2545_F491_4F6C_DD1Du64;

@@ -12,6 +12,7 @@ pub mod fault;
 pub mod membership;
 pub mod pipeline;
 pub mod restart;
+pub mod stats;
 pub mod time;
 
 pub use chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, ScheduleError};

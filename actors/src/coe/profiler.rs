@@ -18,6 +18,7 @@ use troupe_policy::coe::{
     ExecutorKind, ExecutorProfile, ExpertId, LatencyPoint, Profile, SizeClass, Tier, max_useful_batch,
     split_memory,
 };
+use troupe_policy::stats::median_of;
 
 use super::CoeError;
 use super::app::{App, INPUT_WIDTH, read_capped};
@@ -90,11 +91,6 @@ pub fn plan(gpu_expert_bytes: u64, cpu_expert_bytes: u64) -> Vec<ExecutorPlan> {
     ]
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// Measure every executor of `plan` on `app` and return the profile.
 pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
     let model = &app.trace.model;
@@ -148,7 +144,7 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
                     exec.run_batch(id, &inputs)?;
                     samples.push(start.elapsed().as_secs_f64());
                 }
-                let us = (median(samples) * 1e6).round().max(1.0) as u64;
+                let us = (median_of(samples) * 1e6).round().max(1.0) as u64;
                 // Keep the curve non-decreasing (the latency model assumes it).
                 let us = points.last().map_or(us, |l: &LatencyPoint| us.max(l.latency.0));
                 points.push(LatencyPoint { batch: b, latency: Micros(us) });

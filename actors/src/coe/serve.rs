@@ -31,6 +31,7 @@ use troupe_policy::coe::{
     Action, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler, SchedulerConfig,
     belady_min_loads,
 };
+use troupe_policy::stats::quantile;
 
 use super::CoeError;
 use super::app::{App, output_digest, quantise, select_children};
@@ -360,8 +361,9 @@ impl CoeShared {
         let st = lock(&self.store);
         let model = &self.app.trace.model;
         let n = self.total();
-        let mut latencies = st.meter.latencies.clone();
-        latencies.sort();
+        let mut latencies_ms: Vec<f64> = st.meter.latencies.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        // No request answered: report 0 rather than NaN (the JSON report has no NaN).
+        let mut pct = |q: f64| if latencies_ms.is_empty() { 0.0 } else { quantile(&mut latencies_ms, q) };
         let mut belady = 0;
         for (x, s) in st.meter.served.iter().enumerate() {
             belady += belady_min_loads(s, |e| model.size_of(e), self.latency.expert_budget(x))
@@ -374,8 +376,8 @@ impl CoeShared {
             requests: n,
             makespan_s,
             throughput_rps: n as f64 / makespan_s.max(1e-9),
-            p50_ms: percentile_ms(&latencies, 0.5),
-            p99_ms: percentile_ms(&latencies, 0.99),
+            p50_ms: pct(0.5),
+            p99_ms: pct(0.99),
             loads: c.iter().map(|c| c.loads).sum(),
             belady_loads: belady,
             switch_s: c.iter().map(|c| c.load_seconds).sum(),
@@ -386,14 +388,6 @@ impl CoeShared {
             lost,
         })
     }
-}
-
-fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1e3
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

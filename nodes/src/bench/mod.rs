@@ -13,7 +13,6 @@ pub mod coe;
 pub mod kernels;
 pub mod peer;
 pub mod pipeline;
-pub mod stats;
 pub mod transport;
 
 /// Which benchmark to run.

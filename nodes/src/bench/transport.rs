@@ -57,7 +57,7 @@ use troupe_transport::{
 };
 
 use super::peer::{CRASHY_GROUP, CrashyMsg, PEER_NAME, SINK_GROUP, SinkMsg};
-use super::stats::{median, quantile};
+use troupe_policy::stats::{median, quantile};
 
 /// Ray 2.60 on this machine kind (PERF-ANCHORS.md, 2026-12-01): 1 MiB and 64 MiB actor to
 /// actor in MB/s, synchronous call p50 in us, fire-and-forget calls/s, crashed actor back in ms.

@@ -1,4 +1,5 @@
-//! Small statistics helpers shared by the benchmarks.
+//! The one quantile definition troupe uses (nearest rank), for benchmarks, profilers and reports, so
+//! every figure called a median or p99 means the same thing (even counts take the lower middle).
 
 /// The `q` quantile (0..=1) of `samples` (sorted in place), nearest rank.
 pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
@@ -10,9 +11,14 @@ pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
     samples[rank - 1]
 }
 
-/// Median of `samples`.
+/// Median of `samples` (sorted in place).
 pub fn median(samples: &mut [f64]) -> f64 {
     quantile(samples, 0.5)
+}
+
+/// Median of owned `samples`.
+pub fn median_of(mut samples: Vec<f64>) -> f64 {
+    median(&mut samples)
 }
 
 #[cfg(test)]
@@ -26,5 +32,7 @@ mod tests {
         assert_eq!(quantile(&mut v, 0.99), 5.0);
         assert_eq!(quantile(&mut v, 0.0), 1.0);
         assert!(quantile(&mut [], 0.5).is_nan());
+        // Even counts: the lower middle, as nearest rank defines it.
+        assert_eq!(median_of(vec![4.0, 1.0, 3.0, 2.0]), 2.0);
     }
 }
