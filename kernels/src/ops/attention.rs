@@ -1,0 +1,304 @@
+//! Multi-head self-attention over fixed-length sequences (one sequence per image), forward with a
+//! cache and backward (input gradient and the Q/K/V/O projection gradients).
+//!
+//! `x` is `(seqs * seq_len) x dim`, sequence `s` occupying rows `s * seq_len ..`. Per head `h` of
+//! width `dh = dim / heads`: `P = softmax(Q_h K_h^T / sqrt(dh))`, `C_h = P V_h`; the heads' contexts
+//! are concatenated and projected: `y = C W_o`. Projections have no bias (the pre-norm's shift plays
+//! that part). Products run through [`Gemm`] on head-major copies, so each head is contiguous.
+//!
+//! The cache holds the attention probabilities, `seqs * heads * seq_len^2` floats: the temporary that
+//! grows with the square of the sequence length ([`AttentionCache::bytes`] measures it).
+
+use super::gemm::Gemm;
+use super::softmax::softmax_row;
+use super::{matmul, rows_cols};
+use crate::error::{KernelError, Result};
+use crate::tensor::Tensor;
+
+/// The four projections of one attention layer, each `dim x dim`.
+#[derive(Clone, Debug)]
+pub struct AttentionParams {
+    /// Query projection.
+    pub wq: Tensor,
+    /// Key projection.
+    pub wk: Tensor,
+    /// Value projection.
+    pub wv: Tensor,
+    /// Output projection.
+    pub wo: Tensor,
+}
+
+/// Everything the backward pass needs from the forward pass.
+#[derive(Clone, Debug)]
+pub struct AttentionCache {
+    /// The input, `(seqs * seq_len) x dim`.
+    pub x: Tensor,
+    /// Queries, keys and values, head-major: `[seq][head][pos][dh]`.
+    pub q: Vec<f32>,
+    /// See `q`.
+    pub k: Vec<f32>,
+    /// See `q`.
+    pub v: Vec<f32>,
+    /// Attention probabilities `[seq][head][query][key]`.
+    pub probs: Vec<f32>,
+    /// Concatenated head contexts, `(seqs * seq_len) x dim` (the output projection's input).
+    pub ctx: Tensor,
+    /// Sequence length.
+    pub seq_len: usize,
+    /// Heads.
+    pub heads: usize,
+}
+
+impl AttentionCache {
+    /// Bytes of the saved activations (input, Q, K, V, probabilities, context).
+    pub fn bytes(&self) -> u64 {
+        let floats =
+            self.x.numel() + self.q.len() + self.k.len() + self.v.len() + self.probs.len() + self.ctx.numel();
+        (floats * 4) as u64
+    }
+}
+
+/// Gradients of one attention layer.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads {
+    /// d loss / d x.
+    pub dx: Tensor,
+    /// d loss / d each projection.
+    pub params: AttentionParams,
+}
+
+/// Shapes of an attention call: `(rows, dim, seqs, dh)`.
+fn dims(
+    x: &Tensor,
+    p: &AttentionParams,
+    seq_len: usize,
+    heads: usize,
+) -> Result<(usize, usize, usize, usize)> {
+    let (rows, dim) = rows_cols("attention", x)?;
+    if seq_len == 0 || !rows.is_multiple_of(seq_len) {
+        return Err(KernelError::shape(
+            "attention",
+            format!("{rows} rows are not whole sequences of {seq_len}"),
+        ));
+    }
+    if heads == 0 || !dim.is_multiple_of(heads) {
+        return Err(KernelError::shape("attention", format!("dim {dim} does not split into {heads} heads")));
+    }
+    for (name, w) in [("wq", &p.wq), ("wk", &p.wk), ("wv", &p.wv), ("wo", &p.wo)] {
+        if w.shape() != [dim, dim] {
+            return Err(KernelError::shape(
+                "attention",
+                format!("{name} is {:?}, expected [{dim}, {dim}]", w.shape()),
+            ));
+        }
+    }
+    Ok((rows, dim, rows / seq_len, dim / heads))
+}
+
+/// `[row][head * dh + j]` (row-major `rows x dim`) to head-major `[seq][head][pos][j]`.
+fn to_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
+    let dim = heads * dh;
+    let mut out = vec![0.0; m.len()];
+    for (r, row) in m.chunks_exact(dim).enumerate() {
+        let (s, t) = (r / seq_len, r % seq_len);
+        for h in 0..heads {
+            let at = ((s * heads + h) * seq_len + t) * dh;
+            out[at..at + dh].copy_from_slice(&row[h * dh..(h + 1) * dh]);
+        }
+    }
+    out
+}
+
+/// The inverse of [`to_heads`].
+fn from_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
+    let dim = heads * dh;
+    let mut out = vec![0.0; m.len()];
+    for (r, row) in out.chunks_exact_mut(dim).enumerate() {
+        let (s, t) = (r / seq_len, r % seq_len);
+        for h in 0..heads {
+            let at = ((s * heads + h) * seq_len + t) * dh;
+            row[h * dh..(h + 1) * dh].copy_from_slice(&m[at..at + dh]);
+        }
+    }
+    out
+}
+
+/// Self-attention of `x` (`(seqs * seq_len) x dim`) with `heads` heads; returns `y` (same shape) and
+/// the cache for [`attention_backward`].
+pub fn attention_forward(
+    x: &Tensor,
+    p: &AttentionParams,
+    seq_len: usize,
+    heads: usize,
+) -> Result<(Tensor, AttentionCache)> {
+    let (rows, dim, seqs, dh) = dims(x, p, seq_len, heads)?;
+    let q = to_heads(&matmul(x, &p.wq, false, false)?.f32_cow(), seq_len, heads, dh);
+    let k = to_heads(&matmul(x, &p.wk, false, false)?.f32_cow(), seq_len, heads, dh);
+    let v = to_heads(&matmul(x, &p.wv, false, false)?.f32_cow(), seq_len, heads, dh);
+    let (t, tt, hd) = (seq_len, seq_len * seq_len, seq_len * dh);
+    let mut probs = vec![0.0f32; seqs * heads * tt];
+    let mut ctx_h = vec![0.0f32; rows * dim];
+    let mut scores = vec![0.0f32; tt];
+    let scale = 1.0 / (dh as f32).sqrt();
+    let qk = Gemm { alpha: scale, ..Gemm::new(t, dh, t).transposed(false, true) };
+    let pv = Gemm::new(t, t, dh);
+    for sh in 0..seqs * heads {
+        let (qs, ks, vs) =
+            (&q[sh * hd..(sh + 1) * hd], &k[sh * hd..(sh + 1) * hd], &v[sh * hd..(sh + 1) * hd]);
+        qk.run_cpu(qs, ks, &mut scores)?;
+        let pr = &mut probs[sh * tt..(sh + 1) * tt];
+        for (row, out) in scores.chunks_exact(t).zip(pr.chunks_exact_mut(t)) {
+            softmax_row(row, out);
+        }
+        pv.run_cpu(pr, vs, &mut ctx_h[sh * hd..(sh + 1) * hd])?;
+    }
+    let ctx = Tensor::from_f32(&[rows, dim], from_heads(&ctx_h, seq_len, heads, dh))?;
+    let y = matmul(&ctx, &p.wo, false, false)?;
+    Ok((y, AttentionCache { x: x.clone(), q, k, v, probs, ctx, seq_len, heads }))
+}
+
+/// Gradients of [`attention_forward`] given `dy` (same shape as its output).
+pub fn attention_backward(
+    dy: &Tensor,
+    p: &AttentionParams,
+    cache: &AttentionCache,
+) -> Result<AttentionGrads> {
+    let (seq_len, heads) = (cache.seq_len, cache.heads);
+    let (rows, dim, seqs, dh) = dims(&cache.x, p, seq_len, heads)?;
+    if dy.shape() != [rows, dim] {
+        return Err(KernelError::shape(
+            "attention_backward",
+            format!("dy {:?} for [{rows}, {dim}]", dy.shape()),
+        ));
+    }
+    let wo = matmul(&cache.ctx, dy, true, false)?;
+    let dctx = to_heads(&matmul(dy, &p.wo, false, true)?.f32_cow(), seq_len, heads, dh);
+    let (t, tt, hd) = (seq_len, seq_len * seq_len, seq_len * dh);
+    let scale = 1.0 / (dh as f32).sqrt();
+    let (mut dq, mut dk, mut dv) =
+        (vec![0.0f32; rows * dim], vec![0.0f32; rows * dim], vec![0.0f32; rows * dim]);
+    let mut ds = vec![0.0f32; tt];
+    let dp_gemm = Gemm::new(t, dh, t).transposed(false, true);
+    let dv_gemm = Gemm::new(t, t, dh).transposed(true, false);
+    let dq_gemm = Gemm::new(t, t, dh);
+    let dk_gemm = Gemm::new(t, t, dh).transposed(true, false);
+    for sh in 0..seqs * heads {
+        let span = sh * hd..(sh + 1) * hd;
+        let pr = &cache.probs[sh * tt..(sh + 1) * tt];
+        let dc = &dctx[span.clone()];
+        dp_gemm.run_cpu(dc, &cache.v[span.clone()], &mut ds)?;
+        dv_gemm.run_cpu(pr, dc, &mut dv[span.clone()])?;
+        // Softmax backward per row, with the score scale folded in.
+        for (drow, prow) in ds.chunks_exact_mut(t).zip(pr.chunks_exact(t)) {
+            let dot: f32 = drow.iter().zip(prow).map(|(&g, &y)| g * y).sum();
+            drow.iter_mut().zip(prow).for_each(|(g, &y)| *g = y * (*g - dot) * scale);
+        }
+        dq_gemm.run_cpu(&ds, &cache.k[span.clone()], &mut dq[span.clone()])?;
+        dk_gemm.run_cpu(&ds, &cache.q[span.clone()], &mut dk[span])?;
+    }
+    let mat = |m: &[f32]| Tensor::from_f32(&[rows, dim], from_heads(m, seq_len, heads, dh));
+    let (dq, dk, dv) = (mat(&dq)?, mat(&dk)?, mat(&dv)?);
+    let wq = matmul(&cache.x, &dq, true, false)?;
+    let wk = matmul(&cache.x, &dk, true, false)?;
+    let wv = matmul(&cache.x, &dv, true, false)?;
+    let mut dx = matmul(&dq, &p.wq, false, true)?.to_vec_f32();
+    for (g, w) in [(&dk, &p.wk), (&dv, &p.wv)] {
+        let part = matmul(g, w, false, true)?;
+        dx.iter_mut().zip(part.f32_cow().iter()).for_each(|(a, &b)| *a += b);
+    }
+    Ok(AttentionGrads { dx: Tensor::from_f32(&[rows, dim], dx)?, params: AttentionParams { wq, wk, wv, wo } })
+}
+
+/// Bytes one attention layer's forward cache and backward buffers take for `seqs` sequences of
+/// `seq_len` tokens of width `dim` with `heads` heads: saved input, Q, K, V, context and probabilities,
+/// then the backward's head-major gradients, its per-head score gradient and the projection gradients.
+/// The probabilities, `seqs * heads * seq_len^2` floats, are the term quadratic in the sequence length.
+pub fn attention_tmp_bytes(seqs: usize, seq_len: usize, dim: usize, heads: usize) -> u64 {
+    let rows = seqs * seq_len;
+    let forward = 5 * rows * dim + seqs * heads * seq_len * seq_len;
+    let backward = 5 * rows * dim + seq_len * seq_len + 4 * dim * dim;
+    ((forward + backward) * 4) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gradcheck::{check_grad, random_vec};
+
+    fn t(v: &[f32], s: &[usize]) -> Tensor {
+        Tensor::from_f32(s, v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn one_key_attends_fully_and_uniform_keys_average() {
+        // seq_len 1: softmax of one score is 1, so ctx = V and y = x Wv Wo. Identity weights: y = x.
+        let eye: Vec<f32> = (0..4).map(|i| if i % 3 == 0 { 1.0 } else { 0.0 }).collect();
+        let id = AttentionParams {
+            wq: t(&eye, &[2, 2]),
+            wk: t(&eye, &[2, 2]),
+            wv: t(&eye, &[2, 2]),
+            wo: t(&eye, &[2, 2]),
+        };
+        let x = t(&[0.5, -1.0, 2.0, 3.0], &[2, 2]);
+        let (y, _) = attention_forward(&x, &id, 1, 1).unwrap();
+        assert_eq!(y.to_vec_f32(), x.to_vec_f32());
+        // Zero queries: every score is 0, probabilities uniform, each output the mean of the values.
+        let zero = t(&[0.0; 4], &[2, 2]);
+        let p = AttentionParams { wq: zero, ..id };
+        let (y, c) = attention_forward(&x, &p, 2, 2).unwrap();
+        assert!(c.probs.iter().all(|&v| (v - 0.5).abs() < 1e-6), "{:?}", c.probs);
+        assert_eq!(y.to_vec_f32(), vec![1.25, 1.0, 1.25, 1.0]);
+        assert!(attention_forward(&x, &p, 3, 1).is_err());
+        assert!(attention_forward(&x, &p, 2, 3).is_err());
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        let (seqs, seq_len, dim, heads) = (2, 3, 4, 2);
+        let rows = seqs * seq_len;
+        let x = random_vec(11, rows * dim, 1.0);
+        let w: Vec<Vec<f32>> = (0..4).map(|i| random_vec(20 + i, dim * dim, 0.8)).collect();
+        let r = random_vec(30, rows * dim, 1.0);
+        let params = |w: &[Vec<f32>]| AttentionParams {
+            wq: t(&w[0], &[dim, dim]),
+            wk: t(&w[1], &[dim, dim]),
+            wv: t(&w[2], &[dim, dim]),
+            wo: t(&w[3], &[dim, dim]),
+        };
+        let loss = |x: &[f32], w: &[Vec<f32>]| -> f64 {
+            let (y, _) = attention_forward(&t(x, &[rows, dim]), &params(w), seq_len, heads).unwrap();
+            y.to_vec_f32().iter().zip(&r).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
+        };
+        let p = params(&w);
+        let (_, cache) = attention_forward(&t(&x, &[rows, dim]), &p, seq_len, heads).unwrap();
+        let g = attention_backward(&t(&r, &[rows, dim]), &p, &cache).unwrap();
+        check_grad("attention dx", &x, &g.dx.to_vec_f32(), |x| loss(x, &w));
+        let grads = [&g.params.wq, &g.params.wk, &g.params.wv, &g.params.wo];
+        for (i, (name, grad)) in ["dwq", "dwk", "dwv", "dwo"].iter().zip(grads).enumerate() {
+            check_grad(name, &w[i], &grad.to_vec_f32(), |v| {
+                let mut w2 = w.clone();
+                w2[i] = v.to_vec();
+                loss(&x, &w2)
+            });
+        }
+    }
+
+    #[test]
+    fn cache_bytes_grow_with_the_square_of_the_sequence() {
+        let p = |d: usize| AttentionParams {
+            wq: Tensor::zeros(&[d, d]).unwrap(),
+            wk: Tensor::zeros(&[d, d]).unwrap(),
+            wv: Tensor::zeros(&[d, d]).unwrap(),
+            wo: Tensor::zeros(&[d, d]).unwrap(),
+        };
+        let bytes = |seq_len: usize| {
+            let x = Tensor::zeros(&[seq_len, 4]).unwrap();
+            attention_forward(&x, &p(4), seq_len, 2).unwrap().1.bytes()
+        };
+        // One sequence, dim 4, 2 heads: 5 * T * 4 linear floats plus 2 * T^2 probabilities.
+        assert_eq!(bytes(8), ((5 * 8 * 4 + 2 * 64) * 4) as u64);
+        assert_eq!(bytes(16), ((5 * 16 * 4 + 2 * 256) * 4) as u64);
+        // The planned bytes cover what the forward keeps.
+        assert!(attention_tmp_bytes(1, 16, 4, 2) > bytes(16));
+    }
+}
