@@ -209,15 +209,25 @@ pub fn attention_backward(
     Ok(AttentionGrads { dx: Tensor::from_f32(&[rows, dim], dx)?, params: AttentionParams { wq, wk, wv, wo } })
 }
 
-/// Bytes one attention layer's forward cache and backward buffers take for `seqs` sequences of
-/// `seq_len` tokens of width `dim` with `heads` heads: saved input, Q, K, V, context and probabilities,
-/// then the backward's head-major gradients, its per-head score gradient and the projection gradients.
-/// The probabilities, `seqs * heads * seq_len^2` floats, are the term quadratic in the sequence length.
+/// Bytes the forward pass keeps for `seqs` sequences of `seq_len` tokens of width `dim` with `heads`
+/// heads: input, Q, K, V, context (`5 * seqs * seq_len * dim` floats) and the probabilities
+/// (`seqs * heads * seq_len^2` floats, the term quadratic in the sequence length). Equals
+/// [`AttentionCache::bytes`] of such a call.
+pub fn attention_saved_bytes(seqs: usize, seq_len: usize, dim: usize, heads: usize) -> u64 {
+    ((5 * seqs * seq_len * dim + seqs * heads * seq_len * seq_len) * 4) as u64
+}
+
+/// Bytes the backward pass allocates: the head-major d context, dQ, dK, dV and the summed input
+/// gradient (`5 * seqs * seq_len * dim` floats), one head's score gradient (`seq_len^2`), and the four
+/// projection gradients (`4 * dim^2`).
+pub fn attention_backward_bytes(seqs: usize, seq_len: usize, dim: usize) -> u64 {
+    ((5 * seqs * seq_len * dim + seq_len * seq_len + 4 * dim * dim) * 4) as u64
+}
+
+/// Everything one attention layer needs in a training step: [`attention_saved_bytes`] plus
+/// [`attention_backward_bytes`].
 pub fn attention_tmp_bytes(seqs: usize, seq_len: usize, dim: usize, heads: usize) -> u64 {
-    let rows = seqs * seq_len;
-    let forward = 5 * rows * dim + seqs * heads * seq_len * seq_len;
-    let backward = 5 * rows * dim + seq_len * seq_len + 4 * dim * dim;
-    ((forward + backward) * 4) as u64
+    attention_saved_bytes(seqs, seq_len, dim, heads) + attention_backward_bytes(seqs, seq_len, dim)
 }
 
 #[cfg(test)]
@@ -298,7 +308,8 @@ mod tests {
         // One sequence, dim 4, 2 heads: 5 * T * 4 linear floats plus 2 * T^2 probabilities.
         assert_eq!(bytes(8), ((5 * 8 * 4 + 2 * 64) * 4) as u64);
         assert_eq!(bytes(16), ((5 * 16 * 4 + 2 * 256) * 4) as u64);
-        // The planned bytes cover what the forward keeps.
+        // The plan's forward share is exactly what the forward keeps.
+        assert_eq!(attention_saved_bytes(1, 16, 4, 2), bytes(16));
         assert!(attention_tmp_bytes(1, 16, 4, 2) > bytes(16));
     }
 }

@@ -18,8 +18,8 @@ mod softmax;
 pub(crate) mod gradcheck;
 
 pub use attention::{
-    AttentionCache, AttentionGrads, AttentionParams, attention_backward, attention_forward,
-    attention_tmp_bytes,
+    AttentionCache, AttentionGrads, AttentionParams, attention_backward, attention_backward_bytes,
+    attention_forward, attention_saved_bytes, attention_tmp_bytes,
 };
 pub use elementwise::{
     BiasAdd, Gelu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar,

@@ -22,7 +22,7 @@ use crate::error::KernelError;
 
 pub use file::{ModelZoo, Provenance, load_model, save_model};
 pub use model::{ForwardCache, MoeBlock, ParamGroup, VMoe, VMoeConfig, VMoeParams};
-pub use pool::{AdaptReport, CoAdaptPool, FragSample, ModelId, TmpSample};
+pub use pool::{AdaptReport, AttnSample, CoAdaptPool, FragSample, ModelId, TmpSample};
 pub use train::{Dataset, Recipe, TrainReport, TrainScope, Trainer, accuracy, exact_match};
 
 /// Everything that can go wrong building, training, storing or pooling a V-MoE.
