@@ -4,13 +4,13 @@
 //! `x` is `(seqs * seq_len) x dim`, sequence `s` occupying rows `s * seq_len ..`. Per head `h` of
 //! width `dh = dim / heads`: `P = softmax(Q_h K_h^T / sqrt(dh))`, `C_h = P V_h`; the heads' contexts
 //! are concatenated and projected: `y = C W_o`. Projections have no bias (the pre-norm's shift plays
-//! that part). Products run through [`Gemm`] on head-major copies, so each head is contiguous.
+//! that part). Projections run through [`matmul`]; the per-head products are direct loops over
+//! head-major copies (each head contiguous, inner loops over `dh`): at these sizes (`seq_len` 64,
+//! `dh` 8-16) a GEMM spent most of its time packing (measured: 37% of a training run).
 //!
 //! The cache holds the attention probabilities, `seqs * heads * seq_len^2` floats: the temporary that
 //! grows with the square of the sequence length ([`AttentionCache::bytes`] measures it).
 
-use super::gemm::Gemm;
-use super::softmax::softmax_row;
 use super::{matmul, rows_cols};
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
@@ -95,6 +95,29 @@ fn dims(
     Ok((rows, dim, rows / seq_len, dim / heads))
 }
 
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
+/// `y += a x`.
+#[inline(always)]
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    y.iter_mut().zip(x).for_each(|(o, &v)| *o += a * v);
+}
+
+/// Max-subtracted softmax of one row, in place (f32: a row is a few hundred scores at most).
+fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// `[row][head * dh + j]` (row-major `rows x dim`) to head-major `[seq][head][pos][j]`.
 fn to_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
     let dim = heads * dh;
@@ -123,6 +146,61 @@ fn from_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
     out
 }
 
+/// One head of one sequence, forward: `probs = softmax(Q K^T * scale)` row by row, `ctx = probs V`.
+/// `dh` is the head width; inlined into call sites that pass it as a literal.
+#[inline(always)]
+fn head_forward(
+    dh: usize,
+    scale: f32,
+    (qs, ks, vs): (&[f32], &[f32], &[f32]),
+    pr: &mut [f32],
+    cs: &mut [f32],
+) {
+    let t = qs.len() / dh;
+    for ((qi, prow), ci) in qs.chunks_exact(dh).zip(pr.chunks_exact_mut(t)).zip(cs.chunks_exact_mut(dh)) {
+        // Scores of query i against every key, then a max-subtracted softmax in place.
+        for (p, kj) in prow.iter_mut().zip(ks.chunks_exact(dh)) {
+            *p = scale * dot(qi, kj);
+        }
+        softmax_in_place(prow);
+        // Context: the probability-weighted sum of the values.
+        for (&p, vj) in prow.iter().zip(vs.chunks_exact(dh)) {
+            axpy(p, vj, ci);
+        }
+    }
+}
+
+/// One head of one sequence, backward: accumulates dQ, dK, dV from d context; `ds` is a scratch row.
+#[inline(always)]
+fn head_backward(
+    dh: usize,
+    scale: f32,
+    (qs, ks, vs): (&[f32], &[f32], &[f32]),
+    pr: &[f32],
+    dc: &[f32],
+    (dqs, dks, dvs): (&mut [f32], &mut [f32], &mut [f32]),
+    ds: &mut [f32],
+) {
+    let t = qs.len() / dh;
+    for (i, (prow, dci)) in pr.chunks_exact(t).zip(dc.chunks_exact(dh)).enumerate() {
+        // dP_ij = dC_i . V_j; dV_j += P_ij dC_i.
+        for (j, (d, vj)) in ds.iter_mut().zip(vs.chunks_exact(dh)).enumerate() {
+            *d = dot(dci, vj);
+            axpy(prow[j], dci, &mut dvs[j * dh..(j + 1) * dh]);
+        }
+        // Softmax backward, with the score scale folded in: dS = P (dP - P . dP) / sqrt(dh).
+        let pd = dot(prow, ds);
+        ds.iter_mut().zip(prow).for_each(|(g, &y)| *g = y * (*g - pd) * scale);
+        // dQ_i = sum_j dS_ij K_j; dK_j += dS_ij Q_i.
+        let qi = &qs[i * dh..(i + 1) * dh];
+        let dqi = &mut dqs[i * dh..(i + 1) * dh];
+        for (j, (&g, kj)) in ds.iter().zip(ks.chunks_exact(dh)).enumerate() {
+            axpy(g, kj, dqi);
+            axpy(g, qi, &mut dks[j * dh..(j + 1) * dh]);
+        }
+    }
+}
+
 /// Self-attention of `x` (`(seqs * seq_len) x dim`) with `heads` heads; returns `y` (same shape) and
 /// the cache for [`attention_backward`].
 pub fn attention_forward(
@@ -135,22 +213,22 @@ pub fn attention_forward(
     let q = to_heads(&matmul(x, &p.wq, false, false)?.f32_cow(), seq_len, heads, dh);
     let k = to_heads(&matmul(x, &p.wk, false, false)?.f32_cow(), seq_len, heads, dh);
     let v = to_heads(&matmul(x, &p.wv, false, false)?.f32_cow(), seq_len, heads, dh);
-    let (t, tt, hd) = (seq_len, seq_len * seq_len, seq_len * dh);
+    let (tt, hd) = (seq_len * seq_len, seq_len * dh);
     let mut probs = vec![0.0f32; seqs * heads * tt];
     let mut ctx_h = vec![0.0f32; rows * dim];
-    let mut scores = vec![0.0f32; tt];
     let scale = 1.0 / (dh as f32).sqrt();
-    let qk = Gemm { alpha: scale, ..Gemm::new(t, dh, t).transposed(false, true) };
-    let pv = Gemm::new(t, t, dh);
     for sh in 0..seqs * heads {
-        let (qs, ks, vs) =
-            (&q[sh * hd..(sh + 1) * hd], &k[sh * hd..(sh + 1) * hd], &v[sh * hd..(sh + 1) * hd]);
-        qk.run_cpu(qs, ks, &mut scores)?;
+        let span = sh * hd..(sh + 1) * hd;
         let pr = &mut probs[sh * tt..(sh + 1) * tt];
-        for (row, out) in scores.chunks_exact(t).zip(pr.chunks_exact_mut(t)) {
-            softmax_row(row, out);
+        let args = (&q[span.clone()], &k[span.clone()], &v[span.clone()]);
+        let cs = &mut ctx_h[span];
+        // A literal `dh` per arm lets the inlined loops unroll for the common head widths.
+        match dh {
+            8 => head_forward(8, scale, args, pr, cs),
+            12 => head_forward(12, scale, args, pr, cs),
+            16 => head_forward(16, scale, args, pr, cs),
+            _ => head_forward(dh, scale, args, pr, cs),
         }
-        pv.run_cpu(pr, vs, &mut ctx_h[sh * hd..(sh + 1) * hd])?;
     }
     let ctx = Tensor::from_f32(&[rows, dim], from_heads(&ctx_h, seq_len, heads, dh))?;
     let y = matmul(&ctx, &p.wo, false, false)?;
@@ -177,24 +255,19 @@ pub fn attention_backward(
     let scale = 1.0 / (dh as f32).sqrt();
     let (mut dq, mut dk, mut dv) =
         (vec![0.0f32; rows * dim], vec![0.0f32; rows * dim], vec![0.0f32; rows * dim]);
-    let mut ds = vec![0.0f32; tt];
-    let dp_gemm = Gemm::new(t, dh, t).transposed(false, true);
-    let dv_gemm = Gemm::new(t, t, dh).transposed(true, false);
-    let dq_gemm = Gemm::new(t, t, dh);
-    let dk_gemm = Gemm::new(t, t, dh).transposed(true, false);
+    let mut ds = vec![0.0f32; t];
     for sh in 0..seqs * heads {
         let span = sh * hd..(sh + 1) * hd;
         let pr = &cache.probs[sh * tt..(sh + 1) * tt];
+        let saved = (&cache.q[span.clone()], &cache.k[span.clone()], &cache.v[span.clone()]);
         let dc = &dctx[span.clone()];
-        dp_gemm.run_cpu(dc, &cache.v[span.clone()], &mut ds)?;
-        dv_gemm.run_cpu(pr, dc, &mut dv[span.clone()])?;
-        // Softmax backward per row, with the score scale folded in.
-        for (drow, prow) in ds.chunks_exact_mut(t).zip(pr.chunks_exact(t)) {
-            let dot: f32 = drow.iter().zip(prow).map(|(&g, &y)| g * y).sum();
-            drow.iter_mut().zip(prow).for_each(|(g, &y)| *g = y * (*g - dot) * scale);
+        let grads = (&mut dq[span.clone()], &mut dk[span.clone()], &mut dv[span]);
+        match dh {
+            8 => head_backward(8, scale, saved, pr, dc, grads, &mut ds),
+            12 => head_backward(12, scale, saved, pr, dc, grads, &mut ds),
+            16 => head_backward(16, scale, saved, pr, dc, grads, &mut ds),
+            _ => head_backward(dh, scale, saved, pr, dc, grads, &mut ds),
         }
-        dq_gemm.run_cpu(&ds, &cache.k[span.clone()], &mut dq[span.clone()])?;
-        dk_gemm.run_cpu(&ds, &cache.q[span.clone()], &mut dk[span])?;
     }
     let mat = |m: &[f32]| Tensor::from_f32(&[rows, dim], from_heads(m, seq_len, heads, dh));
     let (dq, dk, dv) = (mat(&dq)?, mat(&dk)?, mat(&dv)?);
@@ -264,7 +337,13 @@ mod tests {
 
     #[test]
     fn gradients_match_finite_differences() {
-        let (seqs, seq_len, dim, heads) = (2, 3, 4, 2);
+        // Head width 2 takes the generic loops, 8 the unrolled ones.
+        for (dim, heads) in [(4, 2), (16, 2)] {
+            gradients_match_for(2, 3, dim, heads);
+        }
+    }
+
+    fn gradients_match_for(seqs: usize, seq_len: usize, dim: usize, heads: usize) {
         let rows = seqs * seq_len;
         let x = random_vec(11, rows * dim, 1.0);
         let w: Vec<Vec<f32>> = (0..4).map(|i| random_vec(20 + i, dim * dim, 0.8)).collect();
