@@ -1,7 +1,9 @@
 //! A small Vision Mixture-of-Experts (V-MoE) on the crate's ops, trained on scikit-learn's 8x8 digits:
-//! the model behind the `coadapt` workload (AdaSprite).
+//! the model behind the `coadapt` workload (AdaSprite). Images are upsampled to 16x16 in the model's
+//! stem and cut into 64 tokens; each block is pre-norm self-attention then a pre-norm MoE.
 //!
-//! - [`config`]: the shape (four student sizes and a teacher); [`params`]: the weights by group.
+//! - [`config`]: the shape (four student sizes and a teacher); [`params`]: the weights by group
+//!   (attention is shared: frozen in adaptation, merged in the pool).
 //! - [`model`]: forward with cache, full backward.
 //! - [`train`]: datasets from digits, seeded minibatch AdamW training, accuracy and exact match.
 //! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
