@@ -1,6 +1,6 @@
 //! The co-adaptation pool (AdaSprite's MoE merging): several V-MoEs held together, their shared parts
-//! (patch/position embeddings, attention, layer norms, routers: everything frozen during adaptation) stored once
-//! when identical, their experts and projectors kept per model. Every parameter buffer, optimiser
+//! (patch/position embeddings, attention, layer norms, routers: everything frozen during adaptation)
+//! stored once when identical, their experts and projectors kept per model. Every parameter buffer, optimiser
 //! state and activation buffer is accounted in a [`MemoryPool`]: allocated on load (or before a step),
 //! freed on unload (or after it). A step whose buffers do not fit is refused with the pool's
 //! [`crate::KernelError::OutOfMemory`] and leaves the pool as it was; the budget is never exceeded.
