@@ -1,16 +1,20 @@
-//! The V-MoE's backward pass against finite differences on a tiny config, patchify by hand, and the
-//! adaptation scope (only experts and projector move).
+//! The V-MoE's backward pass against finite differences on a tiny config (attention included: every
+//! parameter of every block, so input gradients through attention reach the earlier block's
+//! experts), upsampling and patchify by hand, and the adaptation scope (only experts and projector
+//! move; attention stays frozen).
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use troupe_kernels::Tensor;
 use troupe_kernels::ops::cross_entropy;
+use troupe_kernels::vmoe::model::{INPUT_PIXELS, INPUT_SIDE, upsample};
 use troupe_kernels::vmoe::{ParamGroup, TrainScope, Trainer, VMoe, VMoeConfig};
 
 fn tiny() -> VMoeConfig {
     VMoeConfig {
         patch: 4,
         dim: 4,
+        heads: 2,
         blocks: 2,
         experts: 3,
         top_k: 2,
@@ -95,17 +99,31 @@ fn whole_model_gradient_matches_finite_differences() {
 }
 
 #[test]
-fn patches_are_cut_row_major() {
+fn images_are_upsampled_bilinear_then_cut_row_major() {
+    // One axis by hand (half-pixel centres): output i samples source (i + 0.5) / 2 - 0.5, clamped, so
+    // outputs 0, 1, 2, 3 of a row (x0, x1, ...) are x0, 0.75 x0 + 0.25 x1, 0.25 x0 + 0.75 x1, ...
+    let ramp: Vec<f32> = (0..64).map(|i| (i % 8) as f32 * 4.0).collect();
+    let up = upsample(&ramp);
+    assert_eq!(up.len(), INPUT_PIXELS);
+    assert_eq!(&up[..6], &[0.0, 1.0, 3.0, 5.0, 7.0, 9.0]);
+    assert_eq!(up[15], 28.0);
+    assert!(up.chunks_exact(INPUT_SIDE).all(|row| row == &up[..INPUT_SIDE]), "constant down columns");
+    assert!(upsample(&[0.5; 64]).iter().all(|&v| (v - 0.5).abs() < 1e-6));
+
     let cfg = VMoeConfig { patch: 2, ..tiny() };
+    assert_eq!(cfg.tokens_per_image(), 64);
     let m = VMoe::new(cfg, &mut SmallRng::seed_from_u64(1)).unwrap();
-    let x = Tensor::from_f32(&[1, 64], (0..64).map(|i| i as f32).collect()).unwrap();
+    let img: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let x = Tensor::from_f32(&[1, 64], img.clone()).unwrap();
     let p = m.patchify(&x).unwrap();
-    assert_eq!(p.shape(), &[16, 4]);
+    assert_eq!(p.shape(), &[64, 4]);
     let v = p.to_vec_f32();
-    // Token 0 is pixels (0,0),(0,1),(1,0),(1,1); token 1 starts at column 2; token 4 at row 2.
-    assert_eq!(&v[0..4], &[0.0, 1.0, 8.0, 9.0]);
-    assert_eq!(&v[4..8], &[2.0, 3.0, 10.0, 11.0]);
-    assert_eq!(&v[16..20], &[16.0, 17.0, 24.0, 25.0]);
+    let u = upsample(&img);
+    // Token 0 is grid pixels (0,0),(0,1),(1,0),(1,1); token 1 starts at column 2; token 8 at row 2.
+    let at = |r: usize, c: usize| u[r * INPUT_SIDE + c];
+    assert_eq!(&v[0..4], &[at(0, 0), at(0, 1), at(1, 0), at(1, 1)]);
+    assert_eq!(&v[4..8], &[at(0, 2), at(0, 3), at(1, 2), at(1, 3)]);
+    assert_eq!(&v[32..36], &[at(2, 0), at(2, 1), at(3, 0), at(3, 1)]);
     assert!(m.patchify(&Tensor::zeros(&[1, 63]).unwrap()).is_err());
 }
 
@@ -127,5 +145,7 @@ fn adaptation_scope_moves_only_experts_and_projector() {
     assert!(moved_expert);
     assert!(VMoeConfig { blocks: 1, ..tiny() }.validate().is_err());
     assert!(VMoeConfig { patch: 3, ..tiny() }.validate().is_err());
+    assert!(VMoeConfig { heads: 3, ..tiny() }.validate().is_err());
+    assert!(VMoeConfig { heads: 0, ..tiny() }.validate().is_err());
     assert!(VMoeConfig { top_k: 4, ..tiny() }.validate().is_err());
 }

@@ -1,11 +1,14 @@
 //! The co-adaptation pool: merged shared parts are stored once (one buffer), every buffer goes through
 //! the memory pool, a step that does not fit is refused without exceeding the budget or changing the
-//! model, per-expert temporary memory matches its formula, and fragmentation is sampled over time.
+//! model, per-expert temporary memory matches its formula, attention temporaries (quadratic in the
+//! tokens per image) are reserved and match what the forward pass kept, and fragmentation is sampled
+//! over time.
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use troupe_kernels::KernelError;
 use troupe_kernels::Tensor;
+use troupe_kernels::ops::{attention_saved_bytes, attention_tmp_bytes};
 use troupe_kernels::vmoe::pool::{expert_tmp_bytes, step_plan};
 use troupe_kernels::vmoe::{CoAdaptPool, TrainScope, Trainer, VMoe, VMoeConfig, VMoeError};
 
@@ -87,10 +90,12 @@ fn the_budget_is_never_exceeded_and_refusals_change_nothing() {
     }
     assert_eq!(pool.stats().used, used);
     assert_eq!(pool.model(id).unwrap().params.proj_w.to_vec_f32(), before);
-    // A larger model (420 KB of weights) does not fit either; the pool is unchanged.
-    assert!(pool.stats().free < (VMoeConfig::large().param_count() * 4) as u64);
+    // A much larger model does not fit either (the free room is one step's buffers, which attention
+    // over 64 tokens makes several MB); the pool is unchanged.
+    let big = VMoeConfig { experts: 48, hidden: 512, ..VMoeConfig::large() };
+    assert!(pool.stats().free < (big.param_count() * 4) as u64);
     assert!(matches!(
-        pool.load("cam2", &model(VMoeConfig::large(), 4)),
+        pool.load("cam2", &model(big, 4)),
         Err(VMoeError::Kernel(KernelError::OutOfMemory { .. }))
     ));
     assert_eq!(pool.stats().used, used);
@@ -158,4 +163,34 @@ fn an_unshared_pool_gives_every_model_its_own_frozen_parts() {
     assert_eq!(pool.shared_memory_bytes(), shared);
     pool.unload(b).unwrap();
     assert_eq!(pool.stats().used, 0);
+}
+
+#[test]
+fn attention_temporaries_are_reserved_and_grow_with_the_square_of_the_tokens() {
+    let (x, y) = batch(8);
+    let mut per_image_probs = Vec::new();
+    // 2x2 patches of the 16x16 grid: 64 tokens per image; 4x4 patches: 16 tokens.
+    for patch in [2, 4] {
+        let cfg = VMoeConfig { patch, ..VMoeConfig::tiny() };
+        let n = cfg.tokens_per_image();
+        let plan = step_plan(&cfg, 8);
+        let attn: Vec<u64> =
+            plan.iter().filter(|(what, _)| *what == "attention tmp").map(|(_, b)| *b).collect();
+        assert_eq!(attn, vec![attention_tmp_bytes(8, n, cfg.dim, cfg.heads); cfg.blocks]);
+        let mut pool = CoAdaptPool::new("attn", 32 << 20).unwrap();
+        let id = pool.load("cam", &model(cfg, 9)).unwrap();
+        let r = pool.adapt_step(id, &x, &y, 1e-3).unwrap();
+        assert_eq!(r.reserved_bytes, plan.iter().map(|(_, b)| align(*b)).sum::<u64>());
+        // What the forward pass kept (measured from its cache) is what the plan reserved for it.
+        let saved = attention_saved_bytes(8, n, cfg.dim, cfg.heads);
+        assert_eq!(r.attention_bytes, cfg.blocks as u64 * saved);
+        let samples = pool.attention_samples();
+        assert_eq!(samples.len(), cfg.blocks);
+        assert!(samples.iter().all(|s| s.tokens == n && s.images == 8 && s.bytes > saved));
+        // The probabilities: what is left of the saved bytes after the 5 linear buffers.
+        per_image_probs.push((saved - (5 * 8 * n * cfg.dim * 4) as u64) / 8);
+    }
+    // 4x the tokens, 16x the attention probabilities.
+    assert_eq!(per_image_probs[0], 16 * per_image_probs[1]);
+    assert_eq!(per_image_probs[0], (VMoeConfig::tiny().heads * 64 * 64 * 4) as u64);
 }

@@ -4,6 +4,7 @@
 //! trait (candle's `CustomOp` pattern) puts an op behind one call that dispatches on [`Device`]:
 //! `cpu` is required, `cuda` defaults to [`KernelError::Unsupported`].
 
+mod attention;
 mod elementwise;
 mod gemm;
 mod layer_norm;
@@ -16,6 +17,10 @@ mod softmax;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
+pub use attention::{
+    AttentionCache, AttentionGrads, AttentionParams, attention_backward, attention_backward_bytes,
+    attention_forward, attention_saved_bytes, attention_tmp_bytes,
+};
 pub use elementwise::{
     BiasAdd, Gelu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar,
 };

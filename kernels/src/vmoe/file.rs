@@ -1,9 +1,11 @@
 //! Model files and the trained-model cache.
 //!
-//! Layout (little-endian): magic `TRVMOE01`; nine u32 config fields (patch, dim, blocks, experts, top_k,
-//! hidden, proj, classes, capacity_factor as f32 bits); u64 parameter count; that many f32 in
-//! [`super::VMoeParams::tensors`] order; a 32-byte blake3 hash of everything before it. Readers cap
-//! the file size, validate the config, and check the count and hash before building tensors.
+//! Layout (little-endian): magic `TRVMOE02` (`TRVMOE` and a two-digit format version); ten u32 config
+//! fields (patch, dim, heads, blocks, experts, top_k, hidden, proj, classes, capacity_factor as f32
+//! bits); u64 parameter count; that many f32 in [`super::VMoeParams::tensors`] order; a 32-byte blake3
+//! hash of everything before it. Readers cap the file size, refuse other format versions by name
+//! (version 01 had no attention), validate the config, and check the count and hash before building
+//! tensors.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -13,17 +15,21 @@ use super::model::{VMoe, VMoeConfig, VMoeParams};
 use super::train::{Dataset, Recipe, TrainReport, train_new};
 use crate::tensor::Tensor;
 
-/// The file's first 8 bytes.
-pub const MAGIC: &[u8; 8] = b"TRVMOE01";
+/// The file's first 8 bytes: [`MAGIC_PREFIX`] and the format version this build reads and writes.
+pub const MAGIC: &[u8; 8] = b"TRVMOE02";
+/// The magic's first 6 bytes, the same in every version.
+pub const MAGIC_PREFIX: &[u8; 6] = b"TRVMOE";
+/// Config fields in the header.
+const CONFIG_WORDS: usize = 10;
 /// Largest model file accepted.
 pub const MAX_MODEL_BYTES: u64 = 64 * 1024 * 1024;
-const HEADER: usize = 8 + 9 * 4 + 8;
+const HEADER: usize = 8 + CONFIG_WORDS * 4 + 8;
 
 /// The bytes of a model file for `model`.
 pub fn encode(model: &VMoe) -> Vec<u8> {
     let c = &model.config;
     let mut out = MAGIC.to_vec();
-    for v in [c.patch, c.dim, c.blocks, c.experts, c.top_k, c.hidden, c.proj, c.classes] {
+    for v in [c.patch, c.dim, c.heads, c.blocks, c.experts, c.top_k, c.hidden, c.proj, c.classes] {
         out.extend_from_slice(&(v as u32).to_le_bytes());
     }
     out.extend_from_slice(&c.capacity_factor.to_bits().to_le_bytes());
@@ -40,11 +46,18 @@ pub fn encode(model: &VMoe) -> Vec<u8> {
 
 /// Parses model-file bytes; the error string says what is wrong.
 pub fn decode(bytes: &[u8]) -> Result<VMoe, String> {
+    if bytes.len() >= 8 && bytes[..6] == MAGIC_PREFIX[..] && bytes[..8] != MAGIC[..] {
+        let version = String::from_utf8_lossy(&bytes[6..8]).into_owned();
+        return Err(format!(
+            "model file format version {version:?} is not supported (this build reads {:?}); retrain it",
+            String::from_utf8_lossy(&MAGIC[6..])
+        ));
+    }
     if bytes.len() < HEADER + 32 {
         return Err(format!("{} bytes, shorter than header and checksum", bytes.len()));
     }
     if &bytes[..8] != MAGIC {
-        return Err("bad magic (expected TRVMOE01)".into());
+        return Err("bad magic (expected TRVMOE02)".into());
     }
     let (body, sum) = bytes.split_at(bytes.len() - 32);
     if blake3::hash(body).as_bytes() != sum {
@@ -58,13 +71,14 @@ pub fn decode(bytes: &[u8]) -> Result<VMoe, String> {
     let config = VMoeConfig {
         patch: f(0),
         dim: f(1),
-        blocks: f(2),
-        experts: f(3),
-        top_k: f(4),
-        hidden: f(5),
-        proj: f(6),
-        classes: f(7),
-        capacity_factor: f32::from_bits(word(8)),
+        heads: f(2),
+        blocks: f(3),
+        experts: f(4),
+        top_k: f(5),
+        hidden: f(6),
+        proj: f(7),
+        classes: f(8),
+        capacity_factor: f32::from_bits(word(9)),
     };
     config.validate().map_err(|e| e.to_string())?;
     let mut n = [0u8; 8];
@@ -95,12 +109,22 @@ fn params_from_tensors(c: &VMoeConfig, tensors: Vec<Tensor>) -> Result<VMoeParam
     let (patch_w, patch_b, pos) = (next()?, next()?, next()?);
     let mut blocks = Vec::with_capacity(c.blocks);
     for _ in 0..c.blocks {
+        let (attn_gamma, attn_beta) = (next()?, next()?);
+        let attn = crate::ops::AttentionParams { wq: next()?, wk: next()?, wv: next()?, wo: next()? };
         let (ln_gamma, ln_beta, router) = (next()?, next()?, next()?);
         let mut experts = Vec::with_capacity(c.experts);
         for _ in 0..c.experts {
             experts.push(crate::ops::ExpertParams { w1: next()?, b1: next()?, w2: next()?, b2: next()? });
         }
-        blocks.push(super::model::MoeBlock { ln_gamma, ln_beta, router, experts });
+        blocks.push(super::model::MoeBlock {
+            attn_gamma,
+            attn_beta,
+            attn,
+            ln_gamma,
+            ln_beta,
+            router,
+            experts,
+        });
     }
     Ok(VMoeParams {
         patch_w,
@@ -177,9 +201,12 @@ impl ModelZoo {
         &self.dir
     }
 
-    /// The file for a model called `name` with `config` trained by `recipe` on data tagged `data_tag`.
+    /// The file for a model called `name` with `config` trained by `recipe` on data tagged `data_tag`
+    /// (keyed also by the file format version).
     pub fn path_for(&self, name: &str, config: &VMoeConfig, recipe: &Recipe, data_tag: &str) -> PathBuf {
-        let key = format!("{config:?}|{}|{data_tag}", recipe.tag());
+        // The format version names the architecture too (02: attention, 16x16 grid), so files of
+        // another architecture are never looked up even when a config prints the same.
+        let key = format!("{}|{config:?}|{}|{data_tag}", String::from_utf8_lossy(MAGIC), recipe.tag());
         let short = &blake3::hash(key.as_bytes()).to_hex()[..16];
         self.dir.join(format!("{name}-{}-{short}.vmoe", recipe.tag()))
     }
@@ -231,6 +258,16 @@ mod tests {
         let mut magic = bytes.clone();
         magic[0] = b'X';
         assert!(decode(&magic).unwrap_err().contains("magic"));
+        // A file of the previous format (no attention) or a future one is refused by version.
+        for old in [b"TRVMOE01", b"TRVMOE99"] {
+            let mut v = bytes.clone();
+            v[..8].copy_from_slice(old);
+            let err = decode(&v).unwrap_err();
+            assert!(
+                err.contains("version") && err.contains(&String::from_utf8_lossy(&old[6..]).to_string()),
+                "{err}"
+            );
+        }
         // A header claiming a huge config is refused before allocating (hash recomputed to pass).
         let mut huge = bytes[..bytes.len() - 32].to_vec();
         huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());

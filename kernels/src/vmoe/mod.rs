@@ -1,7 +1,9 @@
 //! A small Vision Mixture-of-Experts (V-MoE) on the crate's ops, trained on scikit-learn's 8x8 digits:
-//! the model behind the `coadapt` workload (AdaSprite).
+//! the model behind the `coadapt` workload (AdaSprite). Images are upsampled to 16x16 in the model's
+//! stem and cut into 64 tokens; each block is pre-norm self-attention then a pre-norm MoE.
 //!
-//! - [`config`]: the shape (four student sizes and a teacher); [`params`]: the weights by group.
+//! - [`config`]: the shape (four student sizes and a teacher); [`params`]: the weights by group
+//!   (attention is shared: frozen in adaptation, merged in the pool).
 //! - [`model`]: forward with cache, full backward.
 //! - [`train`]: datasets from digits, seeded minibatch AdamW training, accuracy and exact match.
 //! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
@@ -22,7 +24,7 @@ use crate::error::KernelError;
 
 pub use file::{ModelZoo, Provenance, load_model, save_model};
 pub use model::{ForwardCache, MoeBlock, ParamGroup, VMoe, VMoeConfig, VMoeParams};
-pub use pool::{AdaptReport, CoAdaptPool, FragSample, ModelId, TmpSample};
+pub use pool::{AdaptReport, AttnSample, CoAdaptPool, FragSample, ModelId, TmpSample};
 pub use train::{Dataset, Recipe, TrainReport, TrainScope, Trainer, accuracy, exact_match};
 
 /// Everything that can go wrong building, training, storing or pooling a V-MoE.

@@ -1,23 +1,30 @@
-//! The V-MoE itself: patch embedding + position embedding, `blocks` pre-norm MoE blocks (layer norm ->
-//! router -> top-k routing with capacity -> expert FFNs, residual), a final layer norm, mean pooling,
-//! a projector (linear + GELU) and a linear head. Forward keeps a cache; backward returns gradients for
-//! every parameter, built from the ops' own backward passes.
+//! The V-MoE itself: the 8x8 image upsampled (bilinear) to 16x16, patch embedding + position
+//! embedding, `blocks` blocks of pre-norm multi-head self-attention (residual) then a pre-norm MoE
+//! (layer norm -> router -> top-k routing with capacity -> expert FFNs, residual), a final layer norm,
+//! mean pooling, a projector (linear + GELU) and a linear head. Forward keeps a cache; backward
+//! returns gradients for every parameter, built from the ops' own backward passes (so the input
+//! gradient flows through attention to earlier blocks' experts even when attention is frozen).
 
 use rand::Rng;
 use rand::rngs::SmallRng;
 
 use super::VMoeError;
-pub use super::config::{IMAGE_PIXELS, IMAGE_SIDE, LN_EPS, MAX_DIM, VMoeConfig};
+pub use super::config::{IMAGE_PIXELS, IMAGE_SIDE, INPUT_PIXELS, INPUT_SIDE, LN_EPS, MAX_DIM, VMoeConfig};
 pub use super::params::{MoeBlock, ParamGroup, VMoeParams};
 use crate::ops::{
-    ExpertParams, LayerNormCache, MoeCache, Routing, bias_add, bias_grad, gelu, gelu_backward, layer_norm,
-    layer_norm_backward, matmul, moe_ffn_backward, moe_ffn_forward, top_k_route,
+    AttentionCache, AttentionParams, ExpertParams, LayerNormCache, MoeCache, Routing, attention_backward,
+    attention_forward, bias_add, bias_grad, gelu, gelu_backward, layer_norm, layer_norm_backward, matmul,
+    moe_ffn_backward, moe_ffn_forward, top_k_route,
 };
 use crate::tensor::Tensor;
 
 /// Everything the backward pass needs from one block's forward pass.
 #[derive(Clone, Debug)]
 pub struct BlockCache {
+    /// Attention pre-norm saved state.
+    pub attn_ln: LayerNormCache,
+    /// Attention saved state (its input is the pre-norm's output).
+    pub attn: AttentionCache,
     /// Layer-norm output (the router's and experts' input), `tokens x dim`.
     pub normed: Tensor,
     /// Layer-norm saved state.
@@ -55,6 +62,12 @@ impl ForwardCache {
             let floats = c.x.len() + c.h.len() + c.a.len() + c.o.len() + c.gates.len();
             (floats * 4 + c.tokens.len() * std::mem::size_of::<usize>()) as u64
         })
+    }
+
+    /// Bytes of block `block`'s saved attention activations (input, Q, K, V, context and the
+    /// `images * heads * tokens^2` probabilities).
+    pub fn attention_activation_bytes(&self, block: usize) -> u64 {
+        self.blocks.get(block).map_or(0, |b| b.attn.bytes())
     }
 
     /// Tokens routed to each expert of block `block`.
@@ -98,6 +111,39 @@ fn add_into(a: &mut Tensor, b: &Tensor) -> Result<(), VMoeError> {
     Ok(())
 }
 
+/// Source index pairs and the weight of the second, for bilinear upsampling of one axis from
+/// [`IMAGE_SIDE`] to [`INPUT_SIDE`] (half-pixel centres, edges clamped).
+fn taps() -> [(usize, usize, f32); INPUT_SIDE] {
+    let mut out = [(0, 0, 0.0); INPUT_SIDE];
+    let scale = IMAGE_SIDE as f32 / INPUT_SIDE as f32;
+    for (i, tap) in out.iter_mut().enumerate() {
+        let src = ((i as f32 + 0.5) * scale - 0.5).clamp(0.0, (IMAGE_SIDE - 1) as f32);
+        let lo = src.floor() as usize;
+        let hi = (lo + 1).min(IMAGE_SIDE - 1);
+        *tap = (lo, hi, src - lo as f32);
+    }
+    out
+}
+
+/// One `IMAGE_SIDE x IMAGE_SIDE` image upsampled (bilinear, separable) to `INPUT_SIDE x INPUT_SIDE`.
+/// Part of the model's stem, so cameras, drift and datasets all stay at the sensor's 8x8.
+pub fn upsample(img: &[f32]) -> Vec<f32> {
+    let t = taps();
+    let mut rows = vec![0.0f32; IMAGE_SIDE * INPUT_SIDE];
+    for (r, row) in img.chunks_exact(IMAGE_SIDE).take(IMAGE_SIDE).enumerate() {
+        for (c, &(lo, hi, w)) in t.iter().enumerate() {
+            rows[r * INPUT_SIDE + c] = (1.0 - w) * row[lo] + w * row[hi];
+        }
+    }
+    let mut out = vec![0.0f32; INPUT_PIXELS];
+    for (r, &(lo, hi, w)) in t.iter().enumerate() {
+        for c in 0..INPUT_SIDE {
+            out[r * INPUT_SIDE + c] = (1.0 - w) * rows[lo * INPUT_SIDE + c] + w * rows[hi * INPUT_SIDE + c];
+        }
+    }
+    out
+}
+
 impl VMoe {
     /// A freshly initialised model (Glorot-uniform weights, unit norms), reproducible from `rng`.
     pub fn new(config: VMoeConfig, rng: &mut SmallRng) -> Result<Self, VMoeError> {
@@ -115,7 +161,16 @@ impl VMoe {
                     b2: Tensor::zeros(&[d])?,
                 });
             }
+            let attn = AttentionParams {
+                wq: glorot(rng, d, d)?,
+                wk: glorot(rng, d, d)?,
+                wv: glorot(rng, d, d)?,
+                wo: glorot(rng, d, d)?,
+            };
             blocks.push(MoeBlock {
+                attn_gamma: Tensor::full(&[d], 1.0)?,
+                attn_beta: Tensor::zeros(&[d])?,
+                attn,
                 ln_gamma: Tensor::full(&[d], 1.0)?,
                 ln_beta: Tensor::zeros(&[d])?,
                 router: glorot(rng, d, c.experts)?,
@@ -153,6 +208,7 @@ impl VMoe {
         let d = c.dim;
         let mut out = vec![vec![c.patch_len(), d], vec![d], vec![c.tokens_per_image(), d]];
         for _ in 0..c.blocks {
+            out.extend([vec![d], vec![d], vec![d, d], vec![d, d], vec![d, d], vec![d, d]]);
             out.extend([vec![d], vec![d], vec![d, c.experts]]);
             for _ in 0..c.experts {
                 out.extend([vec![d, c.hidden], vec![c.hidden], vec![c.hidden, d], vec![d]]);
@@ -169,22 +225,24 @@ impl VMoe {
         out
     }
 
-    /// Cuts `batch x 64` images into `batch * tokens x patch_len` patches (row-major within a patch).
+    /// Upsamples `batch x 64` images to the model's 16x16 grid and cuts them into
+    /// `batch * tokens x patch_len` patches (row-major within a patch).
     pub fn patchify(&self, images: &Tensor) -> Result<Tensor, VMoeError> {
         let (batch, pixels) = images.dims2()?;
         if pixels != IMAGE_PIXELS {
             return Err(VMoeError::Config(format!("images have {pixels} pixels, expected {IMAGE_PIXELS}")));
         }
         let p = self.config.patch;
-        let per_side = IMAGE_SIDE / p;
+        let per_side = INPUT_SIDE / p;
         let x = images.f32_cow();
-        let mut out = Vec::with_capacity(batch * IMAGE_PIXELS);
+        let mut out = Vec::with_capacity(batch * INPUT_PIXELS);
         for img in x.chunks_exact(IMAGE_PIXELS) {
+            let up = upsample(img);
             for pr in 0..per_side {
                 for pc in 0..per_side {
                     for r in 0..p {
-                        let start = (pr * p + r) * IMAGE_SIDE + pc * p;
-                        out.extend_from_slice(&img[start..start + p]);
+                        let start = (pr * p + r) * INPUT_SIDE + pc * p;
+                        out.extend_from_slice(&up[start..start + p]);
                     }
                 }
             }
@@ -205,12 +263,15 @@ impl VMoe {
         let capacity = c.capacity(tokens);
         let mut blocks = Vec::with_capacity(c.blocks);
         for blk in &p.blocks {
+            let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
+            let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
+            add_into(&mut h, &a_out)?;
             let (normed, ln) = layer_norm(&h, &blk.ln_gamma, &blk.ln_beta, LN_EPS)?;
             let logits = matmul(&normed, &blk.router, false, false)?;
             let routing = top_k_route(&logits, c.top_k, capacity)?;
             let (y, moe) = moe_ffn_forward(&normed, &routing, &blk.experts)?;
             add_into(&mut h, &y)?;
-            blocks.push(BlockCache { normed, ln, routing, moe });
+            blocks.push(BlockCache { attn_ln, attn, normed, ln, routing, moe });
         }
         let (z, final_ln) = layer_norm(&h, &p.final_gamma, &p.final_beta, LN_EPS)?;
         let n = c.tokens_per_image();
@@ -277,7 +338,7 @@ impl VMoe {
         let dz = Tensor::from_f32(&[batch * n, c.dim], dz)?;
         let fin = layer_norm_backward(&dz, &p.final_gamma, &cache.final_ln)?;
         let mut dh = fin.dx;
-        // Blocks, last first: h_out = h_in + MoE(LN(h_in)).
+        // Blocks, last first: h_mid = h_in + Attn(LN_a(h_in)), h_out = h_mid + MoE(LN(h_mid)).
         let mut block_grads = Vec::with_capacity(c.blocks);
         for (blk, bc) in p.blocks.iter().zip(&cache.blocks).rev() {
             let moe = moe_ffn_backward(&dh, &bc.moe, &blk.experts)?;
@@ -287,7 +348,13 @@ impl VMoe {
             add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
             let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
             add_into(&mut dh, &ln.dx)?;
+            let attn = attention_backward(&dh, &blk.attn, &bc.attn)?;
+            let attn_ln = layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
+            add_into(&mut dh, &attn_ln.dx)?;
             block_grads.push(MoeBlock {
+                attn_gamma: attn_ln.dgamma,
+                attn_beta: attn_ln.dbeta,
+                attn: attn.params,
                 ln_gamma: ln.dgamma,
                 ln_beta: ln.dbeta,
                 router,

@@ -1,14 +1,15 @@
 //! A V-MoE's parameters as tensors, grouped by what the co-adaptation pool does with them (merge
 //! shared parts, keep experts and projector per model), in one fixed order for files and optimisers.
 
-use crate::ops::ExpertParams;
+use crate::ops::{AttentionParams, ExpertParams};
 use crate::tensor::Tensor;
 
 /// Which part of the model a parameter belongs to; the co-adaptation pool merges `Shared` parts and
 /// trains only `Expert` and `Projector` parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamGroup {
-    /// Patch/position embedding, layer norms, routers: frozen during adaptation, merged in the pool.
+    /// Patch/position embedding, attention, layer norms, routers: frozen during adaptation, merged in
+    /// the pool (trained only from scratch).
     Shared,
     /// One expert's FFN weights.
     Expert {
@@ -21,9 +22,15 @@ pub enum ParamGroup {
     Projector,
 }
 
-/// One MoE block's parameters.
+/// One block's parameters: pre-norm self-attention, then the pre-norm MoE.
 #[derive(Clone, Debug)]
 pub struct MoeBlock {
+    /// Attention pre-norm scale, `dim`.
+    pub attn_gamma: Tensor,
+    /// Attention pre-norm shift, `dim`.
+    pub attn_beta: Tensor,
+    /// Attention projections, each `dim x dim`.
+    pub attn: AttentionParams,
     /// Pre-norm scale, `dim`.
     pub ln_gamma: Tensor,
     /// Pre-norm shift, `dim`.
@@ -43,7 +50,7 @@ pub struct VMoeParams {
     pub patch_b: Tensor,
     /// Learnt position embedding, `tokens_per_image x dim`.
     pub pos: Tensor,
-    /// The MoE blocks.
+    /// The blocks.
     pub blocks: Vec<MoeBlock>,
     /// Final layer-norm scale, `dim`.
     pub final_gamma: Tensor,
@@ -68,6 +75,10 @@ impl VMoeParams {
             (ParamGroup::Shared, &self.pos),
         ];
         for (b, blk) in self.blocks.iter().enumerate() {
+            let a = &blk.attn;
+            for t in [&blk.attn_gamma, &blk.attn_beta, &a.wq, &a.wk, &a.wv, &a.wo] {
+                out.push((ParamGroup::Shared, t));
+            }
             out.push((ParamGroup::Shared, &blk.ln_gamma));
             out.push((ParamGroup::Shared, &blk.ln_beta));
             out.push((ParamGroup::Shared, &blk.router));
@@ -92,6 +103,12 @@ impl VMoeParams {
             (ParamGroup::Shared, &mut self.pos),
         ];
         for (b, blk) in self.blocks.iter_mut().enumerate() {
+            out.push((ParamGroup::Shared, &mut blk.attn_gamma));
+            out.push((ParamGroup::Shared, &mut blk.attn_beta));
+            out.push((ParamGroup::Shared, &mut blk.attn.wq));
+            out.push((ParamGroup::Shared, &mut blk.attn.wk));
+            out.push((ParamGroup::Shared, &mut blk.attn.wv));
+            out.push((ParamGroup::Shared, &mut blk.attn.wo));
             out.push((ParamGroup::Shared, &mut blk.ln_gamma));
             out.push((ParamGroup::Shared, &mut blk.ln_beta));
             out.push((ParamGroup::Shared, &mut blk.router));

@@ -1,6 +1,6 @@
 //! The co-adaptation pool (AdaSprite's MoE merging): several V-MoEs held together, their shared parts
-//! (patch/position embeddings, layer norms, routers: everything frozen during adaptation) stored once
-//! when identical, their experts and projectors kept per model. Every parameter buffer, optimiser
+//! (patch/position embeddings, attention, layer norms, routers: everything frozen during adaptation)
+//! stored once when identical, their experts and projectors kept per model. Every parameter buffer, optimiser
 //! state and activation buffer is accounted in a [`MemoryPool`]: allocated on load (or before a step),
 //! freed on unload (or after it). A step whose buffers do not fit is refused with the pool's
 //! [`crate::KernelError::OutOfMemory`] and leaves the pool as it was; the budget is never exceeded.
@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::VMoeError;
 use super::model::{ParamGroup, VMoe, VMoeConfig};
 use super::train::{Dataset, TrainScope, Trainer, predict_all};
+use crate::ops::{attention_backward_bytes, attention_tmp_bytes};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
 
@@ -56,6 +57,26 @@ pub struct TmpSample {
     pub bytes: u64,
 }
 
+/// One measurement of a block's attention temporaries in an adaptation step (the part that grows with
+/// the square of the tokens per image).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnSample {
+    /// The model.
+    pub model: ModelId,
+    /// Block index.
+    pub block: usize,
+    /// Images in the step (sequences).
+    pub images: usize,
+    /// Tokens per image (the sequence length `T` of the `T^2` term).
+    pub tokens: usize,
+    /// Model width.
+    pub dim: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Bytes: the forward activations attention kept (measured) plus its backward buffers.
+    pub bytes: u64,
+}
+
 /// What one adaptation step did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdaptReport {
@@ -65,6 +86,8 @@ pub struct AdaptReport {
     pub reserved_bytes: u64,
     /// Bytes of activations the forward pass actually kept (at most the reservation's share).
     pub activation_bytes: u64,
+    /// Of which attention's (probabilities included) over all blocks.
+    pub attention_bytes: u64,
     /// Pool bytes in use at the step's peak.
     pub peak_used: u64,
     /// Tokens per expert, per block.
@@ -98,14 +121,19 @@ pub fn expert_tmp_bytes(config: &VMoeConfig, tokens: usize) -> u64 {
 }
 
 /// The buffers one training step of `batch` images needs besides expert temporaries, with their sizes:
-/// patches, residual stream, per-block norm and router buffers, final norm, head, and the gradients of
-/// the trainable parameters. Expert temporaries are bounded by the capacity (see [`step_plan`]).
+/// patches, residual stream, per-block attention (its norm, its saved Q/K/V/context and
+/// `batch * heads * T^2` probabilities plus backward buffers, its output) and norm and router
+/// buffers, final norm, head, and the gradients of the trainable parameters. Expert temporaries are
+/// bounded by the capacity (see [`step_plan`]).
 fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
     let c = config;
     let t = batch * c.tokens_per_image();
     let f = |n: usize| (n * 4) as u64;
     let mut plan = vec![("patches", f(t * c.patch_len())), ("residual", f(t * c.dim))];
     for _ in 0..c.blocks {
+        plan.push(("attention norm", f(2 * t * c.dim + t)));
+        plan.push(("attention tmp", attention_tmp_bytes(batch, c.tokens_per_image(), c.dim, c.heads)));
+        plan.push(("attention out", f(t * c.dim)));
         plan.push(("norm", f(2 * t * c.dim + t)));
         plan.push(("router", f(2 * t * c.experts)));
         plan.push(("moe out", f(t * c.dim)));
@@ -234,6 +262,7 @@ pub struct CoAdaptPool {
     events: u64,
     frag: Vec<FragSample>,
     tmp: Vec<TmpSample>,
+    attn: Vec<AttnSample>,
     peak_used: u64,
     weight_decay: f32,
     share: bool,
@@ -259,6 +288,7 @@ impl CoAdaptPool {
             events: 0,
             frag: Vec::new(),
             tmp: Vec::new(),
+            attn: Vec::new(),
             peak_used: 0,
             weight_decay: 0.0,
             share: true,
@@ -464,8 +494,21 @@ impl CoAdaptPool {
         self.sample("release");
         let (loss, cache) = result?;
         let mut activation_bytes = 0;
+        let mut attention_bytes = 0;
         let mut expert_loads = Vec::with_capacity(config.blocks);
         for block in 0..config.blocks {
+            let kept = cache.attention_activation_bytes(block);
+            attention_bytes += kept;
+            let backward = attention_backward_bytes(batch, config.tokens_per_image(), config.dim);
+            self.attn.push(AttnSample {
+                model: id,
+                block,
+                images: batch,
+                tokens: config.tokens_per_image(),
+                dim: config.dim,
+                heads: config.heads,
+                bytes: kept + backward,
+            });
             let load = cache.expert_load(block);
             for (expert, &tokens) in load.iter().enumerate() {
                 let fwd = cache.expert_activation_bytes(block, expert);
@@ -483,7 +526,8 @@ impl CoAdaptPool {
             }
             expert_loads.push(load);
         }
-        Ok(AdaptReport { loss, reserved_bytes, activation_bytes, peak_used, expert_loads })
+        activation_bytes += attention_bytes;
+        Ok(AdaptReport { loss, reserved_bytes, activation_bytes, attention_bytes, peak_used, expert_loads })
     }
 
     /// Allocates model `id`'s optimiser state (experts and projector) unless it has one; refused
@@ -680,6 +724,11 @@ impl CoAdaptPool {
     /// Per-expert temporary-memory measurements from every adaptation step so far.
     pub fn tmp_samples(&self) -> &[TmpSample] {
         &self.tmp
+    }
+
+    /// Per-block attention temporary-memory measurements from every adaptation step so far.
+    pub fn attention_samples(&self) -> &[AttnSample] {
+        &self.attn
     }
 
     /// Sets the AdamW weight decay for optimisers created from now on (default 0).
