@@ -153,7 +153,7 @@ timeout_ms = 5000
 
 [[nodes]]
 name = "edge"
-actors = [{ kind = "coadapt-edge", params = { memory_mb = 1, scheduler = "twin", target_gain = 0.10, max_epochs = 30 } }]
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.10, max_epochs = 30 } }]
 job = { kind = "coadapt", timeout_s = 600, params = { cameras = 2, min_gain = 0.0 } }
 metrics = { listen = "127.0.0.1:0" }
 
