@@ -26,6 +26,14 @@
 //! clock jumps forward to that arrival (idle device time costs no CPU). Arrivals are submitted
 //! between cycles, stamped with their arrival time, so a cycle's wait counts in their latency.
 //!
+//! Caveat: once the `threads` mechanism runs experts on a thread pool, work done on the pool's
+//! threads is not the executor thread's CPU time; the clock then has to become the executor's
+//! busy time (e.g. process CPU time over the threads used), or ours would be flattered.
+//!
+//! Mechanisms: the engine this bench was written against honours only `preload`; the `grouping`,
+//! `threads` and `reuse` switches do not change execution yet, so their ablation rows differ from
+//! ours only by timing noise until the mechanisms branch lands.
+//!
 //! **Arrivals**: K tasks, a Poisson process of rate `K / (window x solo)`, i.e. K arrivals expected
 //! within `window` solo times (the K tasks are concurrent), seeded per (seed, K).
 //! **SLO**: exact-match gain against the teacher (on the task's held-out validation split) of at
