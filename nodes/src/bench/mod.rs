@@ -101,7 +101,7 @@ pub enum BenchCommand {
         /// Short run: two student sizes calibrated, real K swept over 1, 2, 4 with one seed.
         #[arg(long)]
         quick: bool,
-        /// Student size the real sweep adapts (tiny, small, base, large; default tiny).
+        /// Student size the real sweep adapts (tiny, small, base, large; default base, tiny with --quick).
         #[arg(long)]
         student: Option<String>,
     },
