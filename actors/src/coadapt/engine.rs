@@ -294,11 +294,15 @@ pub fn task_footprint(c: &VMoeConfig) -> u64 {
         + 256 * (c.blocks * c.experts + 2) as u64
 }
 
+/// Bytes of one copy of a model's frozen shared parts (embeddings, norms, routers) in the pool.
+pub fn shared_bytes(c: &VMoeConfig) -> u64 {
+    (c.shared_params() * 4 + 256 * (3 + 3 * c.blocks + 2)) as u64
+}
+
 /// Bytes kept out of the scheduler's budget: the merged shared parts of each expected config and the
 /// largest step's activations and temporaries.
 pub fn reserved_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
-    let shared: u64 =
-        expected.iter().map(|c| (c.shared_params() * 4 + 256 * (3 + 3 * c.blocks + 2)) as u64).sum();
+    let shared: u64 = expected.iter().map(shared_bytes).sum();
     let step = expected
         .iter()
         .map(|c| step_plan(c, batch).iter().map(|(_, b)| b.div_ceil(256) * 256).sum::<u64>())
@@ -313,10 +317,15 @@ impl EdgeEngine {
     pub fn new(cfg: EngineConfig, expected: &[VMoeConfig]) -> Result<Self, EngineError> {
         let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
         pool.set_sharing(cfg.share_backbone);
-        let limits = CycleLimits {
-            memory_budget: cfg.budget.saturating_sub(reserved_bytes(expected, cfg.batch)),
-            max_epochs: cfg.max_epochs,
+        // Without merging no copy of the shared parts is common to all tasks: each task's footprint
+        // carries its own (see `submit`), so only the step's buffers stay out of the budget.
+        let reserved = if cfg.share_backbone {
+            reserved_bytes(expected, cfg.batch)
+        } else {
+            reserved_bytes(expected, cfg.batch) - expected.iter().map(shared_bytes).sum::<u64>()
         };
+        let limits =
+            CycleLimits { memory_budget: cfg.budget.saturating_sub(reserved), max_epochs: cfg.max_epochs };
         let sched: Box<dyn AdaptScheduler + Send> = match cfg.scheduler {
             SchedulerChoice::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
                 limits,
@@ -439,7 +448,8 @@ impl EdgeEngine {
             experts: (0..per_model).map(|e| ExpertId(id.0 * EXPERT_ID_STRIDE + e)).collect(),
             accuracy: before,
             target: before + job.target_gain.unwrap_or(self.cfg.target_gain),
-            footprint: task_footprint(&c),
+            // Isolated adaptation: the task also holds its own copy of the frozen parts.
+            footprint: task_footprint(&c) + if self.cfg.share_backbone { 0 } else { shared_bytes(&c) },
         };
         self.tasks.insert(
             id,

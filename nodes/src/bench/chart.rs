@@ -56,15 +56,17 @@ fn escape(t: &str) -> String {
 impl LineChart {
     /// The chart as an SVG document (720 x 420, plot area 600 x 320 at (60, 40)).
     pub fn render(&self) -> String {
-        let (w, h, left, top, pw, ph) = (720.0, 420.0, 60.0, 40.0, 600.0, 320.0);
+        render_row(std::slice::from_ref(self))
+    }
+
+    /// Draws the chart into `s` as a 720 x 420 panel whose left edge is at `offset`.
+    fn draw(&self, s: &mut String, offset: f64) {
+        let (h, left, top, pw, ph) = (PANEL_H, offset + 60.0, 40.0, 600.0, 320.0);
         let (x0, x1) = self.x_range;
         let span = if x1 > x0 { x1 - x0 } else { 1.0 };
         let x = |v: f64| left + pw * (v - x0) / span;
         let y = |v: f64| top + ph * (1.0 - v.clamp(0.0, 1.0));
-        let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n<text x=\"{left}\" y=\"22\" font-size=\"14\">{}</text>\n",
-            escape(&self.title)
-        );
+        let _ = writeln!(s, "<text x=\"{left}\" y=\"22\" font-size=\"14\">{}</text>", escape(&self.title));
         let _ = writeln!(
             s,
             "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>",
@@ -149,9 +151,25 @@ impl LineChart {
                 escape(&curve.name)
             );
         }
-        s.push_str("</svg>\n");
-        s
     }
+}
+
+/// Width of one chart panel.
+const PANEL_W: f64 = 720.0;
+/// Height of a chart panel.
+const PANEL_H: f64 = 420.0;
+
+/// Charts side by side in one SVG document (each a 720 x 420 panel, left to right).
+pub fn render_row(charts: &[LineChart]) -> String {
+    let w = PANEL_W * charts.len().max(1) as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{PANEL_H}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"{w}\" height=\"{PANEL_H}\" fill=\"white\"/>\n"
+    );
+    for (i, c) in charts.iter().enumerate() {
+        c.draw(&mut s, PANEL_W * i as f64);
+    }
+    s.push_str("</svg>\n");
+    s
 }
 
 #[cfg(test)]

@@ -86,8 +86,8 @@ pub enum BenchCommand {
         #[arg(long)]
         memory_only: bool,
     },
-    /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE (simulated sweep over K,
-    /// ablations) plus measured calibration and a real concurrent-adaptation run on the pool.
+    /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE served for real on one pool
+    /// budget (Poisson arrivals, K swept, ablations), measured calibration, and the `sim_` sweep.
     Coadapt {
         /// Write the figures as one flat JSON object here.
         #[arg(long)]
@@ -98,9 +98,12 @@ pub enum BenchCommand {
         /// Largest concurrency simulated.
         #[arg(long, default_value_t = 32)]
         k_max: usize,
-        /// Two student sizes and four real tasks instead of four and six.
+        /// Short run: two student sizes calibrated, real K swept over 1, 2, 4 with one seed.
         #[arg(long)]
         quick: bool,
+        /// Student size the real sweep adapts (tiny, small, base, large; default base, tiny with --quick).
+        #[arg(long)]
+        student: Option<String>,
     },
 }
 
@@ -129,7 +132,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
             }
         }
-        BenchCommand::Coadapt { json, svg, k_max, quick } => {
+        BenchCommand::Coadapt { json, svg, k_max, quick, student } => {
             let svg = svg.unwrap_or_else(|| {
                 json.as_ref()
                     .and_then(|j| j.parent())
@@ -141,7 +144,12 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             }
             let k_max = k_max.clamp(2, 64);
-            ("coadapt", tokio::task::spawn_blocking(move || coadapt::run(k_max, quick, &svg)).await??, json)
+            (
+                "coadapt",
+                tokio::task::spawn_blocking(move || coadapt::run(k_max, quick, student.as_deref(), &svg))
+                    .await??,
+                json,
+            )
         }
     };
     print!("{}", table(title, &figures));
