@@ -71,14 +71,15 @@ pub enum BenchCommand {
         /// Gantt chart of the streaming and barrier runs.
         #[arg(long, default_value = ".cache/bench/pipeline.svg")]
         svg: PathBuf,
-        /// Job inputs.
-        #[arg(long, default_value_t = 24)]
+        /// Job inputs of the large job (default N = 10 W for the 5 workers); a job of N = W
+        /// inputs runs beside it (the `_n_eq_w` figures).
+        #[arg(long, default_value_t = 50)]
         inputs: usize,
         /// Sentences per input.
         #[arg(long, default_value_t = 8)]
         batch: usize,
-        /// Streaming/barrier pairs run; the median of each is reported.
-        #[arg(long, default_value_t = 3)]
+        /// Streaming/barrier pairs run per job size, alternated; the median of each is reported.
+        #[arg(long, default_value_t = 5)]
         repeats: usize,
         /// Working folder (keys, worker configs, logs and disk caches).
         #[arg(long, default_value = ".cache/bench/pipeline")]
