@@ -87,6 +87,10 @@ pub enum BenchCommand {
         /// Only the memory figures (floor, whole model, stages of K = 2, 3, 4).
         #[arg(long)]
         memory_only: bool,
+        /// Skip the memory-split figures (K = 2, 3, 4 cut and probed): a quicker run of the
+        /// scheduling figures.
+        #[arg(long, conflicts_with = "memory_only")]
+        no_memory_split: bool,
     },
     /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE (simulated sweep over K,
     /// ablations) plus measured calibration and a real concurrent-adaptation run on the pool.
@@ -124,11 +128,21 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             };
             ("coe", tokio::task::spawn_blocking(run).await??, json)
         }
-        BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir, memory_only } => {
+        BenchCommand::Pipeline {
+            json,
+            svg,
+            inputs,
+            batch,
+            repeats,
+            workdir,
+            memory_only,
+            no_memory_split,
+        } => {
             if memory_only {
                 ("pipeline", pipeline::memory_split(&std::env::current_exe()?).await?, json)
             } else {
-                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
+                let split = !no_memory_split;
+                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats, split).await?, json)
             }
         }
         BenchCommand::Coadapt { json, svg, k_max, quick } => {

@@ -264,6 +264,7 @@ pub async fn run(
     inputs: usize,
     batch: usize,
     repeats: usize,
+    memory_split_figures: bool,
 ) -> Result<BTreeMap<String, f64>> {
     let exe = std::env::current_exe()?;
     let stages = minilm_stages()?;
@@ -280,8 +281,10 @@ pub async fn run(
     };
 
     // RSS of the whole model and of each stage, each in a fresh process.
-    for (k, v) in memory_split(&exe).await? {
-        put(&k, v);
+    if memory_split_figures {
+        for (k, v) in memory_split(&exe).await? {
+            put(&k, v);
+        }
     }
     let whole_rss = probe(&exe, &whole)?;
     let mut stage_rss = Vec::new();
@@ -323,7 +326,11 @@ pub async fn run(
     };
     let result = async {
         let cold = cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?;
-        // The cold run's peak includes the stage-file pull buffers; the warm runs show what
+        // A streaming job need not make every worker load every stage; a barrier one does. Run
+        // one (not measured) so each worker has each stage file on disk before the measured
+        // runs: otherwise the first streaming run alone pays cold pulls that barrier never sees.
+        cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?;
+        // The cold runs' peak includes the stage-file pull buffers; the warm runs show what
         // residency alone costs.
         let cold_peaks = cluster.peak_rss();
         let reset = cluster.reset_peak_rss();
