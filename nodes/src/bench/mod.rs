@@ -70,14 +70,15 @@ pub enum BenchCommand {
         /// Gantt chart of the streaming and barrier runs.
         #[arg(long, default_value = ".cache/bench/pipeline.svg")]
         svg: PathBuf,
-        /// Job inputs.
-        #[arg(long, default_value_t = 24)]
+        /// Job inputs of the large job (default N = 10 W for the 5 workers); a job of N = W
+        /// inputs runs beside it (the `_n_eq_w` figures).
+        #[arg(long, default_value_t = 50)]
         inputs: usize,
         /// Sentences per input.
         #[arg(long, default_value_t = 8)]
         batch: usize,
-        /// Streaming/barrier pairs run; the median of each is reported.
-        #[arg(long, default_value_t = 3)]
+        /// Streaming/barrier pairs run per job size, alternated; the median of each is reported.
+        #[arg(long, default_value_t = 5)]
         repeats: usize,
         /// Working folder (keys, worker configs, logs and disk caches).
         #[arg(long, default_value = ".cache/bench/pipeline")]
@@ -85,6 +86,10 @@ pub enum BenchCommand {
         /// Only the memory figures (floor, whole model, stages of K = 2, 3, 4).
         #[arg(long)]
         memory_only: bool,
+        /// Skip the memory-split figures (K = 2, 3, 4 cut and probed): a quicker run of the
+        /// scheduling figures.
+        #[arg(long, conflicts_with = "memory_only")]
+        no_memory_split: bool,
     },
     /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE served for real on one pool
     /// budget (Poisson arrivals, K swept, ablations), measured calibration, and the `sim_` sweep.
@@ -125,11 +130,21 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             };
             ("coe", tokio::task::spawn_blocking(run).await??, json)
         }
-        BenchCommand::Pipeline { json, svg, inputs, batch, repeats, workdir, memory_only } => {
+        BenchCommand::Pipeline {
+            json,
+            svg,
+            inputs,
+            batch,
+            repeats,
+            workdir,
+            memory_only,
+            no_memory_split,
+        } => {
             if memory_only {
                 ("pipeline", pipeline::memory_split(&std::env::current_exe()?).await?, json)
             } else {
-                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats).await?, json)
+                let split = !no_memory_split;
+                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats, split).await?, json)
             }
         }
         BenchCommand::Coadapt { json, svg, k_max, quick, student } => {

@@ -6,10 +6,12 @@
 //!   buffers of the stage-file pulls) and, after resetting it (`clear_refs`), over the warm runs
 //!   (`worker_peak_rss_mb_max`: what single-partition residency costs).
 //! - Streaming vs barrier: the same job (MiniLM in 3 stages, `inputs` inputs of `batch`
-//!   sentences) on 5 worker processes slowed for real (cgroup v1 CPU quota where available,
+//!   sentences, default N = 10 W; and again with N = W inputs, the `_n_eq_w` figures) on 5 worker processes slowed for real (cgroup v1 CPU quota where available,
 //!   else pacing, which the table says) to 60/40/40/20/20% of one CPU. The ideal pipeline bound
 //!   comes from per-stage compute times measured here at full speed and the workers' quotas
 //!   (`troupe_policy::pipeline::sim::ideal_pipeline_bound`): compute only, no loads or transfers.
+//!   `streaming_over_ideal_with_loads` divides by the bound that also counts loads
+//!   ([`BOUND_WITH_LOADS`], printed with the figures).
 //! - Cold vs warm load: the first job pulls every stage file (cold: pull + session creation);
 //!   later jobs find them in the workers' disk caches (warm: session creation only; the file is
 //!   in the page cache, so this is the best case for a warm load).
@@ -243,6 +245,14 @@ fn take_median(mut runs: Vec<JobOutcome>) -> JobOutcome {
     runs.swap_remove(mid)
 }
 
+/// The bound behind `streaming_over_ideal_with_loads*`, printed with the figures.
+pub const BOUND_WITH_LOADS: &str = "ideal bound with loads (troupe_policy::pipeline::sim::\
+ideal_pipeline_bound_with_loads): T >= max(L_0 + sum_k t_k / s_max, min_{m=1..W} max(L_min + \
+N sum_k t_k / S_m, (sum_k w_k + N sum_k t_k / s_max) / m)); t_k stage compute at full speed, s_w \
+the quotas as speeds, S_m the sum of the m largest, L_k the cheapest load of stage k (here warm: \
+every worker has the files after the cold run), L_min = min_k L_k, w_k the warm load of k: every \
+worker used loads at least one stage before it computes, every stage is loaded at least once";
+
 fn mean(v: &[f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
@@ -254,6 +264,7 @@ pub async fn run(
     inputs: usize,
     batch: usize,
     repeats: usize,
+    memory_split_figures: bool,
 ) -> Result<BTreeMap<String, f64>> {
     let exe = std::env::current_exe()?;
     let stages = minilm_stages()?;
@@ -270,8 +281,10 @@ pub async fn run(
     };
 
     // RSS of the whole model and of each stage, each in a fresh process.
-    for (k, v) in memory_split(&exe).await? {
-        put(&k, v);
+    if memory_split_figures {
+        for (k, v) in memory_split(&exe).await? {
+            put(&k, v);
+        }
     }
     let whole_rss = probe(&exe, &whole)?;
     let mut stage_rss = Vec::new();
@@ -289,6 +302,10 @@ pub async fn run(
     }
     let files = stages.iter().map(|p| StageFile::from_path(p)).collect::<Result<Vec<_>, _>>()?;
     let job = |mode: Mode, bf16: bool| build_job(files.clone(), job_inputs.clone(), mode, bf16);
+    // The paper's setting, N = W: one input per worker.
+    let n_eq_w = QUOTAS.len();
+    let small_inputs = tokenize_batches(&sentences, n_eq_w, batch)?;
+    let job_n_eq_w = |mode: Mode| build_job(files.clone(), small_inputs.clone(), mode, false);
     let streaming_chain = job(Mode::Streaming, false)?.chain;
 
     let _ = std::fs::remove_dir_all(workdir.join("cache"));
@@ -309,30 +326,45 @@ pub async fn run(
     };
     let result = async {
         let cold = cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?;
-        // The cold run's peak includes the stage-file pull buffers; the warm runs show what
+        // A streaming job need not make every worker load every stage; a barrier one does. Run
+        // one (not measured) so each worker has each stage file on disk before the measured
+        // runs: otherwise the first streaming run alone pays cold pulls that barrier never sees.
+        cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?;
+        // The cold runs' peak includes the stage-file pull buffers; the warm runs show what
         // residency alone costs.
         let cold_peaks = cluster.peak_rss();
         let reset = cluster.reset_peak_rss();
         // Alternate the modes so both see the same drift in machine load; keep the median run.
+        // Both job sizes alternate too (N = `inputs`, then N = W), in one loop.
         let mut runs_s = Vec::new();
         let mut runs_b = Vec::new();
+        let mut small_s = Vec::new();
+        let mut small_b = Vec::new();
         for _ in 0..repeats.max(1) {
             runs_s.push(cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?);
             runs_b.push(cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?);
+            small_s.push(cluster.run(job_n_eq_w(Mode::Streaming)?, settings.clone(), None).await?);
+            small_b.push(cluster.run(job_n_eq_w(Mode::Barrier)?, settings.clone(), None).await?);
         }
-        let spread_s = spread(&runs_s);
-        let spread_b = spread(&runs_b);
+        let spreads = [spread(&runs_s), spread(&runs_b), spread(&small_s), spread(&small_b)];
         let streaming = take_median(runs_s);
         let barrier = take_median(runs_b);
+        let small = (take_median(small_s).makespan_s, take_median(small_b).makespan_s);
         let bf16 = cluster.run(job(Mode::Streaming, true)?, settings.clone(), None).await?;
-        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spread_s, spread_b))
+        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spreads, small))
     }
     .await;
     let peaks = cluster.peak_rss();
     cluster.shutdown().await;
-    let (cold, cold_peaks, reset, streaming, barrier, bf16, spread_s, spread_b) = result?;
-    put("streaming_runs_spread", spread_s);
-    put("barrier_runs_spread", spread_b);
+    let (cold, cold_peaks, reset, streaming, barrier, bf16, spreads, (small_s, small_b)) = result?;
+    put("streaming_runs_spread", spreads[0]);
+    put("barrier_runs_spread", spreads[1]);
+    put("streaming_runs_spread_n_eq_w", spreads[2]);
+    put("barrier_runs_spread_n_eq_w", spreads[3]);
+    put("inputs_n_eq_w", n_eq_w as f64);
+    put("streaming_s_n_eq_w", small_s);
+    put("barrier_s_n_eq_w", small_b);
+    put("streaming_speedup_over_barrier_n_eq_w", small_b / small_s);
     put("repeats", repeats.max(1) as f64);
 
     let cold_peak = cold_peaks.iter().filter_map(|(_, p)| *p).max().unwrap_or(0);
@@ -455,7 +487,11 @@ pub async fn run(
     let with_loads = ideal_pipeline_bound_with_loads(&sim_costs, &sim_workers, inputs).0 as f64 / 1e6;
     put("ideal_pipeline_bound_with_loads_s", with_loads);
     put("streaming_over_ideal_with_loads", streaming_makespan_s / with_loads.max(1e-9));
-    let sim = |mode: Mode| -> f64 {
+    let with_loads_small = ideal_pipeline_bound_with_loads(&sim_costs, &sim_workers, n_eq_w).0 as f64 / 1e6;
+    put("ideal_pipeline_bound_with_loads_s_n_eq_w", with_loads_small);
+    put("streaming_over_ideal_with_loads_n_eq_w", small_s / with_loads_small.max(1e-9));
+    println!("{BOUND_WITH_LOADS}");
+    let sim = |mode: Mode, inputs: usize| -> f64 {
         let setup = SimSetup {
             chain: streaming_chain.clone(),
             costs: sim_costs.clone(),
@@ -469,10 +505,12 @@ pub async fn run(
         };
         simulate(&setup).ok().and_then(|r| r.makespan).map_or(f64::NAN, |m| m.0 as f64 / 1e6)
     };
-    let (sim_s, sim_b) = (sim(Mode::Streaming), sim(Mode::Barrier));
+    let (sim_s, sim_b) = (sim(Mode::Streaming, inputs), sim(Mode::Barrier, inputs));
     put("sim_streaming_s", sim_s);
     put("sim_barrier_s", sim_b);
     put("sim_streaming_speedup_over_barrier", sim_b / sim_s);
+    let (sim_s, sim_b) = (sim(Mode::Streaming, n_eq_w), sim(Mode::Barrier, n_eq_w));
+    put("sim_streaming_speedup_over_barrier_n_eq_w", sim_b / sim_s);
 
     let stragglers: Vec<String> =
         streaming.workers.iter().map(|w| format!("{}: {}", w.node, w.straggler)).collect();
