@@ -226,9 +226,7 @@ fn stage_times(stages: &[PathBuf], inputs: &[Vec<troupe_kernels::onnx::NamedTens
 }
 
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    troupe_policy::stats::median(&mut v.to_vec())
 }
 
 /// (max - min) / median of the runs' makespans.
