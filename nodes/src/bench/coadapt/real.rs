@@ -20,19 +20,14 @@
 //! models them the same way (AMS/RECL `Execution::Isolated`). No baseline runs AdaSprite's
 //! mechanisms (they are all switched off for it); none preloads.
 //!
-//! **Time** is the executor thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`): every step, load,
-//! unload and validation runs on that thread, so it is the device's busy time and other load on
-//! the machine does not stretch it. While the engine is idle and the next task has not arrived, the
-//! clock jumps forward to that arrival (idle device time costs no CPU). Arrivals are submitted
-//! between cycles, stamped with their arrival time, so a cycle's wait counts in their latency.
-//!
-//! Caveat: once the `threads` mechanism runs experts on a thread pool, work done on the pool's
-//! threads is not the executor thread's CPU time; the clock then has to become the executor's
-//! busy time (e.g. process CPU time over the threads used), or ours would be flattered.
-//!
-//! Mechanisms: the engine this bench was written against honours only `preload`; the `grouping`,
-//! `threads` and `reuse` switches do not change execution yet, so their ablation rows differ from
-//! ours only by timing noise until the mechanisms branch lands.
+//! **Time** is the bench process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`): every step, load,
+//! unload and validation, on the executor thread and on the threads the `threads` mechanism
+//! (experts of a block on scoped threads) and `preload` (a background thread) use, so other load on
+//! the machine does not stretch it and work moved to another thread is still counted. It is
+//! conservative for ours: threads running at once are charged their sum, so parallelism earns
+//! nothing here. While the engine is idle and the next task has not arrived, the clock jumps
+//! forward to that arrival (idle device time costs no CPU). Arrivals are submitted between cycles,
+//! stamped with their arrival time, so a cycle's wait counts in their latency.
 //!
 //! **Arrivals**: K tasks, a Poisson process of rate `K / (window x solo)`, i.e. K arrivals expected
 //! within `window` solo times (the K tasks are concurrent), seeded per (seed, K).
@@ -198,11 +193,11 @@ pub fn pairwise_agreement(a: &[f64], b: &[f64]) -> f64 {
     if pairs == 0 { 1.0 } else { agree as f64 / pairs as f64 }
 }
 
-/// CPU time of the calling thread in microseconds (`CLOCK_THREAD_CPUTIME_ID`).
-pub fn thread_cpu_us() -> u64 {
+/// CPU time of this process (all its threads) in microseconds (`CLOCK_PROCESS_CPUTIME_ID`).
+pub fn process_cpu_us() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own; no other memory is touched.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     if rc != 0 {
         return 0;
     }
@@ -242,8 +237,8 @@ pub fn run_once(
     let cfg = EngineConfig { max_tasks: cfg.max_tasks.max(jobs.len()), ..cfg };
     let mut eng = EdgeEngine::new(cfg, &[student.config])?;
     let skipped = Cell::new(0u64);
-    let start = thread_cpu_us();
-    let clock = || Micros(thread_cpu_us().saturating_sub(start) + skipped.get());
+    let start = process_cpu_us();
+    let clock = || Micros(process_cpu_us().saturating_sub(start) + skipped.get());
     let mut next = 0;
     let mut done = Vec::new();
     loop {
