@@ -144,7 +144,7 @@ pub fn run(k_max: usize, quick: bool, student: Option<&str>, svg: &Path) -> Resu
     let sim_curves: Vec<(&'static str, Vec<(usize, f64)>)> =
         sims.iter().map(|(n, rs)| (*n, rs.iter().map(|r| (r.tasks, r.slo_attainment)).collect())).collect();
     let title = format!(
-        "measured ({name}, executor CPU time): SLO attainment vs K (gain >= {gain:.2}, L = {l_solo:.1} solo)"
+        "measured ({name}, process CPU time): SLO attainment vs K (gain >= {gain:.2}, L = {l_solo:.1} solo)"
     );
     let panels = [
         svg::Panel {
@@ -362,7 +362,7 @@ fn measured(
         jobs.insert(seed, j);
     }
     println!(
-        "\n== measured: K = {:?} real adaptation tasks ({name} V-MoEs, drifted cameras) x {} seeds, Poisson arrivals (K expected within {:.2} solo times), executor CPU time ==\npool budget {budget} B for every strategy (shared reserve + one step + {} tasks' isolated state); SLO: exact-match gain >= {:.2} within L = {:.2} x solo time (solo: median of 8 tasks each alone, isolated; L and the window in solo times are the simulator's 200 s and 60 s over its isolated solo latency)",
+        "\n== measured: K = {:?} real adaptation tasks ({name} V-MoEs, drifted cameras) x {} seeds, Poisson arrivals (K expected within {:.2} solo times), process CPU time ==\npool budget {budget} B for every strategy (shared reserve + one step + {} tasks' isolated state); SLO: exact-match gain >= {:.2} within L = {:.2} x solo time (solo: median of 8 tasks each alone, isolated; L and the window in solo times are the simulator's 200 s and 60 s over its isolated solo latency)",
         sc.ks,
         sc.seeds.len(),
         sc.window_solo,

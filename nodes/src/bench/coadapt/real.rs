@@ -34,7 +34,7 @@
 //! **SLO**: exact-match gain against the teacher (on the task's held-out validation split) of at
 //! least `gain` within `l_solo` solo times of its arrival, where the solo time is the median time
 //! one task of the seed takes alone (isolated, run to completion) to reach `gain`.
-//! **Throughput**: tasks meeting the SLO per minute of executor time, from the first arrival to
+//! **Throughput**: tasks meeting the SLO per minute of process CPU time, from the first arrival to
 //! the last completion (the paper's "rate of tasks meeting their SLOs").
 //! **Fragmentation**: the mean of the pool's `fragmentation_samples` (external fragmentation after
 //! every pool event) over the run.
