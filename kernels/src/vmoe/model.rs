@@ -416,8 +416,11 @@ impl VMoe {
             add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
             let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
             add_into(&mut dh, &ln.dx)?;
-            let experts =
-                moe.experts.into_iter().map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 }).collect();
+            let experts = moe
+                .experts
+                .into_iter()
+                .map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 })
+                .collect();
             if cache.from_stem && i == 0 {
                 // The stem (embedding, block 0's attention) is frozen and was not run: zero grads.
                 let d = c.dim;
