@@ -4,6 +4,8 @@
 //! exceed their budgets (seeded loops), adaptation with the cache on trains the same weights as
 //! with it off, and the disk directory is removed when the cache goes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use rand::rngs::SmallRng;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
@@ -122,6 +124,9 @@ fn second_epoch_hits_and_budgets_hold_in_seeded_loops() {
                 assert!(s.memory_bytes <= budget && cache.memory_held() <= budget, "{s:?}");
                 assert!(s.disk_bytes <= disk_budget, "{s:?}");
                 assert!(pool.stats().used <= pool.budget());
+                // The files on disk are exactly the policy's disk tier.
+                cache.flush().unwrap();
+                assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
             }
             if epoch == 0 {
                 misses_first = cache.stats().misses;

@@ -9,7 +9,8 @@
 //! - **Memory tier**: one arena of `budget` bytes allocated in the pool's [`crate::MemoryPool`] when
 //!   the cache is enabled, so every cached byte is accounted and the pool budget holds; entries live
 //!   inside it (the policy's DRAM budget is the arena's length, checked again here).
-//! - **Disk tier**: a [`WeightStore`] in a directory of its own (created fresh, removed on drop),
+//! - **Disk tier**: a [`WeightStore`] in a directory of its own (created fresh, removed on drop;
+//!   written without fsync, [`WeightStore::put_volatile`], as nothing in it must survive a crash),
 //!   owned by one background thread that runs writes, removals and reads in submission order, so
 //!   a read always sees the write before it. Bytes read back are checked (length, checksum by the
 //!   store); a bad entry is recomputed, never trusted.
@@ -51,12 +52,25 @@ pub struct ReuseSetup {
     pub disk_parent: PathBuf,
     /// Residency threshold on importance (the paper's λ).
     pub lambda: f64,
+    /// Entries no batch used for this many batches leave memory for disk (the policy's idle
+    /// eviction on a clock of batches, so decisions do not depend on wall time).
+    pub idle_batches: u64,
 }
 
+/// One batch on the cache's logical clock (the policy's [`Micros`]).
+const BATCH_TICK: u64 = 1000;
+
 impl ReuseSetup {
-    /// `budget` bytes in memory, `disk_budget` on disk under `disk_parent`, λ = 0.55.
+    /// `budget` bytes in memory, `disk_budget` on disk under `disk_parent`, λ = 0.55, entries idle
+    /// for 4 batches leave memory.
     pub fn new(budget: u64, disk_budget: u64, disk_parent: &Path) -> Self {
-        Self { budget, disk_budget, disk_parent: disk_parent.to_path_buf(), lambda: DEFAULT_LAMBDA }
+        Self {
+            budget,
+            disk_budget,
+            disk_parent: disk_parent.to_path_buf(),
+            lambda: DEFAULT_LAMBDA,
+            idle_batches: 4,
+        }
     }
 }
 
@@ -109,7 +123,7 @@ fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), Kern
     for cmd in rx {
         match cmd {
             DiskCmd::Put(id, bytes) => {
-                if let Err(e) = store.put(&id, &bytes) {
+                if let Err(e) = store.put_volatile(&id, &bytes) {
                     first_err.get_or_insert(e);
                 }
             }
@@ -121,9 +135,18 @@ fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), Kern
             }
             DiskCmd::Read(ids, reply) => {
                 let started = Instant::now();
+                // A prefetched entry leaves the disk tier (the policy counts it in memory now), so
+                // the files on disk are exactly the policy's disk tier.
                 let data = ids
                     .into_iter()
-                    .map(|(k, id)| (k, BlobId::new(&id).and_then(|b| store.read(&b))))
+                    .map(|(k, id)| {
+                        let read = BlobId::new(&id).and_then(|b| {
+                            let bytes = store.read(&b);
+                            let _ = store.remove(&b);
+                            bytes
+                        });
+                        (k, read)
+                    })
                     .collect();
                 let _ = reply.send(ReadDone { data, started, ended: Instant::now() });
             }
@@ -151,7 +174,8 @@ pub struct StemCache {
     pending: Vec<Receiver<ReadDone>>,
     planned: Option<Planned>,
     compute_spans: Vec<(Instant, Instant)>,
-    origin: Instant,
+    /// Batches planned so far: the policy's clock.
+    batches: u64,
     stats: ReuseStats,
 }
 
@@ -226,7 +250,9 @@ impl StemCache {
             dram_budget: setup.budget,
             disk_budget: setup.disk_budget,
             lambda: setup.lambda,
-            ..ReuseConfig::default()
+            idle_after: Micros(setup.idle_batches.max(1) * BATCH_TICK),
+            // Disk entries stay until the disk budget needs their room.
+            disk_idle_after: Micros(u64::MAX / 2),
         });
         Ok(Self {
             policy,
@@ -239,7 +265,7 @@ impl StemCache {
             pending: Vec::new(),
             planned: None,
             compute_spans: Vec::new(),
-            origin: Instant::now(),
+            batches: 0,
             stats: ReuseStats {
                 budget: setup.budget,
                 disk_budget: setup.disk_budget,
@@ -274,7 +300,7 @@ impl StemCache {
     }
 
     fn now(&self) -> Micros {
-        Micros(span_us(self.origin, Instant::now()))
+        Micros(self.batches * BATCH_TICK)
     }
 
     fn send(&self, cmd: DiskCmd) -> Result<(), VMoeError> {
@@ -360,6 +386,7 @@ impl StemCache {
         let keys: Vec<TokenKey> =
             images.f32_cow().chunks_exact(IMAGE_PIXELS).map(|img| token_key(identity, img)).collect();
         let expert = token_key(identity, &[]).expert;
+        self.batches += 1;
         let now = self.now();
         if self.policy.poll_timeout().is_some_and(|due| now >= due) {
             self.policy.handle_timeout(now);
