@@ -210,3 +210,44 @@ fn reuse_budget_is_carved_from_the_pool() {
     assert_eq!(pool.stats().used, 0);
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// Adaptation step CPU time (this thread's, so disk reads on the cache's thread do not count) with
+/// the reuse cache off, on with room for every image, and on with room for one batch (the rest on
+/// disk). One run's figures, printed; nothing asserted on time. Run with
+/// `cargo test --release -p troupe-kernels --test vmoe_reuse -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn measure_step_cpu_time_with_reuse_on_and_off() {
+    use troupe_kernels::bench::thread_cpu_seconds;
+    let tmp = tempfile::tempdir().unwrap();
+    let (n, b, steps) = (96usize, 32usize, 60usize);
+    let all = images(11, n);
+    let labels: Vec<usize> = (0..n).map(|i| i % 10).collect();
+    let mut rng = SmallRng::seed_from_u64(4);
+    let batches: Vec<Vec<usize>> = (0..steps + 3).map(|_| sample(&mut rng, n, b).into_vec()).collect();
+    let run = |budget: Option<u64>| {
+        let mut pool = CoAdaptPool::new("p", 64 << 20).unwrap();
+        if let Some(bytes) = budget {
+            pool.enable_reuse(&ReuseSetup::new(bytes, 64 << 20, tmp.path())).unwrap();
+        }
+        let id = pool.load("m", &model(1)).unwrap();
+        let mut cpu = 0.0;
+        for (k, idx) in batches.iter().enumerate() {
+            let x = batch(&all, idx);
+            let y: Vec<usize> = idx.iter().map(|&i| labels[i]).collect();
+            let start = thread_cpu_seconds();
+            pool.adapt_step(id, &x, &y, 1e-3).unwrap();
+            if k >= 3 {
+                cpu += thread_cpu_seconds() - start;
+            }
+        }
+        (cpu / steps as f64, pool.reuse_stats())
+    };
+    let (off, _) = run(None);
+    let (all_in, s_all) = run(Some(n as u64 * entry_bytes()));
+    let (one_batch, s_one) = run(Some(b as u64 * entry_bytes()));
+    println!("tiny student, batch {b}, {steps} steps after 3 warm-up steps, CPU ms/step (this thread):");
+    println!("  reuse off            {:.3}", off * 1e3);
+    println!("  reuse on, all in mem {:.3}  ratio on/off {:.3}  {s_all:?}", all_in * 1e3, all_in / off);
+    println!("  reuse on, one batch  {:.3}  ratio on/off {:.3}  {s_one:?}", one_batch * 1e3, one_batch / off);
+}
