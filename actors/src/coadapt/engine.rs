@@ -20,6 +20,12 @@
 //! With [`Mechanisms::preload`] on, a scheduler's `Preload` starts [`CoAdaptPool::prepare_load`]
 //! (copies and hashes) on a background thread; the result is committed into the pool between
 //! slices and steps, or claimed by the task's own cycle when it starts first.
+//!
+//! With [`Mechanisms::reuse`] on, the pool's reuse cache ([`troupe_kernels::vmoe::reuse`]) serves
+//! every step's stem tokens (decisions from `troupe_policy::adapt::reuse`); with grouping on, the
+//! next slice's first batch is named to the pool so its disk entries are read while the current
+//! slice computes (whole-model steps draw their batch at the step, so their reads are not hidden).
+//! [`EdgeEngine::reuse_stats`] reports hits, misses, spills, prefetches and the hidden share.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -102,8 +108,8 @@ pub struct Mechanisms {
     /// The reuse cache of stem tokens (the residual stream entering block 0's MoE, frozen in
     /// adaptation) under [`EngineConfig::reuse_budget`] bytes carved from the pool, backed by disk
     /// through the weight store; the policy (`troupe_policy::adapt::reuse`, λ = 0.55) decides what
-    /// stays, what is spilled and what is dropped, and the next slice's disk entries are prefetched
-    /// while the current slice computes. Steps start from the cached tokens, skipping the patch
+    /// stays, what is spilled and what is dropped, and (grouping on) the next slice's disk entries
+    /// are prefetched while the current slice computes. Steps start from the cached tokens, skipping the patch
     /// embedding and block 0's attention; results are bit-identical. Off: every step runs the full
     /// forward pass and nothing is carved from the pool. See [`EdgeEngine::reuse_stats`].
     pub reuse: bool,
