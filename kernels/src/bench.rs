@@ -278,7 +278,7 @@ mod fma {
 }
 
 /// This thread's CPU time in seconds (time spent preempted by other processes does not count).
-fn thread_cpu_seconds() -> f64 {
+pub fn thread_cpu_seconds() -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };

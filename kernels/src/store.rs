@@ -261,6 +261,17 @@ impl WeightStore {
 
     /// Write `data` as blob `id` (replacing any blob of that id) and fsync it. Returns the id.
     pub fn put(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
+        self.put_with(id, data, true)
+    }
+
+    /// [`Self::put`] without the fsync: for blobs that need not survive a crash (a cache's spill
+    /// tier, removed with its directory), so a write costs a copy into the page cache rather than a
+    /// round trip to the device. Reads are the same (checksum verified).
+    pub fn put_volatile(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
+        self.put_with(id, data, false)
+    }
+
+    fn put_with(&mut self, id: &str, data: &[u8], durable: bool) -> Result<BlobId> {
         let id = BlobId::new(id)?;
         if self.entries.contains_key(&id) {
             self.remove(&id)?;
@@ -281,7 +292,9 @@ impl WeightStore {
             f.write_all(&header)?;
             f.write_all(data)?;
             f.write_all(&vec![0u8; pad])?;
-            f.sync_all()?;
+            if durable {
+                f.sync_all()?;
+            }
             fs::rename(&tmp, &path)
         };
         write().map_err(|e| KernelError::io("writing blob", &path, e))?;

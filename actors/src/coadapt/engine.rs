@@ -20,6 +20,12 @@
 //! With [`Mechanisms::preload`] on, a scheduler's `Preload` starts [`CoAdaptPool::prepare_load`]
 //! (copies and hashes) on a background thread; the result is committed into the pool between
 //! slices and steps, or claimed by the task's own cycle when it starts first.
+//!
+//! With [`Mechanisms::reuse`] on, the pool's reuse cache ([`troupe_kernels::vmoe::reuse`]) serves
+//! every step's stem tokens (decisions from `troupe_policy::adapt::reuse`); with grouping on, the
+//! next slice's first batch is named to the pool so its disk entries are read while the current
+//! slice computes (whole-model steps draw their batch at the step, so their reads are not hidden).
+//! [`EdgeEngine::reuse_stats`] reports hits, misses, spills, prefetches and the hidden share.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -28,6 +34,8 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use troupe_kernels::vmoe::pool::step_plan;
+use troupe_kernels::vmoe::reuse::ReuseSetup;
+pub use troupe_kernels::vmoe::reuse::ReuseStats;
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
 use troupe_policy::Micros;
@@ -97,9 +105,13 @@ pub struct Mechanisms {
     /// concurrently, each on the threads the policy gives it from its routed rows; off, one after
     /// another on the executor's thread.
     pub threads: bool,
-    /// The reuse cache of expert outputs under a byte budget, backed by disk. Not carried out yet
-    /// (it needs a forward pass that starts from cached stem outputs, in the model being reworked
-    /// for attention); this switch changes nothing today.
+    /// The reuse cache of stem tokens (the residual stream entering block 0's MoE, frozen in
+    /// adaptation) under [`EngineConfig::reuse_budget`] bytes carved from the pool, backed by disk
+    /// through the weight store; the policy (`troupe_policy::adapt::reuse`, λ = 0.55) decides what
+    /// stays, what is spilled and what is dropped, and (grouping on) the next slice's disk entries
+    /// are prefetched while the current slice computes. Steps start from the cached tokens, skipping the patch
+    /// embedding and block 0's attention; results are bit-identical. Off: every step runs the full
+    /// forward pass and nothing is carved from the pool. See [`EdgeEngine::reuse_stats`].
     pub reuse: bool,
     /// Preloading the next task's models on a background thread while the current one computes,
     /// merged into the pool between slices and steps. Off, `Preload` actions are ignored and a model
@@ -167,6 +179,14 @@ pub struct EngineConfig {
     /// Whether the models' identical frozen parts are stored once in the pool (merging) or each task
     /// holds its own copy (isolated adaptation).
     pub share_backbone: bool,
+    /// Bytes of the pool carved for the reuse cache's memory tier when [`Mechanisms::reuse`] is on;
+    /// 0 (the default): [`reuse_default_bytes`], already part of [`reserved_bytes`]. Bytes above
+    /// that are also kept out of the scheduler's budget.
+    pub reuse_budget: u64,
+    /// Most bytes of cached tokens the reuse cache keeps on disk. The disk tier is a fresh
+    /// directory under the OS temp dir (or the one given to [`EdgeEngine::with_reuse_dir`]),
+    /// removed when the engine drops.
+    pub reuse_disk_budget: u64,
 }
 
 impl Default for EngineConfig {
@@ -186,6 +206,8 @@ impl Default for EngineConfig {
             mechanisms: Mechanisms::ALL,
             threads: 0,
             share_backbone: true,
+            reuse_budget: 0,
+            reuse_disk_budget: 64 << 20,
         }
     }
 }
@@ -299,8 +321,17 @@ pub fn shared_bytes(c: &VMoeConfig) -> u64 {
     (c.shared_params() * 4 + 256 * (3 + 3 * c.blocks + 2)) as u64
 }
 
-/// Bytes kept out of the scheduler's budget: the merged shared parts of each expected config and the
-/// largest step's activations and temporaries.
+/// The reuse cache's default memory tier ([`EngineConfig::reuse_budget`] 0): one batch of stem
+/// tokens of the widest expected config (`batch * tokens * dim` f32), 256-byte aligned.
+pub fn reuse_default_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
+    let widest = expected.iter().map(|c| c.tokens_per_image() * c.dim * 4).max().unwrap_or(0);
+    ((batch * widest) as u64).div_ceil(256) * 256
+}
+
+/// Bytes kept out of the scheduler's budget: the merged shared parts of each expected config, the
+/// largest step's activations and temporaries, and the reuse cache's default memory tier
+/// ([`reuse_default_bytes`]; kept out with reuse off too, so the ablation gives the scheduler the
+/// same room and only the cache differs).
 pub fn reserved_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
     let shared: u64 = expected.iter().map(shared_bytes).sum();
     let step = expected
@@ -308,24 +339,40 @@ pub fn reserved_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
         .map(|c| step_plan(c, batch).iter().map(|(_, b)| b.div_ceil(256) * 256).sum::<u64>())
         .max()
         .unwrap_or(0);
-    shared + step
+    shared + step + reuse_default_bytes(expected, batch)
 }
 
 impl EdgeEngine {
     /// An executor over a fresh pool; `expected` are the model configs it will see (their shared
     /// parts and step temporaries are kept out of the scheduler's budget).
     pub fn new(cfg: EngineConfig, expected: &[VMoeConfig]) -> Result<Self, EngineError> {
+        Self::with_reuse_dir(cfg, expected, &std::env::temp_dir())
+    }
+
+    /// [`Self::new`] with the reuse cache's disk tier in a fresh directory under `reuse_parent`
+    /// (unused when [`Mechanisms::reuse`] is off).
+    pub fn with_reuse_dir(
+        cfg: EngineConfig,
+        expected: &[VMoeConfig],
+        reuse_parent: &std::path::Path,
+    ) -> Result<Self, EngineError> {
         let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
         pool.set_sharing(cfg.share_backbone);
-        // Without merging no copy of the shared parts is common to all tasks: each task's footprint
-        // carries its own (see `submit`), so only the step's buffers stay out of the budget.
-        let reserved = if cfg.share_backbone {
-            reserved_bytes(expected, cfg.batch)
-        } else {
-            reserved_bytes(expected, cfg.batch) - expected.iter().map(shared_bytes).sum::<u64>()
-        };
+        let mut kept_out = reserved_bytes(expected, cfg.batch);
+        if !cfg.share_backbone {
+            // Without merging no copy of the shared parts is common to all tasks: each task's
+            // footprint carries its own (see `submit`).
+            kept_out -= expected.iter().map(shared_bytes).sum::<u64>();
+        }
+        if cfg.mechanisms.reuse {
+            let default = reuse_default_bytes(expected, cfg.batch);
+            let budget = if cfg.reuse_budget == 0 { default } else { cfg.reuse_budget.div_ceil(256) * 256 };
+            pool.enable_reuse(&ReuseSetup::new(budget, cfg.reuse_disk_budget, reuse_parent))?;
+            // A memory tier above the default comes out of the scheduler's room.
+            kept_out += budget.saturating_sub(default);
+        }
         let limits =
-            CycleLimits { memory_budget: cfg.budget.saturating_sub(reserved), max_epochs: cfg.max_epochs };
+            CycleLimits { memory_budget: cfg.budget.saturating_sub(kept_out), max_epochs: cfg.max_epochs };
         let sched: Box<dyn AdaptScheduler + Send> = match cfg.scheduler {
             SchedulerChoice::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
                 limits,
@@ -409,6 +456,18 @@ impl EdgeEngine {
     /// What the background preloading did so far.
     pub fn preload_stats(&self) -> PreloadStats {
         self.preload_stats
+    }
+
+    /// What the reuse cache did: hits, misses, spills, prefetches, the share of prefetch time hidden
+    /// behind compute, bytes in memory and on disk, its budgets. All zero with [`Mechanisms::reuse`]
+    /// off.
+    pub fn reuse_stats(&self) -> ReuseStats {
+        self.pool.reuse_stats().unwrap_or_default()
+    }
+
+    /// The reuse cache's disk directory (`None` with [`Mechanisms::reuse`] off).
+    pub fn reuse_dir(&self) -> Option<&std::path::Path> {
+        self.pool.reuse_dir()
     }
 
     /// The `M_tmp` estimator fitted on this pool's measurements (refitted every cycle), if any.

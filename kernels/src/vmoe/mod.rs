@@ -7,6 +7,8 @@
 //! - [`model`]: forward with cache, full backward.
 //! - [`train`]: datasets from digits, seeded minibatch AdamW training, accuracy and exact match.
 //! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
+//! - [`reuse`]: the reuse cache of stem tokens (DRAM arena carved from the pool, disk tier through
+//!   the weight store, background prefetch), its decisions from `troupe_policy::adapt::reuse`.
 //! - [`pool`]: the co-adaptation pool (merged shared parts, per-model experts, memory through a
 //!   [`crate::MemoryPool`], expert-and-projector adaptation steps).
 
@@ -15,6 +17,7 @@ pub mod file;
 pub mod model;
 pub mod params;
 pub mod pool;
+pub mod reuse;
 pub mod train;
 
 use std::path::PathBuf;
@@ -25,7 +28,7 @@ use crate::error::KernelError;
 pub use file::{ModelZoo, Provenance, load_model, save_model};
 pub use model::{ForwardCache, MoeBlock, ParamGroup, VMoe, VMoeConfig, VMoeParams};
 pub use pool::{AdaptReport, AttnSample, CoAdaptPool, FragSample, ModelId, TmpSample};
-pub use train::{Dataset, Recipe, TrainReport, TrainScope, Trainer, accuracy, exact_match};
+pub use train::{Dataset, Recipe, StepInput, TrainReport, TrainScope, Trainer, accuracy, exact_match};
 
 /// Everything that can go wrong building, training, storing or pooling a V-MoE.
 #[derive(Debug, thiserror::Error)]

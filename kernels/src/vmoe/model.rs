@@ -40,6 +40,9 @@ pub struct BlockCache {
 pub struct ForwardCache {
     /// Images in the batch.
     pub batch: usize,
+    /// Started from cached stem tokens ([`VMoe::forward_from_stem`]): `patches` and block 0's
+    /// attention caches are empty and backward stops at block 0's MoE.
+    pub from_stem: bool,
     /// Patches, `batch * tokens_per_image x patch_len`.
     pub patches: Tensor,
     /// Per block.
@@ -250,22 +253,87 @@ impl VMoe {
         Ok(Tensor::from_f32(&[batch * self.config.tokens_per_image(), self.config.patch_len()], out)?)
     }
 
+    /// The residual stream entering block 0's MoE (`batch * tokens x dim`): patch and position
+    /// embedding, then block 0's pre-norm attention and its residual. Everything it depends on is
+    /// frozen during adaptation, so for a given model's shared parts and image it is the same every
+    /// epoch: the reuse cache keeps it ([`super::reuse`]). Rows of image `i` are
+    /// `i * tokens..(i + 1) * tokens`; every op up to here works row- or image-wise, so an image's
+    /// rows do not depend on the rest of the batch.
+    pub fn stem(&self, images: &Tensor) -> Result<Tensor, VMoeError> {
+        Ok(self.stem_with_cache(images)?.0)
+    }
+
+    /// [`Self::stem`] plus what the full backward pass needs from it.
+    fn stem_with_cache(
+        &self,
+        images: &Tensor,
+    ) -> Result<(Tensor, Tensor, LayerNormCache, AttentionCache), VMoeError> {
+        let c = &self.config;
+        let p = &self.params;
+        let blk = p.blocks.first().ok_or_else(|| VMoeError::Config("a V-MoE without blocks".into()))?;
+        let patches = self.patchify(images)?;
+        let mut h = bias_add(&matmul(&patches, &p.patch_w, false, false)?, &p.patch_b)?;
+        add_rows_cyclic(h.f32_mut()?, &p.pos.f32_cow(), c.dim);
+        let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
+        let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
+        add_into(&mut h, &a_out)?;
+        Ok((h, patches, attn_ln, attn))
+    }
+
     /// Logits (`batch x classes`) for `batch x 64` images with pixels in `0..=1`, and the cache for
     /// [`VMoe::backward`]. Routing capacity is computed over the whole batch, as in V-MoE.
     pub fn forward(&self, images: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
+        let (h, patches, attn_ln, attn) = self.stem_with_cache(images)?;
+        self.forward_rest(h, patches, Some((attn_ln, attn)))
+    }
+
+    /// The forward pass from cached [`Self::stem`] tokens (`batch * tokens x dim`, images in batch
+    /// order): block 0's MoE onwards. Routing (capacity over the whole batch) is recomputed from the
+    /// tokens, so any batch of cached images routes as the full pass would. Logits and the cache
+    /// are bit-identical to [`Self::forward`]'s on the same images; [`Self::backward`] on this cache
+    /// gives the same gradients for everything after the stem and zeros for the stem's (frozen)
+    /// parameters, whose backward it skips.
+    pub fn forward_from_stem(&self, stem: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
+        let (rows, dim) = stem.dims2()?;
+        let n = self.config.tokens_per_image();
+        if dim != self.config.dim || rows % n != 0 || rows == 0 {
+            return Err(VMoeError::Config(format!(
+                "stem tokens {rows}x{dim}, expected a multiple of {n} rows of width {}",
+                self.config.dim
+            )));
+        }
+        self.forward_rest(stem.clone(), Tensor::zeros(&[0, self.config.patch_len()])?, None)
+    }
+
+    /// Block 0's MoE onwards from the residual stream `h`; `first` holds block 0's attention
+    /// caches (`None`: started from cached stem tokens, no backward through the stem).
+    fn forward_rest(
+        &self,
+        mut h: Tensor,
+        patches: Tensor,
+        first: Option<(LayerNormCache, AttentionCache)>,
+    ) -> Result<(Tensor, ForwardCache), VMoeError> {
         let c = &self.config;
         let p = &self.params;
-        let patches = self.patchify(images)?;
-        let batch = patches.dims2()?.0 / c.tokens_per_image();
-        let tokens = batch * c.tokens_per_image();
-        let mut h = bias_add(&matmul(&patches, &p.patch_w, false, false)?, &p.patch_b)?;
-        add_rows_cyclic(h.f32_mut()?, &p.pos.f32_cow(), c.dim);
+        let tokens = h.dims2()?.0;
+        let batch = tokens / c.tokens_per_image();
         let capacity = c.capacity(tokens);
+        let from_stem = first.is_none();
+        let mut first = Some(match first {
+            Some(done) => done,
+            None => (empty_ln_cache(), empty_attention_cache(c)?),
+        });
         let mut blocks = Vec::with_capacity(c.blocks);
         for blk in &p.blocks {
-            let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
-            let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
-            add_into(&mut h, &a_out)?;
+            let (attn_ln, attn) = match first.take() {
+                Some(done) => done,
+                None => {
+                    let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
+                    let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
+                    add_into(&mut h, &a_out)?;
+                    (attn_ln, attn)
+                }
+            };
             let (normed, ln) = layer_norm(&h, &blk.ln_gamma, &blk.ln_beta, LN_EPS)?;
             let logits = matmul(&normed, &blk.router, false, false)?;
             let routing = top_k_route(&logits, c.top_k, capacity)?;
@@ -287,7 +355,7 @@ impl VMoe {
         let proj_pre = bias_add(&matmul(&pooled, &p.proj_w, false, false)?, &p.proj_b)?;
         let proj_act = gelu(&proj_pre)?;
         let logits = bias_add(&matmul(&proj_act, &p.head_w, false, false)?, &p.head_b)?;
-        Ok((logits, ForwardCache { batch, patches, blocks, final_ln, pooled, proj_pre, proj_act }))
+        Ok((logits, ForwardCache { batch, from_stem, patches, blocks, final_ln, pooled, proj_pre, proj_act }))
     }
 
     /// Predicted class of each image.
@@ -340,7 +408,7 @@ impl VMoe {
         let mut dh = fin.dx;
         // Blocks, last first: h_mid = h_in + Attn(LN_a(h_in)), h_out = h_mid + MoE(LN(h_mid)).
         let mut block_grads = Vec::with_capacity(c.blocks);
-        for (blk, bc) in p.blocks.iter().zip(&cache.blocks).rev() {
+        for (i, (blk, bc)) in p.blocks.iter().zip(&cache.blocks).enumerate().rev() {
             let moe = moe_ffn_backward(&dh, &bc.moe, &blk.experts)?;
             let dlogits_r = bc.routing.logits_grad(&moe.dgates)?;
             let router = matmul(&bc.normed, &dlogits_r, true, false)?;
@@ -348,6 +416,25 @@ impl VMoe {
             add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
             let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
             add_into(&mut dh, &ln.dx)?;
+            let experts = moe
+                .experts
+                .into_iter()
+                .map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 })
+                .collect();
+            if cache.from_stem && i == 0 {
+                // The stem (embedding, block 0's attention) is frozen and was not run: zero grads.
+                let d = c.dim;
+                block_grads.push(MoeBlock {
+                    attn_gamma: Tensor::zeros(&[d])?,
+                    attn_beta: Tensor::zeros(&[d])?,
+                    attn: zero_attention(d)?,
+                    ln_gamma: ln.dgamma,
+                    ln_beta: ln.dbeta,
+                    router,
+                    experts,
+                });
+                break;
+            }
             let attn = attention_backward(&dh, &blk.attn, &bc.attn)?;
             let attn_ln = layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
             add_into(&mut dh, &attn_ln.dx)?;
@@ -358,14 +445,24 @@ impl VMoe {
                 ln_gamma: ln.dgamma,
                 ln_beta: ln.dbeta,
                 router,
-                experts: moe
-                    .experts
-                    .into_iter()
-                    .map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 })
-                    .collect(),
+                experts,
             });
         }
         block_grads.reverse();
+        if cache.from_stem {
+            return Ok(VMoeParams {
+                patch_w: Tensor::zeros(&[c.patch_len(), c.dim])?,
+                patch_b: Tensor::zeros(&[c.dim])?,
+                pos: Tensor::zeros(&[n, c.dim])?,
+                blocks: block_grads,
+                final_gamma: fin.dgamma,
+                final_beta: fin.dbeta,
+                proj_w,
+                proj_b,
+                head_w,
+                head_b,
+            });
+        }
         // Embedding: h0 = patches W + b + pos.
         let patch_w = matmul(&cache.patches, &dh, true, false)?;
         let patch_b = bias_grad(&dh)?;
@@ -387,4 +484,33 @@ impl VMoe {
             head_b,
         })
     }
+}
+
+/// A layer-norm cache with nothing saved (block 0 of a pass started from cached stem tokens).
+fn empty_ln_cache() -> LayerNormCache {
+    LayerNormCache { x_hat: Vec::new(), rstd: Vec::new(), dims: (0, 0) }
+}
+
+/// An attention cache with nothing saved (see [`empty_ln_cache`]).
+fn empty_attention_cache(c: &VMoeConfig) -> Result<AttentionCache, VMoeError> {
+    Ok(AttentionCache {
+        x: Tensor::zeros(&[0, c.dim])?,
+        q: Vec::new(),
+        k: Vec::new(),
+        v: Vec::new(),
+        probs: Vec::new(),
+        ctx: Tensor::zeros(&[0, c.dim])?,
+        seq_len: c.tokens_per_image(),
+        heads: c.heads,
+    })
+}
+
+/// Zero gradients for a `dim`-wide attention layer.
+fn zero_attention(d: usize) -> Result<AttentionParams, VMoeError> {
+    Ok(AttentionParams {
+        wq: Tensor::zeros(&[d, d])?,
+        wk: Tensor::zeros(&[d, d])?,
+        wv: Tensor::zeros(&[d, d])?,
+        wo: Tensor::zeros(&[d, d])?,
+    })
 }

@@ -7,12 +7,18 @@
 //!
 //! Shared tensors are deduplicated by a blake3 hash of shape and bytes, and every merged model holds a
 //! view of the one canonical buffer (no copy). External fragmentation is sampled after every event.
+//!
+//! With the reuse cache on ([`CoAdaptPool::enable_reuse`], [`super::reuse`]) its memory tier is an
+//! arena carved from the same [`MemoryPool`], and every step starts from cached stem tokens where the
+//! policy has them (bit-identical results); [`CoAdaptPool::reuse_expect`] names the batch after the
+//! current call so its disk entries are prefetched while the call's last step computes.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::VMoeError;
 use super::model::{ParamGroup, VMoe, VMoeConfig};
-use super::train::{Dataset, TrainScope, Trainer, predict_all};
+use super::reuse::{ReuseSetup, ReuseStats, StemCache, shared_identity};
+use super::train::{Dataset, StepInput, TrainScope, Trainer, predict_all};
 use crate::ops::{attention_backward_bytes, attention_tmp_bytes};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
@@ -266,6 +272,10 @@ pub struct CoAdaptPool {
     peak_used: u64,
     weight_decay: f32,
     share: bool,
+    /// The reuse cache of stem tokens, when enabled (its memory tier is an arena in `pool`).
+    reuse: Option<StemCache>,
+    /// A batch the caller said comes after the current call's last step (prefetch lookahead).
+    expected: Option<(ModelId, Tensor)>,
 }
 
 fn shared_key(t: &Tensor) -> [u8; 32] {
@@ -292,6 +302,8 @@ impl CoAdaptPool {
             peak_used: 0,
             weight_decay: 0.0,
             share: true,
+            reuse: None,
+            expected: None,
         })
     }
 
@@ -595,8 +607,13 @@ impl CoAdaptPool {
         let peak_used = self.pool.stats().used;
         let mut models = Vec::with_capacity(tasks.len());
         let mut failed = None;
-        for t in tasks {
-            match self.run_selected(t, lr) {
+        let expected = self.expected.take();
+        for (i, t) in tasks.iter().enumerate() {
+            let next = match tasks.get(i + 1) {
+                Some(n) => Some((n.model, n.images)),
+                None => expected.as_ref().map(|(m, x)| (*m, x)),
+            };
+            match self.run_selected(t, lr, next) {
                 Ok(r) => models.push(r),
                 Err(e) => {
                     failed = Some(e);
@@ -615,7 +632,13 @@ impl CoAdaptPool {
     }
 
     /// Runs one [`SliceTask`]'s step and records the trained experts' temporary-memory samples.
-    fn run_selected(&mut self, t: &SliceTask<'_>, lr: f32) -> Result<SliceModelReport, VMoeError> {
+    fn run_selected(
+        &mut self,
+        t: &SliceTask<'_>,
+        lr: f32,
+        next: Option<(ModelId, &Tensor)>,
+    ) -> Result<SliceModelReport, VMoeError> {
+        let stem = self.reuse_stem(t.model, t.images, next)?;
         let p = self.models.get_mut(&t.model).ok_or(VMoeError::UnknownModel(t.model.0))?;
         let config = p.model.config;
         let Some((trainer, _)) = p.trainer.as_mut() else {
@@ -628,8 +651,13 @@ impl CoAdaptPool {
             _ => true,
         };
         let started = std::time::Instant::now();
-        let (loss, cache, trained) = trainer.step_selected(&mut p.model, t.images, t.labels, &trains)?;
-        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let input = stem.as_ref().map_or(StepInput::Images(t.images), StepInput::Stem);
+        let (loss, cache, trained) = trainer.step_selected_input(&mut p.model, input, t.labels, &trains)?;
+        let ended = std::time::Instant::now();
+        if let Some(r) = self.reuse.as_mut() {
+            r.record_compute(started, ended);
+        }
+        let elapsed_us = u64::try_from(ended.duration_since(started).as_micros()).unwrap_or(u64::MAX);
         let expert_loads: Vec<Vec<usize>> = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
         for &(block, expert) in &trained {
             let tokens = expert_loads[block][expert];
@@ -655,12 +683,88 @@ impl CoAdaptPool {
         labels: &[usize],
         lr: f32,
     ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
+        let next = self.expected.take();
+        let stem = self.reuse_stem(id, images, next.as_ref().map(|(m, x)| (*m, x)))?;
         let p = self.models.get_mut(&id).ok_or(VMoeError::UnknownModel(id.0))?;
         let Some((trainer, _)) = p.trainer.as_mut() else {
             return Err(VMoeError::Config("optimiser state missing".into()));
         };
         trainer.set_lr(lr);
-        trainer.step_with_cache(&mut p.model, images, labels)
+        let input = stem.as_ref().map_or(StepInput::Images(images), StepInput::Stem);
+        let started = std::time::Instant::now();
+        let out = trainer.step_input(&mut p.model, input, labels);
+        if let Some(r) = self.reuse.as_mut() {
+            r.record_compute(started, std::time::Instant::now());
+        }
+        out
+    }
+
+    /// With the reuse cache on: the stem tokens of `images` for model `id` from the cache (then
+    /// the plan and prefetch of `next`, so its disk reads overlap this step's compute). Off: `None`.
+    fn reuse_stem(
+        &mut self,
+        id: ModelId,
+        images: &Tensor,
+        next: Option<(ModelId, &Tensor)>,
+    ) -> Result<Option<Tensor>, VMoeError> {
+        let Some(cache) = self.reuse.as_mut() else { return Ok(None) };
+        let p = self.models.get(&id).ok_or(VMoeError::UnknownModel(id.0))?;
+        let stem = cache.stem(&p.model, &shared_identity(&p.shared_keys), images)?;
+        if let Some((n, x)) = next
+            && let Some(q) = self.models.get(&n)
+        {
+            cache.plan_next(&q.model, &shared_identity(&q.shared_keys), x)?;
+        }
+        Ok(Some(stem))
+    }
+
+    /// Turns the reuse cache of stem tokens on: `setup.budget` bytes are carved from this pool
+    /// (refused with [`crate::KernelError::OutOfMemory`] when they do not fit) and the disk tier
+    /// is a fresh directory under `setup.disk_parent`. From then on every adaptation step starts
+    /// from cached stem tokens where the policy has them; results are bit-identical to reuse off.
+    pub fn enable_reuse(&mut self, setup: &ReuseSetup) -> Result<(), VMoeError> {
+        if self.reuse.is_some() {
+            return Err(VMoeError::Config("the reuse cache is already on".into()));
+        }
+        let cache = match StemCache::new(&mut self.pool, setup) {
+            Ok(c) => c,
+            Err(e) => {
+                self.sample("refused");
+                return Err(e);
+            }
+        };
+        self.reuse = Some(cache);
+        self.sample("reserve");
+        Ok(())
+    }
+
+    /// Turns the reuse cache off: its arena goes back to the pool, its disk directory is removed.
+    pub fn disable_reuse(&mut self) -> Result<(), VMoeError> {
+        self.expected = None;
+        if let Some(c) = self.reuse.take() {
+            c.release(&mut self.pool)?;
+            self.sample("release");
+        }
+        Ok(())
+    }
+
+    /// The reuse cache's figures (`None` when it is off).
+    pub fn reuse_stats(&self) -> Option<ReuseStats> {
+        self.reuse.as_ref().map(StemCache::stats)
+    }
+
+    /// The reuse cache's disk directory (`None` when it is off).
+    pub fn reuse_dir(&self) -> Option<&std::path::Path> {
+        self.reuse.as_ref().map(StemCache::dir)
+    }
+
+    /// Says which batch of which model the next step after the current call runs, so the reuse
+    /// cache can prefetch its disk entries while the last step of the call computes. Taken by the
+    /// next [`Self::adapt_step`] or [`Self::train_slice`]; ignored with the cache off.
+    pub fn reuse_expect(&mut self, id: ModelId, images: &Tensor) {
+        if self.reuse.is_some() {
+            self.expected = Some((id, images.clone()));
+        }
     }
 
     /// The model as it stands (shared parts are views of the pool's canonical buffers).

@@ -185,10 +185,24 @@ impl Trainer {
         images: &Tensor,
         labels: &[usize],
     ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
+        self.step_input(model, StepInput::Images(images), labels)
+    }
+
+    /// [`Self::step_with_cache`] from images or cached stem tokens ([`StepInput`]). From the stem
+    /// only a scope that keeps it frozen makes sense ([`TrainScope::ExpertsAndProjector`]).
+    pub fn step_input(
+        &mut self,
+        model: &mut VMoe,
+        input: StepInput<'_>,
+        labels: &[usize],
+    ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
         if self.opts.len() != model.params.tensors().len() {
             return Err(VMoeError::Config("trainer was made for a different model".into()));
         }
-        let (logits, cache) = model.forward(images)?;
+        if matches!(input, StepInput::Stem(_)) && self.scope == TrainScope::Full {
+            return Err(VMoeError::Config("a full-scope step cannot start from cached stem tokens".into()));
+        }
+        let (logits, cache) = input.forward(model)?;
         let (loss, dlogits) = cross_entropy(&logits, labels)?;
         let grads = model.backward(&cache, &dlogits)?;
         for ((opt, (group, param)), (_, grad)) in
@@ -213,10 +227,25 @@ impl Trainer {
         labels: &[usize],
         trains: &dyn Fn(ParamGroup) -> bool,
     ) -> Result<SelectedStep, VMoeError> {
+        self.step_selected_input(model, StepInput::Images(images), labels, trains)
+    }
+
+    /// [`Self::step_selected`] from either images or cached stem tokens ([`StepInput`]); both give
+    /// bit-identical updates (the stem is frozen, [`super::model::VMoe::forward_from_stem`]).
+    pub fn step_selected_input(
+        &mut self,
+        model: &mut VMoe,
+        input: StepInput<'_>,
+        labels: &[usize],
+        trains: &dyn Fn(ParamGroup) -> bool,
+    ) -> Result<SelectedStep, VMoeError> {
         if self.opts.len() != model.params.tensors().len() {
             return Err(VMoeError::Config("trainer was made for a different model".into()));
         }
-        let (logits, cache) = model.forward(images)?;
+        if matches!(input, StepInput::Stem(_)) && self.scope == TrainScope::Full {
+            return Err(VMoeError::Config("a full-scope step cannot start from cached stem tokens".into()));
+        }
+        let (logits, cache) = input.forward(model)?;
         let (loss, dlogits) = cross_entropy(&logits, labels)?;
         let grads = model.backward(&cache, &dlogits)?;
         let mut updated = Vec::new();
@@ -239,6 +268,25 @@ impl Trainer {
     /// One step; returns the loss before the update.
     pub fn step(&mut self, model: &mut VMoe, images: &Tensor, labels: &[usize]) -> Result<f32, VMoeError> {
         Ok(self.step_with_cache(model, images, labels)?.0)
+    }
+}
+
+/// What a training step starts from.
+#[derive(Clone, Copy, Debug)]
+pub enum StepInput<'a> {
+    /// `batch x 64` images: the full forward pass.
+    Images(&'a Tensor),
+    /// Cached stem tokens (`batch * tokens x dim`, [`super::model::VMoe::stem`]): the pass starts
+    /// at block 0's MoE. Only valid while the stem is frozen (adaptation).
+    Stem(&'a Tensor),
+}
+
+impl StepInput<'_> {
+    fn forward(self, model: &VMoe) -> Result<(Tensor, super::model::ForwardCache), VMoeError> {
+        match self {
+            StepInput::Images(x) => model.forward(x),
+            StepInput::Stem(s) => model.forward_from_stem(s),
+        }
     }
 }
 

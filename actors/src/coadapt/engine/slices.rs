@@ -166,6 +166,16 @@ impl EdgeEngine {
                 };
                 parts.push(SliceTask { model: id, images: x, labels: y, experts: ex });
             }
+            // The reuse cache prefetches the next slice's first batch while this one computes.
+            if let Some((t, x)) = work
+                .front()
+                .and_then(|(_, next)| next.first())
+                .map(|id| TaskId(id.0 / EXPERT_ID_STRIDE))
+                .and_then(|t| self.tasks.get(&t).and_then(|l| l.resident).zip(batches.get(&t)))
+                .map(|(id, (x, _))| (id, x))
+            {
+                self.pool.reuse_expect(t, x);
+            }
             let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
             let lr = self.cfg.lr;
             let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {

@@ -1,0 +1,553 @@
+//! The reuse cache of stem tokens (AdaSprite §3.3 on this V-MoE): during adaptation everything
+//! before block 0's MoE is frozen, so the residual-stream tokens entering it
+//! ([`VMoe::stem`]) are the same every epoch for a given (model's shared parts, image). Caching them
+//! skips the patch embedding and block 0's attention, which dominate a step at 64 tokens.
+//!
+//! This module carries out decisions, it makes none: [`troupe_policy::adapt::reuse::ReuseCache`]
+//! (importance with λ = 0.55, DRAM/disk tiers) says what is computed, reused, prefetched, kept in
+//! memory, spilled to disk or dropped. Here:
+//! - **Memory tier**: one arena of `budget` bytes allocated in the pool's [`crate::MemoryPool`] when
+//!   the cache is enabled, so every cached byte is accounted and the pool budget holds; entries live
+//!   inside it (the policy's DRAM budget is the arena's length, checked again here).
+//! - **Disk tier**: a [`WeightStore`] in a directory of its own (created fresh, removed on drop;
+//!   written without fsync, [`WeightStore::put_volatile`], as nothing in it must survive a crash),
+//!   owned by one background thread that runs writes, removals and reads in submission order, so
+//!   a read always sees the write before it. Bytes read back are checked (length, checksum by the
+//!   store); a bad entry is recomputed, never trusted.
+//! - **Prefetch**: once a batch's stem is settled, the next batch's plan is made and its disk reads
+//!   start on the background thread while the current step computes; the share of prefetch wall
+//!   time that overlapped compute is measured ([`ReuseStats::prefetch_hidden_share`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use troupe_policy::Micros;
+use troupe_policy::adapt::ExpertId;
+use troupe_policy::adapt::reuse::{
+    DEFAULT_LAMBDA, ExpertBatch, OutputCandidate, Placement, ReuseAction, ReuseCache, ReuseConfig, Tier,
+    TokenKey, TokenRequest,
+};
+
+use super::VMoeError;
+use super::config::IMAGE_PIXELS;
+use super::model::VMoe;
+use crate::device::Device;
+use crate::error::KernelError;
+use crate::pool::{Allocation, MemoryPool};
+use crate::store::{BlobId, WeightStore};
+use crate::tensor::Tensor;
+
+/// How to set the cache up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReuseSetup {
+    /// Bytes of the pool carved for the memory tier.
+    pub budget: u64,
+    /// Most bytes of cached tokens on disk (data bytes; each blob file adds a 4 KiB header and
+    /// pads to 4 KiB).
+    pub disk_budget: u64,
+    /// The disk tier lives in a fresh directory created under this one, removed when the cache drops.
+    pub disk_parent: PathBuf,
+    /// Residency threshold on importance (the paper's λ).
+    pub lambda: f64,
+    /// Entries no batch used for this many batches leave memory for disk (the policy's idle
+    /// eviction on a clock of batches, so decisions do not depend on wall time).
+    pub idle_batches: u64,
+}
+
+/// One batch on the cache's logical clock (the policy's [`Micros`]).
+const BATCH_TICK: u64 = 1000;
+
+impl ReuseSetup {
+    /// `budget` bytes in memory, `disk_budget` on disk under `disk_parent`, λ = 0.55, entries idle
+    /// for 4 batches leave memory.
+    pub fn new(budget: u64, disk_budget: u64, disk_parent: &Path) -> Self {
+        Self {
+            budget,
+            disk_budget,
+            disk_parent: disk_parent.to_path_buf(),
+            lambda: DEFAULT_LAMBDA,
+            idle_batches: 4,
+        }
+    }
+}
+
+/// What the cache did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReuseStats {
+    /// Images whose stem tokens were served from the cache (memory or prefetched from disk).
+    pub hits: u64,
+    /// Images whose stem tokens were computed.
+    pub misses: u64,
+    /// Entries written to the disk tier.
+    pub spilled: u64,
+    /// Entries read back from disk into memory.
+    pub prefetched: u64,
+    /// Of those, reads whose bytes failed a check (length, checksum, I/O) and were recomputed.
+    pub bad_reads: u64,
+    /// Wall time of all prefetch reads, microseconds.
+    pub prefetch_us: u64,
+    /// Of it, the time a step was computing at the same moment.
+    pub prefetch_hidden_us: u64,
+    /// `prefetch_hidden_us / prefetch_us` (0 when nothing was prefetched).
+    pub prefetch_hidden_share: f64,
+    /// Bytes held in the memory tier now.
+    pub memory_bytes: u64,
+    /// Bytes held on disk now (data bytes).
+    pub disk_bytes: u64,
+    /// The memory tier's budget (bytes carved from the pool).
+    pub budget: u64,
+    /// The disk tier's budget.
+    pub disk_budget: u64,
+}
+
+/// Work for the disk thread, run in order.
+enum DiskCmd {
+    Put(String, Vec<u8>),
+    Remove(String),
+    Read(Vec<(TokenKey, String)>, Sender<ReadDone>),
+}
+
+/// A finished batch of reads.
+struct ReadDone {
+    data: Vec<(TokenKey, Result<Vec<u8>, KernelError>)>,
+    started: Instant,
+    ended: Instant,
+}
+
+/// The disk thread: owns the store; a failed write or removal is kept for the owner to report.
+fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), KernelError> {
+    let mut first_err = None;
+    for cmd in rx {
+        match cmd {
+            DiskCmd::Put(id, bytes) => {
+                if let Err(e) = store.put_volatile(&id, &bytes) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            DiskCmd::Remove(id) => {
+                let r = BlobId::new(&id).and_then(|b| store.remove(&b));
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
+            }
+            DiskCmd::Read(ids, reply) => {
+                let started = Instant::now();
+                // A prefetched entry leaves the disk tier (the policy counts it in memory now), so
+                // the files on disk are exactly the policy's disk tier.
+                let data = ids
+                    .into_iter()
+                    .map(|(k, id)| {
+                        let read = BlobId::new(&id).and_then(|b| {
+                            let bytes = store.read(&b);
+                            let _ = store.remove(&b);
+                            bytes
+                        });
+                        (k, read)
+                    })
+                    .collect();
+                let _ = reply.send(ReadDone { data, started, ended: Instant::now() });
+            }
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// A batch whose plan the policy already made (prefetches in flight), for the step that runs it.
+struct Planned {
+    expert: ExpertId,
+    keys: Vec<TokenKey>,
+    hits: BTreeSet<TokenKey>,
+}
+
+/// The cache (see the module docs).
+pub struct StemCache {
+    policy: ReuseCache,
+    arena: Allocation,
+    memory: BTreeMap<TokenKey, Vec<f32>>,
+    memory_bytes: u64,
+    dir: PathBuf,
+    disk: Option<Sender<DiskCmd>>,
+    worker: Option<JoinHandle<Result<(), KernelError>>>,
+    pending: Vec<Receiver<ReadDone>>,
+    planned: Option<Planned>,
+    compute_spans: Vec<(Instant, Instant)>,
+    /// Batches planned so far: the policy's clock.
+    batches: u64,
+    stats: ReuseStats,
+}
+
+impl std::fmt::Debug for StemCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StemCache").field("dir", &self.dir).field("stats", &self.stats).finish()
+    }
+}
+
+/// The identity of a model's shared parts: blake3 over the pool's hashes of its shared tensors.
+pub fn shared_identity(keys: &[[u8; 32]]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    keys.iter().for_each(|k| {
+        h.update(k);
+    });
+    *h.finalize().as_bytes()
+}
+
+/// The cache key of one image under a model's shared identity: the expert slot names the shared
+/// parts, the signature hashes the identity with the image's bytes (so two models share an entry
+/// only when their shared parts are identical).
+pub fn token_key(identity: &[u8; 32], image: &[f32]) -> TokenKey {
+    let mut h = blake3::Hasher::new();
+    h.update(identity);
+    image.iter().for_each(|v| {
+        h.update(&v.to_le_bytes());
+    });
+    let sig = h.finalize();
+    let b = sig.as_bytes();
+    let expert = ExpertId(u32::from_le_bytes([identity[0], identity[1], identity[2], identity[3]]));
+    TokenKey { expert, sig: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) }
+}
+
+fn blob_name(key: &TokenKey) -> String {
+    format!("stem-{:08x}-{:016x}", key.expert.0, key.sig)
+}
+
+/// Microseconds from `a` to `b` (0 if `b` is earlier).
+fn span_us(a: Instant, b: Instant) -> u64 {
+    u64::try_from(b.saturating_duration_since(a).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// f32 little-endian bytes of an entry read back from disk, checked against the expected length.
+fn decode(bytes: &[u8], floats: usize) -> Option<Vec<f32>> {
+    if bytes.len() != floats.checked_mul(4)? {
+        return None;
+    }
+    Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+impl StemCache {
+    /// Carves `setup.budget` bytes from `pool` (refused, nothing taken, when they do not fit),
+    /// creates the disk directory and starts the disk thread.
+    pub fn new(pool: &mut MemoryPool, setup: &ReuseSetup) -> Result<Self, VMoeError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = setup.disk_parent.join(format!("troupe-reuse-{}-{n}", std::process::id()));
+        if dir.exists() {
+            return Err(VMoeError::Config(format!("reuse directory {} already exists", dir.display())));
+        }
+        let store = WeightStore::open(&dir, &Device::Cpu, 256, 0)?;
+        let arena = match pool.alloc(setup.budget.max(1)) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        let (tx, rx) = channel();
+        let worker = std::thread::spawn(move || disk_worker(store, rx));
+        let policy = ReuseCache::new(ReuseConfig {
+            dram_budget: setup.budget,
+            disk_budget: setup.disk_budget,
+            lambda: setup.lambda,
+            idle_after: Micros(setup.idle_batches.max(1) * BATCH_TICK),
+            // Disk entries stay until the disk budget needs their room.
+            disk_idle_after: Micros(u64::MAX / 2),
+        });
+        Ok(Self {
+            policy,
+            arena,
+            memory: BTreeMap::new(),
+            memory_bytes: 0,
+            dir,
+            disk: Some(tx),
+            worker: Some(worker),
+            pending: Vec::new(),
+            planned: None,
+            compute_spans: Vec::new(),
+            batches: 0,
+            stats: ReuseStats {
+                budget: setup.budget,
+                disk_budget: setup.disk_budget,
+                ..ReuseStats::default()
+            },
+        })
+    }
+
+    /// The pool allocation holding the memory tier (freed by [`Self::release`]).
+    pub fn arena(&self) -> Allocation {
+        self.arena
+    }
+
+    /// The disk tier's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Figures so far.
+    pub fn stats(&self) -> ReuseStats {
+        let mut s = self.stats;
+        s.memory_bytes = self.policy.dram_used();
+        s.disk_bytes = self.policy.disk_used();
+        s.prefetch_hidden_share =
+            if s.prefetch_us == 0 { 0.0 } else { s.prefetch_hidden_us as f64 / s.prefetch_us as f64 };
+        s
+    }
+
+    /// Bytes of tokens actually held in memory (always within the budget).
+    pub fn memory_held(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    fn now(&self) -> Micros {
+        Micros(self.batches * BATCH_TICK)
+    }
+
+    fn send(&self, cmd: DiskCmd) -> Result<(), VMoeError> {
+        self.disk
+            .as_ref()
+            .and_then(|tx| tx.send(cmd).ok())
+            .ok_or_else(|| VMoeError::Config("the reuse cache's disk thread has stopped".into()))
+    }
+
+    /// Waits until the disk thread has done everything sent to it so far (writes included).
+    pub fn flush(&mut self) -> Result<(), VMoeError> {
+        let (tx, rx) = channel();
+        self.send(DiskCmd::Read(Vec::new(), tx))?;
+        rx.recv()
+            .map(|_| ())
+            .map_err(|_| VMoeError::Config("the reuse cache's disk thread has stopped".into()))
+    }
+
+    /// Records a span of step compute (prefetches running meanwhile are hidden behind it).
+    pub fn record_compute(&mut self, start: Instant, end: Instant) {
+        if !self.pending.is_empty() {
+            self.compute_spans.push((start, end));
+        }
+    }
+
+    /// Waits for every prefetch in flight and moves its entries into memory.
+    fn join_prefetches(&mut self, floats: usize) -> Result<(), VMoeError> {
+        for rx in std::mem::take(&mut self.pending) {
+            let done = rx
+                .recv()
+                .map_err(|_| VMoeError::Config("the reuse cache's disk thread has stopped".into()))?;
+            let total = span_us(done.started, done.ended);
+            let hidden: u64 = self
+                .compute_spans
+                .iter()
+                .map(|&(a, b)| span_us(a.max(done.started), b.min(done.ended)))
+                .sum();
+            self.stats.prefetch_us += total;
+            self.stats.prefetch_hidden_us += hidden.min(total);
+            for (key, bytes) in done.data {
+                match bytes.ok().and_then(|b| decode(&b, floats)) {
+                    Some(v) => self.insert_memory(key, v)?,
+                    // Recomputed by the step (the policy already counts it in memory).
+                    None => self.stats.bad_reads += 1,
+                }
+            }
+        }
+        self.compute_spans.clear();
+        Ok(())
+    }
+
+    fn insert_memory(&mut self, key: TokenKey, v: Vec<f32>) -> Result<(), VMoeError> {
+        let bytes = (v.len() * 4) as u64;
+        if let Some(old) = self.memory.insert(key, v) {
+            self.memory_bytes -= (old.len() * 4) as u64;
+        }
+        self.memory_bytes += bytes;
+        if self.memory_bytes > self.arena.len {
+            return Err(VMoeError::Config(format!(
+                "reuse cache holds {} bytes in a {}-byte arena",
+                self.memory_bytes, self.arena.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn take_memory(&mut self, key: &TokenKey) -> Option<Vec<f32>> {
+        let v = self.memory.remove(key)?;
+        self.memory_bytes -= (v.len() * 4) as u64;
+        Some(v)
+    }
+
+    /// Plans `images` of a model with `identity` with the policy; starts disk reads for its
+    /// prefetches (in the background when `background`, else waits for them).
+    fn plan(
+        &mut self,
+        model: &VMoe,
+        identity: &[u8; 32],
+        images: &Tensor,
+        background: bool,
+    ) -> Result<Planned, VMoeError> {
+        let floats = model.config.tokens_per_image() * model.config.dim;
+        let keys: Vec<TokenKey> =
+            images.f32_cow().chunks_exact(IMAGE_PIXELS).map(|img| token_key(identity, img)).collect();
+        let expert = token_key(identity, &[]).expert;
+        self.batches += 1;
+        let now = self.now();
+        if self.policy.poll_timeout().is_some_and(|due| now >= due) {
+            self.policy.handle_timeout(now);
+            self.execute(&BTreeMap::new())?;
+        }
+        let tokens = keys.iter().map(|k| TokenRequest { sig: k.sig, bytes: (floats * 4) as u64 }).collect();
+        let _ = self.policy.handle_batch_start(now, &[ExpertBatch { expert, tokens }]);
+        let mut hits = BTreeSet::new();
+        let mut reads = Vec::new();
+        while let Some(a) = self.policy.poll_action() {
+            match a {
+                ReuseAction::Prefetch { key, .. } => reads.push((key, blob_name(&key))),
+                ReuseAction::Reuse { key } => {
+                    hits.insert(key);
+                }
+                ReuseAction::Compute { .. } | ReuseAction::Relocate { .. } => {}
+                ReuseAction::Store { .. } | ReuseAction::Evict { .. } => {
+                    return Err(VMoeError::Config(format!("unexpected reuse action at batch start: {a:?}")));
+                }
+            }
+        }
+        if !reads.is_empty() {
+            self.stats.prefetched += reads.len() as u64;
+            let (tx, rx) = channel();
+            self.send(DiskCmd::Read(reads, tx))?;
+            self.pending.push(rx);
+            if !background {
+                self.join_prefetches(floats)?;
+            }
+        }
+        Ok(Planned { expert, keys, hits })
+    }
+
+    /// Plans the batch the next step will run and starts its prefetches in the background (call
+    /// once the current step's stem is settled, before the rest of it computes).
+    pub fn plan_next(&mut self, model: &VMoe, identity: &[u8; 32], images: &Tensor) -> Result<(), VMoeError> {
+        let p = self.plan(model, identity, images, true)?;
+        self.planned = Some(p);
+        Ok(())
+    }
+
+    /// The stem tokens of `images` (`batch * tokens x dim`) for a model with `identity`: hits from
+    /// memory (prefetched from disk where the policy said so), misses computed (as one batch, which
+    /// gives the same rows as the full pass), then the policy decides what stays, what is spilled,
+    /// what is dropped. Bit-identical to `model.stem(images)`.
+    pub fn stem(&mut self, model: &VMoe, identity: &[u8; 32], images: &Tensor) -> Result<Tensor, VMoeError> {
+        let (batch, _) = images.dims2()?;
+        let c = model.config;
+        let floats = c.tokens_per_image() * c.dim;
+        let keys: Vec<TokenKey> =
+            images.f32_cow().chunks_exact(IMAGE_PIXELS).map(|img| token_key(identity, img)).collect();
+        let planned = match self.planned.take() {
+            Some(p) if p.keys == keys => p,
+            _ => self.plan(model, identity, images, false)?,
+        };
+        self.join_prefetches(floats)?;
+        // Misses: every image not in memory (including a hit whose disk read failed its checks).
+        let px = images.f32_cow();
+        let miss_idx: Vec<usize> = (0..batch)
+            .filter(|&i| !(planned.hits.contains(&keys[i]) && self.memory.contains_key(&keys[i])))
+            .collect();
+        self.stats.hits += (batch - miss_idx.len()) as u64;
+        self.stats.misses += miss_idx.len() as u64;
+        let mut fresh: BTreeMap<TokenKey, Vec<f32>> = BTreeMap::new();
+        if !miss_idx.is_empty() {
+            let sub: Vec<f32> = miss_idx
+                .iter()
+                .flat_map(|&i| &px[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS])
+                .copied()
+                .collect();
+            let computed = model.stem(&Tensor::from_f32(&[miss_idx.len(), IMAGE_PIXELS], sub)?)?;
+            for (&i, rows) in miss_idx.iter().zip(computed.f32_cow().chunks_exact(floats)) {
+                if planned.hits.contains(&keys[i]) {
+                    // The policy holds it in memory but its disk read failed: fill the slot.
+                    self.insert_memory(keys[i], rows.to_vec())?;
+                }
+                fresh.insert(keys[i], rows.to_vec());
+            }
+        }
+        let mut out = Vec::with_capacity(batch * floats);
+        for k in &keys {
+            match fresh.get(k).or_else(|| self.memory.get(k)) {
+                Some(rows) => out.extend_from_slice(rows),
+                None => return Err(VMoeError::Config("a reused stem entry vanished".into())),
+            }
+        }
+        // Residency: the images are revisited every epoch of the task, so P_reuse = 1 and the
+        // policy's importance is the batch's reuse ratio.
+        let candidates: Vec<OutputCandidate> = keys
+            .iter()
+            .map(|&key| OutputCandidate {
+                key,
+                bytes: (floats * 4) as u64,
+                p_reuse: 1.0,
+                sharers: Vec::new(),
+            })
+            .collect();
+        debug_assert!(candidates.iter().all(|o| o.key.expert == planned.expert));
+        self.policy.handle_batch_done(self.now(), &candidates);
+        self.execute(&fresh)?;
+        Ok(Tensor::from_f32(&[batch * c.tokens_per_image(), c.dim], out)?)
+    }
+
+    /// Carries out the policy's pending actions; `fresh` holds tokens computed this step.
+    fn execute(&mut self, fresh: &BTreeMap<TokenKey, Vec<f32>>) -> Result<(), VMoeError> {
+        let mut evicted: BTreeMap<TokenKey, Vec<f32>> = BTreeMap::new();
+        while let Some(a) = self.policy.poll_action() {
+            match a {
+                ReuseAction::Store { key, at: Placement::Dram { .. }, .. } => {
+                    let v = fresh.get(&key).cloned().or_else(|| evicted.remove(&key));
+                    if let Some(v) = v {
+                        self.insert_memory(key, v)?;
+                    }
+                }
+                ReuseAction::Store { key, at: Placement::Disk, .. } => {
+                    let v = fresh.get(&key).or_else(|| evicted.get(&key)).or_else(|| self.memory.get(&key));
+                    if let Some(v) = v {
+                        let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                        self.send(DiskCmd::Put(blob_name(&key), bytes))?;
+                        self.stats.spilled += 1;
+                    }
+                }
+                ReuseAction::Evict { key, tier: Tier::Dram } => {
+                    if let Some(v) = self.take_memory(&key) {
+                        evicted.insert(key, v);
+                    }
+                }
+                ReuseAction::Evict { key, tier: Tier::Disk } => {
+                    self.send(DiskCmd::Remove(blob_name(&key)))?
+                }
+                ReuseAction::Relocate { .. }
+                | ReuseAction::Prefetch { .. }
+                | ReuseAction::Compute { .. }
+                | ReuseAction::Reuse { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the disk thread, removes the disk directory and frees the arena from `pool`.
+    pub fn release(mut self, pool: &mut MemoryPool) -> Result<(), VMoeError> {
+        let r = self.shutdown();
+        pool.free(self.arena)?;
+        r
+    }
+
+    fn shutdown(&mut self) -> Result<(), VMoeError> {
+        self.pending.clear();
+        self.disk = None;
+        let worker = self.worker.take().map(|h| h.join());
+        let removed = if self.dir.exists() { std::fs::remove_dir_all(&self.dir) } else { Ok(()) };
+        if let Some(r) = worker {
+            r.map_err(|_| VMoeError::Config("the reuse cache's disk thread panicked".into()))??;
+        }
+        removed.map_err(|source| VMoeError::Io { context: "removing", path: self.dir.clone(), source })
+    }
+}
+
+impl Drop for StemCache {
+    /// Joins the disk thread and removes the disk directory (the arena goes with the pool).
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}

@@ -1,0 +1,253 @@
+//! The reuse cache of stem tokens on real files: every stem it serves is bit-identical to the
+//! model's own, entries spilled to disk come back bit-exact (and a corrupted file is recomputed,
+//! not trusted), the second epoch over the same images hits, the memory tier and the pool never
+//! exceed their budgets (seeded loops), adaptation with the cache on trains the same weights as
+//! with it off, and the disk directory is removed when the cache goes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use rand::rngs::SmallRng;
+use rand::seq::index::sample;
+use rand::{Rng, SeedableRng};
+use troupe_kernels::vmoe::pool::SliceTask;
+use troupe_kernels::vmoe::reuse::{ReuseSetup, StemCache, shared_identity};
+use troupe_kernels::vmoe::{CoAdaptPool, VMoe, VMoeConfig};
+use troupe_kernels::{MemoryPool, Tensor};
+
+fn images(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..n * 64).map(|_| rng.random::<f32>()).collect()
+}
+
+fn batch(all: &[f32], idx: &[usize]) -> Tensor {
+    let v = idx.iter().flat_map(|&i| &all[i * 64..(i + 1) * 64]).copied().collect();
+    Tensor::from_f32(&[idx.len(), 64], v).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.f32_cow().iter().map(|v| v.to_bits()).collect()
+}
+
+fn model(seed: u64) -> VMoe {
+    VMoe::new(VMoeConfig::tiny(), &mut SmallRng::seed_from_u64(seed)).unwrap()
+}
+
+/// Bytes of one image's stem tokens for the tiny student.
+fn entry_bytes() -> u64 {
+    let c = VMoeConfig::tiny();
+    (c.tokens_per_image() * c.dim * 4) as u64
+}
+
+/// A cache with room for 4 entries in memory that has seen six images once (all spilled), its
+/// blob files written; with the model, identity and batch.
+fn spilled_cache(dir: &std::path::Path, pool: &mut MemoryPool) -> (StemCache, VMoe, [u8; 32], Tensor) {
+    let mut cache = StemCache::new(pool, &ReuseSetup::new(4 * entry_bytes(), 1 << 20, dir)).unwrap();
+    let m = model(1);
+    let id = shared_identity(&[[7; 32]]);
+    let x = batch(&images(2, 6), &[0, 1, 2, 3, 4, 5]);
+    // First sight: computed, nothing reused yet (importance 0), so the policy spills all six.
+    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+    cache.flush().unwrap();
+    let s = cache.stats();
+    assert_eq!((s.misses, s.hits, s.spilled, s.disk_bytes), (6, 0, 6, 6 * entry_bytes()));
+    (cache, m, id, x)
+}
+
+fn blob_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let all = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
+    all.filter(|p| p.extension().is_some_and(|e| e == "blob")).collect()
+}
+
+#[test]
+fn disk_entries_round_trip_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+    let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
+    assert_eq!(blob_files(cache.dir()).len(), 6);
+    // Second sight: four read back from disk into the 4-entry memory tier, two recomputed.
+    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+    let s = cache.stats();
+    assert_eq!((s.prefetched, s.hits, s.bad_reads), (4, 4, 0), "{s:?}");
+    assert!(s.memory_bytes <= s.budget && cache.memory_held() <= s.budget);
+    let dir = cache.dir().to_path_buf();
+    cache.release(&mut pool).unwrap();
+    assert!(!dir.exists());
+    assert_eq!(pool.stats().used, 0);
+}
+
+#[test]
+fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+    let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
+    for p in blob_files(cache.dir()) {
+        let mut b = std::fs::read(&p).unwrap();
+        b[4096] ^= 0xff; // first data byte (after the 4 KiB header)
+        std::fs::write(&p, b).unwrap();
+    }
+    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+    let s = cache.stats();
+    assert_eq!((s.prefetched, s.bad_reads, s.hits), (4, 4, 0), "{s:?}");
+    // The recomputed tokens fill the slots the policy gave them: the next sight hits them.
+    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+    assert_eq!(cache.stats().hits, 4);
+}
+
+#[test]
+fn second_epoch_hits_and_budgets_hold_in_seeded_loops() {
+    let tmp = tempfile::tempdir().unwrap();
+    for seed in 0..4u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let budget = entry_bytes() * rng.random_range(2..40);
+        let disk_budget = entry_bytes() * rng.random_range(1..60);
+        let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+        let mut cache = StemCache::new(&mut pool, &ReuseSetup::new(budget, disk_budget, tmp.path())).unwrap();
+        assert!(pool.stats().used >= budget);
+        let m = model(seed);
+        let id = shared_identity(&[[seed as u8; 32]]);
+        let n = rng.random_range(8..48);
+        let all = images(seed + 10, n);
+        let mut misses_first = 0;
+        for epoch in 0..3 {
+            let mut order: Vec<usize> = (0..n).collect();
+            rand::seq::SliceRandom::shuffle(&mut order[..], &mut rng);
+            for chunk in order.chunks(rng.random_range(1..12)) {
+                let x = batch(&all, chunk);
+                if rng.random_bool(0.5) {
+                    let next = sample(&mut rng, n, chunk.len().min(n)).into_vec();
+                    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+                    cache.plan_next(&m, &id, &batch(&all, &next)).unwrap();
+                } else {
+                    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+                }
+                let s = cache.stats();
+                assert!(s.memory_bytes <= budget && cache.memory_held() <= budget, "{s:?}");
+                assert!(s.disk_bytes <= disk_budget, "{s:?}");
+                assert!(pool.stats().used <= pool.budget());
+                // The files on disk are exactly the policy's disk tier.
+                cache.flush().unwrap();
+                assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
+            }
+            if epoch == 0 {
+                misses_first = cache.stats().misses;
+            }
+        }
+        let s = cache.stats();
+        assert_eq!(misses_first, n as u64, "first epoch computes every image once");
+        assert!(s.hits > 0, "later epochs hit: {s:?}");
+        cache.release(&mut pool).unwrap();
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "every disk directory removed");
+}
+
+/// Adapts two models (one merged pool) for a few slices and whole-model steps; returns their
+/// trainable weights and the pool's reuse figures.
+fn adapt(
+    reuse: Option<&std::path::Path>,
+) -> (Vec<Vec<u32>>, Option<troupe_kernels::vmoe::reuse::ReuseStats>) {
+    let mut pool = CoAdaptPool::new("p", 24 << 20).unwrap();
+    if let Some(dir) = reuse {
+        pool.enable_reuse(&ReuseSetup::new(48 * entry_bytes(), 1 << 20, dir)).unwrap();
+    }
+    let a = pool.load("a", &model(1)).unwrap();
+    let b = pool.load("b", &model(1)).unwrap();
+    let all = images(5, 24);
+    let labels: Vec<usize> = (0..24).map(|i| i % 10).collect();
+    let mut rng = SmallRng::seed_from_u64(3);
+    for step in 0..6 {
+        let ia = sample(&mut rng, 24, 8).into_vec();
+        let ib = sample(&mut rng, 24, 8).into_vec();
+        let (xa, xb) = (batch(&all, &ia), batch(&all, &ib));
+        let ya: Vec<usize> = ia.iter().map(|&i| labels[i]).collect();
+        let yb: Vec<usize> = ib.iter().map(|&i| labels[i]).collect();
+        if step % 2 == 0 {
+            pool.reuse_expect(a, &xa);
+            let ea = [(0, step % 8), (1, 3)];
+            let eb = [(0, 1)];
+            pool.train_slice(
+                &[
+                    SliceTask { model: a, images: &xa, labels: &ya, experts: &ea },
+                    SliceTask { model: b, images: &xb, labels: &yb, experts: &eb },
+                ],
+                1e-2,
+            )
+            .unwrap();
+        } else {
+            pool.adapt_step(a, &xa, &ya, 1e-2).unwrap();
+            pool.adapt_step(b, &xb, &yb, 1e-2).unwrap();
+        }
+    }
+    let weights = [a, b]
+        .iter()
+        .flat_map(|&id| pool.model(id).unwrap().params.tensors().into_iter().map(|(_, t)| bits(t)))
+        .collect();
+    (weights, pool.reuse_stats())
+}
+
+#[test]
+fn adaptation_with_reuse_trains_bit_identical_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (off, none) = adapt(None);
+    let (on, stats) = adapt(Some(tmp.path()));
+    assert!(none.is_none());
+    let s = stats.unwrap();
+    assert!(s.hits > 0 && s.misses > 0, "{s:?}");
+    assert_eq!(off.len(), on.len());
+    assert!(off == on, "reuse changed the trained weights");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "pool drop removes the disk tier");
+}
+
+#[test]
+fn reuse_budget_is_carved_from_the_pool() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut pool = CoAdaptPool::new("p", 1 << 20).unwrap();
+    assert!(pool.enable_reuse(&ReuseSetup::new(2 << 20, 1 << 20, tmp.path())).is_err(), "over the budget");
+    assert_eq!(pool.stats().used, 0);
+    pool.enable_reuse(&ReuseSetup::new(256 << 10, 1 << 20, tmp.path())).unwrap();
+    assert_eq!(pool.stats().used, 256 << 10);
+    assert!(pool.reuse_dir().unwrap().exists());
+    pool.disable_reuse().unwrap();
+    assert_eq!(pool.stats().used, 0);
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+/// Adaptation step CPU time (this thread's, so disk reads on the cache's thread do not count) with
+/// the reuse cache off, on with room for every image, and on with room for one batch (the rest on
+/// disk). One run's figures, printed; nothing asserted on time. Run with
+/// `cargo test --release -p troupe-kernels --test vmoe_reuse -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn measure_step_cpu_time_with_reuse_on_and_off() {
+    use troupe_kernels::bench::thread_cpu_seconds;
+    let tmp = tempfile::tempdir().unwrap();
+    let (n, b, steps) = (96usize, 32usize, 60usize);
+    let all = images(11, n);
+    let labels: Vec<usize> = (0..n).map(|i| i % 10).collect();
+    let mut rng = SmallRng::seed_from_u64(4);
+    let batches: Vec<Vec<usize>> = (0..steps + 3).map(|_| sample(&mut rng, n, b).into_vec()).collect();
+    let run = |budget: Option<u64>| {
+        let mut pool = CoAdaptPool::new("p", 64 << 20).unwrap();
+        if let Some(bytes) = budget {
+            pool.enable_reuse(&ReuseSetup::new(bytes, 64 << 20, tmp.path())).unwrap();
+        }
+        let id = pool.load("m", &model(1)).unwrap();
+        let mut cpu = 0.0;
+        for (k, idx) in batches.iter().enumerate() {
+            let x = batch(&all, idx);
+            let y: Vec<usize> = idx.iter().map(|&i| labels[i]).collect();
+            let start = thread_cpu_seconds();
+            pool.adapt_step(id, &x, &y, 1e-3).unwrap();
+            if k >= 3 {
+                cpu += thread_cpu_seconds() - start;
+            }
+        }
+        (cpu / steps as f64, pool.reuse_stats())
+    };
+    let (off, _) = run(None);
+    let (all_in, s_all) = run(Some(n as u64 * entry_bytes()));
+    let (one_batch, s_one) = run(Some(b as u64 * entry_bytes()));
+    println!("tiny student, batch {b}, {steps} steps after 3 warm-up steps, CPU ms/step (this thread):");
+    println!("  reuse off            {:.3}", off * 1e3);
+    println!("  reuse on, all in mem {:.3}  ratio on/off {:.3}  {s_all:?}", all_in * 1e3, all_in / off);
+    println!("  reuse on, one batch  {:.3}  ratio on/off {:.3}  {s_one:?}", one_batch * 1e3, one_batch / off);
+}
