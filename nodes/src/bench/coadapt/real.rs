@@ -217,6 +217,8 @@ pub struct RunOutcome {
     pub peak_over_budget: f64,
     /// Models unloaded to make room.
     pub evictions: u64,
+    /// Reuse cache: microseconds of disk prefetch, and of those the ones overlapped by compute.
+    pub prefetch_us: (u64, u64),
 }
 
 impl RunOutcome {
@@ -282,6 +284,10 @@ pub fn run_once(
         fragmentation: frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len().max(1) as f64,
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
         evictions: eng.evictions(),
+        prefetch_us: {
+            let r = eng.reuse_stats();
+            (r.prefetch_us, r.prefetch_hidden_us)
+        },
     })
 }
 
@@ -304,6 +310,8 @@ pub struct Tally {
     pub peak: f64,
     /// Evictions.
     pub evictions: u64,
+    /// Summed reuse-cache prefetch time and its part hidden behind compute, us.
+    pub prefetch_us: (u64, u64),
 }
 
 impl Tally {
@@ -332,6 +340,13 @@ impl Tally {
         self.runs += 1;
         self.peak = self.peak.max(o.peak_over_budget);
         self.evictions += o.evictions;
+        self.prefetch_us.0 += o.prefetch_us.0;
+        self.prefetch_us.1 += o.prefetch_us.1;
+    }
+
+    /// Share of the reuse cache's disk prefetch time hidden behind compute (NaN: none prefetched).
+    pub fn prefetch_hidden_share(&self) -> f64 {
+        if self.prefetch_us.0 == 0 { f64::NAN } else { self.prefetch_us.1 as f64 / self.prefetch_us.0 as f64 }
     }
 }
 
