@@ -189,7 +189,9 @@ fn the_pool_never_exceeds_its_budget_under_any_scheduler_or_arrivals() {
 
 #[test]
 fn preloads_are_prepared_in_the_background_and_every_one_is_accounted_for() {
-    let f = fixture(4, 64);
+    // Six tasks on two seats: tasks wait behind every cycle, so the twin buffer's other half has
+    // models to prepare (a model loaded once stays resident: a step's freed temporaries dwarf it).
+    let f = fixture(6, 64);
     let c = f.student.config;
     let budget = reserved_bytes(&[c], 32) + 3 * task_footprint(&c);
     for preload in [true, false] {

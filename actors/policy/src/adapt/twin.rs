@@ -214,8 +214,20 @@ impl TwinBufferScheduler {
         };
     }
 
+    /// The tasks to preload while the current cycle computes: the service order without the
+    /// current tasks, filled into memory, at most `seats`. Mid-cycle nothing the order depends on has
+    /// changed yet (epochs are reported when the cycle ends), so [`Self::next_set`] would name the
+    /// current tasks again; the twin buffer's other half is the tasks waiting behind them.
+    pub fn preload_set(&self) -> Vec<TaskId> {
+        let waiting: Vec<TaskId> =
+            self.service_order().into_iter().filter(|id| !self.current.contains(id)).collect();
+        let mut set = self.table.fill(&waiting);
+        set.truncate(self.cfg.seats.max(1));
+        set
+    }
+
     fn preload_next(&mut self) {
-        let next = self.next_set();
+        let next = self.preload_set();
         let needed: BTreeSet<ExpertId> = self
             .current
             .iter()
