@@ -78,8 +78,10 @@ mod tests {
         let a = VMoe::new(VMoeConfig::tiny(), &mut SmallRng::seed_from_u64(1)).unwrap();
         let mut b = VMoe::new(VMoeConfig::tiny(), &mut SmallRng::seed_from_u64(2)).unwrap();
         let c = VMoeConfig::tiny();
-        // 2 blocks x 4 experts x (16*32 + 32 + 32*16 + 16) + projector 16*32 + 32 + head 32*10 + 10.
-        let expected = 2 * 4 * (16 * 32 + 32 + 32 * 16 + 16) + (16 * 32 + 32) + (32 * 10 + 10);
+        // Per expert: two dense layers with biases; then the projector and the head.
+        let (d, h, p) = (c.dim, c.hidden, c.proj);
+        let expected =
+            c.blocks * c.experts * (d * h + h + h * d + d) + (d * p + p) + (p * c.classes + c.classes);
         assert_eq!(trainable_len(&a), expected);
         assert_eq!(expected, c.param_count() - c.shared_params());
         install_trainable(&mut b, &trainable_params(&a)).unwrap();
