@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cluster;
 pub mod coadapt;
 pub mod coe;
+pub mod decode;
 pub mod fault;
 pub mod hello;
 pub mod journal;

@@ -594,8 +594,10 @@ where
         .map_err(|e| format!("encoding {}: {e}", std::any::type_name::<T>()))
 }
 
-/// Checked access to a body from a peer (copied into an aligned buffer first), handed to `f`
-/// to check bounds on the archived form and build what it needs.
+/// Checked access to a body from a peer through the runtime's one decode path
+/// ([`crate::decode::access`]: capped at [`crate::decode::MAX_MESSAGE_BYTES`], charged to a fresh
+/// per-message budget, copied aligned), handed to `f` to check the archived form and build what
+/// it needs. The error names the message type.
 pub fn with_archived<T, R>(
     body: &[u8],
     f: impl FnOnce(&T::Archived) -> Result<R, String>,
@@ -604,9 +606,12 @@ where
     T: rkyv::Archive,
     T::Archived: rkyv::Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
 {
-    let mut aligned = AlignedVec::<16>::with_capacity(body.len());
-    aligned.extend_from_slice(body);
-    let archived = rkyv::access::<T::Archived, rancor::Error>(&aligned)
-        .map_err(|e| format!("invalid {} body: {e}", std::any::type_name::<T>()))?;
-    f(archived)
+    crate::decode::access::<T, R>(
+        std::any::type_name::<T>(),
+        body,
+        crate::decode::MAX_MESSAGE_BYTES,
+        &mut crate::decode::plain_budget(),
+        f,
+    )
+    .map_err(|e| e.to_string())
 }

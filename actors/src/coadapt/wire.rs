@@ -2,23 +2,21 @@
 //! decode is checked: a length cap before copying, rkyv validation, then field checks that name
 //! what is wrong. Peer bytes are never trusted.
 //!
-//! Every decode takes the message's decoded-bytes budget ([`DecodeBudget`]) and charges it
-//! before copying: these messages carry plain f32/u32 vectors and strings (no compressed
-//! tensors), so what one decodes to is bounded by its wire size: the aligned copy plus values
-//! that take at most [`DECODED_PER_WIRE_BYTE`] - 1 bytes per archived byte (a `String` header
-//! is 24 bytes where its archive is 8).
+//! Every decode goes through the runtime's one decode path ([`crate::decode`]) and takes the
+//! message's decoded-bytes budget ([`DecodeBudget`]), charged before copying: these messages
+//! carry plain f32/u32 vectors and strings (no compressed tensors), so what one decodes to is
+//! bounded by its wire size ([`DECODED_PER_WIRE_BYTE`] per byte).
 
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
-pub use troupe_transport::codec::DecodeBudget;
+
+pub use crate::decode::{DECODED_PER_WIRE_BYTE, DecodeBudget, DecodeError};
 
 /// Largest encoded message accepted from a peer (uploads of a few hundred 8x8 images are ~100 KiB).
-pub const MAX_WIRE_BYTES: usize = 16 << 20;
-/// Bytes charged to the decoded-bytes budget per wire byte (see the module doc).
-pub const DECODED_PER_WIRE_BYTE: u64 = 5;
+pub const MAX_WIRE_BYTES: usize = crate::decode::MAX_MESSAGE_BYTES;
 /// Default decoded-bytes budget of one message: the largest message accepted, decoded.
-pub const MAX_DECODED_BYTES: u64 = DECODED_PER_WIRE_BYTE * MAX_WIRE_BYTES as u64;
+pub const MAX_DECODED_BYTES: u64 = crate::decode::MAX_PLAIN_DECODED_BYTES;
 /// Most images one upload may carry.
 pub const MAX_UPLOAD_IMAGES: usize = 20_000;
 /// Pixels per image (8x8 digits).
@@ -27,32 +25,9 @@ pub const PIXELS: usize = 64;
 /// Why peer bytes were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    /// Too many bytes.
-    #[error("{what}: {got} bytes exceed the cap of {cap}")]
-    TooLarge {
-        /// Message type.
-        what: &'static str,
-        /// Bytes received.
-        got: usize,
-        /// The cap.
-        cap: usize,
-    },
-    /// Decoding would pass the message's decoded-bytes budget.
-    #[error("{what}: {detail}")]
-    OverBudget {
-        /// Message type.
-        what: &'static str,
-        /// The budget's refusal (names the budget).
-        detail: String,
-    },
-    /// rkyv could not validate or decode the bytes.
-    #[error("{what}: malformed bytes: {detail}")]
-    Malformed {
-        /// Message type.
-        what: &'static str,
-        /// The validator's message.
-        detail: String,
-    },
+    /// Over the size cap or the budget, or not a valid archive.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
     /// The message decoded but a field makes no sense.
     #[error("{what}: {detail}")]
     Invalid {
@@ -267,23 +242,14 @@ where
 }
 
 /// Checked decode of peer bytes (capped, charged to `budget`, copied to an aligned buffer,
-/// validated).
+/// validated), through the runtime's one decode path.
 pub fn decode<T>(what: &'static str, bytes: &[u8], budget: &mut DecodeBudget) -> Result<T, WireError>
 where
     T: Archive,
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
         + Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
 {
-    if bytes.len() > MAX_WIRE_BYTES {
-        return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_WIRE_BYTES });
-    }
-    budget
-        .charge(bytes.len() as u128 * u128::from(DECODED_PER_WIRE_BYTE))
-        .map_err(|e| WireError::OverBudget { what, detail: e.to_string() })?;
-    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<T, rancor::Error>(&aligned)
-        .map_err(|e| WireError::Malformed { what, detail: e.to_string() })
+    Ok(crate::decode::decode(what, bytes, MAX_WIRE_BYTES, budget)?)
 }
 
 impl UploadRequest {
@@ -342,7 +308,7 @@ mod tests {
         // Truncated and flipped bytes are refused with a message, never a panic.
         assert!(matches!(
             UploadRequest::decode(&bytes[..bytes.len() / 2], &mut budget()),
-            Err(WireError::Malformed { .. })
+            Err(WireError::Decode(DecodeError::Malformed { .. }))
         ));
         assert!(UploadRequest::decode(&[0xff; 3], &mut budget()).is_err());
         // A ragged image buffer decodes but is invalid, and the error names the field.
@@ -357,7 +323,10 @@ mod tests {
                 .unwrap_err();
         assert!(e.to_string().contains("target_gain"), "{e}");
         let big = vec![0u8; MAX_WIRE_BYTES + 1];
-        assert!(matches!(UploadRequest::decode(&big, &mut budget()), Err(WireError::TooLarge { .. })));
+        assert!(matches!(
+            UploadRequest::decode(&big, &mut budget()),
+            Err(WireError::Decode(DecodeError::TooLarge { .. }))
+        ));
     }
 
     #[test]
@@ -369,7 +338,7 @@ mod tests {
         // a budget that cannot hold it refuses, naming the budget, and charges nothing
         let mut small = DecodeBudget::new(bytes.len() as u64);
         let e = UploadRequest::decode(&bytes, &mut small).unwrap_err();
-        assert!(matches!(e, WireError::OverBudget { .. }), "{e}");
+        assert!(matches!(e, WireError::Decode(DecodeError::OverBudget { .. })), "{e}");
         assert!(e.to_string().contains("decoded-bytes budget"), "{e}");
         assert_eq!(small.used(), 0);
         // the bound holds: a message of strings only (24-byte headers, 8-byte archives)

@@ -143,10 +143,13 @@ fn encode(record: &CoeRecord) -> Result<Vec<u8>, CoeError> {
 }
 
 fn decode(bytes: &[u8]) -> Result<CoeRecord, CoeError> {
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<CoeRecord, rancor::Error>(&aligned)
-        .map_err(|e| CoeError::Invalid(format!("journal record does not decode: {e}")))
+    crate::decode::decode(
+        "coe journal record",
+        bytes,
+        crate::journal::MAX_RECORD,
+        &mut crate::decode::plain_budget(),
+    )
+    .map_err(|e| CoeError::Invalid(format!("journal record does not decode: {e}")))
 }
 
 impl CoeShared {

@@ -18,7 +18,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::onnx::{NamedTensor, TensorData};
 
 use super::job::PipelineJob;
-use crate::journal::{Journal, JournalError, TailDamage};
+use crate::journal::{Journal, JournalError, MAX_RECORD, TailDamage};
 
 /// Most output tensors one answer may carry.
 const MAX_TENSORS: usize = 64;
@@ -133,9 +133,8 @@ fn encode(record: &PipelineRecord) -> Result<Vec<u8>, String> {
 }
 
 fn decode(bytes: &[u8]) -> Result<PipelineRecord, String> {
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<PipelineRecord, rancor::Error>(&aligned).map_err(|e| e.to_string())
+    crate::decode::decode("pipeline journal record", bytes, MAX_RECORD, &mut crate::decode::plain_budget())
+        .map_err(|e| e.to_string())
 }
 
 /// What a journal held when the job was opened.

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use crate::decode::DecodeError;
 use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::onnx::{NamedTensor, TensorData};
@@ -23,7 +24,7 @@ use troupe_transport::{NodeId, QuicNode};
 /// Encoded tensors above this many bytes travel by reference (a hash pulled over QUIC).
 pub const BY_REFERENCE_ABOVE: usize = 1 << 20;
 /// Largest message body accepted (the control plane's own cap is 16 MiB).
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+pub const MAX_MESSAGE_BYTES: usize = crate::decode::MAX_MESSAGE_BYTES;
 /// Largest tensor accepted from a peer, in decoded bytes.
 pub const MAX_TENSOR_BYTES: usize = 256 << 20;
 /// Default decoded-bytes budget of one request or response: all its tensors together (f32
@@ -228,16 +229,9 @@ pub enum WireError {
         /// The error.
         detail: String,
     },
-    /// A peer's bytes are not a valid message.
-    #[error("invalid {what} from peer ({len} bytes): {detail}")]
-    Invalid {
-        /// What was expected.
-        what: &'static str,
-        /// Bytes received.
-        len: usize,
-        /// The validator's message.
-        detail: String,
-    },
+    /// A peer's bytes are over the cap or the budget, or not a valid message.
+    #[error("from peer: {0}")]
+    Decode(#[from] DecodeError),
     /// Over a size cap.
     #[error("{what} of {got} exceeds the cap of {cap}")]
     TooLarge {
@@ -297,24 +291,15 @@ pub fn response_from_bytes(bytes: &[u8]) -> Result<Response, WireError> {
     from_bytes::<Response>("response", bytes)
 }
 
-/// Checked access to a message of `what` from a peer (size-capped, copied aligned first).
+/// Checked decode of a message of `what` from a peer, through the runtime's one decode path
+/// (size-capped, charged to a fresh per-message budget, copied aligned first).
 pub(crate) fn from_bytes<T>(what: &'static str, bytes: &[u8]) -> Result<T, WireError>
 where
     T: Archive,
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
         + Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
 {
-    if bytes.len() > MAX_MESSAGE_BYTES {
-        return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_MESSAGE_BYTES });
-    }
-    // Peer bytes arrive unaligned; copy into an aligned buffer before checked access.
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| WireError::Invalid {
-        what,
-        len: bytes.len(),
-        detail: e.to_string(),
-    })
+    Ok(crate::decode::decode(what, bytes, MAX_MESSAGE_BYTES, &mut crate::decode::plain_budget())?)
 }
 
 /// Byte counts of the f32 tensors one side encoded.
@@ -465,7 +450,7 @@ pub async fn decode_tensors(
                 let cap = u32::try_from(len.min(MAX_MESSAGE_BYTES as u64 * 16)).unwrap_or(u32::MAX);
                 let bytes =
                     link.fetch_blob(&NodeId::new(from), blob, cap).await.map_err(|e| pull(e.to_string()))?;
-                let inner = from_bytes_capped(&bytes)?;
+                let inner = pulled_tensor(&bytes, cap as usize)?;
                 if matches!(inner.body, TensorBody::ByRef { .. }) {
                     return Err(pull("a by-reference tensor points at another reference".into()));
                 }
@@ -478,14 +463,13 @@ pub async fn decode_tensors(
     Ok(out)
 }
 
-fn from_bytes_capped(bytes: &[u8]) -> Result<WireNamed, WireError> {
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<WireNamed, rancor::Error>(&aligned).map_err(|e| WireError::Invalid {
-        what: "tensor",
-        len: bytes.len(),
-        detail: e.to_string(),
-    })
+/// The tensor envelope of `bytes` pulled by reference under the pull's own `cap`. The bytes
+/// are already held (the pull was capped by the message's budget), so the envelope's decode has
+/// a budget of its own, its wire size decoded; the tensor inside is charged to the message's
+/// budget by [`decode_one`].
+fn pulled_tensor(bytes: &[u8], cap: usize) -> Result<WireNamed, WireError> {
+    let mut envelope = DecodeBudget::new(bytes.len() as u64 * crate::decode::DECODED_PER_WIRE_BYTE);
+    Ok(crate::decode::decode("tensor by reference", bytes, cap, &mut envelope)?)
 }
 
 /// Decodes one tensor of a message, charging it to the message's `budget`.
@@ -606,7 +590,7 @@ mod tests {
         assert_eq!(tally.by_reference, 1);
         let bytes = shelf.blob(blob).unwrap();
         assert_eq!(bytes.len() as u64, *len);
-        let inner = from_bytes_capped(&bytes).unwrap();
+        let inner = pulled_tensor(&bytes, bytes.len()).unwrap();
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         let back = decode_one(inner, &mut TensorDecoder::default(), &mut budget).unwrap();
         assert_eq!(back, t);
