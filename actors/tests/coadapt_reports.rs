@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use troupe_actors::coadapt::EDGE_SERVICE;
-use troupe_actors::coadapt::edge::{EdgeArgs, EdgeShared, REPORT};
+use troupe_actors::coadapt::edge::{ADAPT, AdaptOutcome, EdgeArgs, EdgeShared, REPORT};
 use troupe_actors::coadapt::engine::EngineConfig;
 use troupe_actors::coadapt::wire::{
-    AccuracySample, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, MAX_SAMPLES, StreamReport,
-    decode, encode,
+    AccuracySample, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, MAX_SAMPLES, PIXELS,
+    StreamReport, UploadRequest, decode, encode,
 };
 use troupe_actors::{Children, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
 use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
@@ -102,6 +102,24 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
     let e = call(encode(&report("cam-2", true, 0, 0))).await.unwrap_err().to_string();
     assert!(e.contains("may not report for camera \"cam-2\""), "{e}");
     assert_eq!(edge.progress(1).missing, ["1 of 1 cameras not heard from yet"], "nothing was kept");
+
+    // an upload in another camera's name is refused before it takes a task slot
+    let upload = UploadRequest {
+        camera: "cam-2".into(),
+        model: "tiny".into(),
+        params: Vec::new(),
+        train_images: vec![0.5; PIXELS],
+        eval_images: vec![0.5; PIXELS],
+        drift_frame: 1,
+        target_gain: 0.1,
+    };
+    let answer = camera.services.call(&peer, EDGE_SERVICE, ADAPT, encode(&upload), timeout).await.unwrap();
+    let outcome: AdaptOutcome =
+        decode("adapt outcome", &answer, &mut DecodeBudget::new(MAX_DECODED_BYTES)).unwrap();
+    match outcome {
+        AdaptOutcome::Refused(why) => assert!(why.contains("may not upload for camera \"cam-2\""), "{why}"),
+        other => panic!("an upload for another camera was not refused: {other:?}"),
+    }
 
     // the job waits for one camera
     let (tx, mut rx) = ractor::concurrency::oneshot();

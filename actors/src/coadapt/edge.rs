@@ -50,6 +50,10 @@ pub const FAULT_SITE: &str = "coadapt.scheduler";
 pub const MAX_CAMERAS: usize = 256;
 /// Most callers waiting for a summary at once; later ones are refused.
 pub const MAX_WAITERS: usize = 64;
+/// Most uploads one camera may have accepted and unanswered at once (a camera waits for one
+/// adaptation before asking the next; the second slot covers a restarted camera asking again).
+/// Past it the camera is refused, so one peer cannot take every task slot of the edge.
+pub const MAX_UPLOADS_PER_CAMERA: usize = 2;
 
 /// Who may call the edge: cameras only.
 pub fn spec() -> ServiceSpec {
@@ -166,12 +170,21 @@ impl EdgeShared {
         }
     }
 
-    /// Accepts an upload: refused (backpressure) past the engine's task cap, else kept with its
-    /// reply channel until a scheduler answers it.
+    /// Accepts an upload: refused (backpressure) past the engine's task cap or the camera's
+    /// share of it ([`MAX_UPLOADS_PER_CAMERA`]), else kept with its reply channel until a
+    /// scheduler answers it.
     fn accept(&self, request: UploadRequest) -> Result<oneshot::Receiver<Vec<u8>>, String> {
         let (tx, rx) = oneshot::channel();
         {
             let mut st = lock(&self.store);
+            let mine = st.accepted.values().filter(|a| a.request.camera == request.camera).count();
+            if mine >= MAX_UPLOADS_PER_CAMERA {
+                return Err(format!(
+                    "camera {:?} already has {mine} adaptations waiting (at most {MAX_UPLOADS_PER_CAMERA}); \
+                     try again once one is answered",
+                    request.camera
+                ));
+            }
             if st.accepted.len() >= self.args.engine.max_tasks {
                 return Err(format!(
                     "the edge already holds {} adaptation tasks; try again later",
@@ -234,6 +247,12 @@ impl EdgeShared {
                                 }
                             };
                         let camera = request.camera.clone();
+                        // an upload is charged to the camera that sent it: a node uploads only for itself
+                        if camera != caller.node.0 {
+                            let why = format!("node {} may not upload for camera {camera:?}", caller.node.0);
+                            tracing::warn!(%why, "refusing an upload");
+                            return Ok(refused(why));
+                        }
                         match shared.accept(request) {
                             Ok(rx) => rx.await.map_err(|_| "the edge dropped the upload".to_string()),
                             Err(why) => {
@@ -531,5 +550,36 @@ impl Scheduler for EdgeScheduler {
             }
             EdgeInput::Cycle => live.cycle(&shared, me).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coadapt::wire::PIXELS;
+
+    fn upload(camera: &str) -> UploadRequest {
+        UploadRequest {
+            camera: camera.into(),
+            model: "tiny".into(),
+            params: Vec::new(),
+            train_images: vec![0.5; PIXELS],
+            eval_images: vec![0.5; PIXELS],
+            drift_frame: 1,
+            target_gain: 0.1,
+        }
+    }
+
+    #[test]
+    fn one_camera_cannot_take_every_task_slot() {
+        let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: Vec::new() });
+        let mut held = Vec::new();
+        for _ in 0..MAX_UPLOADS_PER_CAMERA {
+            held.push(edge.accept(upload("cam-1")).expect("within the camera's share"));
+        }
+        let why = edge.accept(upload("cam-1")).expect_err("past the camera's share");
+        assert!(why.contains("cam-1") && why.contains(&MAX_UPLOADS_PER_CAMERA.to_string()), "{why}");
+        held.push(edge.accept(upload("cam-2")).expect("another camera is still served"));
+        assert_eq!(lock(&edge.store).accepted.len(), MAX_UPLOADS_PER_CAMERA + 1);
     }
 }
