@@ -18,9 +18,9 @@
 //!   copy, the host copy then released), a load of any other an `O_DIRECT` disk read.
 //! - **disk**: the blob files.
 //!
-//! Counters separate promotions from disk loads, time the tier moves, session creation and the
-//! rest (expert management: planning, compaction, bookkeeping), and count demotions, drops and
-//! host evictions. Without CUDA the "GPU" executor is a second CPU executor; its name says so
+//! Counters separate promotions from disk loads, time the tier moves, compaction, session
+//! creation and the rest (expert management: planning, pool accounting, bookkeeping), and count
+//! demotions, drops, host evictions and compactions. Without CUDA the "GPU" executor is a second CPU executor; its name says so
 //! ([`standin_name`]).
 //!
 //! The executor refuses a load that would exceed its budget, an eviction of an expert it is not
@@ -76,7 +76,8 @@ pub struct ExecutorCounters {
     pub disk_load_bytes: u64,
     /// Seconds of the disk -> device reads (verify included, session creation excluded).
     pub disk_load_seconds: f64,
-    /// Seconds creating sessions from the device copy (its read-back and checksum included).
+    /// Seconds creating sessions from the device copy (its read-back and checksum included)
+    /// and dropping them on eviction.
     pub session_seconds: f64,
     /// Evicted experts kept in the host tier.
     pub demotions: u64,
@@ -92,8 +93,11 @@ pub struct ExecutorCounters {
     pub compactions: u64,
     /// Bytes moved by compactions.
     pub compacted_bytes: u64,
-    /// Seconds of expert management: load and evict time minus the tier copies and session
-    /// creation (planning, pool accounting, compaction, host evictions, bookkeeping).
+    /// Seconds compacting (moving bytes: not part of `management_seconds`).
+    pub compaction_seconds: f64,
+    /// Seconds of expert management: load and evict time minus every byte move (tier copies,
+    /// compaction) and session creation and teardown, i.e. planning, pool accounting, host
+    /// evictions and bookkeeping.
     pub management_seconds: f64,
     /// Highest host-tier bytes seen.
     pub peak_host_bytes: u64,
@@ -367,9 +371,13 @@ impl ExpertExecutor {
                 self.resident, self.budget
             )));
         }
+        let mut compact_s = 0.0;
         if !self.store.device_can_fit(size) {
+            let compact_start = Instant::now();
             self.counters.compacted_bytes += self.store.compact_device()?;
             self.counters.compactions += 1;
+            compact_s = compact_start.elapsed().as_secs_f64();
+            self.counters.compaction_seconds += compact_s;
         }
         let from = self.store.tier(&id)?;
         let before = self.store.stats();
@@ -409,7 +417,7 @@ impl ExpertExecutor {
         };
         let took = start.elapsed();
         c.session_seconds += session_s;
-        c.management_seconds += (took.as_secs_f64() - moved_s - session_s).max(0.0);
+        c.management_seconds += (took.as_secs_f64() - moved_s - session_s - compact_s).max(0.0);
         c.loads += 1;
         c.load_seconds += took.as_secs_f64();
         Ok(took)
@@ -420,9 +428,12 @@ impl ExpertExecutor {
     pub fn evict(&mut self, expert: ExpertId) -> Result<(), CoeError> {
         let start = Instant::now();
         let id = self.blob(expert)?.clone();
-        if self.sessions.remove(&expert).is_none() {
+        let Some(session) = self.sessions.remove(&expert) else {
             return Err(self.fail(format!("evicting {expert}, which is not loaded")));
-        }
+        };
+        let drop_start = Instant::now();
+        drop(session);
+        let session_s = drop_start.elapsed().as_secs_f64();
         self.resident -= self.sizes[expert.index()];
         let leaving = HostCandidate {
             id: expert,
@@ -465,7 +476,8 @@ impl ExpertExecutor {
             c.drops += 1;
         }
         c.peak_host_bytes = c.peak_host_bytes.max(self.store.stats().host_used);
-        c.management_seconds += (start.elapsed().as_secs_f64() - moved_s).max(0.0);
+        c.session_seconds += session_s;
+        c.management_seconds += (start.elapsed().as_secs_f64() - moved_s - session_s).max(0.0);
         tracing::trace!(executor = %self.name, %expert, ?landed, "evicted");
         Ok(())
     }

@@ -145,6 +145,12 @@ impl RunReport {
         if self.busy_s > 0.0 { m / self.busy_s } else { 0.0 }
     }
 
+    /// Time compacting the executors' device arenas as a share of executor busy time.
+    pub fn compaction_share(&self) -> f64 {
+        let m: f64 = self.executors.iter().map(|(_, c)| c.compaction_seconds).sum();
+        if self.busy_s > 0.0 { m / self.busy_s } else { 0.0 }
+    }
+
     /// Mean time per byte of a promotion from the host tier over that of a disk load, from the
     /// executors' tier-copy timings (session creation excluded); NaN when either never happened.
     pub fn host_promotion_over_disk_load(&self) -> f64 {
