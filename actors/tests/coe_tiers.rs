@@ -13,7 +13,8 @@ use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, TierOptions, run_local};
 use troupe_kernels::Tier as StoreTier;
 use troupe_policy::coe::{
-    Demotion, ExpertId, HostCandidate, LatencyModel, SchedulerConfig, Tier, initial_host_set, plan_demotion,
+    Demotion, ExecutorKind, ExpertId, HostCandidate, LatencyModel, SchedulerConfig, Tier, initial_host_set,
+    plan_demotion,
 };
 
 /// A fresh ci app with its profile in a temporary folder.
@@ -209,6 +210,29 @@ fn fragmented_device_arena_is_compacted_and_bytes_survive() {
     exec.load(b).unwrap();
     assert_eq!(exec.run_batch(b, &[app.input(1)]).unwrap(), before);
     exec.check_accounting().unwrap();
+}
+
+/// The CPU executor's sessions get the CPU thread count, the GPU stand-in's its own, and the
+/// host budget is the fraction of all expert bytes.
+#[test]
+fn each_executor_kind_gets_its_own_threads_and_the_host_share() {
+    let shared = APP.with(std::rc::Rc::clone);
+    let (app, latency) = (&shared.1, &shared.2);
+    let model = &app.trace.model;
+    let tiers = TierOptions { host_budget: Some(0.5), cpu_threads: 3, gpu_threads: 2 };
+    let mut kinds = Vec::new();
+    for e in 0..latency.executors() {
+        let options = tiers.executor(latency, e, model);
+        let exec =
+            ExpertExecutor::open_with(latency.name(e), &app.store_dir(), &app.manifest, model, options)
+                .unwrap();
+        let want = if latency.kind(e) == ExecutorKind::Cpu { 3 } else { 2 };
+        assert_eq!(exec.threads(), want, "{}", latency.name(e));
+        assert_eq!(exec.host_budget(), model.total_bytes() / 2, "{}", latency.name(e));
+        assert_eq!(exec.budget(), latency.expert_budget(e));
+        kinds.push(latency.kind(e));
+    }
+    assert!(kinds.contains(&ExecutorKind::Cpu) && kinds.contains(&ExecutorKind::Gpu), "{kinds:?}");
 }
 
 /// A real run with a host tier of 5% of all expert bytes demotes, promotes and evicts from the
