@@ -42,11 +42,13 @@ fn measure(
     config: SchedulerConfig,
     real: bool,
     arrival_scale: f64,
+    tiers: TierOptions,
 ) -> Result<Measured> {
     if real {
         let options = RunOptions {
             deadline: std::time::Duration::from_secs(3 * 3600),
             arrival_scale,
+            tiers,
             ..RunOptions::new(config)
         };
         let r: RunReport = run_local(app, latency, &options)?;
@@ -92,15 +94,17 @@ pub fn run_sweep(
     let (app, profile) = prepare(scale, dir, knobs)?;
     let real = force_real || scale == Scale::Ci;
     let pre = prefix(real);
+    // The executors' host tiers get the --host-budget share of all expert bytes.
+    let tiers = TierOptions { host_budget: knobs.host_budget, ..TierOptions::default() };
     let mut points = Vec::new();
     for &budget in &sweep::SWEEP_BUDGETS {
         for &skew in &sweep::SWEEP_SKEWS {
             let (trace, p, effective) = reshaped(&app, &profile, Some(budget), Some(skew), knobs)?;
             let latency = LatencyModel::from_profile(&p)?;
             let point_app = std::sync::Arc::new(with_trace(&app, trace));
-            let base = measure(&point_app, &latency, SchedulerConfig::fcfs_lru(), real, 1.0)?;
-            let paper = measure(&point_app, &latency, SchedulerConfig::paper_two_stage(), real, 1.0)?;
-            let ours = measure(&point_app, &latency, SchedulerConfig::ours(), real, 1.0)?;
+            let base = measure(&point_app, &latency, SchedulerConfig::fcfs_lru(), real, 1.0, tiers)?;
+            let paper = measure(&point_app, &latency, SchedulerConfig::paper_two_stage(), real, 1.0, tiers)?;
+            let ours = measure(&point_app, &latency, SchedulerConfig::ours(), real, 1.0, tiers)?;
             if base.outputs != paper.outputs || base.outputs != ours.outputs {
                 bail!("request outputs differ between policies at {}", sweep::point_key(budget, skew));
             }
@@ -136,7 +140,7 @@ pub fn run_sweep(
     let mut outputs = None;
     for window in [SchedulerConfig::DEFAULT_WINDOW, BOUNDED_WINDOW] {
         let config = SchedulerConfig { window_tasks: window, ..SchedulerConfig::ours() };
-        let m = measure(&own, &latency, config, real, 1.0)?;
+        let m = measure(&own, &latency, config, real, 1.0, tiers)?;
         if outputs.get_or_insert_with(|| m.outputs.clone()) != &m.outputs {
             bail!("request outputs differ between reorder windows");
         }
@@ -151,7 +155,7 @@ pub fn run_sweep(
     let arrival_scale = trace_rate / target.max(1e-9);
     f.insert(format!("{pre}open_loop_rate_rps"), target);
     for (name, config) in [("fcfs_lru", SchedulerConfig::fcfs_lru()), ("ours", SchedulerConfig::ours())] {
-        let m = measure(&own, &latency, config, real, arrival_scale)?;
+        let m = measure(&own, &latency, config, real, arrival_scale, tiers)?;
         println!("open loop at {target:.1} req/s: {name} {:.1} req/s, p99 {:.1} ms", m.throughput, m.p99_ms);
         f.insert(format!("{pre}open_loop_{name}_throughput_rps"), m.throughput);
         f.insert(format!("{pre}open_loop_{name}_p99_latency_ms"), m.p99_ms);
