@@ -34,6 +34,7 @@ thread_local! {
     static APP: std::rc::Rc<(tempfile::TempDir, Arc<App>, LatencyModel)> = std::rc::Rc::new(ci_app());
 }
 
+/// Expert `e` as the host-tier policy sees it.
 fn candidate(app: &App, e: ExpertId) -> HostCandidate {
     let x = app.trace.model.expert(e).expect("expert in the model");
     HostCandidate { id: e, size_bytes: x.size_bytes, usage_prob: x.usage_prob }

@@ -529,6 +529,7 @@ impl WeightStore {
         Ok(moved)
     }
 
+    /// Copy `from`'s bytes to offset `to` of the arena (ranges may overlap).
     fn arena_move(&mut self, from: Allocation, to: u64) -> Result<()> {
         let (src, dst, len) = (from.offset as usize, to as usize, from.len as usize);
         match &mut self.arena {
