@@ -499,6 +499,53 @@ impl WeightStore {
         Ok(alloc)
     }
 
+    /// Whether a blob of `len` bytes fits in one free range of the device arena right now.
+    pub fn device_can_fit(&self, len: u64) -> bool {
+        self.pool.can_fit(len)
+    }
+
+    /// Re-place every device-resident blob contiguously from offset 0, in offset order, so the
+    /// arena's free space becomes one range (the fix for external fragmentation: a blob that fits
+    /// in the free bytes but in no single free range fits after this). Returns the bytes moved.
+    pub fn compact_device(&mut self) -> Result<u64> {
+        let mut live: Vec<(BlobId, Allocation)> =
+            self.entries.iter().filter_map(|(id, e)| e.device.map(|a| (id.clone(), a))).collect();
+        live.sort_by_key(|(_, a)| a.offset);
+        let mut pool =
+            MemoryPool::new(self.pool.label().to_string(), self.pool.budget(), self.pool.alignment())?;
+        let mut moved = 0;
+        for (id, old) in live {
+            // One free range remains, at the end of what is placed: this lands at or below `old`.
+            let new = pool.alloc(old.len)?;
+            if new.offset != old.offset {
+                self.arena_move(old, new.offset)?;
+                moved += old.len;
+            }
+            if let Some(e) = self.entries.get_mut(&id) {
+                e.device = Some(new);
+            }
+        }
+        self.pool = pool;
+        Ok(moved)
+    }
+
+    /// Copy `from`'s bytes to offset `to` of the arena (ranges may overlap).
+    fn arena_move(&mut self, from: Allocation, to: u64) -> Result<()> {
+        let (src, dst, len) = (from.offset as usize, to as usize, from.len as usize);
+        match &mut self.arena {
+            Arena::Host(buf) => {
+                buf.copy_within(src..src + len, dst);
+                Ok(())
+            }
+            Arena::Cuda(dev, buf) => {
+                // Through the host: the ranges may overlap.
+                let bytes = dev.read_bytes(buf, src, len)?;
+                dev.write_bytes(buf, dst, &bytes)?;
+                dev.sync()
+            }
+        }
+    }
+
     /// Move the blob one tier down: device -> host (-> disk when the host tier is full), host -> disk.
     /// Returns the tier it now occupies. Bytes copied back from the device are checksummed.
     pub fn evict(&mut self, id: &BlobId) -> Result<Tier> {
@@ -571,6 +618,37 @@ impl WeightStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compaction_joins_the_free_ranges_and_keeps_the_bytes() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let mut s = WeightStore::open(dir.path(), &Device::Cpu, 4 * 4096, 0).unwrap();
+        let blobs: Vec<(BlobId, Vec<u8>)> = (0..4u32)
+            .map(|i| {
+                let data: Vec<u8> = (0..4096u32).map(|j| ((j * 7 + i * 31) % 251) as u8).collect();
+                (s.put(&format!("b{i}"), &data).unwrap(), data)
+            })
+            .collect();
+        for (id, _) in &blobs {
+            s.promote_to_device(id).unwrap();
+        }
+        // Free the first and third: 8 KiB free in two 4 KiB holes, so 8 KiB does not fit.
+        s.evict(&blobs[0].0).unwrap();
+        s.evict(&blobs[2].0).unwrap();
+        assert!(!s.device_can_fit(8192));
+        assert_eq!(s.compact_device().unwrap(), 8192, "both survivors move down");
+        assert!(s.device_can_fit(8192));
+        let st = s.stats().device;
+        assert_eq!((st.free_blocks, st.largest_free_block, st.used), (1, 8192, 8192));
+        for (id, data) in [&blobs[1], &blobs[3]] {
+            assert_eq!(&s.read(id).unwrap(), data, "moved bytes are intact (checksummed)");
+        }
+        let big: Vec<u8> = vec![9; 8192];
+        let id = s.put("big", &big).unwrap();
+        s.promote_to_device(&id).unwrap();
+        assert_eq!(s.read(&id).unwrap(), big);
+    }
 
     #[test]
     fn refused_odirect_is_reported_in_stats() {

@@ -1,25 +1,48 @@
-//! One CoE executor: its own tiered weight store, expert memory budget and ONNX sessions.
+//! One CoE executor: its own tiered weight store, device budget, host tier and ONNX sessions.
 //!
-//! Loading an expert is real work: its blob is read from the weight store (an `O_DIRECT` read
-//! from disk for SSD-homed experts, a copy of the host tier for host-homed ones, blake3 verified
-//! either way), then an ONNX Runtime session is created from those bytes; the session is the
-//! expert's device-resident copy. Evicting drops the session. Without CUDA the "GPU" executor is
-//! a second CPU executor; its name says so ([`standin_name`]).
+//! Three tiers per executor, all in its [`WeightStore`]:
 //!
-//! The executor keeps its own byte accounting against the budget the scheduler was given and
-//! refuses a load that would exceed it, an eviction of an expert it is not holding, and a batch
-//! of an expert that is not loaded: a policy bug surfaces as an error, never as silent overuse.
+//! - **device**: the store's device arena, a kernels `MemoryPool` with one allocation per
+//!   resident expert (sized to its bytes, 256-byte aligned). The ONNX session is built from the
+//!   arena's bytes (checksummed); the arena copy is what the budget accounts. The byte budget
+//!   the scheduler plans with is checked on the raw sizes; the pool gets one alignment unit of
+//!   slack per expert that could be resident at once, so alignment never refuses what the
+//!   budget allows. Fragmentation is handled by compaction: when a load fits in the free bytes
+//!   but in no free range, every resident allocation is re-placed contiguously
+//!   ([`WeightStore::compact_device`]) and the load proceeds.
+//! - **host**: a budget of its own ([`ExecutorOptions::host_budget`]). At start it holds the
+//!   host-homed experts by descending usage probability while they fit. An expert evicted from
+//!   the device budget is *demoted* here (a device -> host copy, checksummed) when the policy's
+//!   [`plan_demotion`] says so, which may first evict colder host experts to disk; otherwise it
+//!   is dropped to disk. A load of a host-resident expert is a *promotion* (a host -> device
+//!   copy, the host copy then released), a load of any other an `O_DIRECT` disk read.
+//! - **disk**: the blob files.
+//!
+//! Counters separate promotions from disk loads, time the tier moves, compaction, session
+//! creation and the rest (expert management: planning, pool accounting, bookkeeping), and count
+//! demotions, drops, host evictions and compactions. Without CUDA the "GPU" executor is a second CPU executor; its name says so
+//! ([`standin_name`]).
+//!
+//! The executor refuses a load that would exceed its budget, an eviction of an expert it is not
+//! holding, and a batch of an expert that is not loaded: a policy bug surfaces as an error,
+//! never as silent overuse. [`ExpertExecutor::check_accounting`] checks both tiers' bytes
+//! against their budgets and against what the executor holds.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
-use troupe_kernels::{BlobId, Device, WeightStore};
-use troupe_policy::coe::{CoeModel, ExpertId, Tier};
+use troupe_kernels::{BlobId, Device, Tier as StoreTier, WeightStore};
+use troupe_policy::coe::{
+    CoeModel, Demotion, ExpertId, HostCandidate, Tier, initial_host_set, plan_demotion,
+};
 
 use super::CoeError;
 use super::app::{INPUT_NAME, INPUT_WIDTH, Manifest};
+
+/// Alignment of the device arena's allocations (the weight store's pool).
+pub const DEVICE_ALIGN: u64 = 256;
 
 /// The executor name used when a CPU stands in for a GPU, e.g. `gpu0-standin-cpu`.
 pub fn standin_name(index: usize) -> String {
@@ -31,7 +54,7 @@ pub fn standin_name(index: usize) -> String {
 pub struct ExecutorCounters {
     /// Experts loaded.
     pub loads: u64,
-    /// Seconds spent loading (read + verify + session creation).
+    /// Seconds spent loading (tier move + verify + session creation + management).
     pub load_seconds: f64,
     /// Batches run.
     pub batches: u64,
@@ -41,6 +64,61 @@ pub struct ExecutorCounters {
     pub run_seconds: f64,
     /// Highest resident expert bytes seen.
     pub peak_bytes: u64,
+    /// Loads that were promotions from the host tier.
+    pub promotions: u64,
+    /// Bytes promoted from the host tier.
+    pub promoted_bytes: u64,
+    /// Seconds of the host -> device copies (verify included, session creation excluded).
+    pub promotion_seconds: f64,
+    /// Loads read from disk (`O_DIRECT`).
+    pub disk_loads: u64,
+    /// Bytes loaded from disk.
+    pub disk_load_bytes: u64,
+    /// Seconds of the disk -> device reads (verify included, session creation excluded).
+    pub disk_load_seconds: f64,
+    /// Seconds creating sessions from the device copy (its read-back and checksum included)
+    /// and dropping them on eviction.
+    pub session_seconds: f64,
+    /// Evicted experts kept in the host tier.
+    pub demotions: u64,
+    /// Bytes demoted.
+    pub demoted_bytes: u64,
+    /// Seconds of the device -> host copies.
+    pub demotion_seconds: f64,
+    /// Evicted experts dropped to disk (no room in the host tier for them).
+    pub drops: u64,
+    /// Host-resident experts evicted to disk to make room for a demotion.
+    pub host_evictions: u64,
+    /// Device-arena compactions.
+    pub compactions: u64,
+    /// Bytes moved by compactions.
+    pub compacted_bytes: u64,
+    /// Seconds compacting (moving bytes: not part of `management_seconds`).
+    pub compaction_seconds: f64,
+    /// Seconds of expert management: load and evict time minus every byte move (tier copies,
+    /// compaction) and session creation and teardown, i.e. planning, pool accounting, host
+    /// evictions and bookkeeping.
+    pub management_seconds: f64,
+    /// Highest host-tier bytes seen.
+    pub peak_host_bytes: u64,
+}
+
+/// How an executor is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutorOptions {
+    /// Device budget for resident experts, bytes.
+    pub budget: u64,
+    /// Host-tier budget, bytes; `None` sizes it to the model's host-homed experts.
+    pub host_budget: Option<u64>,
+    /// ONNX Runtime intra-op threads per session (0 = ONNX Runtime's default).
+    pub threads: usize,
+}
+
+impl ExecutorOptions {
+    /// A device budget, the default host tier and one thread.
+    pub fn new(budget: u64) -> Self {
+        ExecutorOptions { budget, host_budget: None, threads: 1 }
+    }
 }
 
 /// One executor (see the module docs).
@@ -49,9 +127,11 @@ pub struct ExpertExecutor {
     store: WeightStore,
     blobs: Vec<BlobId>,
     sizes: Vec<u64>,
+    usage: Vec<f64>,
     outputs: Vec<usize>,
     sessions: HashMap<ExpertId, OnnxSession>,
     budget: u64,
+    host_budget: u64,
     resident: u64,
     session_config: SessionConfig,
     counters: ExecutorCounters,
@@ -62,16 +142,33 @@ impl std::fmt::Debug for ExpertExecutor {
         f.debug_struct("ExpertExecutor")
             .field("name", &self.name)
             .field("budget", &self.budget)
+            .field("host_budget", &self.host_budget)
             .field("resident", &self.resident)
             .field("sessions", &self.sessions.len())
             .finish()
     }
 }
 
+/// Most experts of `sizes` resident at once under `budget` (the smallest ones).
+fn max_resident(sizes: &[u64], budget: u64) -> u64 {
+    let mut sorted = sizes.to_vec();
+    sorted.sort_unstable();
+    let (mut used, mut n) = (0u64, 0u64);
+    for s in sorted {
+        match used.checked_add(s) {
+            Some(t) if t <= budget => {
+                used = t;
+                n += 1;
+            }
+            _ => break,
+        }
+    }
+    n
+}
+
 impl ExpertExecutor {
     /// Open an executor named `name` over the app's store in `store_dir`, holding at most
-    /// `budget` bytes of experts. Host-homed experts are read into the host tier now (the
-    /// host tier is sized to hold exactly those).
+    /// `budget` bytes of experts, with the default host tier and one thread.
     pub fn open(
         name: &str,
         store_dir: &Path,
@@ -79,12 +176,29 @@ impl ExpertExecutor {
         model: &CoeModel,
         budget: u64,
     ) -> Result<ExpertExecutor, CoeError> {
-        let host_bytes: u64 =
-            model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum();
-        // ONNX Runtime here is CPU-only: the session holds the device-resident copy of an expert,
-        // so the store's own device arena is not used (it would be a second copy); the budget
-        // the scheduler plans with is enforced by this executor's accounting of its sessions.
-        let mut store = WeightStore::open(store_dir, &Device::Cpu, 0, host_bytes + 4096)?;
+        Self::open_with(name, store_dir, manifest, model, ExecutorOptions::new(budget))
+    }
+
+    /// Open an executor with `options`; the host tier is filled now (see the module docs).
+    pub fn open_with(
+        name: &str,
+        store_dir: &Path,
+        manifest: &Manifest,
+        model: &CoeModel,
+        options: ExecutorOptions,
+    ) -> Result<ExpertExecutor, CoeError> {
+        let budget = options.budget;
+        let host_budget = options.host_budget.unwrap_or_else(|| {
+            model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum()
+        });
+        let sizes: Vec<u64> = model.experts().iter().map(|e| e.size_bytes).collect();
+        // Slack for alignment: one unit per expert that could be resident, one for rounding.
+        let slack = (max_resident(&sizes, budget) + 1).saturating_mul(DEVICE_ALIGN);
+        let arena = budget.checked_add(slack).ok_or_else(|| CoeError::Executor {
+            executor: name.to_string(),
+            problem: format!("device budget {budget} bytes overflows with alignment slack"),
+        })?;
+        let mut store = WeightStore::open(store_dir, &Device::Cpu, arena, host_budget)?;
         let mut blobs = Vec::with_capacity(model.len());
         for (e, f) in model.experts().iter().zip(&manifest.experts) {
             let id = BlobId::new(&f.blob)?;
@@ -95,22 +209,33 @@ impl ExpertExecutor {
                     problem: format!("{} bytes, the trace says expert {} has {}", len, e.id, e.size_bytes),
                 });
             }
-            if e.home == Tier::Host {
-                store.load_to_host(&id)?;
-            }
             blobs.push(id);
         }
+        let homed: Vec<HostCandidate> = model
+            .experts()
+            .iter()
+            .filter(|e| e.home == Tier::Host)
+            .map(|e| HostCandidate { id: e.id, size_bytes: e.size_bytes, usage_prob: e.usage_prob })
+            .collect();
+        for id in initial_host_set(&homed, host_budget) {
+            if let Some(blob) = blobs.get(id.index()) {
+                store.load_to_host(blob)?;
+            }
+        }
+        let counters = ExecutorCounters { peak_host_bytes: store.stats().host_used, ..Default::default() };
         Ok(ExpertExecutor {
             name: name.to_string(),
             store,
             blobs,
-            sizes: model.experts().iter().map(|e| e.size_bytes).collect(),
+            sizes,
+            usage: model.experts().iter().map(|e| e.usage_prob).collect(),
             outputs: manifest.experts.iter().map(|f| f.widths.last().copied().unwrap_or(0)).collect(),
             sessions: HashMap::new(),
             budget,
+            host_budget,
             resident: 0,
-            session_config: SessionConfig { intra_threads: 1 },
-            counters: ExecutorCounters::default(),
+            session_config: SessionConfig { intra_threads: options.threads },
+            counters,
         })
     }
 
@@ -122,6 +247,16 @@ impl ExpertExecutor {
     /// Expert memory budget, bytes.
     pub fn budget(&self) -> u64 {
         self.budget
+    }
+
+    /// Host-tier budget, bytes.
+    pub fn host_budget(&self) -> u64 {
+        self.host_budget
+    }
+
+    /// ONNX Runtime intra-op threads of this executor's sessions.
+    pub fn threads(&self) -> usize {
+        self.session_config.intra_threads
     }
 
     /// Bytes of experts now resident.
@@ -141,9 +276,22 @@ impl ExpertExecutor {
         v
     }
 
-    /// Bytes the host tier holds (the store's own accounting; host-homed experts only).
+    /// Bytes the host tier holds (the store's own accounting).
     pub fn store_host_bytes(&self) -> u64 {
         self.store.stats().host_used
+    }
+
+    /// Experts in the host tier now (the store's tiers, independent of the counters).
+    pub fn host_resident(&self) -> Vec<ExpertId> {
+        (0..self.blobs.len())
+            .map(|i| ExpertId(i as u32))
+            .filter(|e| self.source_tier(*e).is_ok_and(|t| t == StoreTier::Host))
+            .collect()
+    }
+
+    /// The tier a load of `expert` would come from now (device when it is loaded).
+    pub fn source_tier(&self, expert: ExpertId) -> Result<StoreTier, CoeError> {
+        Ok(self.store.tier(self.blob(expert)?)?)
     }
 
     /// Bytes of sessions loaded, summed from the expert sizes (independent of `resident_bytes`).
@@ -151,9 +299,52 @@ impl ExpertExecutor {
         self.sessions.keys().map(|e| self.sizes[e.index()]).sum()
     }
 
+    /// The device arena's pool occupancy.
+    pub fn device_pool(&self) -> troupe_kernels::PoolStats {
+        self.store.stats().device
+    }
+
     /// What it has done so far.
     pub fn counters(&self) -> ExecutorCounters {
         self.counters
+    }
+
+    /// Checks both tiers: device bytes within the budget and equal to the sessions held (also
+    /// as the pool's aligned allocations, one per session, each in the device tier); host bytes
+    /// within the host budget and equal to the experts the store holds there.
+    pub fn check_accounting(&self) -> Result<(), CoeError> {
+        let pool = self.device_pool();
+        let aligned: u64 =
+            self.sessions.keys().map(|e| self.sizes[e.index()].div_ceil(DEVICE_ALIGN) * DEVICE_ALIGN).sum();
+        let on_device =
+            self.sessions.keys().all(|e| self.source_tier(*e).is_ok_and(|t| t == StoreTier::Device));
+        let host = self.store_host_bytes();
+        let host_sum: u64 = self.host_resident().iter().map(|e| self.sizes[e.index()]).sum();
+        let problems = [
+            (
+                self.resident > self.budget,
+                format!("{} resident over the budget {}", self.resident, self.budget),
+            ),
+            (
+                self.loaded_bytes() != self.resident,
+                format!("{} resident, {} in sessions", self.resident, self.loaded_bytes()),
+            ),
+            (
+                pool.used != aligned || pool.allocations != self.sessions.len() || !on_device,
+                format!(
+                    "device pool holds {} bytes in {} allocations, sessions {} ({aligned} aligned)",
+                    pool.used,
+                    pool.allocations,
+                    self.sessions.len()
+                ),
+            ),
+            (host > self.host_budget, format!("host tier {host} bytes over its budget {}", self.host_budget)),
+            (host != host_sum, format!("host tier {host} bytes, its experts sum to {host_sum}")),
+        ];
+        match problems.into_iter().find(|(bad, _)| *bad) {
+            Some((_, problem)) => Err(self.fail(format!("memory accounting broken: {problem}"))),
+            None => Ok(()),
+        }
     }
 
     fn fail(&self, problem: String) -> CoeError {
@@ -164,8 +355,9 @@ impl ExpertExecutor {
         self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))
     }
 
-    /// Load `expert`: into the device tier (O_DIRECT read or host copy, checksummed), then a
-    /// session from those bytes. Returns the time it took.
+    /// Load `expert`: into the device tier (a promotion from the host tier or an `O_DIRECT`
+    /// disk read, checksummed; compacting the arena first when fragmented), then a session from
+    /// the device copy. Returns the time it took.
     pub fn load(&mut self, expert: ExpertId) -> Result<Duration, CoeError> {
         let start = Instant::now();
         let id = self.blob(expert)?.clone();
@@ -179,28 +371,114 @@ impl ExpertExecutor {
                 self.resident, self.budget
             )));
         }
-        // Disk-homed: an O_DIRECT read into a host buffer; host-homed: a copy of the host tier's
-        // bytes. Both are checksummed; the session is the device-resident copy.
-        let bytes = self.store.read(&id)?;
-        let session = OnnxSession::from_bytes(&bytes, id.as_str(), &self.session_config)?;
+        let mut compact_s = 0.0;
+        if !self.store.device_can_fit(size) {
+            let compact_start = Instant::now();
+            self.counters.compacted_bytes += self.store.compact_device()?;
+            self.counters.compactions += 1;
+            compact_s = compact_start.elapsed().as_secs_f64();
+            self.counters.compaction_seconds += compact_s;
+        }
+        let from = self.store.tier(&id)?;
+        let before = self.store.stats();
+        self.store.promote_to_device(&id)?;
+        let after = self.store.stats();
+        let session_start = Instant::now();
+        let built = self
+            .store
+            .read(&id)
+            .map_err(CoeError::from)
+            .and_then(|bytes| Ok(OnnxSession::from_bytes(&bytes, id.as_str(), &self.session_config)?));
+        let session = match built {
+            Ok(s) => s,
+            Err(e) => {
+                // Leave the tiers as they were before the failed load (the device copy goes).
+                self.store.evict(&id)?;
+                return Err(e);
+            }
+        };
+        let session_s = session_start.elapsed().as_secs_f64();
         self.sessions.insert(expert, session);
         self.resident += size;
-        self.counters.peak_bytes = self.counters.peak_bytes.max(self.resident);
+        let c = &mut self.counters;
+        c.peak_bytes = c.peak_bytes.max(self.resident);
+        let moved_s = if from == StoreTier::Host {
+            let s = after.host_to_device.seconds - before.host_to_device.seconds;
+            c.promotions += 1;
+            c.promoted_bytes += size;
+            c.promotion_seconds += s;
+            s
+        } else {
+            let s = after.disk_to_device.seconds - before.disk_to_device.seconds;
+            c.disk_loads += 1;
+            c.disk_load_bytes += size;
+            c.disk_load_seconds += s;
+            s
+        };
         let took = start.elapsed();
-        self.counters.loads += 1;
-        self.counters.load_seconds += took.as_secs_f64();
+        c.session_seconds += session_s;
+        c.management_seconds += (took.as_secs_f64() - moved_s - session_s - compact_s).max(0.0);
+        c.loads += 1;
+        c.load_seconds += took.as_secs_f64();
         Ok(took)
     }
 
-    /// Evict `expert`: drop its session and move the blob back to its home tier.
+    /// Evict `expert` from the device budget: drop its session, then demote its device copy
+    /// to the host tier or drop it to disk, as [`plan_demotion`] decides.
     pub fn evict(&mut self, expert: ExpertId) -> Result<(), CoeError> {
+        let start = Instant::now();
         let id = self.blob(expert)?.clone();
-        if self.sessions.remove(&expert).is_none() {
+        let Some(session) = self.sessions.remove(&expert) else {
             return Err(self.fail(format!("evicting {expert}, which is not loaded")));
-        }
+        };
+        let drop_start = Instant::now();
+        drop(session);
+        let session_s = drop_start.elapsed().as_secs_f64();
         self.resident -= self.sizes[expert.index()];
-        let tier = self.store.tier(&id)?;
-        tracing::trace!(executor = %self.name, %expert, ?tier, "evicted");
+        let leaving = HostCandidate {
+            id: expert,
+            size_bytes: self.sizes[expert.index()],
+            usage_prob: self.usage[expert.index()],
+        };
+        let resident: Vec<HostCandidate> = self
+            .host_resident()
+            .into_iter()
+            .map(|e| HostCandidate {
+                id: e,
+                size_bytes: self.sizes[e.index()],
+                usage_prob: self.usage[e.index()],
+            })
+            .collect();
+        let plan = plan_demotion(&leaving, &resident, self.host_budget, self.store_host_bytes());
+        let before = self.store.stats().device_to_host.seconds;
+        let want = match plan {
+            Demotion::ToHost { evict } => {
+                for victim in evict {
+                    let blob = self.blob(victim)?.clone();
+                    self.store.evict(&blob)?;
+                    self.counters.host_evictions += 1;
+                }
+                StoreTier::Host
+            }
+            Demotion::Drop => StoreTier::Disk,
+        };
+        let landed = self.store.evict(&id)?;
+        if landed != want {
+            return Err(self.fail(format!("{expert} went to the {landed:?} tier, the plan said {want:?}")));
+        }
+        let moved_s = self.store.stats().device_to_host.seconds - before;
+        let c = &mut self.counters;
+        if landed == StoreTier::Host {
+            c.demotions += 1;
+            c.demoted_bytes += leaving.size_bytes;
+            c.demotion_seconds += moved_s;
+        } else {
+            c.drops += 1;
+        }
+        c.peak_host_bytes = c.peak_host_bytes.max(self.store.stats().host_used);
+        c.session_seconds += session_s;
+        c.management_seconds += (start.elapsed().as_secs_f64() - moved_s - session_s).max(0.0);
+        tracing::trace!(executor = %self.name, %expert, ?landed, "evicted");
         Ok(())
     }
 

@@ -7,8 +7,9 @@
 //!   weight store, a manifest and a trace whose selections come from the real experts.
 //! - [`appfile`]: users' own applications (`troupe coe serve --app FILE`): an app file naming
 //!   each expert's ONNX file, the dependency edges and the usage probabilities.
-//! - [`executor`]: one executor (its own weight store, memory budget and ONNX sessions); loading
-//!   is an `O_DIRECT` read plus session creation.
+//! - [`executor`]: one executor (its own weight store, device budget in a `MemoryPool`, a
+//!   budgeted host tier experts are demoted to and promoted from, ONNX sessions); a load is a
+//!   promotion from the host tier or an `O_DIRECT` read, plus session creation.
 //! - [`runner`]: what executors are told and answer, and local runs over executor threads.
 //! - [`serve`]: the scheduler actor (durable acceptance, warm restart, restoration) that drives
 //!   the policy's `RequestScheduler` in local runs and in the distributed job alike.

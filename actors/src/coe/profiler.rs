@@ -4,7 +4,8 @@
 //! the class, so the curve is an upper bound for the class), the largest useful batch, effective
 //! load bandwidth per tier (an `O_DIRECT` read, checksum and session creation, bytes over
 //! seconds), and the split of the executor's memory between resident experts and batch
-//! intermediates. The profile carries [`hardware_fingerprint`]; a profile from other hardware is
+//! intermediates, searched over the profiled batch sizes by modelled time per request
+//! (`troupe_policy::coe::search_split`). The profile carries [`hardware_fingerprint`]; a profile from other hardware is
 //! refused by [`load_profile`].
 //!
 //! The ONNX Runtime build used here is CPU-only, so without CUDA the `gpu` executor is a second
@@ -15,8 +16,8 @@ use std::time::Instant;
 
 use troupe_policy::Micros;
 use troupe_policy::coe::{
-    ExecutorKind, ExecutorProfile, ExpertId, LatencyPoint, Profile, SizeClass, Tier, max_useful_batch,
-    split_memory,
+    ExecutorKind, ExecutorProfile, ExpertId, LatencyPoint, Profile, SizeClass, SplitExpert, Tier,
+    max_useful_batch, search_split,
 };
 use troupe_policy::stats::median_of;
 
@@ -129,8 +130,9 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
         let mut classes = Vec::new();
         for &id in &reps {
             let e = model.expert(id).ok_or_else(|| CoeError::Invalid(format!("{id} missing")))?;
+            // Where the load really comes from (a demoted expert sits in the host tier).
+            let t = usize::from(exec.source_tier(id)? != troupe_kernels::Tier::Host);
             let took = exec.load(id)?;
-            let t = usize::from(e.home == Tier::Ssd);
             bytes_by_tier[t] += e.size_bytes;
             secs_by_tier[t] += took.as_secs_f64();
             let input = vec![0.5f32; INPUT_WIDTH];
@@ -160,7 +162,20 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
         let host = if bw(0) > 0 { bw(0) } else { ssd };
         let useful = classes.last().map_or(1, |c| max_useful_batch(&c.points, 0.05));
         let memory_bytes = p.expert_bytes + bytes_per_request * u64::from(useful);
-        let split = split_memory(memory_bytes, bytes_per_request, useful, largest).ok_or_else(|| {
+        // The split is searched over the profiled batch sizes by modelled time per request
+        // (the policy's `search_split`), not taken as the largest batch that fits.
+        let bw_of = |home: Tier| if home == Tier::Host { host } else { ssd } as f64;
+        let experts: Vec<SplitExpert> = model
+            .experts()
+            .iter()
+            .map(|e| SplitExpert {
+                size_bytes: e.size_bytes,
+                usage_prob: e.usage_prob,
+                load_us: e.size_bytes as f64 * 1e6 / bw_of(e.home).max(1.0),
+            })
+            .collect();
+        let points = classes.last().map_or(&[][..], |c| c.points.as_slice());
+        let split = search_split(memory_bytes, bytes_per_request, points, &experts).ok_or_else(|| {
             CoeError::Invalid(format!(
                 "{}: {memory_bytes} bytes cannot hold the largest expert ({largest})",
                 p.name

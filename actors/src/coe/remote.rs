@@ -22,7 +22,7 @@ use super::app::App;
 use super::exec_wire::{self, HELLO, HelloReply, WireOutcome, service_name};
 use super::executor::ExpertExecutor;
 use super::profiler::load_profile;
-use super::runner::{Cmd, Event, execute};
+use super::runner::{Cmd, Event, TierOptions, execute};
 use crate::service::{Handler, Services, to_body, with_archived};
 
 pub use super::exec_wire::{MAX_BATCH_WIRE, MAX_ROW_WIRE};
@@ -65,12 +65,13 @@ pub fn open_executor(args: &ExecutorArgs) -> Result<ExecutorState, CoeError> {
     let index = (0..latency.executors())
         .find(|&i| latency.name(i) == args.executor)
         .ok_or_else(|| CoeError::Invalid(format!("executor {} is not in the profile", args.executor)))?;
-    let executor = ExpertExecutor::open(
+    let options = TierOptions::default().executor(&latency, index, &app.trace.model);
+    let executor = ExpertExecutor::open_with(
         &args.executor,
         &app.store_dir(),
         &app.manifest,
         &app.trace.model,
-        latency.expert_budget(index),
+        options,
     )?;
     Ok(ExecutorState { args: args.clone(), executor, digits: app.digits })
 }

@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 use ractor::Actor;
 use tokio::sync::broadcast;
 use troupe_kernels::assets::Digits;
-use troupe_policy::coe::{BatchId, ExpertId, LatencyModel, RequestId, SchedulerConfig};
+use troupe_policy::coe::{
+    BatchId, CoeModel, ExecutorKind, ExpertId, LatencyModel, RequestId, SchedulerConfig,
+};
 
 use super::CoeError;
 use super::app::{App, image_floats};
-use super::executor::{ExecutorCounters, ExpertExecutor};
+use super::executor::{ExecutorCounters, ExecutorOptions, ExpertExecutor};
 use super::serve::{CoeShared, serve_trace};
 use crate::supervisor::{Intensity, Supervisor, SupervisorArgs};
 
@@ -35,12 +37,53 @@ pub struct RunOptions {
     pub arrival_scale: f64,
     /// Give up after this long.
     pub deadline: Duration,
+    /// Executors' host tiers and threads.
+    pub tiers: TierOptions,
+}
+
+/// Each local executor's host tier and ONNX Runtime threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierOptions {
+    /// Host-tier budget as a fraction of all expert bytes (`None`: the host-homed experts' bytes).
+    pub host_budget: Option<f64>,
+    /// Intra-op threads of the CPU executor's sessions (0 = ONNX Runtime's default).
+    pub cpu_threads: usize,
+    /// Intra-op threads of the GPU executor's (or its CPU stand-in's) sessions.
+    pub gpu_threads: usize,
+}
+
+impl Default for TierOptions {
+    /// Host tier sized to the host-homed experts, one thread each.
+    fn default() -> Self {
+        TierOptions { host_budget: None, cpu_threads: 1, gpu_threads: 1 }
+    }
+}
+
+impl TierOptions {
+    /// Executor `e`'s options under `latency` for `model`: its profiled budget, this host tier
+    /// (the fraction of all of `model`'s expert bytes) and its kind's thread count.
+    pub fn executor(&self, latency: &LatencyModel, e: usize, model: &CoeModel) -> ExecutorOptions {
+        let threads = match latency.kind(e) {
+            ExecutorKind::Cpu => self.cpu_threads,
+            ExecutorKind::Gpu => self.gpu_threads,
+        };
+        ExecutorOptions {
+            budget: latency.expert_budget(e),
+            host_budget: self.host_budget.map(|f| (f.clamp(0.0, 1.0) * model.total_bytes() as f64) as u64),
+            threads,
+        }
+    }
 }
 
 impl RunOptions {
     /// Saturating arrivals (the trace's times), a 10-minute deadline.
     pub fn new(config: SchedulerConfig) -> Self {
-        RunOptions { config, arrival_scale: 1.0, deadline: Duration::from_secs(600) }
+        RunOptions {
+            config,
+            arrival_scale: 1.0,
+            deadline: Duration::from_secs(600),
+            tiers: TierOptions::default(),
+        }
     }
 }
 
@@ -67,6 +110,8 @@ pub struct RunReport {
     pub switch_s: f64,
     /// Seconds executors spent loading or running, summed.
     pub busy_s: f64,
+    /// Seconds inside the policy's `RequestScheduler` calls (decisions), summed.
+    pub scheduling_s: f64,
     /// Per request (by id): digest of its outputs.
     pub digests: Vec<u64>,
     /// Per executor: its counters.
@@ -86,6 +131,33 @@ impl RunReport {
     /// Share of busy time spent switching experts.
     pub fn switch_share(&self) -> f64 {
         if self.busy_s > 0.0 { self.switch_s / self.busy_s } else { 0.0 }
+    }
+
+    /// Scheduling decisions' time as a share of executor busy time.
+    pub fn scheduling_share(&self) -> f64 {
+        if self.busy_s > 0.0 { self.scheduling_s / self.busy_s } else { 0.0 }
+    }
+
+    /// Expert-management time (the executors' own, see [`ExecutorCounters::management_seconds`])
+    /// as a share of executor busy time.
+    pub fn management_share(&self) -> f64 {
+        let m: f64 = self.executors.iter().map(|(_, c)| c.management_seconds).sum();
+        if self.busy_s > 0.0 { m / self.busy_s } else { 0.0 }
+    }
+
+    /// Time compacting the executors' device arenas as a share of executor busy time.
+    pub fn compaction_share(&self) -> f64 {
+        let m: f64 = self.executors.iter().map(|(_, c)| c.compaction_seconds).sum();
+        if self.busy_s > 0.0 { m / self.busy_s } else { 0.0 }
+    }
+
+    /// Mean time per byte of a promotion from the host tier over that of a disk load, from the
+    /// executors' tier-copy timings (session creation excluded); NaN when either never happened.
+    pub fn host_promotion_over_disk_load(&self) -> f64 {
+        let sum = |f: fn(&ExecutorCounters) -> f64| -> f64 { self.executors.iter().map(|(_, c)| f(c)).sum() };
+        let promo = sum(|c| c.promotion_seconds) / sum(|c| c.promoted_bytes as f64);
+        let disk = sum(|c| c.disk_load_seconds) / sum(|c| c.disk_load_bytes as f64);
+        if promo.is_finite() && disk.is_finite() && disk > 0.0 { promo / disk } else { f64::NAN }
     }
 }
 
@@ -189,18 +261,8 @@ pub fn execute(
             })
         }
     }?;
-    // The executor's own accounting: within budget, and equal to the sessions it holds.
-    if executor.resident_bytes() > executor.budget() || executor.loaded_bytes() != executor.resident_bytes() {
-        return Err(CoeError::Executor {
-            executor: executor.name().to_string(),
-            problem: format!(
-                "memory accounting broken: {} resident, {} in sessions, budget {}",
-                executor.resident_bytes(),
-                executor.loaded_bytes(),
-                executor.budget()
-            ),
-        });
-    }
+    // The executor's own accounting: both tiers within budget, equal to what it holds.
+    executor.check_accounting()?;
     Ok(result)
 }
 
@@ -210,38 +272,50 @@ fn executor_thread(
     digits: Digits,
     mut cmds: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
     events: mpsc::Sender<Event>,
-) {
+) -> ExecutorCounters {
     while let Some(cmd) = cmds.blocking_recv() {
         match execute(exec, &mut executor, &digits, cmd) {
             Ok(Some(ev)) => {
                 if events.send(ev).is_err() {
-                    return;
+                    break;
                 }
             }
             Ok(None) => {}
             Err(e) => {
                 let _ = events.send(Event::Failed(e));
-                return;
+                break;
             }
         }
     }
+    executor.counters()
 }
 
 /// Starts one thread per executor of `latency` (the profile), each with its own store over the
-/// app's blobs, and links them to `shared`. The threads end once the links are closed.
+/// app's blobs, and links them to `shared`. The threads end once the links are closed and
+/// return their executor's counters.
 pub fn start_local_executors(
     shared: &Arc<CoeShared>,
     app: &App,
     latency: &LatencyModel,
-) -> Result<Vec<thread::JoinHandle<()>>, CoeError> {
+) -> Result<Vec<thread::JoinHandle<ExecutorCounters>>, CoeError> {
+    start_local_executors_with(shared, app, latency, &TierOptions::default())
+}
+
+/// [`start_local_executors`] with each executor's host tier and threads from `tiers`.
+pub fn start_local_executors_with(
+    shared: &Arc<CoeShared>,
+    app: &App,
+    latency: &LatencyModel,
+    tiers: &TierOptions,
+) -> Result<Vec<thread::JoinHandle<ExecutorCounters>>, CoeError> {
     let mut handles = Vec::with_capacity(latency.executors());
     for e in 0..latency.executors() {
-        let executor = ExpertExecutor::open(
+        let executor = ExpertExecutor::open_with(
             latency.name(e),
             &app.store_dir(),
             &app.manifest,
             &app.trace.model,
-            latency.expert_budget(e),
+            tiers.executor(latency, e, &app.trace.model),
         )?;
         let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
         let (ev_tx, ev_rx) = mpsc::channel::<Event>();
@@ -267,7 +341,7 @@ pub fn run_local(
     options: &RunOptions,
 ) -> Result<RunReport, CoeError> {
     let (shared, _) = CoeShared::open(app.clone(), latency.clone(), options.config, None)?;
-    let handles = start_local_executors(&shared, app, latency)?;
+    let handles = start_local_executors_with(&shared, app, latency, &options.tiers)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -289,11 +363,16 @@ pub fn run_local(
         served
     });
     shared.close_links();
-    for h in handles {
-        let _ = h.join();
-    }
+    let own: Vec<Option<ExecutorCounters>> = handles.into_iter().map(|h| h.join().ok()).collect();
     served?;
-    shared.report(options.config.label(), Vec::new())
+    let mut report = shared.report(options.config.label(), Vec::new())?;
+    // The executors' own counters carry the tier figures the scheduler's events do not.
+    for ((_, c), mine) in report.executors.iter_mut().zip(own) {
+        if let Some(mine) = mine {
+            *c = mine;
+        }
+    }
+    Ok(report)
 }
 
 /// The per-request results file: `request <id> digest <16 hex>` lines, in id order.

@@ -109,6 +109,8 @@ struct Meter {
     latencies: Vec<Duration>,
     restorations: usize,
     completed_after_restore: Vec<u64>,
+    /// Time inside the policy's `RequestScheduler` calls, every incarnation.
+    scheduling: Duration,
 }
 
 /// The durable part: journal, accepted and answered requests, and where the scheduler is.
@@ -385,6 +387,7 @@ impl CoeShared {
             belady_loads: belady,
             switch_s: c.iter().map(|c| c.load_seconds).sum(),
             busy_s: c.iter().map(|c| c.load_seconds + c.run_seconds).sum(),
+            scheduling_s: st.meter.scheduling.as_secs_f64(),
             digests: (0..n as u64).map(|i| st.answered.get(&i).copied().unwrap_or(0)).collect(),
             executors: (0..c.len()).map(|x| (self.latency.name(x).to_string(), c[x])).collect(),
             budgets: (0..c.len()).map(|x| self.latency.expert_budget(x)).collect(),
@@ -423,6 +426,16 @@ struct Live {
     /// Position in the store's accepted list fed to the policy so far.
     cursor: usize,
     outputs: HashMap<u64, BTreeMap<ExpertId, Vec<i32>>>,
+    /// Time inside policy calls not yet added to the meter.
+    decide: Duration,
+}
+
+/// Runs `f` (a policy call), adding its duration to `clock`.
+fn timed<T>(clock: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    *clock += start.elapsed();
+    out
 }
 
 /// The coe workload half of the scheduler shell.
@@ -459,7 +472,7 @@ impl Live {
         tracing::warn!(executor = %x, %why, "executor lost: requeueing its work");
         self.views[x].health = Health::Lost;
         self.views[x].busy = Busy::Idle;
-        self.policy.handle_executor_lost(now, ExecutorId(x as u16)).map_err(fail)
+        timed(&mut self.decide, || self.policy.handle_executor_lost(now, ExecutorId(x as u16))).map_err(fail)
     }
 
     /// Feeds requests accepted since the last look (skipping answered ones).
@@ -473,7 +486,8 @@ impl Live {
         };
         for i in fresh {
             let r = &shared.app.trace.requests[i as usize];
-            self.policy.handle_arrival(now, Request { id: r.id, root: r.root }).map_err(fail)?;
+            timed(&mut self.decide, || self.policy.handle_arrival(now, Request { id: r.id, root: r.root }))
+                .map_err(fail)?;
         }
         Ok(())
     }
@@ -495,7 +509,8 @@ impl Live {
         }
         lock(&shared.store).meter.restorations += 1;
         tracing::info!(executor = shared.latency.name(x), generation, "executor back in service");
-        self.policy.handle_executor_restored(now, ExecutorId(x as u16)).map_err(fail)
+        timed(&mut self.decide, || self.policy.handle_executor_restored(now, ExecutorId(x as u16)))
+            .map_err(fail)
     }
 
     fn on_event(
@@ -530,7 +545,8 @@ impl Live {
                     c.loads += 1;
                     c.load_seconds += seconds;
                 }
-                self.policy.handle_load_done(now, ExecutorId(x as u16), expert).map_err(fail)?;
+                timed(&mut self.decide, || self.policy.handle_load_done(now, ExecutorId(x as u16), expert))
+                    .map_err(fail)?;
             }
             Event::Ran { batch, expert, rows, seconds, .. } => {
                 self.views[x].busy = Busy::Idle;
@@ -544,7 +560,8 @@ impl Live {
                         st.meter.completed_after_restore.extend(rows.iter().map(|(r, _)| r.0));
                     }
                 }
-                self.policy.handle_batch_done(now, ExecutorId(x as u16), batch).map_err(fail)?;
+                timed(&mut self.decide, || self.policy.handle_batch_done(now, ExecutorId(x as u16), batch))
+                    .map_err(fail)?;
                 let children = trace.model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
                 for (request, probs) in rows {
                     let req = trace
@@ -562,7 +579,10 @@ impl Live {
                             req.selection(expert)
                         )));
                     }
-                    self.policy.handle_preliminary_done(now, request, expert, &chosen).map_err(fail)?;
+                    timed(&mut self.decide, || {
+                        self.policy.handle_preliminary_done(now, request, expert, &chosen)
+                    })
+                    .map_err(fail)?;
                 }
             }
             Event::Lost { why, .. } => self.lose(now, x, &why)?,
@@ -577,7 +597,7 @@ impl Live {
     /// Carries out the policy's decisions, refereeing each (busy executors, evictions of what
     /// runs), and journals answers.
     fn perform(&mut self, shared: &CoeShared, now: Micros) -> Result<(), ActorProcessingErr> {
-        while let Some(action) = self.policy.poll_action() {
+        while let Some(action) = timed(&mut self.decide, || self.policy.poll_action()) {
             match action {
                 Action::Enqueue { .. } => {}
                 Action::Evict { executor, expert } => {
@@ -669,6 +689,7 @@ impl Scheduler for CoeScheduler {
             ],
             cursor: 0,
             outputs: HashMap::new(),
+            decide: Duration::ZERO,
         };
         // From here on, acceptances and link changes reach this incarnation; what happened
         // before is read from the store and the links below.
@@ -688,6 +709,7 @@ impl Scheduler for CoeScheduler {
             st.accepted.len() - st.answered.len()
         };
         tracing::info!(pending, "coe scheduler started: rebuilt from the accepted requests");
+        lock(&shared.store).meter.scheduling += std::mem::take(&mut live.decide);
         self.live = Some(live);
         Ok(())
     }
@@ -716,7 +738,9 @@ impl Scheduler for CoeScheduler {
                 }
             }
         }
-        live.perform(&shared, now)
+        let done = live.perform(&shared, now);
+        lock(&shared.store).meter.scheduling += std::mem::take(&mut live.decide);
+        done
     }
 }
 

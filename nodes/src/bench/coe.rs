@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::profiler;
-use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
+use troupe_actors::coe::runner::{RunOptions, RunReport, TierOptions, run_local};
 use troupe_policy::coe::sweep::{self, Arrivals, Point, PointResult};
 use troupe_policy::coe::{LatencyModel, Profile, SchedulerConfig, SimOptions, Tier, simulate};
 
@@ -42,11 +42,13 @@ fn measure(
     config: SchedulerConfig,
     real: bool,
     arrival_scale: f64,
+    tiers: TierOptions,
 ) -> Result<Measured> {
     if real {
         let options = RunOptions {
             deadline: std::time::Duration::from_secs(3 * 3600),
             arrival_scale,
+            tiers,
             ..RunOptions::new(config)
         };
         let r: RunReport = run_local(app, latency, &options)?;
@@ -92,15 +94,17 @@ pub fn run_sweep(
     let (app, profile) = prepare(scale, dir, knobs)?;
     let real = force_real || scale == Scale::Ci;
     let pre = prefix(real);
+    // The executors' host tiers get the --host-budget share of all expert bytes.
+    let tiers = TierOptions { host_budget: knobs.host_budget, ..TierOptions::default() };
     let mut points = Vec::new();
     for &budget in &sweep::SWEEP_BUDGETS {
         for &skew in &sweep::SWEEP_SKEWS {
             let (trace, p, effective) = reshaped(&app, &profile, Some(budget), Some(skew), knobs)?;
             let latency = LatencyModel::from_profile(&p)?;
             let point_app = std::sync::Arc::new(with_trace(&app, trace));
-            let base = measure(&point_app, &latency, SchedulerConfig::fcfs_lru(), real, 1.0)?;
-            let paper = measure(&point_app, &latency, SchedulerConfig::paper_two_stage(), real, 1.0)?;
-            let ours = measure(&point_app, &latency, SchedulerConfig::ours(), real, 1.0)?;
+            let base = measure(&point_app, &latency, SchedulerConfig::fcfs_lru(), real, 1.0, tiers)?;
+            let paper = measure(&point_app, &latency, SchedulerConfig::paper_two_stage(), real, 1.0, tiers)?;
+            let ours = measure(&point_app, &latency, SchedulerConfig::ours(), real, 1.0, tiers)?;
             if base.outputs != paper.outputs || base.outputs != ours.outputs {
                 bail!("request outputs differ between policies at {}", sweep::point_key(budget, skew));
             }
@@ -136,7 +140,7 @@ pub fn run_sweep(
     let mut outputs = None;
     for window in [SchedulerConfig::DEFAULT_WINDOW, BOUNDED_WINDOW] {
         let config = SchedulerConfig { window_tasks: window, ..SchedulerConfig::ours() };
-        let m = measure(&own, &latency, config, real, 1.0)?;
+        let m = measure(&own, &latency, config, real, 1.0, tiers)?;
         if outputs.get_or_insert_with(|| m.outputs.clone()) != &m.outputs {
             bail!("request outputs differ between reorder windows");
         }
@@ -151,7 +155,7 @@ pub fn run_sweep(
     let arrival_scale = trace_rate / target.max(1e-9);
     f.insert(format!("{pre}open_loop_rate_rps"), target);
     for (name, config) in [("fcfs_lru", SchedulerConfig::fcfs_lru()), ("ours", SchedulerConfig::ours())] {
-        let m = measure(&own, &latency, config, real, arrival_scale)?;
+        let m = measure(&own, &latency, config, real, arrival_scale, tiers)?;
         println!("open loop at {target:.1} req/s: {name} {:.1} req/s, p99 {:.1} ms", m.throughput, m.p99_ms);
         f.insert(format!("{pre}open_loop_{name}_throughput_rps"), m.throughput);
         f.insert(format!("{pre}open_loop_{name}_p99_latency_ms"), m.p99_ms);
@@ -181,6 +185,75 @@ pub struct Row {
     pub p99_ms: f64,
     /// Seconds executors spent running batches (busy minus switching), summed.
     pub compute_s: f64,
+    /// Tier and overhead figures (real execution only).
+    pub tiers: Option<TierFigures>,
+}
+
+/// What the executors' tiers did and what deciding cost, in one real run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierFigures {
+    /// Time in the policy's scheduler calls over executor busy time.
+    pub scheduling_share: f64,
+    /// Executors' expert-management time over busy time.
+    pub management_share: f64,
+    /// Executors' device-arena compaction time over busy time.
+    pub compaction_share: f64,
+    /// Tier-copy time per byte of a host promotion over that of a disk load (NaN if either is
+    /// missing).
+    pub promotion_over_disk: f64,
+    /// Promotions from the host tier.
+    pub promotions: u64,
+    /// Loads from disk.
+    pub disk_loads: u64,
+    /// Evicted experts kept in the host tier.
+    pub demotions: u64,
+    /// Evicted experts dropped to disk.
+    pub drops: u64,
+    /// Host experts evicted to disk for a demotion.
+    pub host_evictions: u64,
+    /// Device-arena compactions.
+    pub compactions: u64,
+    /// Highest host-tier bytes of any executor.
+    pub peak_host_bytes: u64,
+}
+
+impl TierFigures {
+    /// The figures of one real run.
+    pub fn of(r: &RunReport) -> Self {
+        let sum = |f: fn(&troupe_actors::coe::executor::ExecutorCounters) -> u64| -> u64 {
+            r.executors.iter().map(|(_, c)| f(c)).sum()
+        };
+        TierFigures {
+            scheduling_share: r.scheduling_share(),
+            management_share: r.management_share(),
+            compaction_share: r.compaction_share(),
+            promotion_over_disk: r.host_promotion_over_disk_load(),
+            promotions: sum(|c| c.promotions),
+            disk_loads: sum(|c| c.disk_loads),
+            demotions: sum(|c| c.demotions),
+            drops: sum(|c| c.drops),
+            host_evictions: sum(|c| c.host_evictions),
+            compactions: sum(|c| c.compactions),
+            peak_host_bytes: r.executors.iter().map(|(_, c)| c.peak_host_bytes).max().unwrap_or(0),
+        }
+    }
+
+    /// One line for the table.
+    pub fn line(&self) -> String {
+        format!(
+            "    tiers: {} promotions ({:.2}x disk time/byte), {} disk loads, {} demotions, {} drops, {} host evictions, {} compactions; of busy: scheduling {:.2}%, management {:.3}%, compaction {:.3}%",
+            self.promotions,
+            self.promotion_over_disk,
+            self.disk_loads,
+            self.demotions,
+            self.drops,
+            self.host_evictions,
+            self.compactions,
+            100.0 * self.scheduling_share,
+            100.0 * self.management_share,
+            100.0 * self.compaction_share
+        )
+    }
 }
 
 /// The app of `scale` in `dir` (generated with `knobs` if missing; refused if its recorded
@@ -292,6 +365,7 @@ pub fn run(
     svg: &Path,
     force_real: bool,
     knobs: &KnobArgs,
+    cpu_threads: usize,
 ) -> Result<BTreeMap<String, f64>> {
     let scale = cmd::scale(scale_name)?;
     let (app, profile) = prepare(scale, dir, knobs)?;
@@ -304,10 +378,16 @@ pub fn run(
     let mut identical = true;
     for config in compared() {
         let row = if real {
-            let options =
-                RunOptions { deadline: std::time::Duration::from_secs(3 * 3600), ..RunOptions::new(config) };
+            // The executors' host tiers get the --host-budget share of all expert bytes.
+            let tiers = TierOptions { host_budget: knobs.host_budget, cpu_threads, ..TierOptions::default() };
+            let options = RunOptions {
+                deadline: std::time::Duration::from_secs(3 * 3600),
+                tiers,
+                ..RunOptions::new(config)
+            };
             let r = run_local(&app, &latency, &options)?;
             println!("{}", cmd::run_line(&r));
+            println!("{}", TierFigures::of(&r).line());
             match &digests {
                 None => digests = Some(r.digests.clone()),
                 Some(d) => identical &= *d == r.digests,
@@ -321,6 +401,7 @@ pub fn run(
                 p50_ms: r.p50_ms,
                 p99_ms: r.p99_ms,
                 compute_s: r.busy_s - r.switch_s,
+                tiers: Some(TierFigures::of(&r)),
             }
         } else {
             let r = simulate(&app.trace, &latency, config, &SimOptions::default())?;
@@ -337,6 +418,7 @@ pub fn run(
                 p50_ms: r.latency_p50.0 as f64 / 1e3,
                 p99_ms: r.latency_p99.0 as f64 / 1e3,
                 compute_s: r.busy.0.saturating_sub(r.switching.0) as f64 / 1e6,
+                tiers: None,
             };
             println!(
                 "{:<15} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms  [simulated, profiled latencies]",
@@ -360,6 +442,7 @@ pub fn run(
     f.insert("experts".into(), app.trace.model.len() as f64);
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
     f.insert("device_budget_fraction".into(), effective);
+    f.insert("cpu_threads".into(), cpu_threads as f64);
     if let Some(ours) = rows.iter().find(|r| r.label == "ours") {
         // The floor of the switching share on this trace: every expert it uses loaded exactly
         // once (at the first executor's profiled bandwidth), against ours' compute time.
@@ -423,8 +506,37 @@ pub fn policy_figures(rows: &[Row], real: bool) -> BTreeMap<String, f64> {
         f.insert(format!("{p}switch_share"), ours.switch_share);
         f.insert(format!("{p}p50_latency_ms"), ours.p50_ms);
         f.insert(format!("{p}p99_latency_ms"), ours.p99_ms);
+        if let Some(t) = ours.tiers {
+            tier_figures(&mut f, "", &t);
+        }
+    }
+    for r in rows {
+        if let Some(t) = r.tiers {
+            tier_figures(&mut f, &format!("{}_", r.label.replace(['+', '-'], "_")), &t);
+        }
     }
     f
+}
+
+/// The tier and overhead keys of one run, each prefixed by `pre` (NaN ratios left out).
+fn tier_figures(f: &mut BTreeMap<String, f64>, pre: &str, t: &TierFigures) {
+    if t.promotion_over_disk.is_finite() {
+        f.insert(format!("{pre}host_promotion_over_disk_load"), t.promotion_over_disk);
+    }
+    f.insert(format!("{pre}scheduling_overhead_share"), t.scheduling_share);
+    f.insert(format!("{pre}management_overhead_share"), t.management_share);
+    f.insert(format!("{pre}compaction_share"), t.compaction_share);
+    for (k, v) in [
+        ("host_promotions", t.promotions),
+        ("disk_loads", t.disk_loads),
+        ("demotions", t.demotions),
+        ("drops_to_disk", t.drops),
+        ("host_evictions", t.host_evictions),
+        ("compactions", t.compactions),
+        ("peak_host_bytes", t.peak_host_bytes),
+    ] {
+        f.insert(format!("{pre}{k}"), v as f64);
+    }
 }
 
 /// The combinations the benchmark serves, baseline first: the four of the ablation with our
@@ -499,6 +611,7 @@ mod tests {
             p50_ms: 1.0,
             p99_ms: 2.0,
             compute_s: 1.0,
+            tiers: None,
         }
     }
 
@@ -517,6 +630,35 @@ mod tests {
         assert_eq!(f["fcfs_lru_over_fcfs_lru"], 1.0);
         assert_eq!(f["real_execution"], 1.0);
         assert!(f.keys().all(|k| !k.starts_with("sim_")));
+    }
+
+    #[test]
+    fn tier_figures_are_keyed_per_policy_and_for_ours() {
+        let t = TierFigures {
+            scheduling_share: 0.02,
+            management_share: 0.001,
+            compaction_share: 0.003,
+            promotion_over_disk: f64::NAN,
+            promotions: 3,
+            disk_loads: 4,
+            demotions: 5,
+            drops: 1,
+            host_evictions: 2,
+            compactions: 1,
+            peak_host_bytes: 100,
+        };
+        let mut rs = rows();
+        for r in &mut rs {
+            r.tiers = Some(t);
+        }
+        let f = policy_figures(&rs, true);
+        assert_eq!(f["scheduling_overhead_share"], 0.02);
+        assert_eq!(f["ours_management_overhead_share"], 0.001);
+        assert_eq!(f["fcfs_lru_host_evictions"], 2.0);
+        assert_eq!(f["paper_two_stage_demotions"], 5.0);
+        assert!(!f.contains_key("host_promotion_over_disk_load"), "a NaN ratio is left out");
+        rs[4].tiers = Some(TierFigures { promotion_over_disk: 0.25, ..t });
+        assert_eq!(policy_figures(&rs, true)["host_promotion_over_disk_load"], 0.25);
     }
 
     #[test]

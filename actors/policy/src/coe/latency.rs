@@ -6,7 +6,7 @@
 //! expert is read from.
 
 use super::model::Tier;
-use super::profile::{ExecutorProfile, Profile, ProfileError, SizeClass};
+use super::profile::{ExecutorKind, ExecutorProfile, Profile, ProfileError, SizeClass};
 use crate::Micros;
 
 /// Batch and load latencies per executor, derived from a validated profile. Executor indices
@@ -37,6 +37,11 @@ impl LatencyModel {
     /// Name of executor `e`.
     pub fn name(&self, e: usize) -> &str {
         &self.exec(e).name
+    }
+
+    /// Whether executor `e` is a CPU or a GPU (each kind gets its own thread settings).
+    pub fn kind(&self, e: usize) -> ExecutorKind {
+        self.exec(e).kind
     }
 
     /// Bytes executor `e` keeps for resident experts.

@@ -13,6 +13,8 @@
 //! - [`trace`] and [`synth`]: the trace file format and a seeded synthetic workload generator.
 //! - [`sim`]: a discrete-event simulator that replays a trace through a policy and reports metrics.
 //! - [`sweep`]: workload knobs (budgets, skew, rate) applied to a trace, and the sweep's figures.
+//! - [`tiers`]: the host tier below each device budget: demotion, host eviction by usage
+//!   probability, the start-up host set.
 //! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
 pub mod latency;
@@ -24,6 +26,7 @@ pub mod sim;
 pub mod sweep;
 pub mod synth;
 pub mod text;
+pub mod tiers;
 pub mod trace;
 
 #[cfg(test)]
@@ -35,12 +38,13 @@ pub use memory::{
 };
 pub use model::{CoeModel, Expert, ExpertId, ExpertKind, ExpertSpec, ModelError, Request, RequestId, Tier};
 pub use profile::{
-    ExecutorKind, ExecutorProfile, LatencyPoint, MemorySplit, Profile, ProfileError, SizeClass,
-    max_useful_batch, split_memory,
+    ExecutorKind, ExecutorProfile, LatencyPoint, MemorySplit, Profile, ProfileError, SizeClass, SplitExpert,
+    max_useful_batch, search_split, split_memory,
 };
 pub use scheduler::{
     Action, BatchId, ExecutorId, QueueRef, RequestScheduler, SchedulerConfig, SchedulerError, Scheduling,
 };
 pub use sim::{ExecutorFault, ExecutorStats, SimError, SimOptions, SimReport, simulate};
 pub use text::ParseError;
+pub use tiers::{Demotion, HostCandidate, initial_host_set, plan_demotion};
 pub use trace::{Trace, TraceError, TraceRequest};

@@ -316,6 +316,67 @@ pub fn split_memory(
     Some(MemorySplit { expert_bytes: memory_bytes - intermediate_bytes, intermediate_bytes, max_batch })
 }
 
+/// An expert as the memory-split search sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitExpert {
+    /// Weights size in bytes.
+    pub size_bytes: u64,
+    /// Chance a request uses it.
+    pub usage_prob: f64,
+    /// Time to load it onto the executor, microseconds (from its home tier's bandwidth).
+    pub load_us: f64,
+}
+
+/// Modelled time per request of running batches of `batch` with `expert_bytes` for experts:
+/// the most used experts per byte are kept resident (greedily, while they fit), and every use
+/// of an expert costs the batch's latency per request plus, when it is not resident, its load
+/// shared by the batch.
+fn modelled_us_per_request(latency_us: f64, batch: u32, expert_bytes: u64, experts: &[SplitExpert]) -> f64 {
+    let mut order: Vec<&SplitExpert> = experts.iter().collect();
+    order.sort_by(|a, b| {
+        let density = |e: &SplitExpert| e.usage_prob / e.size_bytes.max(1) as f64;
+        density(b).total_cmp(&density(a))
+    });
+    let (mut used, mut cost) = (0u64, 0.0);
+    let b = f64::from(batch.max(1));
+    for e in order {
+        let resident = used.checked_add(e.size_bytes).is_some_and(|t| t <= expert_bytes);
+        if resident {
+            used += e.size_bytes;
+        }
+        cost += e.usage_prob * (latency_us / b + if resident { 0.0 } else { e.load_us / b });
+    }
+    cost
+}
+
+/// Split `memory_bytes` between batch intermediates (`bytes_per_request` each) and experts by
+/// search: every profiled batch size in `points` whose intermediates leave room for the
+/// largest expert is a candidate, and the one with the lowest modelled time per request
+/// (latency per request from `points`, misses of the experts that no longer fit charged their
+/// load time, see [`SplitExpert`]) wins; ties go to the smaller batch (more expert memory).
+/// `None` when no candidate leaves room for the largest expert.
+pub fn search_split(
+    memory_bytes: u64,
+    bytes_per_request: u64,
+    points: &[LatencyPoint],
+    experts: &[SplitExpert],
+) -> Option<MemorySplit> {
+    let largest = experts.iter().map(|e| e.size_bytes).max().unwrap_or(0);
+    let mut best: Option<(f64, MemorySplit)> = None;
+    for p in points {
+        let Some(intermediate_bytes) = bytes_per_request.checked_mul(u64::from(p.batch)) else { continue };
+        let Some(expert_bytes) = memory_bytes.checked_sub(intermediate_bytes) else { continue };
+        if expert_bytes < largest || p.batch == 0 {
+            continue;
+        }
+        let cost = modelled_us_per_request(p.latency.0 as f64, p.batch, expert_bytes, experts);
+        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+            best = Some((cost, MemorySplit { expert_bytes, intermediate_bytes, max_batch: p.batch }));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
 fn check_fingerprint(fp: &str, line: usize) -> Result<(), ProfileError> {
     if fp.is_empty() || fp.len() > MAX_FINGERPRINT_BYTES {
         return Err(invalid(
@@ -638,6 +699,29 @@ size_class 400 1:100 4:400
         assert_eq!(max_useful_batch(&curve, 0.05), 16);
         assert_eq!(max_useful_batch(&curve, 0.0), 32);
         assert_eq!(max_useful_batch(&[], 0.05), 1);
+    }
+
+    #[test]
+    fn searched_split_trades_batch_size_against_misses() {
+        let pts: Vec<LatencyPoint> = [(1, 100), (2, 120), (4, 160), (8, 300)]
+            .iter()
+            .map(|&(batch, us)| LatencyPoint { batch, latency: Micros(us) })
+            .collect();
+        let two = |load_us| {
+            [
+                SplitExpert { size_bytes: 300, usage_prob: 0.9, load_us },
+                SplitExpert { size_bytes: 300, usage_prob: 0.9, load_us },
+            ]
+        };
+        // Batch 8 leaves 200 bytes (< the largest expert); batch 4 keeps both hot experts.
+        let s = search_split(1000, 100, &pts, &two(10_000.0)).unwrap();
+        assert_eq!((s.max_batch, s.expert_bytes, s.intermediate_bytes), (4, 600, 400));
+        // The shrink-until-it-fits split takes the biggest batch instead and holds one expert.
+        assert_eq!(split_memory(1000, 100, 8, 300).unwrap().max_batch, 7);
+        // With 1200 bytes batch 8 holds one: worth it only when a miss is cheap.
+        assert_eq!(search_split(1200, 100, &pts, &two(10_000.0)).unwrap().max_batch, 4);
+        assert_eq!(search_split(1200, 100, &pts, &two(8.0)).unwrap().max_batch, 8);
+        assert_eq!(search_split(250, 100, &pts, &two(8.0)), None, "no room for the largest expert");
     }
 
     #[test]
