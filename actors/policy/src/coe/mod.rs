@@ -15,6 +15,7 @@
 //! - [`sweep`]: workload knobs (budgets, skew, rate) applied to a trace, and the sweep's figures.
 //! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
+pub mod admission;
 pub mod latency;
 pub mod memory;
 pub mod model;
