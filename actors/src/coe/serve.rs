@@ -460,6 +460,11 @@ impl CoeShared {
         (0..self.total() as u64).map(|i| st.answered.get(&i).copied()).collect()
     }
 
+    /// The output digest request `id` (a trace's or a client's) was answered with, if it was.
+    pub fn answer_of(&self, id: u64) -> Option<u64> {
+        lock(&self.store).answered.get(&id).copied()
+    }
+
     /// How often an executor was put back in service, and how many requests completed on an
     /// executor after it was.
     pub fn restorations(&self) -> (usize, usize) {
