@@ -97,7 +97,8 @@ struct Server {
     outstanding: Arc<Mutex<Outstanding>>,
 }
 
-/// One admitted request's slot; given back when dropped (answered, failed or abandoned).
+/// One admitted request's slot; given back when dropped (answered, refused by the scheduler,
+/// or, for a request whose client stopped waiting, once the scheduler answers it).
 struct Slot {
     outstanding: Arc<Mutex<Outstanding>>,
     peer: NodeId,
@@ -151,16 +152,23 @@ impl Server {
             Some(r) => ExpertId(r),
             None => self.shared.default_root().ok_or("this app has no entry expert")?,
         };
-        let _slot = self.admit(peer)?;
-        let (id, answer) = self.shared.submit(root, pixels).map_err(|e| e.to_string())?;
+        let slot = self.admit(peer)?;
+        let (id, mut answer) = self.shared.submit(root, pixels).map_err(|e| e.to_string())?;
         tracing::debug!(%peer, request = id, %root, "coe request accepted");
-        let answer = match tokio::time::timeout(self.answer_timeout, answer).await {
+        let answer = match tokio::time::timeout(self.answer_timeout, &mut answer).await {
             Ok(Ok(a)) => a,
             Ok(Err(_)) => return Err(format!("request {id}: the scheduler dropped it unanswered")),
             Err(_) => {
+                // still in the scheduler's queue: its slot stays taken until it is answered, so
+                // clients that give up cannot pile up work past the bound
+                tokio::spawn(async move {
+                    let _ = answer.await;
+                    drop(slot);
+                });
                 return Err(format!("request {id}: not answered within {:?}", self.answer_timeout));
             }
         };
+        drop(slot);
         to_body(&wire_answer(&answer))
     }
 }
