@@ -823,6 +823,20 @@ mod tests {
     }
 
     #[test]
+    fn serve_params_take_bounded_queues_and_refuse_zero_or_huge_ones() {
+        let p: CoeJob = super::super::params(&job_with("dir = \"d\"\nserve = true").params).unwrap();
+        assert!(p.serve && p.queue == 64 && p.queue_per_client == 16);
+        assert!(
+            validate_job(&job_with("dir = \"d\"\nserve = true\nqueue = 2\nqueue_per_client = 1")).is_ok()
+        );
+        let (f, e) = validate_job(&job_with("dir = \"d\"\nserve = true\nqueue = 0")).unwrap_err();
+        assert_eq!(f, "params.queue", "{e}");
+        let (f, e) = validate_job(&job_with("dir = \"d\"\nqueue_per_client = 70000")).unwrap_err();
+        assert_eq!(f, "params.queue_per_client", "{e}");
+        assert!(e.contains("70000"), "{e}");
+    }
+
+    #[test]
     fn job_params_take_an_eviction_name_and_refuse_unknown_ones() {
         assert!(validate_job(&job_with("dir = \"d\"")).is_ok());
         assert!(validate_job(&job_with("dir = \"d\"\neviction = \"two-stage\"")).is_ok());

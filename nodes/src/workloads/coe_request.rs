@@ -62,10 +62,11 @@ pub fn read_input(path: &Path) -> Result<Vec<f32>> {
     if values.len() != INPUT_WIDTH {
         bail!("{}: {} numbers, an input has {INPUT_WIDTH}", path.display(), values.len());
     }
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        bail!("{}: number {i} is not finite", path.display());
+    let floats: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
+    if let Some(i) = floats.iter().position(|v| !v.is_finite()) {
+        bail!("{}: number {i} is not a finite 32-bit float", path.display());
     }
-    Ok(values.into_iter().map(|v| v as f32).collect())
+    Ok(floats)
 }
 
 /// One answer as JSON.
@@ -199,4 +200,33 @@ async fn open_loop(
         bail!("{} of {count} requests failed; the first: {e}", failed.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("writing a test file");
+        p
+    }
+
+    #[test]
+    fn input_files_are_64_finite_numbers_and_other_files_are_refused_by_name() {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let ok: Vec<f64> = (0..INPUT_WIDTH).map(|i| i as f64 / 64.0).collect();
+        let good = file(tmp.path(), "good.json", &serde_json::to_string(&ok).expect("json"));
+        assert_eq!(read_input(&good).expect("a good input")[63], 63.0 / 64.0);
+        let short = file(tmp.path(), "short.json", "[0.5, 0.25]");
+        let e = read_input(&short).unwrap_err().to_string();
+        assert!(e.contains("short.json") && e.contains("2 numbers"), "{e}");
+        let text = file(tmp.path(), "text.json", "{\"input\": 1}");
+        assert!(read_input(&text).unwrap_err().to_string().contains("not a JSON array"));
+        let big = file(tmp.path(), "big.json", &" ".repeat(MAX_INPUT_FILE_BYTES as usize + 1));
+        assert!(read_input(&big).unwrap_err().to_string().contains("above the cap"));
+        let huge = file(tmp.path(), "huge.json", &format!("[0{}, 1e39]", ", 0".repeat(INPUT_WIDTH - 2)));
+        let e = read_input(&huge).unwrap_err().to_string();
+        assert!(e.contains("number 63 is not a finite 32-bit float"), "{e}");
+    }
 }
