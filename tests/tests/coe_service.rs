@@ -4,7 +4,7 @@
 //! - inputs sent by a client (a trace request's digit image as a JSON file, and its entry
 //!   expert) are answered with the experts and the output digest a local `troupe coe run` gives
 //!   for the same request; each request is accepted on its own (distinct ids); a client whose
-//!   certificate lacks the scheduler role is refused, naming the role;
+//!   certificate lacks the client role (a scheduler's) is refused, naming the role;
 //! - with the queue made tiny (one outstanding request per client), an open-loop burst gets
 //!   busy answers, and every request not answered busy is answered correctly, exactly once.
 
@@ -72,8 +72,8 @@ fn input_of(app: &App, tmp: &Path, i: usize) -> (PathBuf, u32, Vec<u64>) {
 async fn serving(app: &Path, queue: usize, per_client: usize) -> (ProcCluster, String, PathBuf) {
     let cluster = ProcCluster::start(EXE.as_ref(), &topology(app, queue, per_client)).unwrap();
     let keys = cluster.dir().join("keys");
-    troupe(&["keys", "node", "client", "--role", "scheduler", "--keys", keys.to_str().unwrap()]);
-    troupe(&["keys", "node", "intruder", "--role", "executor", "--keys", keys.to_str().unwrap()]);
+    troupe(&["keys", "node", "client", "--role", "client", "--keys", keys.to_str().unwrap()]);
+    troupe(&["keys", "node", "intruder", "--role", "scheduler", "--keys", keys.to_str().unwrap()]);
     let line = cluster.wait_log("scheduler", Duration::from_secs(120), &["coe: serving requests on"]).await;
     line.unwrap_or_else(|e| panic!("the scheduler never served: {e:#}\n{}", cluster.log("scheduler")));
     let addr = cluster.nodes.iter().find(|n| n.name == "scheduler").unwrap().parsed.listen.to_string();
@@ -134,13 +134,13 @@ async fn requests_from_a_client_are_answered_as_a_local_run_answers_them() {
     eprintln!("open loop: {summary}");
     assert_eq!(summary["answered"].as_u64().unwrap() + summary["busy"].as_u64().unwrap(), 40, "{summary}");
     assert_eq!(summary["digests"], serde_json::json!([reference[2].1]), "{summary}");
-    // a certificate without the scheduler role is refused, naming it
+    // a certificate without the client role (here: scheduler) is refused, naming the role
     let refused = request(&addr, &keys, "intruder", &input, root, &[]);
     let text =
         format!("{}{}", String::from_utf8_lossy(&refused.stdout), String::from_utf8_lossy(&refused.stderr));
     assert!(
-        !refused.status.success() && text.contains("scheduler"),
-        "an executor-role client was served:\n{text}"
+        !refused.status.success() && text.contains("needs role client"),
+        "a scheduler-role client was served:\n{text}"
     );
     assert!(cluster.log("scheduler").contains("coe: serving requests on"), "the scheduler is still serving");
 }

@@ -1,6 +1,6 @@
 //! The coe scheduler as a service: a node running the `coe` job with `serve = true` keeps its
 //! scheduler and executors and answers clients' requests over QUIC ([`REQUEST_SERVICE`],
-//! method [`REQUEST`], scheduler role only), each with the routed experts' outputs.
+//! method [`REQUEST`], client role only), each with the routed experts' outputs.
 //!
 //! - **What travels.** A [`WireCoeRequest`]: an entry expert (or none: the app's first) and
 //!   [`INPUT_WIDTH`] floats. Both are checked on the archived form (checked rkyv access, the
@@ -182,10 +182,10 @@ fn wire_answer(a: &ClientAnswer) -> WireCoeAnswer {
     }
 }
 
-/// Who may call what: requests only the scheduler role (a client identity made with
-/// `troupe keys node NAME --role scheduler`).
+/// Who may call what: requests only the client role (`troupe keys node NAME --role client`),
+/// which commands no executor and never joins as a member.
 pub fn spec() -> ServiceSpec {
-    ServiceSpec::new().method(REQUEST, Allow::role(Role::Scheduler))
+    ServiceSpec::new().method(REQUEST, Allow::role(Role::Client))
 }
 
 /// Serves [`REQUEST_SERVICE`] on `services` for the job `shared`, under `limits`; each request
@@ -256,7 +256,7 @@ pub struct CoeClient {
 
 impl CoeClient {
     /// Connects to the scheduler's node at `addr` as `identity` (a certificate of the cluster
-    /// with the scheduler role).
+    /// with the client role).
     pub async fn connect(
         identity: &troupe_transport::NodeIdentity,
         addr: std::net::SocketAddr,
@@ -350,8 +350,8 @@ mod tests {
     }
 
     #[test]
-    fn only_the_scheduler_role_may_send_requests() {
-        assert_eq!(spec().allow(REQUEST), Some(Allow::role(Role::Scheduler)));
+    fn only_the_client_role_may_send_requests() {
+        assert_eq!(spec().allow(REQUEST), Some(Allow::role(Role::Client)));
         assert_eq!(spec().allow("admin"), None);
     }
 }

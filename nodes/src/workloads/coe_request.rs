@@ -26,8 +26,8 @@ pub struct RequestArgs {
     /// Keys folder of that cluster.
     #[arg(long, default_value = "keys")]
     pub keys: PathBuf,
-    /// Identity to send as, from the keys folder: a certificate with the scheduler role
-    /// (`troupe keys node client --role scheduler --keys DIR`).
+    /// Identity to send as, from the keys folder: a certificate with the client role
+    /// (`troupe keys node client --role client --keys DIR`).
     #[arg(long = "as", default_value = "client")]
     pub as_name: String,
     /// The input: a JSON array of 64 numbers (an 8x8 image, values in 0..1).
@@ -86,7 +86,7 @@ pub async fn run(args: RequestArgs) -> Result<()> {
     let pixels = read_input(&args.input)?;
     let id = troupe_transport::NodeIdentity::load(&args.keys, &args.as_name).with_context(|| {
         format!(
-            "loading identity {} from {}; make one with `troupe keys node {} --role scheduler --keys {}`",
+            "loading identity {} from {}; make one with `troupe keys node {} --role client --keys {}`",
             args.as_name,
             args.keys.display(),
             args.as_name,
