@@ -151,7 +151,7 @@ struct Store {
     accepted: Vec<u64>,
     accepted_set: BTreeSet<u64>,
     answered: BTreeMap<u64, u64>,
-    /// Client requests, ids `trace length + index`.
+    /// Client requests, ids `trace length + index` (inputs dropped once answered).
     clients: Vec<ClientRequest>,
     /// Clients waiting for their answer, by request id (an answer with no waiter is dropped).
     waiters: HashMap<u64, tokio::sync::oneshot::Sender<ClientAnswer>>,
@@ -219,6 +219,14 @@ fn request_of(app: &App, clients: &[ClientRequest], id: u64) -> Option<(ExpertId
     } else {
         let c = clients.get(usize::try_from(id - n).ok()?)?;
         Some((c.root, c.pixels.clone()))
+    }
+}
+
+/// Drops the input of client request `k` (answered: it never runs again), so a long-serving
+/// scheduler keeps a few bytes per answered request, not its 64 floats.
+fn forget_input(clients: &mut [ClientRequest], k: u64) {
+    if let Some(c) = usize::try_from(k).ok().and_then(|k| clients.get_mut(k)) {
+        c.pixels = Vec::new();
     }
 }
 
@@ -293,6 +301,9 @@ impl CoeShared {
                 }
             }
             damage = replay.damage;
+            for (&id, _) in store.answered.range(n..) {
+                forget_input(&mut store.clients, id - n);
+            }
             store.journal = Some(j);
         }
         let answered = store.answered.len();
@@ -774,6 +785,9 @@ impl Live {
                 j.append(&[&body]).map_err(fail)?;
             }
             st.answered.insert(request.0, digest);
+            if let Some(k) = request.0.checked_sub(shared.total() as u64) {
+                forget_input(&mut st.clients, k);
+            }
             if let Some(waiter) = st.waiters.remove(&request.0) {
                 // a client that gave up has dropped its receiver: nothing to deliver
                 let _ = waiter.send(ClientAnswer { request: request.0, digest, outputs });
