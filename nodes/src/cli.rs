@@ -157,7 +157,8 @@ pub enum KeysCommand {
         #[arg(long, default_value = "keys")]
         keys: PathBuf,
         /// Roles the certificate grants, comma-separated: scheduler, executor, worker, camera,
-        /// edge, admin (an admin identity can query status but never join).
+        /// edge, admin (an admin identity can query status but never join), client (may send
+        /// coe requests, never joins).
         #[arg(long, default_value = "")]
         role: String,
         /// Days the certificate is valid.

@@ -54,6 +54,12 @@ pub enum Refusal {
         /// The peer.
         name: String,
     },
+    /// A client identity asked to join as a member.
+    #[error("{name} holds a client certificate: clients may send requests but never join as a member")]
+    ClientMember {
+        /// The peer.
+        name: String,
+    },
 }
 
 /// Why a revocation file could not be used.
@@ -187,6 +193,9 @@ impl Admission {
         if member && admin {
             return Err(Refusal::AdminMember { name: name.to_string() });
         }
+        if member && cert.roles.contains(Role::Client) {
+            return Err(Refusal::ClientMember { name: name.to_string() });
+        }
         self.revoked.check(name, cert)?;
         if let Some(allow) = &self.allow
             && !allow.contains(name)
@@ -227,6 +236,9 @@ mod tests {
         let exec = cert("02", RoleSet::only(Role::Executor));
         let open = Admission::default();
         assert!(matches!(open.check("admin", &admin, true), Err(Refusal::AdminMember { .. })));
+        let client = cert("03", RoleSet::only(Role::Client));
+        assert!(matches!(open.check("client", &client, true), Err(Refusal::ClientMember { .. })));
+        assert!(open.check("client", &client, false).is_ok(), "a client may connect as a non-member");
         assert!(open.check("admin", &admin, false).is_ok());
         let listed = Admission { allow: Some(["a".to_string()].into()), ..Admission::default() };
         assert!(listed.check("a", &exec, true).is_ok());

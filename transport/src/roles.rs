@@ -25,12 +25,15 @@ pub enum Role {
     Edge = 4,
     /// An operator tool (`troupe status`): may query, may never join as a member.
     Admin = 5,
+    /// A client of a serving scheduler (`troupe coe request`): may send requests, may never
+    /// join as a member, and holds no right to command executors or workers.
+    Client = 6,
 }
 
 impl Role {
     /// Every role, in a fixed order.
-    pub const ALL: [Role; 6] =
-        [Role::Scheduler, Role::Executor, Role::Worker, Role::Camera, Role::Edge, Role::Admin];
+    pub const ALL: [Role; 7] =
+        [Role::Scheduler, Role::Executor, Role::Worker, Role::Camera, Role::Edge, Role::Admin, Role::Client];
 
     /// The role's name as written on the command line and in certificates.
     pub fn as_str(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Role {
             Role::Camera => "camera",
             Role::Edge => "edge",
             Role::Admin => "admin",
+            Role::Client => "client",
         }
     }
 
@@ -58,7 +62,7 @@ impl fmt::Display for Role {
 
 /// A role name that is not one of [`Role::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown role {0:?} (known: scheduler, executor, worker, camera, edge, admin)")]
+#[error("unknown role {0:?} (known: scheduler, executor, worker, camera, edge, admin, client)")]
 pub struct UnknownRole(pub String);
 
 impl FromStr for Role {

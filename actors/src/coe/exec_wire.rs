@@ -6,6 +6,7 @@ use troupe_policy::coe::{BatchId, ExpertId, RequestId};
 use troupe_transport::Role;
 
 use super::CoeError;
+use super::app::INPUT_WIDTH;
 use super::runner::{Cmd, Event};
 use crate::service::{Allow, ServiceSpec, to_body, with_archived};
 
@@ -50,16 +51,16 @@ pub struct WireExpert {
 }
 
 /// One request of a batch.
-#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub struct WireRequest {
     /// Request id.
     pub request: u64,
-    /// Index of its input image.
-    pub image: u64,
+    /// Its input: exactly [`INPUT_WIDTH`] floats.
+    pub pixels: Vec<f32>,
 }
 
 /// Body of [`RUN`].
-#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub struct WireRun {
     /// The batch.
     pub batch: u64,
@@ -126,7 +127,7 @@ pub fn request(cmd: &Cmd) -> Result<(&'static str, Vec<u8>), String> {
         Cmd::Reset => (RESET, Vec::new()),
         Cmd::Run { batch, expert, requests } => {
             let requests =
-                requests.iter().map(|(r, img)| WireRequest { request: r.0, image: *img }).collect();
+                requests.iter().map(|(r, px)| WireRequest { request: r.0, pixels: px.clone() }).collect();
             (RUN, to_body(&WireRun { batch: batch.0, expert: expert.0, requests })?)
         }
     })
@@ -146,13 +147,22 @@ pub fn decode_cmd(method: &str, body: &[u8]) -> Result<Cmd, String> {
                     a.requests.len()
                 ));
             }
+            if let Some(r) = a.requests.iter().find(|r| r.pixels.len() != INPUT_WIDTH) {
+                return Err(format!(
+                    "request {} carries {} input floats, not {INPUT_WIDTH}",
+                    r.request.to_native(),
+                    r.pixels.len()
+                ));
+            }
             Ok(Cmd::Run {
                 batch: BatchId(a.batch.to_native()),
                 expert: ExpertId(a.expert.to_native()),
                 requests: a
                     .requests
                     .iter()
-                    .map(|r| (RequestId(r.request.to_native()), r.image.to_native()))
+                    .map(|r| {
+                        (RequestId(r.request.to_native()), r.pixels.iter().map(|v| v.to_native()).collect())
+                    })
                     .collect(),
             })
         }),
@@ -222,7 +232,10 @@ mod tests {
             Cmd::Run {
                 batch: BatchId(9),
                 expert: ExpertId(3),
-                requests: vec![(RequestId(1), 5), (RequestId(2), 6)],
+                requests: vec![
+                    (RequestId(1), vec![0.5; INPUT_WIDTH]),
+                    (RequestId(2), vec![0.25; INPUT_WIDTH]),
+                ],
             },
         ];
         for c in &cmds {
@@ -237,10 +250,17 @@ mod tests {
         let huge = WireRun {
             batch: 1,
             expert: 1,
-            requests: vec![WireRequest { request: 0, image: 0 }; MAX_BATCH_WIRE + 1],
+            requests: vec![WireRequest { request: 0, pixels: Vec::new() }; MAX_BATCH_WIRE + 1],
         };
         let err = decode_cmd(RUN, &to_body(&huge).unwrap()).unwrap_err();
         assert!(err.contains("exceeds the cap"), "{err}");
+        let narrow = WireRun {
+            batch: 1,
+            expert: 1,
+            requests: vec![WireRequest { request: 3, pixels: vec![0.0; 63] }],
+        };
+        let err = decode_cmd(RUN, &to_body(&narrow).unwrap()).unwrap_err();
+        assert!(err.contains("request 3 carries 63 input floats, not 64"), "{err}");
     }
 
     #[test]
@@ -255,7 +275,11 @@ mod tests {
 
     #[test]
     fn outcomes_must_answer_their_command() {
-        let run = Cmd::Run { batch: BatchId(4), expert: ExpertId(2), requests: vec![(RequestId(8), 1)] };
+        let run = Cmd::Run {
+            batch: BatchId(4),
+            expert: ExpertId(2),
+            requests: vec![(RequestId(8), vec![0.0; INPUT_WIDTH])],
+        };
         let ev = Event::Ran {
             exec: 1,
             batch: BatchId(4),

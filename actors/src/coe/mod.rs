@@ -13,6 +13,8 @@
 //! - [`runner`]: what executors are told and answer, and local runs over executor threads.
 //! - [`serve`]: the scheduler actor (durable acceptance, warm restart, restoration) that drives
 //!   the policy's `RequestScheduler` in local runs and in the distributed job alike.
+//! - [`requests`]: the scheduler as a service (`serve = true` in the `coe` job): clients'
+//!   requests over QUIC (`troupe coe request`, [`requests::CoeClient`]), bounded, busy when full.
 //! - [`profiler`]: `troupe coe profile`: batch latency per size class, load bandwidth per tier,
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
@@ -22,6 +24,7 @@ pub mod exec_wire;
 pub mod executor;
 pub mod profiler;
 pub mod remote;
+pub mod requests;
 pub mod runner;
 pub mod serve;
 

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorMessage;
-use troupe_kernels::assets::Digits;
 use troupe_policy::coe::LatencyModel;
 use troupe_transport::NodeId;
 
@@ -51,7 +50,6 @@ pub struct ExecutorArgs {
 pub struct ExecutorState {
     args: ExecutorArgs,
     executor: ExpertExecutor,
-    digits: Digits,
 }
 
 /// The executor actor: owns an [`ExpertExecutor`] and serves [`CoeExecMsg`].
@@ -73,7 +71,7 @@ pub fn open_executor(args: &ExecutorArgs) -> Result<ExecutorState, CoeError> {
         &app.trace.model,
         options,
     )?;
-    Ok(ExecutorState { args: args.clone(), executor, digits: app.digits })
+    Ok(ExecutorState { args: args.clone(), executor })
 }
 
 /// The service handler: hello answered here, commands carried to the actor.
@@ -126,8 +124,7 @@ impl Actor for CoeExecutorActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             CoeExecMsg::Call(cmd, reply) => {
-                let outcome =
-                    tokio::task::block_in_place(|| execute(0, &mut state.executor, &state.digits, cmd));
+                let outcome = tokio::task::block_in_place(|| execute(0, &mut state.executor, cmd));
                 if let Err(e) = &outcome {
                     tracing::error!(executor = %state.args.executor, "{e}");
                 }

@@ -17,13 +17,12 @@ use std::time::{Duration, Instant};
 
 use ractor::Actor;
 use tokio::sync::broadcast;
-use troupe_kernels::assets::Digits;
 use troupe_policy::coe::{
     BatchId, CoeModel, ExecutorKind, ExpertId, LatencyModel, RequestId, SchedulerConfig,
 };
 
 use super::CoeError;
-use super::app::{App, image_floats};
+use super::app::App;
 use super::executor::{ExecutorCounters, ExecutorOptions, ExpertExecutor};
 use super::serve::{CoeShared, serve_trace};
 use crate::supervisor::{Intensity, Supervisor, SupervisorArgs};
@@ -162,7 +161,7 @@ impl RunReport {
 }
 
 /// What the driver asks an executor to do (carried to a thread, or over the cluster).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Cmd {
     /// Load an expert.
     Load(ExpertId),
@@ -171,14 +170,15 @@ pub enum Cmd {
     /// Evict every expert (a restarted scheduler starts from empty executors); answered by
     /// [`Event::Reset`] once every earlier command is done.
     Reset,
-    /// Run one batch: (request, digit image index) pairs.
+    /// Run one batch: (request, input) pairs; each input is [`super::app::INPUT_WIDTH`] floats
+    /// (a trace's digit image, or a client's own input), so executors need no data set.
     Run {
         /// The batch.
         batch: BatchId,
         /// The expert.
         expert: ExpertId,
-        /// The requests and their input images.
-        requests: Vec<(RequestId, u64)>,
+        /// The requests and their inputs.
+        requests: Vec<(RequestId, Vec<f32>)>,
     },
 }
 
@@ -228,12 +228,7 @@ pub enum Event {
 }
 
 /// Carry out one command on a local executor; the event to report (none for an eviction).
-pub fn execute(
-    exec: usize,
-    executor: &mut ExpertExecutor,
-    app_digits: &Digits,
-    cmd: Cmd,
-) -> Result<Option<Event>, CoeError> {
+pub fn execute(exec: usize, executor: &mut ExpertExecutor, cmd: Cmd) -> Result<Option<Event>, CoeError> {
     let result = match cmd {
         Cmd::Load(expert) => executor.load(expert).map(|took| {
             Some(Event::Loaded {
@@ -253,10 +248,9 @@ pub fn execute(
         }
         Cmd::Run { batch, expert, requests } => {
             let start = Instant::now();
-            let inputs: Vec<Vec<f32>> =
-                requests.iter().map(|(_, img)| image_floats(app_digits, *img as usize)).collect();
+            let (ids, inputs): (Vec<RequestId>, Vec<Vec<f32>>) = requests.into_iter().unzip();
             executor.run_batch(expert, &inputs).map(|rows| {
-                let rows = requests.iter().map(|(r, _)| *r).zip(rows).collect();
+                let rows = ids.into_iter().zip(rows).collect();
                 Some(Event::Ran { exec, batch, expert, rows, seconds: start.elapsed().as_secs_f64() })
             })
         }
@@ -269,12 +263,11 @@ pub fn execute(
 fn executor_thread(
     exec: usize,
     mut executor: ExpertExecutor,
-    digits: Digits,
     mut cmds: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
     events: mpsc::Sender<Event>,
 ) -> ExecutorCounters {
     while let Some(cmd) = cmds.blocking_recv() {
-        match execute(exec, &mut executor, &digits, cmd) {
+        match execute(exec, &mut executor, cmd) {
             Ok(Some(ev)) => {
                 if events.send(ev).is_err() {
                     break;
@@ -319,11 +312,10 @@ pub fn start_local_executors_with(
         )?;
         let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
         let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-        let digits = app.digits.clone();
         handles.push(
             thread::Builder::new()
                 .name(format!("coe-{}", latency.name(e)))
-                .spawn(move || executor_thread(e, executor, digits, cmd_rx, ev_tx))
+                .spawn(move || executor_thread(e, executor, cmd_rx, ev_tx))
                 .map_err(|err| CoeError::Invalid(format!("spawning executor thread: {err}")))?,
         );
         let generation = shared.install_link(e, cmd_tx);

@@ -14,6 +14,12 @@
 //!   node that comes back under its name serves again within the same job. Events carry the
 //!   generation of the link they came from; older ones are dropped.
 //!
+//! - **Client requests.** Beside the trace's requests, [`CoeShared::submit`] accepts a client's
+//!   own (an entry expert and [`INPUT_WIDTH`] floats): journaled with its input, so a restarted
+//!   scheduler reschedules it; it takes the next id after the trace, its selections are whatever
+//!   its experts' outputs select, and its answer ([`ClientAnswer`]) goes to the waiting client
+//!   once journaled (see [`super::requests`]).
+//!
 //! The same actor serves local runs ([`super::runner::run_local`], executor threads) and the
 //! distributed `coe` job (executor nodes over QUIC).
 
@@ -34,7 +40,7 @@ use troupe_policy::coe::{
 use troupe_policy::stats::quantile;
 
 use super::CoeError;
-use super::app::{App, output_digest, quantise, select_children};
+use super::app::{App, INPUT_WIDTH, output_digest, quantise, select_children};
 use super::executor::ExecutorCounters;
 use super::runner::{Cmd, Event, RunReport};
 use crate::journal::{Journal, TailDamage};
@@ -49,7 +55,7 @@ pub const FAULT_SITE: &str = "coe.scheduler";
 const ACCEPT_CHUNK: usize = 4096;
 
 /// One journal record of a coe job.
-#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 enum CoeRecord {
     /// These requests (trace indices) were accepted.
     Accepted(Vec<u64>),
@@ -60,6 +66,34 @@ enum CoeRecord {
         /// Its output digest.
         digest: u64,
     },
+    /// A client's request was accepted; it takes the next id after the trace and the client
+    /// requests before it.
+    Submitted {
+        /// The entry expert.
+        root: u32,
+        /// Its input ([`INPUT_WIDTH`] floats).
+        pixels: Vec<f32>,
+    },
+}
+
+/// A client's request as accepted: where it enters and its input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientRequest {
+    /// The preliminary expert it enters at.
+    pub root: ExpertId,
+    /// Its input, [`INPUT_WIDTH`] floats.
+    pub pixels: Vec<f32>,
+}
+
+/// What a client's request was answered with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientAnswer {
+    /// Its id in this job.
+    pub request: u64,
+    /// Digest of its outputs, as a local run computes it ([`output_digest`]).
+    pub digest: u64,
+    /// Each expert it ran and that expert's quantised output ([`quantise`]).
+    pub outputs: BTreeMap<ExpertId, Vec<i32>>,
 }
 
 /// What the coe scheduler is told.
@@ -119,6 +153,10 @@ struct Store {
     accepted: Vec<u64>,
     accepted_set: BTreeSet<u64>,
     answered: BTreeMap<u64, u64>,
+    /// Client requests, ids `trace length + index` (inputs dropped once answered).
+    clients: Vec<ClientRequest>,
+    /// Clients waiting for their answer, by request id (an answer with no waiter is dropped).
+    waiters: HashMap<u64, tokio::sync::oneshot::Sender<ClientAnswer>>,
     scheduler: Option<SchedulerRef>,
     meter: Meter,
 }
@@ -154,6 +192,58 @@ fn decode(bytes: &[u8]) -> Result<CoeRecord, CoeError> {
     .map_err(|e| CoeError::Invalid(format!("journal record does not decode: {e}")))
 }
 
+/// Checks a client request against the app: its root is a preliminary expert and its input is
+/// [`INPUT_WIDTH`] finite floats.
+pub fn check_client(app: &App, root: ExpertId, pixels: Vec<f32>) -> Result<ClientRequest, CoeError> {
+    let expert = app
+        .trace
+        .model
+        .expert(root)
+        .ok_or_else(|| CoeError::Invalid(format!("root {root} is not an expert of this app")))?;
+    if expert.preliminary().is_some() {
+        return Err(CoeError::Invalid(format!("root {root} is not a preliminary (entry) expert")));
+    }
+    if pixels.len() != INPUT_WIDTH {
+        return Err(CoeError::Invalid(format!(
+            "an input has {INPUT_WIDTH} floats, this one has {}",
+            pixels.len()
+        )));
+    }
+    if let Some(i) = pixels.iter().position(|v| !v.is_finite()) {
+        return Err(CoeError::Invalid(format!("input float {i} is not finite")));
+    }
+    Ok(ClientRequest { root, pixels })
+}
+
+/// Where request `id` enters and its input: a trace request's, or a client's (from `clients`).
+fn request_of(app: &App, clients: &[ClientRequest], id: u64) -> Option<(ExpertId, Vec<f32>)> {
+    let n = app.trace.requests.len() as u64;
+    if id < n {
+        let r = &app.trace.requests[id as usize];
+        Some((r.root, app.input(r.input)))
+    } else {
+        let c = clients.get(usize::try_from(id - n).ok()?)?;
+        Some((c.root, c.pixels.clone()))
+    }
+}
+
+/// Drops the input of client request `k` (answered: it never runs again), so a long-serving
+/// scheduler keeps a few bytes per answered request, not its 64 floats.
+fn forget_input(clients: &mut [ClientRequest], k: u64) {
+    if let Some(c) = usize::try_from(k).ok().and_then(|k| clients.get_mut(k)) {
+        c.pixels = Vec::new();
+    }
+}
+
+/// Where request `id` enters: a trace request's root, or a client's.
+fn root_of(app: &App, clients: &[ClientRequest], id: u64) -> Option<ExpertId> {
+    let n = app.trace.requests.len() as u64;
+    match app.trace.requests.get(usize::try_from(id).ok()?) {
+        Some(r) => Some(r.root),
+        None => clients.get(usize::try_from(id - n).ok()?).map(|c| c.root),
+    }
+}
+
 impl CoeShared {
     /// A job over `app` with `config`; with `journal`, accepted and answered requests are
     /// replayed from that file and appended to it (see the module docs). Returns the damaged
@@ -170,6 +260,8 @@ impl CoeShared {
             accepted: Vec::new(),
             accepted_set: BTreeSet::new(),
             answered: BTreeMap::new(),
+            clients: Vec::new(),
+            waiters: HashMap::new(),
             scheduler: None,
             meter: Meter {
                 counters: vec![ExecutorCounters::default(); latency.executors()],
@@ -203,9 +295,20 @@ impl CoeShared {
                             )));
                         }
                     }
+                    CoeRecord::Submitted { root, pixels } => {
+                        let client = check_client(&app, ExpertId(root), pixels)
+                            .map_err(|e| CoeError::Invalid(format!("journal {}: {e}", path.display())))?;
+                        let id = n + store.clients.len() as u64;
+                        store.clients.push(client);
+                        store.accepted_set.insert(id);
+                        store.accepted.push(id);
+                    }
                 }
             }
             damage = replay.damage;
+            for (&id, _) in store.answered.range(n..) {
+                forget_input(&mut store.clients, id - n);
+            }
             store.journal = Some(j);
         }
         let answered = store.answered.len();
@@ -278,6 +381,37 @@ impl CoeShared {
         Ok(())
     }
 
+    /// Accepts a client's request: checked ([`check_client`]), journaled and synced, then the
+    /// scheduler is told. Returns its id and where its answer will arrive.
+    pub fn submit(
+        &self,
+        root: ExpertId,
+        pixels: Vec<f32>,
+    ) -> Result<(u64, tokio::sync::oneshot::Receiver<ClientAnswer>), CoeError> {
+        let client = check_client(&self.app, root, pixels)?;
+        let mut st = lock(&self.store);
+        if let Some(j) = st.journal.as_mut() {
+            let body = encode(&CoeRecord::Submitted { root: root.0, pixels: client.pixels.clone() })?;
+            j.append(&[&body]).map_err(|e| CoeError::Invalid(e.to_string()))?;
+        }
+        let id = self.total() as u64 + st.clients.len() as u64;
+        st.clients.push(client);
+        st.accepted_set.insert(id);
+        st.accepted.push(id);
+        st.meter.accepted_at.insert(id, Instant::now());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        st.waiters.insert(id, tx);
+        if let Some(s) = &st.scheduler {
+            let _ = s.send_message(SchedulerMsg::Input(CoeInput::Accepted));
+        }
+        Ok((id, rx))
+    }
+
+    /// The entry expert a client request takes when it names none: the first preliminary.
+    pub fn default_root(&self) -> Option<ExpertId> {
+        self.app.trace.model.roots().next().map(|e| e.id)
+    }
+
     /// Installs a (new) link to executor `exec` and tells the scheduler; events the link sends
     /// must be tagged with the returned generation.
     pub fn install_link(&self, exec: usize, sender: tokio::sync::mpsc::UnboundedSender<Cmd>) -> u64 {
@@ -340,6 +474,11 @@ impl CoeShared {
     pub fn digests(&self) -> Vec<Option<u64>> {
         let st = lock(&self.store);
         (0..self.total() as u64).map(|i| st.answered.get(&i).copied()).collect()
+    }
+
+    /// The output digest request `id` (a trace's or a client's) was answered with, if it was.
+    pub fn answer_of(&self, id: u64) -> Option<u64> {
+        lock(&self.store).answered.get(&id).copied()
     }
 
     /// How often an executor was put back in service, and how many requests completed on an
@@ -477,16 +616,20 @@ impl Live {
 
     /// Feeds requests accepted since the last look (skipping answered ones).
     fn feed_accepted(&mut self, shared: &CoeShared, now: Micros) -> Result<(), ActorProcessingErr> {
-        let fresh: Vec<u64> = {
+        let fresh: Vec<(u64, Option<ExpertId>)> = {
             let st = lock(&shared.store);
-            let ids =
-                st.accepted[self.cursor..].iter().copied().filter(|i| !st.answered.contains_key(i)).collect();
+            let ids = st.accepted[self.cursor..]
+                .iter()
+                .copied()
+                .filter(|i| !st.answered.contains_key(i))
+                .map(|i| (i, root_of(&shared.app, &st.clients, i)))
+                .collect();
             self.cursor = st.accepted.len();
             ids
         };
-        for i in fresh {
-            let r = &shared.app.trace.requests[i as usize];
-            timed(&mut self.decide, || self.policy.handle_arrival(now, Request { id: r.id, root: r.root }))
+        for (i, found) in fresh {
+            let root = found.ok_or_else(|| fail(format!("accepted request {i} is unknown")))?;
+            timed(&mut self.decide, || self.policy.handle_arrival(now, Request { id: RequestId(i), root }))
                 .map_err(fail)?;
         }
         Ok(())
@@ -563,17 +706,21 @@ impl Live {
                 timed(&mut self.decide, || self.policy.handle_batch_done(now, ExecutorId(x as u16), batch))
                     .map_err(fail)?;
                 let children = trace.model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
+                let clients = lock(&shared.store).clients.len() as u64;
                 for (request, probs) in rows {
-                    let req = trace
-                        .requests
-                        .get(request.0 as usize)
-                        .ok_or_else(|| fail(format!("executor answered unknown {request}")))?;
+                    // a trace request's walk is recorded; a client's is whatever its outputs select
+                    let req = trace.requests.get(request.0 as usize);
+                    if req.is_none() && request.0 >= trace.requests.len() as u64 + clients {
+                        return Err(fail(format!("executor answered unknown {request}")));
+                    }
                     self.outputs.entry(request.0).or_default().insert(expert, quantise(&probs));
                     if children.is_empty() {
                         continue;
                     }
                     let chosen = select_children(&shared.app.child_scores(expert, &probs), &children);
-                    if req.selection(expert) != Some(chosen.as_slice()) {
+                    if let Some(req) = req
+                        && req.selection(expert) != Some(chosen.as_slice())
+                    {
                         return Err(fail(format!(
                             "{request}: {expert} selected {chosen:?}, the trace recorded {:?} (trace not made for this app?)",
                             req.selection(expert)
@@ -627,18 +774,17 @@ impl Live {
                     }
                     self.views[x].busy = Busy::Running(expert);
                     lock(&shared.store).meter.served[x].push(expert);
-                    let inputs = requests
-                        .iter()
-                        .map(|r| {
-                            let req = shared
-                                .app
-                                .trace
-                                .requests
-                                .get(r.0 as usize)
-                                .ok_or_else(|| fail(format!("unknown {r}")))?;
-                            Ok((*r, req.input))
-                        })
-                        .collect::<Result<Vec<_>, ActorProcessingErr>>()?;
+                    let inputs = {
+                        let st = lock(&shared.store);
+                        requests
+                            .iter()
+                            .map(|r| {
+                                let (_, pixels) = request_of(&shared.app, &st.clients, r.0)
+                                    .ok_or_else(|| fail(format!("unknown {r}")))?;
+                                Ok((*r, pixels))
+                            })
+                            .collect::<Result<Vec<_>, ActorProcessingErr>>()?
+                    };
                     if !self.send(shared, x, Cmd::Run { batch, expert, requests: inputs }) {
                         self.lose(now, x, "link closed")?;
                     }
@@ -650,7 +796,8 @@ impl Live {
     }
 
     fn answer(&mut self, shared: &CoeShared, request: RequestId) -> Result<(), ActorProcessingErr> {
-        let digest = output_digest(&self.outputs.remove(&request.0).unwrap_or_default());
+        let outputs = self.outputs.remove(&request.0).unwrap_or_default();
+        let digest = output_digest(&outputs);
         let count = {
             let mut st = lock(&shared.store);
             if st.answered.contains_key(&request.0) {
@@ -661,7 +808,14 @@ impl Live {
                 j.append(&[&body]).map_err(fail)?;
             }
             st.answered.insert(request.0, digest);
-            if let Some(at) = st.meter.accepted_at.get(&request.0).copied() {
+            if let Some(k) = request.0.checked_sub(shared.total() as u64) {
+                forget_input(&mut st.clients, k);
+            }
+            if let Some(waiter) = st.waiters.remove(&request.0) {
+                // a client that gave up has dropped its receiver: nothing to deliver
+                let _ = waiter.send(ClientAnswer { request: request.0, digest, outputs });
+            }
+            if let Some(at) = st.meter.accepted_at.remove(&request.0) {
                 st.meter.latencies.push(at.elapsed());
             }
             st.answered.len()

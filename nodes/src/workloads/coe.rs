@@ -1,4 +1,4 @@
-//! Workload `coe`: `troupe coe gen | profile | run | serve`, the CoServe-style CoE application on real
+//! Workload `coe`: `troupe coe gen | profile | run | serve | request`, the CoServe-style CoE application on real
 //! ONNX experts (see `troupe_actors::coe`).
 
 use std::path::{Path, PathBuf};
@@ -164,6 +164,9 @@ pub enum CoeCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Send an input to a serving scheduler (a `coe` job with `serve = true`) and print the
+    /// answer as JSON; `--count N --rate R` runs an open-loop load and reports p50/p99.
+    Request(super::coe_request::RequestArgs),
 }
 
 /// Requests `serve --app` generates when neither --trace nor --requests is given.
@@ -331,6 +334,9 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             let out = out.unwrap_or_else(|| dir.join("profile.txt"));
             profile_app(&dir, &out).map(|_| ())
         }
+        CoeCommand::Request(args) => {
+            tokio::runtime::Handle::current().block_on(super::coe_request::run(args))
+        }
         CoeCommand::Serve { app, work, trace, requests, seed, profile, policy: p, eviction, out } => {
             serve_app(&app, work, trace, requests, seed, profile, config(&p, eviction)?, out)
         }
@@ -411,6 +417,34 @@ pub struct CoeJob {
     /// so a restarted node resumes the job. Removed once the results are written.
     #[serde(default)]
     pub journal: Option<String>,
+    /// Serve clients' requests over QUIC (`troupe coe request`) until the job's `timeout_s`
+    /// instead of the trace (see `troupe_actors::coe::requests`).
+    #[serde(default)]
+    pub serve: bool,
+    /// With `serve`: requests outstanding on this scheduler before more are answered busy.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+    /// With `serve`: requests outstanding from one client before more are answered busy.
+    #[serde(default = "default_queue_per_client")]
+    pub queue_per_client: usize,
+    /// With `serve`: longest a request waits for its answer, seconds.
+    #[serde(default = "default_answer_timeout")]
+    pub answer_timeout_s: u64,
+}
+
+/// Most requests a serving scheduler may be configured to hold outstanding.
+pub const MAX_QUEUE: usize = 65_536;
+
+fn default_queue() -> usize {
+    64
+}
+
+fn default_queue_per_client() -> usize {
+    16
+}
+
+fn default_answer_timeout() -> u64 {
+    120
 }
 
 impl CoeJob {
@@ -450,6 +484,11 @@ pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)
     p.eviction().map_err(|e| ("params.eviction".to_string(), e.to_string()))?;
     if !(p.arrival_scale.is_finite() && p.arrival_scale >= 0.0) {
         return Err(("params.arrival_scale".into(), "must be a finite number >= 0".into()));
+    }
+    for (field, v) in [("params.queue", p.queue), ("params.queue_per_client", p.queue_per_client)] {
+        if v == 0 || v > MAX_QUEUE {
+            return Err((field.into(), format!("must be between 1 and {MAX_QUEUE}, got {v}")));
+        }
     }
     Ok(())
 }
@@ -583,6 +622,30 @@ pub async fn run_job(
             }
         })
     };
+    if p.serve {
+        let limits = troupe_policy::coe::admission::AdmissionLimits {
+            per_node: p.queue,
+            per_peer: p.queue_per_client,
+        };
+        let answer_timeout = std::time::Duration::from_secs(p.answer_timeout_s.max(1));
+        troupe_actors::coe::requests::serve_requests(
+            &runtime.services,
+            shared.clone(),
+            limits,
+            answer_timeout,
+        );
+        println!(
+            "coe: serving requests on {} (at most {} outstanding, {} per client), policy {}",
+            ctx.config.listen,
+            p.queue,
+            p.queue_per_client,
+            config.label()
+        );
+        let served = until_escalation(failures).await;
+        runtime.services.unregister(troupe_actors::coe::requests::REQUEST_SERVICE);
+        watcher.abort();
+        return served;
+    }
     let progress = {
         let mut answered = shared.answered();
         let total = shared.total();
@@ -628,6 +691,27 @@ pub async fn run_job(
         println!("coe: results written to {out}");
     }
     Ok(())
+}
+
+/// Waits until the scheduler's supervisor gives up on it (serve mode ends by the job's
+/// timeout otherwise); restarts are logged.
+async fn until_escalation(
+    mut failures: tokio::sync::broadcast::Receiver<troupe_actors::supervisor::SupervisorEvent>,
+) -> Result<()> {
+    use tokio::sync::broadcast::error::RecvError;
+    use troupe_actors::supervisor::SupervisorEvent;
+    loop {
+        match failures.recv().await {
+            Ok(SupervisorEvent::Escalated { child, reason, .. }) => {
+                bail!("{child} failed past its restart intensity: {reason}")
+            }
+            Ok(SupervisorEvent::Restarted { child, reason, .. }) => {
+                println!("coe: {child} restarted ({reason}); its accepted requests are rescheduled");
+            }
+            Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => bail!("the scheduler's supervisor stopped"),
+        }
+    }
 }
 
 /// Links executor `exec` (found on the cluster) to the job: commands go out as RPCs, its events
@@ -736,6 +820,20 @@ mod tests {
             timeout_s: 60,
             params: toml::from_str(params).unwrap(),
         }
+    }
+
+    #[test]
+    fn serve_params_take_bounded_queues_and_refuse_zero_or_huge_ones() {
+        let p: CoeJob = super::super::params(&job_with("dir = \"d\"\nserve = true").params).unwrap();
+        assert!(p.serve && p.queue == 64 && p.queue_per_client == 16);
+        assert!(
+            validate_job(&job_with("dir = \"d\"\nserve = true\nqueue = 2\nqueue_per_client = 1")).is_ok()
+        );
+        let (f, e) = validate_job(&job_with("dir = \"d\"\nserve = true\nqueue = 0")).unwrap_err();
+        assert_eq!(f, "params.queue", "{e}");
+        let (f, e) = validate_job(&job_with("dir = \"d\"\nqueue_per_client = 70000")).unwrap_err();
+        assert_eq!(f, "params.queue_per_client", "{e}");
+        assert!(e.contains("70000"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::config::{ActorConfig, JobConfig, NodeConfig};
 
 pub mod coadapt;
 pub mod coe;
+pub mod coe_request;
 pub mod hello;
 pub mod pipeline;
 

@@ -17,6 +17,7 @@
 //!   probability, the start-up host set.
 //! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
+pub mod admission;
 pub mod latency;
 pub mod memory;
 pub mod model;
