@@ -1,18 +1,25 @@
 //! The CoE application generator (`troupe coe gen`): real ONNX experts on disk, a manifest,
 //! and a request trace whose selections come from running the experts.
 //!
-//! Experts are MLPs on 8x8 digit images (64 inputs in 0..1), written with
-//! [`troupe_kernels::onnx::writer`] and **randomly initialised** (seeded, Glorot-uniform): a
-//! preliminary "component classifier" has one softmax output per subsequent expert and its
-//! argmax (plus a close runner-up) picks which of them run; leaf "defect experts" have
-//! [`DEFECT_CLASSES`] outputs. Hidden widths are chosen so each ONNX file hits the size drawn by
-//! the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).
+//! Experts are MLPs on 8x8 digit images (64 inputs in 0..1), **trained** in Rust
+//! ([`troupe_kernels::mlp`]: minibatch AdamW on softmax cross-entropy, seeded) and written with
+//! [`troupe_kernels::onnx::writer`]. The digits are split by the seed ([`super::train::split`])
+//! into train (60%), calibration and test (20% each). Each entry expert covers the ten classes
+//! and deals them into one coarse group per subsequent expert; a preliminary is trained to name
+//! the group of a digit (its softmax argmax, plus a close runner-up, picks which subsequent
+//! experts run), a leaf is trained on its group's images plus half as many others and outputs
+//! the [`DIGIT_CLASSES`] digit classes. The CoE's answer is the reached leaves' outputs weighted
+//! by their routing probabilities. Hidden widths are chosen so each ONNX file hits the size
+//! drawn by the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).
 //!
-//! Generation runs every expert once on the images that reach it, in dependency order, so the
-//! usage probabilities written into the model are *pre-assessed* on real data and every request
-//! of the trace carries the selections the real experts make.
+//! Generation runs every trained expert, in dependency order, on the calibration and test
+//! images that reach it: the usage probabilities written into the model come from the
+//! calibration walks, the trace's requests draw their images from the test split and carry the
+//! selections the real experts make, and `accuracy.txt` ([`super::accuracy`]) records the CoE's
+//! test accuracy beside a single MLP of the same total bytes trained on the same rows with the
+//! same optimiser, epochs and learning rate ([`TrainPlan`]).
 //!
-//! Layout of an app folder: `app.txt` (manifest), `trace.txt` (the policy crate's trace format,
+//! Layout of an app folder: `app.txt` (manifest), `accuracy.txt`, `trace.txt` (the policy crate's trace format,
 //! whose `input` field is a digit image index), `store/e<id>.blob` (the weight store's blob files),
 //! and the same app as a user would write it: `app.toml` ([`super::appfile`]) naming
 //! `experts/e<id>.onnx` (the ONNX files again), for `troupe coe serve --app`.
@@ -51,6 +58,8 @@ pub const OUTPUT_NAME: &str = "probs";
 pub const MANIFEST_FORMAT: &str = "format troupe-coe-app 1";
 /// Name of the app file gen writes (see [`super::appfile`]).
 pub const APP_FILE: &str = "app.toml";
+/// Salt of the single-model baseline's random streams (initial weights, shuffles).
+const SINGLE_MODEL_SALT: u64 = 0x0516_1e00_ba5e_0001;
 /// Largest manifest accepted, bytes.
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest trace accepted, bytes.
@@ -134,9 +143,9 @@ impl Scale {
                 requests: 300,
                 image_pool: 256,
                 train: TrainPlan {
-                    epochs: 8,
+                    epochs: 4,
                     batch: 32,
-                    lr: 2e-3,
+                    lr: 1e-3,
                     max_rows: usize::MAX,
                     baseline_max_bytes: 256 << 20,
                 },
@@ -204,6 +213,9 @@ pub struct GenKnobs {
     pub min_bytes: Option<u64>,
     /// Largest expert, bytes.
     pub max_bytes: Option<u64>,
+    /// Skip training the single-model baseline (its accuracy is then NaN): it costs as much
+    /// training as all the experts together, and tests that only serve the app need not pay it.
+    pub skip_single_model: bool,
 }
 
 impl GenKnobs {
@@ -692,6 +704,7 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         };
         let train_seed = seed ^ u64::from(e.id.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let bytes = trained_onnx(&widths, &images, &rows, &targets, &plan, train_seed, &mut rng)?;
+
         let blob = format!("e{}", e.id.0);
         store.put(&blob, &bytes)?;
         write_file(&dir.join(format!("experts/e{}.onnx", e.id.0)), &bytes)?;
@@ -753,8 +766,11 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         weight += root.select_prob;
     }
     let coe_accuracy = if weight > 0.0 { right / weight } else { f64::NAN };
-    let (single_model_accuracy, single_model_bytes) =
-        single_model(expert_bytes, &images, labels, &split, &plan, seed, &mut rng)?;
+    let (single_model_accuracy, single_model_bytes) = if knobs.skip_single_model {
+        (f64::NAN, 0)
+    } else {
+        single_model(expert_bytes, &images, labels, &split, &plan, seed)?
+    };
     let accuracy = Accuracy {
         coe_accuracy,
         single_model_accuracy,
@@ -814,7 +830,8 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
 
 /// The baseline: one 64 -> h -> h -> 10 MLP of about `bytes`, trained like the experts on the
 /// whole train split and run with ONNX Runtime on the test split; `(accuracy, its ONNX bytes)`,
-/// or `(NaN, 0)` past the plan's baseline cap.
+/// or `(NaN, 0)` past the plan's baseline cap. Its initial weights come from their own stream
+/// of `seed`, so the baseline does not change with the experts' design.
 fn single_model(
     bytes: u64,
     images: &[Vec<f32>],
@@ -822,8 +839,8 @@ fn single_model(
     split: &train::Split,
     plan: &TrainPlan,
     seed: u64,
-    rng: &mut SmallRng,
 ) -> Result<(f64, u64), CoeError> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ SINGLE_MODEL_SALT);
     if bytes > plan.baseline_max_bytes {
         return Ok((f64::NAN, 0));
     }
@@ -836,8 +853,8 @@ fn single_model(
         &rows,
         &targets,
         plan,
-        seed ^ 0x51_6e61e,
-        rng,
+        seed ^ SINGLE_MODEL_SALT,
+        &mut rng,
     )?;
     let mut session = OnnxSession::from_bytes(&onnx, "single", &SessionConfig { intra_threads: 0 })?;
     let out = run_rows(&mut session, images, &split.test, DIGIT_CLASSES, "single")?;
