@@ -60,6 +60,9 @@ fn forward(layers: &[DenseLayer], x: &[f32], rows: usize) -> Result<Vec<Vec<f32>
     Ok(acts)
 }
 
+/// One layer's gradients: `(d weights, d bias)`.
+type LayerGrads = (Vec<f32>, Vec<f32>);
+
 /// Gradients of the mean cross-entropy of `layers` on `x` (`rows` rows) against `targets`:
 /// `(loss, per layer (d weights, d bias))`.
 fn gradients(
@@ -67,7 +70,7 @@ fn gradients(
     x: &[f32],
     targets: &[usize],
     rows: usize,
-) -> Result<(f32, Vec<(Vec<f32>, Vec<f32>)>)> {
+) -> Result<(f32, Vec<LayerGrads>)> {
     let acts = forward(layers, x, rows)?;
     let classes = layers.last().map_or(0, |l| l.outputs);
     let logits = acts.last().cloned().unwrap_or_default();
