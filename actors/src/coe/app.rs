@@ -7,7 +7,7 @@
 //! into train (60%), calibration and test (20% each). Each entry expert covers the ten classes
 //! and deals them into one coarse group per subsequent expert; a preliminary is trained to name
 //! the group of a digit (its softmax argmax, plus a close runner-up, picks which subsequent
-//! experts run), a leaf is trained on its group's images plus half as many others and outputs
+//! experts run), a leaf is trained on its group's images plus twice as many others and outputs
 //! the [`DIGIT_CLASSES`] digit classes. The CoE's answer is the reached leaves' outputs weighted
 //! by their routing probabilities. Hidden widths are chosen so each ONNX file hits the size
 //! drawn by the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).

@@ -14,8 +14,10 @@ pub const DIGIT_CLASSES: usize = 10;
 /// Share of the images that train the experts (the rest is split evenly into calibration and test).
 pub const TRAIN_SHARE: f64 = 0.6;
 /// A leaf also trains on out-of-group images, this many per in-group image, so that a routing
-/// mistake upstream still meets an expert that has seen such digits.
-pub const OTHERS_PER_OWN: f64 = 0.5;
+/// mistake upstream still meets an expert that has seen such digits (ci, seeds 3/1/5: 0.5 gave
+/// CoE accuracy 0.947/0.963/0.947, 2 gave 0.959/0.962/0.963, all train images 0.958/0.961/0.970
+/// at three times the training).
+pub const OTHERS_PER_OWN: f64 = 2.0;
 /// Salt of the split's random stream (kept apart from the generator's own stream).
 const SPLIT_SALT: u64 = 0x5eed_5b11_7000_0001;
 
@@ -180,7 +182,7 @@ mod tests {
         let (rows, targets) =
             leaf_rows(&groups, ExpertId(1), &train, &labels, 1000, &mut SmallRng::seed_from_u64(2));
         let own = rows.iter().filter(|&&i| labels[i] == 1 || labels[i] == 2).count();
-        assert_eq!((own, rows.len()), (20, 30));
+        assert_eq!((own, rows.len()), (20, 60));
         assert!(rows.iter().zip(&targets).all(|(&i, &t)| usize::from(labels[i]) == t));
     }
 }
