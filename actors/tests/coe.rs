@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use troupe_actors::coe::CoeError;
-use troupe_actors::coe::app::{App, Scale, generate};
+use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::executor::ExpertExecutor;
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, run_local};
@@ -16,7 +16,8 @@ use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generate(tmp.path(), Scale::Ci, 3).expect("generating the ci app");
+    let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
+    generate_with(tmp.path(), Scale::Ci, 3, &knobs).expect("generating the ci app");
     let app = App::open(tmp.path(), None).expect("opening the app");
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use troupe_actors::coe::app::{App, Scale, generate};
+use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::exec_wire::{self, LOAD, WireExpert};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::remote::{CoeExecutorActor, ExecutorArgs, RemoteExecutor, find_executors};
@@ -38,7 +38,8 @@ fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, childr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let tmp = tempfile::tempdir().unwrap();
-    generate(tmp.path(), Scale::Ci, 3).unwrap();
+    generate_with(tmp.path(), Scale::Ci, 3, &GenKnobs { skip_single_model: true, ..GenKnobs::default() })
+        .unwrap();
     let app = App::open(tmp.path(), None).unwrap();
     let p = profile(&app, &default_plan(&app)).unwrap();
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).unwrap();

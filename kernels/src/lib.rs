@@ -20,6 +20,7 @@ pub mod device;
 pub mod direct_io;
 pub mod drift;
 pub mod error;
+pub mod mlp;
 pub mod onnx;
 pub mod ops;
 pub mod pool;

@@ -27,7 +27,17 @@ fn results(path: &Path) -> Vec<(u64, String)> {
 
 fn gen_app(tmp: &Path) -> PathBuf {
     let app = tmp.join("app");
-    troupe(&["coe", "gen", "--scale", "ci", "--dir", app.to_str().unwrap(), "--seed", "5"]);
+    troupe(&[
+        "coe",
+        "gen",
+        "--scale",
+        "ci",
+        "--dir",
+        app.to_str().unwrap(),
+        "--seed",
+        "5",
+        "--no-single-model",
+    ]);
     app
 }
 

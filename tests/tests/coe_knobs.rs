@@ -35,6 +35,7 @@ fn knobs_round_trip_through_gen_and_the_trace_honours_them() {
         "800",
         "--experts",
         "60",
+        "--no-single-model",
     ];
     troupe_tests::run_ok(EXE.as_ref(), &args).unwrap_or_else(|e| panic!("{e:#}"));
     let app = App::open(&dir, None).unwrap();

@@ -1,18 +1,25 @@
 //! The CoE application generator (`troupe coe gen`): real ONNX experts on disk, a manifest,
 //! and a request trace whose selections come from running the experts.
 //!
-//! Experts are MLPs on 8x8 digit images (64 inputs in 0..1), written with
-//! [`troupe_kernels::onnx::writer`] and **randomly initialised** (seeded, Glorot-uniform): a
-//! preliminary "component classifier" has one softmax output per subsequent expert and its
-//! argmax (plus a close runner-up) picks which of them run; leaf "defect experts" have
-//! [`DEFECT_CLASSES`] outputs. Hidden widths are chosen so each ONNX file hits the size drawn by
-//! the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).
+//! Experts are MLPs on 8x8 digit images (64 inputs in 0..1), **trained** in Rust
+//! ([`troupe_kernels::mlp`]: minibatch AdamW on softmax cross-entropy, seeded) and written with
+//! [`troupe_kernels::onnx::writer`]. The digits are split by the seed ([`super::train::split`])
+//! into train (60%), calibration and test (20% each). Each entry expert covers the ten classes
+//! and deals them into one coarse group per subsequent expert; a preliminary is trained to name
+//! the group of a digit (its softmax argmax, plus a close runner-up, picks which subsequent
+//! experts run), a leaf is trained on its group's images plus twice as many others and outputs
+//! the [`DIGIT_CLASSES`] digit classes. The CoE's answer is the reached leaves' outputs weighted
+//! by their routing probabilities. Hidden widths are chosen so each ONNX file hits the size
+//! drawn by the policy crate's synthetic model (log-uniform 1-40 MB at paper scale).
 //!
-//! Generation runs every expert once on the images that reach it, in dependency order, so the
-//! usage probabilities written into the model are *pre-assessed* on real data and every request
-//! of the trace carries the selections the real experts make.
+//! Generation runs every trained expert, in dependency order, on the calibration and test
+//! images that reach it: the usage probabilities written into the model come from the
+//! calibration walks, the trace's requests draw their images from the test split and carry the
+//! selections the real experts make, and `accuracy.txt` ([`super::accuracy`]) records the CoE's
+//! test accuracy beside a single MLP of the same total bytes trained on the same rows with the
+//! same optimiser, epochs and learning rate ([`TrainPlan`]).
 //!
-//! Layout of an app folder: `app.txt` (manifest), `trace.txt` (the policy crate's trace format,
+//! Layout of an app folder: `app.txt` (manifest), `accuracy.txt`, `trace.txt` (the policy crate's trace format,
 //! whose `input` field is a digit image index), `store/e<id>.blob` (the weight store's blob files),
 //! and the same app as a user would write it: `app.toml` ([`super::appfile`]) naming
 //! `experts/e<id>.onnx` (the ONNX files again), for `troupe coe serve --app`.
@@ -26,7 +33,8 @@ use rand::{Rng, SeedableRng};
 use troupe_kernels::Device;
 use troupe_kernels::WeightStore;
 use troupe_kernels::assets::{Assets, Digits};
-use troupe_kernels::onnx::writer::{DenseLayer, mlp_model};
+use troupe_kernels::mlp;
+use troupe_kernels::onnx::writer::mlp_model;
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_policy::Micros;
 use troupe_policy::coe::sweep::{self, Arrivals, KnobError};
@@ -34,10 +42,10 @@ use troupe_policy::coe::synth::{ModelConfig, synthetic_model};
 use troupe_policy::coe::{CoeModel, ExpertId, ExpertSpec, RequestId, Tier, Trace, TraceRequest};
 
 use super::CoeError;
+use super::accuracy::{ACCURACY_FILE, Accuracy};
 use super::appfile::{AppFile, Memory};
+use super::train::{self, DIGIT_CLASSES};
 
-/// Outputs of a leaf (defect) expert.
-pub const DEFECT_CLASSES: usize = 4;
 /// Input width: an 8x8 image.
 pub const INPUT_WIDTH: usize = 64;
 /// A runner-up child is selected too when its probability is at least this share of the best.
@@ -50,6 +58,8 @@ pub const OUTPUT_NAME: &str = "probs";
 pub const MANIFEST_FORMAT: &str = "format troupe-coe-app 1";
 /// Name of the app file gen writes (see [`super::appfile`]).
 pub const APP_FILE: &str = "app.toml";
+/// Salt of the single-model baseline's random streams (initial weights, shuffles).
+const SINGLE_MODEL_SALT: u64 = 0x0516_1e00_ba5e_0001;
 /// Largest manifest accepted, bytes.
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest trace accepted, bytes.
@@ -75,8 +85,10 @@ pub struct ScaleConfig {
     pub model: ModelConfig,
     /// Requests in the trace.
     pub requests: usize,
-    /// Digit images requests draw from (the first N of the data set).
+    /// Digit images requests draw from (the first N of the test split).
     pub image_pool: usize,
+    /// How the experts and the single-model baseline are trained.
+    pub train: TrainPlan,
     /// Mean gap between arrival events.
     pub mean_gap: Micros,
     /// Probability an arrival event is a burst.
@@ -130,6 +142,13 @@ impl Scale {
                 },
                 requests: 300,
                 image_pool: 256,
+                train: TrainPlan {
+                    epochs: 4,
+                    batch: 32,
+                    lr: 1e-3,
+                    max_rows: usize::MAX,
+                    baseline_max_bytes: 256 << 20,
+                },
                 mean_gap: Micros(500),
                 burst_prob: 0.2,
                 burst_max: 16,
@@ -141,6 +160,15 @@ impl Scale {
                 model: ModelConfig::paper_like(),
                 requests: 20_000,
                 image_pool: 256,
+                // Several GB of experts: one pass over a few rows each, and no single model of
+                // that size (over the baseline cap), so generation stays within minutes.
+                train: TrainPlan {
+                    epochs: 1,
+                    batch: 64,
+                    lr: 1e-3,
+                    max_rows: 256,
+                    baseline_max_bytes: 256 << 20,
+                },
                 mean_gap: Micros(1_000),
                 burst_prob: 0.2,
                 burst_max: 32,
@@ -149,6 +177,22 @@ impl Scale {
             },
         }
     }
+}
+
+/// How generation trains: the same optimiser (AdamW), passes and batch for every expert and for
+/// the single-model baseline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainPlan {
+    /// Passes over each model's training rows.
+    pub epochs: usize,
+    /// Rows per step.
+    pub batch: usize,
+    /// AdamW learning rate.
+    pub lr: f32,
+    /// At most this many training rows per model (bounds training time at paper scale).
+    pub max_rows: usize,
+    /// No single-model baseline is trained past this many bytes (its accuracy is then NaN).
+    pub baseline_max_bytes: u64,
 }
 
 /// Knobs of `coe gen` over the scale's defaults (`None` keeps the scale's value).
@@ -169,6 +213,9 @@ pub struct GenKnobs {
     pub min_bytes: Option<u64>,
     /// Largest expert, bytes.
     pub max_bytes: Option<u64>,
+    /// Skip training the single-model baseline (its accuracy is then NaN): it costs as much
+    /// training as all the experts together, and tests that only serve the app need not pay it.
+    pub skip_single_model: bool,
 }
 
 impl GenKnobs {
@@ -531,20 +578,6 @@ pub fn hidden_width(bytes: u64, outputs: usize) -> usize {
     (h.floor() as usize).max(4)
 }
 
-/// Random Glorot-uniform layers for the given widths, from `rng`.
-fn random_layers(widths: &[usize], rng: &mut SmallRng) -> Vec<DenseLayer> {
-    widths
-        .windows(2)
-        .map(|w| {
-            let (i, o) = (w[0], w[1]);
-            let a = (6.0 / (i + o) as f32).sqrt();
-            let weights = (0..i * o).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * a).collect();
-            let bias = (0..o).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * 0.05).collect();
-            DenseLayer { inputs: i, outputs: o, weights, bias }
-        })
-        .collect()
-}
-
 /// Per (root, image) walk: the selections each reached preliminary made, in walk order.
 pub(crate) type Walks = BTreeMap<(ExpertId, usize), Vec<(ExpertId, Vec<ExpertId>)>>;
 
@@ -563,6 +596,8 @@ pub struct GenReport {
     pub depth: u32,
     /// Requests in the trace.
     pub requests: usize,
+    /// The trained CoE's and the same-bytes single model's accuracies (also in `accuracy.txt`).
+    pub accuracy: Accuracy,
     /// Seconds the generation took.
     pub seconds: f64,
 }
@@ -572,78 +607,143 @@ pub fn generate(dir: &Path, scale: Scale, seed: u64) -> Result<GenReport, CoeErr
     generate_with(dir, scale, seed, &GenKnobs::default())
 }
 
+/// One walk reaching an expert: its entry expert, the image, and the product of the routing
+/// probabilities along the way.
+type Reach = (ExpertId, usize, f32);
+
+/// Run `session` (`outputs` wide) on the images of `walks`, 256 rows a run; the output rows.
+fn run_rows(
+    session: &mut OnnxSession,
+    images: &[Vec<f32>],
+    walks: &[usize],
+    outputs: usize,
+    name: &str,
+) -> Result<Vec<f32>, CoeError> {
+    let mut rows = Vec::with_capacity(walks.len() * outputs);
+    for chunk in walks.chunks(256) {
+        let mut x = Vec::with_capacity(chunk.len() * INPUT_WIDTH);
+        for &img in chunk {
+            x.extend_from_slice(&images[img]);
+        }
+        let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![chunk.len(), INPUT_WIDTH], x)])?;
+        let probs = out
+            .first()
+            .and_then(NamedTensor::as_f32)
+            .filter(|p| p.len() == chunk.len() * outputs)
+            .ok_or_else(|| CoeError::Invalid(format!("{name}: no f32 output of width {outputs}")))?;
+        rows.extend_from_slice(probs);
+    }
+    Ok(rows)
+}
+
+/// Train an MLP of `widths` from `rng`'s Glorot draw on the images `rows` against `targets`,
+/// and serialise it as ONNX.
+fn trained_onnx(
+    widths: &[usize],
+    images: &[Vec<f32>],
+    rows: &[usize],
+    targets: &[usize],
+    plan: &TrainPlan,
+    seed: u64,
+    rng: &mut SmallRng,
+) -> Result<Vec<u8>, CoeError> {
+    let mut layers = mlp::glorot_layers(widths, rng);
+    if !rows.is_empty() {
+        let x: Vec<f32> = rows.iter().flat_map(|&i| images[i].iter().copied()).collect();
+        let cfg = mlp::TrainConfig { epochs: plan.epochs, batch: plan.batch, lr: plan.lr, seed };
+        mlp::train(&mut layers, &x, targets, &cfg)?;
+    }
+    mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))
+}
+
+/// Index of the largest value (the first on ties); 0 for an empty row.
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+}
+
 /// Generate the app of `scale` with `knobs` applied into `dir` with `seed` (replacing what is
 /// there); the manifest records the resolved knobs.
 pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<GenReport, CoeError> {
     knobs.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
     let start = std::time::Instant::now();
     let cfg = scale.config().with_knobs(knobs);
+    let plan = cfg.train;
     let digits = Assets::locate()?.digits()?;
-    let pool = cfg.image_pool.min(digits.len());
+    let split = train::split(digits.len(), seed);
+    let pool: Vec<usize> = split.test.iter().take(cfg.image_pool).copied().collect();
     let mut rng = SmallRng::seed_from_u64(seed);
     // Topology and target sizes from the policy crate's synthetic generator.
     let shape = synthetic_model(&cfg.model, &mut rng).map_err(|e| CoeError::Invalid(e.to_string()))?;
+    let groups = train::class_groups(&shape, &mut rng);
     let store_dir = dir.join("store");
     if store_dir.exists() {
         std::fs::remove_dir_all(&store_dir).map_err(|e| CoeError::io("clearing", &store_dir, e))?;
     }
     let mut store = WeightStore::open(&store_dir, &Device::Cpu, 0, 0)?;
-    let images: Vec<Vec<f32>> = (0..pool).map(|i| image_floats(&digits, i)).collect();
-    // reach[e]: (root, image) walks that reach expert e; walk outputs and selections per walk.
+    let images: Vec<Vec<f32>> = (0..digits.len()).map(|i| image_floats(&digits, i)).collect();
+    let labels = &digits.labels;
+    let mut calibration = vec![false; digits.len()];
+    split.calibration.iter().for_each(|&i| calibration[i] = true);
+    // reach[e]: the calibration and test walks that reach expert e; selections per walk; the
+    // CoE's answer per walk (its reached leaves' outputs weighted by their routing probability).
     let n = shape.len();
-    let mut reach: Vec<Vec<(ExpertId, usize)>> = vec![Vec::new(); n];
+    let mut reach: Vec<Vec<Reach>> = vec![Vec::new(); n];
     let mut selections: Walks = BTreeMap::new();
+    let mut answers: BTreeMap<(ExpertId, usize), Vec<f32>> = BTreeMap::new();
     let mut files = Vec::with_capacity(n);
     let mut specs = Vec::with_capacity(n);
     let mut sizes = Vec::with_capacity(n);
     for e in shape.experts() {
-        let outputs = if e.has_children() { e.children.len() } else { DEFECT_CLASSES };
+        let outputs = if e.has_children() { e.children.len() } else { DIGIT_CLASSES };
         let h = hidden_width(e.size_bytes, outputs);
         let widths = vec![INPUT_WIDTH, h, h, outputs];
-        let layers = random_layers(&widths, &mut rng);
-        let bytes =
-            mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))?;
-        drop(layers);
+        let (rows, targets) = if e.has_children() {
+            train::preliminary_rows(&groups, e.id, &e.children, &split.train, labels, plan.max_rows)
+        } else {
+            train::leaf_rows(&groups, e.id, &split.train, labels, plan.max_rows, &mut rng)
+        };
+        let train_seed = seed ^ u64::from(e.id.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let bytes = trained_onnx(&widths, &images, &rows, &targets, &plan, train_seed, &mut rng)?;
+
         let blob = format!("e{}", e.id.0);
         store.put(&blob, &bytes)?;
         write_file(&dir.join(format!("experts/e{}.onnx", e.id.0)), &bytes)?;
         sizes.push(bytes.len() as u64);
         if e.preliminary().is_none() {
-            reach[e.id.index()] = (0..pool).map(|i| (e.id, i)).collect();
+            reach[e.id.index()] =
+                split.calibration.iter().chain(&split.test).map(|&i| (e.id, i, 1.0)).collect();
         }
-        // Pre-assess: run the expert on every walk that reaches it.
-        if e.has_children() && !reach[e.id.index()].is_empty() {
+        // Run the trained expert on every walk that reaches it.
+        let walks = std::mem::take(&mut reach[e.id.index()]);
+        if !walks.is_empty() {
             let mut session = OnnxSession::from_bytes(&bytes, &blob, &SessionConfig { intra_threads: 0 })?;
-            let walks = reach[e.id.index()].clone();
-            for chunk in walks.chunks(256) {
-                let mut x = Vec::with_capacity(chunk.len() * INPUT_WIDTH);
-                for (_, img) in chunk {
-                    x.extend_from_slice(&images[*img]);
-                }
-                let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![chunk.len(), INPUT_WIDTH], x)])?;
-                let probs = out
-                    .first()
-                    .and_then(NamedTensor::as_f32)
-                    .ok_or_else(|| CoeError::Invalid(format!("{blob}: no f32 output")))?;
-                for (k, walk) in chunk.iter().enumerate() {
-                    let row = &probs[k * outputs..(k + 1) * outputs];
+            let imgs: Vec<usize> = walks.iter().map(|w| w.1).collect();
+            let out = run_rows(&mut session, &images, &imgs, outputs, &blob)?;
+            for (&(root, img, path), row) in walks.iter().zip(out.chunks(outputs)) {
+                if e.has_children() {
                     let chosen = select_children(row, &e.children);
                     for c in &chosen {
-                        reach[c.index()].push(*walk);
+                        let j = e.children.iter().position(|x| x == c).unwrap_or(0);
+                        reach[c.index()].push((root, img, path * row[j]));
                     }
-                    selections.entry(*walk).or_default().push((e.id, chosen));
+                    selections.entry((root, img)).or_default().push((e.id, chosen));
+                } else {
+                    let answer = answers.entry((root, img)).or_insert_with(|| vec![0.0; DIGIT_CLASSES]);
+                    answer.iter_mut().zip(row).for_each(|(a, &p)| *a += path * p);
                 }
             }
         }
+        reach[e.id.index()] = walks;
         files.push(ExpertFile { id: e.id, widths, blob });
     }
-    // Pre-assessed probabilities: share of the parent's walks that select each child.
+    // Usage probabilities from the calibration walks: share of the parent's that select each child.
+    let calibrated = |e: ExpertId| reach[e.index()].iter().filter(|w| calibration[w.1]).count();
     for e in shape.experts() {
         let select_prob = match e.preliminary() {
             None => e.select_prob,
             Some(p) => {
-                let parent = reach[p.index()].len();
-                if parent == 0 { 0.0 } else { reach[e.id.index()].len() as f64 / parent as f64 }
+                let parent = calibrated(p);
+                if parent == 0 { 0.0 } else { calibrated(e.id) as f64 / parent as f64 }
             }
         };
         specs.push(ExpertSpec {
@@ -653,6 +753,34 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
             parent: e.preliminary(),
         });
     }
+    let expert_bytes: u64 = sizes.iter().sum();
+    // The CoE's test accuracy, entry experts weighted by the request mix.
+    let (mut right, mut weight) = (0.0, 0.0);
+    for root in shape.roots() {
+        let hits = split
+            .test
+            .iter()
+            .filter(|&&i| answers.get(&(root.id, i)).is_some_and(|a| argmax(a) == usize::from(labels[i])))
+            .count();
+        right += root.select_prob * hits as f64 / split.test.len().max(1) as f64;
+        weight += root.select_prob;
+    }
+    let coe_accuracy = if weight > 0.0 { right / weight } else { f64::NAN };
+    let (single_model_accuracy, single_model_bytes) = if knobs.skip_single_model {
+        (f64::NAN, 0)
+    } else {
+        single_model(expert_bytes, &images, labels, &split, &plan, seed)?
+    };
+    let accuracy = Accuracy {
+        coe_accuracy,
+        single_model_accuracy,
+        single_model_bytes,
+        expert_bytes,
+        train_images: split.train.len(),
+        calibration_images: split.calibration.len(),
+        test_images: split.test.len(),
+        epochs: plan.epochs,
+    };
     let mut model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
     let total = model.total_bytes().max(1);
     if let Some(h) = knobs.host_budget {
@@ -679,23 +807,64 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         gpu_expert_bytes: gpu_bytes,
         cpu_expert_bytes: cpu_bytes,
     };
-    let trace = build_trace(model, &cfg, pool, &selections, &mut rng);
+    let trace = build_trace(model, &cfg, &pool, &selections, &mut rng);
     trace.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
     let manifest = Manifest { scale, seed, knobs: Some(recorded), experts: files };
     write_file(&dir.join("app.txt"), manifest.to_text().as_bytes())?;
     write_file(&dir.join("trace.txt"), trace.to_text().as_bytes())?;
+    write_file(&dir.join(ACCURACY_FILE), accuracy.to_text().as_bytes())?;
     let memory = Memory { gpu_expert_bytes: gpu_bytes, cpu_expert_bytes: cpu_bytes };
     let app_file = AppFile::from_model(&trace.model, Some(scale.name()), Some(memory));
     write_file(&dir.join(APP_FILE), app_file.to_toml()?.as_bytes())?;
     Ok(GenReport {
         experts: n,
-        total_bytes: sizes.iter().sum(),
+        total_bytes: expert_bytes,
         min_bytes: sizes.iter().copied().min().unwrap_or(0),
         max_bytes: sizes.iter().copied().max().unwrap_or(0),
         depth: trace.model.depth(),
         requests: trace.requests.len(),
+        accuracy,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The baseline: one 64 -> h -> h -> 10 MLP of about `bytes`, trained like the experts on the
+/// whole train split and run with ONNX Runtime on the test split; `(accuracy, its ONNX bytes)`,
+/// or `(NaN, 0)` past the plan's baseline cap. Its initial weights come from their own stream
+/// of `seed`, so the baseline does not change with the experts' design.
+fn single_model(
+    bytes: u64,
+    images: &[Vec<f32>],
+    labels: &[u8],
+    split: &train::Split,
+    plan: &TrainPlan,
+    seed: u64,
+) -> Result<(f64, u64), CoeError> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ SINGLE_MODEL_SALT);
+    if bytes > plan.baseline_max_bytes {
+        return Ok((f64::NAN, 0));
+    }
+    let h = hidden_width(bytes, DIGIT_CLASSES);
+    let rows: Vec<usize> = split.train.iter().take(plan.max_rows).copied().collect();
+    let targets: Vec<usize> = rows.iter().map(|&i| usize::from(labels[i])).collect();
+    let onnx = trained_onnx(
+        &[INPUT_WIDTH, h, h, DIGIT_CLASSES],
+        images,
+        &rows,
+        &targets,
+        plan,
+        seed ^ SINGLE_MODEL_SALT,
+        &mut rng,
+    )?;
+    let mut session = OnnxSession::from_bytes(&onnx, "single", &SessionConfig { intra_threads: 0 })?;
+    let out = run_rows(&mut session, images, &split.test, DIGIT_CLASSES, "single")?;
+    let hits = split
+        .test
+        .iter()
+        .zip(out.chunks(DIGIT_CLASSES))
+        .filter(|(i, row)| argmax(row) == usize::from(labels[**i]))
+        .count();
+    Ok((hits as f64 / split.test.len().max(1) as f64, onnx.len() as u64))
 }
 
 /// Write a file, creating its folder.
@@ -706,12 +875,13 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CoeError> {
     std::fs::write(path, bytes).map_err(|e| CoeError::io("writing", path, e))
 }
 
-/// Bursty Poisson arrivals with a skewed (Zipf) mix over the roots; each request's selections
-/// are the real ones recorded for its (root, image) walk.
+/// Bursty Poisson arrivals with a skewed (Zipf) mix over the roots, inputs drawn from the
+/// image indices `pool`; each request's selections are the real ones recorded for its
+/// (root, image) walk.
 pub(crate) fn build_trace(
     model: CoeModel,
     cfg: &ScaleConfig,
-    pool: usize,
+    pool: &[usize],
     selections: &Walks,
     rng: &mut SmallRng,
 ) -> Trace {
@@ -737,7 +907,7 @@ pub(crate) fn build_trace(
                 }
                 x -= p;
             }
-            let image = rng.random_range(0..pool.max(1));
+            let image = pool.get(rng.random_range(0..pool.len().max(1))).copied().unwrap_or(0);
             requests.push(TraceRequest {
                 id: RequestId(requests.len() as u64),
                 arrival: Micros(now),

@@ -482,7 +482,8 @@ pub fn open_for_serving(loaded: &LoadedApp, work: &Path, requests: &Requests) ->
             let pool = cfg.image_pool.min(digits.len());
             let walks = assess(&model, &routes, &mut sessions, &digits, pool)?;
             let mut rng = SmallRng::seed_from_u64(*seed);
-            let trace = build_trace(model, &cfg, pool, &walks, &mut rng);
+            let images: Vec<usize> = (0..pool).collect();
+            let trace = build_trace(model, &cfg, &images, &walks, &mut rng);
             trace.validate().map_err(|e| bad(&loaded.path, e.to_string()))?;
             trace
         }

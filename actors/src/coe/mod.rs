@@ -5,6 +5,8 @@
 //!
 //! - [`app`]: the application generator (`troupe coe gen`): experts as ONNX files in a tiered
 //!   weight store, a manifest and a trace whose selections come from the real experts.
+//! - [`train`]: what the generated experts train on (seeded split, coarse class groups, rows);
+//!   [`accuracy`]: the CoE's held-out accuracy beside a same-bytes single model (`accuracy.txt`).
 //! - [`appfile`]: users' own applications (`troupe coe serve --app FILE`): an app file naming
 //!   each expert's ONNX file, the dependency edges and the usage probabilities.
 //! - [`executor`]: one executor (its own weight store, device budget in a `MemoryPool`, a
@@ -18,6 +20,7 @@
 //! - [`profiler`]: `troupe coe profile`: batch latency per size class, load bandwidth per tier,
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
+pub mod accuracy;
 pub mod app;
 pub mod appfile;
 pub mod exec_wire;
@@ -27,6 +30,7 @@ pub mod remote;
 pub mod requests;
 pub mod runner;
 pub mod serve;
+pub mod train;
 
 use std::path::{Path, PathBuf};
 

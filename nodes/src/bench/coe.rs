@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use troupe_actors::coe::accuracy::Accuracy;
 use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::profiler;
 use troupe_actors::coe::runner::{RunOptions, RunReport, TierOptions, run_local};
@@ -443,6 +444,9 @@ pub fn run(
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
     f.insert("device_budget_fraction".into(), effective);
     f.insert("cpu_threads".into(), cpu_threads as f64);
+    let (coe_accuracy, single_model_accuracy) = accuracies(&app.dir);
+    f.insert("coe_accuracy".into(), coe_accuracy);
+    f.insert("single_model_accuracy".into(), single_model_accuracy);
     if let Some(ours) = rows.iter().find(|r| r.label == "ours") {
         // The floor of the switching share on this trace: every expert it uses loaded exactly
         // once (at the first executor's profiled bandwidth), against ours' compute time.
@@ -469,6 +473,27 @@ pub fn run(
     crate::workloads::coe::app_write(svg, &svg_plot(&title, &rows))?;
     println!("plot written to {}", svg.display());
     Ok(f)
+}
+
+/// The app's recorded held-out accuracies `(CoE, single model of the same bytes)`, printed;
+/// NaN for an app generated before its experts were trained (no `accuracy.txt`).
+fn accuracies(dir: &Path) -> (f64, f64) {
+    match Accuracy::read(dir) {
+        Ok(a) => {
+            println!(
+                "accuracy on {} held-out digits: CoE {:.4}, single model of the same bytes ({:.1} MB) {:.4}",
+                a.test_images,
+                a.coe_accuracy,
+                a.single_model_bytes as f64 / 1e6,
+                a.single_model_accuracy
+            );
+            (a.coe_accuracy, a.single_model_accuracy)
+        }
+        Err(e) => {
+            println!("accuracy: not recorded ({e}); regenerate the app with `troupe coe gen`");
+            (f64::NAN, f64::NAN)
+        }
+    }
 }
 
 /// Key prefix of the policy figures: none for real execution, `sim_` for the simulator's.

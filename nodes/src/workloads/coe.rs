@@ -36,6 +36,9 @@ pub struct KnobArgs {
     /// Largest expert, bytes (generation only).
     #[arg(long)]
     pub max_bytes: Option<u64>,
+    /// Skip the single-model baseline's training (generation only; its accuracy is then NaN).
+    #[arg(long)]
+    pub no_single_model: bool,
 }
 
 impl KnobArgs {
@@ -49,6 +52,7 @@ impl KnobArgs {
             experts: self.experts,
             min_bytes: self.min_bytes,
             max_bytes: self.max_bytes,
+            skip_single_model: self.no_single_model,
         }
     }
 }
@@ -263,15 +267,27 @@ pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<
     let r = app::generate_with(dir, scale, seed, knobs)
         .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
-        "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, random-init weights, usage probabilities pre-assessed on digit images; {:.1}s -> {}",
+        "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, experts trained on {} digit images ({} epochs), usage probabilities from {} calibration images; {:.1}s -> {}",
         r.experts,
         r.depth,
         r.total_bytes as f64 / 1e6,
         r.min_bytes as f64 / 1e6,
         r.max_bytes as f64 / 1e6,
         r.requests,
+        r.accuracy.train_images,
+        r.accuracy.epochs,
+        r.accuracy.calibration_images,
         r.seconds,
         dir.display()
+    );
+    let a = &r.accuracy;
+    println!(
+        "coe gen: accuracy on {} held-out images: coe_accuracy {:.4}, single_model_accuracy {:.4} (one MLP of {:.1} MB, same training; NaN: not trained) -> {}",
+        a.test_images,
+        a.coe_accuracy,
+        a.single_model_accuracy,
+        a.single_model_bytes as f64 / 1e6,
+        dir.join(troupe_actors::coe::accuracy::ACCURACY_FILE).display()
     );
     Ok(())
 }
