@@ -68,11 +68,14 @@ fn logical_clock() -> impl Fn() -> Micros {
 fn the_experts_of_each_slice_are_the_policys_grouping() {
     let f = fixture(3, 128);
     let c = f.student.config;
-    // Room for every model but not for all their experts' temporaries at once: one model's
-    // experts and three more share a slice.
+    // Room for every model and for two models' experts' temporaries at once plus three more
+    // experts, not for all three: each task's experts fit whole (a bundle, never split over
+    // slices), two tasks share a slice and the third runs in another.
     let cap = c.capacity(32 * c.tokens_per_image()).min(32 * c.tokens_per_image());
-    let budget =
-        reserved_bytes(&[c], 32) + 2 * task_footprint(&c) + 3 * expert_tmp_bytes(&c, cap).div_ceil(256) * 256;
+    let per_model = c.blocks * c.experts;
+    let budget = reserved_bytes(&[c], 32)
+        + 3 * task_footprint(&c)
+        + (per_model as u64 + 3) * expert_tmp_bytes(&c, cap).div_ceil(256) * 256;
     let cfg = EngineConfig {
         budget,
         scheduler: SchedulerChoice::Twin,
@@ -106,8 +109,15 @@ fn the_experts_of_each_slice_are_the_policys_grouping() {
         estimated |= p.cycle > 1;
         multi_slice |= g.slices.len() > 1;
         for (k, slice) in g.slices.iter().enumerate() {
-            let want: BTreeSet<_> = slice.experts.iter().map(|e| expert_of(*e, &c)).collect();
-            cross_task |= want.iter().map(|(t, _, _)| *t).collect::<BTreeSet<_>>().len() > 1;
+            let experts = input.expand(&slice.experts);
+            assert_eq!(experts, p.plan.slices[k], "cycle {} step {} slice {k}", p.cycle, p.step);
+            let want: BTreeSet<_> = experts.iter().map(|e| expert_of(*e, &c)).collect();
+            // A task fits whole here, so its experts are never split over slices.
+            let tasks: BTreeSet<_> = want.iter().map(|(t, _, _)| *t).collect();
+            for t in &tasks {
+                assert_eq!(want.iter().filter(|(x, _, _)| x == t).count(), per_model, "task {t:?} split");
+            }
+            cross_task |= tasks.len() > 1;
             // What the pool's optimiser updated in the slice(s) that carried it out.
             let got: BTreeSet<_> = eng
                 .slice_records()
@@ -124,10 +134,10 @@ fn the_experts_of_each_slice_are_the_policys_grouping() {
     let m = eng.estimator().expect("the pool's samples determine the estimator");
     assert!(estimated);
     let last = plans.back().unwrap();
-    for item in &last.plan.input.items {
+    for (item, members) in last.plan.input.items.iter().zip(&last.plan.input.members) {
         let tokens = c.capacity(32 * c.tokens_per_image()).min(32 * c.tokens_per_image()) as u64;
         let want = m.temporary_bytes(troupe_policy::adapt::memory::ExpertShape { tokens, d_k: c.dim as u64 });
-        assert_eq!(item.temp_bytes, want.div_ceil(256) * 256);
+        assert_eq!(item.temp_bytes, members.len() as u64 * want.div_ceil(256) * 256);
     }
     assert!(eng.pool().peak_used() <= budget);
 }
@@ -246,6 +256,8 @@ fn each_experts_threads_are_fill_clamp_refills() {
             max_epochs: 2,
             mechanisms,
             threads: 8,
+            // Always on threads, whatever the work (the default gate is the next test's).
+            thread_min_macs: 0,
             ..EngineConfig::default()
         };
         let mut eng = EdgeEngine::new(cfg, &[c]).unwrap();
@@ -280,6 +292,45 @@ fn each_experts_threads_are_fill_clamp_refills() {
             let got: Vec<u32> = r.split.iter().copied().filter(|&t| t > 0).collect();
             assert_eq!(got, want.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), "{r:?}");
             assert!(r.rows.iter().zip(&r.split).all(|(&n, &t)| (n == 0) == (t == 0)), "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn blocks_too_small_to_pay_for_threads_run_serially() {
+    use troupe_policy::adapt::threads::{MIN_MACS_PER_THREAD, threads_pay};
+    let f = fixture(1, 128);
+    let c = f.student.config;
+    let row_macs = 2 * (c.dim * c.hidden) as u64;
+    for min_macs in [MIN_MACS_PER_THREAD, 1] {
+        let cfg = EngineConfig {
+            budget: reserved_bytes(&[c], 32) + 2 * task_footprint(&c),
+            seats: 1,
+            steps_per_epoch: 2,
+            max_epochs: 1,
+            threads: 8,
+            thread_min_macs: min_macs,
+            ..EngineConfig::default()
+        };
+        let mut eng = EdgeEngine::new(cfg, &[c]).unwrap();
+        eng.submit(Micros(0), job(&f, 0)).unwrap();
+        let clock = logical_clock();
+        while eng.busy() {
+            eng.run_cycle(&clock).unwrap();
+            eng.take_finished();
+        }
+        let records = eng.thread_records();
+        assert!(records.len() >= 2 * c.blocks, "{min_macs}: {} decisions", records.len());
+        for r in records {
+            // Serial (empty split) exactly when the policy says threads do not pay.
+            assert_eq!(r.split.is_empty(), !threads_pay(&r.rows, row_macs, min_macs), "{min_macs}: {r:?}");
+        }
+        // The tiny student's blocks are below the default gate, and above a gate of one.
+        let serial = records.iter().filter(|r| r.split.is_empty()).count();
+        if min_macs == MIN_MACS_PER_THREAD {
+            assert_eq!(serial, records.len());
+        } else {
+            assert_eq!(serial, 0);
         }
     }
 }

@@ -78,6 +78,15 @@ fn a_slice_trains_exactly_its_chosen_experts() {
     assert_eq!(r.reserved_bytes, tmp_a + tmp_b + dense_a.max(dense_b));
     // Only trained experts are sampled for the memory estimator.
     assert_eq!(pool.tmp_samples().len(), 3);
+    // Attention is sampled as in a whole-model step: every block of every model in the slice.
+    let attn = pool.attention_samples();
+    assert_eq!(attn.len(), 2 * cfg.blocks);
+    for (s, (id, blk)) in
+        attn.iter().zip([a, b].into_iter().flat_map(|id| (0..cfg.blocks).map(move |k| (id, k))))
+    {
+        assert_eq!((s.model, s.block, s.images, s.tokens), (id, blk, 16, cfg.tokens_per_image()));
+        assert!(s.bytes > 0);
+    }
 }
 
 #[test]

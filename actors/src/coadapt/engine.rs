@@ -176,6 +176,10 @@ pub struct EngineConfig {
     /// Threads the experts of a block share when [`Mechanisms::threads`] is on (0: this machine's
     /// parallelism).
     pub threads: usize,
+    /// With [`Mechanisms::threads`] on, a block's experts run on threads only when their work
+    /// pays for them ([`troupe_policy::adapt::threads::threads_pay`]: at least two threads' worth of
+    /// this many multiply-adds); 0: always on threads.
+    pub thread_min_macs: u64,
     /// Whether the models' identical frozen parts are stored once in the pool (merging) or each task
     /// holds its own copy (isolated adaptation).
     pub share_backbone: bool,
@@ -205,6 +209,7 @@ impl Default for EngineConfig {
             max_tasks: 64,
             mechanisms: Mechanisms::ALL,
             threads: 0,
+            thread_min_macs: troupe_policy::adapt::threads::MIN_MACS_PER_THREAD,
             share_backbone: true,
             reuse_budget: 0,
             reuse_disk_budget: 64 << 20,
@@ -601,7 +606,7 @@ impl EdgeEngine {
         };
         let (mut id, mut reloaded) = (id, false);
         loop {
-            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
+            let threads = self.expert_threads(&[t]);
             let lr = self.cfg.lr;
             let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
                 p.adapt_step(id, &images, &labels, lr)

@@ -325,6 +325,8 @@ pub(crate) fn backward_with(
 
 /// Decides how many threads each expert of a block gets from the rows (routed tokens) of each;
 /// `0` for an expert with no rows. Called once per block in the forward and once in the backward.
+/// An empty plan runs the block's experts in turn on the caller's thread (as without a planner:
+/// the planner judged the work too small to pay for threads).
 pub type ExpertThreadPlanner = dyn Fn(&[usize]) -> Vec<u32>;
 
 thread_local! {
@@ -346,10 +348,14 @@ pub fn with_expert_threads<R>(planner: Rc<ExpertThreadPlanner>, f: impl FnOnce()
 }
 
 /// The installed planner's threads for these rows, checked (one entry per expert, at least one
-/// thread for an expert with rows, at most one per row); `None` without a planner.
+/// thread for an expert with rows, at most one per row); `None` without a planner or when it
+/// planned none (an empty plan: run serially).
 fn planned_threads(rows: &[usize]) -> Result<Option<Vec<usize>>> {
     let Some(planner) = PLANNER.with(|p| p.borrow().clone()) else { return Ok(None) };
     let plan = planner(rows);
+    if plan.is_empty() {
+        return Ok(None);
+    }
     if plan.len() != rows.len() {
         return Err(KernelError::shape(
             "moe expert threads",

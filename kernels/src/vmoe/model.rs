@@ -421,60 +421,47 @@ impl VMoe {
                 .into_iter()
                 .map(|g| ExpertParams { w1: g.w1, b1: g.b1, w2: g.w2, b2: g.b2 })
                 .collect();
-            if cache.from_stem && i == 0 {
-                // The stem (embedding, block 0's attention) is frozen and was not run: zero grads.
+            // The stem (embedding, block 0's attention) is frozen and was not run when the pass
+            // started from cached stem tokens: zero grads, and backward stops here.
+            let stem_skipped = cache.from_stem && i == 0;
+            let (attn_gamma, attn_beta, attn) = if stem_skipped {
                 let d = c.dim;
-                block_grads.push(MoeBlock {
-                    attn_gamma: Tensor::zeros(&[d])?,
-                    attn_beta: Tensor::zeros(&[d])?,
-                    attn: zero_attention(d)?,
-                    ln_gamma: ln.dgamma,
-                    ln_beta: ln.dbeta,
-                    router,
-                    experts,
-                });
-                break;
-            }
-            let attn = attention_backward(&dh, &blk.attn, &bc.attn)?;
-            let attn_ln = layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
-            add_into(&mut dh, &attn_ln.dx)?;
+                (Tensor::zeros(&[d])?, Tensor::zeros(&[d])?, zero_attention(d)?)
+            } else {
+                let attn = attention_backward(&dh, &blk.attn, &bc.attn)?;
+                let attn_ln = layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
+                add_into(&mut dh, &attn_ln.dx)?;
+                (attn_ln.dgamma, attn_ln.dbeta, attn.params)
+            };
             block_grads.push(MoeBlock {
-                attn_gamma: attn_ln.dgamma,
-                attn_beta: attn_ln.dbeta,
-                attn: attn.params,
+                attn_gamma,
+                attn_beta,
+                attn,
                 ln_gamma: ln.dgamma,
                 ln_beta: ln.dbeta,
                 router,
                 experts,
             });
+            if stem_skipped {
+                break;
+            }
         }
         block_grads.reverse();
-        if cache.from_stem {
-            return Ok(VMoeParams {
-                patch_w: Tensor::zeros(&[c.patch_len(), c.dim])?,
-                patch_b: Tensor::zeros(&[c.dim])?,
-                pos: Tensor::zeros(&[n, c.dim])?,
-                blocks: block_grads,
-                final_gamma: fin.dgamma,
-                final_beta: fin.dbeta,
-                proj_w,
-                proj_b,
-                head_w,
-                head_b,
-            });
-        }
-        // Embedding: h0 = patches W + b + pos.
-        let patch_w = matmul(&cache.patches, &dh, true, false)?;
-        let patch_b = bias_grad(&dh)?;
-        let mut pos = vec![0.0f32; n * c.dim];
-        for (i, row) in dh.f32_cow().chunks_exact(c.dim).enumerate() {
-            let t = i % n;
-            pos[t * c.dim..(t + 1) * c.dim].iter_mut().zip(row).for_each(|(a, &v)| *a += v);
-        }
+        let (patch_w, patch_b, pos) = if cache.from_stem {
+            (Tensor::zeros(&[c.patch_len(), c.dim])?, Tensor::zeros(&[c.dim])?, Tensor::zeros(&[n, c.dim])?)
+        } else {
+            // Embedding: h0 = patches W + b + pos.
+            let mut pos = vec![0.0f32; n * c.dim];
+            for (i, row) in dh.f32_cow().chunks_exact(c.dim).enumerate() {
+                let t = i % n;
+                pos[t * c.dim..(t + 1) * c.dim].iter_mut().zip(row).for_each(|(a, &v)| *a += v);
+            }
+            (matmul(&cache.patches, &dh, true, false)?, bias_grad(&dh)?, Tensor::from_f32(&[n, c.dim], pos)?)
+        };
         Ok(VMoeParams {
             patch_w,
             patch_b,
-            pos: Tensor::from_f32(&[n, c.dim], pos)?,
+            pos,
             blocks: block_grads,
             final_gamma: fin.dgamma,
             final_beta: fin.dbeta,

@@ -184,6 +184,51 @@ fn subset_dense_plan(config: &VMoeConfig, batch: usize, chosen: usize) -> Vec<(&
         .collect()
 }
 
+/// The measurements one step of model `id` gives (its forward `cache`): every block's attention
+/// temporaries and the temporaries of each expert in `experts` (`(block, expert)`, the ones that
+/// trained): the forward activations kept (measured from the cache) plus the backward buffers and
+/// weight gradients ([`expert_tmp_bytes`]'s backward terms, [`attention_backward_bytes`]).
+fn step_samples(
+    id: ModelId,
+    config: &VMoeConfig,
+    cache: &super::model::ForwardCache,
+    experts: &[(usize, usize)],
+) -> (Vec<AttnSample>, Vec<TmpSample>) {
+    let (batch, tokens) = (cache.batch, config.tokens_per_image());
+    let attn = (0..config.blocks)
+        .map(|block| AttnSample {
+            model: id,
+            block,
+            images: batch,
+            tokens,
+            dim: config.dim,
+            heads: config.heads,
+            bytes: cache.attention_activation_bytes(block)
+                + attention_backward_bytes(batch, tokens, config.dim),
+        })
+        .collect();
+    let loads: Vec<Vec<usize>> = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
+    let tmp = experts
+        .iter()
+        .map(|&(block, expert)| {
+            let routed = loads.get(block).and_then(|l| l.get(expert)).copied().unwrap_or(0);
+            let backward = (routed * (2 * config.dim + 2 * config.hidden + 1) * 4) as u64;
+            TmpSample {
+                model: id,
+                block,
+                expert,
+                tokens: routed,
+                dim: config.dim,
+                hidden: config.hidden,
+                bytes: cache.expert_activation_bytes(block, expert)
+                    + backward
+                    + (config.expert_params() * 4) as u64,
+            }
+        })
+        .collect();
+    (attn, tmp)
+}
+
 /// Aligned bytes of a plan's buffers (what reserving them takes from the pool).
 pub fn plan_bytes(plan: &[(&'static str, u64)], align: u64) -> u64 {
     plan.iter().map(|(_, b)| b.div_ceil(align.max(1)) * align.max(1)).sum()
@@ -505,40 +550,15 @@ impl CoAdaptPool {
         }
         self.sample("release");
         let (loss, cache) = result?;
-        let mut activation_bytes = 0;
-        let mut attention_bytes = 0;
-        let mut expert_loads = Vec::with_capacity(config.blocks);
-        for block in 0..config.blocks {
-            let kept = cache.attention_activation_bytes(block);
-            attention_bytes += kept;
-            let backward = attention_backward_bytes(batch, config.tokens_per_image(), config.dim);
-            self.attn.push(AttnSample {
-                model: id,
-                block,
-                images: batch,
-                tokens: config.tokens_per_image(),
-                dim: config.dim,
-                heads: config.heads,
-                bytes: kept + backward,
-            });
-            let load = cache.expert_load(block);
-            for (expert, &tokens) in load.iter().enumerate() {
-                let fwd = cache.expert_activation_bytes(block, expert);
-                activation_bytes += fwd;
-                let backward = (tokens * (2 * config.dim + 2 * config.hidden + 1) * 4) as u64;
-                self.tmp.push(TmpSample {
-                    model: id,
-                    block,
-                    expert,
-                    tokens,
-                    dim: config.dim,
-                    hidden: config.hidden,
-                    bytes: fwd + backward + (config.expert_params() * 4) as u64,
-                });
-            }
-            expert_loads.push(load);
-        }
-        activation_bytes += attention_bytes;
+        let all: Vec<(usize, usize)> =
+            (0..config.blocks).flat_map(|b| (0..config.experts).map(move |e| (b, e))).collect();
+        let (attn, tmp) = step_samples(id, &config, &cache, &all);
+        let attention_bytes = (0..config.blocks).map(|b| cache.attention_activation_bytes(b)).sum::<u64>();
+        let activation_bytes =
+            attention_bytes + all.iter().map(|&(b, e)| cache.expert_activation_bytes(b, e)).sum::<u64>();
+        self.attn.extend(attn);
+        self.tmp.extend(tmp);
+        let expert_loads = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
         Ok(AdaptReport { loss, reserved_bytes, activation_bytes, attention_bytes, peak_used, expert_loads })
     }
 
@@ -659,20 +679,9 @@ impl CoAdaptPool {
         }
         let elapsed_us = u64::try_from(ended.duration_since(started).as_micros()).unwrap_or(u64::MAX);
         let expert_loads: Vec<Vec<usize>> = (0..config.blocks).map(|b| cache.expert_load(b)).collect();
-        for &(block, expert) in &trained {
-            let tokens = expert_loads[block][expert];
-            let fwd = cache.expert_activation_bytes(block, expert);
-            let backward = (tokens * (2 * config.dim + 2 * config.hidden + 1) * 4) as u64;
-            self.tmp.push(TmpSample {
-                model: t.model,
-                block,
-                expert,
-                tokens,
-                dim: config.dim,
-                hidden: config.hidden,
-                bytes: fwd + backward + (config.expert_params() * 4) as u64,
-            });
-        }
+        let (attn, tmp) = step_samples(t.model, &config, &cache, &trained);
+        self.attn.extend(attn);
+        self.tmp.extend(tmp);
         Ok(SliceModelReport { model: t.model, loss, trained, expert_loads, elapsed_us })
     }
 

@@ -196,23 +196,7 @@ impl Trainer {
         input: StepInput<'_>,
         labels: &[usize],
     ) -> Result<(f32, super::model::ForwardCache), VMoeError> {
-        if self.opts.len() != model.params.tensors().len() {
-            return Err(VMoeError::Config("trainer was made for a different model".into()));
-        }
-        if matches!(input, StepInput::Stem(_)) && self.scope == TrainScope::Full {
-            return Err(VMoeError::Config("a full-scope step cannot start from cached stem tokens".into()));
-        }
-        let (logits, cache) = input.forward(model)?;
-        let (loss, dlogits) = cross_entropy(&logits, labels)?;
-        let grads = model.backward(&cache, &dlogits)?;
-        for ((opt, (group, param)), (_, grad)) in
-            self.opts.iter_mut().zip(model.params.tensors_mut()).zip(grads.tensors())
-        {
-            if self.scope.trains(group) {
-                opt.step(param.f32_mut()?, &grad.f32_cow())?;
-            }
-        }
-        self.steps += 1;
+        let (loss, cache, _) = self.step_selected_input(model, input, labels, &|_| true)?;
         Ok((loss, cache))
     }
 

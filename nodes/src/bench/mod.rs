@@ -112,6 +112,12 @@ pub enum BenchCommand {
         /// Student size the real sweep adapts (tiny, small, base, large; default base, tiny with --quick).
         #[arg(long)]
         student: Option<String>,
+        /// Concurrency levels of the real sweep, comma-separated (default 1,2,4,8,12; 1,2,4 with --quick).
+        #[arg(long, value_delimiter = ',')]
+        ks: Option<Vec<usize>>,
+        /// Seeds of the real sweep, 1 to 3 (default 1).
+        #[arg(long)]
+        seeds: Option<usize>,
     },
 }
 
@@ -150,7 +156,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats, split).await?, json)
             }
         }
-        BenchCommand::Coadapt { json, svg, k_max, quick, student } => {
+        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds } => {
             let svg = svg.unwrap_or_else(|| {
                 json.as_ref()
                     .and_then(|j| j.parent())
@@ -164,8 +170,11 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let k_max = k_max.clamp(2, 64);
             (
                 "coadapt",
-                tokio::task::spawn_blocking(move || coadapt::run(k_max, quick, student.as_deref(), &svg))
-                    .await??,
+                tokio::task::spawn_blocking(move || {
+                    let sweep = coadapt::RealSweep { quick, student, ks, seeds };
+                    coadapt::run(k_max, &sweep, &svg)
+                })
+                .await??,
                 json,
             )
         }

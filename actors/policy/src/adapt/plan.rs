@@ -6,6 +6,13 @@
 //! workspace a slice needs besides its experts. The knapsack ([`group_experts`]) packs the experts;
 //! when it cannot (one expert alone does not fit), the plan falls back to one slice per task with
 //! all its experts, the executor's whole-model step. Pure: measurements and the seed come in.
+//!
+//! Every slice a task appears in costs the executor one forward and backward pass of that task's
+//! model on the step's batch (the dense part of the step does not split by expert), so a task
+//! whose experts all fit in the free bytes together enters the knapsack as one item, its
+//! *bundle* (the sum of its experts' `M_tmp`, the longest lifespan): it is never split over
+//! slices. Only a task too large to train whole under `M_c - M_s` has its experts packed one by
+//! one. When everything fits, the plan is one slice: the same work as whole-model steps.
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -46,8 +53,11 @@ pub struct PlanMemory {
 /// Everything the knapsack was given, so a plan can be reproduced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanInput {
-    /// The items, in the order given.
+    /// The items, in the order given: a bundle per task that fits whole, else one per expert.
     pub items: Vec<GroupingItem>,
+    /// The experts each item stands for (by index into `items`): a bundle's are its task's
+    /// experts in input order, an unbundled item's is its own expert.
+    pub members: Vec<Vec<ExpertId>>,
     /// The knapsack's knobs.
     pub config: GroupingConfig,
     /// Seed of the fallback grouping's RNG.
@@ -86,14 +96,8 @@ pub fn plan_slices(
     memory: PlanMemory,
     seed: u64,
 ) -> SlicePlan {
-    let items: Vec<GroupingItem> = experts
-        .iter()
-        .map(|e| GroupingItem {
-            expert: e.expert,
-            temp_bytes: temp_bytes(e, estimator, memory.align),
-            lifespan: e.lifespan,
-        })
-        .collect();
+    let available = memory.free_bytes.saturating_sub(memory.workspace_bytes);
+    let (items, members) = bundle_tasks(experts, estimator, memory.align, available);
     let config = GroupingConfig {
         device_budget: memory.free_bytes,
         static_bytes: memory.workspace_bytes,
@@ -102,11 +106,65 @@ pub fn plan_slices(
         max_slice_experts: usize::MAX,
     };
     let grouping = group_experts(&items, &config, &mut SmallRng::seed_from_u64(seed));
+    let input = PlanInput { items, members, config, seed };
     let slices = match &grouping {
-        Ok(g) => g.slices.iter().map(|s| s.experts.clone()).collect(),
+        Ok(g) => g.slices.iter().map(|s| input.expand(&s.experts)).collect(),
         Err(_) => per_task(experts),
     };
-    SlicePlan { input: PlanInput { items, config, seed }, grouping, slices }
+    SlicePlan { input, grouping, slices }
+}
+
+impl PlanInput {
+    /// The experts a slice of items (by their `expert` ids) stands for, bundles expanded, in
+    /// the slice's order.
+    pub fn expand(&self, slice: &[ExpertId]) -> Vec<ExpertId> {
+        slice
+            .iter()
+            .flat_map(|id| match self.items.iter().position(|i| i.expert == *id) {
+                Some(k) => self.members[k].clone(),
+                None => vec![*id],
+            })
+            .collect()
+    }
+}
+
+/// The knapsack's items (see the module doc): per task in first-appearance order, one bundle
+/// (named by its first expert) when its experts' aligned `M_tmp` sum to at most `available`,
+/// else one item per expert; and the experts each item stands for.
+fn bundle_tasks(
+    experts: &[PlanExpert],
+    estimator: Option<&MemoryModel>,
+    align: u64,
+    available: u64,
+) -> (Vec<GroupingItem>, Vec<Vec<ExpertId>>) {
+    let mut tasks: Vec<(TaskId, Vec<GroupingItem>)> = Vec::new();
+    for e in experts {
+        let item = GroupingItem {
+            expert: e.expert,
+            temp_bytes: temp_bytes(e, estimator, align),
+            lifespan: e.lifespan,
+        };
+        match tasks.iter_mut().find(|(t, _)| *t == e.task) {
+            Some((_, v)) => v.push(item),
+            None => tasks.push((e.task, vec![item])),
+        }
+    }
+    let (mut items, mut members) = (Vec::new(), Vec::new());
+    for (_, its) in tasks {
+        let total = its.iter().map(|i| i.temp_bytes).fold(0u64, u64::saturating_add);
+        match its.first() {
+            Some(first) if its.len() > 1 && total <= available => {
+                let lifespan = its.iter().map(|i| i.lifespan).max().unwrap_or(first.lifespan);
+                items.push(GroupingItem { expert: first.expert, temp_bytes: total, lifespan });
+                members.push(its.iter().map(|i| i.expert).collect());
+            }
+            _ => {
+                members.extend(its.iter().map(|i| vec![i.expert]));
+                items.extend(its);
+            }
+        }
+    }
+    (items, members)
 }
 
 /// One slice per task holding all its experts, tasks in first-appearance order.
@@ -141,15 +199,43 @@ mod tests {
 
     #[test]
     fn without_an_estimator_the_bound_is_used_and_packed_under_the_free_bytes() {
-        // Four experts of 1000 B (1024 aligned), 3000 B free, 900 B workspace: 2100 B for experts,
-        // so two per slice, two slices.
+        // Four experts of 1000 B (1024 aligned), 3000 B free, 900 B workspace: 2100 B for experts.
+        // Each task's two experts (2048 B) fit whole: one bundle per task, one slice per task.
         let xs = [e(0, 0, 10, 1000), e(0, 1, 10, 1000), e(1, 2, 10, 1000), e(1, 3, 10, 1000)];
         let p = plan_slices(&xs, None, mem(3000, 900), 1);
-        assert!(p.input.items.iter().all(|i| i.temp_bytes == 1024));
-        assert_eq!(p.slices.len(), 2);
-        assert!(p.slices.iter().all(|s| s.len() == 2));
+        assert_eq!(p.input.items.iter().map(|i| i.temp_bytes).collect::<Vec<_>>(), [2048, 2048]);
+        assert_eq!(p.input.members, [vec![ExpertId(0), ExpertId(1)], vec![ExpertId(2), ExpertId(3)]]);
+        let mut got = p.slices.clone();
+        got.sort();
+        assert_eq!(got, [vec![ExpertId(0), ExpertId(1)], vec![ExpertId(2), ExpertId(3)]]);
         let g = p.grouping.as_ref().unwrap();
-        assert_eq!(p.slices, g.slices.iter().map(|s| s.experts.clone()).collect::<Vec<_>>());
+        assert_eq!(p.slices, g.slices.iter().map(|s| p.input.expand(&s.experts)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn when_everything_fits_the_plan_is_one_slice() {
+        let xs = [e(0, 0, 10, 1000), e(0, 1, 10, 1000), e(1, 2, 10, 1000), e(1, 3, 10, 1000)];
+        let p = plan_slices(&xs, None, mem(10_000, 900), 1);
+        assert_eq!(p.slices.len(), 1);
+        let mut all = p.slices[0].clone();
+        all.sort();
+        assert_eq!(all, [ExpertId(0), ExpertId(1), ExpertId(2), ExpertId(3)]);
+    }
+
+    #[test]
+    fn a_task_too_large_to_train_whole_is_split_by_expert_and_the_others_stay_whole() {
+        // Task 0: three experts (3072 B) over the 2100 B available, so packed one by one; task 1's
+        // two (2048 B) fit whole and stay in one slice.
+        let xs =
+            [e(0, 0, 10, 1000), e(0, 1, 10, 1000), e(0, 4, 10, 1000), e(1, 2, 10, 1000), e(1, 3, 10, 1000)];
+        let p = plan_slices(&xs, None, mem(3000, 900), 1);
+        assert_eq!(p.input.items.len(), 4);
+        let with_task1: Vec<_> = p.slices.iter().filter(|s| s.contains(&ExpertId(2))).collect();
+        assert_eq!(with_task1.len(), 1);
+        assert!(with_task1[0].contains(&ExpertId(3)));
+        let task0_slices = p.slices.iter().filter(|s| s.iter().any(|x| [0, 1, 4].contains(&x.0))).count();
+        assert!(task0_slices >= 2, "{:?}", p.slices);
+        assert_eq!(p.slices.iter().map(Vec::len).sum::<usize>(), 5);
     }
 
     #[test]

@@ -150,6 +150,20 @@ pub fn block_profiles(rows: &[usize], per_token_us: f64) -> Vec<ExpertProfile> {
         .collect()
 }
 
+/// Least multiply-adds one spawned expert thread should carry to pay for itself: spawning and
+/// joining a scoped thread and chunking an expert's cache cost about as much as 10^5 multiply-adds
+/// of the expert's own work, so at 2^20 per thread the overhead stays a few percent.
+pub const MIN_MACS_PER_THREAD: u64 = 1 << 20;
+
+/// Whether running a block's experts concurrently on threads pays: the block's expert work
+/// (`rows x row_macs` multiply-adds summed over its experts) is at least two threads' worth of
+/// `min_macs`. Below that the experts run in turn on the executor's thread (threads would only
+/// add spawn and copy work, and the bench's clock is process CPU time). `min_macs` 0: always.
+pub fn threads_pay(rows: &[usize], row_macs: u64, min_macs: u64) -> bool {
+    let work = rows.iter().map(|&n| n as u64).sum::<u64>().saturating_mul(row_macs);
+    work >= min_macs.saturating_mul(2)
+}
+
 /// Threads for each expert of a block (the executor's split): fill-clamp-refill over the experts
 /// that have rows, with `total` threads or one per such expert if that is more (each runs on at
 /// least one); experts without rows get 0. Returns the split and the allocation it came from.
@@ -259,6 +273,16 @@ mod tests {
         // FCR: 1,1 + 6 split 1:7 -> 0.75, 5.25 -> 1, 5 (largest remainder 0.75) = 2, 6.
         assert_eq!(fcr.threads.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![2, 6]);
         assert!(fcr.makespan_us(&ps) < uni.makespan_us(&ps));
+    }
+
+    #[test]
+    fn threads_pay_only_for_two_threads_worth_of_work() {
+        // 256 rows of 2048 multiply-adds (the tiny student's block forward): 2^19, under 2^21.
+        assert!(!threads_pay(&[32; 8], 2048, MIN_MACS_PER_THREAD));
+        // Twice the rows and four times the width: 2^22.
+        assert!(threads_pay(&[64; 8], 8192, MIN_MACS_PER_THREAD));
+        assert!(threads_pay(&[1, 0], 1, 0));
+        assert!(!threads_pay(&[0, 0], 1 << 30, 1));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use troupe_policy::Micros;
 use troupe_policy::adapt::evict::{OnRefusal, Refused, on_refusal};
 use troupe_policy::adapt::memory::{ExpertShape, MemorySample};
 use troupe_policy::adapt::plan::{PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices};
-use troupe_policy::adapt::threads::block_threads;
+use troupe_policy::adapt::threads::{block_threads, threads_pay};
 use troupe_policy::adapt::{ExpertId, TaskId};
 
 use super::{EdgeEngine, EngineError};
@@ -54,7 +54,9 @@ pub struct ThreadRecord {
     pub rows: Vec<usize>,
     /// Threads the executor had.
     pub total: u32,
-    /// Threads each expert ran on (what the kernels used; 0 for an expert without rows).
+    /// Threads each expert ran on (what the kernels used; 0 for an expert without rows); empty
+    /// when the block's work did not pay for threads and its experts ran in turn on the
+    /// executor's thread ([`threads_pay`]).
     pub split: Vec<u32>,
 }
 
@@ -176,7 +178,7 @@ impl EdgeEngine {
             {
                 self.pool.reuse_expect(t, x);
             }
-            let threads = self.cfg.mechanisms.threads.then_some(self.threads_total);
+            let threads = self.expert_threads(&members);
             let lr = self.cfg.lr;
             let result = run_planned(&mut self.pool, threads, &mut self.thread_log, self.cycle, |p| {
                 p.train_slice(&parts, lr)
@@ -228,21 +230,53 @@ impl EdgeEngine {
     }
 }
 
-/// Runs `f` on the pool with, when `threads` is set, the policy's fill-clamp-refill
-/// ([`block_threads`]) deciding the threads of every block's experts, and logs each split.
+/// What the threads mechanism runs a call with: the executor's threads, the multiply-adds one
+/// routed row costs an expert (the widest model of the call) and the least per thread
+/// ([`super::EngineConfig::thread_min_macs`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ExpertThreads {
+    total: u32,
+    row_macs: u64,
+    min_macs: u64,
+}
+
+impl EdgeEngine {
+    /// The threads mechanism for a call stepping `tasks` (`None` when it is off).
+    pub(super) fn expert_threads(&self, tasks: &[TaskId]) -> Option<ExpertThreads> {
+        // An expert's forward is two matmuls of `dim x hidden` per row (its backward twice that).
+        let row_macs = tasks
+            .iter()
+            .filter_map(|t| self.tasks.get(t))
+            .map(|l| 2 * (l.config.dim * l.config.hidden) as u64)
+            .max();
+        self.cfg.mechanisms.threads.then(|| ExpertThreads {
+            total: self.threads_total,
+            row_macs: row_macs.unwrap_or(0),
+            min_macs: self.cfg.thread_min_macs,
+        })
+    }
+}
+
+/// Runs `f` on the pool with, when `threads` is set, the policy deciding for every block whether
+/// its experts' work pays for threads ([`threads_pay`]) and if so fill-clamp-refill
+/// ([`block_threads`]) deciding the threads of each expert; logs each decision.
 pub(super) fn run_planned<R>(
     pool: &mut CoAdaptPool,
-    threads: Option<u32>,
+    threads: Option<ExpertThreads>,
     log: &mut VecDeque<ThreadRecord>,
     cycle: u64,
     f: impl FnOnce(&mut CoAdaptPool) -> R,
 ) -> R {
-    let Some(total) = threads else { return f(pool) };
+    let Some(ExpertThreads { total, row_macs, min_macs }) = threads else { return f(pool) };
     let seen: Rc<RefCell<Vec<ThreadRecord>>> = Rc::default();
     let sink = Rc::clone(&seen);
     let planner = Rc::new(move |rows: &[usize]| {
         // The experts of a block share one shape, so any positive per-row time gives this split.
-        let (split, _) = block_threads(rows, 1.0, total);
+        let split = if threads_pay(rows, row_macs, min_macs) {
+            block_threads(rows, 1.0, total).0
+        } else {
+            Vec::new()
+        };
         sink.borrow_mut().push(ThreadRecord { cycle, rows: rows.to_vec(), total, split: split.clone() });
         split
     });

@@ -64,12 +64,50 @@ pub const REAL_BUDGET_ISOLATED_TASKS: u64 = 4;
 /// Student size the real sweep adapts by default: the smallest with 16 tokens per image, so a
 /// step's compute outweighs the engine's per-task bookkeeping.
 pub const REAL_STUDENT: &str = "base";
-/// Swept K (real execution), full run.
-pub const REAL_KS: [usize; 10] = [1, 2, 4, 6, 8, 12, 16, 20, 24, 32];
+/// Swept K (real execution), full run by default (`--ks` for others): past the isolated
+/// baselines' budget of [`REAL_BUDGET_ISOLATED_TASKS`] tasks, small enough that the ten strategies
+/// run in about ten minutes.
+pub const REAL_KS: [usize; 5] = [1, 2, 4, 8, 12];
 /// Swept K (real execution), `--quick`.
 pub const REAL_KS_QUICK: [usize; 3] = [1, 2, 4];
-/// Seeds of the real sweep (camera streams and arrivals), full run.
+/// Seeds of the real sweep (camera streams and arrivals); the first [`REAL_SEEDS_DEFAULT`] by
+/// default (`--seeds` for more).
 pub const REAL_SEEDS: [u64; 3] = [100, 200, 300];
+/// Seeds run by default.
+pub const REAL_SEEDS_DEFAULT: usize = 1;
+
+/// What the real sweep runs (the command line's choices).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RealSweep {
+    /// Short run: two sizes calibrated, the tiny student, [`REAL_KS_QUICK`].
+    pub quick: bool,
+    /// Student size (`None`: [`REAL_STUDENT`], tiny with `quick`).
+    pub student: Option<String>,
+    /// Concurrency levels (`None`: [`REAL_KS`] or [`REAL_KS_QUICK`]); sorted and deduplicated.
+    pub ks: Option<Vec<usize>>,
+    /// Seeds, 1 to [`REAL_SEEDS`]'s length (`None`: [`REAL_SEEDS_DEFAULT`]).
+    pub seeds: Option<usize>,
+}
+
+impl RealSweep {
+    /// The swept K, ascending, without zeros or repeats.
+    pub fn ks(&self) -> Vec<usize> {
+        let mut ks = self
+            .ks
+            .clone()
+            .unwrap_or_else(|| if self.quick { REAL_KS_QUICK.to_vec() } else { REAL_KS.to_vec() });
+        ks.retain(|&k| k > 0);
+        ks.sort_unstable();
+        ks.dedup();
+        ks
+    }
+
+    /// The seeds.
+    pub fn seeds(&self) -> Vec<u64> {
+        let n = self.seeds.unwrap_or(REAL_SEEDS_DEFAULT).clamp(1, REAL_SEEDS.len());
+        REAL_SEEDS[..n].to_vec()
+    }
+}
 
 /// The keys every run writes (the headline from real execution).
 pub fn headline_keys() -> Vec<String> {
@@ -91,9 +129,10 @@ pub fn headline_keys() -> Vec<String> {
     k
 }
 
-/// Runs the benchmark; prints its tables and writes the SVG; returns the flat figures. `student`
-/// names the size the real sweep adapts ([`REAL_STUDENT`] when `None`; `tiny` with `quick`).
-pub fn run(k_max: usize, quick: bool, student: Option<&str>, svg: &Path) -> Result<BTreeMap<String, f64>> {
+/// Runs the benchmark; prints its tables and writes the SVG; returns the flat figures. `sweep`
+/// says what the real sweep runs ([`RealSweep`]).
+pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<String, f64>> {
+    let (quick, student) = (sweep.quick, sweep.student.as_deref());
     let mut fig = BTreeMap::new();
     let (train, _) = digits().context("digits (run scripts/setup)")?;
     println!("coadapt bench: loading (or training once) the teacher and students from .cache/models/vmoe");
@@ -111,8 +150,8 @@ pub fn run(k_max: usize, quick: bool, student: Option<&str>, svg: &Path) -> Resu
     };
     let (gain, l_solo, window_solo) = real_slo_from_sim(&SimConfig::default());
     let sc = SweepConfig {
-        ks: if quick { REAL_KS_QUICK.to_vec() } else { REAL_KS.to_vec() },
-        seeds: if quick { REAL_SEEDS[..1].to_vec() } else { REAL_SEEDS.to_vec() },
+        ks: sweep.ks(),
+        seeds: sweep.seeds(),
         gain,
         l_solo,
         window_solo,
@@ -582,6 +621,17 @@ mod tests {
             assert!(fig.contains_key(k), "{k} missing");
         }
         assert!(fig.keys().all(|k| k.starts_with("measured_")));
+    }
+
+    #[test]
+    fn the_real_sweep_defaults_and_flags() {
+        let quick = RealSweep { quick: true, ..RealSweep::default() };
+        assert_eq!(quick.ks(), REAL_KS_QUICK);
+        assert_eq!(quick.seeds(), [100]);
+        assert_eq!(RealSweep::default().ks(), REAL_KS);
+        let asked = RealSweep { ks: Some(vec![8, 0, 2, 8]), seeds: Some(9), ..RealSweep::default() };
+        assert_eq!(asked.ks(), [2, 8]);
+        assert_eq!(asked.seeds(), REAL_SEEDS);
     }
 
     #[test]
