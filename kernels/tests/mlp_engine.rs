@@ -66,3 +66,27 @@ fn engine_refuses_a_foreign_graph_and_a_wrong_batch() {
         other => panic!("expected the size cap, got {other:?}"),
     }
 }
+
+#[test]
+fn logits_model_without_softmax_matches_onnx_runtime() {
+    use prost::Message;
+    use troupe_kernels::onnx::proto::ModelProto;
+    let layers = vec![layer(16, 12, 4), layer(12, 6, 5)];
+    let mut m = ModelProto::decode(mlp_model(&layers, "x", "probs").unwrap().as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    assert_eq!(g.node.pop().and_then(|n| n.op_type).as_deref(), Some("Softmax"));
+    g.output[0].name = Some("y1".into());
+    let bytes = m.encode_to_vec();
+    let engine = MlpEngine::from_onnx(&bytes, &MlpLimits::default(), &Device::Cpu).unwrap();
+    let mut session = OnnxSession::from_bytes(&bytes, "logits", &SessionConfig::default()).unwrap();
+    let x = inputs(4, 16);
+    let want = session.run(&[NamedTensor::f32("x", vec![4, 16], x.clone())]).unwrap();
+    let got = engine.run(&x, 4).unwrap();
+    let want = want[0].as_f32().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5, "engine {g} vs onnx runtime {w}");
+    }
+    // Logits are not distributions: some row does not sum to 1.
+    assert!(got.chunks(6).any(|r| (r.iter().sum::<f32>() - 1.0).abs() > 1e-3));
+}
