@@ -84,7 +84,7 @@ proptest! {
             &app.store_dir(),
             &app.manifest,
             model,
-            ExecutorOptions { budget, host_budget: Some(host_budget), threads: 1 },
+            ExecutorOptions { host_budget: Some(host_budget), ..ExecutorOptions::new(budget) },
         )
         .unwrap();
         // The expected tiers, kept by the test from the policy's decisions.
@@ -186,7 +186,7 @@ fn fragmented_device_arena_is_compacted_and_bytes_survive() {
     let slack = (model.len() as u64 + 1) * DEVICE_ALIGN;
     let [a, b, c, d] = fragmenting(app, slack).expect("the ci app has experts that fragment the arena");
     let budget = model.size_of(a) + model.size_of(b) + model.size_of(c);
-    let options = ExecutorOptions { budget, host_budget: Some(model.total_bytes()), threads: 1 };
+    let options = ExecutorOptions { host_budget: Some(model.total_bytes()), ..ExecutorOptions::new(budget) };
     let mut exec =
         ExpertExecutor::open_with("cpu0", &app.store_dir(), &app.manifest, model, options).unwrap();
     let expected = exec.run_batch(b, &[app.input(1)]).err().map(|e| e.to_string());
@@ -220,7 +220,8 @@ fn each_executor_kind_gets_its_own_threads_and_the_host_share() {
     let shared = APP.with(std::rc::Rc::clone);
     let (app, latency) = (&shared.1, &shared.2);
     let model = &app.trace.model;
-    let tiers = TierOptions { host_budget: Some(0.5), cpu_threads: 3, gpu_threads: 2 };
+    let tiers =
+        TierOptions { host_budget: Some(0.5), cpu_threads: 3, gpu_threads: 2, ..TierOptions::default() };
     let mut kinds = Vec::new();
     for e in 0..latency.executors() {
         let options = tiers.executor(latency, e, model);

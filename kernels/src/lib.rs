@@ -3,10 +3,11 @@
 //!
 //! - [`Tensor`]: shape over an `Arc`'d f32 / bf16 buffer; views cost nothing.
 //! - [`Device`]: `Cpu` or `Cuda`; CUDA is detected at run time and its absence is an error, never a panic.
-//! - [`ops`]: CPU references for every op (GEMM through `matrixmultiply`), CUDA versions of GEMM and
-//!   the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
+//! - [`ops`]: CPU references for every op (GEMM through `matrixmultiply`), CUDA versions of GEMM,
+//!   bias add, ReLU, softmax and the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
 //! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
 //! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
+//! - [`mlp_engine`]: the writer's MLP experts run on the ops, on the CPU or the GPU (no ONNX Runtime).
 //! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
 //! - [`assets`]: models and data made by `scripts/setup`, checksummed.
 //! - [`mod@bench`]: kernel figures for `troupe bench kernels`.
@@ -21,6 +22,7 @@ pub mod direct_io;
 pub mod drift;
 pub mod error;
 pub mod mlp;
+pub mod mlp_engine;
 pub mod onnx;
 pub mod ops;
 pub mod pool;

@@ -7,7 +7,8 @@
 //!   ([`NamedTensor`]), with its inputs/outputs introspected ([`IoSpec`]) and its resident memory
 //!   measured ([`SessionMemory`]); [`check_chain`] checks that stage files fit together.
 //! - [`Embedder`] / [`embed`]: sentence embeddings with all-MiniLM-L6-v2.
-//! - [`writer`]: writes MLP graphs as ONNX models from Rust (no Python at run time).
+//! - [`writer`]: writes MLP graphs as ONNX models from Rust (no Python at run time);
+//!   [`mlp_graph`] reads them back (refusing any other graph) for [`crate::mlp_engine`].
 //! - [`mapped`]: rewrites a model's large initializers into a page-aligned external-data file so
 //!   ONNX Runtime memory-maps them ([`OnnxSession::from_file_mapped`]).
 //! - [`split`]: cuts one model into a chain of stage models at single-tensor cut points, balanced
@@ -20,6 +21,7 @@ mod bench;
 mod embed;
 pub mod mapped;
 mod memory;
+pub mod mlp_graph;
 mod runtime;
 mod session;
 pub mod split;

@@ -3,8 +3,12 @@
 
 use std::io::Write;
 
+use troupe_kernels::mlp_engine::MlpEngine;
+use troupe_kernels::onnx::mlp_graph::MlpLimits;
+use troupe_kernels::onnx::writer::{DenseLayer, mlp_model};
 use troupe_kernels::ops::{
-    ExpertParams, Matmul, MoeFfn, MoeFfnBackward, Op, Softmax, moe_ffn_backward, moe_ffn_forward, top_k_route,
+    BiasAdd, ExpertParams, Gelu, Matmul, MoeFfn, MoeFfnBackward, Op, Relu, Softmax, moe_ffn_backward,
+    moe_ffn_forward, top_k_route,
 };
 use troupe_kernels::{CudaDevice, Device, KernelError, Tensor, Tier, WeightStore};
 
@@ -88,8 +92,53 @@ fn moe_forward_and_backward_match_cpu() {
 fn ops_without_cuda_code_say_unsupported() {
     let Some(gpu) = gpu_or_skip() else { return };
     let x = Tensor::zeros(&[2, 2]).unwrap();
-    let err = Softmax.run(&Device::Cuda(gpu), &x).unwrap_err();
-    assert!(matches!(err, KernelError::Unsupported { op: "softmax", .. }), "{err}");
+    let err = Gelu.run(&Device::Cuda(gpu), &x).unwrap_err();
+    assert!(matches!(err, KernelError::Unsupported { op: "gelu", .. }), "{err}");
+}
+
+#[test]
+fn bias_add_relu_and_softmax_match_cpu() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let dev = Device::Cuda(gpu);
+    let (rows, cols) = (33, 70);
+    let x =
+        Tensor::from_f32(&[rows, cols], values(3, rows * cols).iter().map(|v| v * 4.0).collect()).unwrap();
+    let b = Tensor::from_f32(&[cols], values(4, cols)).unwrap();
+    let want = BiasAdd.cpu((&x, &b)).unwrap();
+    assert_close("bias_add", &BiasAdd.run(&dev, (&x, &b)).unwrap().to_vec_f32(), &want.to_vec_f32(), 1e-6);
+    assert_close("relu", &Relu.run(&dev, &x).unwrap().to_vec_f32(), &Relu.cpu(&x).unwrap().to_vec_f32(), 0.0);
+    let got = Softmax.run(&dev, &x).unwrap();
+    assert_eq!(got.shape(), &[rows, cols]);
+    assert_close("softmax", &got.to_vec_f32(), &Softmax.cpu(&x).unwrap().to_vec_f32(), 1e-5);
+}
+
+/// A dense layer with deterministic weights for the MLP engine test.
+fn dense(inputs: usize, outputs: usize, seed: u32) -> DenseLayer {
+    DenseLayer {
+        inputs,
+        outputs,
+        weights: values(seed, inputs * outputs).iter().map(|v| v * 0.3).collect(),
+        bias: values(seed + 100, outputs).iter().map(|v| v * 0.1).collect(),
+    }
+}
+
+#[test]
+fn mlp_expert_on_the_gpu_matches_the_cpu_engine() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    // The coe experts' shape: 64 inputs, ReLU hidden layers, softmax over the classes.
+    let layers = vec![dense(64, 128, 1), dense(128, 64, 2), dense(64, 10, 3)];
+    let bytes = mlp_model(&layers, "x", "probs").unwrap();
+    let limits = MlpLimits::default();
+    let cpu = MlpEngine::from_onnx(&bytes, &limits, &Device::Cpu).unwrap();
+    let cuda = MlpEngine::from_onnx(&bytes, &limits, &Device::Cuda(gpu)).unwrap();
+    assert_eq!(cuda.device().name(), "cuda:0");
+    for batch in [1, 5, 64] {
+        let x: Vec<f32> = values(7 + batch as u32, batch * 64);
+        let want = cpu.run(&x, batch).unwrap();
+        let got = cuda.run(&x, batch).unwrap();
+        assert_close(&format!("mlp batch {batch}"), &got, &want, 1e-5);
+    }
+    assert!(cuda.run(&[0.0; 3], 1).is_err());
 }
 
 #[test]
@@ -115,7 +164,9 @@ fn ffn_kernel_source_compiles_with_nvrtc() {
     // NVRTC needs no GPU: this runs wherever libnvrtc is on the library path.
     match troupe_kernels::cuda::ffn_kernels_ptx() {
         Ok(ptx) => {
-            for entry in ["bias_gelu_fwd", "bias_add_rows", "gelu_bwd_inplace"] {
+            for entry in
+                ["bias_gelu_fwd", "bias_add_rows", "gelu_bwd_inplace", "relu_inplace", "softmax_rows"]
+            {
                 assert!(ptx.contains(&format!(".entry {entry}")), "{entry} missing from PTX");
             }
         }

@@ -1,10 +1,21 @@
-//! One CoE executor: its own tiered weight store, device budget, host tier and ONNX sessions.
+//! One CoE executor: its own tiered weight store, device budget, host tier and loaded experts.
+//!
+//! **Engines** ([`troupe_policy::coe::choose_engine`] decides, from the executor's kind): a GPU
+//! executor opens `Device::cuda(0)`; when that succeeds its device arena is GPU memory and each
+//! expert runs in the kernels' MLP engine ([`MlpEngine`]: cuBLAS GEMM, bias, ReLU, softmax on the
+//! GPU), built from the arena copy. When CUDA is unusable (the reason is logged once per process)
+//! it stays a CPU executor under ONNX Runtime, the stand-in, named so ([`standin_name`]) and
+//! reported as `standin-cpu`. A CPU executor runs ONNX Runtime, or the MLP engine on the CPU when
+//! [`ExecutorOptions::mlp_on_cpu`] asks for it.
 //!
 //! Three tiers per executor, all in its [`WeightStore`]:
 //!
 //! - **device**: the store's device arena, a kernels `MemoryPool` with one allocation per
-//!   resident expert (sized to its bytes, 256-byte aligned). The ONNX session is built from the
-//!   arena's bytes (checksummed); the arena copy is what the budget accounts. The byte budget
+//!   resident expert (sized to its bytes, 256-byte aligned), in GPU memory on a CUDA executor.
+//!   The ONNX session or MLP engine is built from the arena's bytes (checksummed); the arena copy
+//!   is what the budget accounts. The engine's own copy of the weights (ONNX Runtime's session,
+//!   or the MLP engine's f32 tensors, on the GPU for a CUDA executor, at most the blob's bytes)
+//!   is not in the pool. The byte budget
 //!   the scheduler plans with is checked on the raw sizes; the pool gets one alignment unit of
 //!   slack per expert that could be resident at once, so alignment never refuses what the
 //!   budget allows. Fragmentation is handled by compaction: when a load fits in the free bytes
@@ -20,8 +31,8 @@
 //!
 //! Counters separate promotions from disk loads, time the tier moves, compaction, session
 //! creation and the rest (expert management: planning, pool accounting, bookkeeping), and count
-//! demotions, drops, host evictions and compactions. Without CUDA the "GPU" executor is a second CPU executor; its name says so
-//! ([`standin_name`]).
+//! demotions, drops, host evictions and compactions, and record the engine used
+//! ([`ExecutorCounters::engine`]).
 //!
 //! The executor refuses a load that would exceed its budget, an eviction of an expert it is not
 //! holding, and a batch of an expert that is not loaded: a policy bug surfaces as an error,
@@ -32,10 +43,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use troupe_kernels::mlp_engine::MlpEngine;
+use troupe_kernels::onnx::mlp_graph::MlpLimits;
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_kernels::{BlobId, Device, Tier as StoreTier, WeightStore};
 use troupe_policy::coe::{
-    CoeModel, Demotion, ExpertId, HostCandidate, Tier, initial_host_set, plan_demotion,
+    CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, Tier, choose_engine,
+    initial_host_set, plan_demotion,
 };
 
 use super::CoeError;
@@ -49,9 +63,16 @@ pub fn standin_name(index: usize) -> String {
     format!("gpu{index}-standin-cpu")
 }
 
+/// The GPU executor's name: `gpu{index}` when CUDA device 0 opens, else [`standin_name`].
+pub fn gpu_name(index: usize) -> String {
+    if troupe_kernels::cuda::cuda_available(0).is_ok() { format!("gpu{index}") } else { standin_name(index) }
+}
+
 /// What an executor has done.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ExecutorCounters {
+    /// The engine that ran its experts (`None` where only the scheduler's view is known).
+    pub engine: Option<ExpertEngine>,
     /// Experts loaded.
     pub loads: u64,
     /// Seconds spent loading (tier move + verify + session creation + management).
@@ -112,12 +133,41 @@ pub struct ExecutorOptions {
     pub host_budget: Option<u64>,
     /// ONNX Runtime intra-op threads per session (0 = ONNX Runtime's default).
     pub threads: usize,
+    /// The executor's kind: a GPU executor runs on CUDA when it can (see the module docs).
+    pub kind: ExecutorKind,
+    /// A CPU executor runs the MLP engine on the CPU instead of ONNX Runtime.
+    pub mlp_on_cpu: bool,
 }
 
 impl ExecutorOptions {
-    /// A device budget, the default host tier and one thread.
+    /// A CPU executor with a device budget, the default host tier, one thread, ONNX Runtime.
     pub fn new(budget: u64) -> Self {
-        ExecutorOptions { budget, host_budget: None, threads: 1 }
+        ExecutorOptions { budget, host_budget: None, threads: 1, kind: ExecutorKind::Cpu, mlp_on_cpu: false }
+    }
+}
+
+/// A loaded expert: an ONNX Runtime session or an MLP engine on the executor's device.
+enum Loaded {
+    /// ONNX Runtime (the CPU executor's default, the GPU stand-in).
+    Onnx(OnnxSession),
+    /// The kernels' MLP engine.
+    Mlp(MlpEngine),
+}
+
+/// The device of `kind`'s engine: CUDA device 0 for a GPU executor when it opens (else the
+/// reason, logged once per process, and the CPU), the CPU otherwise.
+fn engine_device(kind: ExecutorKind, mlp_on_cpu: bool) -> (ExpertEngine, Device) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    let cuda = match kind {
+        ExecutorKind::Gpu => Device::cuda(0).map_err(|e| {
+            LOGGED.call_once(|| tracing::warn!(reason = %e, "no CUDA: the GPU executor is a CPU stand-in"));
+        }),
+        ExecutorKind::Cpu => Err(()),
+    };
+    let engine = choose_engine(kind, cuda.is_ok(), mlp_on_cpu);
+    match cuda {
+        Ok(d) if engine.on_cuda() => (engine, d),
+        _ => (engine, Device::Cpu),
     }
 }
 
@@ -129,7 +179,9 @@ pub struct ExpertExecutor {
     sizes: Vec<u64>,
     usage: Vec<f64>,
     outputs: Vec<usize>,
-    sessions: HashMap<ExpertId, OnnxSession>,
+    engine: ExpertEngine,
+    device: Device,
+    sessions: HashMap<ExpertId, Loaded>,
     budget: u64,
     host_budget: u64,
     resident: u64,
@@ -141,6 +193,7 @@ impl std::fmt::Debug for ExpertExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExpertExecutor")
             .field("name", &self.name)
+            .field("engine", &self.engine)
             .field("budget", &self.budget)
             .field("host_budget", &self.host_budget)
             .field("resident", &self.resident)
@@ -198,7 +251,9 @@ impl ExpertExecutor {
             executor: name.to_string(),
             problem: format!("device budget {budget} bytes overflows with alignment slack"),
         })?;
-        let mut store = WeightStore::open(store_dir, &Device::Cpu, arena, host_budget)?;
+        let (engine, device) = engine_device(options.kind, options.mlp_on_cpu);
+        // The arena lives where the engine runs: GPU memory for a CUDA executor.
+        let mut store = WeightStore::open(store_dir, &device, arena, host_budget)?;
         let mut blobs = Vec::with_capacity(model.len());
         for (e, f) in model.experts().iter().zip(&manifest.experts) {
             let id = BlobId::new(&f.blob)?;
@@ -222,7 +277,11 @@ impl ExpertExecutor {
                 store.load_to_host(blob)?;
             }
         }
-        let counters = ExecutorCounters { peak_host_bytes: store.stats().host_used, ..Default::default() };
+        let counters = ExecutorCounters {
+            engine: Some(engine),
+            peak_host_bytes: store.stats().host_used,
+            ..Default::default()
+        };
         Ok(ExpertExecutor {
             name: name.to_string(),
             store,
@@ -230,6 +289,8 @@ impl ExpertExecutor {
             sizes,
             usage: model.experts().iter().map(|e| e.usage_prob).collect(),
             outputs: manifest.experts.iter().map(|f| f.widths.last().copied().unwrap_or(0)).collect(),
+            engine,
+            device,
             sessions: HashMap::new(),
             budget,
             host_budget,
@@ -252,6 +313,16 @@ impl ExpertExecutor {
     /// Host-tier budget, bytes.
     pub fn host_budget(&self) -> u64 {
         self.host_budget
+    }
+
+    /// The engine that runs this executor's experts.
+    pub fn engine(&self) -> ExpertEngine {
+        self.engine
+    }
+
+    /// The device the experts run on (`cpu` or `cuda:N`).
+    pub fn device_name(&self) -> String {
+        self.device.name()
     }
 
     /// ONNX Runtime intra-op threads of this executor's sessions.
@@ -356,8 +427,8 @@ impl ExpertExecutor {
     }
 
     /// Load `expert`: into the device tier (a promotion from the host tier or an `O_DIRECT`
-    /// disk read, checksummed; compacting the arena first when fragmented), then a session from
-    /// the device copy. Returns the time it took.
+    /// disk read, checksummed; compacting the arena first when fragmented), then a session or
+    /// MLP engine from the device copy. Returns the time it took.
     pub fn load(&mut self, expert: ExpertId) -> Result<Duration, CoeError> {
         let start = Instant::now();
         let id = self.blob(expert)?.clone();
@@ -384,11 +455,8 @@ impl ExpertExecutor {
         self.store.promote_to_device(&id)?;
         let after = self.store.stats();
         let session_start = Instant::now();
-        let built = self
-            .store
-            .read(&id)
-            .map_err(CoeError::from)
-            .and_then(|bytes| Ok(OnnxSession::from_bytes(&bytes, id.as_str(), &self.session_config)?));
+        let built =
+            self.store.read(&id).map_err(CoeError::from).and_then(|bytes| self.build(expert, &id, &bytes));
         let session = match built {
             Ok(s) => s,
             Err(e) => {
@@ -421,6 +489,16 @@ impl ExpertExecutor {
         c.loads += 1;
         c.load_seconds += took.as_secs_f64();
         Ok(took)
+    }
+
+    /// A session or MLP engine (on the executor's device) from `bytes`, as the engine says.
+    fn build(&self, expert: ExpertId, id: &BlobId, bytes: &[u8]) -> Result<Loaded, CoeError> {
+        if self.engine.uses_onnx_runtime() {
+            return Ok(Loaded::Onnx(OnnxSession::from_bytes(bytes, id.as_str(), &self.session_config)?));
+        }
+        MlpEngine::from_onnx(bytes, &MlpLimits::default(), &self.device).map(Loaded::Mlp).map_err(|e| {
+            self.fail(format!("{expert} ({id}) in the MLP engine on {}: {e}", self.device.name()))
+        })
     }
 
     /// Evict `expert` from the device budget: drop its session, then demote its device copy
@@ -499,11 +577,22 @@ impl ExpertExecutor {
             }
             x.extend_from_slice(i);
         }
-        let out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![inputs.len(), INPUT_WIDTH], x)])?;
-        let probs = out
-            .first()
-            .and_then(NamedTensor::as_f32)
-            .ok_or_else(|| self.fail(format!("{expert}: no f32 output")))?;
+        let ran: Vec<f32>;
+        let out;
+        let probs = match session {
+            Loaded::Onnx(session) => {
+                out = session.run(&[NamedTensor::f32(INPUT_NAME, vec![inputs.len(), INPUT_WIDTH], x)])?;
+                out.first()
+                    .and_then(NamedTensor::as_f32)
+                    .ok_or_else(|| self.fail(format!("{expert}: no f32 output")))?
+            }
+            Loaded::Mlp(engine) => {
+                ran = engine
+                    .run(&x, inputs.len())
+                    .map_err(|e| self.fail(format!("{expert} in the MLP engine: {e}")))?;
+                &ran
+            }
+        };
         if probs.len() != inputs.len() * width {
             return Err(self.fail(format!(
                 "{expert}: {} outputs for {} inputs of width {width}",

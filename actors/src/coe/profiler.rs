@@ -8,8 +8,9 @@
 //! (`troupe_policy::coe::search_split`). The profile carries [`hardware_fingerprint`]; a profile from other hardware is
 //! refused by [`load_profile`].
 //!
-//! The ONNX Runtime build used here is CPU-only, so without CUDA the `gpu` executor is a second
-//! CPU executor named `gpu0-standin-cpu` in the profile and every report.
+//! Each executor is measured with the engine it will serve with: with CUDA the `gpu` executor is
+//! `gpu0` and runs the MLP engine on the GPU; without, it is a second CPU executor under ONNX
+//! Runtime named `gpu0-standin-cpu` in the profile and every report.
 
 use std::path::Path;
 use std::time::Instant;
@@ -23,7 +24,7 @@ use troupe_policy::stats::median_of;
 
 use super::CoeError;
 use super::app::{App, INPUT_WIDTH, read_capped};
-use super::executor::{ExpertExecutor, standin_name};
+use super::executor::{ExecutorOptions, ExpertExecutor, gpu_name};
 
 /// Batch sizes the profiler measures.
 pub const BATCHES: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
@@ -84,10 +85,10 @@ pub fn default_plan(app: &App) -> Vec<ExecutorPlan> {
     }
 }
 
-/// The GPU stand-in and the CPU executor with these expert bytes.
+/// The GPU executor (or its stand-in, see [`gpu_name`]) and the CPU executor with these expert bytes.
 pub fn plan(gpu_expert_bytes: u64, cpu_expert_bytes: u64) -> Vec<ExecutorPlan> {
     vec![
-        ExecutorPlan { name: standin_name(0), kind: ExecutorKind::Gpu, expert_bytes: gpu_expert_bytes },
+        ExecutorPlan { name: gpu_name(0), kind: ExecutorKind::Gpu, expert_bytes: gpu_expert_bytes },
         ExecutorPlan { name: "cpu0".into(), kind: ExecutorKind::Cpu, expert_bytes: cpu_expert_bytes },
     ]
 }
@@ -114,13 +115,8 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
     let largest = by_size.last().map_or(0, |e| e.size_bytes);
     let mut executors = Vec::with_capacity(plan.len());
     for p in plan {
-        let mut exec = ExpertExecutor::open(
-            &p.name,
-            &app.store_dir(),
-            &app.manifest,
-            model,
-            p.expert_bytes.max(largest),
-        )?;
+        let options = ExecutorOptions { kind: p.kind, ..ExecutorOptions::new(p.expert_bytes.max(largest)) };
+        let mut exec = ExpertExecutor::open_with(&p.name, &app.store_dir(), &app.manifest, model, options)?;
         // Warm-up: the first session of a process pays ONNX Runtime's one-time setup.
         if let Some(first) = by_size.first() {
             exec.load(first.id)?;

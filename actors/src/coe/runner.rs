@@ -47,22 +47,26 @@ pub struct TierOptions {
     pub host_budget: Option<f64>,
     /// Intra-op threads of the CPU executor's sessions (0 = ONNX Runtime's default).
     pub cpu_threads: usize,
-    /// Intra-op threads of the GPU executor's (or its CPU stand-in's) sessions.
+    /// Intra-op threads of the GPU executor's CPU stand-in's sessions.
     pub gpu_threads: usize,
+    /// The CPU executor runs the MLP engine on the CPU instead of ONNX Runtime.
+    pub cpu_mlp: bool,
 }
 
 impl Default for TierOptions {
-    /// Host tier sized to the host-homed experts, one thread each.
+    /// Host tier sized to the host-homed experts, one thread each, ONNX Runtime on the CPU.
     fn default() -> Self {
-        TierOptions { host_budget: None, cpu_threads: 1, gpu_threads: 1 }
+        TierOptions { host_budget: None, cpu_threads: 1, gpu_threads: 1, cpu_mlp: false }
     }
 }
 
 impl TierOptions {
     /// Executor `e`'s options under `latency` for `model`: its profiled budget, this host tier
-    /// (the fraction of all of `model`'s expert bytes) and its kind's thread count.
+    /// (the fraction of all of `model`'s expert bytes), its kind (which picks its engine) and
+    /// its kind's thread count.
     pub fn executor(&self, latency: &LatencyModel, e: usize, model: &CoeModel) -> ExecutorOptions {
-        let threads = match latency.kind(e) {
+        let kind = latency.kind(e);
+        let threads = match kind {
             ExecutorKind::Cpu => self.cpu_threads,
             ExecutorKind::Gpu => self.gpu_threads,
         };
@@ -70,6 +74,8 @@ impl TierOptions {
             budget: latency.expert_budget(e),
             host_budget: self.host_budget.map(|f| (f.clamp(0.0, 1.0) * model.total_bytes() as f64) as u64),
             threads,
+            kind,
+            mlp_on_cpu: self.cpu_mlp,
         }
     }
 }

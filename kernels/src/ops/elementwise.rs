@@ -1,6 +1,8 @@
-//! Elementwise ops: row-wise bias add (and its gradient), GELU in the exact erf form (and its gradient).
+//! Elementwise ops: row-wise bias add (and its gradient), GELU in the exact erf form (and its
+//! gradient), ReLU. Bias add and ReLU also run on CUDA.
 
 use super::{Op, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -123,6 +125,33 @@ impl Op for BiasAdd {
         }
         Tensor::from_f32(x.shape(), out)
     }
+
+    fn cuda(&self, dev: &CudaDevice, (x, bias): Self::Args<'_>) -> Result<Tensor> {
+        crate::cuda::bias_add(dev, x, bias)
+    }
+}
+
+/// ReLU of every element on the CPU.
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    Relu.cpu(x)
+}
+
+/// ReLU, `max(x, 0)` elementwise (the MLP experts' activation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Relu;
+
+impl Op for Relu {
+    type Args<'a> = &'a Tensor;
+    type Output = Tensor;
+    const NAME: &'static str = "relu";
+
+    fn cpu(&self, x: &Tensor) -> Result<Tensor> {
+        Tensor::from_f32(x.shape(), x.f32_cow().iter().map(|&v| v.max(0.0)).collect())
+    }
+
+    fn cuda(&self, dev: &CudaDevice, x: &Tensor) -> Result<Tensor> {
+        crate::cuda::relu(dev, x)
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +223,11 @@ mod tests {
         assert_eq!(bias_add(&x, &b).unwrap().to_vec_f32(), vec![11., 22., 33., 14., 25., 36.]);
         assert_eq!(bias_grad(&x).unwrap().to_vec_f32(), vec![5., 7., 9.]);
         assert!(bias_add(&x, &x).is_err());
+    }
+
+    #[test]
+    fn relu_by_hand() {
+        let x = Tensor::from_f32(&[2, 2], vec![-1.5, 0.0, 2.0, -0.0]).unwrap();
+        assert_eq!(relu(&x).unwrap().to_vec_f32(), vec![0.0, 0.0, 2.0, 0.0]);
     }
 }

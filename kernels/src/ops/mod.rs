@@ -22,7 +22,7 @@ pub use attention::{
     attention_forward, attention_saved_bytes, attention_tmp_bytes,
 };
 pub use elementwise::{
-    BiasAdd, Gelu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar,
+    BiasAdd, Gelu, Relu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar, relu,
 };
 pub use gemm::{Gemm, Matmul, matmul};
 pub use layer_norm::{LayerNorm, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward};

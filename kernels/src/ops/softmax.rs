@@ -1,6 +1,7 @@
-//! Row-wise softmax and its backward pass.
+//! Row-wise softmax (CPU and CUDA) and its backward pass.
 
 use super::{Op, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -62,6 +63,10 @@ impl Op for Softmax {
             softmax_row(&xv[r * cols..(r + 1) * cols], &mut out[r * cols..(r + 1) * cols]);
         }
         Tensor::from_f32(&[rows, cols], out)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, x: &Tensor) -> Result<Tensor> {
+        crate::cuda::softmax(dev, x)
     }
 }
 

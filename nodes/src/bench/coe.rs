@@ -20,7 +20,10 @@ use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::profiler;
 use troupe_actors::coe::runner::{RunOptions, RunReport, TierOptions, run_local};
 use troupe_policy::coe::sweep::{self, Arrivals, Point, PointResult};
-use troupe_policy::coe::{LatencyModel, Profile, SchedulerConfig, SimOptions, Tier, simulate};
+use troupe_policy::coe::{
+    ExecutorKind, ExpertEngine, LatencyModel, Profile, SchedulerConfig, SimOptions, Tier, choose_engine,
+    simulate,
+};
 
 use crate::workloads::coe::{self as cmd, KnobArgs};
 
@@ -367,6 +370,7 @@ pub fn run(
     force_real: bool,
     knobs: &KnobArgs,
     cpu_threads: usize,
+    cpu_mlp: bool,
 ) -> Result<BTreeMap<String, f64>> {
     let scale = cmd::scale(scale_name)?;
     let (app, profile) = prepare(scale, dir, knobs)?;
@@ -377,16 +381,24 @@ pub fn run(
     let mut rows = Vec::new();
     let mut digests: Option<Vec<u64>> = None;
     let mut identical = true;
+    // What each kind of executor ran on (the last real run's executors; the profile's otherwise).
+    let mut engines = profiled_engines(&latency);
     for config in compared() {
         let row = if real {
             // The executors' host tiers get the --host-budget share of all expert bytes.
-            let tiers = TierOptions { host_budget: knobs.host_budget, cpu_threads, ..TierOptions::default() };
+            let tiers = TierOptions {
+                host_budget: knobs.host_budget,
+                cpu_threads,
+                cpu_mlp,
+                ..TierOptions::default()
+            };
             let options = RunOptions {
                 deadline: std::time::Duration::from_secs(3 * 3600),
                 tiers,
                 ..RunOptions::new(config)
             };
             let r = run_local(&app, &latency, &options)?;
+            engines = executor_engines(&r, &latency);
             println!("{}", cmd::run_line(&r));
             println!("{}", TierFigures::of(&r).line());
             match &digests {
@@ -447,6 +459,7 @@ pub fn run(
     let (coe_accuracy, single_model_accuracy) = accuracies(&app.dir);
     f.insert("coe_accuracy".into(), coe_accuracy);
     f.insert("single_model_accuracy".into(), single_model_accuracy);
+    engine_figures(&mut f, engines);
     if let Some(ours) = rows.iter().find(|r| r.label == "ours") {
         // The floor of the switching share on this trace: every expert it uses loaded exactly
         // once (at the first executor's profiled bandwidth), against ours' compute time.
@@ -493,6 +506,44 @@ fn accuracies(dir: &Path) -> (f64, f64) {
             println!("accuracy: not recorded ({e}); regenerate the app with `troupe coe gen`");
             (f64::NAN, f64::NAN)
         }
+    }
+}
+
+/// The engines of the GPU and the CPU executor (`None` where the profile has no such executor).
+type Engines = (Option<ExpertEngine>, Option<ExpertEngine>);
+
+/// The engines the executors of `r` recorded, by kind.
+fn executor_engines(r: &RunReport, latency: &LatencyModel) -> Engines {
+    let of = |kind: ExecutorKind| {
+        (0..latency.executors())
+            .find(|&e| latency.kind(e) == kind)
+            .and_then(|e| r.executors.get(e))
+            .and_then(|(_, c)| c.engine)
+    };
+    (of(ExecutorKind::Gpu), of(ExecutorKind::Cpu))
+}
+
+/// The engines a simulated run's profile was measured with: the profiler opens each executor with
+/// the engine the policy picks on this machine (the profile is tied to whether CUDA is usable),
+/// the CPU executor on ONNX Runtime.
+fn profiled_engines(latency: &LatencyModel) -> Engines {
+    let cuda = troupe_kernels::cuda::cuda_available(0).is_ok();
+    let has = |kind: ExecutorKind| (0..latency.executors()).any(|e| latency.kind(e) == kind);
+    let gpu = has(ExecutorKind::Gpu).then(|| choose_engine(ExecutorKind::Gpu, cuda, false));
+    let cpu = has(ExecutorKind::Cpu).then(|| choose_engine(ExecutorKind::Cpu, cuda, false));
+    (gpu, cpu)
+}
+
+/// `gpu_executor_engine_cuda` (1 when the GPU executor ran on CUDA, 0 for the `standin-cpu`) and
+/// `cpu_executor_engine_mlp` (1 when the CPU executor ran the MLP engine); the labels are printed.
+fn engine_figures(f: &mut BTreeMap<String, f64>, (gpu, cpu): Engines) {
+    if let Some(g) = gpu {
+        println!("gpu executor engine: {}", g.label());
+        f.insert("gpu_executor_engine_cuda".into(), if g.on_cuda() { 1.0 } else { 0.0 });
+    }
+    if let Some(c) = cpu {
+        println!("cpu executor engine: {}", c.label());
+        f.insert("cpu_executor_engine_mlp".into(), if c.uses_onnx_runtime() { 0.0 } else { 1.0 });
     }
 }
 

@@ -64,6 +64,9 @@ pub enum BenchCommand {
         /// ONNX Runtime intra-op threads of the CPU executor's sessions (the GPU stand-in keeps 1).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         cpu_threads: u16,
+        /// Run the CPU executor's experts in the kernels' MLP engine instead of ONNX Runtime.
+        #[arg(long)]
+        cpu_mlp: bool,
     },
     /// Pipeline (CROWDio): worker peak RSS vs whole model, streaming vs barrier, loads, wire bytes.
     Pipeline {
@@ -129,12 +132,12 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
         }
-        BenchCommand::Coe { json, scale, dir, svg, real, sweep, knobs, cpu_threads } => {
+        BenchCommand::Coe { json, scale, dir, svg, real, sweep, knobs, cpu_threads, cpu_mlp } => {
             let run = move || {
                 if sweep {
                     coe::run_sweep(&scale, dir, real, &knobs)
                 } else {
-                    coe::run(&scale, dir, &svg, real, &knobs, usize::from(cpu_threads))
+                    coe::run(&scale, dir, &svg, real, &knobs, usize::from(cpu_threads), cpu_mlp)
                 }
             };
             ("coe", tokio::task::spawn_blocking(run).await??, json)

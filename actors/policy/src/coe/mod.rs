@@ -4,6 +4,7 @@
 //! the time goes into switching experts, not computing. This module holds the pure decision cores
 //! that cut that switching by exploiting expert dependency:
 //!
+//! - [`engine`]: which engine runs an executor's experts (CUDA, its CPU stand-in, ONNX Runtime).
 //! - [`model`]: experts, their sizes and usage probabilities, and the preliminary -> subsequent graph.
 //! - [`profile`] and [`latency`]: the per-device profile file and the latency model built from it.
 //! - [`memory`]: per-executor expert residency with two-stage (dependency-aware) or LRU eviction,
@@ -18,6 +19,7 @@
 //! - [`text`]: the shared strict line parser behind the profile and trace formats.
 
 pub mod admission;
+pub mod engine;
 pub mod latency;
 pub mod memory;
 pub mod model;
@@ -33,6 +35,7 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
+pub use engine::{ExpertEngine, choose_engine};
 pub use latency::LatencyModel;
 pub use memory::{
     EvictionContext, EvictionPolicy, ExpertManager, MemoryError, UnknownEvictionPolicy, belady_min_loads,
