@@ -153,3 +153,36 @@ pub enum ControlMsg {
     /// The answer to a status request.
     StatusReply(NodeStatus),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archived_check(s: &NodeStatus) -> Result<(), String> {
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(s).map_err(|e| e.to_string())?;
+        let a = rkyv::access::<ArchivedNodeStatus, rkyv::rancor::Error>(&bytes).map_err(|e| e.to_string())?;
+        a.check_caps()
+    }
+
+    #[test]
+    fn a_status_past_a_list_cap_is_refused_naming_the_list() {
+        let queue = |i: usize| QueueView { workload: "coe".into(), queue: format!("q{i}"), depth: 1 };
+        let mut s =
+            NodeStatus { queues: (0..MAX_STATUS_QUEUES).map(queue).collect(), ..NodeStatus::default() };
+        assert_eq!(archived_check(&s), Ok(()));
+        s.queues.push(queue(MAX_STATUS_QUEUES));
+        let e = archived_check(&s).unwrap_err();
+        assert!(e.contains("queues") && e.contains(&MAX_STATUS_QUEUES.to_string()), "{e}");
+
+        let pool = PoolView {
+            pool: "coadapt/edge".into(),
+            budget_bytes: 1,
+            used_bytes: 1,
+            fragmentation: 0.0,
+            history: vec![(0, 1); MAX_POOL_SAMPLES + 1],
+        };
+        let s = NodeStatus { pools: vec![pool], ..NodeStatus::default() };
+        let e = archived_check(&s).unwrap_err();
+        assert!(e.contains("coadapt/edge") && e.contains("history"), "{e}");
+    }
+}
