@@ -184,6 +184,10 @@ async fn work_counters_count_what_a_finished_job_did() {
     assert_eq!(value("troupe_work_total{workload=\"coadapt\",outcome=\"done\"}"), 2.0, "{body}");
     assert_eq!(value("troupe_work_total{workload=\"coadapt\",outcome=\"failed\"}"), 0.0, "{body}");
     assert_eq!(value("troupe_work_total{workload=\"coe\",outcome=\"done\"}"), 0.0, "{body}");
+    // the edge's pool as its engine reports it after a cycle, and its uploads queue, drained
+    assert_eq!(value("troupe_pool_budget_bytes{pool=\"coadapt/edge\"}"), f64::from(16u32 << 20), "{body}");
+    let _ = value("troupe_pool_fragmentation{pool=\"coadapt/edge\"}");
+    assert_eq!(value("troupe_queue_length{workload=\"coadapt\",queue=\"uploads\"}"), 0.0, "{body}");
 }
 
 /// A serving coe scheduler and two executor nodes over a ci app in `app`, metrics on each.
