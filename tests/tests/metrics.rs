@@ -291,3 +291,53 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
     }
     assert!(device_experts >= 1.0, "no expert resident on any executor after a request");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_crowd_reports_its_task_queue_and_the_stage_a_worker_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let topology = format!(
+        "name = \"metrics-crowd\"\n[membership]\nheartbeat_ms = 100\ntimeout_ms = 1500\n\n[[nodes]]\n\
+         name = \"foreman\"\nactors = [{{ kind = \"pipeline-foreman\", params = {{ workers = 1, journal_dir = \"{}\" }} }}]\n\
+         metrics = {{ listen = \"127.0.0.1:0\" }}\n\n[[nodes]]\nname = \"phone-1\"\n\
+         actors = [{{ kind = \"pipeline-worker\", params = {{ cache_dir = \"{}\" }} }}]\n",
+        tmp.path().join("journal").display(),
+        tmp.path().join("cache").display()
+    );
+    let cluster = ProcCluster::start(EXE.as_ref(), &topology).unwrap();
+    let keys = cluster.dir().join("keys");
+    let keys_s = keys.to_str().unwrap();
+    run_ok(EXE.as_ref(), &["keys", "node", "client", "--role", "scheduler", "--keys", keys_s]).unwrap();
+    let inputs = tmp.path().join("inputs.txt");
+    std::fs::write(&inputs, "a cat sat on the mat\n").unwrap();
+    let addr = |name: &str| cluster.nodes.iter().find(|n| n.name == name).unwrap().parsed.listen.to_string();
+    let out = std::process::Command::new(EXE)
+        .args(["pipeline", "submit", "--foreman", &addr("foreman"), "--as", "client", "--keys", keys_s])
+        .arg("--inputs")
+        .arg(&inputs)
+        .arg("--out")
+        .arg(tmp.path().join("out.jsonl"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the job failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // the foreman's task queue, drained once the job is answered
+    let (_, body) = get(metrics_addr(&cluster, "foreman").await, "/metrics").await;
+    let s = samples(&body);
+    let value = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no sample {k} in\n{body}"));
+    let _ = value("troupe_queue_length{workload=\"pipeline\",queue=\"ready\"}");
+    let _ = value("troupe_queue_length{workload=\"pipeline\",queue=\"running\"}");
+    assert!(value("troupe_work_total{workload=\"pipeline\",outcome=\"done\"}") >= 1.0, "{body}");
+
+    // the worker's node reports the stage its worker holds
+    let out =
+        run_ok(EXE.as_ref(), &["status", "--node", &addr("phone-1"), "--keys", keys_s, "--json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+    let stages = v["stages"].as_array().unwrap_or_else(|| panic!("no stages in {v}"));
+    // (a foreman loads the stages it runs; after the job the worker holds the last one)
+    assert!(stages.iter().any(|w| w["worker"] == "phone-1" && w["stage"].is_u64()), "{v}");
+}
