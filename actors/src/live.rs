@@ -3,8 +3,9 @@
 //! memory pools with their used bytes over time.
 //!
 //! Workloads publish here where their own state changes (an executor after each command, the
-//! coe scheduler on accept and answer, the request service on admit and release, a worker after
-//! each request, the coadapt edge on accept and after each cycle); the status handler and the
+//! coe scheduler on accept and answer, the request service on admit and release, the pipeline
+//! foreman each time it drains its policy's actions, a worker at start and after each request,
+//! the coadapt edge on accept, answer and after each cycle); the status handler and the
 //! metrics endpoint read a [`snapshot`]. Nothing here is read by a decision, and the actors do
 //! not reach into each other: this is a one-way mirror, as [`crate::work`] is for counters.
 //!

@@ -2,7 +2,9 @@
 //! Prometheus text whose families carry live values (a member up, heartbeat frames and bytes,
 //! QUIC bytes and RTT to the peer, the device budget); `troupe status --json` reports the same
 //! member. A serving coe cluster, after a client's request is answered, reports its queues on
-//! the scheduler and expert residency per tier and the device arena on the executors.
+//! the scheduler and expert residency per tier and the device arena on the executors; a
+//! pipeline crowd reports the foreman's task queue and the stage its worker holds; a coadapt
+//! edge its pool and drained uploads queue.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
