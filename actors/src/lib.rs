@@ -11,6 +11,7 @@ pub mod fault;
 pub mod hello;
 pub mod journal;
 pub mod kinds;
+pub mod live;
 pub mod membership;
 pub mod node;
 pub mod pipeline;

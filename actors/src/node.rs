@@ -209,7 +209,8 @@ impl NodeRuntime {
         }
     }
 
-    /// This node's status: members, registered actors, device budgets.
+    /// This node's status: members, registered actors, device budgets, and the workloads' live
+    /// figures ([`crate::live`]).
     pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
         local_status(&self.name, &self.membership).await
     }
@@ -298,7 +299,17 @@ async fn local_status(
         }
     }
     devices.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(NodeStatus { node: name.0.clone(), members, actors, devices })
+    let live = crate::live::snapshot();
+    Ok(NodeStatus {
+        node: name.0.clone(),
+        members,
+        actors,
+        devices,
+        residency: live.residency,
+        queues: live.queues,
+        stages: live.stages,
+        pools: live.pools,
+    })
 }
 
 async fn peer_events(
@@ -427,7 +438,8 @@ pub async fn query_status(
                 continue;
             }
             let msg = d.frame.access::<ControlMsg>().map_err(QuicError::from)?;
-            if let ArchivedControlMsg::StatusReply(_) = msg {
+            if let ArchivedControlMsg::StatusReply(s) = msg {
+                s.check_caps().map_err(|e| RuntimeError::Status(format!("{peer}: {e}")))?;
                 let owned: ControlMsg = rkyv::deserialize::<ControlMsg, rkyv::rancor::Error>(msg)
                     .map_err(|e| RuntimeError::Status(e.to_string()))?;
                 if let ControlMsg::StatusReply(s) = owned {

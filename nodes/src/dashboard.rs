@@ -12,8 +12,10 @@
 //! served at once; an event stream whose client stops reading for [`WRITE_TIMEOUT`] is closed.
 //!
 //! What a snapshot carries is only what `NodeStatus` exposes (members and their state, actors,
-//! device budgets) plus the device memory the dashboard itself sampled at each poll;
-//! [`MISSING`] names what the issue asks for and the status does not carry yet.
+//! device budgets, and the workloads' live figures: expert residency per executor and tier,
+//! queue depths, the stage each pipeline worker holds, pools with the used-bytes history the
+//! node keeps) plus the device memory the dashboard itself sampled at each poll; [`MISSING`]
+//! names what the issue asks for and the status does not carry.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -43,14 +45,13 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Device memory samples kept per device (the "over time" plot).
 const HISTORY: usize = 300;
 
-/// What the issue asks the page to show and `NodeStatus` does not carry yet: listed on the
+/// What the issue asks the page to show and the node status does not carry: listed on the
 /// page as missing rather than made up.
 pub const MISSING: &[&str] = &[
-    "expert residency per executor: NodeStatus has no per-executor resident expert list",
-    "queue depths: NodeStatus carries no queue lengths (scheduler, executor or pipeline)",
-    "pipeline stages per worker: NodeStatus lists actor names only, not the stage a worker holds",
-    "pool memory per pool: only each device's total used/budget is reported; the history shown \
-     is sampled by the dashboard at each poll, not kept by the node",
+    "actor mailbox depths: ractor exposes no mailbox length, so no node can report one (the \
+     queues the workloads own are shown instead)",
+    "device memory over time: the node keeps a history per pool (shown with the workloads), not \
+     per device actor; the device plot below is sampled by the dashboard at each poll",
 ];
 
 /// How `troupe dashboard` runs.
@@ -203,6 +204,7 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
         last_heard_ms_ago: Option<u64>,
         actors: Option<Vec<String>>,
         devices: Option<Value>,
+        live: Option<Value>,
     }
     let mut nodes: BTreeMap<String, View> = BTreeMap::new();
     let blank = || View {
@@ -212,6 +214,7 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
         last_heard_ms_ago: None,
         actors: None,
         devices: None,
+        live: None,
     };
     for (addr, answer) in &poll.answers {
         if let Ok(s) = answer {
@@ -220,7 +223,14 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
             v.answered = Some(*addr);
             v.last_heard_ms_ago = Some(0);
             v.actors = Some(s.actors.clone());
-            v.devices = Some(crate::status::json(s)["devices"].clone());
+            let report = crate::status::json(s);
+            v.devices = Some(report["devices"].clone());
+            v.live = Some(json!({
+                "residency": report["residency"],
+                "queues": report["queues"],
+                "stages": report["stages"],
+                "pools": report["pools"],
+            }));
         }
     }
     for (_, answer) in &poll.answers {
@@ -255,6 +265,7 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
                 "last_heard_ms_ago": v.last_heard_ms_ago,
                 "actors": v.actors,
                 "devices": v.devices,
+                "live": v.live,
             })
         })
         .collect();
@@ -413,7 +424,7 @@ async fn events(mut stream: TcpStream, mut rx: watch::Receiver<Arc<String>>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use troupe_actors::wire::{DeviceView, MemberView};
+    use troupe_actors::wire::{DeviceView, MemberView, PoolView, ResidencyView, StageView};
 
     #[test]
     fn only_loopback_listen_addresses_are_accepted() {
@@ -456,6 +467,22 @@ mod tests {
                 used_bytes: 8,
                 fragmentation: 0.0,
             }],
+            residency: vec![ResidencyView {
+                executor: "cpu0".into(),
+                device_experts: 2,
+                device_bytes: 4096,
+                host_experts: 1,
+                host_bytes: 1024,
+            }],
+            stages: vec![StageView { worker: "a".into(), stage: Some(1) }],
+            pools: vec![PoolView {
+                pool: "coe/cpu0/device".into(),
+                budget_bytes: 8192,
+                used_bytes: 4096,
+                fragmentation: 0.25,
+                history: vec![(900, 2048), (1000, 4096)],
+            }],
+            ..NodeStatus::default()
         };
         let poll = Poll {
             seq: 3,
@@ -475,5 +502,12 @@ mod tests {
         assert_eq!(v["memory_history"]["a/cpu0"][0][1], 8);
         assert_eq!(v["sources"][1]["ok"], false);
         assert_eq!(v["missing"].as_array().unwrap().len(), MISSING.len());
+        let live = &v["nodes"][0]["live"];
+        assert_eq!(live["residency"][0]["executor"], "cpu0");
+        assert_eq!(live["residency"][0]["device_experts"], 2);
+        assert_eq!(live["stages"][0]["stage"], 1);
+        assert_eq!(live["pools"][0]["history"][1][1], 4096, "the node's own history is passed on");
+        assert_eq!(live["queues"].as_array().map(Vec::len), Some(0));
+        assert!(v["nodes"][1]["live"].is_null(), "a node that did not answer has no live figures");
     }
 }

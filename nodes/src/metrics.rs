@@ -18,7 +18,19 @@
 //! | `troupe_supervisor_escalations_total` | `supervisor`, `child` | supervision events |
 //! | `troupe_frames_total`, `troupe_frame_bytes_total` | `channel`, `direction` | transport counters |
 //! | `troupe_peer_udp_bytes_total` | `peer`, `direction` | QUIC connection stats per peer |
-//! | `troupe_device_memory_used_bytes`, `troupe_device_memory_budget_bytes` (gauges) | `device` | device actors |
+//! | `troupe_device_memory_used_bytes`, `troupe_device_memory_budget_bytes`, `troupe_device_memory_fragmentation` (gauges) | `device` | device actors |
+//! | `troupe_peer_rtt_seconds` (gauge) | `peer` | QUIC's round-trip estimate per connected peer |
+//! | `troupe_queue_length` (gauge) | `workload`, `queue` | workloads' own queues ([`troupe_actors::live`]) |
+//! | `troupe_expert_residency_experts`, `troupe_expert_residency_bytes` (gauges) | `executor`, `tier` = device, host | each local coe executor after its last command |
+//! | `troupe_pool_used_bytes`, `troupe_pool_budget_bytes`, `troupe_pool_fragmentation` (gauges) | `pool` | coe executors' device arenas, the coadapt edge's pool |
+//! | `troupe_work_total` | `workload`, `outcome` = done, failed | [`troupe_actors::work`] |
+//!
+//! Queues published: `coe` `outstanding` (accepted, not answered), `waiting-clients`,
+//! `admitted` (the request service's admission count); `pipeline` `ready`, `running` (the
+//! foreman's tasks ready to assign and in flight); `coadapt` `uploads` (accepted, not
+//! answered). A workload's queue appears once it runs on the node. Mailbox depths are not
+//! exported: ractor exposes no mailbox length, so the runtime cannot observe them; the queues
+//! above are the ones the runtime itself owns.
 //!
 //! Counters mirrored from a source that counts on its own (transport, QUIC) are advanced by
 //! the difference at each scrape, so they only grow; a peer's QUIC counters restart with a new
@@ -39,6 +51,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use troupe_actors::SupervisorEvent;
 use troupe_actors::node::StatusProbe;
+use troupe_actors::wire::NodeStatus;
 use troupe_transport::{Channel, QuicNode};
 
 /// Largest request head read from a scraper (or a dashboard client).
@@ -87,6 +100,31 @@ struct DeviceLabels {
     device: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RttLabels {
+    peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    workload: String,
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    executor: String,
+    tier: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+/// A gauge holding a float (seconds, ratios).
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 /// One node's metrics: the registry and handles on its families.
 pub struct NodeMetrics {
     registry: Registry,
@@ -99,7 +137,15 @@ pub struct NodeMetrics {
     peer_bytes: Family<PeerLabels, Counter>,
     device_used: Family<DeviceLabels, Gauge>,
     device_budget: Family<DeviceLabels, Gauge>,
+    device_fragmentation: Family<DeviceLabels, FloatGauge>,
     work: Family<WorkLabels, Counter>,
+    rtt: Family<RttLabels, FloatGauge>,
+    queues: Family<QueueLabels, Gauge>,
+    resident_experts: Family<TierLabels, Gauge>,
+    resident_bytes: Family<TierLabels, Gauge>,
+    pool_used: Family<PoolLabels, Gauge>,
+    pool_budget: Family<PoolLabels, Gauge>,
+    pool_fragmentation: Family<PoolLabels, FloatGauge>,
 }
 
 impl Default for NodeMetrics {
@@ -154,12 +200,48 @@ impl NodeMetrics {
         registry.register("device_memory_used_bytes", "Device memory in use", device_used.clone());
         let device_budget = Family::<DeviceLabels, Gauge>::default();
         registry.register("device_memory_budget_bytes", "Device memory budget", device_budget.clone());
+        let device_fragmentation = Family::<DeviceLabels, FloatGauge>::default();
+        registry.register(
+            "device_memory_fragmentation",
+            "External fragmentation of the device's free memory (0..1)",
+            device_fragmentation.clone(),
+        );
         let work = Family::<WorkLabels, Counter>::default();
         registry.register(
             "work",
             "Work finished in this node, per workload: coe requests answered, pipeline inputs \
              answered, adaptations done (outcome done), and failed attempts (outcome failed)",
             work.clone(),
+        );
+        let rtt = Family::<RttLabels, FloatGauge>::default();
+        registry.register("peer_rtt_seconds", "QUIC's round-trip time estimate to each peer", rtt.clone());
+        let queues = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "queue_length",
+            "Entries in each queue a workload of this node owns",
+            queues.clone(),
+        );
+        let resident_experts = Family::<TierLabels, Gauge>::default();
+        registry.register(
+            "expert_residency_experts",
+            "Experts each local coe executor holds, per tier",
+            resident_experts.clone(),
+        );
+        let resident_bytes = Family::<TierLabels, Gauge>::default();
+        registry.register(
+            "expert_residency_bytes",
+            "Bytes of experts each local coe executor holds, per tier",
+            resident_bytes.clone(),
+        );
+        let pool_used = Family::<PoolLabels, Gauge>::default();
+        registry.register("pool_used_bytes", "Bytes allocated in each memory pool", pool_used.clone());
+        let pool_budget = Family::<PoolLabels, Gauge>::default();
+        registry.register("pool_budget_bytes", "Bytes each memory pool may hand out", pool_budget.clone());
+        let pool_fragmentation = Family::<PoolLabels, FloatGauge>::default();
+        registry.register(
+            "pool_fragmentation",
+            "External fragmentation of each pool's free space (0..1)",
+            pool_fragmentation.clone(),
         );
         for (workload, _) in troupe_actors::work::all() {
             for outcome in ["done", "failed"] {
@@ -188,7 +270,15 @@ impl NodeMetrics {
             peer_bytes,
             device_used,
             device_budget,
+            device_fragmentation,
             work,
+            rtt,
+            queues,
+            resident_experts,
+            resident_bytes,
+            pool_used,
+            pool_budget,
+            pool_fragmentation,
         }
     }
 
@@ -226,7 +316,9 @@ impl NodeMetrics {
                     let l = DeviceLabels { device: d.name.clone() };
                     self.device_used.get_or_create(&l).set(gauge_value(d.used_bytes));
                     self.device_budget.get_or_create(&l).set(gauge_value(d.budget_bytes));
+                    self.device_fragmentation.get_or_create(&l).set(d.fragmentation);
                 }
+                self.record_live(&s);
             }
             // the last values stay; the scrape still answers
             Err(e) => tracing::debug!(error = %e, "metrics: status not read"),
@@ -253,6 +345,32 @@ impl NodeMetrics {
                 mirror(&self.peer_bytes.get_or_create(&l("sent")), stats.udp_tx.bytes);
                 mirror(&self.peer_bytes.get_or_create(&l("received")), stats.udp_rx.bytes);
             }
+            if let Some(rtt) = link.rtt(&peer) {
+                self.rtt.get_or_create(&RttLabels { peer: peer.to_string() }).set(rtt.as_secs_f64());
+            }
+        }
+    }
+
+    /// Sets the live-figure gauges (residency, queues, pools) from a status of this node, the
+    /// same figures `troupe status` and the dashboard show.
+    fn record_live(&self, s: &NodeStatus) {
+        for r in &s.residency {
+            let l = |tier: &str| TierLabels { executor: r.executor.clone(), tier: tier.into() };
+            self.resident_experts.get_or_create(&l("device")).set(gauge_value(r.device_experts));
+            self.resident_experts.get_or_create(&l("host")).set(gauge_value(r.host_experts));
+            self.resident_bytes.get_or_create(&l("device")).set(gauge_value(r.device_bytes));
+            self.resident_bytes.get_or_create(&l("host")).set(gauge_value(r.host_bytes));
+        }
+        for q in &s.queues {
+            self.queues
+                .get_or_create(&QueueLabels { workload: q.workload.clone(), queue: q.queue.clone() })
+                .set(gauge_value(q.depth));
+        }
+        for p in &s.pools {
+            let l = PoolLabels { pool: p.pool.clone() };
+            self.pool_used.get_or_create(&l).set(gauge_value(p.used_bytes));
+            self.pool_budget.get_or_create(&l).set(gauge_value(p.budget_bytes));
+            self.pool_fragmentation.get_or_create(&l).set(p.fragmentation);
         }
     }
 

@@ -1,6 +1,7 @@
 //! `troupe dashboard` in a real browser: a cluster of real node processes, the dashboard process
 //! asking them, and headless Chromium (Debian's package, installed by `scripts/setup-browser`)
-//! loading the page. Every node shows up; after `kill -9` of one, the open page receives the
+//! loading the page. Every node shows up, with the stage a pipeline worker holds as its node
+//! reports it; after `kill -9` of one, the open page receives the
 //! change over server-sent events and shows it down; a screenshot is written under
 //! `target/dashboard/`. Without Chromium this test fails and says why.
 
@@ -15,23 +16,34 @@ use troupe_tests::ProcCluster;
 
 const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
 
-const TOPOLOGY: &str = r#"name = "dashboard"
+/// Three nodes, `a` with a device, `b` and `c` with a hello expert, and `w` with a pipeline
+/// worker (its cache under `cache`), so the page has a worker's stage to show.
+fn topology(cache: &Path) -> String {
+    format!(
+        r#"name = "dashboard"
 [membership]
 heartbeat_ms = 100
 timeout_ms = 1500
 
 [[nodes]]
 name = "a"
-devices = [{ name = "cpu0", kind = "cpu", memory_mb = 64 }]
+devices = [{{ name = "cpu0", kind = "cpu", memory_mb = 64 }}]
 
 [[nodes]]
 name = "b"
-actors = [{ kind = "hello-expert" }]
+actors = [{{ kind = "hello-expert" }}]
 
 [[nodes]]
 name = "c"
-actors = [{ kind = "hello-expert" }]
-"#;
+actors = [{{ kind = "hello-expert" }}]
+
+[[nodes]]
+name = "w"
+actors = [{{ kind = "pipeline-worker", params = {{ cache_dir = "{}" }} }}]
+"#,
+        cache.display()
+    )
+}
 
 /// The `chromium` on PATH, or a failure naming what to do.
 fn chromium() -> PathBuf {
@@ -127,7 +139,8 @@ fn count_lines(path: &Path, needle: &str) -> usize {
 #[test]
 fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
     let browser_path = chromium();
-    let mut cluster = ProcCluster::start(EXE.as_ref(), TOPOLOGY).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(cache.path())).unwrap();
     let keys = cluster.dir().join("keys");
     let log = cluster.dir().join("dashboard.log");
     let mut cmd = Command::new(EXE);
@@ -188,14 +201,20 @@ fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
             browser(profile.path(), &["--virtual-time-budget=2000", "--dump-dom"], &format!("{base}/?once")),
             Duration::from_secs(30),
         );
-        if ["a", "b", "c"].iter().all(|n| state(&dom, n) == Some("up")) {
+        let all_up = ["a", "b", "c", "w"].iter().all(|n| state(&dom, n) == Some("up"));
+        if all_up && dom.contains("data-stage=\"w/w\"") {
             break dom;
         }
-        assert!(Instant::now() < deadline, "not every node up on the page within 60 s:\n{dom}");
+        assert!(
+            Instant::now() < deadline,
+            "not every node up (and w's stage shown) on the page within 60 s:\n{dom}"
+        );
     };
     assert!(dom.contains("hello-expert"), "b's and c's actors are listed:\n{dom}");
     assert!(dom.contains("cpu0 (cpu)") && dom.contains("64.0 MiB"), "a's device budget is shown:\n{dom}");
-    assert!(dom.contains("queue depths"), "what the status lacks is listed as missing:\n{dom}");
+    // w's worker reports the stage it holds (none: no foreman has loaded one), from its node
+    assert!(dom.contains("w: no stage live"), "the pipeline worker's stage is shown:\n{dom}");
+    assert!(dom.contains("mailbox depths"), "what the status lacks is listed as missing:\n{dom}");
 
     // 2. An open page sees b go down: it keeps its stream until b shows down, so the browser run
     // ends only after the change was pushed. b is killed once its stream is open.

@@ -194,6 +194,7 @@ impl EdgeShared {
             let key = st.next;
             st.next += 1;
             st.accepted.insert(key, Accepted { request, reply: tx });
+            crate::live::set_queue("coadapt", "uploads", st.accepted.len() as u64);
         }
         self.tell(EdgeInput::Accepted);
         Ok(rx)
@@ -225,7 +226,12 @@ impl EdgeShared {
 
     /// Answers accepted upload `key` (once: its reply channel is consumed).
     fn answer(&self, key: u64, bytes: Vec<u8>) {
-        let taken = lock(&self.store).accepted.remove(&key);
+        let taken = {
+            let mut st = lock(&self.store);
+            let taken = st.accepted.remove(&key);
+            crate::live::set_queue("coadapt", "uploads", st.accepted.len() as u64);
+            taken
+        };
         if let Some(a) = taken {
             let _ = a.reply.send(bytes);
         }
@@ -480,6 +486,8 @@ impl Live {
             let mut st = lock(&shared.store);
             st.peak_used = st.peak_used.max(engine.pool().peak_used());
         }
+        let pool = engine.pool().stats();
+        crate::live::set_pool("coadapt/edge", pool.budget, pool.used, pool.external_fragmentation);
         self.engine = Some(engine);
         self.reply_finished(shared, done);
         if let Err(e) = result {

@@ -108,6 +108,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut o = self.outstanding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         o.total = o.total.saturating_sub(1);
+        crate::live::set_queue("coe", "admitted", o.total as u64);
         if let Some(n) = o.per_peer.get_mut(&self.peer) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -125,6 +126,7 @@ impl Server {
         match admit(self.limits, o.total, mine) {
             Admission::Accept => {
                 o.total += 1;
+                crate::live::set_queue("coe", "admitted", o.total as u64);
                 *o.per_peer.entry(peer.clone()).or_default() += 1;
                 Ok(Slot { outstanding: self.outstanding.clone(), peer: peer.clone() })
             }

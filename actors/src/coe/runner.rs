@@ -263,7 +263,27 @@ pub fn execute(exec: usize, executor: &mut ExpertExecutor, cmd: Cmd) -> Result<O
     }?;
     // The executor's own accounting: both tiers within budget, equal to what it holds.
     executor.check_accounting()?;
+    publish(executor);
     Ok(result)
+}
+
+/// Mirrors what `executor` holds per tier, and its device arena, into [`crate::live`] (for the
+/// node's status and metrics).
+fn publish(executor: &ExpertExecutor) {
+    crate::live::set_residency(crate::wire::ResidencyView {
+        executor: executor.name().to_string(),
+        device_experts: executor.loaded().len() as u64,
+        device_bytes: executor.resident_bytes(),
+        host_experts: executor.host_resident().len() as u64,
+        host_bytes: executor.store_host_bytes(),
+    });
+    let pool = executor.device_pool();
+    crate::live::set_pool(
+        &format!("coe/{}/device", executor.name()),
+        pool.budget,
+        pool.used,
+        pool.external_fragmentation,
+    );
 }
 
 fn executor_thread(

@@ -172,6 +172,14 @@ pub struct CoeShared {
     started: Instant,
 }
 
+/// Mirrors the store's queue lengths into [`crate::live`]: requests accepted and not yet
+/// answered (`outstanding`), and clients waiting for an answer (`waiting-clients`).
+fn publish_queues(st: &Store) {
+    let outstanding = st.accepted_set.len().saturating_sub(st.answered.len());
+    crate::live::set_queue("coe", "outstanding", outstanding as u64);
+    crate::live::set_queue("coe", "waiting-clients", st.waiters.len() as u64);
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -312,6 +320,7 @@ impl CoeShared {
             store.journal = Some(j);
         }
         let answered = store.answered.len();
+        publish_queues(&store);
         let links = (0..latency.executors()).map(|_| LinkSlot { sender: None, generation: 0 }).collect();
         let shared = Arc::new(Self {
             app,
@@ -374,6 +383,7 @@ impl CoeShared {
             st.accepted.push(id);
             st.meter.accepted_at.insert(id, now);
         }
+        publish_queues(&st);
         if let Some(s) = &st.scheduler {
             // A dead incarnation's ref fails here; its successor reads the store when it starts.
             let _ = s.send_message(SchedulerMsg::Input(CoeInput::Accepted));
@@ -401,6 +411,7 @@ impl CoeShared {
         st.meter.accepted_at.insert(id, Instant::now());
         let (tx, rx) = tokio::sync::oneshot::channel();
         st.waiters.insert(id, tx);
+        publish_queues(&st);
         if let Some(s) = &st.scheduler {
             let _ = s.send_message(SchedulerMsg::Input(CoeInput::Accepted));
         }
@@ -818,6 +829,7 @@ impl Live {
             if let Some(at) = st.meter.accepted_at.remove(&request.0) {
                 st.meter.latencies.push(at.elapsed());
             }
+            publish_queues(&st);
             st.answered.len()
         };
         shared.answered_tx.send_replace(count);

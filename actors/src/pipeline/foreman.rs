@@ -563,6 +563,9 @@ impl Shell {
     }
 
     fn drain(&mut self) {
+        let (ready, running) = self.policy.task_queue();
+        crate::live::set_queue("pipeline", "ready", ready as u64);
+        crate::live::set_queue("pipeline", "running", running as u64);
         while let Some(action) = self.policy.poll_action() {
             let text = match &action {
                 Action::Reassigned { task, from, to } => {

@@ -165,6 +165,8 @@ impl Actor for PipelineWorker {
         ractor::pg::join(WORKERS_GROUP.to_string(), vec![me.get_cell()]);
         let service = format!("{SERVICE_PREFIX}{}", args.settings.node);
         args.services.register(&service, spec(), handler(me.clone()));
+        // a (re)started worker holds no session until the foreman loads one
+        crate::live::set_stage(&args.settings.node, None);
         Ok(WorkerState { args, session: None, straggler, memory, sampler, stats: WorkerStats::default() })
     }
 
@@ -179,6 +181,7 @@ impl Actor for PipelineWorker {
             Ok(req) => state.serve(req).await.unwrap_or_else(Response::Error),
             Err(e) => Response::Error(e.to_string()),
         };
+        crate::live::set_stage(&state.args.settings.node, state.session.as_ref().map(|l| l.stage));
         if let Response::Error(e) = &response {
             warn!(node = %state.args.settings.node, error = %e, "request failed");
         }

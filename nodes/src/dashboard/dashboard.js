@@ -42,6 +42,53 @@ function spark(samples) {
   return svg;
 }
 
+// One cell of items, each an element with `attr` = "node/key" so a test can find it.
+function cell(node, items, attr, text) {
+  const td = el("td");
+  if (items.length === 0) { td.textContent = "-"; td.classList.add("muted"); return td; }
+  const ul = el("ul");
+  for (const i of items) {
+    const [key, line] = text(i);
+    ul.appendChild(el("li", line, { [attr]: node + "/" + key }));
+  }
+  td.appendChild(ul);
+  return td;
+}
+
+// The workloads' live figures of every node that answered and has some.
+function renderLive(nodes) {
+  const body = document.getElementById("live");
+  const rows = [];
+  for (const n of nodes) {
+    const l = n.live;
+    if (!l || (l.residency.length + l.queues.length + l.stages.length + l.pools.length) === 0) continue;
+    const tr = el("tr", null, { "class": "live", "data-node": n.name });
+    tr.appendChild(el("td", n.name));
+    tr.appendChild(cell(n.name, l.residency, "data-residency", r => [r.executor,
+      `${r.executor}: device ${r.device_experts} experts (${mib(r.device_bytes)}), host ${r.host_experts} experts (${mib(r.host_bytes)})`]));
+    tr.appendChild(cell(n.name, l.queues, "data-queue", q => [q.workload + "/" + q.queue,
+      `${q.workload} ${q.queue}: ${q.depth}`]));
+    tr.appendChild(cell(n.name, l.stages, "data-stage", w => [w.worker,
+      `${w.worker}: ${w.stage === null ? "no stage live" : "stage " + w.stage}`]));
+    const pools = el("td");
+    for (const p of l.pools) {
+      const row = el("div", null, { "data-pool": n.name + "/" + p.pool });
+      row.appendChild(spark(p.history));
+      row.appendChild(el("span", ` ${p.pool}: ${mib(p.used_bytes)} / ${mib(p.budget_bytes)}, fragmentation ${p.fragmentation.toFixed(3)}, ${p.history.length} samples`));
+      pools.appendChild(row);
+    }
+    if (l.pools.length === 0) { pools.textContent = "-"; pools.classList.add("muted"); }
+    tr.appendChild(pools);
+    rows.push(tr);
+  }
+  if (rows.length === 0) {
+    const tr = el("tr");
+    tr.appendChild(el("td", "no node reports a workload yet", { "colspan": "5", "class": "muted" }));
+    rows.push(tr);
+  }
+  body.replaceChildren(...rows);
+}
+
 function render(s) {
   document.getElementById("seq").textContent = s.seq;
   document.getElementById("at").textContent = s.at_ms ? new Date(s.at_ms).toISOString() : "";
@@ -69,6 +116,8 @@ function render(s) {
     tr.appendChild(seen);
     body.appendChild(tr);
   }
+
+  renderLive(s.nodes);
 
   const mem = document.getElementById("memory");
   const keys = Object.keys(s.memory_history);

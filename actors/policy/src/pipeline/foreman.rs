@@ -613,6 +613,12 @@ impl Foreman {
         self.workers.keys().copied().collect()
     }
 
+    /// Tasks of the current job ready to be assigned and tasks in flight (pinned, loading or
+    /// running on a worker); `(0, 0)` with no job. Read-only, for the node's queue figures.
+    pub fn task_queue(&self) -> (usize, usize) {
+        self.job.as_ref().map_or((0, 0), |j| (j.ready.len(), j.in_flight.iter().sum()))
+    }
+
     /// Tasks done so far in the current job.
     pub fn tasks_done(&self) -> usize {
         self.job.as_ref().map_or(0, |j| j.done)
