@@ -444,6 +444,7 @@ mod tests {
             name: name.into(),
             status: status.into(),
             last_heard_ms_ago: 40,
+            rtt_us: None,
         };
         let status = NodeStatus {
             node: "a".into(),
