@@ -1,5 +1,6 @@
 //! `troupe up TOPOLOGY`: starts every node of a local topology as a separate OS process on
-//! loopback, with generated keys and configs, prefixes their logs with the node name, and tears
+//! loopback (or, with `--netns`, each in its own network namespace: [`crate::netns`]), with
+//! generated keys and configs, prefixes their logs with the node name, and tears
 //! all of them down on ctrl-c or when the topology's job ends.
 //!
 //! Each node's full output (DEBUG included) goes to `WORKDIR/NAME.log`; the console shows what
