@@ -488,6 +488,27 @@ mod tests {
     }
 
     #[test]
+    fn links_are_off_by_default_and_out_of_range_values_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        assert!(c.links.is_off());
+        assert_eq!(c.links.impairment().unwrap(), None);
+        let on = format!("{GOOD}[links]\nrtt_ms = 40\nloss_pct = 1\n");
+        let c = NodeConfig::load(&write(d.path(), &on)).unwrap();
+        let imp = c.links.impairment().unwrap().unwrap();
+        assert_eq!((imp.one_way, imp.loss_ppm), (Duration::from_millis(20), 10_000));
+        for (bad, named) in [
+            ("rtt_ms = 20000", "rtt_ms"),
+            ("rtt_ms = 10\njitter_ms = 6", "jitter_ms"),
+            ("loss_pct = 60", "loss_pct"),
+        ] {
+            let text = format!("{GOOD}[links]\n{bad}\n");
+            let e = NodeConfig::load(&write(d.path(), &text)).unwrap_err().to_string();
+            assert!(e.contains("links") && e.contains(named), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn good_config_resolves_keys_next_to_the_file() {
         let d = tempfile::tempdir().unwrap();
         let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
