@@ -157,10 +157,20 @@ fn link_exists(name: &str) -> bool {
 }
 
 /// Removes the namespaces (their veth pairs go with them) and the bridge of the topology
-/// planned as `plan`, whoever made them; returns what was removed.
+/// planned as `plan`, whoever made them; node processes a killed run left inside them are
+/// killed first (a namespace outlives its name while a process is in it). Returns what was
+/// removed.
 pub fn clean(plan: &NetnsPlan) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for ns in existing(&plan.prefix)? {
+        for pid in ip(&["netns", "pids", &ns])?.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            // SAFETY: sending a signal touches no memory; the pid is a process inside the
+            // topology's own namespace (a node of the killed run).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            removed.push(format!("process {pid} in {ns}"));
+        }
         ip(&["netns", "del", &ns])?;
         removed.push(format!("namespace {ns}"));
     }

@@ -21,9 +21,20 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
 }
 
+/// Runs `troupe up --netns-clean TOPOLOGY` when dropped, so that a run killed at its time limit
+/// does not leave its namespaces (and their nodes) behind.
+struct CleanOnDrop(PathBuf);
+
+impl Drop for CleanOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(EXE).arg("up").arg("--netns-clean").arg(&self.0).output();
+    }
+}
+
 /// Runs `troupe up [--netns] TOPOLOGY` to its end (at most `limit`), asserting it succeeded;
 /// returns its output.
 async fn up(topology: &Path, workdir: &Path, netns: bool, limit: Duration) -> String {
+    let _clean = netns.then(|| CleanOnDrop(topology.to_path_buf()));
     let mut cmd = tokio::process::Command::new(EXE);
     cmd.arg("up");
     if netns {

@@ -53,6 +53,16 @@ fn link_exists(name: &str) -> bool {
     std::process::Command::new("ip").args(["link", "show", name]).output().is_ok_and(|o| o.status.success())
 }
 
+/// Runs `troupe up --netns-clean TOPOLOGY` when dropped, so that a failing test does not leave
+/// its namespaces (and their nodes) behind.
+struct CleanOnDrop(std::path::PathBuf);
+
+impl Drop for CleanOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(EXE).arg("up").arg("--netns-clean").arg(&self.0).output();
+    }
+}
+
 const LINKS: &str = "[links]\nrtt_ms = 40\nloss_pct = 1\nseed = 7\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,6 +75,7 @@ async fn hello_job_runs_across_namespaces_with_40ms_rtt_and_1pct_loss() {
         .unwrap();
     let hello = hello.replace("name = \"hello\"", &format!("name = \"{name}\"\n\n{LINKS}"));
     std::fs::write(&topo, hello).unwrap();
+    let _clean = CleanOnDrop(topo.clone());
     let workdir = tmp.path().join("w");
     let child = Command::new(EXE)
         .args(["up", "--netns", topo.to_str().unwrap(), "--workdir", workdir.to_str().unwrap()])
@@ -104,6 +115,7 @@ async fn status_reaches_a_namespaced_node_and_its_rtt_matches_the_configured_one
         text += &format!("[[nodes]]\nname = \"{n}\"\nactors = [{{ kind = \"hello-expert\" }}]\n\n");
     }
     std::fs::write(&topo, text).unwrap();
+    let _clean = CleanOnDrop(topo.clone());
     let workdir = tmp.path().join("w");
     let mut up = Command::new(EXE)
         .args(["up", "--netns", topo.to_str().unwrap(), "--workdir", workdir.to_str().unwrap()])
@@ -217,4 +229,53 @@ async fn netns_where_not_permitted_fails_naming_the_reason() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "up --netns succeeded without privileges: {stderr}");
     assert!(stderr.contains("network namespaces are not permitted"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_is_refused_then_netns_clean_removes_what_it_left() {
+    require_netns();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = unique("nsstale");
+    let topo = tmp.path().join("stale.toml");
+    let node = |n: &str| format!("[[nodes]]\nname = \"{n}\"\nactors = [{{ kind = \"hello-expert\" }}]\n");
+    std::fs::write(&topo, format!("name = \"{name}\"\n{}{}", node("a"), node("b"))).unwrap();
+    let _clean = CleanOnDrop(topo.clone());
+    let (t, w) = (topo.to_str().unwrap(), tmp.path().join("w"));
+    let w = w.to_str().unwrap();
+    let mut up = Command::new(EXE)
+        .args(["up", "--netns", t, "--workdir", w])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // the nodes' log lines come through up's stderr
+    let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if l.contains("node up node=b") {
+                return;
+            }
+        }
+        panic!("troupe up ended before node b was up");
+    })
+    .await
+    .expect("node b not up within 30 s");
+    // SIGKILL: up cannot clean up; its nodes stay in their namespaces
+    up.kill().await.unwrap();
+    let prefix = format!("troupe-{name}-");
+    assert_eq!(namespaces(&prefix).len(), 2, "a killed run leaves its namespaces");
+    let again = Command::new(EXE).args(["up", "--netns", t, "--workdir", w]).output().await.unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success(), "a second run started over the first one's namespaces");
+    assert!(err.contains("exist already") && err.contains("--netns-clean"), "{err}");
+    let clean = Command::new(EXE).args(["up", "--netns-clean", t]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&clean.stdout);
+    assert!(clean.status.success(), "{said} {}", String::from_utf8_lossy(&clean.stderr));
+    assert!(
+        said.contains(&format!("removed namespace {prefix}a")) && said.contains("removed process"),
+        "{said}"
+    );
+    assert_eq!(namespaces(&prefix), Vec::<String>::new(), "namespaces left after --netns-clean");
 }
