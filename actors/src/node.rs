@@ -212,13 +212,13 @@ impl NodeRuntime {
     /// This node's status: members, registered actors, device budgets, and the workloads' live
     /// figures ([`crate::live`]).
     pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
-        local_status(&self.name, &self.membership).await
+        local_status(&self.name, &self.membership, &self.link).await
     }
 
     /// A cheap handle that reads this node's status later (for a metrics endpoint that outlives
     /// no runtime but must not own it).
     pub fn status_probe(&self) -> StatusProbe {
-        StatusProbe { name: self.name.clone(), membership: self.membership.clone() }
+        StatusProbe { name: self.name.clone(), membership: self.membership.clone(), link: self.link.clone() }
     }
 
     /// Waits until the root supervisor stops: `Err` when it escalated.
@@ -262,18 +262,20 @@ fn escalation(rx: &mut broadcast::Receiver<SupervisorEvent>) -> Result<(), Runti
 pub struct StatusProbe {
     name: NodeId,
     membership: ActorRef<MembershipMsg>,
+    link: QuicNode,
 }
 
 impl StatusProbe {
     /// The node's status now: members, registered actors, device budgets.
     pub async fn status(&self) -> Result<NodeStatus, RuntimeError> {
-        local_status(&self.name, &self.membership).await
+        local_status(&self.name, &self.membership, &self.link).await
     }
 }
 
 async fn local_status(
     name: &NodeId,
     membership: &ActorRef<MembershipMsg>,
+    link: &QuicNode,
 ) -> Result<NodeStatus, RuntimeError> {
     let err = |e: String| RuntimeError::Status(e);
     let now = ractor::call_t!(membership, MembershipMsg::Now, 2000).map_err(|e| err(e.to_string()))?;
@@ -281,6 +283,7 @@ async fn local_status(
         .map_err(|e| err(e.to_string()))?
         .into_iter()
         .map(|(n, s, t)| MemberView {
+            rtt_us: link.rtt(&n).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
             name: n.0,
             status: match s {
                 MemberStatus::Up => "up".into(),
@@ -372,7 +375,7 @@ async fn dispatch(
             (_, FrameKind::Service) => services.handle_frame(d),
             (Channel::Control, FrameKind::Message) => match d.frame.access::<ControlMsg>() {
                 Ok(ArchivedControlMsg::StatusRequest) => {
-                    let reply = match local_status(link.local_id(), &membership).await {
+                    let reply = match local_status(link.local_id(), &membership, &link).await {
                         Ok(s) => Frame::encode(FrameKind::Message, &ControlMsg::StatusReply(s)),
                         Err(e) => Ok(Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())),
                     };

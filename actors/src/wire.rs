@@ -18,6 +18,10 @@ pub struct MemberView {
     pub status: String,
     /// Milliseconds since it was last heard.
     pub last_heard_ms_ago: u64,
+    /// QUIC's smoothed round-trip time to it in microseconds, as this node's connection
+    /// measures it (`None` when not connected): what a topology's `[links] rtt_ms` is checked
+    /// against.
+    pub rtt_us: Option<u64>,
 }
 
 /// A device's memory budget as reported by its device actor.

@@ -42,13 +42,21 @@ pub enum Command {
         #[arg(long)]
         linger: bool,
     },
-    /// Starts every node of a local topology as its own process on loopback.
+    /// Starts every node of a local topology as its own process, on loopback or (`--netns`) each
+    /// in its own network namespace.
     Up {
         /// The topology file (e.g. examples/hello.toml).
         topology: PathBuf,
         /// Working folder for keys and generated configs (default .cache/up/NAME).
         #[arg(long)]
         workdir: Option<PathBuf>,
+        /// Gives each node its own network namespace and address (veth pairs on a bridge, made
+        /// at start and removed at exit; needs root and iproute2).
+        #[arg(long, conflicts_with = "netns_clean")]
+        netns: bool,
+        /// Only removes the namespaces and bridge a killed `--netns` run of this topology left.
+        #[arg(long)]
+        netns_clean: bool,
     },
     /// Runs a local topology fault-free, then again while killing (SIGKILL) and restarting its
     /// non-job nodes and panicking its schedulers on a seeded schedule; reports each fault, how
@@ -218,7 +226,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let cfg = NodeConfig::load(&config)?;
             crate::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
-        Command::Up { topology, workdir } => crate::up::run(&topology, workdir).await,
+        Command::Up { topology, workdir, netns, netns_clean } => {
+            let placement = match (netns, netns_clean) {
+                (_, true) => crate::up::Placement::NetnsClean,
+                (true, false) => crate::up::Placement::Netns,
+                (false, false) => crate::up::Placement::Loopback,
+            };
+            crate::up::run(&topology, workdir, placement).await
+        }
         Command::Chaos { topology, seed, faults, workdir } => {
             crate::chaos::run(&topology, seed, faults, workdir).await
         }

@@ -39,6 +39,9 @@ pub struct NodeConfig {
     /// Transport limits.
     #[serde(default)]
     pub transport: TransportSection,
+    /// Delay, jitter and loss this node adds to what it sends (off by default).
+    #[serde(default, skip_serializing_if = "LinksSection::is_off")]
+    pub links: LinksSection,
     /// Devices (one device actor each).
     #[serde(default)]
     pub devices: Vec<DeviceConfig>,
@@ -226,6 +229,41 @@ impl TransportSection {
     }
 }
 
+/// `[links]`: a link's round-trip time, jitter and loss, applied in user space by the
+/// transport (these kernels have no `netem`; see `troupe_transport::impaired`). Each node delays
+/// what it sends by `rtt_ms / 2 ± jitter_ms` and drops `loss_pct` percent of it, so two nodes
+/// with the same section see `rtt_ms` between them. All zero (the default): off, and the
+/// transport uses its plain socket.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinksSection {
+    /// Round-trip time between two nodes, in milliseconds (at most 10 000).
+    pub rtt_ms: u64,
+    /// One-way spread around `rtt_ms / 2`, in milliseconds (at most `rtt_ms / 2`).
+    pub jitter_ms: u64,
+    /// Percent of the datagrams each node sends that are lost (0 to 50).
+    pub loss_pct: f64,
+    /// Seed of the per-datagram draws (`troupe up` gives node `i` the topology's seed + i).
+    pub seed: u64,
+}
+
+impl LinksSection {
+    /// True when nothing is delayed or dropped.
+    pub fn is_off(&self) -> bool {
+        self.rtt_ms == 0 && self.jitter_ms == 0 && self.loss_pct == 0.0
+    }
+
+    /// The transport's impairment: `None` when off, an error naming the bound when out of range.
+    pub fn impairment(
+        &self,
+    ) -> Result<Option<troupe_policy::LinkImpairment>, troupe_policy::impair::ImpairError> {
+        if self.is_off() {
+            return Ok(None);
+        }
+        troupe_policy::LinkImpairment::new(self.rtt_ms, self.jitter_ms, self.loss_pct, self.seed).map(Some)
+    }
+}
+
 /// `[[devices]]`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -366,6 +404,9 @@ impl NodeConfig {
         if self.transport.idle_timeout_ms <= m.heartbeat_ms {
             return bad("transport.idle_timeout_ms", "must be greater than membership.heartbeat_ms".into());
         }
+        if let Err(e) = self.links.impairment() {
+            return bad("links", e.to_string());
+        }
         if self.supervision.period_s == 0 {
             return bad("supervision.period_s", "must be at least 1".into());
         }
@@ -444,6 +485,27 @@ mod tests {
         let open = format!("{GOOD}[metrics]\nlisten = \"0.0.0.0:9100\"\n");
         let e = NodeConfig::load(&write(d.path(), &open)).unwrap_err().to_string();
         assert!(e.contains("metrics.listen") && e.contains("0.0.0.0:9100") && e.contains("loopback"), "{e}");
+    }
+
+    #[test]
+    fn links_are_off_by_default_and_out_of_range_values_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        assert!(c.links.is_off());
+        assert_eq!(c.links.impairment().unwrap(), None);
+        let on = format!("{GOOD}[links]\nrtt_ms = 40\nloss_pct = 1\n");
+        let c = NodeConfig::load(&write(d.path(), &on)).unwrap();
+        let imp = c.links.impairment().unwrap().unwrap();
+        assert_eq!((imp.one_way, imp.loss_ppm), (Duration::from_millis(20), 10_000));
+        for (bad, named) in [
+            ("rtt_ms = 20000", "rtt_ms"),
+            ("rtt_ms = 10\njitter_ms = 6", "jitter_ms"),
+            ("loss_pct = 60", "loss_pct"),
+        ] {
+            let text = format!("{GOOD}[links]\n{bad}\n");
+            let e = NodeConfig::load(&write(d.path(), &text)).unwrap_err().to_string();
+            assert!(e.contains("links") && e.contains(named), "{bad}: {e}");
+        }
     }
 
     #[test]

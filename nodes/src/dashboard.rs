@@ -455,6 +455,7 @@ mod tests {
             name: name.into(),
             status: status.into(),
             last_heard_ms_ago: 40,
+            rtt_us: None,
         };
         let status = NodeStatus {
             node: "a".into(),

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod dashboard;
 pub mod metrics;
+pub mod netns;
 pub mod node_cmd;
 pub mod status;
 pub mod up;

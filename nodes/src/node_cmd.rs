@@ -48,6 +48,8 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
             conn_budget: cfg.transport.peer_buffer_bytes(),
             max_uni_streams: cfg.transport.max_peer_streams,
             admission,
+            // validated with the config; an out-of-range section never reaches here
+            impairment: cfg.links.impairment().unwrap_or(None),
             ..QuicConfig::default()
         },
         peers: cfg
@@ -158,13 +160,17 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
         services: runtime.services.clone(),
         membership: runtime.membership_events(),
     };
+    // one SIGINT listener for the node's whole life: a ctrl-c that arrives between the job's end
+    // and the linger loop (as `troupe up` sends it on reading the job's end) is kept, not missed
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for SIGINT")?;
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {
                 r = tokio::time::timeout(Duration::from_secs(job.timeout_s), workloads::run_job(&runtime, &ctx, job)) => {
                     r.unwrap_or_else(|_| Err(anyhow::anyhow!("job {} did not finish within {} s", job.kind, job.timeout_s)))
                 }
-                _ = tokio::signal::ctrl_c() => {
+                _ = interrupt.recv() => {
                     // interrupted before the job ended: nothing to linger for
                     runtime.shutdown().await;
                     return Err(anyhow::anyhow!("interrupted"));
@@ -175,21 +181,25 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
                 Err(e) => println!("{JOB_FINISHED}{} finished: failed: {e:#}", job.kind),
             }
             if linger {
-                serve_until_stopped(cfg, runtime).await?;
+                serve_until_stopped(cfg, runtime, &mut interrupt).await?;
             } else {
                 runtime.shutdown().await;
             }
             outcome
         }
-        None => serve_until_stopped(cfg, runtime).await,
+        None => serve_until_stopped(cfg, runtime, &mut interrupt).await,
     }
 }
 
 /// Serves the node's actors until ctrl-c (SIGINT) or until its root supervisor escalates.
-async fn serve_until_stopped(cfg: &NodeConfig, runtime: NodeRuntime) -> Result<()> {
+async fn serve_until_stopped(
+    cfg: &NodeConfig,
+    runtime: NodeRuntime,
+    interrupt: &mut tokio::signal::unix::Signal,
+) -> Result<()> {
     let mut supervision = runtime.subscribe_supervision();
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {
+        _ = interrupt.recv() => {
             tracing::info!(node = %cfg.name, "ctrl-c: shutting down");
             runtime.shutdown().await;
             Ok(())

@@ -13,6 +13,7 @@ pub fn json(s: &NodeStatus) -> serde_json::Value {
             "name": m.name,
             "status": m.status,
             "last_heard_ms_ago": m.last_heard_ms_ago,
+            "rtt_ms": m.rtt_us.map(|us| us as f64 / 1e3),
         })).collect::<Vec<_>>(),
         "actors": s.actors,
         "devices": s.devices.iter().map(|d| serde_json::json!({
@@ -54,7 +55,12 @@ pub fn render(s: &NodeStatus) -> String {
     let _ = writeln!(out, "node {}", s.node);
     let _ = writeln!(out, "members ({}):", s.members.len());
     for m in &s.members {
-        let _ = writeln!(out, "  {:<20} {:<5} last heard {} ms ago", m.name, m.status, m.last_heard_ms_ago);
+        let rtt = m.rtt_us.map_or_else(|| "rtt -".to_string(), |us| format!("rtt {:.1} ms", us as f64 / 1e3));
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<5} last heard {} ms ago, {rtt}",
+            m.name, m.status, m.last_heard_ms_ago
+        );
     }
     let _ = writeln!(out, "actors ({}):", s.actors.len());
     for a in &s.actors {

@@ -1,5 +1,6 @@
 //! `troupe up TOPOLOGY`: starts every node of a local topology as a separate OS process on
-//! loopback, with generated keys and configs, prefixes their logs with the node name, and tears
+//! loopback (or, with `--netns`, each in its own network namespace: [`crate::netns`]), with
+//! generated keys and configs, prefixes their logs with the node name, and tears
 //! all of them down on ctrl-c or when the topology's job ends.
 //!
 //! Each node's full output (DEBUG included) goes to `WORKDIR/NAME.log`; the console shows what
@@ -20,8 +21,8 @@ use tokio::process::{Child, Command};
 use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Role, RoleSet};
 
 use crate::config::{
-    ActorConfig, DeviceConfig, FaultsSection, JobConfig, MembershipSection, MetricsSection, NodeConfig,
-    PeerConfig, SupervisionSection, TransportSection,
+    ActorConfig, DeviceConfig, FaultsSection, JobConfig, LinksSection, MembershipSection, MetricsSection,
+    NodeConfig, PeerConfig, SupervisionSection, TransportSection,
 };
 
 /// Largest topology file read.
@@ -42,6 +43,10 @@ pub struct Topology {
     /// Transport limits for every node.
     #[serde(default)]
     pub transport: TransportSection,
+    /// Delay, jitter and loss on every link between two nodes (off by default; applied in user
+    /// space by each node's transport, on loopback or across `--netns` namespaces alike).
+    #[serde(default)]
+    pub links: LinksSection,
     /// Set-up steps `troupe up` runs before starting nodes (each skipped when what it creates
     /// exists already, so `up` stays idempotent).
     #[serde(default)]
@@ -103,9 +108,15 @@ impl Topology {
         Ok(t)
     }
 
-    /// Full node configs: ports chosen, node `i` dials nodes `0..i` (each pair once).
+    /// Full node configs on loopback: ports chosen, node `i` dials nodes `0..i` (each pair once).
     pub fn node_configs(&self, keys: &Path, ports: &[u16]) -> Vec<NodeConfig> {
         let addrs: Vec<SocketAddr> = ports.iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+        self.node_configs_at(keys, &addrs)
+    }
+
+    /// Full node configs with node `i` listening on `addrs[i]` (its namespace's address under
+    /// `--netns`), node `i` dialing nodes `0..i` at theirs.
+    pub fn node_configs_at(&self, keys: &Path, addrs: &[SocketAddr]) -> Vec<NodeConfig> {
         self.nodes
             .iter()
             .enumerate()
@@ -120,12 +131,13 @@ impl Topology {
                 },
                 peers: self.nodes[..i]
                     .iter()
-                    .zip(&addrs)
+                    .zip(addrs)
                     .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: *a })
                     .collect(),
                 membership: self.membership,
                 supervision: self.supervision,
                 transport: self.transport,
+                links: LinksSection { seed: self.links.seed.wrapping_add(i as u64), ..self.links },
                 devices: n.devices.clone(),
                 actors: n.actors.clone(),
                 job: n.job.clone(),
@@ -187,6 +199,17 @@ pub fn prepare_with(
     workdir: &Path,
     roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
 ) -> Result<Vec<(String, PathBuf)>> {
+    prepare_at(topology, workdir, roles, None)
+}
+
+/// [`prepare_with`], with the nodes' listen addresses given (`--netns`: one per namespace)
+/// instead of free loopback ports.
+pub fn prepare_at(
+    topology: &Topology,
+    workdir: &Path,
+    roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
+    addrs: Option<Vec<SocketAddr>>,
+) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
     let nodes: Vec<(&str, RoleSet)> = topology
@@ -198,10 +221,14 @@ pub fn prepare_with(
         })
         .collect();
     ensure_keys(&keys, &topology.name, &nodes)?;
-    let ports = free_ports(topology.nodes.len())?;
     let keys = keys.canonicalize()?;
+    let configs = match addrs {
+        Some(addrs) if addrs.len() == topology.nodes.len() => topology.node_configs_at(&keys, &addrs),
+        Some(addrs) => bail!("{} addresses for {} nodes", addrs.len(), topology.nodes.len()),
+        None => topology.node_configs(&keys, &free_ports(topology.nodes.len())?),
+    };
     let mut out = Vec::new();
-    for cfg in topology.node_configs(&keys, &ports) {
+    for cfg in configs {
         cfg.validate().map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
         let path = workdir.join(format!("{}.toml", cfg.name));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)
@@ -246,6 +273,8 @@ pub struct Cluster {
     pub job_nodes: Vec<String>,
     jobs: JobEnded,
     lines: Option<NodeLines>,
+    /// (node, network namespace) of nodes started inside one (`--netns`).
+    namespaces: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -258,6 +287,19 @@ impl Cluster {
         configs: Vec<(String, PathBuf)>,
         lines: Option<NodeLines>,
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
+        Self::start_in(exe, topology, workdir, configs, lines, Vec::new())
+    }
+
+    /// [`Cluster::start`], each node named in `namespaces` (node, namespace) started inside
+    /// that network namespace (`ip netns exec NS troupe node ...`).
+    pub fn start_in(
+        exe: &Path,
+        topology: &Topology,
+        workdir: &Path,
+        configs: Vec<(String, PathBuf)>,
+        lines: Option<NodeLines>,
+        namespaces: Vec<(String, String)>,
+    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
         let (jobs, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut cluster = Self {
             exe: exe.to_path_buf(),
@@ -268,6 +310,7 @@ impl Cluster {
             children: Vec::new(),
             jobs,
             lines,
+            namespaces,
         };
         for i in 0..cluster.configs.len() {
             let name = cluster.configs[i].0.clone();
@@ -294,7 +337,15 @@ impl Cluster {
             .truncate(!append)
             .open(&log)
             .with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = match self.namespaces.iter().find(|(n, _)| n == name) {
+            // `ip netns exec` execs the node in place: the child's pid is the node's
+            Some((_, ns)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns.as_str()]).arg(&self.exe);
+                c
+            }
+            None => Command::new(&self.exe),
+        };
         let quiet_console = std::env::var_os("RUST_LOG").is_none();
         if quiet_console {
             cmd.env("RUST_LOG", NODE_LOG_FILTER);
@@ -445,23 +496,72 @@ pub async fn prepare_steps(exe: &Path, steps: &[PrepareStep]) -> Result<()> {
     Ok(())
 }
 
+/// Where `troupe up` puts its nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Every node on loopback.
+    Loopback,
+    /// Every node in its own network namespace (see [`crate::netns`]).
+    Netns,
+    /// Only remove the namespaces a killed `--netns` run of the topology left behind.
+    NetnsClean,
+}
+
 /// Runs `troupe up`.
-pub async fn run(path: &Path, workdir: Option<PathBuf>) -> Result<ExitCode> {
+pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) -> Result<ExitCode> {
     let topology = Topology::load(path)?;
+    let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
+    let plan = match placement {
+        Placement::Loopback => None,
+        Placement::Netns | Placement::NetnsClean => Some(crate::netns::plan(&topology.name, &names)?),
+    };
+    if let (Placement::NetnsClean, Some(plan)) = (placement, &plan) {
+        crate::netns::preflight()?;
+        let removed = crate::netns::clean(plan)?;
+        if removed.is_empty() {
+            println!("[up] nothing of topology {} to remove", topology.name);
+        }
+        for r in removed {
+            println!("[up] removed {r}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    // namespaces first: where they are not permitted, fail before writing anything
+    let namespaces = plan.map(crate::netns::Namespaces::create).transpose()?;
     let exe = std::env::current_exe().context("locating the troupe binary")?;
     prepare_steps(&exe, &topology.prepare).await?;
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
-    let configs = prepare(&topology, &workdir)?;
+    let addrs = namespaces.as_ref().map(|n| n.plan.hosts.iter().map(crate::netns::NsHost::listen).collect());
+    let configs = prepare_at(&topology, &workdir, |_| None, addrs)?;
+    let placed = match &namespaces {
+        None => "on loopback".to_string(),
+        Some(n) => format!(
+            "in network namespaces {}* on bridge {} ({}/24)",
+            n.plan.prefix, n.plan.bridge, n.plan.bridge_addr
+        ),
+    };
     println!(
-        "[up] topology {} : {} nodes on loopback, keys and configs in {}",
+        "[up] topology {} : {} nodes {placed}, keys and configs in {}",
         topology.name,
         configs.len(),
         workdir.display()
     );
-    let (mut cluster, mut jobs_rx) = Cluster::start(&exe, &topology, &workdir, configs, None)?;
+    let mut in_ns = Vec::new();
+    if let Some(n) = &namespaces {
+        for h in &n.plan.hosts {
+            println!("[up] {}: namespace {}, address {}", h.node, h.ns, h.listen());
+            in_ns.push((h.node.clone(), h.ns.clone()));
+        }
+    }
+    let (mut cluster, mut jobs_rx) = Cluster::start_in(&exe, &topology, &workdir, configs, None, in_ns)?;
     let code = supervise(&mut cluster, &mut jobs_rx).await;
     cluster.stop_all().await;
     println!("[up] all nodes stopped");
+    if let Some(n) = namespaces {
+        let prefix = n.plan.prefix.clone();
+        drop(n);
+        println!("[up] removed namespaces {prefix}* and their bridge");
+    }
     Ok(code)
 }
 

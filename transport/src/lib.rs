@@ -9,6 +9,7 @@ pub mod cookie;
 pub mod frame;
 pub mod hello;
 pub mod identity;
+pub mod impaired;
 pub mod link;
 pub mod quic;
 pub mod roles;

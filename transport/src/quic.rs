@@ -106,6 +106,10 @@ pub struct QuicConfig {
     pub admission: Admission,
     /// The same-host shared-memory path (used only with peers that prove they share the host).
     pub shm: ShmConfig,
+    /// Delay, jitter and loss applied to every datagram this node sends (a topology's
+    /// `[links]`; see [`crate::impaired`]). `None`: quinn's socket is used as is. When set, the
+    /// same-host path is turned off so that every byte crosses the impaired link.
+    pub impairment: Option<troupe_policy::LinkImpairment>,
 }
 
 impl Default for QuicConfig {
@@ -124,6 +128,7 @@ impl Default for QuicConfig {
             member: true,
             admission: Admission::default(),
             shm: ShmConfig::default(),
+            impairment: None,
         }
     }
 }
@@ -280,6 +285,8 @@ struct Inner {
     admission: std::sync::RwLock<Admission>,
     shm: ShmState,
     traffic: Traffic,
+    /// What the link impairment did, when one is on.
+    impair_stats: Option<Arc<crate::impaired::ImpairStats>>,
 }
 
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
@@ -308,7 +315,11 @@ fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, Qui
 impl QuicNode {
     /// Binds the endpoint and starts accepting peers that present a certificate of the
     /// cluster CA.
-    pub async fn bind(identity: &NodeIdentity, config: QuicConfig) -> Result<Self, QuicError> {
+    pub async fn bind(identity: &NodeIdentity, mut config: QuicConfig) -> Result<Self, QuicError> {
+        let impairment = config.impairment.filter(|i| !i.is_off());
+        if impairment.is_some() {
+            config.shm.enabled = false;
+        }
         let transport = transport_config(&config)?;
         let server = identity.server_config(transport.clone())?;
         let client_config = identity.client_config(transport)?;
@@ -321,7 +332,19 @@ impl QuicNode {
         endpoint_config
             .max_udp_payload_size(MAX_UDP_PAYLOAD)
             .map_err(|e| QuicError::Stream(format!("max UDP payload: {e}")))?;
-        let endpoint = Endpoint::new(endpoint_config, Some(server), socket, Arc::new(quinn::TokioRuntime))?;
+        let runtime = Arc::new(quinn::TokioRuntime);
+        let mut impair_stats = None;
+        let endpoint = match impairment {
+            None => Endpoint::new(endpoint_config, Some(server), socket, runtime)?,
+            Some(imp) => {
+                use quinn::Runtime as _;
+                let plain = runtime.wrap_udp_socket(socket)?;
+                let socket = Arc::new(crate::impaired::ImpairedSocket::new(plain, imp));
+                impair_stats = Some(socket.stats());
+                debug!(?imp, "link impairment on: every datagram sent is delayed or dropped in user space");
+                Endpoint::new_with_abstract_socket(endpoint_config, Some(server), socket, runtime)?
+            }
+        };
         let cap = config.inbox_capacity.max(1);
         let (control_tx, control) = mpsc::channel(cap);
         let (data_tx, data) = mpsc::channel(cap);
@@ -352,6 +375,7 @@ impl QuicNode {
                 admission,
                 shm,
                 traffic: Traffic::default(),
+                impair_stats,
             }),
         };
         let acceptor = node.clone();
@@ -364,6 +388,11 @@ impl QuicNode {
     /// [`crate::traffic`]), in [`Channel::ALL`] order.
     pub fn traffic(&self) -> Vec<(Channel, crate::ChannelTraffic)> {
         self.inner.traffic.snapshot()
+    }
+
+    /// What the link impairment ([`QuicConfig::impairment`]) did so far; `None` when it is off.
+    pub fn impairment_stats(&self) -> Option<Arc<crate::impaired::ImpairStats>> {
+        self.inner.impair_stats.clone()
     }
 
     /// The bound address.

@@ -9,6 +9,7 @@ pub mod adapt;
 pub mod chaos;
 pub mod coe;
 pub mod fault;
+pub mod impair;
 pub mod membership;
 pub mod pipeline;
 pub mod restart;
@@ -17,6 +18,7 @@ pub mod time;
 
 pub use chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, ScheduleError};
 pub use fault::{FaultPlan, SiteRule};
+pub use impair::{LinkImpairment, Verdict};
 pub use membership::{FailureDetector, MemberStatus, MembershipEvent};
 pub use restart::{RestartDecision, RestartIntensity};
 pub use time::Micros;

@@ -103,6 +103,7 @@ impl LocalCluster {
             membership: membership(),
             supervision: Default::default(),
             transport: Default::default(),
+            links: Default::default(),
             prepare: Vec::new(),
             nodes,
         };
