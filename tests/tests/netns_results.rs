@@ -74,9 +74,13 @@ fn require_netns() {
     troupe::netns::preflight().unwrap_or_else(|e| panic!("this test needs network namespaces: {e:#}"));
 }
 
+/// Namespaces, bridges and `/run/netns` are machine-wide: the tests here make them one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coe_across_namespaces_gives_the_loopback_digests() {
     require_netns();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir().unwrap();
     let app = tmp.path().join("app");
     let a = app.to_str().unwrap();
@@ -133,6 +137,7 @@ fn read_outputs(out: &Path, log: &str) -> Vec<(u64, Vec<f64>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_across_namespaces_gives_the_loopback_embeddings() {
     require_netns();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(examples().join("pipeline.toml")).unwrap();
     let inputs = examples().join("pipeline-sentences.txt").canonicalize().unwrap();

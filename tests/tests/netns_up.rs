@@ -63,11 +63,16 @@ impl Drop for CleanOnDrop {
     }
 }
 
+/// Namespaces, bridges and `/run/netns` are machine-wide: the tests here make them one at a time,
+/// so that two `ip netns add` never race and one test's run never meets another's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const LINKS: &str = "[links]\nrtt_ms = 40\nloss_pct = 1\nseed = 7\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_job_runs_across_namespaces_with_40ms_rtt_and_1pct_loss() {
     require_netns();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir().unwrap();
     let name = unique("nshello");
     let topo = tmp.path().join("hello.toml");
@@ -107,6 +112,7 @@ async fn hello_job_runs_across_namespaces_with_40ms_rtt_and_1pct_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reaches_a_namespaced_node_and_its_rtt_matches_the_configured_one() {
     require_netns();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir().unwrap();
     let name = unique("nsrtt");
     let topo = tmp.path().join("rtt.toml");
@@ -117,11 +123,12 @@ async fn status_reaches_a_namespaced_node_and_its_rtt_matches_the_configured_one
     std::fs::write(&topo, text).unwrap();
     let _clean = CleanOnDrop(topo.clone());
     let workdir = tmp.path().join("w");
+    let up_err = tmp.path().join("up.stderr");
     let mut up = Command::new(EXE)
         .args(["up", "--netns", topo.to_str().unwrap(), "--workdir", workdir.to_str().unwrap()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&up_err).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -140,7 +147,13 @@ async fn status_reaches_a_namespaced_node_and_its_rtt_matches_the_configured_one
     let (mut addr_a, mut bridge) = (None, None);
     tokio::time::timeout(Duration::from_secs(30), async {
         while addr_a.is_none() || bridge.is_none() {
-            let line = rx.recv().await.expect("troupe up ended before placing its nodes");
+            let Some(line) = rx.recv().await else {
+                panic!(
+                    "troupe up ended before placing its nodes; stdout:\n{}\nstderr:\n{}",
+                    lines.lock().unwrap().join("\n"),
+                    std::fs::read_to_string(&up_err).unwrap_or_default()
+                );
+            };
             if let Some(rest) = line.strip_prefix("[up] a: namespace ") {
                 addr_a = rest.split("address ").nth(1).map(str::to_owned);
             }
@@ -234,6 +247,7 @@ async fn netns_where_not_permitted_fails_naming_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_run_is_refused_then_netns_clean_removes_what_it_left() {
     require_netns();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir().unwrap();
     let name = unique("nsstale");
     let topo = tmp.path().join("stale.toml");
