@@ -11,12 +11,17 @@ use std::time::Duration;
 
 use ractor::Actor;
 use tokio::sync::broadcast;
-use troupe_actors::coe::app::{App, INPUT_WIDTH, Scale, generate};
+use troupe_actors::coe::app::{App, GenKnobs, INPUT_WIDTH, Scale, generate_with};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, run_local, start_local_executors};
 use troupe_actors::coe::serve::CoeShared;
 use troupe_actors::supervisor::{Intensity, Supervisor, SupervisorArgs};
 use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
+
+/// This test needs the experts, not the same-bytes baseline `coe gen` also trains.
+fn no_baseline() -> GenKnobs {
+    GenKnobs { skip_single_model: true, ..GenKnobs::default() }
+}
 
 /// Runs `body` with the job's scheduler under a supervisor and executor threads.
 fn with_scheduler<T>(
@@ -52,7 +57,7 @@ fn with_scheduler<T>(
 fn client_requests_are_answered_as_a_local_run_and_survive_a_restart_through_the_journal() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("app");
-    generate(&dir, Scale::Ci, 4).expect("generating the ci app");
+    generate_with(&dir, Scale::Ci, 4, &no_baseline()).expect("generating the ci app");
     let app = Arc::new(App::open(&dir, None).expect("opening the app"));
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");

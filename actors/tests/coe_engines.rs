@@ -6,14 +6,20 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
-use troupe_actors::coe::app::{App, Scale, generate};
+use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::executor::{ExecutorOptions, ExpertExecutor, gpu_name, standin_name};
 use troupe_policy::coe::{ExecutorKind, ExpertEngine, ExpertId};
+
+/// This test needs the experts, not the same-bytes baseline `coe gen` also trains.
+fn no_baseline() -> GenKnobs {
+    GenKnobs { skip_single_model: true, ..GenKnobs::default() }
+}
 
 /// A fresh ci app in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, App) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generate(tmp.path(), Scale::Ci, 5).expect("generating the ci app (run scripts/setup for the assets)");
+    generate_with(tmp.path(), Scale::Ci, 5, &no_baseline())
+        .expect("generating the ci app (run scripts/setup for the assets)");
     let app = App::open(tmp.path(), None).expect("opening the app");
     (tmp, app)
 }

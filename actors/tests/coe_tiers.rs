@@ -7,11 +7,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use troupe_actors::coe::app::{App, Scale, generate};
+use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::executor::{DEVICE_ALIGN, ExecutorOptions, ExpertExecutor};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, TierOptions, run_local};
 use troupe_kernels::Tier as StoreTier;
+
+/// This test needs the experts, not the same-bytes baseline `coe gen` also trains.
+fn no_baseline() -> GenKnobs {
+    GenKnobs { skip_single_model: true, ..GenKnobs::default() }
+}
 use troupe_policy::coe::{
     Demotion, ExecutorKind, ExpertId, HostCandidate, LatencyModel, SchedulerConfig, Tier, initial_host_set,
     plan_demotion,
@@ -20,7 +25,8 @@ use troupe_policy::coe::{
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generate(tmp.path(), Scale::Ci, 5).expect("generating the ci app (run scripts/setup.sh for the assets)");
+    generate_with(tmp.path(), Scale::Ci, 5, &no_baseline())
+        .expect("generating the ci app (run scripts/setup.sh for the assets)");
     let app = App::open(tmp.path(), None).expect("opening the app");
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");

@@ -13,7 +13,7 @@ fn quick_coadapt_bench_writes_every_headline_key() {
     let json = dir.path().join("coadapt.json");
     let svg = dir.path().join("coadapt.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
-        .args(["bench", "coadapt", "--quick", "--k-max", "4", "--json"])
+        .args(["bench", "coadapt", "--quick", "--k-max", "4", "--ks", "1,2", "--json"])
         .arg(&json)
         .arg("--svg")
         .arg(&svg)
