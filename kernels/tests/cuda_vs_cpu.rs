@@ -1,7 +1,6 @@
-//! CUDA implementations checked against the CPU references. On a machine without a usable GPU
-//! each test prints "skipped: no CUDA device (reason)" and returns.
-
-use std::io::Write;
+//! CUDA implementations checked against the CPU references. Every test needs a CUDA device (or
+//! NVRTC), so each is `#[ignore]`d with that reason and run by `scripts/gpu-check`
+//! (`--include-ignored`) on a GPU machine; run there without one, a test fails naming why.
 
 use troupe_kernels::mlp_engine::MlpEngine;
 use troupe_kernels::onnx::mlp_graph::MlpLimits;
@@ -12,15 +11,9 @@ use troupe_kernels::ops::{
 };
 use troupe_kernels::{CudaDevice, Device, KernelError, Tensor, Tier, WeightStore};
 
-fn gpu_or_skip() -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            // Straight to stderr: the test harness does not capture it, so the skip is visible.
-            let _ = writeln!(std::io::stderr(), "skipped: no CUDA device ({e})");
-            None
-        }
-    }
+/// The GPU these tests need; fails the test naming why there is none.
+fn gpu() -> CudaDevice {
+    CudaDevice::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))
 }
 
 fn values(seed: u32, n: usize) -> Vec<f32> {
@@ -35,8 +28,9 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn gemm_matches_cpu_for_all_transposes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     let dev = Device::Cuda(gpu);
     let (m, k, n) = (37, 53, 29);
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -53,8 +47,9 @@ fn gemm_matches_cpu_for_all_transposes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn moe_forward_and_backward_match_cpu() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     let dev = Device::Cuda(gpu);
     let (t, d, h, e) = (40, 16, 48, 4);
     let experts: Vec<ExpertParams> = (0..e as u32)
@@ -89,16 +84,18 @@ fn moe_forward_and_backward_match_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn ops_without_cuda_code_say_unsupported() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     let x = Tensor::zeros(&[2, 2]).unwrap();
     let err = Gelu.run(&Device::Cuda(gpu), &x).unwrap_err();
     assert!(matches!(err, KernelError::Unsupported { op: "gelu", .. }), "{err}");
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn bias_add_relu_and_softmax_match_cpu() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     let dev = Device::Cuda(gpu);
     let (rows, cols) = (33, 70);
     let x =
@@ -123,8 +120,9 @@ fn dense(inputs: usize, outputs: usize, seed: u32) -> DenseLayer {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn mlp_expert_on_the_gpu_matches_the_cpu_engine() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     // The coe experts' shape: 64 inputs, ReLU hidden layers, softmax over the classes.
     let layers = vec![dense(64, 128, 1), dense(128, 64, 2), dense(64, 10, 3)];
     let bytes = mlp_model(&layers, "x", "probs").unwrap();
@@ -142,8 +140,9 @@ fn mlp_expert_on_the_gpu_matches_the_cpu_engine() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn store_device_tier_round_trips_through_gpu_memory() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let gpu = gpu();
     // The target directory when it exists here (a real disk); the system's temp dir on a GPU
     // machine that runs a carried test binary.
     let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
@@ -160,6 +159,7 @@ fn store_device_tier_round_trips_through_gpu_memory() {
 }
 
 #[test]
+#[ignore = "needs NVRTC (CUDA): run by scripts/gpu-check"]
 fn ffn_kernel_source_compiles_with_nvrtc() {
     // NVRTC needs no GPU: this runs wherever libnvrtc is on the library path.
     match troupe_kernels::cuda::ffn_kernels_ptx() {
@@ -170,9 +170,7 @@ fn ffn_kernel_source_compiles_with_nvrtc() {
                 assert!(ptx.contains(&format!(".entry {entry}")), "{entry} missing from PTX");
             }
         }
-        Err(KernelError::CudaUnavailable(reason)) => {
-            let _ = writeln!(std::io::stderr(), "skipped: no NVRTC ({reason})");
-        }
+        Err(KernelError::CudaUnavailable(reason)) => panic!("this test needs NVRTC: {reason}"),
         Err(e) => panic!("NVRTC rejected the kernel source: {e}"),
     }
 }
