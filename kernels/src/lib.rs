@@ -9,13 +9,12 @@
 //! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
 //! - [`mlp_engine`]: the writer's MLP experts run on the ops, on the CPU or the GPU (no ONNX Runtime).
 //! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
-//! - [`assets`]: models and data made by `scripts/setup`, checksummed.
-//! - [`mod@bench`]: kernel figures for `troupe bench kernels`.
+//! - [`assets`]: models and data made by `scripts/setup`, checksummed; [`cpu_time`]: this thread's CPU clock.
 //! - [`vmoe`]: a small Vision MoE on the ops (digits), its training, and the co-adaptation pool;
 //!   [`drift`]: weather-like corruptions and per-camera drifting frame streams.
 
 pub mod assets;
-pub mod bench;
+pub mod cpu_time;
 pub mod cuda;
 pub mod device;
 pub mod direct_io;

@@ -15,9 +15,7 @@
 //!   by weight bytes (`troupe pipeline split`).
 //! - [`proto`]: the ONNX protobuf types (prost, generated from `onnx.proto`; see
 //!   `src/onnx/proto/README.md`).
-//! - [`session_ms_per_mb`]: session creation cost, for `troupe bench kernels`.
 
-mod bench;
 mod embed;
 pub mod mapped;
 mod memory;
@@ -38,7 +36,6 @@ pub mod proto {
 
 use std::path::PathBuf;
 
-pub use bench::session_ms_per_mb;
 pub use embed::{Embedder, cosine, embed};
 pub use memory::{peak_resident_bytes, resident_bytes};
 pub use runtime::{LibrarySource, ORT_DYLIB_ENV, library_path, runtime};

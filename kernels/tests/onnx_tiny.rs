@@ -1,10 +1,10 @@
-//! Tiny models with known weights, the digits MLP on the digits data, sessions from bytes, and
-//! the session-creation benchmark helper. Needs `scripts/setup`.
+//! Tiny models with known weights, the digits MLP on the digits data, sessions from bytes. Needs
+//! `scripts/setup`.
 
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_kernels::assets::{self, Assets};
-use troupe_kernels::onnx::{ElementType, NamedTensor, OnnxSession, SessionConfig, session_ms_per_mb};
+use troupe_kernels::onnx::{ElementType, NamedTensor, OnnxSession, SessionConfig};
 
 fn assets() -> Assets {
     Assets::locate().unwrap_or_else(|e| panic!("{e}"))
@@ -90,23 +90,6 @@ fn digits_mlp_classifies_the_digits_file() {
     println!("digits MLP accuracy on all 1797 images: {acc:.3}");
     // trained on 70% of these images with test accuracy ~0.98
     assert!(acc > 0.95, "accuracy {acc}");
-}
-
-#[test]
-fn session_creation_benchmark_reports_a_cost() {
-    let a = assets();
-    let models = [
-        assets::MINILM_WHOLE,
-        assets::MINILM_STAGES[0],
-        assets::MINILM_STAGES[1],
-        assets::MINILM_STAGES[2],
-        assets::TINY_MLP,
-    ];
-    for name in models {
-        let ms = session_ms_per_mb(&a.path(name).unwrap()).unwrap();
-        println!("{name}: {ms:.2} ms per MB");
-        assert!(ms.is_finite() && ms > 0.0, "{name}: {ms}");
-    }
 }
 
 #[test]

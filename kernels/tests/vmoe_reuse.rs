@@ -218,7 +218,7 @@ fn reuse_budget_is_carved_from_the_pool() {
 #[test]
 #[ignore = "a measurement, not a check"]
 fn measure_step_cpu_time_with_reuse_on_and_off() {
-    use troupe_kernels::bench::thread_cpu_seconds;
+    use troupe_kernels::cpu_time::thread_cpu_seconds;
     let tmp = tempfile::tempdir().unwrap();
     let (n, b, steps) = (96usize, 32usize, 60usize);
     let all = images(11, n);

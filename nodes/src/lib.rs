@@ -1,16 +1,16 @@
 //! troupe: an actor runtime for edge ML.
 //!
-//! This crate is the `troupe` binary (CLI, config, topology launcher, benchmarks) and the facade an
-//! embedding service uses: the crates below are re-exported whole.
+//! This crate is what the `troupe` binary runs (config, nodes, topology launcher, chaos, status,
+//! dashboard, workloads) and the facade an embedding service uses: the crates below are re-exported
+//! whole. The command line is `troupe-cli` (nodes/cli), the benchmarks `troupe-bench` (nodes/bench).
 
 pub use troupe_actors as actors;
 pub use troupe_kernels as kernels;
 pub use troupe_policy as policy;
 pub use troupe_transport as transport;
 
-pub mod bench;
 pub mod chaos;
-pub mod cli;
+pub mod chart;
 pub mod config;
 pub mod dashboard;
 pub mod metrics;

@@ -25,7 +25,7 @@ use troupe_policy::coe::{
     simulate,
 };
 
-use crate::workloads::coe::{self as cmd, KnobArgs};
+use troupe::workloads::coe::{self as cmd, KnobArgs};
 
 /// Reorder window of the bounded-window run of the sweep, tasks.
 pub const BOUNDED_WINDOW: u64 = 256;
@@ -483,7 +483,7 @@ pub fn run(
         if real { "real execution" } else { "simulated with latencies profiled on this machine" },
         profile.executors.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
     );
-    crate::workloads::coe::app_write(svg, &svg_plot(&title, &rows))?;
+    troupe::workloads::coe::app_write(svg, &svg_plot(&title, &rows))?;
     println!("plot written to {}", svg.display());
     Ok(f)
 }

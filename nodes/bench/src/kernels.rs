@@ -1,4 +1,5 @@
-//! `troupe bench kernels`: the kernels crate's figures plus ONNX session creation per MB.
+//! `troupe bench kernels`: the kernels crate's figures ([`figures`]: GEMM vs peak, MoE FFN, disk
+//! tier vs O_DIRECT) plus ONNX session creation per MB ([`onnx_session`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -6,13 +7,16 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use troupe_kernels::assets::{Assets, MINILM_WHOLE};
 
+pub mod figures;
+pub mod onnx_session;
+
 /// Runs the kernel benchmark; disk figures use `dir`.
 pub fn run(dir: &Path) -> Result<BTreeMap<String, f64>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let cfg = troupe_kernels::bench::BenchConfig::new(dir);
-    let mut figures = troupe_kernels::bench::run(&cfg)?.to_json_map();
+    let cfg = figures::BenchConfig::new(dir);
+    let mut figures = figures::run(&cfg)?.to_json_map();
     let assets = Assets::locate().context("the ONNX figure needs the models from scripts/setup")?;
     let whole = assets.path(MINILM_WHOLE)?;
-    figures.insert("onnx_session_ms_per_mb".into(), troupe_kernels::onnx::session_ms_per_mb(&whole)?);
+    figures.insert("onnx_session_ms_per_mb".into(), onnx_session::session_ms_per_mb(&whole)?);
     Ok(figures)
 }

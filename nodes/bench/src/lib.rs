@@ -1,5 +1,6 @@
 //! `troupe bench ...`: baseline and ours in one run on the same machine, reported as ratios in a
-//! table and as one flat JSON object (name -> number).
+//! table and as one flat JSON object (name -> number). Called by the binary (`troupe-cli`); the
+//! benches' percentiles are [`troupe_policy::stats`]', their plots [`troupe::chart`]'s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,7 +8,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 
-pub mod chart;
 pub mod coadapt;
 pub mod coe;
 pub mod kernels;
@@ -60,7 +60,7 @@ pub enum BenchCommand {
         sweep: bool,
         /// Workload knobs (expert count and sizes apply when the app is generated).
         #[command(flatten)]
-        knobs: crate::workloads::coe::KnobArgs,
+        knobs: troupe::workloads::coe::KnobArgs,
         /// ONNX Runtime intra-op threads of the CPU executor's sessions (the GPU stand-in keeps 1).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         cpu_threads: u16,

@@ -39,8 +39,8 @@ use troupe_policy::pipeline::sim::{
 };
 use troupe_policy::pipeline::{ForemanConfig, Telemetry, WorkerId};
 
-use crate::workloads::pipeline::local::{LocalCluster, WorkerSpec};
-use crate::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches};
+use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches};
 
 /// Sentences the benchmark embeds (the example's inputs file, compiled in).
 const SENTENCES: &str = include_str!("../../../examples/pipeline-sentences.txt");
@@ -137,7 +137,7 @@ pub async fn memory_split(exe: &Path) -> Result<BTreeMap<String, f64>> {
     f.insert("whole_model_mapped_rss_mb".into(), whole_mapped as f64 / MIB);
     let above = |r: u64, of: u64| r.saturating_sub(floor) as f64 / of.saturating_sub(floor).max(1) as f64;
     let sentence = "A man is eating a piece of bread while the sun sets over the quiet harbour.".to_string();
-    let input = crate::workloads::pipeline::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
+    let input = troupe::workloads::pipeline::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
     let want = run_chain(std::slice::from_ref(&whole), false, &input)?;
     let mut worst_err = 0.0f32;
     println!("memory split (peak RSS, fresh process each; floor = tiny_mlp.onnx):");
@@ -145,7 +145,7 @@ pub async fn memory_split(exe: &Path) -> Result<BTreeMap<String, f64>> {
         let out = tmp.path().join(format!("k{k}"));
         let model = whole.clone();
         let done = tokio::task::spawn_blocking(move || {
-            crate::workloads::pipeline::split_to_dir(
+            troupe::workloads::pipeline::split_to_dir(
                 &model,
                 &CutPlan::Balanced { stages: k },
                 &out,

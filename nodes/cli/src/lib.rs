@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use troupe_transport::identity::{DEFAULT_CA_DAYS, DEFAULT_NODE_DAYS};
 use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Revocations, Role, RoleSet, Validity};
 
-use crate::config::NodeConfig;
+use troupe::config::NodeConfig;
 
 /// troupe: an actor runtime for edge ML.
 #[derive(Parser, Debug)]
@@ -118,19 +118,19 @@ pub enum Command {
     Coe {
         /// Coe subcommand.
         #[command(subcommand)]
-        command: crate::workloads::coe::CoeCommand,
+        command: troupe::workloads::coe::CoeCommand,
     },
     /// The pipeline workload: submit a staged job, probe a model's RSS.
     Pipeline {
         /// Pipeline subcommand.
         #[command(subcommand)]
-        command: crate::workloads::pipeline::PipelineCommand,
+        command: troupe::workloads::pipeline::PipelineCommand,
     },
     /// Benchmarks: ratios measured in one run.
     Bench {
         /// Which benchmark.
         #[command(subcommand)]
-        which: crate::bench::BenchCommand,
+        which: troupe_bench::BenchCommand,
     },
     /// The second process of `troupe bench transport` (started by it, not by hand).
     #[command(hide = true)]
@@ -224,36 +224,36 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
         Command::Node { config, linger } => {
             let cfg = NodeConfig::load(&config)?;
-            crate::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
+            troupe::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Up { topology, workdir, netns, netns_clean } => {
             let placement = match (netns, netns_clean) {
-                (_, true) => crate::up::Placement::NetnsClean,
-                (true, false) => crate::up::Placement::Netns,
-                (false, false) => crate::up::Placement::Loopback,
+                (_, true) => troupe::up::Placement::NetnsClean,
+                (true, false) => troupe::up::Placement::Netns,
+                (false, false) => troupe::up::Placement::Loopback,
             };
-            crate::up::run(&topology, workdir, placement).await
+            troupe::up::run(&topology, workdir, placement).await
         }
         Command::Chaos { topology, seed, faults, workdir } => {
-            crate::chaos::run(&topology, seed, faults, workdir).await
+            troupe::chaos::run(&topology, seed, faults, workdir).await
         }
         Command::Status { node, keys, as_name, json } => {
             let id = NodeIdentity::load(&keys, &as_name)
                 .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;
             let status = troupe_actors::node::query_status(&id, node, Duration::from_secs(5)).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&crate::status::json(&status))?);
+                println!("{}", serde_json::to_string_pretty(&troupe::status::json(&status))?);
             } else {
-                print!("{}", crate::status::render(&status));
+                print!("{}", troupe::status::render(&status));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Dashboard { nodes, keys, as_name, listen, interval_ms } => {
-            crate::dashboard::check_listen(listen)?;
+            troupe::dashboard::check_listen(listen)?;
             let identity = NodeIdentity::load(&keys, &as_name)
                 .with_context(|| format!("loading identity {as_name} from {}", keys.display()))?;
             let interval = Duration::from_millis(interval_ms.max(100));
-            crate::dashboard::run(crate::dashboard::Options { nodes, identity, listen, interval }).await?;
+            troupe::dashboard::run(troupe::dashboard::Options { nodes, identity, listen, interval }).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Embed { texts } => {
@@ -271,14 +271,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Coe { command } => tokio::task::spawn_blocking(move || crate::workloads::coe::run(command))
+        Command::Coe { command } => tokio::task::spawn_blocking(move || troupe::workloads::coe::run(command))
             .await?
             .map(|_| ExitCode::SUCCESS),
         Command::Pipeline { command } => {
-            crate::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
+            troupe::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
         }
-        Command::Bench { which } => crate::bench::run(which).await.map(|_| ExitCode::SUCCESS),
-        Command::BenchPeer { keys } => crate::bench::peer::run(&keys).await.map(|_| ExitCode::SUCCESS),
+        Command::Bench { which } => troupe_bench::run(which).await.map(|_| ExitCode::SUCCESS),
+        Command::BenchPeer { keys } => troupe_bench::peer::run(&keys).await.map(|_| ExitCode::SUCCESS),
     }
 }
 
@@ -303,10 +303,27 @@ fn keys(cmd: KeysCommand) -> Result<()> {
             );
         }
         KeysCommand::Revoke { entry, keys, file } => {
-            let file = file.unwrap_or_else(|| keys.join(crate::up::REVOKED_FILE));
+            let file = file.unwrap_or_else(|| keys.join(troupe::up::REVOKED_FILE));
             Revocations::append(&file, &entry)?;
             println!("{entry} appended to {}; send SIGHUP to running nodes to apply it", file.display());
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_command_line_is_well_formed_and_bench_coe_refuses_a_budget_outside_zero_one() {
+        Cli::command().debug_assert();
+        let e =
+            Cli::try_parse_from(["troupe", "bench", "coe", "--device-budget", "0"]).unwrap_err().to_string();
+        assert!(e.contains("(0, 1]"), "{e}");
+        let cli = Cli::try_parse_from(["troupe", "bench-peer", "--keys", "k"]).unwrap();
+        assert!(matches!(cli.command, Command::BenchPeer { .. }), "{cli:?}");
+    }
 }

@@ -1,5 +1,5 @@
 //! The `troupe` command line.
 
 fn main() -> std::process::ExitCode {
-    troupe::cli::main()
+    troupe_cli::main()
 }

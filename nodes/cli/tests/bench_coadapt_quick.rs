@@ -24,7 +24,7 @@ fn quick_coadapt_bench_writes_every_headline_key() {
     assert!(out.status.success(), "bench failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let figures: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    for key in troupe::bench::coadapt::headline_keys() {
+    for key in troupe_bench::coadapt::headline_keys() {
         assert!(figures.contains_key(&key), "{key} missing from {:?}", figures.keys().collect::<Vec<_>>());
     }
     for n in troupe::actors::coadapt::engine::Mechanisms::NAMES {

@@ -22,7 +22,7 @@ use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::drift::DriftSchedule;
 
 use super::{NodeContext, params};
-use crate::bench::chart::{Curve, LineChart, Mark};
+use crate::chart::{Curve, LineChart, Mark};
 use crate::config::{ActorConfig, JobConfig};
 
 /// `params` of a `coadapt-edge` actor.

@@ -2,5 +2,5 @@
 //! processes (`env!("CARGO_BIN_EXE_troupe-node")`).
 
 fn main() -> std::process::ExitCode {
-    troupe::cli::main()
+    troupe_cli::main()
 }

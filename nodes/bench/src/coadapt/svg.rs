@@ -2,7 +2,7 @@
 //! side, one polyline per strategy.
 
 use super::SLO_RATIO;
-use crate::bench::chart::{Curve, LineChart, render_row};
+use troupe::chart::{Curve, LineChart, render_row};
 
 /// One chart: curves of (K, SLO attainment) points.
 pub struct Panel<'a> {
@@ -14,7 +14,7 @@ pub struct Panel<'a> {
     pub curves: Vec<(&'a str, Vec<(usize, f64)>)>,
 }
 
-/// The panels side by side in one SVG, drawn by the benches' one chart ([`crate::bench::chart`]).
+/// The panels side by side in one SVG, drawn by the benches' one chart ([`troupe::chart`]).
 pub fn render_svg(panels: &[Panel<'_>]) -> String {
     let charts: Vec<LineChart> = panels
         .iter()

@@ -1,4 +1,4 @@
-//! Kernel benchmark figures for `troupe bench kernels` (the CLI lives in `nodes`).
+//! Kernel benchmark figures for `troupe bench kernels`.
 //!
 //! Every ratio compares two things measured in the same run on the same machine:
 //! - `gemm_fraction_of_peak`: single-threaded `matrixmultiply` SGEMM (n x n x n) over the
@@ -21,12 +21,13 @@ use std::time::Instant;
 
 use troupe_policy::stats::median_of;
 
-use crate::device::Device;
-use crate::direct_io::{ReadMode, read_range};
-use crate::error::Result;
-use crate::ops::{ExpertParams, Gemm, moe_ffn_backward, moe_ffn_forward, top_k_route};
-use crate::store::WeightStore;
-use crate::tensor::Tensor;
+use troupe_kernels::cpu_time::thread_cpu_seconds;
+use troupe_kernels::device::Device;
+use troupe_kernels::direct_io::{ReadMode, read_range};
+use troupe_kernels::error::Result;
+use troupe_kernels::ops::{ExpertParams, Gemm, moe_ffn_backward, moe_ffn_forward, top_k_route};
+use troupe_kernels::store::WeightStore;
+use troupe_kernels::tensor::Tensor;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -277,14 +278,6 @@ mod fma {
     }
 }
 
-/// This thread's CPU time in seconds (time spent preempted by other processes does not count).
-pub fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 /// Single-threaded SGEMM (n x n x n) and the single-core FMA peak, measured interleaved (one
 /// GEMM, ten ~1 ms peak bursts, `rounds` times) so both see the same machine, timed in thread CPU
 /// time (preemption by other processes does not count), best of the rounds for each (a peak is a
@@ -414,10 +407,10 @@ fn cuda_gemm_gflops() -> Option<f64> {
         let b = dev.upload(&vec![0.25f32; n * n])?;
         let mut c = dev.zeros(n * n)?;
         let g = Gemm::new(n, n, n);
-        crate::cuda::gemm_device(&dev, &g, &a, &b, &mut c)?;
+        troupe_kernels::cuda::gemm_device(&dev, &g, &a, &b, &mut c)?;
         dev.sync()?;
         let secs = time(5, || {
-            crate::cuda::gemm_device(&dev, &g, &a, &b, &mut c)?;
+            troupe_kernels::cuda::gemm_device(&dev, &g, &a, &b, &mut c)?;
             dev.sync()
         })?;
         Ok(2.0 * (n as f64).powi(3) / secs / 1e9)
@@ -487,7 +480,7 @@ mod tests {
 
 #[cfg(test)]
 mod manual {
-    /// `cargo test -p troupe-kernels --release --lib default_bench -- --ignored --nocapture`
+    /// `cargo test -p troupe-bench --release --lib default_bench -- --ignored --nocapture`
     #[test]
     #[ignore = "full-size benchmark; run by hand in a release build"]
     fn default_bench() {

@@ -3,8 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::OnnxError;
-use super::session::{OnnxSession, SessionConfig};
+use troupe_kernels::onnx::{OnnxError, OnnxSession, SessionConfig};
 
 /// Session creations timed per call.
 const REPEATS: usize = 5;
@@ -19,7 +18,7 @@ pub fn session_ms_per_mb(path: &Path) -> Result<f64, OnnxError> {
             _ => OnnxError::Io { path: path.to_path_buf(), source: e },
         })?
         .len();
-    super::runtime::runtime()?;
+    troupe_kernels::onnx::runtime()?;
     let config = SessionConfig::default();
     let mut times = Vec::with_capacity(REPEATS);
     for _ in 0..REPEATS {
@@ -31,4 +30,27 @@ pub fn session_ms_per_mb(path: &Path) -> Result<f64, OnnxError> {
     times.sort_by(f64::total_cmp);
     let mb = (bytes as f64 / 1e6).max(1e-6);
     Ok(times[REPEATS / 2] / mb)
+}
+
+#[cfg(test)]
+mod tests {
+    use troupe_kernels::assets::{self, Assets};
+
+    /// Needs `scripts/setup`.
+    #[test]
+    fn session_creation_benchmark_reports_a_cost() {
+        let a = Assets::locate().unwrap_or_else(|e| panic!("{e}"));
+        let models = [
+            assets::MINILM_WHOLE,
+            assets::MINILM_STAGES[0],
+            assets::MINILM_STAGES[1],
+            assets::MINILM_STAGES[2],
+            assets::TINY_MLP,
+        ];
+        for name in models {
+            let ms = super::session_ms_per_mb(&a.path(name).unwrap()).unwrap();
+            println!("{name}: {ms:.2} ms per MB");
+            assert!(ms.is_finite() && ms > 0.0, "{name}: {ms}");
+        }
+    }
 }
