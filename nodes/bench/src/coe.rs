@@ -11,7 +11,6 @@
 //! two cores). Figures of a simulated run carry the prefix `sim_` (all but `real_execution`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -25,6 +24,7 @@ use troupe_policy::coe::{
     simulate,
 };
 
+use troupe::chart::{Bar, BarChart, BarGroup, BarRow, COLOURS};
 use troupe::workloads::coe::{self as cmd, KnobArgs};
 
 /// Reorder window of the bounded-window run of the sweep, tasks.
@@ -622,55 +622,43 @@ pub fn compared() -> [SchedulerConfig; 5] {
     [fcfs_lru, sched_only, evict_only, SchedulerConfig::paper_two_stage(), ours]
 }
 
-/// A hand-made SVG: throughput over FCFS+LRU and loads over Belady per combination.
+/// The plot ([`troupe::chart::BarChart`]): throughput over FCFS+LRU and loads over Belady per
+/// combination, two bars each.
 pub fn svg_plot(title: &str, rows: &[Row]) -> String {
     let base = rows.first().map_or(1.0, |r| r.throughput.max(1e-9));
-    let (w, h, left, top, bar_h, gap) =
-        (760.0, 60.0 + rows.len() as f64 * 2.0 * 34.0 + 40.0, 130.0, 50.0, 24.0, 10.0);
-    let max_ratio = rows.iter().map(|r| r.throughput / base).fold(1.0, f64::max);
-    let max_belady = rows.iter().map(|r| r.loads_over_belady).fold(1.0, f64::max);
-    let scale = (w - left - 120.0) / max_ratio.max(max_belady);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<text x="10" y="20" font-size="14">{}</text>"#, escape(title));
-    let _ = writeln!(
-        s,
-        r##"<rect x="{left}" y="30" width="12" height="12" fill="#3a7"/><text x="{}" y="41">throughput / FCFS+LRU</text><rect x="{}" y="30" width="12" height="12" fill="#c63"/><text x="{}" y="41">loads / Belady MIN</text>"##,
-        left + 16.0,
-        left + 200.0,
-        left + 216.0
-    );
-    for (i, r) in rows.iter().enumerate() {
-        let y = top + i as f64 * (2.0 * bar_h + gap + 10.0);
-        let ratio = r.throughput / base;
-        let _ = writeln!(s, r#"<text x="10" y="{}">{}</text>"#, y + bar_h, escape(r.label));
-        let _ = writeln!(
-            s,
-            r##"<rect x="{left}" y="{y}" width="{:.1}" height="{bar_h}" fill="#3a7"/><text x="{:.1}" y="{:.1}">{ratio:.2}x</text>"##,
-            ratio * scale,
-            left + ratio * scale + 4.0,
-            y + 16.0
-        );
-        let y2 = y + bar_h + 2.0;
-        let _ = writeln!(
-            s,
-            r##"<rect x="{left}" y="{y2}" width="{:.1}" height="{bar_h}" fill="#c63"/><text x="{:.1}" y="{:.1}">{:.2}x ({:.0}% switching)</text>"##,
-            r.loads_over_belady * scale,
-            left + r.loads_over_belady * scale + 4.0,
-            y2 + 16.0,
-            r.loads_over_belady,
-            100.0 * r.switch_share
-        );
+    let (throughput, loads) = (COLOURS[2], COLOURS[4]);
+    let bar = |end: f64, fill: &str, label: String| Bar {
+        start: 0.0,
+        end,
+        fill: fill.into(),
+        label,
+        tooltip: String::new(),
+    };
+    let bars: Vec<BarRow> = rows
+        .iter()
+        .flat_map(|r| {
+            let ratio = r.throughput / base;
+            let switching = format!("{:.2}x ({:.0}% switching)", r.loads_over_belady, 100.0 * r.switch_share);
+            [
+                BarRow { name: r.label.into(), bars: vec![bar(ratio, throughput, format!("{ratio:.2}x"))] },
+                BarRow { name: String::new(), bars: vec![bar(r.loads_over_belady, loads, switching)] },
+            ]
+        })
+        .collect();
+    let longest = bars.iter().flat_map(|r| &r.bars).map(|b| b.end).fold(1.0, f64::max);
+    BarChart {
+        title: title.into(),
+        legend: vec![
+            (throughput.into(), "throughput / FCFS+LRU".into()),
+            (loads.into(), "loads / Belady MIN".into()),
+        ],
+        // room right of the longest bar for its label
+        x_range: (0.0, 1.25 * longest),
+        x_ticks: Vec::new(),
+        groups: vec![BarGroup { title: String::new(), rows: bars }],
+        notes: Vec::new(),
     }
-    s.push_str("</svg>\n");
-    s
-}
-
-fn escape(t: &str) -> String {
-    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    .render()
 }
 
 #[cfg(test)]
@@ -735,6 +723,14 @@ mod tests {
         assert!(!f.contains_key("host_promotion_over_disk_load"), "a NaN ratio is left out");
         rs[4].tiers = Some(TierFigures { promotion_over_disk: 0.25, ..t });
         assert_eq!(policy_figures(&rs, true)["host_promotion_over_disk_load"], 0.25);
+    }
+
+    #[test]
+    fn the_plot_has_two_bars_per_combination_over_fcfs_lru_and_belady() {
+        let svg = svg_plot("coe <ci>", &rows());
+        assert_eq!(svg.matches("<rect ").count(), 1 + 2 + 2 * 5, "background, legend, two bars each");
+        assert!(svg.contains(">4.00x</text>") && svg.contains(">1.50x (50% switching)</text>"), "{svg}");
+        assert!(svg.contains("coe &lt;ci&gt;") && svg.contains(">paper-two-stage</text>"), "{svg}");
     }
 
     #[test]

@@ -39,6 +39,7 @@ use troupe_policy::pipeline::sim::{
 };
 use troupe_policy::pipeline::{ForemanConfig, Telemetry, WorkerId};
 
+use troupe::chart::{Bar, BarChart, BarGroup, BarRow, COLOURS};
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
 use troupe::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches};
 
@@ -527,85 +528,45 @@ pub async fn run(
     Ok(f)
 }
 
-fn stage_colour(stage: usize) -> &'static str {
-    ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"][stage % 5]
-}
-
-/// A hand-written SVG: one panel per run, one row per worker, bars per task, load and pull.
+/// The Gantt chart ([`troupe::chart::BarChart`]): one group per run, one row per worker, a bar
+/// per task (coloured by stage), session load (grey) and stage file pull (black).
 pub fn write_gantt(path: &Path, runs: &[(&str, &JobOutcome)], notes: &[String]) -> Result<()> {
-    let (left, width, row_h, panel_gap) = (110.0, 900.0, 22.0, 50.0);
     let t_max = runs.iter().map(|(_, o)| o.makespan_s).fold(0.0f64, f64::max).max(1e-3);
-    let rows: usize = runs.iter().map(|(_, o)| o.workers.len()).sum();
-    let height =
-        40.0 + rows as f64 * row_h + runs.len() as f64 * panel_gap + 20.0 * notes.len() as f64 + 40.0;
-    let x = |t: f64| left + t / t_max * width;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-        left + width + 30.0
-    );
-    svg.push_str("<text x=\"10\" y=\"20\" font-size=\"15\">troupe bench pipeline: tasks per worker (colour = stage; grey = session load; black = stage file pull)</text>\n");
-    let mut y = 40.0;
-    for (name, o) in runs {
-        svg.push_str(&format!(
-            "<text x=\"10\" y=\"{}\" font-weight=\"bold\">{name}: {:.3} s</text>\n",
-            y + 14.0,
-            o.makespan_s
-        ));
-        y += 22.0;
-        for (w, worker) in o.workers.iter().enumerate() {
-            let top = y + w as f64 * row_h;
-            svg.push_str(&format!("<text x=\"10\" y=\"{}\">{}</text>\n", top + 14.0, worker.node));
-            svg.push_str(&format!(
-                "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#ddd\"/>\n",
-                top + row_h,
-                left + width,
-                top + row_h
-            ));
-            for s in o.spans.iter().filter(|s: &&Span| s.worker == w) {
-                let (fill, label) = match s.kind {
-                    SpanKind::Run(t) => (stage_colour(t.stage), format!("{t}")),
-                    SpanKind::Load { stage, cold } => {
-                        ("#bbbbbb", format!("load s{stage}{}", if cold { " (cold)" } else { "" }))
-                    }
-                    SpanKind::Fetch(stage) => ("#333333", format!("pull s{stage}")),
-                };
-                let w_px = (x(s.end) - x(s.start)).max(0.5);
-                svg.push_str(&format!(
-                    "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{w_px:.2}\" height=\"{:.2}\" fill=\"{fill}\" stroke=\"white\" stroke-width=\"0.3\"><title>{label}: {:.1}-{:.1} ms</title></rect>\n",
-                    x(s.start),
-                    top + 3.0,
-                    row_h - 6.0,
-                    s.start * 1e3,
-                    s.end * 1e3
-                ));
-            }
-        }
-        y += o.workers.len() as f64 * row_h + panel_gap - 22.0;
-    }
-    for k in 0..=4 {
-        let t = t_max * k as f64 / 4.0;
-        svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{t:.2} s</text>\n",
-            x(t),
-            y
-        ));
-    }
-    y += 20.0;
-    for n in notes {
-        svg.push_str(&format!("<text x=\"10\" y=\"{y:.1}\" fill=\"#555\">{}</text>\n", xml_escape(n)));
-        y += 20.0;
-    }
-    svg.push_str("</svg>\n");
+    let group = |(name, o): &(&str, &JobOutcome)| {
+        let rows = o.workers.iter().enumerate().map(|(w, worker)| BarRow {
+            name: worker.node.clone(),
+            bars: o.spans.iter().filter(|s| s.worker == w).map(span_bar).collect(),
+        });
+        BarGroup { title: format!("{name}: {:.3} s", o.makespan_s), rows: rows.collect() }
+    };
+    let chart = BarChart {
+        title: "troupe bench pipeline: tasks per worker (colour = stage; grey = session load; black = stage file pull)"
+            .into(),
+        legend: Vec::new(),
+        x_range: (0.0, t_max),
+        x_ticks: (0..=4).map(|k| t_max * f64::from(k) / 4.0).map(|t| (t, format!("{t:.2} s"))).collect(),
+        groups: runs.iter().map(group).collect(),
+        notes: notes.to_vec(),
+    };
     if let Some(parent) = path.parent()
         && !parent.as_os_str().is_empty()
     {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, chart.render()).with_context(|| format!("writing {}", path.display()))
 }
 
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+/// One span's bar: its time on the axis, a colour for its kind, and a tooltip saying what and when.
+fn span_bar(s: &Span) -> Bar {
+    let (fill, label) = match s.kind {
+        SpanKind::Run(t) => (COLOURS[t.stage % COLOURS.len()], format!("{t}")),
+        SpanKind::Load { stage, cold } => {
+            ("#bbbbbb", format!("load s{stage}{}", if cold { " (cold)" } else { "" }))
+        }
+        SpanKind::Fetch(stage) => ("#333333", format!("pull s{stage}")),
+    };
+    let tooltip = format!("{label}: {:.1}-{:.1} ms", s.start * 1e3, s.end * 1e3);
+    Bar { start: s.start, end: s.end, fill: fill.into(), label: String::new(), tooltip }
 }
 
 #[cfg(test)]
