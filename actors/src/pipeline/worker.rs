@@ -102,7 +102,7 @@ pub struct WorkerSettings {
     pub cpu_quota_pct: u32,
     /// Simulated battery and temperature.
     pub device: DeviceModel,
-    /// Enforce the RAM budget with a cgroup v1 memory limit (over it, the OS kills the worker).
+    /// Enforce the RAM budget with a cgroup memory limit, v2 or v1 (over it, the OS kills the worker).
     pub enforce_ram_budget: bool,
     /// Disk cache of stage files.
     pub cache_dir: PathBuf,

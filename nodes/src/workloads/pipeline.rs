@@ -46,11 +46,11 @@ pub struct WorkerParams {
     /// RAM budget for stage sessions, MiB.
     #[serde(default = "default_budget")]
     pub ram_budget_mb: u64,
-    /// Enforce the budget with a cgroup v1 memory limit (going over it gets the worker killed by
+    /// Enforce the budget with a cgroup memory limit, v2 or v1 (going over it gets the worker killed by
     /// the OS, and the foreman re-plans its tasks); otherwise it only steers scheduling.
     #[serde(default)]
     pub enforce_ram_budget: bool,
-    /// CPU speed in percent of one CPU: a cgroup v1 quota where available, else pacing.
+    /// CPU speed in percent of one CPU: a cgroup v2 or v1 quota where available, else pacing.
     #[serde(default = "default_quota")]
     pub cpu_quota_pct: u32,
     /// Simulated battery at start, percent.
@@ -634,7 +634,7 @@ pub enum PipelineCommand {
         #[arg(long, default_value_t = 3)]
         workers: usize,
         /// CPU quota of each worker in percent of one CPU, comma-separated, cycled over the
-        /// workers (real stragglers through cgroup v1 where available; default: all at 100).
+        /// workers (real stragglers through cgroup v2 or v1 where available; default: all at 100).
         #[arg(long, value_delimiter = ',')]
         quotas: Vec<u32>,
         /// "streaming" or "barrier".
@@ -682,7 +682,7 @@ pub enum PipelineCommand {
         /// (rewritten once into `MODEL.mapped/` beside the file).
         #[arg(long)]
         mapped: bool,
-        /// First put this process in a cgroup v1 memory group with this limit (fails if there
+        /// First put this process in a cgroup (v2 or v1) memory group with this limit (fails if there
         /// is no controller); the OS kills the process if the model does not fit.
         #[arg(long)]
         memory_limit_mb: Option<u64>,
@@ -816,7 +816,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                     mb.saturating_mul(1 << 20),
                     true,
                 );
-                if !matches!(limit, troupe_actors::pipeline::telemetry::MemoryLimit::CgroupV1 { .. }) {
+                if !matches!(limit, troupe_actors::pipeline::telemetry::MemoryLimit::Cgroup { .. }) {
                     bail!("--memory-limit-mb {mb}: {}", limit.describe());
                 }
                 eprintln!("{}", limit.describe());
