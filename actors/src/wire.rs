@@ -85,7 +85,7 @@ pub struct MailboxView {
     pub actor: String,
     /// Messages sent to it and not yet taken by its handler.
     pub depth: u64,
-    /// The most that ever waited at once since the node started.
+    /// The most that ever waited at once since the actor was first listed.
     pub max_depth: u64,
 }
 

@@ -241,7 +241,7 @@ impl NodeMetrics {
         let mailbox_depth_max = Family::<ActorLabels, Gauge>::default();
         registry.register(
             "mailbox_depth_max",
-            "The most messages queued at once for each of the runtime's actors since the node started",
+            "The most messages queued at once for each of the runtime's actors since it was first listed",
             mailbox_depth_max.clone(),
         );
         let resident_experts = Family::<TierLabels, Gauge>::default();

@@ -303,6 +303,8 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
         let r = v["residency"].as_array().unwrap_or_else(|| panic!("no residency in {v}"));
         assert!(r.iter().any(|r| r["executor"] == executor), "{node}: {v}");
+        let m = v["mailboxes"].as_array().unwrap_or_else(|| panic!("no mailboxes in {v}"));
+        assert!(m.iter().any(|m| m["actor"] == "coe-executor" && m["depth"].is_u64()), "{node}: {v}");
     }
     assert!(device_experts >= 1.0, "no expert resident on any executor after a request");
     assert!(executor_mailbox_max >= 1.0, "no command counted in any executor's mailbox");
