@@ -166,7 +166,7 @@ impl EdgeShared {
     fn tell(&self, input: EdgeInput) {
         let scheduler = lock(&self.store).scheduler.clone();
         if let Some(s) = scheduler {
-            let _ = s.send_message(SchedulerMsg::Input(input));
+            let _ = SchedulerMsg::tell(&s, input);
         }
     }
 
@@ -443,7 +443,7 @@ impl Live {
         }
         if !self.cycling && !self.tasks.is_empty() {
             self.cycling = true;
-            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+            SchedulerMsg::tell(me, EdgeInput::Cycle)?;
         }
         Ok(())
     }
@@ -503,7 +503,7 @@ impl Live {
         }
         self.cycling = busy;
         if busy {
-            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+            SchedulerMsg::tell(me, EdgeInput::Cycle)?;
         }
         Ok(())
     }
