@@ -4,7 +4,9 @@
 //! all of them down on ctrl-c or when the topology's job ends.
 //!
 //! Each node's full output (DEBUG included) goes to `WORKDIR/NAME.log`; the console shows what
-//! a person reads: everything but DEBUG and TRACE lines (all of it when `RUST_LOG` is set).
+//! a person reads: everything but DEBUG and TRACE lines (all of it when `RUST_LOG` is set), and,
+//! on a terminal, a bar of jobs finished and one per job moved by its progress lines
+//! ([`crate::progress`]).
 //!
 //! Idempotent: the CA and node certificates in the working folder are reused when present.
 

@@ -296,8 +296,11 @@ pub fn app_dir(scale: Scale, dir: Option<PathBuf>) -> PathBuf {
 
 /// Generate and print a summary.
 pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<()> {
-    let r = app::generate_with(dir, scale, seed, knobs)
-        .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
+    let working = crate::progress::spinner("coe gen");
+    working.set_message("training the experts");
+    let r = app::generate_with(dir, scale, seed, knobs);
+    working.finish_and_clear();
+    let r = r.with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
         "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, experts trained on {} digit images ({} epochs), usage probabilities from {} calibration images; {:.1}s -> {}",
         r.experts,
@@ -327,7 +330,11 @@ pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<
 /// Profile and write the file.
 pub fn profile_app(dir: &Path, out: &Path) -> Result<Profile> {
     let app = App::open(dir, None)?;
-    let profile = profiler::profile(&app, &profiler::default_plan(&app))?;
+    let working = crate::progress::spinner("coe profile");
+    working.set_message("measuring the executors");
+    let profile = profiler::profile(&app, &profiler::default_plan(&app));
+    working.finish_and_clear();
+    let profile = profile?;
     app::write_file(out, profile.to_text().as_bytes())?;
     println!(
         "coe profile: {} executors measured on `{}` -> {}",
@@ -641,7 +648,9 @@ pub async fn run_job(
                     match &event {
                         MembershipEvent::Down { member, .. } if member.as_str() == node => {
                             let name = shared.executor_name(exec).to_string();
-                            println!("coe: executor {name} on {node} is down; requeueing its work");
+                            crate::progress::println(format!(
+                                "coe: executor {name} on {node} is down; requeueing its work"
+                            ));
                             if let Ok(mut l) = lost.lock() {
                                 l.insert(name);
                             }
@@ -659,10 +668,14 @@ pub async fn run_job(
                                 Ok(found) => {
                                     if let Some(x) = found.first() {
                                         connect_executor(&services, &shared, exec, x, call_timeout);
-                                        println!("coe: executor {name} rejoined on {node}; back in service");
+                                        crate::progress::println(format!(
+                                            "coe: executor {name} rejoined on {node}; back in service"
+                                        ));
                                     }
                                 }
-                                Err(e) => println!("coe: executor {name} rejoined but was not found: {e}"),
+                                Err(e) => crate::progress::println(format!(
+                                    "coe: executor {name} rejoined but was not found: {e}"
+                                )),
                             }
                         }
                         _ => {}
