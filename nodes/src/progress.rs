@@ -14,7 +14,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 
 /// The environment variable that turns bars off: `TROUPE_PROGRESS=0`.
 pub const ENV: &str = "TROUPE_PROGRESS";
@@ -81,7 +81,10 @@ fn add(on: bool, bar: ProgressBar, label: &str, template: &str) -> ProgressBar {
     if !on {
         return ProgressBar::hidden();
     }
-    let bar = multi().add(bar.with_style(style(template)).with_prefix(label.to_owned()));
+    // a bar dropped unfinished (an error, ctrl-c) is cleared too: bars never stay on the screen
+    let bar =
+        bar.with_style(style(template)).with_prefix(label.to_owned()).with_finish(ProgressFinish::AndClear);
+    let bar = multi().add(bar);
     bar.enable_steady_tick(Duration::from_millis(250));
     bar
 }

@@ -608,6 +608,17 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_table_counts_adaptations_and_means_their_gain() {
+        let mut s = summary();
+        s.cameras[0].adaptations[1].error = "evicted".into();
+        let table = super::summary(&s).render();
+        assert!(table.contains("| adaptations           | 1 installed of 2 requested"), "{table}");
+        assert!(table.contains("| mean exact-match gain | +0.562"), "{table}");
+        assert!(table.contains("| failures              | 1 adaptations, 0 streams"), "{table}");
+        assert!(table.contains("(within budget)"), "{table}");
+    }
+
+    #[test]
     fn the_accuracy_plot_marks_drift_and_updates_per_camera() {
         let chart = accuracy_chart(&summary());
         assert_eq!(chart.x_range, (0.0, 1000.0));
