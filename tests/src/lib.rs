@@ -355,3 +355,18 @@ pub fn parse_coe_results(text: &str) -> Result<Vec<(u64, String)>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::summary_value;
+
+    #[test]
+    fn summary_values_are_read_from_their_own_table_only() {
+        let table = troupe::summary::Summary::new("coe job summary").row("requests answered", "300").render();
+        let log: String = table.lines().map(|l| format!("[gateway] {l}\n")).collect();
+        let log = format!("| requests answered | 7 |\n{log}");
+        assert_eq!(summary_value(&log, "coe job summary", "requests answered").as_deref(), Some("300"));
+        assert_eq!(summary_value(&log, "coe job summary", "p99"), None);
+        assert_eq!(summary_value(&log, "pipeline job summary", "requests answered"), None);
+    }
+}
