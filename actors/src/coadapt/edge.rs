@@ -205,6 +205,19 @@ impl EdgeShared {
         completion(expected, &progress_of(&lock(&self.store).cameras))
     }
 
+    /// The cameras' streams so far, summed over the cameras heard from (for a progress bar).
+    pub fn streamed(&self) -> Streamed {
+        let st = lock(&self.store);
+        let mut s = Streamed { cameras: st.cameras.len(), ..Streamed::default() };
+        for c in &st.cameras {
+            s.frame += c.frame;
+            s.frames += c.frames;
+            s.requested += u64::from(c.requested);
+            s.answered += c.adaptations.len() as u64;
+        }
+        s
+    }
+
     fn report(&self, r: StreamReport) {
         {
             let mut st = lock(&self.store);
@@ -291,6 +304,21 @@ impl EdgeShared {
             })
         })
     }
+}
+
+/// The cameras' streams so far ([`EdgeShared::streamed`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streamed {
+    /// Cameras heard from.
+    pub cameras: usize,
+    /// Frames streamed, all cameras together.
+    pub frame: u64,
+    /// Frames their streams have in all.
+    pub frames: u64,
+    /// Adaptations asked for.
+    pub requested: u64,
+    /// Adaptations answered.
+    pub answered: u64,
 }
 
 /// What the completion policy needs of each camera's report.
