@@ -12,6 +12,7 @@ pub mod hello;
 pub mod journal;
 pub mod kinds;
 pub mod live;
+pub mod mailbox;
 pub mod membership;
 pub mod node;
 pub mod pipeline;

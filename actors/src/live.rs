@@ -12,16 +12,16 @@
 //! Every map is bounded by the status caps in [`crate::wire`] (entries past a cap are not kept,
 //! and say so once in the log), so a snapshot always fits a status a peer will accept.
 //!
-//! ractor mailboxes are not observable (ractor exposes no mailbox length), so no mailbox depth
-//! is published; the queues listed are the ones the runtime's workloads own.
+//! A snapshot also carries the mailbox depths [`crate::mailbox`] counts (ractor exposes no
+//! mailbox length, so the runtime counts its own actors' messages itself).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::wire::{
-    MAX_POOL_SAMPLES, MAX_STATUS_EXECUTORS, MAX_STATUS_POOLS, MAX_STATUS_QUEUES, MAX_STATUS_STAGES, PoolView,
-    QueueView, ResidencyView, StageView,
+    MAX_POOL_SAMPLES, MAX_STATUS_EXECUTORS, MAX_STATUS_POOLS, MAX_STATUS_QUEUES, MAX_STATUS_STAGES,
+    MailboxView, PoolView, QueueView, ResidencyView, StageView,
 };
 
 /// Everything published so far, keyed so a later value replaces an earlier one.
@@ -106,6 +106,8 @@ pub struct Snapshot {
     pub stages: Vec<StageView>,
     /// Per pool.
     pub pools: Vec<PoolView>,
+    /// Per counted actor ([`crate::mailbox::depths`]).
+    pub mailboxes: Vec<MailboxView>,
 }
 
 /// The figures now.
@@ -128,6 +130,7 @@ pub fn snapshot() -> Snapshot {
             .map(|(worker, stage)| StageView { worker: worker.clone(), stage: *stage })
             .collect(),
         pools: l.pools.values().cloned().collect(),
+        mailboxes: crate::mailbox::depths(),
     }
 }
 

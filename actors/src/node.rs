@@ -312,6 +312,7 @@ async fn local_status(
         queues: live.queues,
         stages: live.stages,
         pools: live.pools,
+        mailboxes: live.mailboxes,
     })
 }
 

@@ -615,3 +615,47 @@ where
     )
     .map_err(|e| e.to_string())
 }
+
+/// A non-member client's side of a service: its own QUIC endpoint, a router for the answers and
+/// the node it dialled. The one way `CoeClient`, `ForemanClient` and the like reach a service.
+pub struct ServiceClient {
+    /// The client's endpoint (closed with [`QuicNode::shutdown`]).
+    pub link: QuicNode,
+    /// The router its calls and their answers go through.
+    pub services: Services,
+    /// The node at the dialled address.
+    pub server: NodeId,
+}
+
+impl ServiceClient {
+    /// Binds an endpoint as `identity` (not a member), serving `blobs` to the peer if given (set
+    /// before the dial, so the peer may pull from the first frame on), and dials `addr`.
+    pub async fn connect(
+        identity: &troupe_transport::NodeIdentity,
+        addr: std::net::SocketAddr,
+        blobs: Option<Arc<dyn troupe_transport::quic::BlobServer>>,
+    ) -> Result<Self, troupe_transport::QuicError> {
+        let config = troupe_transport::QuicConfig {
+            member: false,
+            bind: crate::node::client_bind_for(addr),
+            ..troupe_transport::QuicConfig::default()
+        };
+        let link = QuicNode::bind(identity, config).await?;
+        if let Some(blobs) = blobs {
+            link.set_blob_server(blobs);
+        }
+        let services = Services::new(link.clone(), ServiceConfig::default());
+        {
+            let (link, services) = (link.clone(), services.clone());
+            tokio::spawn(async move {
+                while let Ok(d) = link.recv().await {
+                    if d.frame.kind == FrameKind::Service {
+                        services.handle_frame(d);
+                    }
+                }
+            });
+        }
+        let server = link.connect_any(addr).await?;
+        Ok(ServiceClient { link, services, server })
+    }
+}

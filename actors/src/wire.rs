@@ -49,6 +49,8 @@ pub const MAX_STATUS_STAGES: usize = 256;
 pub const MAX_STATUS_POOLS: usize = 32;
 /// Most used-bytes samples one pool's history may carry (the node keeps this many).
 pub const MAX_POOL_SAMPLES: usize = 120;
+/// Most actors a status may list the mailbox depth of (the node counts at most this many).
+pub const MAX_STATUS_MAILBOXES: usize = 64;
 
 /// The experts one coe executor of this node holds, per tier, after its last command.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -74,6 +76,17 @@ pub struct QueueView {
     pub queue: String,
     /// Entries in it now.
     pub depth: u64,
+}
+
+/// How many counted messages wait in one actor's mailbox ([`crate::mailbox`]).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct MailboxView {
+    /// The actor's registered name (`coe-scheduler`, `coe-executor-cpu0`, ...).
+    pub actor: String,
+    /// Messages sent to it and not yet taken by its handler.
+    pub depth: u64,
+    /// The most that ever waited at once since the actor was first listed.
+    pub max_depth: u64,
 }
 
 /// The stage a pipeline worker of this node holds live (none between stages).
@@ -119,6 +132,8 @@ pub struct NodeStatus {
     pub stages: Vec<StageView>,
     /// Memory pools and their used bytes over time, kept by the node ([`crate::live`]).
     pub pools: Vec<PoolView>,
+    /// Mailbox depths of the runtime's own actors ([`crate::mailbox`]).
+    pub mailboxes: Vec<MailboxView>,
 }
 
 impl ArchivedNodeStatus {
@@ -130,6 +145,7 @@ impl ArchivedNodeStatus {
             ("queues", self.queues.len(), MAX_STATUS_QUEUES),
             ("stages", self.stages.len(), MAX_STATUS_STAGES),
             ("pools", self.pools.len(), MAX_STATUS_POOLS),
+            ("mailboxes", self.mailboxes.len(), MAX_STATUS_MAILBOXES),
         ];
         for (what, got, cap) in lists {
             if got > cap {
@@ -151,6 +167,10 @@ impl ArchivedNodeStatus {
 
 /// Control messages carried in `FrameKind::Message` frames on the control channel.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one is built per status request and encoded at once; boxing would change the archived layout for nothing"
+)]
 pub enum ControlMsg {
     /// Asks the receiving node for its status.
     StatusRequest,
@@ -188,5 +208,15 @@ mod tests {
         let s = NodeStatus { pools: vec![pool], ..NodeStatus::default() };
         let e = archived_check(&s).unwrap_err();
         assert!(e.contains("coadapt/edge") && e.contains("history"), "{e}");
+
+        let mailbox = |i: usize| MailboxView { actor: format!("a{i}"), depth: 0, max_depth: 1 };
+        let mut s = NodeStatus {
+            mailboxes: (0..MAX_STATUS_MAILBOXES).map(mailbox).collect(),
+            ..NodeStatus::default()
+        };
+        assert_eq!(archived_check(&s), Ok(()));
+        s.mailboxes.push(mailbox(MAX_STATUS_MAILBOXES));
+        let e = archived_check(&s).unwrap_err();
+        assert!(e.contains("mailboxes") && e.contains(&MAX_STATUS_MAILBOXES.to_string()), "{e}");
     }
 }

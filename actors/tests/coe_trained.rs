@@ -13,11 +13,14 @@ use troupe_actors::coe::train::split;
 #[test]
 fn trained_coe_and_same_bytes_single_model_are_measured_on_held_out_images() {
     let tmp = tempfile::tempdir().expect("temp dir");
+    // A profile left from an earlier app in the folder is stale once the app is regenerated.
+    std::fs::write(tmp.path().join("profile.txt"), "stale").expect("writing a stale profile");
     let report =
         generate(tmp.path(), Scale::Ci, 3).expect("generating the ci app (needs scripts/setup's digits)");
     let a = report.accuracy;
     eprintln!("coe gen ci seed 3: {a:?}, {:.1}s", report.seconds);
     assert_eq!(Accuracy::read(tmp.path()).expect("reading accuracy.txt"), a, "the file records the report");
+    assert!(!tmp.path().join("profile.txt").exists(), "the old app's profile was kept");
     // Same bytes, as near as the baseline's widths allow.
     let gap = (a.single_model_bytes as f64 / a.expert_bytes as f64 - 1.0).abs();
     assert!(gap < 0.01, "single model {} bytes vs experts {}", a.single_model_bytes, a.expert_bytes);

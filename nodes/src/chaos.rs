@@ -57,6 +57,9 @@ const RESTART_PAST_TIMEOUT_MS: (u64, u64) = (1000, 3000);
 /// node to rejoin before it is performed anyway.
 const REKILL_GRACE: Duration = Duration::from_secs(2);
 
+/// What a node logs when its fault switch fires a panic.
+const PANIC_FIRED: &str = "fault switch: injecting a panic";
+
 /// One line a node printed, stamped with the run's clock.
 #[derive(Clone, Debug)]
 struct Line {
@@ -266,10 +269,12 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
     // restarted nodes not yet seen rejoining: when they came back
     let mut back_since: BTreeMap<String, Instant> = BTreeMap::new();
     let mut ticker = tokio::time::interval(Duration::from_millis(20));
+    // faults performed (kills) or seen firing (fault-switch panics) of the plan's
+    let bar = crate::progress::bar(plan.len() as u64, "chaos faults");
     let code = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {
-                println!("[chaos] ctrl-c: stopping every node");
+                crate::progress::println("[chaos] ctrl-c: stopping every node");
                 break std::process::ExitCode::FAILURE;
             }
             Some((name, ok)) = jobs_rx.recv() => tracker.job_ended(name, ok),
@@ -283,6 +288,9 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
                         due.push(i);
                         seen_at.insert(i, t0.elapsed());
                     }
+                }
+                if text.contains(PANIC_FIRED) {
+                    bar.inc(1);
                 }
                 back_since.retain(|n, _| !(text.contains(n.as_str()) && text.contains("rejoined")));
                 // a node declared lost is started again at once (the rejoin path)
@@ -301,7 +309,7 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
             if let Some((i, _)) = down.remove(&node) {
                 cluster.restart(&node)?;
                 back_since.insert(node.clone(), Instant::now());
-                println!("[chaos] fault {}: restarted {node}", i + 1);
+                crate::progress::println(format!("[chaos] fault {}: restarted {node}", i + 1));
                 if let Some(k) = kills.get_mut(&i) {
                     k.2 = Some(t0.elapsed());
                 }
@@ -322,7 +330,8 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
             }
             cluster.kill9(node).await?;
             back_since.remove(node);
-            println!("[chaos] fault {}: killed {node} with SIGKILL", f + 1);
+            crate::progress::println(format!("[chaos] fault {}: killed {node} with SIGKILL", f + 1));
+            bar.inc(1);
             let seen = seen_at.get(&f).copied().unwrap_or_default();
             kills.insert(f, (seen, t0.elapsed(), None));
             down.insert(node.clone(), (f, Instant::now() + Duration::from_micros(restart_after.0)));
@@ -332,6 +341,7 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
             break code;
         }
     };
+    bar.finish_and_clear();
     cluster.stop_all().await;
     while let Ok((node, text)) = lines_rx.try_recv() {
         lines.push(Line { at: t0.elapsed(), node, text });
@@ -389,8 +399,7 @@ fn recovery(i: usize, f: &Fault, run: &RunResult) -> (String, bool) {
         }
         Fault::Panic { site, node, after_hits } => {
             let on_node = || run.lines.iter().filter(|l| l.node == *node);
-            let fired = on_node()
-                .find(|l| l.text.contains("fault switch: injecting a panic") && l.text.contains(site));
+            let fired = on_node().find(|l| l.text.contains(PANIC_FIRED) && l.text.contains(site));
             let Some(fired) = fired else {
                 return (format!("panic at {site} on {node} (hit {after_hits}): DID NOT FIRE"), false);
             };

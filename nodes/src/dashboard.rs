@@ -13,7 +13,8 @@
 //!
 //! What a snapshot carries is only what `NodeStatus` exposes (members and their state, actors,
 //! device budgets, and the workloads' live figures: expert residency per executor and tier,
-//! queue depths, the stage each pipeline worker holds, pools with the used-bytes history the
+//! queue depths, the mailbox depths of the runtime's actors, the stage each pipeline worker
+//! holds, pools with the used-bytes history the
 //! node keeps) plus the device memory the dashboard itself sampled at each poll; [`MISSING`]
 //! names what the issue asks for and the status does not carry.
 
@@ -47,12 +48,9 @@ const HISTORY: usize = 300;
 
 /// What the issue asks the page to show and the node status does not carry: listed on the
 /// page as missing rather than made up.
-pub const MISSING: &[&str] = &[
-    "actor mailbox depths: ractor exposes no mailbox length, so no node can report one (the \
-     queues the workloads own are shown instead)",
-    "device memory over time: the node keeps a history per pool (shown with the workloads), not \
-     per device actor; the device plot below is sampled by the dashboard at each poll",
-];
+pub const MISSING: &[&str] =
+    &["device memory over time: the node keeps a history per pool (shown with the workloads), not \
+     per device actor; the device plot below is sampled by the dashboard at each poll"];
 
 /// How `troupe dashboard` runs.
 pub struct Options {
@@ -228,6 +226,7 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
             v.live = Some(json!({
                 "residency": report["residency"],
                 "queues": report["queues"],
+                "mailboxes": report["mailboxes"],
                 "stages": report["stages"],
                 "pools": report["pools"],
             }));
@@ -424,7 +423,7 @@ async fn events(mut stream: TcpStream, mut rx: watch::Receiver<Arc<String>>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use troupe_actors::wire::{DeviceView, MemberView, PoolView, ResidencyView, StageView};
+    use troupe_actors::wire::{DeviceView, MailboxView, MemberView, PoolView, ResidencyView, StageView};
 
     #[test]
     fn only_loopback_listen_addresses_are_accepted() {
@@ -483,6 +482,7 @@ mod tests {
                 fragmentation: 0.25,
                 history: vec![(900, 2048), (1000, 4096)],
             }],
+            mailboxes: vec![MailboxView { actor: "coe-scheduler".into(), depth: 3, max_depth: 7 }],
             ..NodeStatus::default()
         };
         let poll = Poll {
@@ -509,6 +509,11 @@ mod tests {
         assert_eq!(live["stages"][0]["stage"], 1);
         assert_eq!(live["pools"][0]["history"][1][1], 4096, "the node's own history is passed on");
         assert_eq!(live["queues"].as_array().map(Vec::len), Some(0));
+        assert_eq!(live["mailboxes"][0]["actor"], "coe-scheduler");
+        assert_eq!(
+            (live["mailboxes"][0]["depth"].as_u64(), live["mailboxes"][0]["max_depth"].as_u64()),
+            (Some(3), Some(7))
+        );
         assert!(v["nodes"][1]["live"].is_null(), "a node that did not answer has no live figures");
     }
 }

@@ -16,6 +16,8 @@ pub mod dashboard;
 pub mod metrics;
 pub mod netns;
 pub mod node_cmd;
+pub mod progress;
 pub mod status;
+pub mod summary;
 pub mod up;
 pub mod workloads;

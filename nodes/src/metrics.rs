@@ -21,6 +21,7 @@
 //! | `troupe_device_memory_used_bytes`, `troupe_device_memory_budget_bytes`, `troupe_device_memory_fragmentation` (gauges) | `device` | device actors |
 //! | `troupe_peer_rtt_seconds` (gauge) | `peer` | QUIC's round-trip estimate per connected peer |
 //! | `troupe_queue_length` (gauge) | `workload`, `queue` | workloads' own queues ([`troupe_actors::live`]) |
+//! | `troupe_mailbox_depth`, `troupe_mailbox_depth_max` (gauges) | `actor` | counted messages queued for each of the runtime's actors, and the most at once ([`troupe_actors::mailbox`]) |
 //! | `troupe_expert_residency_experts`, `troupe_expert_residency_bytes` (gauges) | `executor`, `tier` = device, host | each local coe executor after its last command |
 //! | `troupe_pool_used_bytes`, `troupe_pool_budget_bytes`, `troupe_pool_fragmentation` (gauges) | `pool` | coe executors' device arenas, the coadapt edge's pool |
 //! | `troupe_work_total` | `workload`, `outcome` = done, failed | [`troupe_actors::work`] |
@@ -28,9 +29,12 @@
 //! Queues published: `coe` `outstanding` (accepted, not answered), `waiting-clients`,
 //! `admitted` (the request service's admission count); `pipeline` `ready`, `running` (the
 //! foreman's tasks ready to assign and in flight); `coadapt` `uploads` (accepted, not
-//! answered). A workload's queue appears once it runs on the node. Mailbox depths are not
-//! exported: ractor exposes no mailbox length, so the runtime cannot observe them; the queues
-//! above are the ones the runtime itself owns.
+//! answered). A workload's queue appears once it runs on the node.
+//!
+//! Mailbox depths: ractor exposes no mailbox length, so the runtime counts them itself, for the
+//! actors it sends to through its counted send path (the scheduler shell of the coe scheduler,
+//! the pipeline foreman and the coadapt edge; the coe executor and pipeline worker actors): a
+//! message counts from its send until its handler takes it. An actor appears once it starts.
 //!
 //! Counters mirrored from a source that counts on its own (transport, QUIC) are advanced by
 //! the difference at each scrape, so they only grow; a peer's QUIC counters restart with a new
@@ -112,6 +116,11 @@ struct QueueLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActorLabels {
+    actor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TierLabels {
     executor: String,
     tier: String,
@@ -141,6 +150,8 @@ pub struct NodeMetrics {
     work: Family<WorkLabels, Counter>,
     rtt: Family<RttLabels, FloatGauge>,
     queues: Family<QueueLabels, Gauge>,
+    mailbox_depth: Family<ActorLabels, Gauge>,
+    mailbox_depth_max: Family<ActorLabels, Gauge>,
     resident_experts: Family<TierLabels, Gauge>,
     resident_bytes: Family<TierLabels, Gauge>,
     pool_used: Family<PoolLabels, Gauge>,
@@ -221,6 +232,18 @@ impl NodeMetrics {
             "Entries in each queue a workload of this node owns",
             queues.clone(),
         );
+        let mailbox_depth = Family::<ActorLabels, Gauge>::default();
+        registry.register(
+            "mailbox_depth",
+            "Messages sent to each of the runtime's actors and not yet taken by its handler",
+            mailbox_depth.clone(),
+        );
+        let mailbox_depth_max = Family::<ActorLabels, Gauge>::default();
+        registry.register(
+            "mailbox_depth_max",
+            "The most messages queued at once for each of the runtime's actors since it was first listed",
+            mailbox_depth_max.clone(),
+        );
         let resident_experts = Family::<TierLabels, Gauge>::default();
         registry.register(
             "expert_residency_experts",
@@ -274,6 +297,8 @@ impl NodeMetrics {
             work,
             rtt,
             queues,
+            mailbox_depth,
+            mailbox_depth_max,
             resident_experts,
             resident_bytes,
             pool_used,
@@ -351,7 +376,7 @@ impl NodeMetrics {
         }
     }
 
-    /// Sets the live-figure gauges (residency, queues, pools) from a status of this node, the
+    /// Sets the live-figure gauges (residency, queues, mailboxes, pools) from a status of this node, the
     /// same figures `troupe status` and the dashboard show.
     fn record_live(&self, s: &NodeStatus) {
         for r in &s.residency {
@@ -365,6 +390,11 @@ impl NodeMetrics {
             self.queues
                 .get_or_create(&QueueLabels { workload: q.workload.clone(), queue: q.queue.clone() })
                 .set(gauge_value(q.depth));
+        }
+        for m in &s.mailboxes {
+            let l = ActorLabels { actor: m.actor.clone() };
+            self.mailbox_depth.get_or_create(&l).set(gauge_value(m.depth));
+            self.mailbox_depth_max.get_or_create(&l).set(gauge_value(m.max_depth));
         }
         for p in &s.pools {
             let l = PoolLabels { pool: p.pool.clone() };
@@ -512,6 +542,7 @@ pub(crate) fn request_line(head: &[u8]) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use troupe_actors::wire::MailboxView;
 
     #[test]
     fn request_lines_are_parsed_strictly() {
@@ -543,6 +574,14 @@ mod tests {
         assert!(text.contains("troupe_members{state=\"up\"} 0"), "{text}");
         assert!(text.contains("troupe_frames_total{channel=\"control\",direction=\"sent\"} 0"), "{text}");
         assert!(!text.contains("troupe_supervisor_escalations"), "an empty family is left out:\n{text}");
+        let status = NodeStatus {
+            mailboxes: vec![MailboxView { actor: "coe-scheduler".into(), depth: 2, max_depth: 9 }],
+            ..NodeStatus::default()
+        };
+        m.record_live(&status);
+        let text = m.encode().unwrap();
+        assert!(text.contains("troupe_mailbox_depth{actor=\"coe-scheduler\"} 2"), "{text}");
+        assert!(text.contains("troupe_mailbox_depth_max{actor=\"coe-scheduler\"} 9"), "{text}");
         let c = Counter::default();
         mirror(&c, 5);
         mirror(&c, 3);

@@ -46,6 +46,11 @@ pub fn json(s: &NodeStatus) -> serde_json::Value {
             "fragmentation": p.fragmentation,
             "history": p.history.iter().map(|&(t, u)| [t, u]).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "mailboxes": s.mailboxes.iter().map(|m| serde_json::json!({
+            "actor": m.actor,
+            "depth": m.depth,
+            "max_depth": m.max_depth,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -82,7 +87,7 @@ pub fn render(s: &NodeStatus) -> String {
     out
 }
 
-/// The workloads' live figures (residency, queues, stages, pools), each section only when the
+/// The workloads' live figures (residency, queues, mailboxes, stages, pools), each section only when the
 /// node has something to show in it.
 fn render_live(out: &mut String, s: &NodeStatus) {
     if !s.residency.is_empty() {
@@ -103,6 +108,12 @@ fn render_live(out: &mut String, s: &NodeStatus) {
         let _ = writeln!(out, "queues ({}):", s.queues.len());
         for q in &s.queues {
             let _ = writeln!(out, "  {:<10} {:<16} {}", q.workload, q.queue, q.depth);
+        }
+    }
+    if !s.mailboxes.is_empty() {
+        let _ = writeln!(out, "mailboxes ({}):", s.mailboxes.len());
+        for m in &s.mailboxes {
+            let _ = writeln!(out, "  {:<26} {} queued, at most {}", m.actor, m.depth, m.max_depth);
         }
     }
     if !s.stages.is_empty() {

@@ -4,7 +4,9 @@
 //! all of them down on ctrl-c or when the topology's job ends.
 //!
 //! Each node's full output (DEBUG included) goes to `WORKDIR/NAME.log`; the console shows what
-//! a person reads: everything but DEBUG and TRACE lines (all of it when `RUST_LOG` is set).
+//! a person reads: everything but DEBUG and TRACE lines (all of it when `RUST_LOG` is set), and,
+//! on a terminal, a bar of jobs finished and one per job moved by its progress lines
+//! ([`crate::progress`]).
 //!
 //! Idempotent: the CA and node certificates in the working folder are reused when present.
 
@@ -256,6 +258,8 @@ struct NodeOutput {
     quiet_console: bool,
     /// Where the node's non-DEBUG lines are also sent, if anywhere.
     lines: Option<NodeLines>,
+    /// A job node's bar, moved by the job's progress lines ([`job_progress`]).
+    bar: Option<indicatif::ProgressBar>,
 }
 
 /// The node processes of one topology run on loopback: started from their configs, each one's
@@ -275,6 +279,8 @@ pub struct Cluster {
     lines: Option<NodeLines>,
     /// (node, network namespace) of nodes started inside one (`--netns`).
     namespaces: Vec<(String, String)>,
+    /// Each job node's progress bar (kept across restarts).
+    bars: Vec<(String, indicatif::ProgressBar)>,
 }
 
 impl Cluster {
@@ -311,12 +317,22 @@ impl Cluster {
             jobs,
             lines,
             namespaces,
+            bars: Vec::new(),
         };
+        for node in topology.nodes.iter() {
+            if let Some(job) = &node.job {
+                let bar = crate::progress::spinner(&format!("{} {}", node.name, job.kind));
+                cluster.bars.push((node.name.clone(), bar));
+            }
+        }
         for i in 0..cluster.configs.len() {
             let name = cluster.configs[i].0.clone();
             let child = cluster.spawn(&name, false)?;
             cluster.children.push((name.clone(), child));
-            println!("[up] {name}: full log in {}", cluster.log_path(&name).display());
+            crate::progress::println(format!(
+                "[up] {name}: full log in {}",
+                cluster.log_path(&name).display()
+            ));
         }
         Ok((cluster, jobs_rx))
     }
@@ -369,6 +385,7 @@ impl Cluster {
             file: Arc::new(std::sync::Mutex::new(file)),
             quiet_console,
             lines: self.lines.clone(),
+            bar: self.bars.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()),
         };
         if let Some(out) = child.stdout.take() {
             let jobs = job.then(|| self.jobs.clone());
@@ -437,7 +454,14 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
         if let Some(tx) = &jobs
             && let Some(rest) = line.strip_prefix(crate::node_cmd::JOB_FINISHED)
         {
+            if let Some(bar) = &out.bar {
+                bar.finish_and_clear();
+            }
             let _ = tx.send((out.name.clone(), rest.contains(" finished: ok")));
+        }
+        if let (Some(bar), Some((done, total))) = (&out.bar, job_progress(&line)) {
+            crate::progress::set_total(bar, total);
+            bar.set_position(done);
         }
         let debug = is_debug_line(&line);
         if let Some(tx) = &out.lines
@@ -449,12 +473,35 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
             continue;
         }
         let prefix = &out.prefix;
-        if stderr {
-            eprintln!("{prefix} {line}");
-        } else {
-            println!("{prefix} {line}");
-        }
+        crate::progress::suspend(|| {
+            if stderr {
+                eprintln!("{prefix} {line}");
+            } else {
+                println!("{prefix} {line}");
+            }
+        });
     }
+}
+
+/// The (done, total) a job's progress line reports: `coe: serving N requests ...`, `coe:
+/// completed K of N`, `pipeline: K of N inputs answered`, `pipeline: resuming ... K of N inputs
+/// answered`. The lines are the jobs' own, printed for people and scripts alike.
+fn job_progress(line: &str) -> Option<(u64, u64)> {
+    let k_of_n = |s: &str| -> Option<(u64, u64)> {
+        let (k, rest) = s.split_once(" of ")?;
+        let n = rest.split_whitespace().next()?;
+        Some((k.rsplit(' ').next()?.parse().ok()?, n.parse().ok()?))
+    };
+    if let Some(rest) = line.strip_prefix("coe: completed ") {
+        return k_of_n(rest);
+    }
+    if let Some(rest) = line.strip_prefix("coe: serving ") {
+        let (n, tail) = rest.split_once(' ')?;
+        return tail.starts_with("requests through").then_some((0, n.parse().ok()?));
+    }
+    let rest = line.strip_prefix("pipeline: ")?;
+    let head = rest.strip_suffix(" inputs answered")?;
+    k_of_n(head.rsplit_once(": ").map_or(head, |(_, k)| k))
 }
 
 /// Sends a running child SIGINT, as ctrl-c does.
@@ -570,19 +617,26 @@ pub struct JobTracker {
     job_nodes: Vec<String>,
     /// Jobs that ended: (node, succeeded), in the order they ended.
     pub ended: Vec<(String, bool)>,
+    /// Jobs ended of all.
+    bar: indicatif::ProgressBar,
 }
 
 impl JobTracker {
     /// Tracks the jobs of `job_nodes`.
     pub fn new(job_nodes: &[String]) -> Self {
-        Self { job_nodes: job_nodes.to_vec(), ended: Vec::new() }
+        let bar = crate::progress::bar(job_nodes.len() as u64, "jobs finished");
+        Self { job_nodes: job_nodes.to_vec(), ended: Vec::new(), bar }
     }
 
     /// Records that the job on `name` ended (the first report counts).
     pub fn job_ended(&mut self, name: String, ok: bool) {
         if !self.ended.iter().any(|(n, _)| *n == name) {
-            println!("[up] job on {name} {}", if ok { "succeeded" } else { "failed" });
+            crate::progress::println(format!(
+                "[up] job on {name} {}",
+                if ok { "succeeded" } else { "failed" }
+            ));
             self.ended.push((name, ok));
+            self.bar.set_position(self.ended.len() as u64);
         }
     }
 
@@ -597,11 +651,18 @@ impl JobTracker {
                 Ok(Some(status))
                     if self.job_nodes.contains(name) && !self.ended.iter().any(|(n, _)| n == name) =>
                 {
-                    println!("[up] job node {name} exited before its job ended: {status}");
+                    crate::progress::println(format!(
+                        "[up] job node {name} exited before its job ended: {status}"
+                    ));
                     self.ended.push((name.clone(), false));
+                    self.bar.set_position(self.ended.len() as u64);
                 }
                 Ok(Some(_)) | Err(_) => {}
             }
+        }
+        let over = (!self.job_nodes.is_empty() && self.ended.len() == self.job_nodes.len()) || running == 0;
+        if over {
+            self.bar.finish_and_clear();
         }
         if !self.job_nodes.is_empty() && self.ended.len() == self.job_nodes.len() {
             let failed: Vec<&str> =
@@ -632,7 +693,7 @@ async fn supervise(
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {
-                println!("[up] ctrl-c: stopping every node");
+                crate::progress::println("[up] ctrl-c: stopping every node");
                 return ExitCode::SUCCESS;
             }
             Some((name, ok)) = jobs.recv() => tracker.job_ended(name, ok),
@@ -646,7 +707,21 @@ async fn supervise(
 
 #[cfg(test)]
 mod tests {
-    use super::is_debug_line;
+    use super::{is_debug_line, job_progress};
+
+    #[test]
+    fn job_progress_lines_give_done_and_total() {
+        assert_eq!(job_progress("coe: completed 50 of 300"), Some((50, 300)));
+        assert_eq!(job_progress("coe: serving 300 requests through gpu0 on a, policy ours"), Some((0, 300)));
+        assert_eq!(job_progress("pipeline: 10 of 24 inputs answered"), Some((10, 24)));
+        assert_eq!(
+            job_progress("pipeline: resuming from journal /j/x.journal: 7 of 24 inputs answered"),
+            Some((7, 24))
+        );
+        assert_eq!(job_progress("coe: serving requests on 127.0.0.1:5 (at most 64 outstanding)"), None);
+        assert_eq!(job_progress("pipeline: 24 inputs done in 1.5 s"), None);
+        assert_eq!(job_progress("hello: done, 2 answers"), None);
+    }
 
     #[test]
     fn debug_lines_are_told_apart_by_their_level_field() {

@@ -328,6 +328,19 @@ pub fn run_ok(exe: &Path, args: &[&str]) -> Result<String> {
     Ok(text)
 }
 
+/// The value of row `figure` in the summary table titled `title` that a job printed into `log`
+/// (`troupe::summary`: `| figure | value |` rows below a `| title |` line; node-name prefixes
+/// before the first `|`, as `troupe up` adds them, are skipped). `None` when there is no such
+/// table or row.
+pub fn summary_value(log: &str, title: &str, figure: &str) -> Option<String> {
+    let is_title = |l: &str| l.split('|').nth(1).is_some_and(|cell| cell.trim() == title);
+    let mut lines = log.lines().skip_while(|l| !is_title(l));
+    lines.find_map(|l| {
+        let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+        (cells.len() == 4 && cells[1] == figure).then(|| cells[2].to_owned())
+    })
+}
+
 /// A coe results file (`request <id> digest <hex>` lines) as `(id, digest)` pairs.
 pub fn parse_coe_results(text: &str) -> Result<Vec<(u64, String)>> {
     text.lines()
@@ -341,4 +354,19 @@ pub fn parse_coe_results(text: &str) -> Result<Vec<(u64, String)>> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summary_value;
+
+    #[test]
+    fn summary_values_are_read_from_their_own_table_only() {
+        let table = troupe::summary::Summary::new("coe job summary").row("requests answered", "300").render();
+        let log: String = table.lines().map(|l| format!("[gateway] {l}\n")).collect();
+        let log = format!("| requests answered | 7 |\n{log}");
+        assert_eq!(summary_value(&log, "coe job summary", "requests answered").as_deref(), Some("300"));
+        assert_eq!(summary_value(&log, "coe job summary", "p99"), None);
+        assert_eq!(summary_value(&log, "pipeline job summary", "requests answered"), None);
+    }
 }

@@ -2,7 +2,8 @@
 //! the same time on one cluster of seven node processes (edge and executors sharing nodes,
 //! phones carrying a pipeline worker and a camera each), and exits 0 once all three jobs have
 //! succeeded. Each workload's outputs are checked, not just its exit: every coe request
-//! answered once, every pipeline embedding equal to the whole model's, every camera adapted.
+//! answered once, every pipeline embedding equal to the whole model's, every camera adapted,
+//! and each job's summary table agrees with those outputs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -73,4 +74,20 @@ fn the_campus_runs_all_three_workloads_on_one_cluster() {
         );
     }
     assert!(log.contains("within_budget true"), "{log}");
+
+    // each job ends with its summary table, agreeing with the outputs checked above
+    let value = |title: &str, figure: &str| {
+        troupe_tests::summary_value(&log, title, figure)
+            .unwrap_or_else(|| panic!("no `{figure}` row in a `{title}` table:\n{log}"))
+    };
+    assert_eq!(value("coe job summary", "requests answered"), ids.len().to_string());
+    assert_eq!(value("coe job summary", "executors lost"), "none");
+    assert_eq!(value("pipeline job summary", "inputs answered"), format!("{0} of {0}", sentences.len()));
+    let adapted =
+        log.lines().filter(|l| l.contains("coadapt: camera ") && l.contains(" drift_frame ")).count();
+    assert!(
+        value("coadapt job summary", "adaptations").starts_with(&format!("{adapted} installed of ")),
+        "{log}"
+    );
+    assert!(value("coadapt job summary", "pool peak").ends_with("(within budget)"), "{log}");
 }

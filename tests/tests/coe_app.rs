@@ -58,7 +58,10 @@ fn serve_app_gives_the_digests_of_coe_run_on_a_generated_app() {
     assert!(trace.model.depth() >= 2, "the ci app has subsequent experts");
     troupe(&["coe", "profile", "--dir", s(&app)]);
     let reference = tmp.path().join("run.txt");
-    troupe(&["coe", "run", "--dir", s(&app), "--out", s(&reference)]);
+    let run_log = troupe(&["coe", "run", "--dir", s(&app), "--out", s(&reference)]);
+    // a summary table ends the run: the requests it answered, every one of the trace's
+    let answered = troupe_tests::summary_value(&run_log, "coe run summary", "requests answered");
+    assert_eq!(answered, Some(trace.requests.len().to_string()), "{run_log}");
     let served = tmp.path().join("serve.txt");
     let log = troupe(&[
         "coe",
@@ -75,6 +78,8 @@ fn serve_app_gives_the_digests_of_coe_run_on_a_generated_app() {
         s(&served),
     ]);
     assert!(log.contains(&format!("{} experts", trace.model.len())), "{log}");
+    let answered = troupe_tests::summary_value(&log, "coe serve summary", "requests answered");
+    assert_eq!(answered, Some(trace.requests.len().to_string()), "{log}");
     let (want, got) = (results(&reference), results(&served));
     assert_eq!(want.len(), trace.requests.len());
     assert_eq!(got, want, "serve --app and coe run disagree on the outputs\n{log}");

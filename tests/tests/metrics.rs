@@ -1,10 +1,11 @@
 //! A real node process with `[metrics] listen` on: its endpoint answers over HTTP with
 //! Prometheus text whose families carry live values (a member up, heartbeat frames and bytes,
 //! QUIC bytes and RTT to the peer, the device budget); `troupe status --json` reports the same
-//! member. A serving coe cluster, after a client's request is answered, reports its queues on
-//! the scheduler and expert residency per tier and the device arena on the executors; a
-//! pipeline crowd reports the foreman's task queue and the stage its worker holds; a coadapt
-//! edge its pool and drained uploads queue.
+//! member. A serving coe cluster, after a client's request is answered, reports its queues and
+//! its scheduler actor's mailbox depth on the scheduler, and on the executors their executor
+//! actors' mailbox depths, expert residency per tier and the device arena; a pipeline crowd
+//! reports the foreman's task queue and the stage its worker holds; a coadapt edge its pool and
+//! drained uploads queue.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -266,10 +267,15 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         let _ = value(&format!("troupe_queue_length{{workload=\"coe\",queue=\"{queue}\"}}"));
     }
     assert!(value("troupe_peer_rtt_seconds{peer=\"gpu-executor\"}") > 0.0, "{body}");
+    // the scheduler's mailbox, counted by the runtime: the request's inputs passed through it
+    assert!(body.contains("# TYPE troupe_mailbox_depth gauge\n"), "{body}");
+    let _ = value("troupe_mailbox_depth{actor=\"coe-scheduler\"}");
+    assert!(value("troupe_mailbox_depth_max{actor=\"coe-scheduler\"}") >= 1.0, "{body}");
 
     // the executors: experts resident per tier after running the request's experts, from
     // each executor's own accounting, and its device arena
     let mut device_experts = 0.0;
+    let mut executor_mailbox_max = 0.0;
     for (node, executor) in [("gpu-executor", "gpu0-standin-cpu"), ("cpu-executor", "cpu0")] {
         let (_, body) = get(metrics_addr(&cluster, node).await, "/metrics").await;
         let s = samples(&body);
@@ -287,6 +293,9 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         );
         let _ = value(&format!("troupe_pool_fragmentation{pool}"));
         device_experts += experts;
+        // the executor actor's mailbox: listed from its start; the request's commands went through
+        let _ = value("troupe_mailbox_depth{actor=\"coe-executor\"}");
+        executor_mailbox_max += value("troupe_mailbox_depth_max{actor=\"coe-executor\"}");
 
         // `troupe status --json` reports the same residency
         let out = run_ok(EXE.as_ref(), &["status", "--node", &node_addr(node), "--keys", keys_s, "--json"])
@@ -294,8 +303,11 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
         let r = v["residency"].as_array().unwrap_or_else(|| panic!("no residency in {v}"));
         assert!(r.iter().any(|r| r["executor"] == executor), "{node}: {v}");
+        let m = v["mailboxes"].as_array().unwrap_or_else(|| panic!("no mailboxes in {v}"));
+        assert!(m.iter().any(|m| m["actor"] == "coe-executor" && m["depth"].is_u64()), "{node}: {v}");
     }
     assert!(device_experts >= 1.0, "no expert resident on any executor after a request");
+    assert!(executor_mailbox_max >= 1.0, "no command counted in any executor's mailbox");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

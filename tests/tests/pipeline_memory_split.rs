@@ -1,4 +1,4 @@
-//! The budget contrast: in the same cgroup v1 memory limit (120 MiB: below the whole MiniLM
+//! The budget contrast: in the same cgroup memory limit (120 MiB: below the whole MiniLM
 //! model's, above one memory-mapped stage's), the whole model loaded and run in a real process is
 //! killed by the OS, while a pipeline worker process running every stage of a K = 3 split (cut by
 //! the Rust splitter) completes the job with the whole model's outputs.
@@ -21,14 +21,9 @@ fn exe() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_whole_model_is_killed_in_a_limit_a_stage_worker_completes_in() {
     // Without the controller nothing is enforced and the contrast proves nothing: fail, saying why.
-    let limit = std::path::Path::new(troupe::actors::pipeline::telemetry::CGROUP_V1_MEMORY)
-        .join("memory.limit_in_bytes");
-    assert!(
-        limit.exists(),
-        "{} is missing: this host has no writable cgroup v1 memory controller, so the memory \
-         limit cannot be enforced and this test cannot run (it needs root and cgroup v1)",
-        limit.display()
-    );
+    let controller = troupe::actors::pipeline::telemetry::memory_controller().unwrap_or_else(|why| {
+        panic!("{why}: the memory limit cannot be enforced and this test cannot run (it needs root and a cgroup v2 or v1 memory controller)")
+    });
     let dir = workdir("memory-split");
     let whole = Assets::locate().unwrap().path(MINILM_WHOLE).unwrap();
 
@@ -61,7 +56,7 @@ async fn the_whole_model_is_killed_in_a_limit_a_stage_worker_completes_in() {
     let tail: Vec<&str> = log.lines().rev().take(8).collect();
     let outcome = outcome.unwrap_or_else(|e| panic!("{e}; worker log tail (newest first): {tail:#?}"));
     let w = outcome.workers.iter().find(|w| w.node == spec.name).unwrap();
-    assert!(w.straggler.contains(&format!("cgroup v1 memory limit {LIMIT_MB} MiB")), "{}", w.straggler);
+    assert!(w.straggler.contains(&format!("{controller} memory limit {LIMIT_MB} MiB")), "{}", w.straggler);
     assert!(!w.lost, "the worker was lost in its {LIMIT_MB} MiB limit: {:?}", outcome.log);
     let err = max_abs_error(&outcome, &whole_model(&sentences()));
     assert!(err <= 1e-5, "max abs error {err}");

@@ -166,7 +166,7 @@ impl EdgeShared {
     fn tell(&self, input: EdgeInput) {
         let scheduler = lock(&self.store).scheduler.clone();
         if let Some(s) = scheduler {
-            let _ = s.send_message(SchedulerMsg::Input(input));
+            let _ = SchedulerMsg::tell(&s, input);
         }
     }
 
@@ -203,6 +203,19 @@ impl EdgeShared {
     /// Where the job stands with `expected` cameras now (for a timeout message).
     pub fn progress(&self, expected: u32) -> Completion {
         completion(expected, &progress_of(&lock(&self.store).cameras))
+    }
+
+    /// The cameras' streams so far, summed over the cameras heard from (for a progress bar).
+    pub fn streamed(&self) -> Streamed {
+        let st = lock(&self.store);
+        let mut s = Streamed { cameras: st.cameras.len(), ..Streamed::default() };
+        for c in &st.cameras {
+            s.frame += c.frame;
+            s.frames += c.frames;
+            s.requested += u64::from(c.requested);
+            s.answered += c.adaptations.len() as u64;
+        }
+        s
     }
 
     fn report(&self, r: StreamReport) {
@@ -291,6 +304,21 @@ impl EdgeShared {
             })
         })
     }
+}
+
+/// The cameras' streams so far ([`EdgeShared::streamed`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streamed {
+    /// Cameras heard from.
+    pub cameras: usize,
+    /// Frames streamed, all cameras together.
+    pub frame: u64,
+    /// Frames their streams have in all.
+    pub frames: u64,
+    /// Adaptations asked for.
+    pub requested: u64,
+    /// Adaptations answered.
+    pub answered: u64,
 }
 
 /// What the completion policy needs of each camera's report.
@@ -443,7 +471,7 @@ impl Live {
         }
         if !self.cycling && !self.tasks.is_empty() {
             self.cycling = true;
-            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+            SchedulerMsg::tell(me, EdgeInput::Cycle)?;
         }
         Ok(())
     }
@@ -503,7 +531,7 @@ impl Live {
         }
         self.cycling = busy;
         if busy {
-            me.cast(SchedulerMsg::Input(EdgeInput::Cycle))?;
+            SchedulerMsg::tell(me, EdgeInput::Cycle)?;
         }
         Ok(())
     }

@@ -675,6 +675,12 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
     // Topology and target sizes from the policy crate's synthetic generator.
     let shape = synthetic_model(&cfg.model, &mut rng).map_err(|e| CoeError::Invalid(e.to_string()))?;
     let groups = train::class_groups(&shape, &mut rng);
+    // A profile measures one app's experts: a regenerated app makes it stale (set-up steps that
+    // key on `profile.txt` then measure again instead of reusing the old app's figures).
+    let stale_profile = dir.join("profile.txt");
+    if stale_profile.exists() {
+        std::fs::remove_file(&stale_profile).map_err(|e| CoeError::io("removing", &stale_profile, e))?;
+    }
     let store_dir = dir.join("store");
     if store_dir.exists() {
         std::fs::remove_dir_all(&store_dir).map_err(|e| CoeError::io("clearing", &store_dir, e))?;

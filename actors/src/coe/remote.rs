@@ -22,6 +22,7 @@ use super::exec_wire::{self, HELLO, HelloReply, WireOutcome, service_name};
 use super::executor::ExpertExecutor;
 use super::profiler::load_profile;
 use super::runner::{Cmd, Event, TierOptions, execute};
+use crate::mailbox::{CountedSend, Queued};
 use crate::service::{Handler, Services, to_body, with_archived};
 
 pub use super::exec_wire::{MAX_BATCH_WIRE, MAX_ROW_WIRE};
@@ -29,8 +30,9 @@ pub use super::exec_wire::{MAX_BATCH_WIRE, MAX_ROW_WIRE};
 /// Messages of a `coe-executor` actor (local: calls reach it through its service handler).
 #[derive(RactorMessage)]
 pub enum CoeExecMsg {
-    /// Carry out a command; replies with its outcome or the error that stopped it.
-    Call(Cmd, RpcReplyPort<Result<WireOutcome, String>>),
+    /// Carry out a command; replies with its outcome or the error that stopped it. Counted in
+    /// the actor's mailbox depth ([`crate::mailbox`]).
+    Call(Cmd, Queued, RpcReplyPort<Result<WireOutcome, String>>),
 }
 
 /// Arguments of the executor actor.
@@ -83,7 +85,9 @@ fn handler(actor: ActorRef<CoeExecMsg>, hello: HelloReply) -> Handler {
                 return to_body(&hello);
             }
             let cmd = exec_wire::decode_cmd(&method, &body)?;
-            let outcome = ractor::call!(actor, CoeExecMsg::Call, cmd)
+            let outcome = actor
+                .call_counted(|queued, reply| CoeExecMsg::Call(cmd, queued, reply))
+                .await
                 .map_err(|e| format!("executor {} is not running: {e}", hello.executor))??;
             to_body(&outcome)
         })
@@ -100,6 +104,7 @@ impl Actor for CoeExecutorActor {
         me: ActorRef<Self::Msg>,
         args: ExecutorArgs,
     ) -> Result<ExecutorState, ActorProcessingErr> {
+        crate::mailbox::track(&me);
         let state = tokio::task::block_in_place(|| open_executor(&args))?;
         let hello = HelloReply { executor: args.executor.clone(), node: args.node.clone() };
         args.services.register(&service_name(&args.executor), exec_wire::spec(), handler(me, hello));
@@ -123,7 +128,8 @@ impl Actor for CoeExecutorActor {
         state: &mut ExecutorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CoeExecMsg::Call(cmd, reply) => {
+            CoeExecMsg::Call(cmd, queued, reply) => {
+                queued.taken();
                 let outcome = tokio::task::block_in_place(|| execute(0, &mut state.executor, cmd));
                 if let Err(e) = &outcome {
                     tracing::error!(executor = %state.args.executor, "{e}");

@@ -21,7 +21,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use troupe_policy::coe::ExpertId;
 use troupe_policy::coe::admission::{Admission, AdmissionLimits, admit};
 use troupe_transport::service::FaultKind;
-use troupe_transport::{Link, NodeId, QuicNode, Role};
+use troupe_transport::{NodeId, QuicNode, Role};
 
 use super::app::INPUT_WIDTH;
 use super::serve::{ClientAnswer, CoeShared};
@@ -263,25 +263,10 @@ impl CoeClient {
         identity: &troupe_transport::NodeIdentity,
         addr: std::net::SocketAddr,
     ) -> Result<Self, RequestError> {
-        let config = troupe_transport::QuicConfig {
-            member: false,
-            bind: crate::node::client_bind_for(addr),
-            ..troupe_transport::QuicConfig::default()
-        };
-        let link =
-            QuicNode::bind(identity, config).await.map_err(|e| RequestError::Connect(e.to_string()))?;
-        let services = Services::new(link.clone(), crate::service::ServiceConfig::default());
-        {
-            let (link, services) = (link.clone(), services.clone());
-            tokio::spawn(async move {
-                while let Ok(d) = link.recv().await {
-                    if d.frame.kind == troupe_transport::FrameKind::Service {
-                        services.handle_frame(d);
-                    }
-                }
-            });
-        }
-        let scheduler = link.connect_any(addr).await.map_err(|e| RequestError::Connect(e.to_string()))?;
+        let client = crate::service::ServiceClient::connect(identity, addr, None)
+            .await
+            .map_err(|e| RequestError::Connect(e.to_string()))?;
+        let crate::service::ServiceClient { link, services, server: scheduler } = client;
         Ok(CoeClient { link, services, scheduler })
     }
 

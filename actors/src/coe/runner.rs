@@ -358,6 +358,17 @@ pub fn run_local(
     latency: &LatencyModel,
     options: &RunOptions,
 ) -> Result<RunReport, CoeError> {
+    run_local_watched(app, latency, options, |_, _| {})
+}
+
+/// [`run_local`], calling `answered(done, total)` each time more requests are answered (for a
+/// progress bar; it runs on the run's own async thread, so it must not block).
+pub fn run_local_watched(
+    app: &Arc<App>,
+    latency: &LatencyModel,
+    options: &RunOptions,
+    answered: impl Fn(usize, usize) + Send + 'static,
+) -> Result<RunReport, CoeError> {
     let (shared, _) = CoeShared::open(app.clone(), latency.clone(), options.config, None)?;
     let handles = start_local_executors_with(&shared, app, latency, &options.tiers)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -375,7 +386,14 @@ pub fn run_local(
         let (sup, handle) = Actor::spawn(None, Supervisor, args)
             .await
             .map_err(|e| CoeError::Invalid(format!("starting the coe scheduler: {e}")))?;
+        let (mut done, total) = (shared.answered(), shared.total());
+        let watcher = tokio::spawn(async move {
+            while done.changed().await.is_ok() {
+                answered(*done.borrow_and_update(), total);
+            }
+        });
         let served = serve_trace(&shared, options.arrival_scale, options.deadline, failures).await;
+        watcher.abort();
         sup.stop(None);
         let _ = handle.await;
         served

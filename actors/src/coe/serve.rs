@@ -386,7 +386,7 @@ impl CoeShared {
         publish_queues(&st);
         if let Some(s) = &st.scheduler {
             // A dead incarnation's ref fails here; its successor reads the store when it starts.
-            let _ = s.send_message(SchedulerMsg::Input(CoeInput::Accepted));
+            let _ = SchedulerMsg::tell(s, CoeInput::Accepted);
         }
         Ok(())
     }
@@ -413,7 +413,7 @@ impl CoeShared {
         st.waiters.insert(id, tx);
         publish_queues(&st);
         if let Some(s) = &st.scheduler {
-            let _ = s.send_message(SchedulerMsg::Input(CoeInput::Accepted));
+            let _ = SchedulerMsg::tell(s, CoeInput::Accepted);
         }
         Ok((id, rx))
     }
@@ -447,7 +447,7 @@ impl CoeShared {
     pub fn tell(&self, input: CoeInput) {
         let scheduler = lock(&self.store).scheduler.clone();
         if let Some(s) = scheduler {
-            let _ = s.send_message(SchedulerMsg::Input(input));
+            let _ = SchedulerMsg::tell(&s, input);
         }
     }
 

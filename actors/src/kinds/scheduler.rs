@@ -3,14 +3,16 @@
 //! pure policy and carries out what the policy decides. The shell brings time in, re-arms one
 //! timer from `poll_timeout`, passes each input through the fault switch, and, on every start,
 //! asks the workload to [`Scheduler::recover`]: the accepted work lives apart from the actor (a
-//! journal-backed store), so a restart after a panic rebuilds the policy from it.
+//! journal-backed store), so a restart after a panic rebuilds the policy from it. Inputs are
+//! counted in the shell's mailbox depth ([`crate::mailbox`]); timer ticks are not.
 
 use std::future::Future;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use troupe_policy::Micros;
 
 use crate::clock::Clock;
+use crate::mailbox::{CountedSend, Queued};
 
 /// The workload half of a scheduler actor.
 pub trait Scheduler: Send + 'static {
@@ -51,8 +53,10 @@ pub trait Scheduler: Send + 'static {
 
 /// Messages of a scheduler actor.
 pub enum SchedulerMsg<I> {
-    /// An input for the workload.
-    Input(I),
+    /// An input for the workload, counted in the actor's mailbox depth: send it with
+    /// [`CountedSend::cast_counted`] (`me.cast_counted(|q| SchedulerMsg::Input(input, q))`, or
+    /// [`SchedulerMsg::tell`]).
+    Input(I, Queued),
     /// A timer fired (stale generations are ignored).
     Timeout(u64),
     /// Replies once every earlier message has been handled.
@@ -60,6 +64,13 @@ pub enum SchedulerMsg<I> {
 }
 
 impl<I: Send + 'static> ractor::Message for SchedulerMsg<I> {}
+
+impl<I: Send + 'static> SchedulerMsg<I> {
+    /// Sends `input` to scheduler `to` through the counted send path.
+    pub fn tell(to: &ActorRef<SchedulerMsg<I>>, input: I) -> Result<(), MessagingErr<SchedulerMsg<I>>> {
+        to.cast_counted(|q| SchedulerMsg::Input(input, q))
+    }
+}
 
 /// Start arguments: the workload (made afresh by its child spec on every restart) and the
 /// fault-switch site its inputs pass through.
@@ -110,6 +121,7 @@ impl<S: Scheduler> Actor for SchedulerActor<S> {
         me: ActorRef<Self::Msg>,
         args: SchedulerArgs<S>,
     ) -> Result<Self::State, ActorProcessingErr> {
+        crate::mailbox::track(&me);
         let mut st = SchedulerState {
             scheduler: args.scheduler,
             fault_site: args.fault_site,
@@ -128,7 +140,8 @@ impl<S: Scheduler> Actor for SchedulerActor<S> {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SchedulerMsg::Input(input) => {
+            SchedulerMsg::Input(input, queued) => {
+                queued.taken();
                 crate::fault::point(&st.fault_site);
                 st.scheduler.handle(&me, st.clock.now(), input).await?;
             }

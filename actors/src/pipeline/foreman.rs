@@ -951,7 +951,7 @@ impl ForemanShared {
     fn tell(&self, input: ForemanInput) {
         let scheduler = self.scheduler.lock().ok().and_then(|s| s.clone());
         if let Some(s) = scheduler {
-            let _ = s.send_message(SchedulerMsg::Input(input));
+            let _ = SchedulerMsg::tell(&s, input);
         }
     }
 }
@@ -1066,7 +1066,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             let me = me.clone();
             tokio::spawn(async move {
                 while let Some(ev) = events.recv().await {
-                    if me.send_message(SchedulerMsg::Input(ForemanInput::Event(ev))).is_err() {
+                    if SchedulerMsg::tell(&me, ForemanInput::Event(ev)).is_err() {
                         return;
                     }
                 }

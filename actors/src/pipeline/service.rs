@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::Mode;
 use troupe_transport::codec::DecodeBudget;
-use troupe_transport::{Link, NodeId, QuicNode, Role};
+use troupe_transport::{NodeId, QuicNode, Role};
 
 use super::foreman::{AcceptedJob, ShellSettings, run_pipeline_job};
 use super::job::{MAX_INPUTS, StageFile, build_job};
@@ -330,26 +330,11 @@ impl ForemanClient {
         identity: &troupe_transport::NodeIdentity,
         addr: std::net::SocketAddr,
     ) -> Result<Self, SubmitError> {
-        let config = troupe_transport::QuicConfig {
-            member: false,
-            bind: crate::node::client_bind_for(addr),
-            ..troupe_transport::QuicConfig::default()
-        };
-        let link = QuicNode::bind(identity, config).await.map_err(|e| SubmitError::Connect(e.to_string()))?;
         let shelf = BlobShelf::default();
-        link.set_blob_server(Arc::new(shelf.clone()));
-        let services = Services::new(link.clone(), crate::service::ServiceConfig::default());
-        {
-            let (link, services) = (link.clone(), services.clone());
-            tokio::spawn(async move {
-                while let Ok(d) = link.recv().await {
-                    if d.frame.kind == troupe_transport::FrameKind::Service {
-                        services.handle_frame(d);
-                    }
-                }
-            });
-        }
-        let foreman = link.connect_any(addr).await.map_err(|e| SubmitError::Connect(e.to_string()))?;
+        let client = crate::service::ServiceClient::connect(identity, addr, Some(Arc::new(shelf.clone())))
+            .await
+            .map_err(|e| SubmitError::Connect(e.to_string()))?;
+        let crate::service::ServiceClient { link, services, server: foreman } = client;
         Ok(ForemanClient { link, services, shelf, foreman })
     }
 

@@ -5,10 +5,15 @@
 //! are simulated (battery drains with CPU time used, temperature rises with load) and said to be.
 //!
 //! Stragglers are real where the machine allows it: [`apply_cpu_quota`] puts the worker process
-//! into its own cgroup v1 `cpu` group with a CFS quota (the kernel throttles every thread of it).
-//! Where no writable cgroup v1 cpu controller exists (cgroup v2 is not used here), the worker
-//! falls back to compute-proportional pacing: after each task it sleeps so that the task takes
-//! `100 / pct` times as long. That fallback is an emulation and is reported as one.
+//! into its own cgroup with a CFS quota (the kernel throttles every thread of it): in the cgroup v2
+//! unified hierarchy (`cpu.max`) when it offers the `cpu` controller, else in a cgroup v1 `cpu`
+//! hierarchy (`cpu.cfs_quota_us`). Where neither is writable, the worker falls back to
+//! compute-proportional pacing: after each task it sleeps so that the task takes `100 / pct` times
+//! as long. That fallback is an emulation and is reported as one, with both reasons.
+//! [`apply_memory_limit`] chooses between `memory.max` (v2) and `memory.limit_in_bytes` (v1) the
+//! same way. Under v2 the groups are `<root>/troupe/<node>-<pid>`, with the controller enabled in
+//! the root's and `troupe`'s `cgroup.subtree_control` (the root is exempt from v2's rule that a
+//! group with processes may not hand controllers to its children, so this needs root, as v1 does).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -21,6 +26,8 @@ use super::wire::TelemetrySample;
 pub const CGROUP_V1_CPU: &str = "/sys/fs/cgroup/cpu";
 /// Where the cgroup v1 memory controller is mounted on Linux.
 pub const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+/// Where the cgroup v2 unified hierarchy is mounted on Linux (when it is).
+pub const CGROUP_V2_ROOT: &str = "/sys/fs/cgroup";
 /// CFS period written with the quota, microseconds.
 pub const CFS_PERIOD_US: u64 = 100_000;
 
@@ -48,13 +55,33 @@ impl Default for DeviceModel {
     }
 }
 
+/// Which cgroup hierarchy holds a worker's group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// A per-controller cgroup v1 hierarchy.
+    V1,
+    /// The cgroup v2 unified hierarchy.
+    V2,
+}
+
+impl std::fmt::Display for CgroupVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CgroupVersion::V1 => "cgroup v1",
+            CgroupVersion::V2 => "cgroup v2",
+        })
+    }
+}
+
 /// How a worker is slowed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Straggler {
     /// Full speed.
     None,
-    /// A real CFS quota in a cgroup v1 cpu group.
-    CgroupV1 {
+    /// A real CFS quota in a cgroup.
+    Cgroup {
+        /// Which hierarchy.
+        version: CgroupVersion,
         /// The group's folder.
         group: PathBuf,
         /// Quota in percent of one CPU.
@@ -74,8 +101,8 @@ impl Straggler {
     pub fn describe(&self) -> String {
         match self {
             Straggler::None => "none (full speed)".into(),
-            Straggler::CgroupV1 { group, pct } => {
-                format!("cgroup v1 cpu quota {pct}% of one CPU ({})", group.display())
+            Straggler::Cgroup { version, group, pct } => {
+                format!("{version} cpu quota {pct}% of one CPU ({})", group.display())
             }
             Straggler::Pacing { pct, why } => {
                 format!("pacing to {pct}% speed (emulation: {why})")
@@ -94,16 +121,92 @@ impl Straggler {
     }
 }
 
-/// Slows this process to `pct` percent of one CPU: a cgroup v1 CFS quota if the controller is
-/// there and writable, else pacing. `pct >= 100` leaves it at full speed.
+/// Slows this process to `pct` percent of one CPU: a CFS quota in cgroup v2 or, failing that, v1
+/// if a controller is there and writable, else pacing. `pct >= 100` leaves it at full speed.
 pub fn apply_cpu_quota(node: &str, pct: u32) -> Straggler {
     if pct == 0 || pct >= 100 {
         return Straggler::None;
     }
+    let v2 = match cgroup_v2_quota(Path::new(CGROUP_V2_ROOT), node, pct) {
+        Ok(group) => return Straggler::Cgroup { version: CgroupVersion::V2, group, pct },
+        Err(why) => why,
+    };
     match cgroup_v1_quota(Path::new(CGROUP_V1_CPU), node, pct) {
-        Ok(group) => Straggler::CgroupV1 { group, pct },
-        Err(why) => Straggler::Pacing { pct, why },
+        Ok(group) => Straggler::Cgroup { version: CgroupVersion::V1, group, pct },
+        Err(v1) => Straggler::Pacing { pct, why: format!("{v2}; {v1}") },
     }
+}
+
+/// Which hierarchy a memory limit would be enforced in here, or why none can be.
+pub fn memory_controller() -> Result<CgroupVersion, String> {
+    let v2 = match v2_offers(Path::new(CGROUP_V2_ROOT), "memory") {
+        Ok(()) => return Ok(CgroupVersion::V2),
+        Err(why) => why,
+    };
+    let v1 = Path::new(CGROUP_V1_MEMORY);
+    if v1.join("memory.limit_in_bytes").exists() {
+        Ok(CgroupVersion::V1)
+    } else {
+        Err(format!("{v2}; no cgroup v1 memory controller at {}", v1.display()))
+    }
+}
+
+/// `cpu.max` of a v2 group: quota and period, microseconds.
+fn cgroup_v2_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String> {
+    let group = v2_group(root, node, "cpu")?;
+    write_in(&group, "cpu.max", format!("{} {CFS_PERIOD_US}", CFS_PERIOD_US * u64::from(pct) / 100))?;
+    write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+    Ok(group)
+}
+
+/// `memory.max` of a v2 group, with swap shut off where the kernel accounts it (else going over
+/// the limit would swap instead of killing, and the budget would not bind).
+fn cgroup_v2_memory(root: &Path, node: &str, bytes: u64) -> Result<PathBuf, String> {
+    let group = v2_group(root, node, "memory")?;
+    write_in(&group, "memory.max", bytes.to_string())?;
+    if group.join("memory.swap.max").exists() {
+        write_in(&group, "memory.swap.max", "0".into())?;
+    }
+    write_in(&group, "cgroup.procs", std::process::id().to_string())?;
+    Ok(group)
+}
+
+/// Whether the unified hierarchy at `root` offers `controller`, or why not.
+fn v2_offers(root: &Path, controller: &str) -> Result<(), String> {
+    let file = root.join("cgroup.controllers");
+    let Ok(list) = std::fs::read_to_string(&file) else {
+        return Err(format!("no cgroup v2 hierarchy at {} ({} missing)", root.display(), file.display()));
+    };
+    if list.split_whitespace().any(|c| c == controller) {
+        Ok(())
+    } else {
+        let offered = if list.trim().is_empty() { "none" } else { list.trim() };
+        Err(format!(
+            "cgroup v2 at {} offers no {controller} controller (offered: {offered}; a controller bound \
+             to a v1 hierarchy is not available in v2)",
+            root.display()
+        ))
+    }
+}
+
+/// `<root>/troupe/<node>-<pid>` with `controller` enabled for it.
+fn v2_group(root: &Path, node: &str, controller: &str) -> Result<PathBuf, String> {
+    v2_offers(root, controller)?;
+    enable_for_children(root, controller)?;
+    let parent = root.join("troupe");
+    std::fs::create_dir_all(&parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    enable_for_children(&parent, controller)?;
+    own_group(root, node)
+}
+
+/// Adds `controller` to `dir/cgroup.subtree_control` unless it is there already.
+fn enable_for_children(dir: &Path, controller: &str) -> Result<(), String> {
+    let file = dir.join("cgroup.subtree_control");
+    let now = std::fs::read_to_string(&file).unwrap_or_default();
+    if now.split_whitespace().any(|c| c == controller) {
+        return Ok(());
+    }
+    write_in(dir, "cgroup.subtree_control", format!("+{controller}"))
 }
 
 fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String> {
@@ -123,8 +226,10 @@ fn cgroup_v1_quota(root: &Path, node: &str, pct: u32) -> Result<PathBuf, String>
 pub enum MemoryLimit {
     /// The foreman keeps stages that do not fit the budget away; the OS does not enforce it.
     Advisory,
-    /// A cgroup v1 memory limit: going over it gets the worker OOM-killed (a real budget).
-    CgroupV1 {
+    /// A cgroup memory limit: going over it gets the worker OOM-killed (a real budget).
+    Cgroup {
+        /// Which hierarchy.
+        version: CgroupVersion,
         /// The group's folder.
         group: PathBuf,
         /// The limit, bytes.
@@ -142,9 +247,9 @@ impl MemoryLimit {
     pub fn describe(&self) -> String {
         match self {
             MemoryLimit::Advisory => "RAM budget advisory (scheduling only)".into(),
-            MemoryLimit::CgroupV1 { group, bytes } => {
+            MemoryLimit::Cgroup { version, group, bytes } => {
                 format!(
-                    "RAM budget enforced: cgroup v1 memory limit {} MiB ({})",
+                    "RAM budget enforced: {version} memory limit {} MiB ({})",
                     bytes >> 20,
                     group.display()
                 )
@@ -154,12 +259,16 @@ impl MemoryLimit {
     }
 }
 
-/// Enforces `bytes` as this process's memory limit with a cgroup v1 memory group, if asked and
-/// possible.
+/// Enforces `bytes` as this process's memory limit with a cgroup v2 or, failing that, v1 memory
+/// group, if asked and possible.
 pub fn apply_memory_limit(node: &str, bytes: u64, enforce: bool) -> MemoryLimit {
     if !enforce {
         return MemoryLimit::Advisory;
     }
+    let v2 = match cgroup_v2_memory(Path::new(CGROUP_V2_ROOT), node, bytes) {
+        Ok(group) => return MemoryLimit::Cgroup { version: CgroupVersion::V2, group, bytes },
+        Err(why) => why,
+    };
     let root = Path::new(CGROUP_V1_MEMORY);
     let attempt = || -> Result<PathBuf, String> {
         if !root.join("memory.limit_in_bytes").exists() {
@@ -171,8 +280,8 @@ pub fn apply_memory_limit(node: &str, bytes: u64, enforce: bool) -> MemoryLimit 
         Ok(group)
     };
     match attempt() {
-        Ok(group) => MemoryLimit::CgroupV1 { group, bytes },
-        Err(why) => MemoryLimit::Unavailable { why },
+        Ok(group) => MemoryLimit::Cgroup { version: CgroupVersion::V1, group, bytes },
+        Err(v1) => MemoryLimit::Unavailable { why: format!("{v2}; {v1}") },
     }
 }
 
@@ -298,6 +407,41 @@ mod tests {
         let d = std::env::temp_dir().join(format!("troupe-no-cgroup-{}", std::process::id()));
         let err = cgroup_v1_quota(&d, "w", 50).unwrap_err();
         assert!(err.contains("no cgroup v1 cpu controller"), "{err}");
+    }
+
+    /// A unified hierarchy laid out in real files: the v2 path enables the controller down to
+    /// the worker's group and writes `cpu.max` / `memory.max` there.
+    #[test]
+    fn cgroup_v2_groups_are_written_where_the_controller_is_offered() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::write(r.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        std::fs::write(r.join("cgroup.subtree_control"), "").unwrap();
+        let group = cgroup_v2_quota(r, "w", 40).unwrap();
+        assert_eq!(group, r.join("troupe").join(format!("w-{}", std::process::id())));
+        assert_eq!(std::fs::read_to_string(group.join("cpu.max")).unwrap(), "40000 100000");
+        assert_eq!(
+            std::fs::read_to_string(group.join("cgroup.procs")).unwrap(),
+            std::process::id().to_string()
+        );
+        assert_eq!(std::fs::read_to_string(r.join("cgroup.subtree_control")).unwrap(), "+cpu");
+        assert_eq!(std::fs::read_to_string(r.join("troupe/cgroup.subtree_control")).unwrap(), "+cpu");
+        std::fs::write(group.join("memory.swap.max"), "max").unwrap();
+        let same = cgroup_v2_memory(r, "w", 64 << 20).unwrap();
+        assert_eq!(same, group);
+        assert_eq!(std::fs::read_to_string(group.join("memory.max")).unwrap(), (64u64 << 20).to_string());
+        assert_eq!(std::fs::read_to_string(group.join("memory.swap.max")).unwrap(), "0");
+    }
+
+    #[test]
+    fn cgroup_v2_without_the_controller_is_refused_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let err = cgroup_v2_quota(root.path(), "w", 50).unwrap_err();
+        assert!(err.contains("no cgroup v2 hierarchy") && err.contains("cgroup.controllers"), "{err}");
+        std::fs::write(root.path().join("cgroup.controllers"), "pids\n").unwrap();
+        let err = cgroup_v2_memory(root.path(), "w", 1 << 20).unwrap_err();
+        assert!(err.contains("offers no memory controller (offered: pids"), "{err}");
+        assert!(!root.path().join("troupe").exists(), "a group was made without the controller");
     }
 
     #[test]

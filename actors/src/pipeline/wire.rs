@@ -173,7 +173,7 @@ mod messages {
             cached: Vec<String>,
             /// SHA-256 of the stage file of its live session, if any.
             live: Option<String>,
-            /// How it is slowed, in words ("none", "cgroup v1 cpu quota 50%", "pacing 2.0x (emulation)").
+            /// How it is slowed, in words ("none", "cgroup v2 cpu quota 50% of one CPU (...)", "pacing 2.0x (emulation)").
             straggler: String,
             /// First telemetry.
             telemetry: TelemetrySample,

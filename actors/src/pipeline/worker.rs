@@ -24,6 +24,7 @@ use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, WorkerStats, decode_tensors,
     encode_tensors, request_from_bytes, to_bytes,
 };
+use crate::mailbox::{CountedSend, Queued};
 use crate::service::{Allow, Handler, ServiceSpec, Services};
 use troupe_transport::codec::DecodeBudget;
 
@@ -67,8 +68,8 @@ pub fn max_live_sessions() -> u32 {
 /// foreman reaches it through the worker's service handler).
 #[derive(RactorMessage)]
 pub enum PipelineWorkerMsg {
-    /// A request from the foreman.
-    Call(Vec<u8>, RpcReplyPort<Vec<u8>>),
+    /// A request from the foreman, counted in the actor's mailbox depth ([`crate::mailbox`]).
+    Call(Vec<u8>, Queued, RpcReplyPort<Vec<u8>>),
 }
 
 /// Service names of workers are this prefix plus the worker's node name.
@@ -85,7 +86,9 @@ fn handler(actor: ActorRef<PipelineWorkerMsg>) -> Handler {
     Arc::new(move |_caller, _method, body| {
         let actor = actor.clone();
         Box::pin(async move {
-            ractor::call!(actor, PipelineWorkerMsg::Call, body)
+            actor
+                .call_counted(|queued, reply| PipelineWorkerMsg::Call(body, queued, reply))
+                .await
                 .map_err(|e| format!("the pipeline worker actor is not running: {e}"))
         })
     })
@@ -102,7 +105,7 @@ pub struct WorkerSettings {
     pub cpu_quota_pct: u32,
     /// Simulated battery and temperature.
     pub device: DeviceModel,
-    /// Enforce the RAM budget with a cgroup v1 memory limit (over it, the OS kills the worker).
+    /// Enforce the RAM budget with a cgroup memory limit, v2 or v1 (over it, the OS kills the worker).
     pub enforce_ram_budget: bool,
     /// Disk cache of stage files.
     pub cache_dir: PathBuf,
@@ -146,6 +149,7 @@ impl Actor for PipelineWorker {
         me: ActorRef<Self::Msg>,
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
+        crate::mailbox::track(&me);
         std::fs::create_dir_all(&args.settings.cache_dir)?;
         fix_mmap_threshold();
         let straggler = apply_cpu_quota(&args.settings.node, args.settings.cpu_quota_pct);
@@ -176,7 +180,8 @@ impl Actor for PipelineWorker {
         msg: Self::Msg,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
-        let PipelineWorkerMsg::Call(bytes, reply) = msg;
+        let PipelineWorkerMsg::Call(bytes, queued, reply) = msg;
+        queued.taken();
         let response = match request_from_bytes(&bytes) {
             Ok(req) => state.serve(req).await.unwrap_or_else(Response::Error),
             Err(e) => Response::Error(e.to_string()),

@@ -101,6 +101,10 @@ pub fn run_sweep(
     // The executors' host tiers get the --host-budget share of all expert bytes.
     let tiers = TierOptions { host_budget: knobs.host_budget, ..TierOptions::default() };
     let mut points = Vec::new();
+    let bar = troupe::progress::bar(
+        (sweep::SWEEP_BUDGETS.len() * sweep::SWEEP_SKEWS.len()) as u64,
+        "bench coe points",
+    );
     for &budget in &sweep::SWEEP_BUDGETS {
         for &skew in &sweep::SWEEP_SKEWS {
             let (trace, p, effective) = reshaped(&app, &profile, Some(budget), Some(skew), knobs)?;
@@ -123,7 +127,8 @@ pub fn run_sweep(
                 paper_loads_over_belady: paper.loads_over_belady,
                 real,
             };
-            println!(
+            bar.inc(1);
+            troupe::progress::println(format!(
                 "sweep {}: ours {:.2}x, paper {:.2}x over fcfs+lru ({:.1} req/s); loads/MIN ours {:.2}x paper {:.2}x",
                 sweep::point_key(budget, skew),
                 r.ours_over_fcfs_lru,
@@ -131,10 +136,11 @@ pub fn run_sweep(
                 r.fcfs_lru_rps,
                 r.ours_loads_over_belady,
                 r.paper_loads_over_belady
-            );
+            ));
             points.push(r);
         }
     }
+    bar.finish_and_clear();
     let mut f = sweep::sweep_figures(&points);
     print!("{}", sweep::sweep_table(&points));
     // At the app's own point (its recorded budget, skew and rate, or those knobs given).
@@ -383,7 +389,9 @@ pub fn run(
     let mut identical = true;
     // What each kind of executor ran on (the last real run's executors; the profile's otherwise).
     let mut engines = profiled_engines(&latency);
+    let bar = troupe::progress::bar(compared().len() as u64, "bench coe policies");
     for config in compared() {
+        bar.inc(1);
         let row = if real {
             // The executors' host tiers get the --host-budget share of all expert bytes.
             let tiers = TierOptions {
@@ -399,8 +407,7 @@ pub fn run(
             };
             let r = run_local(&app, &latency, &options)?;
             engines = executor_engines(&r, &latency);
-            println!("{}", cmd::run_line(&r));
-            println!("{}", TierFigures::of(&r).line());
+            troupe::progress::println(format!("{}\n{}", cmd::run_line(&r), TierFigures::of(&r).line()));
             match &digests {
                 None => digests = Some(r.digests.clone()),
                 Some(d) => identical &= *d == r.digests,
@@ -433,7 +440,7 @@ pub fn run(
                 compute_s: r.busy.0.saturating_sub(r.switching.0) as f64 / 1e6,
                 tiers: None,
             };
-            println!(
+            troupe::progress::println(format!(
                 "{:<15} {:>7.1} req/s  loads {:>5} ({:.2}x belady)  switching {:>4.1}%  p50 {:>7.1} ms  p99 {:>7.1} ms  [simulated, profiled latencies]",
                 row.label,
                 row.throughput,
@@ -442,11 +449,12 @@ pub fn run(
                 100.0 * row.switch_share,
                 row.p50_ms,
                 row.p99_ms
-            );
+            ));
             row
         };
         rows.push(row);
     }
+    bar.finish_and_clear();
     if !identical {
         bail!("request outputs differ between policies");
     }

@@ -339,12 +339,15 @@ pub async fn run(
         let mut runs_b = Vec::new();
         let mut small_s = Vec::new();
         let mut small_b = Vec::new();
+        let bar = troupe::progress::bar(repeats.max(1) as u64, "bench pipeline repeats");
         for _ in 0..repeats.max(1) {
+            bar.inc(1);
             runs_s.push(cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?);
             runs_b.push(cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?);
             small_s.push(cluster.run(job_n_eq_w(Mode::Streaming)?, settings.clone(), None).await?);
             small_b.push(cluster.run(job_n_eq_w(Mode::Barrier)?, settings.clone(), None).await?);
         }
+        bar.finish_and_clear();
         let spreads = [spread(&runs_s), spread(&runs_b), spread(&small_s), spread(&small_b)];
         let streaming = take_median(runs_s);
         let barrier = take_median(runs_b);

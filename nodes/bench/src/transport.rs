@@ -92,6 +92,7 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let rounds = if quick { 1 } else { 3 };
+    let bar = troupe::progress::bar(2 * rounds as u64, "bench goodput rounds");
     for (label, size, count) in
         [("1mib", 1usize << 20, if quick { 16 } else { 64 }), ("64mib", 64 << 20, if quick { 1 } else { 4 })]
     {
@@ -101,6 +102,7 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
             q.push(quic_goodput(&quic, &peer_id, &payload, count).await?);
             t.push(tcp_goodput(peer.tcp, &payload, count).await?);
             s.push(quic_goodput(&shm, &peer_id, &payload, count).await?);
+            bar.inc(1);
         }
         let (q, t, s) = (median(&mut q), median(&mut t), median(&mut s));
         let copy = memcpy_mb_s(&payload);
@@ -115,6 +117,7 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
         f.insert(format!("memcpy_{label}_mb_s"), copy);
         f.insert(format!("tensor_{label}_same_host_over_memcpy"), s / copy);
     }
+    bar.finish_and_clear();
     if let Some(st) = quic.connection_stats(&peer_id) {
         f.insert("quic_lost_packets".into(), st.path.lost_packets as f64);
         f.insert("quic_sent_packets".into(), st.path.sent_packets as f64);

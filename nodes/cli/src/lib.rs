@@ -206,14 +206,15 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies).
+/// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies), each line written with
+/// any progress bars lifted off the terminal (see [`troupe::progress`]).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,ractor_cluster=error,ractor=warn,quinn=warn")
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(troupe::progress::log_writer)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();

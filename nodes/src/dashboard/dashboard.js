@@ -61,13 +61,15 @@ function renderLive(nodes) {
   const rows = [];
   for (const n of nodes) {
     const l = n.live;
-    if (!l || (l.residency.length + l.queues.length + l.stages.length + l.pools.length) === 0) continue;
+    if (!l || (l.residency.length + l.queues.length + l.mailboxes.length + l.stages.length + l.pools.length) === 0) continue;
     const tr = el("tr", null, { "class": "live", "data-node": n.name });
     tr.appendChild(el("td", n.name));
     tr.appendChild(cell(n.name, l.residency, "data-residency", r => [r.executor,
       `${r.executor}: device ${r.device_experts} experts (${mib(r.device_bytes)}), host ${r.host_experts} experts (${mib(r.host_bytes)})`]));
     tr.appendChild(cell(n.name, l.queues, "data-queue", q => [q.workload + "/" + q.queue,
       `${q.workload} ${q.queue}: ${q.depth}`]));
+    tr.appendChild(cell(n.name, l.mailboxes, "data-mailbox", m => [m.actor,
+      `${m.actor}: ${m.depth} queued, at most ${m.max_depth}`]));
     tr.appendChild(cell(n.name, l.stages, "data-stage", w => [w.worker,
       `${w.worker}: ${w.stage === null ? "no stage live" : "stage " + w.stage}`]));
     const pools = el("td");
@@ -83,7 +85,7 @@ function renderLive(nodes) {
   }
   if (rows.length === 0) {
     const tr = el("tr");
-    tr.appendChild(el("td", "no node reports a workload yet", { "colspan": "5", "class": "muted" }));
+    tr.appendChild(el("td", "no node reports a workload yet", { "colspan": "6", "class": "muted" }));
     rows.push(tr);
   }
   body.replaceChildren(...rows);

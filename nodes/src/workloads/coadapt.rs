@@ -285,7 +285,31 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
     println!("coadapt: waiting for {} cameras to stream to their end", p.cameras);
     let (tx, rx) = ractor::concurrency::oneshot();
     edge.wait_summary(p.cameras, tx.into()).map_err(|e| anyhow::anyhow!("asking the edge: {e}"))?;
-    let Ok(answer) = tokio::time::timeout_at(deadline, rx).await else {
+    let bar = crate::progress::spinner("coadapt frames");
+    let poll = (!bar.is_hidden()).then(|| {
+        let (edge, bar) = (edge.clone(), bar.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                every.tick().await;
+                let s = edge.streamed();
+                if s.frames > 0 {
+                    crate::progress::set_total(&bar, s.frames);
+                }
+                bar.set_position(s.frame);
+                bar.set_message(format!(
+                    "{} cameras, adaptations {} of {}",
+                    s.cameras, s.answered, s.requested
+                ));
+            }
+        })
+    });
+    let answer = tokio::time::timeout_at(deadline, rx).await;
+    if let Some(poll) = poll {
+        poll.abort();
+    }
+    bar.finish_and_clear();
+    let Ok(answer) = answer else {
         let missing = edge.progress(p.cameras).missing;
         bail!("coadapt: not done within {} s: {}", wait.as_secs(), missing.join("; "));
     };
@@ -296,6 +320,7 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
         write_outputs(dir, &s)?;
         println!("coadapt: accuracy over time written to {}", dir.join("accuracy.svg").display());
     }
+    summary(&s).print();
     let mut failures = Vec::new();
     for c in &s.cameras {
         if !c.error.is_empty() {
@@ -383,6 +408,38 @@ pub fn render(s: &EdgeSummary) -> String {
         let _ = writeln!(out, "coadapt:   event {event:>5} used {used:>10} fragmentation {frag:.3}");
     }
     out
+}
+
+/// The table printed at the end of the job: cameras, frames, adaptations and their mean gain
+/// and latency, failures, the pool against its budget.
+pub fn summary(s: &EdgeSummary) -> crate::summary::Summary {
+    let done: Vec<_> = s.cameras.iter().flat_map(|c| &c.adaptations).filter(|a| a.error.is_empty()).collect();
+    let failed = s.cameras.iter().flat_map(|c| &c.adaptations).filter(|a| !a.error.is_empty()).count();
+    let streams_failed = s.cameras.iter().filter(|c| !c.error.is_empty()).count();
+    let requested: u64 = s.cameras.iter().map(|c| u64::from(c.requested)).sum();
+    let mean = |f: &dyn Fn(&&troupe_actors::coadapt::wire::CameraReport) -> f64| {
+        if done.is_empty() { f64::NAN } else { done.iter().map(f).sum::<f64>() / done.len() as f64 }
+    };
+    let gain = mean(&|a| a.exact_after - a.exact_before);
+    let latency = mean(&|a| a.latency_ms as f64);
+    crate::summary::Summary::new("coadapt job summary")
+        .row("scheduler", s.scheduler.clone())
+        .row("cameras", s.cameras.len().to_string())
+        .row("frames streamed", s.cameras.iter().map(|c| c.frame).sum::<u64>().to_string())
+        .row("adaptations", format!("{} installed of {requested} requested", done.len()))
+        .row("mean exact-match gain", if gain.is_finite() { format!("{gain:+.3}") } else { "-".into() })
+        .row("mean edge latency", crate::summary::ms(latency))
+        .row("failures", format!("{failed} adaptations, {streams_failed} streams"))
+        .row(
+            "pool peak",
+            format!(
+                "{:.1} of {:.1} MiB ({})",
+                s.peak_used as f64 / 1048576.0,
+                s.budget as f64 / 1048576.0,
+                if s.peak_used <= s.budget { "within budget" } else { "OVER BUDGET" }
+            ),
+        )
+        .row("fragmentation", format!("mean {:.3}, max {:.3}", s.mean_fragmentation, s.max_fragmentation))
 }
 
 /// `accuracy.csv` (camera, frame, accuracy, confidence), `adaptations.csv` and `accuracy.svg`
@@ -548,6 +605,17 @@ mod tests {
         assert_eq!(out.matches("coadapt: camera cam-1 drift_frame").count(), 2, "{out}");
         assert!(out.contains("coadapt: stream cam-1 frames 1000 ended true adaptations 2 of 2"), "{out}");
         assert!(out.contains("peak_used 90 within_budget true"), "{out}");
+    }
+
+    #[test]
+    fn the_summary_table_counts_adaptations_and_means_their_gain() {
+        let mut s = summary();
+        s.cameras[0].adaptations[1].error = "evicted".into();
+        let table = super::summary(&s).render();
+        assert!(table.contains("| adaptations           | 1 installed of 2 requested"), "{table}");
+        assert!(table.contains("| mean exact-match gain | +0.562"), "{table}");
+        assert!(table.contains("| failures              | 1 adaptations, 0 streams"), "{table}");
+        assert!(table.contains("(within budget)"), "{table}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use troupe_actors::coe::app::{self, App, GenKnobs, Scale};
 use troupe_actors::coe::appfile::{LoadedApp, Memory, Requests, open_for_serving};
 use troupe_actors::coe::profiler;
-use troupe_actors::coe::runner::{RunOptions, RunReport, run_local};
+use troupe_actors::coe::runner::{RunOptions, RunReport, run_local_watched};
 use troupe_policy::coe::{EvictionPolicy, LatencyModel, Profile, SchedulerConfig};
 
 /// Workload knobs of `coe gen` and `bench coe` (each absent keeps the scale's, or the app's).
@@ -229,13 +229,45 @@ pub fn serve_app(
         app.trace.requests.len()
     );
     let app = std::sync::Arc::new(app);
-    let report = run_local(&app, &latency, &RunOptions::new(config))?;
+    let report = run_with_bar(&app, &latency, config)?;
     println!("{}", run_line(&report));
+    summary("coe serve summary", &report).print();
     if let Some(out) = out {
         app::write_file(&out, troupe_actors::coe::runner::results_text(&report).as_bytes())?;
         println!("results written to {}", out.display());
     }
     Ok(())
+}
+
+/// Serves the app's trace in this process ([`run_local_watched`]) with a bar of requests answered.
+fn run_with_bar(
+    app: &std::sync::Arc<App>,
+    latency: &LatencyModel,
+    config: SchedulerConfig,
+) -> Result<RunReport> {
+    let bar = crate::progress::bar(app.trace.requests.len() as u64, "coe requests");
+    let feed = bar.clone();
+    let report = run_local_watched(app, latency, &RunOptions::new(config), move |done, _| {
+        feed.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    Ok(report?)
+}
+
+/// The table printed at the end of a coe run (`coe run`, `coe serve`, the `coe` job): requests,
+/// throughput, latency percentiles, expert loads, executors lost.
+pub fn summary(title: &str, r: &RunReport) -> crate::summary::Summary {
+    use crate::summary::{Summary, ms};
+    Summary::new(title)
+        .row("policy", r.label)
+        .row("requests answered", r.requests.to_string())
+        .row("makespan", format!("{:.2} s", r.makespan_s))
+        .row("throughput", format!("{:.1} req/s", r.throughput_rps))
+        .row("latency p50", ms(r.p50_ms))
+        .row("latency p99", ms(r.p99_ms))
+        .row("expert loads", format!("{} ({:.2}x Belady's MIN)", r.loads, r.loads_over_belady()))
+        .row("switching", format!("{:.1}% of executor busy time", 100.0 * r.switch_share()))
+        .row("executors lost", if r.lost.is_empty() { "none".to_string() } else { r.lost.join(", ") })
 }
 
 /// Parse a scale name.
@@ -264,8 +296,11 @@ pub fn app_dir(scale: Scale, dir: Option<PathBuf>) -> PathBuf {
 
 /// Generate and print a summary.
 pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<()> {
-    let r = app::generate_with(dir, scale, seed, knobs)
-        .with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
+    let working = crate::progress::spinner("coe gen");
+    working.set_message("training the experts");
+    let r = app::generate_with(dir, scale, seed, knobs);
+    working.finish_and_clear();
+    let r = r.with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
         "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, experts trained on {} digit images ({} epochs), usage probabilities from {} calibration images; {:.1}s -> {}",
         r.experts,
@@ -295,7 +330,11 @@ pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<
 /// Profile and write the file.
 pub fn profile_app(dir: &Path, out: &Path) -> Result<Profile> {
     let app = App::open(dir, None)?;
-    let profile = profiler::profile(&app, &profiler::default_plan(&app))?;
+    let working = crate::progress::spinner("coe profile");
+    working.set_message("measuring the executors");
+    let profile = profiler::profile(&app, &profiler::default_plan(&app));
+    working.finish_and_clear();
+    let profile = profile?;
     app::write_file(out, profile.to_text().as_bytes())?;
     println!(
         "coe profile: {} executors measured on `{}` -> {}",
@@ -373,7 +412,7 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
             }
             let latency = LatencyModel::from_profile(&profiler::load_profile(&path)?)?;
             let app = std::sync::Arc::new(app);
-            let report = run_local(&app, &latency, &RunOptions::new(config))?;
+            let report = run_with_bar(&app, &latency, config)?;
             println!("{}", run_line(&report));
             if simulate {
                 let sim = troupe_policy::coe::simulate(&app.trace, &latency, config, &Default::default())?;
@@ -386,6 +425,7 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
                     100.0 * sim.switch_share
                 );
             }
+            summary("coe run summary", &report).print();
             if let Some(out) = out {
                 app::write_file(&out, troupe_actors::coe::runner::results_text(&report).as_bytes())?;
                 println!("results written to {}", out.display());
@@ -608,7 +648,9 @@ pub async fn run_job(
                     match &event {
                         MembershipEvent::Down { member, .. } if member.as_str() == node => {
                             let name = shared.executor_name(exec).to_string();
-                            println!("coe: executor {name} on {node} is down; requeueing its work");
+                            crate::progress::println(format!(
+                                "coe: executor {name} on {node} is down; requeueing its work"
+                            ));
                             if let Ok(mut l) = lost.lock() {
                                 l.insert(name);
                             }
@@ -626,10 +668,14 @@ pub async fn run_job(
                                 Ok(found) => {
                                     if let Some(x) = found.first() {
                                         connect_executor(&services, &shared, exec, x, call_timeout);
-                                        println!("coe: executor {name} rejoined on {node}; back in service");
+                                        crate::progress::println(format!(
+                                            "coe: executor {name} rejoined on {node}; back in service"
+                                        ));
                                     }
                                 }
-                                Err(e) => println!("coe: executor {name} rejoined but was not found: {e}"),
+                                Err(e) => crate::progress::println(format!(
+                                    "coe: executor {name} rejoined but was not found: {e}"
+                                )),
                             }
                         }
                         _ => {}
@@ -662,16 +708,20 @@ pub async fn run_job(
         watcher.abort();
         return served;
     }
+    let bar = crate::progress::bar(shared.total() as u64, "coe requests");
+    bar.set_position(answered as u64);
     let progress = {
         let mut answered = shared.answered();
         let total = shared.total();
+        let bar = bar.clone();
         tokio::spawn(async move {
             let mut last = 0;
             while answered.changed().await.is_ok() {
                 let done = *answered.borrow_and_update();
+                bar.set_position(done as u64);
                 // the last line is printed by the job itself once everything is answered
                 for step in (last / 25 + 1)..=(done.min(total.saturating_sub(1)) / 25) {
-                    println!("coe: completed {} of {total}", step * 25);
+                    crate::progress::println(format!("coe: completed {} of {total}", step * 25));
                 }
                 last = done;
             }
@@ -681,6 +731,7 @@ pub async fn run_job(
         serve_trace(&shared, p.arrival_scale, std::time::Duration::from_secs(job.timeout_s), failures).await;
     watcher.abort();
     progress.abort();
+    bar.finish_and_clear();
     served?;
     println!("coe: completed {0} of {0}", shared.total());
     let lost: Vec<String> = lost.lock().map(|l| l.iter().cloned().collect()).unwrap_or_default();
@@ -693,6 +744,10 @@ pub async fn run_job(
     if restored > 0 {
         println!("coe: {restored} executor restorations; {after} requests ran on a restored executor");
     }
+    summary("coe job summary", &report)
+        .row("resumed from the journal", format!("{answered} answered before this start"))
+        .row("executor restorations", format!("{restored} ({after} requests ran on a restored one)"))
+        .print();
     if let Some(out) = &p.out {
         app::write_file(Path::new(out), troupe_actors::coe::runner::results_text(&report).as_bytes())?;
     }

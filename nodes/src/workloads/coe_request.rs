@@ -132,23 +132,27 @@ async fn open_loop(
     let pixels: Arc<[f32]> = pixels.into();
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(count);
+    let bar = crate::progress::bar(count as u64, "coe requests");
     for i in 0..count {
         // arrival i at i / rate: the schedule, not a wait for anything
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
-        let (client, pixels) = (client.clone(), pixels.clone());
+        let (client, pixels, bar) = (client.clone(), pixels.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
-            match client.request(root, &pixels, timeout).await {
+            let outcome = match client.request(root, &pixels, timeout).await {
                 Ok(a) => Outcome::Answered(a, sent.elapsed()),
                 Err(RequestError::Busy(_)) => Outcome::Busy,
                 Err(e) => Outcome::Failed(e.to_string()),
-            }
+            };
+            bar.inc(1);
+            outcome
         }));
     }
     let mut outcomes = Vec::with_capacity(count);
     for t in tasks {
         outcomes.push(t.await.unwrap_or_else(|e| Outcome::Failed(e.to_string())));
     }
+    bar.finish_and_clear();
     let wall = start.elapsed().as_secs_f64();
     if let Ok(c) = Arc::try_unwrap(client) {
         c.close().await;

@@ -63,12 +63,19 @@ pub async fn run_job(_runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig)
         Err(found) => bail!("only {found} of {} hello experts joined within {} s", p.experts, job.timeout_s),
     };
     println!("hello: asking {} experts over QUIC: {:?}", experts.len(), p.question);
+    let asked = std::time::Instant::now();
     let answers = ask_each(&ctx.services, &experts, &p.question, Duration::from_secs(10))
         .await
         .map_err(anyhow::Error::msg)?;
+    let took = asked.elapsed();
     for a in &answers {
         println!("hello: answer from {a}");
     }
+    crate::summary::Summary::new("hello job summary")
+        .row("experts found", format!("{} (waited for {})", experts.len(), p.experts))
+        .row("answers", format!("{} of {}", answers.len(), experts.len()))
+        .row("asking took", crate::summary::ms(took.as_secs_f64() * 1e3))
+        .print();
     println!("hello: done, {} answers", answers.len());
     Ok(())
 }

@@ -46,11 +46,11 @@ pub struct WorkerParams {
     /// RAM budget for stage sessions, MiB.
     #[serde(default = "default_budget")]
     pub ram_budget_mb: u64,
-    /// Enforce the budget with a cgroup v1 memory limit (going over it gets the worker killed by
+    /// Enforce the budget with a cgroup memory limit, v2 or v1 (going over it gets the worker killed by
     /// the OS, and the foreman re-plans its tasks); otherwise it only steers scheduling.
     #[serde(default)]
     pub enforce_ram_budget: bool,
-    /// CPU speed in percent of one CPU: a cgroup v1 quota where available, else pacing.
+    /// CPU speed in percent of one CPU: a cgroup v2 or v1 quota where available, else pacing.
     #[serde(default = "default_quota")]
     pub cpu_quota_pct: u32,
     /// Simulated battery at start, percent.
@@ -444,13 +444,17 @@ pub fn write_outputs(path: &Path, sentences: &[String], outputs: &[Vec<NamedTens
     Ok(())
 }
 
-/// Prints `pipeline: K of N inputs answered` every tenth answer while the job runs.
+/// Prints `pipeline: K of N inputs answered` every tenth answer while the job runs (`lines`)
+/// and moves `bar` on each answer.
 fn print_progress(
     total: usize,
     stages: usize,
     already: usize,
+    bar: indicatif::ProgressBar,
+    lines: bool,
 ) -> (tokio::sync::mpsc::UnboundedSender<troupe_actors::pipeline::Progress>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    bar.set_position(already as u64);
     let task = tokio::spawn(async move {
         let mut answered = already;
         while let Some(p) = rx.recv().await {
@@ -458,13 +462,57 @@ fn print_progress(
                 && task.stage + 1 == stages
             {
                 answered += 1;
-                if answered.is_multiple_of(10) && answered < total {
-                    println!("pipeline: {answered} of {total} inputs answered");
+                bar.set_position(answered as u64);
+                if lines && answered.is_multiple_of(10) && answered < total {
+                    crate::progress::println(format!("pipeline: {answered} of {total} inputs answered"));
                 }
             }
         }
     });
     (tx, task)
+}
+
+/// A bar of the job's inputs answered.
+fn inputs_bar(total: usize) -> indicatif::ProgressBar {
+    crate::progress::bar(total as u64, "pipeline inputs")
+}
+
+/// The table printed at the end of a pipeline job: inputs, time, throughput, workers, failures.
+pub fn summary(
+    title: &str,
+    o: &JobOutcome,
+    inputs: usize,
+    resumed: Option<usize>,
+) -> crate::summary::Summary {
+    let lost: Vec<&str> = o.workers.iter().filter(|w| w.lost).map(|w| w.node.as_str()).collect();
+    let peak = o.workers.iter().filter_map(|w| w.stats.map(|s| s.peak_rss_bytes)).max();
+    let t = &o.tally;
+    crate::summary::Summary::new(title)
+        .row("inputs answered", format!("{} of {inputs}", o.outputs.len()))
+        .row_if(
+            "resumed from the journal",
+            resumed.filter(|&r| r > 0).map(|r| format!("{r} answered before this start")),
+        )
+        .row("makespan", format!("{:.3} s", o.makespan_s))
+        .row(
+            "throughput",
+            if o.makespan_s > 0.0 {
+                format!("{:.2} inputs/s", o.outputs.len() as f64 / o.makespan_s)
+            } else {
+                "-".into()
+            },
+        )
+        .row(
+            "workers",
+            format!("{} ({} tasks)", o.workers.len(), o.workers.iter().map(|w| w.tasks).sum::<usize>()),
+        )
+        .row_if("worker peak RSS", peak.map(|b| format!("{:.1} MB (largest)", b as f64 / 1e6)))
+        .row_if(
+            "activations on the wire",
+            (t.raw > 0).then(|| format!("{:.3}x of raw", t.wire as f64 / t.raw as f64)),
+        )
+        .row("workers lost", if lost.is_empty() { "none".to_string() } else { lost.join(", ") })
+        .row("tasks moved", o.moves.len().to_string())
 }
 
 /// Runs the `pipeline` job on this (foreman) node and prints the results.
@@ -500,13 +548,17 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) 
         ..ShellSettings::default()
     };
     let stage_count = stages.len();
-    let (progress, printer) = print_progress(sentences.len(), stage_count, resumed.answered);
+    let bar = inputs_bar(sentences.len());
+    let (progress, printer) =
+        print_progress(sentences.len(), stage_count, resumed.answered, bar.clone(), true);
     let outcome =
         run_pipeline_job(&runtime.link, &runtime.services, &shelf, membership, job, settings, Some(progress))
             .await;
     printer.abort();
+    bar.finish_and_clear();
     let outcome = outcome?;
     print!("{}", render_outcome(&sentences, &outcome));
+    summary("pipeline job summary", &outcome, sentences.len(), Some(resumed.answered)).print();
     if let Some(out) = &p.out {
         write_outputs(out, &sentences, &outcome.outputs)?;
     }
@@ -634,7 +686,7 @@ pub enum PipelineCommand {
         #[arg(long, default_value_t = 3)]
         workers: usize,
         /// CPU quota of each worker in percent of one CPU, comma-separated, cycled over the
-        /// workers (real stragglers through cgroup v1 where available; default: all at 100).
+        /// workers (real stragglers through cgroup v2 or v1 where available; default: all at 100).
         #[arg(long, value_delimiter = ',')]
         quotas: Vec<u32>,
         /// "streaming" or "barrier".
@@ -682,7 +734,7 @@ pub enum PipelineCommand {
         /// (rewritten once into `MODEL.mapped/` beside the file).
         #[arg(long)]
         mapped: bool,
-        /// First put this process in a cgroup v1 memory group with this limit (fails if there
+        /// First put this process in a cgroup (v2 or v1) memory group with this limit (fails if there
         /// is no controller); the OS kills the process if the model does not fit.
         #[arg(long)]
         memory_limit_mb: Option<u64>,
@@ -725,7 +777,10 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 job.stages.len(),
                 client.foreman()
             );
+            let waiting = crate::progress::spinner("pipeline job");
+            waiting.set_message(format!("{} inputs on the foreman", sentences.len()));
             let answer = client.submit(&job.stages, &job.inputs, mode, Duration::from_secs(timeout_s)).await;
+            waiting.finish_and_clear();
             client.close().await;
             let answer = answer?;
             println!(
@@ -735,6 +790,17 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 answer.workers.join(", "),
                 answer.resumed
             );
+            let throughput = answer.outputs.len() as f64 / answer.makespan_s;
+            crate::summary::Summary::new("pipeline submit summary")
+                .row("inputs answered", format!("{} of {}", answer.outputs.len(), sentences.len()))
+                .row("resumed from the journal", answer.resumed.to_string())
+                .row("makespan", format!("{:.3} s", answer.makespan_s))
+                .row(
+                    "throughput",
+                    if throughput.is_finite() { format!("{throughput:.2} inputs/s") } else { "-".into() },
+                )
+                .row("workers", answer.workers.join(", "))
+                .print();
             if let Some(out) = &out {
                 write_outputs(out, &sentences, &answer.outputs)?;
                 println!("pipeline: results written to {}", out.display());
@@ -775,10 +841,17 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 .map(|i| local::WorkerSpec::new(&format!("worker-{}", i + 1), quota(i), &workdir))
                 .collect();
             let cluster = local::LocalCluster::start(&exe, &workdir, &specs).await?;
-            let result = cluster.run(job, ShellSettings { workers, ..ShellSettings::default() }, None).await;
+            let bar = inputs_bar(sentences.len());
+            let (progress, watcher) =
+                print_progress(sentences.len(), job.stages.len(), 0, bar.clone(), false);
+            let settings = ShellSettings { workers, ..ShellSettings::default() };
+            let result = cluster.run(job, settings, Some(progress)).await;
+            watcher.abort();
+            bar.finish_and_clear();
             cluster.shutdown().await;
             let outcome = result?;
             print!("{}", render_outcome(&sentences, &outcome));
+            summary("pipeline submit summary", &outcome, sentences.len(), None).print();
             if let Some(out) = &out {
                 write_outputs(out, &sentences, &outcome.outputs)?;
                 println!("pipeline: results written to {}", out.display());
@@ -816,7 +889,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                     mb.saturating_mul(1 << 20),
                     true,
                 );
-                if !matches!(limit, troupe_actors::pipeline::telemetry::MemoryLimit::CgroupV1 { .. }) {
+                if !matches!(limit, troupe_actors::pipeline::telemetry::MemoryLimit::Cgroup { .. }) {
                     bail!("--memory-limit-mb {mb}: {}", limit.describe());
                 }
                 eprintln!("{}", limit.describe());

@@ -365,6 +365,8 @@ pub fn sweep(
     let budget = pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks);
     let mut out: SweepResult =
         strategies.iter().map(|(n, _)| (n.clone(), vec![Tally::default(); sc.ks.len()])).collect();
+    let runs = (sc.seeds.len() * sc.ks.len() * strategies.len()) as u64;
+    let bar = troupe::progress::bar(runs, "bench coadapt runs");
     for &seed in &sc.seeds {
         let Some(all) = jobs.get(&seed) else { continue };
         let solo = solo_s.get(&seed).copied().unwrap_or(0.0);
@@ -384,6 +386,7 @@ pub fn sweep(
                 };
                 let o = run_once(cfg, student, k_jobs, &arrivals)
                     .with_context(|| format!("{name} at K = {k}, seed {seed}"))?;
+                bar.inc(1);
                 let met = o.met(sc.gain, l_s);
                 if let Some(c) = out.get_mut(name.as_str()).and_then(|v| v.get_mut(i)) {
                     c.add(&o, met, k_jobs.len());

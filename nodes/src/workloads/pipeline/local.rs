@@ -34,7 +34,7 @@ pub struct WorkerSpec {
     pub cache_dir: PathBuf,
     /// Simulated battery, percent.
     pub battery_pct: f64,
-    /// Enforce the RAM budget with a cgroup v1 memory limit.
+    /// Enforce the RAM budget with a cgroup (v2 or v1) memory limit.
     pub enforce_ram_budget: bool,
 }
 
