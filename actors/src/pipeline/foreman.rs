@@ -8,8 +8,11 @@
 //! order, one RPC at a time, so a `SendStage` lands before the `Load` after it); answers,
 //! telemetry (polled every `telemetry_period`, RTT from QUIC) and membership events go back into
 //! the policy. Completed outputs are held here, so a lost worker loses only what it was doing.
-//! A worker is declared lost when membership says it is down or when an RPC to it fails at the
-//! transport level; its tasks are re-planned by the policy and each move is logged.
+//! A worker is declared lost when membership says it is down, when an RPC to it fails at the
+//! transport level, or when its telemetry answers with another pid than the one that joined (its
+//! node was killed and started again before membership noticed: the calls out to the dead
+//! process would otherwise wait out the call timeout, as the replaced connection never reports
+//! the peer gone); its tasks are re-planned by the policy and each move is logged.
 //!
 //! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
 //! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
