@@ -64,8 +64,12 @@ pub const MAX_WAITERS: usize = 64;
 /// adaptation before asking the next; the second slot covers a phase the camera gave up waiting
 /// for). Past it the camera is refused, so one peer cannot take every task slot of the edge. A
 /// restarted camera's repeat of a phase under way takes no slot: it waits for that phase's
-/// answer, with at most this many callers waiting on one phase.
+/// answer (see [`MAX_CALLERS_PER_PHASE`]).
 pub const MAX_UPLOADS_PER_CAMERA: usize = 2;
+/// Most callers waiting for one phase's answer: the camera's upload and the repeats of
+/// incarnations restarted while it is adapted (a dead incarnation's call still waits: its
+/// handler runs until the answer).
+pub const MAX_CALLERS_PER_PHASE: usize = 4;
 /// Most bytes of adapted answers the edge keeps (to answer a restarted camera's repeated
 /// uploads); past it new phases are refused until the job ends.
 pub const MAX_KEPT_BYTES: usize = 64 << 20;
@@ -239,10 +243,10 @@ impl EdgeShared {
                         .find(|a| a.request.camera == camera && phase_of(&a.request) == upload);
                     if let Some(a) = under_way {
                         a.replies.retain(|r| !r.is_closed());
-                        if a.replies.len() >= MAX_UPLOADS_PER_CAMERA {
+                        if a.replies.len() >= MAX_CALLERS_PER_PHASE {
                             return Err(format!(
                                 "camera {camera:?} already has {} callers waiting for adaptation {} \
-                                 (at most {MAX_UPLOADS_PER_CAMERA})",
+                                 (at most {MAX_CALLERS_PER_PHASE})",
                                 a.replies.len(),
                                 upload.adaptation
                             ));
@@ -695,12 +699,18 @@ mod tests {
         let mut repeat = edge.accept(upload("cam-1")).expect("a repeat of the phase under way");
         assert_eq!(lock(&edge.store).accepted.len(), 1, "one adaptation task for the phase");
         // the callers waiting on one phase are bounded too
+        let more: Vec<_> = (2..MAX_CALLERS_PER_PHASE)
+            .map(|_| edge.accept(upload("cam-1")).expect("within the callers one phase may have"))
+            .collect();
         let why = edge.accept(upload("cam-1")).expect_err("past the callers one phase may have");
         assert!(why.contains("callers waiting for adaptation 0"), "{why}");
         let key = *lock(&edge.store).accepted.keys().next().unwrap();
         edge.answer(key, b"adapted".to_vec(), true);
         assert_eq!(first.try_recv().unwrap(), b"adapted");
         assert_eq!(repeat.try_recv().unwrap(), b"adapted");
+        for mut m in more {
+            assert_eq!(m.try_recv().unwrap(), b"adapted");
+        }
         // restarted again after the answer: the kept answer, with nothing admitted
         let mut again = edge.accept(upload("cam-1")).expect("a repeat of the answered phase");
         assert_eq!(again.try_recv().unwrap(), b"adapted");
