@@ -110,6 +110,7 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
         params: Vec::new(),
         train_images: vec![0.5; PIXELS],
         eval_images: vec![0.5; PIXELS],
+        adaptation: 0,
         drift_frame: 1,
         target_gain: 0.1,
     };

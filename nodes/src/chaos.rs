@@ -7,8 +7,9 @@
 //!    so a kill lands while the work it disturbs is under way however fast the machine is.
 //! 2. [`troupe_policy::chaos::schedule`] draws the faults from the seed (pure: the same seed and
 //!    topology give the same schedule): SIGKILLs of nodes that run no job and whose actors all
-//!    recover from a restart, each restarted after a drawn delay, and fault-switch panics of
-//!    the job nodes' schedulers at a drawn hit, written into their configs' `[faults]`.
+//!    recover from a restart (pipeline workers and cameras), each restarted after a drawn delay
+//!    within the membership timeout, and fault-switch panics of the job nodes' schedulers at a
+//!    drawn hit, written into their configs' `[faults]`.
 //! 3. The chaos run (`WORKDIR/chaos`) performs the kills and restarts as the milestones appear.
 //! 4. The report lists each fault with the lines that show its recovery, and compares outputs.
 //!
@@ -28,11 +29,12 @@ use troupe_policy::chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, schedule};
 use crate::config::{FaultSiteConfig, FaultsSection};
 use crate::up::{Cluster, JobTracker, Topology, prepare, prepare_steps};
 
-/// Actor kinds whose restart is not recovered, so nodes carrying one are never killed: a
-/// restarted camera streams again from its first frame and uploads and reports a second time
-/// (the edge keeps every report it is sent, so the job would count one camera twice), and the
-/// edge keeps accepted uploads in memory only.
-const RESTART_UNSAFE: &[&str] = &["coadapt-camera", "coadapt-edge"];
+/// Actor kinds whose restart is not recovered, so nodes carrying one are never killed: the
+/// edge keeps accepted uploads in memory only (it is a job's scheduler besides). A restarted
+/// camera is safe: it streams again from its first frame, and the edge answers its repeated
+/// uploads with the adaptation of that drift phase already made or under way, and its report
+/// replaces the old incarnation's (`troupe_policy::adapt::replay`).
+const RESTART_UNSAFE: &[&str] = &["coadapt-edge"];
 
 /// Which progress lines disturb an actor kind's work: killing a node with this actor when a
 /// job prints a line starting with the prefix lands mid-work.
@@ -47,11 +49,12 @@ const SITES: &[(&str, &str, u64, u64)] = &[
     ("coadapt-edge", troupe_actors::coadapt::edge::FAULT_SITE, 2, 5),
 ];
 
-/// Shortest and longest delay from a kill to the restart, past the membership timeout. A node
-/// back within the failure detector's timeout is not declared down, and the pipeline foreman
-/// then notices the dead incarnation only when its call to it times out (60 s): the restart
-/// waits until the loss has been declared, the path the rejoin tests cover.
-const RESTART_PAST_TIMEOUT_MS: (u64, u64) = (1000, 3000);
+/// Shortest and longest delay from a kill to the restart, within the campus's membership
+/// timeout: a node back before the failure detector's timeout is not declared down, and the
+/// pipeline foreman notices the new incarnation by the pid its telemetry answers with, gives up
+/// the calls out to the dead one and joins the new one, so the worker serves again in the same
+/// job. (A node declared lost first is started again at once.)
+const RESTART_DELAY_MS: (u64, u64) = (200, 1500);
 
 /// After a restart, how long a kill whose milestone came while the node was down waits for the
 /// node to rejoin before it is performed anyway.
@@ -208,8 +211,8 @@ fn spec_for(topology: &Topology, lines: &[Line], seed: u64, faults: usize) -> Ch
         faults,
         nodes,
         sites,
-        restart_min: Micros::from_millis(topology.membership.timeout_ms + RESTART_PAST_TIMEOUT_MS.0),
-        restart_max: Micros::from_millis(topology.membership.timeout_ms + RESTART_PAST_TIMEOUT_MS.1),
+        restart_min: Micros::from_millis(RESTART_DELAY_MS.0),
+        restart_max: Micros::from_millis(RESTART_DELAY_MS.1),
     }
 }
 
@@ -395,6 +398,29 @@ fn recovery(i: usize, f: &Fault, run: &RunResult) -> (String, bool) {
                 Some(l) => s.push_str(&format!("; {}: {}", secs(l.at), message(&l.text))),
                 None => s.push_str("; the jobs finished without it rejoining"),
             }
+            // the pipeline job's worker line: tasks it ran after it was put back in service
+            let worker = run.lines.iter().rev().find_map(|l| {
+                let t = l.text.trim_start();
+                let rest = t.strip_prefix(node.as_str())?;
+                rest.starts_with(' ').then(|| t.split_once(" | rejoined ").map(|(_, r)| r.to_owned()))?
+            });
+            if let Some(r) = worker {
+                s.push_str(&format!(" (pipeline: rejoined {r})"));
+            }
+            // a camera on it: repeated uploads answered by the adaptation already made or under way
+            let repeats: Vec<&Line> = after
+                .iter()
+                .filter(|l| l.text.contains("repeated upload") && l.text.contains(&format!("camera={node}")))
+                .copied()
+                .collect();
+            if let Some(l) = repeats.first() {
+                s.push_str(&format!(
+                    "; {}: its camera restarted and uploaded {} drift phase(s) again, answered by the one adaptation each ({})",
+                    secs(l.at),
+                    repeats.len(),
+                    message(&l.text)
+                ));
+            }
             (s, true)
         }
         Fault::Panic { site, node, after_hits } => {
@@ -491,11 +517,24 @@ fn compare(
             let same_cams = names(&a) == names(&b);
             let same_drift = a.iter().zip(&b).all(|(x, y)| x.1 == y.1);
             let same_numbers = a.iter().zip(&b).all(|(x, y)| x.2 == y.2);
+            // the edge's own count: a restarted camera's repeated upload is not adapted again
+            let tasks = |r: &RunResult| -> Option<u64> {
+                r.lines.iter().filter(|l| l.node == node).find_map(|l| {
+                    let rest = l.text.strip_prefix("coadapt: scheduler ")?;
+                    let (_, n) = rest.split_once(" tasks_done ")?;
+                    n.split_whitespace().next()?.parse().ok()
+                })
+            };
+            let (ta, tb) = (tasks(free), tasks(chaos));
+            let same_tasks = ta.is_some() && ta == tb;
+            let show = |t: Option<u64>| t.map_or_else(|| "?".to_string(), |n| n.to_string());
             (
-                !b.is_empty() && once && same_cams && same_drift,
+                !b.is_empty() && once && same_cams && same_drift && same_tasks,
                 format!(
-                    "{} adaptations, each drift adapted once: {once}; same cameras and drift frames: {}; exact-match figures identical: {same_numbers} (they depend on how the co-adaptation cycles interleave, so not compared)",
+                    "{} adaptations, each drift adapted once: {once}; edge tasks done {} (fault-free {}); same cameras and drift frames: {}; exact-match figures identical: {same_numbers} (they depend on how the co-adaptation cycles interleave, so not compared)",
                     b.len(),
+                    show(tb),
+                    show(ta),
                     same_cams && same_drift
                 ),
             )

@@ -2,7 +2,10 @@
 //! under a short seeded schedule of kills (SIGKILL and restart of a non-job node) and
 //! fault-switch panics of schedulers. The command exits 0, every job succeeds once, every
 //! workload's outputs equal the fault-free run's, and the report lists each fault with how it
-//! was recovered. The same seed gives the same schedule.
+//! was recovered. Seed 7 kills a phone that carries a camera as well as a pipeline worker: the
+//! restarted camera streams again from its first frame, and every drift phase is still adapted
+//! once (the edge's task count equals the fault-free run's). The same seed gives the same
+//! schedule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -52,10 +55,16 @@ fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_fre
             assert!(f.contains("the supervisor restarted it"), "{f}\n{log}");
         }
     }
-    assert!(
-        faults.iter().any(|f| f.contains("kill -9 phone-4")),
-        "the one killable node is killed: {report}"
-    );
+    // a phone carrying a camera is killed and restarted (seed 7 draws phone-1)
+    let camera_kill = faults
+        .iter()
+        .find(|f| ["phone-1", "phone-2", "phone-3"].iter().any(|c| f.contains(&format!("kill -9 {c} "))))
+        .unwrap_or_else(|| panic!("seed 7 kills no camera-carrying phone:\n{report}"));
+    assert!(camera_kill.contains("restarted at"), "{camera_kill}\n{log}");
+    // a worker put back in service says how many tasks it ran since
+    for f in faults.iter().filter(|f| f.contains(" rejoined (pid ")) {
+        assert!(f.contains("tasks since rejoin"), "{f}\n{report}");
+    }
 
     // every job once, successfully
     for job in ["gateway", "edge-gpu", "cpu-box"] {
@@ -71,11 +80,12 @@ fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_fre
     }
     assert!(report.contains("300 requests, each answered once: true, digests identical: true"), "{report}");
     assert!(report.contains("each answered once: true, max abs embedding difference"), "{report}");
-    assert!(report.contains("3 adaptations, each drift adapted once: true"), "{report}");
-    // camera nodes carry an actor that does not recover from a restart: never killed
-    for cam in ["phone-1", "phone-2", "phone-3"] {
-        assert!(!log.contains(&format!("killed {cam} with SIGKILL")), "{log}");
-    }
+    // every drift phase adapted once: one line per (camera, drift frame), and the edge ran as
+    // many adaptation tasks as in the fault-free run (a repeated upload is not adapted again)
+    assert!(
+        report.contains("3 adaptations, each drift adapted once: true; edge tasks done 3 (fault-free 3)"),
+        "{report}"
+    );
 
     // the same seed, the same schedule (the fault-free run alone decides the milestones)
     let tmp2 = tempfile::tempdir().unwrap();

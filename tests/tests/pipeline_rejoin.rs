@@ -1,6 +1,10 @@
 //! Pipeline restoration: a worker killed with `kill -9` mid-job and started again under its name
 //! is put back in service within the same job and runs tasks again; the outputs equal the whole
-//! model's. (Its own test binary: the foreman node runs in the test process.)
+//! model's. Twice: first started again once membership declared it lost; then killed again once
+//! back and started again at once, before the failure detector's timeout, so no member-down
+//! comes: the foreman notices the new incarnation by the pid its telemetry answers with and
+//! gives up the calls out to the dead one (otherwise it would wait out its 60 s call timeout,
+//! past the job's end). (Its own test binary: the foreman node runs in the test process.)
 
 use troupe::actors::pipeline::Progress;
 use troupe::policy::pipeline::Mode;
@@ -27,7 +31,7 @@ async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
     let outcome = {
         let run = cluster.run(job, settings(3), Some(tx));
         tokio::pin!(run);
-        let (mut killed, mut restarted) = (false, false);
+        let (mut killed, mut restarted, mut killed_again) = (false, false, false);
         within("job with a kill and a restart", async {
             loop {
                 tokio::select! {
@@ -43,6 +47,12 @@ async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
                             cluster.restart(&victim).unwrap();
                             restarted = true;
                         }
+                        Progress::Rejoined { node } if node == victim && !killed_again => {
+                            eprintln!("{victim} back in service; killing it again and starting it at once");
+                            cluster.kill9(&victim).unwrap();
+                            cluster.restart(&victim).unwrap();
+                            killed_again = true;
+                        }
                         _ => {}
                     }
                 }
@@ -57,7 +67,14 @@ async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
     }
     let w = outcome.workers.iter().find(|w| w.node == victim).unwrap();
     let victim_log = std::fs::read_to_string(dir.join(format!("{victim}.log"))).unwrap_or_default();
-    assert!(w.rejoined >= 1, "{victim} was never put back in service; its log:\n{victim_log}");
+    assert!(
+        w.rejoined >= 2,
+        "{victim} was put back in service {} times, not twice; its log:\n{victim_log}",
+        w.rejoined
+    );
+    let losses: Vec<&String> =
+        outcome.log.iter().filter(|l| l.contains(&format!("worker {victim} lost"))).collect();
+    eprintln!("losses of {victim}: {losses:?}");
     assert!(!w.lost, "{victim} ended the job lost");
     assert!(w.tasks_since_rejoin > 0, "{victim} got no task after it rejoined");
     let err = max_abs_error(&outcome, &whole_model(&inputs));

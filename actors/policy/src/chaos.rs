@@ -8,9 +8,9 @@
 //!
 //! Kills are keyed to *milestones*: progress lines the jobs print (such as `coe: completed 50 of`),
 //! not to wall-clock times, so a kill lands while the work it disturbs is still under way however
-//! fast or slow the machine is. A node is killed at most once per run: its restart waits until
-//! the cluster has declared it lost (the membership timeout), so a second kill of the same node
-//! would rarely land while the jobs still run.
+//! fast or slow the machine is. A node is killed at most once per run (the campus's jobs are
+//! short: a second kill of a node just back would rarely land while they still run), and
+//! started again after a drawn delay.
 //!
 //! Nodes that run a job (the schedulers and foremen whose end is the run's end) are never
 //! killed, nor nodes whose actors do not recover from a restart (`restart_safe == false`).

@@ -211,6 +211,7 @@ impl Run<'_> {
             params: trainable_params(&self.model),
             train_images: c.images,
             eval_images: eval.images.clone(),
+            adaptation: c.index,
             drift_frame: c.drift_frame,
             target_gain: a.target_gain,
         };

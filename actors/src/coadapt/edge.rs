@@ -14,6 +14,14 @@
 //! and admits every accepted upload not yet answered again, so a panic loses no adaptation and
 //! answers none twice (a reply channel is consumed once). Uploads accepted while no incarnation
 //! runs wait in the store.
+//!
+//! A camera restarted (its node killed and started again) streams from its first frame again and
+//! uploads the same drift phases again (the same adaptation index at the same drift frame). Each
+//! adapted phase's answer is kept per camera, and [`troupe_policy::adapt::replay::classify`]
+//! decides what an upload is: a repeat of a phase under way waits for that adaptation's answer,
+//! a repeat of an answered phase gets the kept answer again, so each phase of each camera is
+//! adapted once and counted once (`tasks_done`), and the restarted camera's own report, which
+//! replaces its old one, lists each phase once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,12 +34,14 @@ use troupe_kernels::vmoe::{FragSample, VMoe};
 use troupe_policy::Micros;
 use troupe_policy::adapt::TaskId;
 use troupe_policy::adapt::online::{CameraProgress, Completion, completion};
+use troupe_policy::adapt::replay::{Phase, Seen, UploadKind, classify};
 use troupe_transport::Role;
 
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{
-    AdaptReply, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, StreamReport, UploadRequest, encode,
+    AdaptReply, DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, MAX_DECODED_BYTES, StreamReport, UploadRequest,
+    encode,
 };
 use super::{EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
@@ -51,9 +61,18 @@ pub const MAX_CAMERAS: usize = 256;
 /// Most callers waiting for a summary at once; later ones are refused.
 pub const MAX_WAITERS: usize = 64;
 /// Most uploads one camera may have accepted and unanswered at once (a camera waits for one
-/// adaptation before asking the next; the second slot covers a restarted camera asking again).
-/// Past it the camera is refused, so one peer cannot take every task slot of the edge.
+/// adaptation before asking the next; the second slot covers a phase the camera gave up waiting
+/// for). Past it the camera is refused, so one peer cannot take every task slot of the edge. A
+/// restarted camera's repeat of a phase under way takes no slot: it waits for that phase's
+/// answer (see [`MAX_CALLERS_PER_PHASE`]).
 pub const MAX_UPLOADS_PER_CAMERA: usize = 2;
+/// Most callers waiting for one phase's answer: the camera's upload and the repeats of
+/// incarnations restarted while it is adapted (a dead incarnation's call still waits: its
+/// handler runs until the answer).
+pub const MAX_CALLERS_PER_PHASE: usize = 4;
+/// Most bytes of adapted answers the edge keeps (to answer a restarted camera's repeated
+/// uploads); past it new phases are refused until the job ends.
+pub const MAX_KEPT_BYTES: usize = 64 << 20;
 
 /// Who may call the edge: cameras only.
 pub fn spec() -> ServiceSpec {
@@ -93,7 +112,19 @@ pub struct EdgeArgs {
 
 struct Accepted {
     request: UploadRequest,
-    reply: oneshot::Sender<Vec<u8>>,
+    /// Every caller waiting for this phase's answer: the camera's upload, and a restarted
+    /// camera's repeat of it.
+    replies: Vec<oneshot::Sender<Vec<u8>>>,
+}
+
+fn phase_of(r: &UploadRequest) -> Phase {
+    Phase { adaptation: r.adaptation, drift_frame: r.drift_frame }
+}
+
+/// An adapted phase's answer, kept for a restarted camera's repeat of the upload.
+struct Kept {
+    phase: Phase,
+    reply: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -104,6 +135,10 @@ struct Store {
     cameras: Vec<StreamReport>,
     /// (cameras expected, reply): answered once every expected camera is done.
     waiters: Vec<(u32, RpcReplyPort<Vec<u8>>)>,
+    /// Per camera, the answers of its adapted phases.
+    kept: BTreeMap<String, Vec<Kept>>,
+    /// Bytes in `kept`.
+    kept_bytes: usize,
     done: u32,
     peak_used: u64,
     scheduler: Option<EdgeRef>,
@@ -170,13 +205,68 @@ impl EdgeShared {
         }
     }
 
-    /// Accepts an upload: refused (backpressure) past the engine's task cap or the camera's
-    /// share of it ([`MAX_UPLOADS_PER_CAMERA`]), else kept with its reply channel until a
-    /// scheduler answers it.
+    /// Accepts an upload. A repeat of one of the camera's phases (it restarted) is answered with
+    /// that phase's adaptation, under way or kept, and a conflicting claim is refused (see
+    /// [`classify`]). A fresh phase is refused (backpressure) past the engine's task cap, the
+    /// camera's share of it ([`MAX_UPLOADS_PER_CAMERA`]) or [`MAX_KEPT_BYTES`], else kept with
+    /// its reply channel until a scheduler answers it.
     fn accept(&self, request: UploadRequest) -> Result<oneshot::Receiver<Vec<u8>>, String> {
         let (tx, rx) = oneshot::channel();
         {
             let mut st = lock(&self.store);
+            let upload = phase_of(&request);
+            let camera = request.camera.as_str();
+            let mut known: Vec<(Phase, Seen)> = st
+                .accepted
+                .values()
+                .filter(|a| a.request.camera == camera)
+                .map(|a| (phase_of(&a.request), Seen::Pending))
+                .collect();
+            known.extend(st.kept.get(camera).into_iter().flatten().map(|k| (k.phase, Seen::Answered)));
+            match classify(&known, upload, MAX_ADAPTATIONS as u32) {
+                UploadKind::Refused(why) => return Err(format!("camera {camera:?}: {why}")),
+                UploadKind::Replay => {
+                    let kept = st.kept.get(camera).into_iter().flatten().find(|k| k.phase == upload);
+                    if let Some(k) = kept {
+                        tracing::info!(
+                            %camera, adaptation = upload.adaptation, drift_frame = upload.drift_frame,
+                            "repeated upload (the camera restarted): answered again with the adaptation already made"
+                        );
+                        let _ = tx.send(k.reply.clone());
+                        return Ok(rx);
+                    }
+                }
+                UploadKind::InFlight => {
+                    let under_way = st
+                        .accepted
+                        .values_mut()
+                        .find(|a| a.request.camera == camera && phase_of(&a.request) == upload);
+                    if let Some(a) = under_way {
+                        a.replies.retain(|r| !r.is_closed());
+                        if a.replies.len() >= MAX_CALLERS_PER_PHASE {
+                            return Err(format!(
+                                "camera {camera:?} already has {} callers waiting for adaptation {} \
+                                 (at most {MAX_CALLERS_PER_PHASE})",
+                                a.replies.len(),
+                                upload.adaptation
+                            ));
+                        }
+                        a.replies.push(tx);
+                        tracing::info!(
+                            %camera, adaptation = upload.adaptation, drift_frame = upload.drift_frame,
+                            "repeated upload (the camera restarted): waits for the adaptation under way"
+                        );
+                        return Ok(rx);
+                    }
+                }
+                UploadKind::Fresh => {}
+            }
+            if st.kept_bytes >= MAX_KEPT_BYTES {
+                return Err(format!(
+                    "the edge keeps {} bytes of answers, the most it keeps ({MAX_KEPT_BYTES})",
+                    st.kept_bytes
+                ));
+            }
             let mine = st.accepted.values().filter(|a| a.request.camera == request.camera).count();
             if mine >= MAX_UPLOADS_PER_CAMERA {
                 return Err(format!(
@@ -193,7 +283,7 @@ impl EdgeShared {
             }
             let key = st.next;
             st.next += 1;
-            st.accepted.insert(key, Accepted { request, reply: tx });
+            st.accepted.insert(key, Accepted { request, replies: vec![tx] });
             crate::live::set_queue("coadapt", "uploads", st.accepted.len() as u64);
         }
         self.tell(EdgeInput::Accepted);
@@ -237,16 +327,22 @@ impl EdgeShared {
         self.tell(EdgeInput::Reported);
     }
 
-    /// Answers accepted upload `key` (once: its reply channel is consumed).
-    fn answer(&self, key: u64, bytes: Vec<u8>) {
+    /// Answers accepted upload `key` (once: its reply channels are consumed), keeping the
+    /// answer of an adapted phase (`adapted`) for a restarted camera's repeat of it.
+    fn answer(&self, key: u64, bytes: Vec<u8>, adapted: bool) {
         let taken = {
             let mut st = lock(&self.store);
             let taken = st.accepted.remove(&key);
+            if adapted && let Some(a) = &taken {
+                st.kept_bytes += bytes.len();
+                let kept = Kept { phase: phase_of(&a.request), reply: bytes.clone() };
+                st.kept.entry(a.request.camera.clone()).or_default().push(kept);
+            }
             crate::live::set_queue("coadapt", "uploads", st.accepted.len() as u64);
             taken
         };
-        if let Some(a) = taken {
-            let _ = a.reply.send(bytes);
+        for reply in taken.into_iter().flat_map(|a| a.replies) {
+            let _ = reply.send(bytes.clone());
         }
     }
 
@@ -465,7 +561,7 @@ impl Live {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "refusing an upload");
-                    shared.answer(key, refused(e));
+                    shared.answer(key, refused(e), false);
                 }
             }
         }
@@ -496,7 +592,7 @@ impl Live {
                 reached: f.reached,
                 latency_ms,
             });
-            shared.answer(key, encode(&reply));
+            shared.answer(key, encode(&reply), true);
         }
     }
 
@@ -524,7 +620,7 @@ impl Live {
             tracing::error!(error = %e, "adaptation cycle failed");
             for (_, (key, _)) in std::mem::take(&mut self.tasks) {
                 crate::work::COADAPT.failed();
-                shared.answer(key, refused(e.to_string()));
+                shared.answer(key, refused(e.to_string()), false);
             }
             self.cycling = false;
             return Ok(());
@@ -601,6 +697,7 @@ mod tests {
             params: Vec::new(),
             train_images: vec![0.5; PIXELS],
             eval_images: vec![0.5; PIXELS],
+            adaptation: 0,
             drift_frame: 1,
             target_gain: 0.1,
         }
@@ -610,12 +707,52 @@ mod tests {
     fn one_camera_cannot_take_every_task_slot() {
         let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: Vec::new() });
         let mut held = Vec::new();
-        for _ in 0..MAX_UPLOADS_PER_CAMERA {
-            held.push(edge.accept(upload("cam-1")).expect("within the camera's share"));
+        // distinct drift phases (a repeat of one would wait for it and take no slot)
+        let phase =
+            |k: u32| UploadRequest { adaptation: k, drift_frame: 1 + u64::from(k), ..upload("cam-1") };
+        for k in 0..MAX_UPLOADS_PER_CAMERA as u32 {
+            held.push(edge.accept(phase(k)).expect("within the camera's share"));
         }
-        let why = edge.accept(upload("cam-1")).expect_err("past the camera's share");
+        let why = edge.accept(phase(MAX_UPLOADS_PER_CAMERA as u32)).expect_err("past the camera's share");
         assert!(why.contains("cam-1") && why.contains(&MAX_UPLOADS_PER_CAMERA.to_string()), "{why}");
         held.push(edge.accept(upload("cam-2")).expect("another camera is still served"));
         assert_eq!(lock(&edge.store).accepted.len(), MAX_UPLOADS_PER_CAMERA + 1);
+    }
+
+    #[test]
+    fn a_restarted_cameras_repeated_upload_is_answered_by_the_one_adaptation() {
+        let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: Vec::new() });
+        let mut first = edge.accept(upload("cam-1")).expect("a fresh phase");
+        // the camera restarted while its phase was being adapted: it waits for that adaptation
+        let mut repeat = edge.accept(upload("cam-1")).expect("a repeat of the phase under way");
+        assert_eq!(lock(&edge.store).accepted.len(), 1, "one adaptation task for the phase");
+        // the callers waiting on one phase are bounded too
+        let more: Vec<_> = (2..MAX_CALLERS_PER_PHASE)
+            .map(|_| edge.accept(upload("cam-1")).expect("within the callers one phase may have"))
+            .collect();
+        let why = edge.accept(upload("cam-1")).expect_err("past the callers one phase may have");
+        assert!(why.contains("callers waiting for adaptation 0"), "{why}");
+        let key = *lock(&edge.store).accepted.keys().next().unwrap();
+        edge.answer(key, b"adapted".to_vec(), true);
+        assert_eq!(first.try_recv().unwrap(), b"adapted");
+        assert_eq!(repeat.try_recv().unwrap(), b"adapted");
+        for mut m in more {
+            assert_eq!(m.try_recv().unwrap(), b"adapted");
+        }
+        // restarted again after the answer: the kept answer, with nothing admitted
+        let mut again = edge.accept(upload("cam-1")).expect("a repeat of the answered phase");
+        assert_eq!(again.try_recv().unwrap(), b"adapted");
+        assert!(lock(&edge.store).accepted.is_empty());
+        // the same phase claimed at another drift frame is refused by name
+        let why = edge.accept(UploadRequest { drift_frame: 7, ..upload("cam-1") }).unwrap_err();
+        assert!(why.contains("cam-1") && why.contains("drift frame 1"), "{why}");
+        // another camera's phase 0 is its own
+        let _other = edge.accept(upload("cam-2")).expect("another camera's first phase");
+        assert_eq!(lock(&edge.store).accepted.len(), 1);
+        // a refused adaptation is not kept: asking again adapts it
+        let key = *lock(&edge.store).accepted.keys().next().unwrap();
+        edge.answer(key, refused("no memory"), false);
+        let _retry = edge.accept(upload("cam-2")).expect("a refused phase may be asked again");
+        assert_eq!(lock(&edge.store).accepted.len(), 1);
     }
 }

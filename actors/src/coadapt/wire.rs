@@ -53,6 +53,10 @@ pub struct UploadRequest {
     pub train_images: Vec<f32>,
     /// Held-out evaluation frames (never trained on), `m * 64` pixels.
     pub eval_images: Vec<f32>,
+    /// The camera's adaptation index for this drift phase (0 for its first drift, 1 for the
+    /// next, ...): with `drift_frame` it names the phase, so the edge recognises a restarted
+    /// camera's repeated upload (see `troupe_policy::adapt::replay`).
+    pub adaptation: u32,
     /// Frame at which the camera noticed drift.
     pub drift_frame: u64,
     /// The objective: exact-match gain against the teacher at which adaptation may stop
@@ -276,6 +280,9 @@ impl UploadRequest {
         if r.camera.is_empty() || r.camera.len() > 128 {
             return bad(format!("camera name of {} bytes", r.camera.len()));
         }
+        if r.adaptation as usize >= MAX_ADAPTATIONS {
+            return bad(format!("adaptation {} is not below {MAX_ADAPTATIONS}", r.adaptation));
+        }
         Ok(r)
     }
 }
@@ -295,6 +302,7 @@ mod tests {
             params: vec![0.5; 10],
             train_images: vec![0.1; 2 * PIXELS],
             eval_images: vec![0.2; PIXELS],
+            adaptation: 0,
             drift_frame: 130,
             target_gain: 0.1,
         }
@@ -322,6 +330,9 @@ mod tests {
             UploadRequest::decode(&encode(&UploadRequest { target_gain: 2.0, ..upload() }), &mut budget())
                 .unwrap_err();
         assert!(e.to_string().contains("target_gain"), "{e}");
+        let far = UploadRequest { adaptation: MAX_ADAPTATIONS as u32, ..upload() };
+        let e = UploadRequest::decode(&encode(&far), &mut budget()).unwrap_err();
+        assert!(e.to_string().contains("adaptation"), "{e}");
         let big = vec![0u8; MAX_WIRE_BYTES + 1];
         assert!(matches!(
             UploadRequest::decode(&big, &mut budget()),

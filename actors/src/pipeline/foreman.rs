@@ -8,8 +8,11 @@
 //! order, one RPC at a time, so a `SendStage` lands before the `Load` after it); answers,
 //! telemetry (polled every `telemetry_period`, RTT from QUIC) and membership events go back into
 //! the policy. Completed outputs are held here, so a lost worker loses only what it was doing.
-//! A worker is declared lost when membership says it is down or when an RPC to it fails at the
-//! transport level; its tasks are re-planned by the policy and each move is logged.
+//! A worker is declared lost when membership says it is down, when an RPC to it fails at the
+//! transport level, or when its telemetry answers with another pid than the one that joined (its
+//! node was killed and started again before membership noticed: the calls out to the dead
+//! process would otherwise wait out the call timeout, as the replaced connection never reports
+//! the peer gone); its tasks are re-planned by the policy and each move is logged.
 //!
 //! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
 //! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
@@ -337,6 +340,9 @@ enum EventKind {
 
 struct Event {
     worker: usize,
+    /// The worker's incarnation the event is about (its `rejoined` count when the executor or
+    /// poll that sent it started): events about an incarnation since replaced are stale.
+    epoch: usize,
     start: f64,
     end: f64,
     kind: EventKind,
@@ -377,6 +383,7 @@ fn rpc_lock(locks: &RpcLocks, worker: usize) -> Option<Arc<tokio::sync::Mutex<()
 async fn executor(
     ctx: ExecCtx,
     worker: usize,
+    epoch: usize,
     node: String,
     actor: Target,
     lost: Arc<AtomicBool>,
@@ -449,7 +456,7 @@ async fn executor(
             }
         };
         let end = ctx.t0.elapsed().as_secs_f64();
-        if ctx.events.send(Event { worker, start, end, kind }).is_err() {
+        if ctx.events.send(Event { worker, epoch, start, end, kind }).is_err() {
             return;
         }
     }
@@ -709,6 +716,7 @@ impl Shell {
             self.joining.insert(node.clone());
             // short: the directory may still name the dead incarnation's connection; a failed
             // try is retried at once, and then reaches the new one
+            let epoch = self.workers.get(worker).map_or(0, |h| h.summary.rejoined);
             let (events, timeout, t0) =
                 (self.ctx.events.clone(), REJOIN_TIMEOUT.min(self.settings.rpc_timeout), self.t0);
             tokio::spawn(async move {
@@ -727,7 +735,7 @@ impl Shell {
                     }
                 };
                 let end = t0.elapsed().as_secs_f64();
-                let _ = events.send(Event { worker, start, end, kind });
+                let _ = events.send(Event { worker, epoch, start, end, kind });
             });
         }
     }
@@ -747,7 +755,16 @@ impl Shell {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let lost = Arc::new(AtomicBool::new(false));
-        tokio::spawn(executor(self.ctx.clone(), worker, node.clone(), target.clone(), lost.clone(), rx));
+        let epoch = h.summary.rejoined + 1;
+        tokio::spawn(executor(
+            self.ctx.clone(),
+            worker,
+            epoch,
+            node.clone(),
+            target.clone(),
+            lost.clone(),
+            rx,
+        ));
         h.actor = target;
         h.queue = Some(tx);
         h.lost = lost;
@@ -794,7 +811,9 @@ impl Shell {
             }
             _ => {}
         }
-        if self.workers.get(ev.worker).is_none_or(|h| h.summary.lost) {
+        // about a lost worker, or about an incarnation of it since replaced (a call to a
+        // restarted worker's dead process that timed out after the new one rejoined)
+        if self.workers.get(ev.worker).is_none_or(|h| h.summary.lost || h.summary.rejoined != ev.epoch) {
             if let EventKind::Ran { task, .. } = ev.kind {
                 self.log(format!("late answer for {task} from lost worker {} ignored", self.node_of(w)));
             }
@@ -877,6 +896,17 @@ impl Shell {
                 }
             },
             EventKind::Rejoined { .. } | EventKind::RejoinFailed => {} // handled above
+            EventKind::Telemetry(t) if t.pid != 0 && t.pid != self.workers[ev.worker].summary.pid => {
+                // a new incarnation answered: the node was restarted before membership declared
+                // it down, and the calls out to the old process will never be answered, so they
+                // are given up now (not after the call timeout) and the new one is joined
+                let old = self.workers[ev.worker].summary.pid;
+                self.lose(
+                    ev.worker,
+                    &format!("restarted: pid {} answered, the worker that joined was pid {old}", t.pid),
+                );
+                return;
+            }
             EventKind::Telemetry(t) => {
                 let rtt_ms = self
                     .link
@@ -1101,7 +1131,15 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
                     policy
                         .handle_worker_joined(micros_since(shared.t0), WorkerId(idx as u32), report)
                         .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
-                    tokio::spawn(executor(ctx.clone(), idx, node.clone(), target.clone(), lost.clone(), rx));
+                    tokio::spawn(executor(
+                        ctx.clone(),
+                        idx,
+                        0,
+                        node.clone(),
+                        target.clone(),
+                        lost.clone(),
+                        rx,
+                    ));
                     debug!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
                     let summary = WorkerSummary {
                         node: node.clone(),
@@ -1222,12 +1260,12 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let Some(shell) = self.live.as_ref() else { return Ok(()) };
         let (t0, timeout) = (shell.t0, shell.settings.rpc_timeout);
         for (i, h) in shell.workers.iter().enumerate().filter(|(_, h)| !h.summary.lost) {
-            let (actor, tx) = (h.actor.clone(), shell.ctx.events.clone());
+            let (actor, tx, epoch) = (h.actor.clone(), shell.ctx.events.clone(), h.summary.rejoined);
             tokio::spawn(async move {
                 let start = t0.elapsed().as_secs_f64();
                 if let Ok(Response::Telemetry(t)) = call(&actor, &Request::Telemetry, timeout).await {
                     let end = t0.elapsed().as_secs_f64();
-                    let _ = tx.send(Event { worker: i, start, end, kind: EventKind::Telemetry(t) });
+                    let _ = tx.send(Event { worker: i, epoch, start, end, kind: EventKind::Telemetry(t) });
                 }
             });
         }

@@ -352,6 +352,7 @@ impl Sampler {
             battery_pct: (self.model.battery_pct - self.model.drain_pct_per_cpu_s * self.cpu_used_s)
                 .clamp(0.0, 100.0),
             temperature_c: self.model.ambient_c + self.model.heat_c_at_full_load * load.min(1.0),
+            pid: std::process::id(),
         }
     }
 }

@@ -62,6 +62,10 @@ pub struct TelemetrySample {
     pub battery_pct: f64,
     /// Simulated temperature, degrees Celsius.
     pub temperature_c: f64,
+    /// The worker's process id: a foreman that sees another pid than the one that joined knows
+    /// the worker's node was restarted (a new incarnation answered), so the calls it has out to
+    /// the old one will never be answered.
+    pub pid: u32,
 }
 
 /// A worker's own counters, for the residency invariant and the benchmark.

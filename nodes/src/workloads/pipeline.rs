@@ -622,7 +622,7 @@ pub fn render_outcome(sentences: &[String], o: &JobOutcome) -> String {
             },
         );
         out.push_str(&format!(
-            "  {:<10} pid {:<7} tasks {:>3}  {}  | cpu {:.2} battery {:.1}% (simulated) temp {:.1} C (simulated) rtt {:.2} ms | {}{}\n",
+            "  {:<10} pid {:<7} tasks {:>3}  {}  | cpu {:.2} battery {:.1}% (simulated) temp {:.1} C (simulated) rtt {:.2} ms | {}{}{}\n",
             w.node,
             w.pid,
             w.tasks,
@@ -632,7 +632,12 @@ pub fn render_outcome(sentences: &[String], o: &JobOutcome) -> String {
             w.telemetry.temperature_c,
             w.rtt_ms,
             w.straggler,
-            if w.lost { " | LOST" } else { "" }
+            if w.lost { " | LOST" } else { "" },
+            if w.rejoined > 0 {
+                format!(" | rejoined {} time(s), {} tasks since rejoin", w.rejoined, w.tasks_since_rejoin)
+            } else {
+                String::new()
+            }
         ));
     }
     let t = &o.tally;

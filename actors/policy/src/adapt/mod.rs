@@ -13,7 +13,9 @@
 //! * [`baselines`]: isolated, AMS-like, RECL-like and MoE-SE schedulers (§5.1);
 //! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
 //! * [`drift`] and [`online`]: a camera's drift detection, re-arming after each update, its
-//!   bounded accuracy log, and when a job over streaming cameras may end.
+//!   bounded accuracy log, and when a job over streaming cameras may end;
+//! * [`replay`]: which uploads repeat a drift phase already adapted or under way (a restarted
+//!   camera), so each phase is adapted once.
 
 pub mod age;
 pub mod baselines;
@@ -26,6 +28,7 @@ pub mod nnls;
 pub mod online;
 pub mod plan;
 pub mod predictor;
+pub mod replay;
 pub mod reuse;
 pub mod sched;
 pub mod sim;

@@ -59,8 +59,9 @@ pub struct LocalCluster {
     children: Vec<(String, Child)>,
     exe: std::path::PathBuf,
     workdir: std::path::PathBuf,
-    /// Workers started again by [`LocalCluster::restart`] (stopped at shutdown too).
-    restarted: std::sync::Mutex<Vec<Child>>,
+    /// Workers started again by [`LocalCluster::restart`], by name, latest last (stopped at
+    /// shutdown too).
+    restarted: std::sync::Mutex<Vec<(String, Child)>>,
 }
 
 /// Heartbeats every 200 ms, a member down after 2 s of silence (a lost worker is noticed while
@@ -173,15 +174,35 @@ impl LocalCluster {
             .count()
     }
 
-    /// Kills a worker with SIGKILL, as `kill -9 PID` does.
+    /// Kills a worker (its latest incarnation, if it was restarted) with SIGKILL, as
+    /// `kill -9 PID` does, and returns once the process is gone (its ports are free, so it
+    /// may be started again at once).
     pub fn kill9(&self, name: &str) -> Result<()> {
-        let Some(pid) = self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id()) else {
+        let latest = self
+            .restarted
+            .lock()
+            .ok()
+            .and_then(|r| r.iter().rev().find(|(n, _)| n == name).and_then(|(_, c)| c.id()));
+        let first = || self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id());
+        let Some(pid) = latest.or_else(first) else {
             bail!("no running worker named {name}");
         };
         let pid = i32::try_from(pid)?;
         // SAFETY: signalling a child process we own; no memory is touched.
         if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
             bail!("kill -9 {pid} ({name}): {}", std::io::Error::last_os_error());
+        }
+        // dead once it is a zombie (not reaped: its Child is waited for at shutdown) or gone
+        let dead = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !dead() {
+            if std::time::Instant::now() > deadline {
+                bail!("kill -9 {pid} ({name}): still running after 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
         Ok(())
     }
@@ -196,7 +217,7 @@ impl LocalCluster {
         let child = spawn_worker(&self.exe, &path, &self.workdir.join(format!("{name}.log")), true)
             .with_context(|| format!("restarting worker {name}"))?;
         if let Ok(mut r) = self.restarted.lock() {
-            r.push(child);
+            r.push((name.to_string(), child));
         }
         Ok(())
     }
@@ -204,8 +225,7 @@ impl LocalCluster {
     /// Stops the workers (SIGINT, then SIGKILL after 3 s) and the foreman node.
     pub async fn shutdown(mut self) {
         if let Ok(mut r) = self.restarted.lock() {
-            let named = r.drain(..).map(|c| ("restarted".to_string(), c));
-            self.children.extend(named);
+            self.children.extend(r.drain(..));
         }
         for (name, child) in &mut self.children {
             stop_child(name, child).await;
