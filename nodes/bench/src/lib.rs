@@ -190,14 +190,14 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
     Ok(())
 }
 
-/// A two-column table of the figures.
+/// A two-column table of the figures, drawn as every job's summary table is.
 pub fn table(title: &str, figures: &BTreeMap<String, f64>) -> String {
-    let width = figures.keys().map(String::len).max().unwrap_or(10);
-    let mut out = format!("== troupe bench {title} ==\n");
-    for (k, v) in figures {
-        out.push_str(&format!("{k:<width$}  {v:>14.4}\n"));
-    }
-    out
+    figures
+        .iter()
+        .fold(troupe::summary::Summary::new(format!("troupe bench {title}")), |t, (k, v)| {
+            t.row(k.as_str(), format!("{v:.4}"))
+        })
+        .render()
 }
 
 /// Writes figures as one flat JSON object.
