@@ -865,8 +865,15 @@ impl QuicNode {
                             self.close_over_budget(&conn, peer, over);
                             return;
                         }
-                        match self.inner.shm.incoming(&peer, frame, &self.inner.config.limits).await {
-                            Ok(f) => (f, charge.into_held()),
+                        // the mapped body keeps the charge too, for as long as it is held
+                        let held = charge.into_held();
+                        match self
+                            .inner
+                            .shm
+                            .incoming(&peer, frame, &self.inner.config.limits, held.clone())
+                            .await
+                        {
+                            Ok(f) => (f, held),
                             Err(e) => {
                                 warn!(node = %self.inner.id, %peer, ?channel, error = %e, "refused a same-host segment");
                                 self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
