@@ -97,6 +97,7 @@ async fn goodput(
 async fn sender() {
     let ca = ClusterCa::generate("shm-example").unwrap();
     let dir = tempfile::tempdir().unwrap();
+    ca.write(dir.path()).unwrap();
     ca.issue_node("recv").unwrap().write(dir.path()).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["recv", dir.path().to_str().unwrap()])
