@@ -1049,13 +1049,15 @@ impl Link for QuicNode {
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
         let body = frame.body.len();
-        let frame = self
+        let (frame, original) = self
             .inner
             .shm
             .outgoing(to, channel, frame)
             .await
             .map_err(|e| LinkError::PeerDown(to.clone(), e.to_string()))?;
         self.send_frame(to, channel, frame).await?;
+        // a body now in a segment is freed only once its reference is on its way
+        drop(original);
         self.inner.traffic.sent(channel, body);
         Ok(())
     }

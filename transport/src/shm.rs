@@ -1033,17 +1033,20 @@ impl ShmState {
 
     /// Sends `frame`'s body through a segment when the path to `to` is open and the body is
     /// large enough; otherwise (or when writing the segment fails) returns the frame unchanged.
-    /// Fails only when the writer task died (taking the frame with it).
+    /// With the frame to send comes the original once its body is in a segment: drop it after
+    /// the reference is sent (freeing a 64 MiB heap buffer takes milliseconds, which the
+    /// receiver can spend reading meanwhile). Fails only when the writer task died (taking the
+    /// frame with it).
     pub(crate) async fn outgoing(
         &self,
         to: &NodeId,
         channel: Channel,
         frame: Frame,
-    ) -> Result<Frame, ShmError> {
+    ) -> Result<(Frame, Option<Frame>), ShmError> {
         if channel == Channel::Control || frame.body.len() < self.config.min_bytes || is_shm(&frame) {
-            return Ok(frame);
+            return Ok((frame, None));
         }
-        let Some(out) = self.outbound.get(to).map(|o| o.clone()) else { return Ok(frame) };
+        let Some(out) = self.outbound.get(to).map(|o| o.clone()) else { return Ok((frame, None)) };
         let (kind, flags, len) = (frame.kind, frame.flags, frame.body.len() as u64);
         // the frame moves into the writer and comes back, so a failure falls back to the stream
         let started = std::time::Instant::now();
@@ -1073,11 +1076,11 @@ impl ShmState {
                     SlotKind::OneShot => self.sent_one_shot.fetch_add(1, Ordering::Relaxed),
                     SlotKind::Grow => 0,
                 };
-                Ok(reference)
+                Ok((reference, Some(frame)))
             }
             Err(e) => {
                 warn!(peer = %to, error = %e, "same-host segment failed; sending on the stream");
-                Ok(frame)
+                Ok((frame, None))
             }
         }
     }
