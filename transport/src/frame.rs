@@ -4,7 +4,8 @@
 //! grows only as bytes actually arrive, so a peer that announces a huge frame and sends nothing
 //! costs nothing; [`read_frame_budgeted`] also charges every growth of that buffer to the
 //! connection's [`ConnBudget`] before it is allocated. Bodies land in a 16-byte aligned buffer and are only ever read through checked
-//! rkyv access ([`Frame::access`]).
+//! rkyv access ([`Frame::access`]). A delivered frame's [`Body`] is that buffer, or, for a body
+//! that came through the same-host path, a read-only mapping of the sender's segment.
 
 use rkyv::api::high::{HighSerializer, HighValidator};
 use rkyv::bytecheck::CheckBytes;
@@ -532,6 +533,22 @@ mod tests {
         assert_eq!(a.id, 7);
         assert_eq!(a.name.as_str(), "expert-3");
         assert_eq!(a.data.iter().map(|x| x.to_native()).collect::<Vec<_>>(), probe().data);
+    }
+
+    #[test]
+    fn constructed_bodies_are_aligned_heap_bytes() {
+        let f = Frame::encode(FrameKind::Message, &probe()).unwrap();
+        let g = Frame::from_bytes(FrameKind::Message, 0, &[1, 2, 3]);
+        for body in [&f.body, &g.body] {
+            assert!(!body.is_mapped());
+            assert_eq!(body.as_ptr() as usize % 16, 0);
+        }
+        assert_eq!((g.body.len(), g.body.to_vec()), (3, vec![1, 2, 3]));
+        assert_eq!(g.body.clone(), g.body);
+        assert_eq!(g.body.clone().into_aligned().as_slice(), &[1, 2, 3]);
+        assert_eq!(format!("{:?}", g.body), "Body(3 bytes, heap)");
+        let shared = bytes::Bytes::from_owner(g.body);
+        assert_eq!(&shared[..], &[1, 2, 3]);
     }
 
     #[test]
