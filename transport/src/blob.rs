@@ -484,7 +484,7 @@ pub fn data_frame(id: BlobId, bytes: &[u8]) -> Result<Frame, BlobError> {
     let mut body = AlignedVec::<16>::with_capacity(bytes.len() + BLOB_DATA_OVERHEAD as usize);
     body = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(&BlobDataRef { id: id.0, bytes }, body)
         .map_err(|e| FrameError::Body { what: "BlobData", detail: e.to_string() })?;
-    Ok(Frame { kind: FrameKind::BlobData, flags: 0, body })
+    Ok(Frame { kind: FrameKind::BlobData, flags: 0, body: body.into() })
 }
 
 /// Serialises exactly like [`BlobData`] while borrowing the bytes.
@@ -535,7 +535,7 @@ pub fn accept_data(data: &Frame, expected: &BlobRef, store: &mut BlobStore) -> R
 pub fn rebuild_frame(kind: FrameKind, flags: u16, bytes: &[u8]) -> Frame {
     let mut body = AlignedVec::<16>::with_capacity(bytes.len());
     body.extend_from_slice(bytes);
-    Frame { kind, flags: flags & !FLAG_BY_REFERENCE, body }
+    Frame { kind, flags: flags & !FLAG_BY_REFERENCE, body: body.into() }
 }
 
 #[cfg(test)]

@@ -434,7 +434,7 @@ impl TensorEncoder {
         let body = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&wire, body)
             .map_err(|e| FrameError::Body { what: "WireTensor", detail: e.to_string() })?;
         report.wire_bytes = HEADER_LEN + body.len();
-        Ok((Frame { kind: FrameKind::Tensor, flags: 0, body }, report))
+        Ok((Frame { kind: FrameKind::Tensor, flags: 0, body: body.into() }, report))
     }
 
     /// Encodes into an owned [`WireTensor`] (to embed in a larger message); `wire_bytes` in the
@@ -1207,7 +1207,7 @@ mod tests {
                         let (f, _) = enc.encode_frame_reusing(&[n], &data, body).unwrap();
                         let back = dec.decode_frame_into(&f, out, &mut DecodeBudget::new(u64::MAX)).unwrap();
                         tr.push(t.elapsed().as_secs_f64());
-                        (body, out) = (f.body, back.data);
+                        (body, out) = (f.body.into_aligned(), back.data);
                     }
                     let r = report.unwrap();
                     let (e, d, reuse) = (median(te), median(td), median(tr));

@@ -4,7 +4,8 @@
 //! grows only as bytes actually arrive, so a peer that announces a huge frame and sends nothing
 //! costs nothing; [`read_frame_budgeted`] also charges every growth of that buffer to the
 //! connection's [`ConnBudget`] before it is allocated. Bodies land in a 16-byte aligned buffer and are only ever read through checked
-//! rkyv access ([`Frame::access`]).
+//! rkyv access ([`Frame::access`]). A delivered frame's [`Body`] is that buffer, or, for a body
+//! that came through the same-host path, a read-only mapping of the sender's segment.
 
 use rkyv::api::high::{HighSerializer, HighValidator};
 use rkyv::bytecheck::CheckBytes;
@@ -192,6 +193,130 @@ impl FrameHeader {
     }
 }
 
+/// A frame body: 16-byte aligned bytes (so rkyv can access them in place), either owned on the
+/// heap or, for a body that arrived through the same-host path, a read-only mapping of the
+/// sender's shared-memory segment (no copy on receive; see [`crate::shm`]). It derefs to `[u8]`.
+///
+/// A mapped body keeps its segment (and the bytes charged against its connection's memory
+/// budget) for as long as it or any clone of it lives: hold it only as long as the bytes are
+/// needed, or copy them out ([`Body::to_vec`], [`Body::into_aligned`]). Clones of a heap body
+/// copy it; clones of a mapped body share the mapping.
+#[derive(Clone)]
+pub struct Body(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Heap(AlignedVec<16>),
+    Mapped(std::sync::Arc<crate::shm::MappedBody>),
+}
+
+impl Body {
+    /// An empty heap body.
+    pub fn new() -> Self {
+        Self(Repr::Heap(AlignedVec::new()))
+    }
+
+    /// A heap body holding a copy of `bytes`.
+    pub fn copy_from_slice(bytes: &[u8]) -> Self {
+        let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+        aligned.extend_from_slice(bytes);
+        Self(Repr::Heap(aligned))
+    }
+
+    pub(crate) fn mapped(body: crate::shm::MappedBody) -> Self {
+        Self(Repr::Mapped(std::sync::Arc::new(body)))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Heap(v) => v.as_slice(),
+            Repr::Mapped(m) => m.bytes(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Whether the body holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes allocated for a heap body (its length for a mapped one).
+    pub fn capacity(&self) -> usize {
+        match &self.0 {
+            Repr::Heap(v) => v.capacity(),
+            Repr::Mapped(m) => m.bytes().len(),
+        }
+    }
+
+    /// Whether the body is a mapping of a same-host segment rather than heap bytes.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Repr::Mapped(_))
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.as_slice().to_vec()
+    }
+
+    /// The body as an owned aligned buffer: a heap body as it is, a mapped one copied (which
+    /// releases the mapping once no clone holds it).
+    pub fn into_aligned(self) -> AlignedVec<16> {
+        match self.0 {
+            Repr::Heap(v) => v,
+            Repr::Mapped(m) => {
+                let mut v = AlignedVec::<16>::with_capacity(m.bytes().len());
+                v.extend_from_slice(m.bytes());
+                v
+            }
+        }
+    }
+}
+
+impl Default for Body {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<AlignedVec<16>> for Body {
+    fn from(v: AlignedVec<16>) -> Self {
+        Self(Repr::Heap(v))
+    }
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[u8]> for Body {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for Body {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Body {}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.is_mapped() { "mapped" } else { "heap" };
+        write!(f, "Body({} bytes, {what})", self.len())
+    }
+}
+
 /// One frame: its kind, flags and an aligned body.
 #[derive(Clone, Debug)]
 pub struct Frame {
@@ -200,7 +325,7 @@ pub struct Frame {
     /// Flag bits.
     pub flags: u16,
     /// The body, 16-byte aligned so rkyv can access it in place.
-    pub body: AlignedVec<16>,
+    pub body: Body,
 }
 
 /// Serializer type used for frame bodies.
@@ -209,9 +334,7 @@ pub type BodySerializer<'a> = HighSerializer<AlignedVec<16>, ArenaHandle<'a>, ra
 impl Frame {
     /// A frame from raw body bytes.
     pub fn from_bytes(kind: FrameKind, flags: u16, body: &[u8]) -> Self {
-        let mut aligned = AlignedVec::<16>::with_capacity(body.len());
-        aligned.extend_from_slice(body);
-        Self { kind, flags, body: aligned }
+        Self { kind, flags, body: Body::copy_from_slice(body) }
     }
 
     /// A frame whose body is the rkyv archive of `value`.
@@ -221,7 +344,7 @@ impl Frame {
     {
         let body = rkyv::to_bytes::<rancor::Error>(value)
             .map_err(|e| FrameError::Body { what: std::any::type_name::<T>(), detail: e.to_string() })?;
-        Ok(Self { kind, flags: 0, body })
+        Ok(Self { kind, flags: 0, body: body.into() })
     }
 
     /// Checked, zero-copy access to the body as an archived `T`.
@@ -230,7 +353,7 @@ impl Frame {
         T: Archive,
         T::Archived: Portable + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>,
     {
-        rkyv::access::<T::Archived, rancor::Error>(&self.body)
+        rkyv::access::<T::Archived, rancor::Error>(self.body.as_slice())
             .map_err(|e| FrameError::Body { what: std::any::type_name::<T>(), detail: e.to_string() })
     }
 
@@ -342,7 +465,7 @@ where
             return Err(FrameError::Truncated { expected: HEADER_LEN + len, got: HEADER_LEN + start });
         }
     }
-    Ok(Some((Frame { kind: header.kind, flags: header.flags, body }, charge)))
+    Ok(Some((Frame { kind: header.kind, flags: header.flags, body: body.into() }, charge)))
 }
 
 /// Reads at most `max` bytes (no more than `body`'s spare capacity) onto the end of `body`
@@ -410,6 +533,22 @@ mod tests {
         assert_eq!(a.id, 7);
         assert_eq!(a.name.as_str(), "expert-3");
         assert_eq!(a.data.iter().map(|x| x.to_native()).collect::<Vec<_>>(), probe().data);
+    }
+
+    #[test]
+    fn constructed_bodies_are_aligned_heap_bytes() {
+        let f = Frame::encode(FrameKind::Message, &probe()).unwrap();
+        let g = Frame::from_bytes(FrameKind::Message, 0, &[1, 2, 3]);
+        for body in [&f.body, &g.body] {
+            assert!(!body.is_mapped());
+            assert_eq!(body.as_ptr() as usize % 16, 0);
+        }
+        assert_eq!((g.body.len(), g.body.to_vec()), (3, vec![1, 2, 3]));
+        assert_eq!(g.body.clone(), g.body);
+        assert_eq!(g.body.clone().into_aligned().as_slice(), &[1, 2, 3]);
+        assert_eq!(format!("{:?}", g.body), "Body(3 bytes, heap)");
+        let shared = bytes::Bytes::from_owner(g.body);
+        assert_eq!(&shared[..], &[1, 2, 3]);
     }
 
     #[test]

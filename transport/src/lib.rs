@@ -27,7 +27,7 @@ pub use codec::{
     CodecError, Compression, DecodeBudget, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
     TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
-pub use frame::{Frame, FrameError, FrameKind, FrameLimits};
+pub use frame::{Body, Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentity, Validity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};

@@ -865,8 +865,15 @@ impl QuicNode {
                             self.close_over_budget(&conn, peer, over);
                             return;
                         }
-                        match self.inner.shm.incoming(&peer, frame, &self.inner.config.limits).await {
-                            Ok(f) => (f, charge.into_held()),
+                        // the mapped body keeps the charge too, for as long as it is held
+                        let held = charge.into_held();
+                        match self
+                            .inner
+                            .shm
+                            .incoming(&peer, frame, &self.inner.config.limits, held.clone())
+                            .await
+                        {
+                            Ok(f) => (f, held),
                             Err(e) => {
                                 warn!(node = %self.inner.id, %peer, ?channel, error = %e, "refused a same-host segment");
                                 self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
@@ -1042,13 +1049,15 @@ impl Link for QuicNode {
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
         let body = frame.body.len();
-        let frame = self
+        let (frame, original) = self
             .inner
             .shm
             .outgoing(to, channel, frame)
             .await
             .map_err(|e| LinkError::PeerDown(to.clone(), e.to_string()))?;
         self.send_frame(to, channel, frame).await?;
+        // a body now in a segment is freed only once its reference is on its way
+        drop(original);
         self.inner.traffic.sent(channel, body);
         Ok(())
     }

@@ -16,16 +16,22 @@
 //!    [`ShmConfig::pool_bytes`] of *pooled* segments per peer connection (header kind 3, a state
 //!    word at byte 56: ready or free) and rewrites one the receiver has marked free, so the
 //!    tmpfs pages are allocated and faulted once, not per frame (a fresh 64 MiB segment cost
-//!    ~24 ms of page allocation here, more under reclaim). A pool that is full of segments not
-//!    yet read falls back to one-shot segments. Each pool belongs to one connection's token: a
-//!    reconnect gets a new token and a new pool, the old one is removed.
-//! 4. **Receive.** The receiver validates the name strictly (fixed prefix, digits, 32 hex
-//!    characters: no `/`, no `..`), checks the length against its frame cap *before* anything
-//!    is opened or allocated, opens with `O_NOFOLLOW`, requires a regular file owned by its own
-//!    uid with no group/other permission and exactly header + length bytes, checks the header's
-//!    magic, token and length, unlinks it, then reads it into an aligned buffer (one copy). A
-//!    pooled segment must also be marked ready; it is read the same way, then marked free (with
-//!    the token checked first, so no other peer can free, read or replay it) and left in place.
+//!    ~24 ms of page allocation here, more under reclaim; a warm one is written at memcpy
+//!    speed). A pool that is full of segments still held by the receiver falls back to
+//!    one-shot segments ([`ShmStats::sent_one_shot`]). Each pool belongs to one connection's
+//!    token: a reconnect gets a new token and a new pool, the old one is removed.
+//! 4. **Receive (no copy).** The receiver validates the name strictly (fixed prefix, digits,
+//!    32 hex characters: no `/`, no `..`), checks the length against its frame cap *before*
+//!    anything is opened or mapped, charges it to the connection's memory budget, opens with
+//!    `O_NOFOLLOW`, requires a regular file owned by its own uid with no group/other permission
+//!    and exactly header + length bytes (pooled: at least), checks the header's magic, token and
+//!    length (and, pooled, that it is marked ready), then maps it **read-only** and delivers a
+//!    frame whose [`Body`](crate::frame::Body) is that mapping: the bytes are never copied on
+//!    this side. A one-shot segment is unlinked at open (only its mapping keeps its pages) and
+//!    unmapped when the body is dropped. A pooled segment stays in place and is marked free
+//!    (token checked again) only when the last holder of its body drops it; the budget charge
+//!    ([`Held`]) lives with the mapping too, so bodies an application keeps count against its
+//!    peer's cap until dropped.
 //!
 //! # Why a peer that lies cannot hurt the receiver
 //! The host identity is only a hint that decides whether to *try*; nothing the receiver does
@@ -39,10 +45,22 @@
 //! sender that wrongly believes it shares our host (a cloned machine-id; `boot_id` differs per
 //! boot) fails the probe and keeps using QUIC. Integrity: the segment is a 0600 file of our
 //! uid, so only processes that could also write into our memory can change it; QUIC's AEAD is
-//! not needed for a copy that never leaves the kernel.
+//! not needed for bytes that never leave the kernel.
+//!
+//! **Mapped bodies.** Our mapping is read-only (`PROT_READ`): nothing in this process can
+//! write the sender's segment through it. The sender could still change the bytes we hold, or
+//! truncate the file (a later access would then raise `SIGBUS`), but only a process of our own
+//! uid can write that file, and such a process could already write our memory (`ptrace`,
+//! `/proc/<pid>/mem`), so this adds no power to anyone. By protocol the sender never does:
+//! it rewrites a pooled segment only after *we* mark it free, which happens only once the last
+//! clone of the body is dropped (a held body makes the sender take another segment), and it
+//! never writes a one-shot segment again. What the receiver checked at open (header, token,
+//! length) therefore still holds for as long as the body lives, and rkyv's checked access on
+//! the mapped bytes is as sound as on heap bytes for a sender that follows the protocol.
 //!
 //! # Nothing leaks forever
-//! The receiver unlinks each one-shot segment it consumes. The sender tracks the segments it
+//! The receiver unlinks each one-shot segment when it opens it; its pages are freed when the
+//! mapped body is dropped. The sender tracks the segments it
 //! created per connection (pooled and one-shot) and unlinks whatever is left when that
 //! connection closes or the node shuts down;
 //! a node starting up removes segments whose creating process no longer exists.
@@ -57,11 +75,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use quinn::{Connection, RecvStream, SendStream};
-use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 use tracing::{debug, warn};
 
-use crate::frame::{FLAG_SHM, Frame, FrameError, FrameKind, FrameLimits, read_frame, write_frame};
+use crate::budget::Held;
+use crate::frame::{Body, FLAG_SHM, Frame, FrameError, FrameKind, FrameLimits, read_frame, write_frame};
 use crate::link::{Channel, NodeId};
 
 /// Folder holding the segments (a tmpfs on Linux).
@@ -326,18 +344,20 @@ fn own_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Opens, checks and reads segment `name` of `len` body bytes. The file must be a regular file
-/// of our uid with mode 0600 and carry `token` and `kind`; it is unlinked (when `consume`) only
-/// after those checks, so a segment meant for another connection is left alone. Where a body is
-/// expected, a pooled segment is accepted too: it must be marked ready, is read in place and then
-/// marked free for its sender to rewrite (never unlinked, never read twice).
-fn read_segment(
-    name: &str,
-    len: u64,
-    kind: u8,
-    token: &[u8; 32],
-    consume: bool,
-) -> Result<AlignedVec<16>, ShmError> {
+/// A segment that passed every check of [`open_segment`].
+struct Opened {
+    file: File,
+    path: PathBuf,
+    /// A pooled segment (left in place, marked free once read) rather than a one-shot one.
+    pooled: bool,
+}
+
+/// Opens and checks segment `name` of `len` body bytes. The file must be a regular file of our
+/// uid with mode 0600 and exactly (pooled: at least) header + `len` bytes, and its header must
+/// carry the magic, `kind`, `token` and `len`; a one-shot segment is unlinked (when `consume`)
+/// only after those checks, so a segment meant for another connection is left alone. Where a
+/// body is expected, a pooled segment is accepted too: it must be marked ready (never read twice).
+fn open_segment(name: &str, len: u64, kind: u8, token: &[u8; 32], consume: bool) -> Result<Opened, ShmError> {
     validate_name(name)?;
     let path = Path::new(SHM_DIR).join(name);
     let io = |op, source| ShmError::Io { path: path.clone(), op, source };
@@ -386,17 +406,58 @@ fn read_segment(
     if consume && !pooled {
         std::fs::remove_file(&path).map_err(|e| io("unlink", e))?;
     }
-    let len = usize::try_from(len).map_err(|_| refused("length does not fit in memory".into()))?;
-    let mut body = AlignedVec::<16>::with_capacity(len);
-    advise_huge_pages(&mut body);
-    let read = read_into_spare(&f, &mut body, len, SEGMENT_HEADER_LEN as u64).map_err(|e| io("read body", e));
-    if pooled {
-        // read or not, the sender may have it back: the token proved it is this peer's segment
-        use std::os::unix::fs::FileExt;
-        f.write_all_at(&STATE_FREE.to_le_bytes(), STATE_AT).map_err(|e| io("mark free", e))?;
-    }
-    read?;
-    Ok(body)
+    Ok(Opened { file: f, path, pooled })
+}
+
+/// Reads the nonce of probe segment `name` (left in place for its sender to remove).
+fn read_probe(name: &str) -> Result<[u8; PROBE_LEN as usize], ShmError> {
+    let Opened { file, path, .. } = open_segment(name, PROBE_LEN, KIND_PROBE, &[0; 32], false)?;
+    let mut nonce = [0u8; PROBE_LEN as usize];
+    pread_exact(&file, &mut nonce, SEGMENT_HEADER_LEN as u64).map_err(|source| ShmError::Io {
+        path,
+        op: "read probe",
+        source,
+    })?;
+    Ok(nonce)
+}
+
+/// Opens, checks (see [`open_segment`]) and maps body segment `name` of `len` bytes read-only:
+/// no copy. `held` (the bytes charged against the peer's memory budget) and one count of `live`
+/// stay with the mapping until it is dropped; a pooled segment is marked free for its sender
+/// only then, a one-shot one was unlinked at open and its pages go with the mapping.
+fn map_segment(
+    name: &str,
+    len: u64,
+    token: &[u8; 32],
+    held: Held,
+    live: &Arc<AtomicU64>,
+) -> Result<MappedBody, ShmError> {
+    let Opened { file, path, pooled } = open_segment(name, len, KIND_BODY, token, true)?;
+    let mapped = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_add(SEGMENT_HEADER_LEN))
+        .ok_or_else(|| std::io::Error::other("length does not fit in memory"))
+        .and_then(|total| ReadMapping::new(&file, total));
+    let map = match mapped {
+        Ok(map) => map,
+        Err(source) => {
+            if pooled {
+                // not mapped, so not held: the sender may have it back (the token proved it is
+                // this peer's segment)
+                mark_free(&file);
+            }
+            return Err(ShmError::Io { path, op: "mmap", source });
+        }
+    };
+    live.fetch_add(1, Ordering::AcqRel);
+    Ok(MappedBody { map, pooled: pooled.then_some((file, *token)), path, _held: held, live: live.clone() })
+}
+
+/// Marks a pooled segment free for its sender to rewrite (best effort: a sender that never sees
+/// it free falls back to one-shot segments).
+fn mark_free(file: &File) {
+    use std::os::unix::fs::FileExt;
+    let _ = file.write_all_at(&STATE_FREE.to_le_bytes(), STATE_AT);
 }
 
 fn pread_exact(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
@@ -404,47 +465,90 @@ fn pread_exact(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     f.read_exact_at(buf, offset)
 }
 
-/// Asks for transparent huge pages on the 2 MiB-aligned interior of `body`'s capacity: a fresh
-/// 64 MiB buffer then costs 32 page faults instead of 16,384 (measured here: copying into fresh
-/// 4 KiB pages runs at ~1.6 GB/s, into huge pages at ~4 GB/s). Best effort; small buffers skip it.
-fn advise_huge_pages(body: &mut AlignedVec<16>) {
-    const HUGE: usize = 2 << 20;
-    let start = body.as_mut_ptr() as usize;
-    let end = start + body.capacity();
-    let (lo, hi) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
-    if hi > lo {
-        // SAFETY: [lo, hi) lies inside `body`'s allocation; MADV_HUGEPAGE only changes how the
-        // kernel backs those pages, never their contents or validity.
-        unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+/// A shared, read-only mapping of the first `len` bytes of a segment file, unmapped on drop.
+/// Pages are not populated up front: each is mapped on first touch (the segment's pages exist
+/// already, so that costs a minor fault, no allocation or zeroing), and a consumer that reads
+/// only part of a body pays only for that part.
+struct ReadMapping {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only memory owned by this value; any thread may read it and the
+// value may be dropped (unmapped) on any thread.
+unsafe impl Send for ReadMapping {}
+// SAFETY: as above: shared access only ever reads.
+unsafe impl Sync for ReadMapping {}
+
+impl ReadMapping {
+    fn new(file: &File, len: usize) -> std::io::Result<Self> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of `len` bytes of a file that
+        // holds at least that many (checked by the caller); read-only, so nothing in this
+        // process can write through it.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
+        Ok(Self { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` is a live read-only mapping for as long as `self` is. Only
+        // our sender (a process of our own uid, which could write our memory anyway) could
+        // change these bytes, and by protocol it never rewrites a segment before we mark it free
+        // (which happens only when this mapping is dropped); see the module doc.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
-/// Reads exactly `len` bytes at `offset` into `body`'s spare capacity (no zero-fill pass).
-fn read_into_spare(f: &File, body: &mut AlignedVec<16>, len: usize, offset: u64) -> std::io::Result<()> {
-    debug_assert!(body.is_empty() && body.capacity() >= len);
-    let fd = f.as_raw_fd();
-    let mut done = 0usize;
-    while done < len {
-        let at = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| std::io::Error::other("offset out of range"))?;
-        // SAFETY: `body` has capacity for `len` bytes, so `ptr + done .. ptr + len` is writable
-        // memory owned by `body`; pread writes at most `len - done` bytes there.
-        let n = unsafe { libc::pread(fd, body.as_mut_ptr().add(done).cast(), len - done, at) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "segment shrank while read"));
-        }
-        done += n as usize;
+impl Drop for ReadMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned, and the mapping is dropped once;
+        // no borrow of `bytes()` outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
-    // SAFETY: the loop above initialised all `len` bytes, and `len <= capacity`.
-    unsafe { body.set_len(len) };
-    Ok(())
+}
+
+/// A received body left in its segment and mapped read-only (see [`crate::frame::Body`]).
+pub(crate) struct MappedBody {
+    map: ReadMapping,
+    /// A pooled segment's file and the token it was checked against: marked free on drop.
+    pooled: Option<(File, [u8; 32])>,
+    path: PathBuf,
+    _held: Held,
+    live: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for MappedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedBody({}, {} bytes)", self.path.display(), self.bytes().len())
+    }
+}
+
+impl MappedBody {
+    /// The body's bytes (after the segment header; 16-byte aligned, as the mapping is
+    /// page-aligned and the header is 64 bytes).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.map.bytes()[SEGMENT_HEADER_LEN..]
+    }
+}
+
+impl Drop for MappedBody {
+    fn drop(&mut self) {
+        if let Some((file, token)) = &self.pooled {
+            // the sender may rewrite it once it is free; check it is still ours first
+            if self.map.bytes()[16..48] == token[..] {
+                mark_free(file);
+            } else {
+                warn!(path = %self.path.display(), "a held segment was rewritten by its sender; not freeing it");
+            }
+        }
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Removes segments left by processes that no longer exist (crashed senders); returns how many.
@@ -488,8 +592,12 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    /// Maps all `len` bytes of `file` shared and writable, with its pages populated up front
-    /// (MAP_POPULATE: the tmpfs pages are allocated and faulted here, once).
+    /// Maps all `len` bytes of `file` shared and writable, with its pages allocated and faulted
+    /// in writable up front (`MADV_POPULATE_WRITE`; here a first 64 MiB fill after
+    /// `MAP_POPULATE`, which faults pages in read-only, took ~50 ms against ~30 ms, and later
+    /// fills run at memcpy speed either way). Transparent huge pages are asked for first: tmpfs
+    /// grants them only where `shmem_enabled` allows (`advise` or more; `never` on the machine
+    /// this was measured on, so there the pages stay 4 KiB).
     fn new(file: &File, len: usize) -> std::io::Result<Self> {
         // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a file we own and sized to
         // `len` beforehand; nothing else in this process refers to that range.
@@ -498,7 +606,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
             )
@@ -508,6 +616,14 @@ impl Mapping {
         }
         let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
             .ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
+        // SAFETY: both calls cover exactly the mapping made above; MADV_HUGEPAGE only changes how
+        // the kernel backs it, MADV_POPULATE_WRITE faults its pages in as a write would (the file
+        // is already `len` bytes long, so no page lies past its end). Both are best effort: an
+        // older kernel that lacks POPULATE_WRITE leaves the pages to fault on the first fill.
+        unsafe {
+            libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
+            libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE);
+        }
         Ok(Self { ptr, len })
     }
 
@@ -592,6 +708,24 @@ struct Pool {
     bytes: u64,
     count: usize,
     closed: bool,
+}
+
+/// Which kind of [`Slot`] a body went to (for [`ShmStats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotKind {
+    Reuse,
+    Grow,
+    OneShot,
+}
+
+impl Slot {
+    fn counter(&self) -> SlotKind {
+        match self {
+            Slot::Reuse(_) => SlotKind::Reuse,
+            Slot::Grow(_) => SlotKind::Grow,
+            Slot::OneShot => SlotKind::OneShot,
+        }
+    }
 }
 
 /// Where a body goes.
@@ -742,10 +876,18 @@ impl Outbound {
 pub struct ShmStats {
     /// Frames this node sent through segments.
     pub sent: u64,
+    /// Of those, frames written into a warm pooled segment that was reused (freed by its
+    /// receiver), allocating nothing.
+    pub sent_reused: u64,
+    /// Of those, frames written into a fresh one-shot segment because the pool was full of
+    /// segments still held by the receiver (or disabled).
+    pub sent_one_shot: u64,
     /// Frames this node received through segments.
     pub received: u64,
     /// Segment frames this node refused.
     pub refused: u64,
+    /// Received bodies still mapped now (held by the application or its queues).
+    pub mapped: u64,
 }
 
 /// A node's same-host state: its host identity, the paths it may send on, the tokens it issued.
@@ -755,8 +897,11 @@ pub struct ShmState {
     outbound: DashMap<NodeId, Arc<Outbound>>,
     inbound: DashMap<NodeId, [u8; 32]>,
     sent: AtomicU64,
+    sent_reused: AtomicU64,
+    sent_one_shot: AtomicU64,
     received: AtomicU64,
     refused: AtomicU64,
+    mapped: Arc<AtomicU64>,
 }
 
 impl ShmState {
@@ -775,8 +920,11 @@ impl ShmState {
             outbound: DashMap::new(),
             inbound: DashMap::new(),
             sent: AtomicU64::new(0),
+            sent_reused: AtomicU64::new(0),
+            sent_one_shot: AtomicU64::new(0),
             received: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            mapped: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -789,8 +937,11 @@ impl ShmState {
     pub fn stats(&self) -> ShmStats {
         ShmStats {
             sent: self.sent.load(Ordering::Relaxed),
+            sent_reused: self.sent_reused.load(Ordering::Relaxed),
+            sent_one_shot: self.sent_one_shot.load(Ordering::Relaxed),
             received: self.received.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            mapped: self.mapped.load(Ordering::Acquire),
         }
     }
 
@@ -857,13 +1008,9 @@ impl ShmState {
                 return Err(ShmError::Handshake("the offer comes from another host".into()));
             }
             let name = offer.probe.as_str().to_owned();
-            let nonce = tokio::task::spawn_blocking(move || {
-                read_segment(&name, PROBE_LEN, KIND_PROBE, &[0; 32], false)
-            })
-            .await
-            .map_err(|e| ShmError::Handshake(format!("probe reader: {e}")))??;
-            <[u8; 32]>::try_from(nonce.as_slice())
-                .map_err(|_| ShmError::Handshake("probe of wrong size".into()))
+            tokio::task::spawn_blocking(move || read_probe(&name))
+                .await
+                .map_err(|e| ShmError::Handshake(format!("probe reader: {e}")))?
         }
         .await;
         let answer = match verdict.and_then(|nonce| Ok((nonce, random32()?))) {
@@ -886,29 +1033,33 @@ impl ShmState {
 
     /// Sends `frame`'s body through a segment when the path to `to` is open and the body is
     /// large enough; otherwise (or when writing the segment fails) returns the frame unchanged.
-    /// Fails only when the writer task died (taking the frame with it).
+    /// With the frame to send comes the original once its body is in a segment: drop it after
+    /// the reference is sent (freeing a 64 MiB heap buffer takes milliseconds, which the
+    /// receiver can spend reading meanwhile). Fails only when the writer task died (taking the
+    /// frame with it).
     pub(crate) async fn outgoing(
         &self,
         to: &NodeId,
         channel: Channel,
         frame: Frame,
-    ) -> Result<Frame, ShmError> {
+    ) -> Result<(Frame, Option<Frame>), ShmError> {
         if channel == Channel::Control || frame.body.len() < self.config.min_bytes || is_shm(&frame) {
-            return Ok(frame);
+            return Ok((frame, None));
         }
-        let Some(out) = self.outbound.get(to).map(|o| o.clone()) else { return Ok(frame) };
+        let Some(out) = self.outbound.get(to).map(|o| o.clone()) else { return Ok((frame, None)) };
         let (kind, flags, len) = (frame.kind, frame.flags, frame.body.len() as u64);
         // the frame moves into the writer and comes back, so a failure falls back to the stream
         let started = std::time::Instant::now();
         let writer = out.clone();
         let written = tokio::task::spawn_blocking(move || {
             let slot = writer.slot(len);
+            let how = slot.counter();
             let seg = writer.write(slot, &frame.body);
-            (frame, seg)
+            (frame, seg, how)
         })
         .await;
-        debug!(peer = %to, bytes = len, us = started.elapsed().as_micros() as u64, "segment written");
-        let (frame, seg) = written.map_err(|e| ShmError::Task(e.to_string()))?;
+        let (frame, seg, how) = written.map_err(|e| ShmError::Task(e.to_string()))?;
+        debug!(peer = %to, bytes = len, us = started.elapsed().as_micros() as u64, ?how, "segment written");
         match seg.and_then(|(name, warm)| {
             let r = Frame::encode(kind, &ShmRef { name, len });
             if let Some(warm) = warm {
@@ -920,23 +1071,31 @@ impl ShmState {
             Ok(mut reference) => {
                 reference.flags = flags | FLAG_SHM;
                 self.sent.fetch_add(1, Ordering::Relaxed);
-                Ok(reference)
+                match how {
+                    SlotKind::Reuse => self.sent_reused.fetch_add(1, Ordering::Relaxed),
+                    SlotKind::OneShot => self.sent_one_shot.fetch_add(1, Ordering::Relaxed),
+                    SlotKind::Grow => 0,
+                };
+                Ok((reference, Some(frame)))
             }
             Err(e) => {
                 warn!(peer = %to, error = %e, "same-host segment failed; sending on the stream");
-                Ok(frame)
+                Ok((frame, None))
             }
         }
     }
 
-    /// Resolves a [`FLAG_SHM`] frame from `peer` into the original frame, under `limits`.
+    /// Resolves a [`FLAG_SHM`] frame from `peer` into the original frame, under `limits`; its
+    /// body is the segment mapped read-only, keeping `held` (the bytes charged against the
+    /// peer's budget) until the last clone of that body is dropped.
     pub(crate) async fn incoming(
         &self,
         peer: &NodeId,
         frame: Frame,
         limits: &FrameLimits,
+        held: Held,
     ) -> Result<Frame, ShmError> {
-        let result = self.resolve(peer, &frame, limits).await;
+        let result = self.resolve(peer, &frame, limits, held).await;
         match &result {
             Ok(_) => self.received.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.refused.fetch_add(1, Ordering::Relaxed),
@@ -944,7 +1103,13 @@ impl ShmState {
         result
     }
 
-    async fn resolve(&self, peer: &NodeId, frame: &Frame, limits: &FrameLimits) -> Result<Frame, ShmError> {
+    async fn resolve(
+        &self,
+        peer: &NodeId,
+        frame: &Frame,
+        limits: &FrameLimits,
+        held: Held,
+    ) -> Result<Frame, ShmError> {
         let reference = frame.access::<ShmRef>()?;
         let name = reference.name.as_str().to_owned();
         validate_name(&name)?;
@@ -957,11 +1122,12 @@ impl ShmState {
             _ => return Err(ShmError::NotOffered(peer.clone())),
         };
         let started = std::time::Instant::now();
-        let body = tokio::task::spawn_blocking(move || read_segment(&name, len, KIND_BODY, &token, true))
+        let live = self.mapped.clone();
+        let body = tokio::task::spawn_blocking(move || map_segment(&name, len, &token, held, &live))
             .await
             .map_err(|e| ShmError::Task(e.to_string()))??;
-        debug!(%peer, bytes = len, us = started.elapsed().as_micros() as u64, "segment read");
-        Ok(Frame { kind: frame.kind, flags: frame.flags & !FLAG_SHM, body })
+        debug!(%peer, bytes = len, us = started.elapsed().as_micros() as u64, "segment mapped");
+        Ok(Frame { kind: frame.kind, flags: frame.flags & !FLAG_SHM, body: Body::mapped(body) })
     }
 
     /// Connection `generation` to `peer` ended: stop sending through segments on it and remove
@@ -1012,20 +1178,21 @@ mod tests {
         let meta = std::fs::metadata(&seg.path).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
         // a wrong token is refused and the segment stays for its rightful reader
-        let e = read_segment(&seg.name, body.len() as u64, KIND_BODY, &[9; 32], true).unwrap_err();
+        let e = receive(&seg.name, body.len(), &[9; 32]).unwrap_err();
         assert!(e.to_string().contains("token"), "{e}");
         assert!(seg.path.exists());
         // a wrong length is refused
-        let e = read_segment(&seg.name, 5, KIND_BODY, &token, true).unwrap_err();
+        let e = receive(&seg.name, 5, &token).unwrap_err();
         assert!(e.to_string().contains("announced"), "{e}");
-        let got = read_segment(&seg.name, body.len() as u64, KIND_BODY, &token, true).unwrap();
-        assert_eq!(got.as_slice(), &body[..]);
-        assert!(!seg.path.exists(), "consumed segments are unlinked");
+        let got = receive(&seg.name, body.len(), &token).unwrap();
+        assert!(!seg.path.exists(), "consumed segments are unlinked at open");
+        assert_eq!(got.bytes(), &body[..], "the mapping outlives the name");
+        assert_eq!(got.bytes().as_ptr() as usize % 16, 0, "rkyv needs 16-byte alignment");
     }
 
-    /// Reads `name` as the receiver of the peer holding `token` does.
-    fn receive(name: &str, len: usize, token: &[u8; 32]) -> Result<AlignedVec<16>, ShmError> {
-        read_segment(name, len as u64, KIND_BODY, token, true)
+    /// Maps `name` as the receiver of the peer holding `token` does.
+    fn receive(name: &str, len: usize, token: &[u8; 32]) -> Result<MappedBody, ShmError> {
+        map_segment(name, len as u64, token, Held::default(), &Arc::new(AtomicU64::new(0)))
     }
 
     #[test]
@@ -1042,7 +1209,7 @@ mod tests {
         // another peer (token b) naming it is refused and leaves it ready for its rightful reader
         let e = receive(&name, first.len(), &b).unwrap_err();
         assert!(e.to_string().contains("token"), "{e}");
-        assert_eq!(receive(&name, first.len(), &a).unwrap().as_slice(), &first[..]);
+        assert_eq!(receive(&name, first.len(), &a).unwrap().bytes(), &first[..]);
         // read once only: a replayed reference is refused, and the file stays for reuse
         let e = receive(&name, first.len(), &a).unwrap_err();
         assert!(e.to_string().contains("not marked ready"), "{e}");
@@ -1054,10 +1221,47 @@ mod tests {
         out.give_back(warm.unwrap());
         let e = receive(&name, second.len(), &b).unwrap_err();
         assert!(e.to_string().contains("token"), "{e}");
-        assert_eq!(receive(&name, second.len(), &a).unwrap().as_slice(), &second[..]);
+        assert_eq!(receive(&name, second.len(), &a).unwrap().bytes(), &second[..]);
         out.remove_all();
         assert!(!Path::new(SHM_DIR).join(&name).exists());
         assert!(!Path::new(SHM_DIR).join(&other).exists());
+    }
+
+    #[test]
+    fn a_held_mapping_keeps_its_segment_and_its_charge_until_dropped() {
+        let token = random32().unwrap();
+        let first: Vec<u8> = (0..200_000u32).map(|i| (i * 5) as u8).collect();
+        let second: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let len = first.len() as u64;
+        // room for exactly one warm segment
+        let out = Outbound::new(1, token, len);
+        let (name, warm) = out.write(out.slot(len), &first).unwrap();
+        out.give_back(warm.expect("a pooled segment"));
+        let budget = crate::budget::ConnBudget::new("peer-m", 1 << 20);
+        let mut charge = budget.frame();
+        charge.grow_to(len).unwrap();
+        let live = Arc::new(AtomicU64::new(0));
+        let held = map_segment(&name, len, &token, charge.into_held(), &live).unwrap();
+        assert_eq!((live.load(Ordering::Acquire), budget.held()), (1, len));
+        // while it is mapped the sender may not rewrite it: the next body goes one-shot
+        let slot = out.slot(len);
+        assert!(matches!(slot, Slot::OneShot), "a held segment was offered for reuse");
+        let (other, warm) = out.write(slot, &second).unwrap();
+        assert!(warm.is_none());
+        assert_ne!(other, name);
+        assert_eq!(receive(&other, second.len(), &token).unwrap().bytes(), &second[..]);
+        assert_eq!(held.bytes(), &first[..], "the held body changed under its reader");
+        // dropping it frees the segment (for reuse) and the charge
+        drop(held);
+        assert_eq!((live.load(Ordering::Acquire), budget.held()), (0, 0));
+        let slot = out.slot(len);
+        assert!(matches!(slot, Slot::Reuse(_)), "the dropped mapping did not free its segment");
+        let (again, warm) = out.write(slot, &second).unwrap();
+        out.give_back(warm.unwrap());
+        assert_eq!(again, name);
+        assert_eq!(receive(&name, second.len(), &token).unwrap().bytes(), &second[..]);
+        out.remove_all();
+        assert!(!Path::new(SHM_DIR).join(&name).exists());
     }
 
     #[test]
@@ -1078,7 +1282,7 @@ mod tests {
         }
         assert_eq!(out.pool_bytes(), 300_000);
         for name in &names {
-            assert_eq!(receive(name, body.len(), &token).unwrap().as_slice(), &body[..]);
+            assert_eq!(receive(name, body.len(), &token).unwrap().bytes(), &body[..]);
         }
         // one-shot segments were consumed; warm ones stay for reuse
         let left = names.iter().filter(|n| Path::new(SHM_DIR).join(n).exists()).count();
@@ -1089,7 +1293,7 @@ mod tests {
         assert!(warm.is_some(), "room was not made for the larger body");
         out.give_back(warm.unwrap());
         assert!(out.pool_bytes() <= cap, "pool holds {} of {cap}", out.pool_bytes());
-        assert_eq!(receive(&name, big.len(), &token).unwrap().as_slice(), &big[..]);
+        assert_eq!(receive(&name, big.len(), &token).unwrap().bytes(), &big[..]);
         out.remove_all();
         assert!(names.iter().chain([&name]).all(|n| !Path::new(SHM_DIR).join(n).exists()));
     }
@@ -1126,7 +1330,7 @@ mod tests {
         let name = new_name().unwrap();
         let path = Path::new(SHM_DIR).join(&name);
         std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
-        let e = read_segment(&name, 1, KIND_BODY, &[0; 32], true).unwrap_err();
+        let e = receive(&name, 1, &[0; 32]).unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert!(e.to_string().contains("open"), "{e}");
         let name = new_name().unwrap();
@@ -1135,7 +1339,7 @@ mod tests {
         let mut perm = std::fs::metadata(&path).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
         std::fs::set_permissions(&path, perm).unwrap();
-        let e = read_segment(&name, 0, KIND_BODY, &[0; 32], true).unwrap_err();
+        let e = receive(&name, 0, &[0; 32]).unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert!(e.to_string().contains("mode 644"), "{e}");
     }

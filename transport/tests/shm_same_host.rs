@@ -75,6 +75,9 @@ async fn tensor_of_64_mib_crosses_shared_memory_bit_identical_and_leaves_nothing
     assert_eq!((d.frame.kind, d.frame.flags), (FrameKind::Tensor, 0));
     assert_eq!(d.frame.body.len(), 64 << 20);
     assert_eq!(blake3::hash(&d.frame.body), digest, "tensor changed on the same-host path");
+    assert!(d.frame.body.is_mapped(), "the body was copied rather than mapped");
+    // the body is a mapping of a's warm segment: dropping it gives the segment back
+    drop(d);
     let d = tokio::time::timeout(Duration::from_secs(10), b.recv()).await.unwrap().unwrap();
     assert_eq!(&d.frame.body[..], b"after");
     assert_eq!(a.shm_stats().sent, 1, "the tensor did not take the same-host path");
@@ -87,9 +90,56 @@ async fn tensor_of_64_mib_crosses_shared_memory_bit_identical_and_leaves_nothing
     let d = tokio::time::timeout(Duration::from_secs(60), b.recv()).await.unwrap().unwrap();
     assert_eq!(blake3::hash(&d.frame.body), digest, "tensor changed in a reused segment");
     assert_eq!(own_segments().len(), 1, "the warm segment was not reused: {:?}", own_segments());
+    assert_eq!(a.shm_stats().sent_reused, 1);
+    drop(d);
     a.shutdown().await;
     assert!(own_segments().is_empty(), "segments left after shutdown: {:?}", own_segments());
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_held_by_the_receiver_keeps_its_segment_until_dropped() {
+    let _serial = SERIAL.lock().await;
+    let ca = ClusterCa::generate("t").unwrap();
+    // a pool with room for one warm segment of this size
+    let size = 1 << 20;
+    let config = QuicConfig {
+        shm: ShmConfig { pool_bytes: size as u64, ..ShmConfig::default() },
+        ..QuicConfig::default()
+    };
+    let (a, b, peer) = same_host_pair(&ca, config).await;
+    let recv = || async { tokio::time::timeout(Duration::from_secs(10), b.recv()).await.unwrap().unwrap() };
+    let (first, second, third) = (pseudo_random(size), vec![0x5a; size], vec![0xc3; size]);
+    a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Tensor, 0, &first)).await.unwrap();
+    let held = recv().await;
+    assert!(held.frame.body.is_mapped());
+    assert_eq!(b.shm_stats().mapped, 1);
+    // the warm segment is held: the next body cannot reuse it and takes a one-shot segment
+    a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Tensor, 0, &second)).await.unwrap();
+    assert_eq!((a.shm_stats().sent_reused, a.shm_stats().sent_one_shot), (0, 1));
+    let d = recv().await;
+    assert_eq!(&d.frame.body[..], &second[..]);
+    assert_eq!(b.shm_stats().mapped, 2);
+    drop(d);
+    assert_eq!(b.shm_stats().mapped, 1);
+    assert_eq!(&held.frame.body[..], &first[..], "a held body changed after later sends");
+    // a clone shares the mapping: the segment stays held until the last one goes
+    let body = held.frame.body.clone();
+    drop(held);
+    assert_eq!(b.shm_stats().mapped, 1);
+    assert_eq!(&body[..], &first[..]);
+    drop(body);
+    assert_eq!(b.shm_stats().mapped, 0);
+    // freed: the next body reuses the warm segment
+    a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Tensor, 0, &third)).await.unwrap();
+    assert_eq!((a.shm_stats().sent_reused, a.shm_stats().sent_one_shot), (1, 1));
+    let d = recv().await;
+    assert_eq!(&d.frame.body[..], &third[..]);
+    assert_eq!(b.shm_stats().received, 3);
+    drop(d);
+    a.shutdown().await;
+    b.shutdown().await;
+    assert!(own_segments().is_empty(), "segments left after shutdown: {:?}", own_segments());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
