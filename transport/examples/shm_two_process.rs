@@ -90,8 +90,8 @@ async fn goodput(
         }
         rates.push(bytes as f64 / start.elapsed().as_secs_f64() / 1e6);
     }
-    rates.sort_by(f64::total_cmp);
-    (rates[rates.len() / 2], rates[rates.len() - 1])
+    let median = troupe_policy::stats::median(&mut rates);
+    (median, rates[rates.len() - 1])
 }
 
 async fn sender() {

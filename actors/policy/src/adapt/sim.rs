@@ -998,11 +998,10 @@ mod figures {
                 }
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
             }
-            times.sort_by(f64::total_cmp);
             println!(
                 "grouping+allocation, {} experts ({k} tasks): median {:.3} ms per mini-batch",
                 items.len(),
-                times[times.len() / 2]
+                crate::stats::median(&mut times)
             );
         }
         // AGE: one online observation = one NNLS refit over the task's history (paper: < 1 ms).
@@ -1019,7 +1018,7 @@ mod figures {
             let _ = m.predicted_age();
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
-        times.sort_by(f64::total_cmp);
-        println!("AGE observe+predict (5-24 points): median {:.4} ms, p99 {:.4} ms", times[500], times[990]);
+        let (p50, p99) = (crate::stats::quantile(&mut times, 0.5), crate::stats::quantile(&mut times, 0.99));
+        println!("AGE observe+predict (5-24 points): median {p50:.4} ms, p99 {p99:.4} ms");
     }
 }

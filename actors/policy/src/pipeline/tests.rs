@@ -987,10 +987,7 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+    crate::stats::median(&mut v.to_vec())
 }
 
 fn max_of(v: &[f64]) -> f64 {

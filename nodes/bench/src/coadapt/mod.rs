@@ -241,8 +241,7 @@ fn calibrate(
             tokens += r.expert_loads.iter().flatten().sum::<usize>();
         }
         let exclusive = pool.exclusive_memory_bytes(id).unwrap_or(0);
-        times.sort_by(f64::total_cmp);
-        let step_ms = times[times.len() / 2];
+        let step_ms = troupe_policy::stats::median(&mut times);
         let tmp = &pool.tmp_samples()[first_tmp..];
         let per_tok = tmp.iter().map(|s| s.bytes as f64).sum::<f64>()
             / tmp.iter().map(|s| s.tokens.max(1) as f64).sum::<f64>();
@@ -348,8 +347,7 @@ fn overheads(
         times.push(t0.elapsed().as_secs_f64() * 1e3);
         slices = g.slices.len();
     }
-    times.sort_by(f64::total_cmp);
-    let grouping = times[times.len() / 2];
+    let grouping = troupe_policy::stats::median(&mut times);
     let mut age_times = Vec::new();
     for run in 0..500u32 {
         let mut m = AgeModel::default();
@@ -363,8 +361,7 @@ fn overheads(
         let _ = m.predicted_age();
         age_times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    age_times.sort_by(f64::total_cmp);
-    let age = age_times[age_times.len() / 2];
+    let age = troupe_policy::stats::median(&mut age_times);
     println!(
         "\n== measured: overheads ==\ngrouping + allocation per mini-batch ({} real expert loads of 8 tiny models -> {slices} slices): median {grouping:.4} ms\nAGE observe + predict (5-24 points): median {age:.4} ms",
         items.len()

@@ -27,9 +27,8 @@ pub fn session_ms_per_mb(path: &Path) -> Result<f64, OnnxError> {
         times.push(start.elapsed().as_secs_f64() * 1e3);
         drop(session);
     }
-    times.sort_by(f64::total_cmp);
     let mb = (bytes as f64 / 1e6).max(1e-6);
-    Ok(times[REPEATS / 2] / mb)
+    Ok(troupe_policy::stats::median(&mut times) / mb)
 }
 
 #[cfg(test)]
