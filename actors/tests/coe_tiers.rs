@@ -18,8 +18,7 @@ fn no_baseline() -> GenKnobs {
     GenKnobs { skip_single_model: true, ..GenKnobs::default() }
 }
 use troupe_policy::coe::{
-    Demotion, ExecutorKind, ExpertId, HostCandidate, LatencyModel, SchedulerConfig, Tier, initial_host_set,
-    plan_demotion,
+    Demotion, ExecutorKind, ExpertId, HostCandidate, HostTier, LatencyModel, SchedulerConfig, Tier,
 };
 
 /// A fresh ci app with its profile in a temporary folder.
@@ -72,9 +71,10 @@ proptest! {
     /// Whatever is asked, after every operation the device and host bytes are within their
     /// budgets and equal to the sums over what the executor holds (its sessions; the experts
     /// its store keeps in the host tier), the pool holds one aligned allocation per session,
-    /// and the host tier holds exactly what the policy's decisions predict: demotions placed
-    /// by `plan_demotion`, promotions leaving it. A load of a host-resident expert counts as a
-    /// promotion, any other as a disk load.
+    /// and the host tier holds exactly what the scheduler's `HostTier` tracks (demotions placed
+    /// by `plan_demotion`, promotions leaving it), so every load comes from the tier the
+    /// scheduler planned it from. A load of a host-resident expert counts as a promotion, any
+    /// other as a disk load.
     #[test]
     fn demotion_and_promotion_keep_both_tiers_within_budget(
         ops in proptest::collection::vec(op(), 1..80),
@@ -93,10 +93,8 @@ proptest! {
             ExecutorOptions { host_budget: Some(host_budget), ..ExecutorOptions::new(budget) },
         )
         .unwrap();
-        // The expected tiers, kept by the test from the policy's decisions.
-        let homed: Vec<HostCandidate> =
-            model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| candidate(app, e.id)).collect();
-        let mut host: BTreeSet<ExpertId> = initial_host_set(&homed, host_budget).into_iter().collect();
+        // The expected tiers: the host tier as the scheduler tracks it (the policy's HostTier).
+        let mut host = HostTier::new(model, host_budget);
         let mut device: BTreeSet<ExpertId> = BTreeSet::new();
         let (mut promotions, mut disk_loads, mut demotions, mut host_evictions) = (0u64, 0u64, 0u64, 0u64);
         let bytes = |set: &BTreeSet<ExpertId>| -> u64 { set.iter().map(|e| model.size_of(*e)).sum() };
@@ -105,9 +103,14 @@ proptest! {
                 Op::Load(e) => {
                     let e = ExpertId(e % n);
                     let fits = bytes(&device) + model.size_of(e) <= budget && !device.contains(&e);
+                    if !device.contains(&e) {
+                        // The scheduler plans the load from the tier the executor will read.
+                        let tracked = if host.source_of(e) == Tier::Host { StoreTier::Host } else { StoreTier::Disk };
+                        prop_assert_eq!(exec.source_tier(e).unwrap(), tracked, "source of {}", e);
+                    }
                     prop_assert_eq!(exec.load(e).is_ok(), fits, "load {}", e);
                     if fits {
-                        if host.remove(&e) { promotions += 1 } else { disk_loads += 1 }
+                        if host.promote(e) { promotions += 1 } else { disk_loads += 1 }
                         device.insert(e);
                     }
                 }
@@ -117,15 +120,8 @@ proptest! {
                     prop_assert_eq!(exec.evict(e).is_ok(), held, "evict {}", e);
                     if held {
                         device.remove(&e);
-                        let resident: Vec<HostCandidate> = host.iter().map(|h| candidate(app, *h)).collect();
-                        if let Demotion::ToHost { evict } =
-                            plan_demotion(&candidate(app, e), &resident, host_budget, bytes(&host))
-                        {
-                            for v in evict {
-                                host.remove(&v);
-                                host_evictions += 1;
-                            }
-                            host.insert(e);
+                        if let Demotion::ToHost { evict } = host.demote(&candidate(app, e)) {
+                            host_evictions += evict.len() as u64;
                             demotions += 1;
                         }
                     }
@@ -144,8 +140,8 @@ proptest! {
             let pool = exec.device_pool();
             prop_assert_eq!((pool.used, pool.allocations), (aligned, device.len()));
             prop_assert!(pool.used <= pool.budget);
-            prop_assert_eq!(exec.host_resident(), host.iter().copied().collect::<Vec<_>>());
-            prop_assert_eq!(exec.store_host_bytes(), bytes(&host));
+            prop_assert_eq!(exec.host_resident(), host.resident());
+            prop_assert_eq!(exec.store_host_bytes(), host.used());
             prop_assert!(exec.store_host_bytes() <= host_budget);
             let c = exec.counters();
             prop_assert_eq!(

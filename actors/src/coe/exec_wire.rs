@@ -24,6 +24,8 @@ pub const RESET: &str = "reset";
 pub const HELLO: &str = "hello";
 /// Most requests one batch may carry.
 pub const MAX_BATCH_WIRE: usize = 65_536;
+/// Most host-resident experts a reset may report.
+pub const MAX_HOST_WIRE: usize = 65_536;
 /// Widest output row accepted back.
 pub const MAX_ROW_WIRE: usize = 65_536;
 
@@ -106,8 +108,19 @@ pub enum WireOutcome {
     Loaded(WireLoaded),
     /// A batch finished.
     Ran(WireRan),
-    /// A reset finished, evicting this many experts.
-    Reset(u64),
+    /// A reset finished.
+    Reset(WireReset),
+}
+
+/// What a reset left: how many experts it evicted and what the host tier holds now.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WireReset {
+    /// Experts evicted from the device.
+    pub evicted: u64,
+    /// The host tier's budget, bytes.
+    pub host_budget: u64,
+    /// Experts in the host tier afterwards, by id.
+    pub host: Vec<u32>,
 }
 
 /// Answer to [`HELLO`].
@@ -177,7 +190,11 @@ pub fn outcome(event: Option<Event>) -> WireOutcome {
         Some(Event::Loaded { seconds, resident, .. }) => {
             WireOutcome::Loaded(WireLoaded { seconds, resident })
         }
-        Some(Event::Reset { evicted, .. }) => WireOutcome::Reset(evicted as u64),
+        Some(Event::Reset { evicted, host_budget, host, .. }) => WireOutcome::Reset(WireReset {
+            evicted: evicted as u64,
+            host_budget,
+            host: host.iter().map(|e| e.0).collect(),
+        }),
         Some(Event::Ran { rows, seconds, .. }) => WireOutcome::Ran(WireRan {
             seconds,
             rows: rows.into_iter().map(|(r, values)| WireRow { request: r.0, values }).collect(),
@@ -191,8 +208,19 @@ pub fn decode_outcome(exec: usize, cmd: &Cmd, body: &[u8]) -> Result<Option<Even
     let bad = |e: String| CoeError::Invalid(format!("remote executor {exec}: {e}"));
     with_archived::<WireOutcome, _>(body, |a| match (a, cmd) {
         (ArchivedWireOutcome::Done, Cmd::Evict(_)) => Ok(None),
-        (ArchivedWireOutcome::Reset(n), Cmd::Reset) => {
-            Ok(Some(Event::Reset { exec, evicted: usize::try_from(n.to_native()).unwrap_or(usize::MAX) }))
+        (ArchivedWireOutcome::Reset(r), Cmd::Reset) => {
+            if r.host.len() > MAX_HOST_WIRE {
+                return Err(format!(
+                    "a reset reports {} host experts, over the cap of {MAX_HOST_WIRE}",
+                    r.host.len()
+                ));
+            }
+            Ok(Some(Event::Reset {
+                exec,
+                evicted: usize::try_from(r.evicted.to_native()).unwrap_or(usize::MAX),
+                host_budget: r.host_budget.to_native(),
+                host: r.host.iter().map(|e| ExpertId(e.to_native())).collect(),
+            }))
         }
         (ArchivedWireOutcome::Loaded(l), Cmd::Load(expert)) => Ok(Some(Event::Loaded {
             exec,
@@ -303,6 +331,19 @@ mod tests {
         ));
         let err = decode_outcome(0, &run, &loaded).unwrap_err().to_string();
         assert!(err.contains("does not answer"), "{err}");
+        let reset =
+            Event::Reset { exec: 2, evicted: 3, host_budget: 77, host: vec![ExpertId(4), ExpertId(9)] };
+        let body = to_body(&outcome(Some(reset))).unwrap();
+        match decode_outcome(2, &Cmd::Reset, &body).unwrap() {
+            Some(Event::Reset { exec: 2, evicted: 3, host_budget: 77, host }) => {
+                assert_eq!(host, vec![ExpertId(4), ExpertId(9)])
+            }
+            other => panic!("{other:?}"),
+        }
+        let flood =
+            WireOutcome::Reset(WireReset { evicted: 0, host_budget: 0, host: vec![0; MAX_HOST_WIRE + 1] });
+        let err = decode_outcome(2, &Cmd::Reset, &to_body(&flood).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("over the cap"), "{err}");
         assert!(decode_outcome(0, &load, &[1, 2, 3]).is_err());
     }
 }

@@ -48,7 +48,7 @@ use troupe_kernels::onnx::mlp_graph::MlpLimits;
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_kernels::{BlobId, Device, Tier as StoreTier, WeightStore};
 use troupe_policy::coe::{
-    CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, Tier, choose_engine,
+    CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, HostTier, Tier, choose_engine,
     initial_host_set, plan_demotion,
 };
 
@@ -241,9 +241,7 @@ impl ExpertExecutor {
         options: ExecutorOptions,
     ) -> Result<ExpertExecutor, CoeError> {
         let budget = options.budget;
-        let host_budget = options.host_budget.unwrap_or_else(|| {
-            model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum()
-        });
+        let host_budget = options.host_budget.unwrap_or_else(|| HostTier::default_budget(model));
         let sizes: Vec<u64> = model.experts().iter().map(|e| e.size_bytes).collect();
         // Slack for alignment: one unit per expert that could be resident, one for rounding.
         let slack = (max_resident(&sizes, budget) + 1).saturating_mul(DEVICE_ALIGN);

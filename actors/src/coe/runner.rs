@@ -221,6 +221,10 @@ pub enum Event {
         exec: usize,
         /// How many experts it evicted.
         evicted: usize,
+        /// Its host tier's budget, bytes.
+        host_budget: u64,
+        /// What its host tier holds afterwards (the scheduler plans loads from it).
+        host: Vec<ExpertId>,
     },
     /// The executor is gone (process killed, node down, call failed): its work is redone.
     Lost {
@@ -247,10 +251,14 @@ pub fn execute(exec: usize, executor: &mut ExpertExecutor, cmd: Cmd) -> Result<O
         Cmd::Evict(expert) => executor.evict(expert).map(|()| None),
         Cmd::Reset => {
             let loaded = executor.loaded();
-            loaded
-                .iter()
-                .try_for_each(|e| executor.evict(*e))
-                .map(|()| Some(Event::Reset { exec, evicted: loaded.len() }))
+            loaded.iter().try_for_each(|e| executor.evict(*e)).map(|()| {
+                Some(Event::Reset {
+                    exec,
+                    evicted: loaded.len(),
+                    host_budget: executor.host_budget(),
+                    host: executor.host_resident(),
+                })
+            })
         }
         Cmd::Run { batch, expert, requests } => {
             let start = Instant::now();

@@ -686,9 +686,19 @@ impl Live {
         }
         let trace = &shared.app.trace;
         match event {
-            Event::Reset { evicted, .. } => {
-                tracing::debug!(executor = shared.latency.name(x), evicted, "executor reset");
+            Event::Reset { evicted, host_budget, host, .. } => {
+                tracing::debug!(
+                    executor = shared.latency.name(x),
+                    evicted,
+                    host = host.len(),
+                    "executor reset"
+                );
                 self.views[x].health = Health::Ready;
+                // Loads are planned from the tier an expert is in: take the executor's word for
+                // its host tier, unless it cannot be true (then plan as from a fresh one).
+                if let Err(e) = self.policy.handle_host_report(ExecutorId(x as u16), host_budget, &host) {
+                    tracing::warn!(executor = shared.latency.name(x), "{e}");
+                }
             }
             Event::Loaded { expert, seconds, resident, .. } => {
                 self.views[x].busy = Busy::Idle;

@@ -50,5 +50,5 @@ pub use scheduler::{
 };
 pub use sim::{ExecutorFault, ExecutorStats, SimError, SimOptions, SimReport, simulate};
 pub use text::ParseError;
-pub use tiers::{Demotion, HostCandidate, initial_host_set, plan_demotion};
+pub use tiers::{Demotion, HostCandidate, HostTier, initial_host_set, plan_demotion};
 pub use trace::{Trace, TraceError, TraceRequest};

@@ -45,6 +45,7 @@ use std::fmt;
 use super::latency::LatencyModel;
 use super::memory::{EvictionContext, EvictionPolicy, ExpertManager, MemoryError};
 use super::model::{CoeModel, ExpertId, Request, RequestId, Tier};
+use super::tiers::{HostCandidate, HostTier};
 use crate::Micros;
 
 /// Most executors a scheduler drives.
@@ -330,6 +331,14 @@ pub enum SchedulerError {
         /// An expert only it could hold.
         expert: ExpertId,
     },
+    /// An executor's report of its host tier cannot be true.
+    #[error("executor {executor} reports a host tier that cannot be: {problem}")]
+    BadHostReport {
+        /// The executor.
+        executor: ExecutorId,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// Residency bookkeeping refused an operation (an internal invariant broke).
     #[error("expert memory: {0}")]
     Memory(#[from] MemoryError),
@@ -432,6 +441,8 @@ struct Executor {
     state: ExecState,
     queue: ExecQueue,
     memory: ExpertManager,
+    /// Its host tier as the executor keeps it (loads are planned from it).
+    host: HostTier,
     /// False after the executor was reported lost (until restored).
     alive: bool,
 }
@@ -478,11 +489,13 @@ impl RequestScheduler {
                 return Err(SchedulerError::FitsNowhere { expert: expert.id, size: expert.size_bytes });
             }
         }
+        let host_budget = HostTier::default_budget(&model);
         let executors = (0..n)
             .map(|e| Executor {
                 state: ExecState::Idle,
                 queue: ExecQueue::default(),
                 memory: ExpertManager::new(latency.expert_budget(e), config.eviction),
+                host: HostTier::new(&model, host_budget),
                 alive: true,
             })
             .collect();
@@ -539,6 +552,21 @@ impl RequestScheduler {
     /// When the scheduler wants to be woken without an event: never (it is purely reactive).
     pub fn poll_timeout(&self) -> Option<Micros> {
         None
+    }
+
+    /// Every executor's host tier gets `bytes` (the executors must be opened with the same
+    /// budget; without this call it is [`HostTier::default_budget`], the executors' default).
+    /// Call before the first event.
+    pub fn with_host_budget(mut self, bytes: u64) -> Self {
+        for exec in &mut self.executors {
+            exec.host = HostTier::new(&self.model, bytes);
+        }
+        self
+    }
+
+    /// The experts executor `e`'s host tier holds now, as the scheduler tracks it.
+    pub fn host_resident(&self, e: ExecutorId) -> Vec<ExpertId> {
+        self.executors.get(e.index()).map_or_else(Vec::new, |x| x.host.resident())
     }
 
     /// A new request entering at its preliminary expert.
@@ -675,6 +703,8 @@ impl RequestScheduler {
             orphans.extend(group.tasks.into_iter().map(|r| (r, group.expert)));
         }
         exec.memory = ExpertManager::new(budget, self.config.eviction);
+        // A lost executor's host memory is gone; it comes back filled as at start.
+        exec.host = HostTier::new(&self.model, exec.host.budget());
         exec.alive = false;
         for (request, expert) in orphans {
             self.place_task(now, request, expert);
@@ -690,8 +720,27 @@ impl RequestScheduler {
     ) -> Result<(), SchedulerError> {
         let exec =
             self.executors.get_mut(executor.index()).ok_or(SchedulerError::UnknownExecutor(executor))?;
+        exec.host = HostTier::new(&self.model, exec.host.budget());
         exec.alive = true;
         self.dispatch_idle(now)
+    }
+
+    /// Executor `executor` reports its host tier: its `budget` and what it holds (after a
+    /// reset: a restarted scheduler, or an executor back under a new link, finds the host tier
+    /// as the executor's history left it). Refused, changing nothing, when it names an unknown
+    /// expert, one twice, or more bytes than the budget.
+    pub fn handle_host_report(
+        &mut self,
+        executor: ExecutorId,
+        budget: u64,
+        host: &[ExpertId],
+    ) -> Result<(), SchedulerError> {
+        let tier = HostTier::from_resident(&self.model, budget, host)
+            .map_err(|problem| SchedulerError::BadHostReport { executor, problem })?;
+        let exec =
+            self.executors.get_mut(executor.index()).ok_or(SchedulerError::UnknownExecutor(executor))?;
+        exec.host = tier;
+        Ok(())
     }
 
     fn complete_if_done(&mut self, request: RequestId) {
@@ -734,12 +783,19 @@ impl RequestScheduler {
         self.model.size_of(expert)
     }
 
-    fn home(&self, expert: ExpertId) -> Tier {
-        self.model.expert(expert).map_or(Tier::Ssd, |x| x.home)
+    /// Where a load of `expert` on executor `e` comes from now: its host tier or disk.
+    fn source(&self, e: usize, expert: ExpertId) -> Tier {
+        self.executors.get(e).map_or(Tier::Ssd, |x| x.host.source_of(expert))
     }
 
     fn load_time(&self, e: usize, expert: ExpertId) -> Micros {
-        self.latency.load_time(e, self.size(expert), self.home(expert))
+        self.latency.load_time(e, self.size(expert), self.source(e, expert))
+    }
+
+    /// `expert` as the host tier ranks it.
+    fn candidate(&self, expert: ExpertId) -> HostCandidate {
+        let usage_prob = self.model.expert(expert).map_or(0.0, |x| x.usage_prob);
+        HostCandidate { id: expert, size_bytes: self.size(expert), usage_prob }
     }
 
     /// The group a new task for `expert` may join on executor `e`, with its current size.
@@ -948,13 +1004,20 @@ impl RequestScheduler {
         };
         let executor = ExecutorId(e as u16);
         let size = self.size(expert);
-        let from = self.home(expert);
-        let until = now + self.load_time(e, expert);
-        let exec = &mut self.executors[e];
+        // The victims leave first, as the executor carries it out: a demotion may push a colder
+        // expert out of the host tier, even the one about to load, so its source is known only
+        // after them.
         for victim in victims {
+            let leaving = self.candidate(victim);
+            let exec = &mut self.executors[e];
             exec.memory.evict(victim)?;
+            exec.host.demote(&leaving);
             self.actions.push_back(Action::Evict { executor, expert: victim });
         }
+        let from = self.source(e, expert);
+        let until = now + self.load_time(e, expert);
+        let exec = &mut self.executors[e];
+        exec.host.promote(expert);
         exec.memory.admit(expert, size)?;
         exec.memory.pin(expert)?;
         exec.state = ExecState::Loading { expert, until, source };
@@ -1122,6 +1185,71 @@ mod tests {
             }),
             "{actions:?}"
         );
+    }
+
+    /// Drive `s` through `roots` (one request each, arriving one at a time, every batch and
+    /// load finishing at once, no subsequent experts selected) and return each load's source.
+    fn loads_of(s: &mut RequestScheduler, roots: &[u32]) -> Vec<(ExpertId, Tier)> {
+        let mut loads = Vec::new();
+        let t = Micros::ZERO;
+        for (i, &root) in roots.iter().enumerate() {
+            s.handle_arrival(t, Request { id: RequestId(i as u64), root: ExpertId(root) }).unwrap();
+            while let Some(action) = s.poll_action() {
+                match action {
+                    Action::Load { executor, expert, from } => {
+                        loads.push((expert, from));
+                        s.handle_load_done(t, executor, expert).unwrap();
+                    }
+                    Action::RunBatch { executor, batch, .. } => {
+                        s.handle_batch_done(t, executor, batch).unwrap()
+                    }
+                    _ => {}
+                }
+            }
+        }
+        loads
+    }
+
+    /// An expert evicted from the device is demoted to the host tier when it has room, so its
+    /// next load is planned from the host (at host bandwidth), not from its home on disk; with
+    /// no host tier every load reads the disk.
+    #[test]
+    fn a_demoted_expert_is_loaded_from_the_host_tier() {
+        let spec = |p: f64| ExpertSpec { size_bytes: 1 << 20, select_prob: p, home: Tier::Ssd, parent: None };
+        let model = CoeModel::new((0..6).map(|i| spec(0.1 + f64::from(i) / 10.0)).collect()).unwrap();
+        // One expert at a time per executor, so every other root evicts one.
+        let latency = LatencyModel::from_profile(&synthetic_edge_profile("t", 1 << 20, 1 << 20)).unwrap();
+        let roots: Vec<u32> = (0..24).map(|i| i % 6).collect();
+        let mut none = RequestScheduler::new(model.clone(), latency.clone(), SchedulerConfig::ours())
+            .unwrap()
+            .with_host_budget(0);
+        assert!(loads_of(&mut none, &roots).iter().all(|(_, from)| *from == Tier::Ssd));
+        let mut s =
+            RequestScheduler::new(model, latency, SchedulerConfig::ours()).unwrap().with_host_budget(8 << 20);
+        let loads = loads_of(&mut s, &roots);
+        let mut seen = BTreeSet::new();
+        for (expert, from) in &loads {
+            // Room for all six in the host tier: only an expert's first load reads the disk.
+            let first = seen.insert(*expert);
+            assert_eq!(*from, if first { Tier::Ssd } else { Tier::Host }, "{expert} in {loads:?}");
+        }
+        assert!(loads.len() > seen.len(), "some expert was loaded twice: {loads:?}");
+        let held: usize = (0..2).map(|e| s.host_resident(ExecutorId(e)).len()).sum();
+        assert!(held > 0, "evicted experts wait in the host tiers");
+        // An executor's report replaces the tracked tier, unless it cannot be true.
+        let x0 = ExecutorId(0);
+        let before = s.host_resident(x0);
+        for (budget, bad) in [
+            (8 << 20, vec![ExpertId(9)]),
+            (8 << 20, vec![ExpertId(1), ExpertId(1)]),
+            (1 << 20, vec![ExpertId(1), ExpertId(2)]),
+        ] {
+            let err = s.handle_host_report(x0, budget, &bad).unwrap_err();
+            assert!(matches!(err, SchedulerError::BadHostReport { .. }), "{err}");
+            assert_eq!(s.host_resident(x0), before);
+        }
+        s.handle_host_report(x0, 1 << 20, &[ExpertId(5)]).unwrap();
+        assert_eq!(s.host_resident(x0), vec![ExpertId(5)]);
     }
 
     #[test]

@@ -15,8 +15,9 @@ use std::fmt::Write as _;
 
 use super::latency::LatencyModel;
 use super::memory::belady_min_loads;
-use super::model::{ExpertId, Request, RequestId};
+use super::model::{CoeModel, ExpertId, Request, RequestId};
 use super::scheduler::{Action, BatchId, ExecutorId, RequestScheduler, SchedulerConfig, SchedulerError};
+use super::tiers::{HostCandidate, HostTier};
 use super::trace::{Trace, TraceError};
 use crate::Micros;
 
@@ -158,15 +159,31 @@ enum Event {
     Restore(usize),
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct ExecSim {
     resident: BTreeMap<ExpertId, u64>,
+    /// The executor's host tier, moved by the same rules as a real executor's.
+    host: HostTier,
     used: u64,
     peak: u64,
     loading: Option<ExpertId>,
     running: Option<(BatchId, ExpertId, Vec<RequestId>)>,
     /// Bumped when the executor is lost; events from an older epoch are late results, dropped.
     epoch: u64,
+}
+
+impl ExecSim {
+    fn new(model: &CoeModel) -> ExecSim {
+        ExecSim {
+            resident: BTreeMap::new(),
+            host: HostTier::new(model, HostTier::default_budget(model)),
+            used: 0,
+            peak: 0,
+            loading: None,
+            running: None,
+            epoch: 0,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -217,7 +234,7 @@ pub fn simulate(
         now: Micros::ZERO,
         events: BinaryHeap::new(),
         seq: 0,
-        execs: vec![ExecSim::default(); n_exec],
+        execs: vec![ExecSim::new(&trace.model); n_exec],
         reqs: vec![RequestSim::default(); n_req],
         report: SimReport {
             label: config.label(),
@@ -305,6 +322,7 @@ impl Sim<'_> {
                 let x = &mut self.execs[e];
                 x.epoch += 1;
                 x.resident.clear();
+                x.host = HostTier::new(&self.trace.model, HostTier::default_budget(&self.trace.model));
                 x.used = 0;
                 x.loading = None;
                 if let Some((_, expert, requests)) = x.running.take() {
@@ -398,13 +416,16 @@ impl Sim<'_> {
                     return Err(self.violation(format!("{executor} evicted {expert}, not resident")));
                 };
                 self.execs[e].used -= size;
+                let usage_prob = self.trace.model.expert(expert).map_or(0.0, |x| x.usage_prob);
+                self.execs[e].host.demote(&HostCandidate { id: expert, size_bytes: size, usage_prob });
             }
             Action::Load { executor, expert, from } => {
                 let e = executor.index();
                 let model_expert = self.trace.model.expert(expert);
                 let size = model_expert.map_or(0, |x| x.size_bytes);
-                if model_expert.map(|x| x.home) != Some(from) {
-                    return Err(self.violation(format!("{expert} loaded from {from}, not its home")));
+                let now_in = self.execs[e].host.source_of(expert);
+                if now_in != from {
+                    return Err(self.violation(format!("{expert} loaded from {from}, it is in {now_in}")));
                 }
                 let x = &self.execs[e];
                 if x.loading.is_some() || x.running.is_some() {
@@ -421,6 +442,7 @@ impl Sim<'_> {
                     )));
                 }
                 let x = &mut self.execs[e];
+                x.host.promote(expert);
                 x.resident.insert(expert, size);
                 x.used += size;
                 x.peak = x.peak.max(x.used);

@@ -9,7 +9,9 @@
 //! already there (no churn), and every ordering breaks ties by expert id: the decisions are
 //! deterministic.
 
-use super::model::ExpertId;
+use std::collections::BTreeMap;
+
+use super::model::{CoeModel, ExpertId, Tier};
 
 /// An expert as the host tier sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,6 +82,119 @@ pub fn initial_host_set(candidates: &[HostCandidate], budget: u64) -> Vec<Expert
         }
     }
     out
+}
+
+/// One executor's host tier as the scheduler tracks it: filled like the executor's at start
+/// ([`initial_host_set`] over the host-homed experts) and moved by the same two rules (a load
+/// promotes an expert out of it, a device eviction is placed by [`plan_demotion`]), so that a
+/// load is planned from the tier the expert is in now, not from its home.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTier {
+    budget: u64,
+    used: u64,
+    /// Host-resident experts: size and usage probability.
+    resident: BTreeMap<ExpertId, (u64, f64)>,
+}
+
+impl HostTier {
+    /// The host budget an executor gets when none is given: the host-homed experts' bytes.
+    pub fn default_budget(model: &CoeModel) -> u64 {
+        model.experts().iter().filter(|e| e.home == Tier::Host).map(|e| e.size_bytes).sum()
+    }
+
+    /// The host tier of an executor of `model` with `budget` bytes, as it is at start.
+    pub fn new(model: &CoeModel, budget: u64) -> HostTier {
+        let homed: Vec<HostCandidate> = model
+            .experts()
+            .iter()
+            .filter(|e| e.home == Tier::Host)
+            .map(|e| HostCandidate { id: e.id, size_bytes: e.size_bytes, usage_prob: e.usage_prob })
+            .collect();
+        let mut tier = HostTier { budget, used: 0, resident: BTreeMap::new() };
+        for id in initial_host_set(&homed, budget) {
+            if let Some(c) = homed.iter().find(|c| c.id == id) {
+                tier.insert(c);
+            }
+        }
+        tier
+    }
+
+    /// The host tier holding exactly `resident` (as an executor reports it), checked: every
+    /// expert known, none twice, their bytes within `budget`.
+    pub fn from_resident(model: &CoeModel, budget: u64, resident: &[ExpertId]) -> Result<HostTier, String> {
+        let mut tier = HostTier { budget, used: 0, resident: BTreeMap::new() };
+        for &id in resident {
+            let e = model.expert(id).ok_or_else(|| format!("{id} is not in the model"))?;
+            if tier.resident.contains_key(&id) {
+                return Err(format!("{id} named twice"));
+            }
+            tier.insert(&HostCandidate { id, size_bytes: e.size_bytes, usage_prob: e.usage_prob });
+        }
+        if tier.used > budget {
+            return Err(format!("{} bytes in a host budget of {budget}", tier.used));
+        }
+        Ok(tier)
+    }
+
+    fn insert(&mut self, c: &HostCandidate) {
+        if self.resident.insert(c.id, (c.size_bytes, c.usage_prob)).is_none() {
+            self.used = self.used.saturating_add(c.size_bytes);
+        }
+    }
+
+    fn remove(&mut self, id: ExpertId) -> bool {
+        match self.resident.remove(&id) {
+            Some((size, _)) => {
+                self.used = self.used.saturating_sub(size);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The tier a load of `expert` comes from now.
+    pub fn source_of(&self, expert: ExpertId) -> Tier {
+        if self.resident.contains_key(&expert) { Tier::Host } else { Tier::Ssd }
+    }
+
+    /// `expert` is loaded onto the device: its host copy (if any) is released. True when it
+    /// was a promotion from this tier.
+    pub fn promote(&mut self, expert: ExpertId) -> bool {
+        self.remove(expert)
+    }
+
+    /// `leaving` leaves the device budget: placed by [`plan_demotion`] (colder host experts
+    /// evicted to disk first when needed). Returns the decision carried out.
+    pub fn demote(&mut self, leaving: &HostCandidate) -> Demotion {
+        let resident: Vec<HostCandidate> = self
+            .resident
+            .iter()
+            .map(|(&id, &(size_bytes, usage_prob))| HostCandidate { id, size_bytes, usage_prob })
+            .collect();
+        let plan = plan_demotion(leaving, &resident, self.budget, self.used);
+        if let Demotion::ToHost { evict } = &plan {
+            for victim in evict {
+                self.remove(*victim);
+            }
+            self.insert(leaving);
+        }
+        plan
+    }
+
+    /// Experts in the tier, by id.
+    pub fn resident(&self) -> Vec<ExpertId> {
+        self.resident.keys().copied().collect()
+    }
+
+    /// Bytes in the tier.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The tier's budget, bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
 }
 
 #[cfg(test)]
