@@ -26,6 +26,9 @@ fn trained_coe_and_same_bytes_single_model_are_measured_on_held_out_images() {
     assert!(gap < 0.01, "single model {} bytes vs experts {}", a.single_model_bytes, a.expert_bytes);
     // Both learned: random-initialised experts score about 10% (guessing).
     assert!(a.coe_accuracy > 0.9 && a.single_model_accuracy > 0.9, "{a:?}");
+    // Routing is measured: most walks reach their digit's group, and those are answered well.
+    assert!(a.routed_share > 0.9 && a.routed_share < 1.0 + 1e-12, "{a:?}");
+    assert!(a.accuracy_when_routed > 0.9 && a.accuracy_when_routed < 1.0 + 1e-12, "{a:?}");
     // The trace's images are held out: none was trained on or calibrated with.
     let app = App::open(tmp.path(), None).expect("opening the app");
     let s = split(app.digits.len(), 3);

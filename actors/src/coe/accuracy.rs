@@ -34,13 +34,18 @@ pub struct Accuracy {
     pub test_images: usize,
     /// Training passes every model got.
     pub epochs: usize,
+    /// Share of the CoE's test walks that reach a leaf whose group holds the digit's class (the
+    /// preliminaries routed it right; NaN in records written before it was measured).
+    pub routed_share: f64,
+    /// The CoE's accuracy over the walks routed right (NaN as above).
+    pub accuracy_when_routed: f64,
 }
 
 impl Accuracy {
     /// Text form: the format line, then one `name value` line per field.
     pub fn to_text(&self) -> String {
         format!(
-            "{ACCURACY_FORMAT}\ncoe_accuracy {}\nsingle_model_accuracy {}\nsingle_model_bytes {}\nexpert_bytes {}\ntrain_images {}\ncalibration_images {}\ntest_images {}\nepochs {}\n",
+            "{ACCURACY_FORMAT}\ncoe_accuracy {}\nsingle_model_accuracy {}\nsingle_model_bytes {}\nexpert_bytes {}\ntrain_images {}\ncalibration_images {}\ntest_images {}\nepochs {}\nrouted_share {}\naccuracy_when_routed {}\n",
             self.coe_accuracy,
             self.single_model_accuracy,
             self.single_model_bytes,
@@ -48,7 +53,9 @@ impl Accuracy {
             self.train_images,
             self.calibration_images,
             self.test_images,
-            self.epochs
+            self.epochs,
+            self.routed_share,
+            self.accuracy_when_routed
         )
     }
 
@@ -72,6 +79,9 @@ impl Accuracy {
         fn get<T: std::str::FromStr>(pairs: &BTreeMap<&str, &str>, k: &str) -> Result<T, String> {
             pairs.get(k).ok_or(format!("no `{k}`"))?.parse().map_err(|_| format!("bad `{k}`"))
         }
+        fn optional(pairs: &BTreeMap<&str, &str>, k: &str) -> Result<f64, String> {
+            pairs.get(k).map_or(Ok(f64::NAN), |v| v.parse().map_err(|_| format!("bad `{k}`")))
+        }
         let a = (|| -> Result<Accuracy, String> {
             Ok(Accuracy {
                 coe_accuracy: get(&pairs, "coe_accuracy")?,
@@ -82,12 +92,17 @@ impl Accuracy {
                 calibration_images: get(&pairs, "calibration_images")?,
                 test_images: get(&pairs, "test_images")?,
                 epochs: get(&pairs, "epochs")?,
+                routed_share: optional(&pairs, "routed_share")?,
+                accuracy_when_routed: optional(&pairs, "accuracy_when_routed")?,
             })
         })()
         .map_err(bad)?;
-        for (name, v) in
-            [("coe_accuracy", a.coe_accuracy), ("single_model_accuracy", a.single_model_accuracy)]
-        {
+        for (name, v) in [
+            ("coe_accuracy", a.coe_accuracy),
+            ("single_model_accuracy", a.single_model_accuracy),
+            ("routed_share", a.routed_share),
+            ("accuracy_when_routed", a.accuracy_when_routed),
+        ] {
             if !(v.is_nan() || (0.0..=1.0).contains(&v)) {
                 return Err(bad(format!("{name} {v} is not in [0, 1]")));
             }
@@ -117,6 +132,8 @@ mod tests {
             calibration_images: 359,
             test_images: 360,
             epochs: 8,
+            routed_share: 0.96,
+            accuracy_when_routed: 0.98,
         };
         let p = Path::new("accuracy.txt");
         let back = Accuracy::parse(&a.to_text(), p).unwrap();
@@ -131,5 +148,12 @@ mod tests {
         let err = Accuracy::parse(&a.to_text().replace("epochs 8\n", ""), p).unwrap_err();
         assert!(err.to_string().contains("no `epochs`"), "{err}");
         assert!(Accuracy::parse("nonsense", p).is_err());
+        // A record from before the routing figures reads them as NaN; a bad one is refused.
+        let old = a.to_text().replace("routed_share 0.96\n", "").replace("accuracy_when_routed 0.98\n", "");
+        let back = Accuracy::parse(&old, p).unwrap();
+        assert!(back.routed_share.is_nan() && back.accuracy_when_routed.is_nan());
+        let err =
+            Accuracy::parse(&a.to_text().replace("routed_share 0.96", "routed_share 2"), p).unwrap_err();
+        assert!(err.to_string().contains("routed_share 2 is not in [0, 1]"), "{err}");
     }
 }

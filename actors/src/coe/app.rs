@@ -772,6 +772,31 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         weight += root.select_prob;
     }
     let coe_accuracy = if weight > 0.0 { right / weight } else { f64::NAN };
+    // Where the CoE loses answers: walks the preliminaries sent to no leaf of the digit's
+    // group, against the answers of those they routed right (weighted like the accuracy).
+    let routed_walks: std::collections::BTreeSet<(ExpertId, usize)> = shape
+        .experts()
+        .iter()
+        .filter(|e| !e.has_children())
+        .flat_map(|e| reach[e.id.index()].iter().filter(|w| groups[e.id.index()].contains(&labels[w.1])))
+        .map(|w| (w.0, w.1))
+        .collect();
+    let (mut routed, mut routed_right) = (0.0, 0.0);
+    for root in shape.roots() {
+        let (mut n_routed, mut n_right) = (0usize, 0usize);
+        for &i in &split.test {
+            let label = labels[i];
+            if routed_walks.contains(&(root.id, i)) {
+                n_routed += 1;
+                n_right +=
+                    usize::from(answers.get(&(root.id, i)).is_some_and(|a| argmax(a) == usize::from(label)));
+            }
+        }
+        routed += root.select_prob * n_routed as f64 / split.test.len().max(1) as f64;
+        routed_right += root.select_prob * if n_routed > 0 { n_right as f64 / n_routed as f64 } else { 0.0 };
+    }
+    let routed_share = if weight > 0.0 { routed / weight } else { f64::NAN };
+    let accuracy_when_routed = if weight > 0.0 { routed_right / weight } else { f64::NAN };
     let (single_model_accuracy, single_model_bytes) = if knobs.skip_single_model {
         (f64::NAN, 0)
     } else {
@@ -786,6 +811,8 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         calibration_images: split.calibration.len(),
         test_images: split.test.len(),
         epochs: plan.epochs,
+        routed_share,
+        accuracy_when_routed,
     };
     let mut model = CoeModel::new(specs).map_err(|e| CoeError::Invalid(e.to_string()))?;
     let total = model.total_bytes().max(1);

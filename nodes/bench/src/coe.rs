@@ -464,9 +464,11 @@ pub fn run(
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
     f.insert("device_budget_fraction".into(), effective);
     f.insert("cpu_threads".into(), cpu_threads as f64);
-    let (coe_accuracy, single_model_accuracy) = accuracies(&app.dir);
-    f.insert("coe_accuracy".into(), coe_accuracy);
-    f.insert("single_model_accuracy".into(), single_model_accuracy);
+    let a = accuracies(&app.dir);
+    f.insert("coe_accuracy".into(), a.coe_accuracy);
+    f.insert("single_model_accuracy".into(), a.single_model_accuracy);
+    f.insert("coe_routed_share".into(), a.routed_share);
+    f.insert("coe_accuracy_when_routed".into(), a.accuracy_when_routed);
     engine_figures(&mut f, engines);
     if let Some(ours) = rows.iter().find(|r| r.label == "ours") {
         // The floor of the switching share on this trace: every expert it uses loaded exactly
@@ -496,23 +498,37 @@ pub fn run(
     Ok(f)
 }
 
-/// The app's recorded held-out accuracies `(CoE, single model of the same bytes)`, printed;
-/// NaN for an app generated before its experts were trained (no `accuracy.txt`).
-fn accuracies(dir: &Path) -> (f64, f64) {
+/// The app's recorded held-out accuracies (CoE, single model of the same bytes, how well the
+/// preliminaries route), printed; NaN for an app generated before its experts were trained (no
+/// `accuracy.txt`).
+fn accuracies(dir: &Path) -> Accuracy {
     match Accuracy::read(dir) {
         Ok(a) => {
             println!(
-                "accuracy on {} held-out digits: CoE {:.4}, single model of the same bytes ({:.1} MB) {:.4}",
+                "accuracy on {} held-out digits: CoE {:.4}, single model of the same bytes ({:.1} MB) {:.4}; routed to the digit's group {:.1}%, CoE right on those {:.4}",
                 a.test_images,
                 a.coe_accuracy,
                 a.single_model_bytes as f64 / 1e6,
-                a.single_model_accuracy
+                a.single_model_accuracy,
+                100.0 * a.routed_share,
+                a.accuracy_when_routed
             );
-            (a.coe_accuracy, a.single_model_accuracy)
+            a
         }
         Err(e) => {
             println!("accuracy: not recorded ({e}); regenerate the app with `troupe coe gen`");
-            (f64::NAN, f64::NAN)
+            Accuracy {
+                coe_accuracy: f64::NAN,
+                single_model_accuracy: f64::NAN,
+                single_model_bytes: 0,
+                expert_bytes: 0,
+                train_images: 0,
+                calibration_images: 0,
+                test_images: 0,
+                epochs: 0,
+                routed_share: f64::NAN,
+                accuracy_when_routed: f64::NAN,
+            }
         }
     }
 }
