@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use troupe_actors::hello::HelloExpert;
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec};
-use troupe_transport::frame::{read_frame, write_frame};
+use troupe_transport::frame::{read_frame_reusing, write_frame};
 use troupe_transport::{Channel, Frame, FrameKind, FrameLimits, Link, NodeIdentity, QuicConfig};
 
 /// Name of the peer node (its certificate is issued by the benchmark).
@@ -174,7 +174,9 @@ async fn tcp_sink(listener: TcpListener) {
             let _ = s.set_nodelay(true);
             let (mut r, mut w) = s.into_split();
             let limits = FrameLimits::default();
-            while let Ok(Some(f)) = read_frame(&mut r, &limits).await {
+            // the same receive-buffer reuse as the QUIC link's streams: the baseline differs in
+            // transport only
+            while let Ok(Some(f)) = read_frame_reusing(&mut r, &limits).await {
                 let ack = Frame::from_bytes(FrameKind::Message, 0, &(f.body.len() as u64).to_le_bytes());
                 drop(f);
                 if write_frame(&mut w, &ack).await.is_err() {
