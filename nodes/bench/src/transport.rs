@@ -49,11 +49,13 @@ use ractor_cluster::RactorMessage;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use troupe_actors::hello::{HelloExpertMsg, remote_experts};
+use troupe_actors::hello::{ASK, HelloExpertMsg, find_experts, remote_experts};
+use troupe_actors::service::{Services, to_body};
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
 use troupe_transport::frame::{read_frame, write_frame};
 use troupe_transport::{
-    Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode, ShmConfig,
+    Channel, ClusterCa, Frame, FrameKind, FrameLimits, IssueOptions, Link, NodeId, QuicConfig, QuicNode,
+    Role, RoleSet, ShmConfig,
 };
 
 use super::peer::{CRASHY_GROUP, CrashyMsg, PEER_NAME, SINK_GROUP, SinkMsg};
@@ -143,6 +145,10 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("udp_rtt_p50_us".into(), udp);
     f.insert("ask_p50_over_udp_rtt".into(), p50 / udp);
     f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
+    let (sp50, sp99) = service_ask(&client.services, asks).await?;
+    f.insert("ask_service_p50_us".into(), sp50);
+    f.insert("ask_service_p99_us".into(), sp99);
+    f.insert("ask_service_p50_over_udp_rtt".into(), sp50 / udp);
     let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
     f.insert("tell_cross_process_per_s".into(), tells);
     f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
@@ -321,7 +327,8 @@ async fn tcp_goodput(addr: SocketAddr, payload: &[u8], count: usize) -> Result<f
 
 fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr) -> Result<NodeSpec> {
     Ok(NodeSpec {
-        identity: ca.issue_node(name)?,
+        // the scheduler role: the expert's service method admits schedulers only
+        identity: ca.issue(name, &IssueOptions::new(RoleSet::only(Role::Scheduler))?)?,
         quic: QuicConfig::default(),
         peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer }],
         membership: MembershipConfig::default(),
@@ -365,6 +372,26 @@ async fn remote_ask(asks: usize) -> Result<(f64, f64)> {
     for i in 0..asks + 50 {
         let t = Instant::now();
         ractor::call_t!(expert, HelloExpertMsg::Ask, 5000, "ping".to_string())?;
+        if i >= 50 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok((quantile(&mut samples, 0.5), quantile(&mut samples, 0.99)))
+}
+
+/// The same question as [`remote_ask`] through the role-checked service path (a
+/// [`FrameKind::Service`] request on the data channel, answered by the expert's handler, found
+/// by its service announcement); p50 and p99 in microseconds.
+async fn service_ask(services: &Services, asks: usize) -> Result<(f64, f64)> {
+    let experts = find_experts(services, 1, Duration::from_secs(20))
+        .await
+        .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
+    let (peer, service) = &experts[0];
+    let body = to_body(&"ping".to_string()).map_err(anyhow::Error::msg)?;
+    let mut samples = Vec::with_capacity(asks);
+    for i in 0..asks + 50 {
+        let t = Instant::now();
+        services.call(peer, service, ASK, body.clone(), Duration::from_secs(5)).await?;
         if i >= 50 {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
