@@ -4,11 +4,13 @@
 //! figures in PERF-ANCHORS.md are.
 //!
 //! - tensor goodput: frames over QUIC (mutual TLS, framed, checked) vs the same frames over plain
-//!   TCP on loopback, and through the same-host shared-memory path, 1 MiB and 64 MiB payloads,
+//!   TCP on loopback (read with the same receive-buffer reuse, `frame::read_frame_reusing`, so
+//!   the two differ in transport only), and through the same-host shared-memory path, 1 MiB and 64 MiB payloads,
 //!   each acknowledged by the receiving node; the median of a few rounds that interleave the
 //!   three, against an in-process memcpy of the same size;
 //! - remote ask: a ractor_cluster RPC to an actor of the other process vs a raw UDP round trip
-//!   to that process;
+//!   to that process, and the same question through the role-checked service path
+//!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler);
 //! - remote tell: casts to an actor of the other process, until it has counted them all;
 //! - restart: an actor of the other process under its `Supervisor` panics; time from the crash
 //!   order to the first reply from its new incarnation (median of rounds);
@@ -36,6 +38,26 @@
 //! (`clear_page_erms` in `folio_zero_user`, ~14% of all samples) as the largest single cost: the
 //! delivered `Frame` owns a fresh `AlignedVec`, so the same-host figure is bounded by
 //! `memcpy_64mib_mb_s` until the receiving API can lend a reused or mapped buffer.
+//!
+//! Then (2026-12-02, perf with DWARF call graphs over a whole run, load average ~2): of the
+//! receiving process's samples under quinn, 64% were `RecvStream::poll_read_buf` copying into
+//! the body buffer and 48% page faults inside that copy (fresh 4 KiB pages of new buffers,
+//! zeroed by the kernel, charged to the memcg); AES-GCM decryption did not reach the top 25.
+//! The sender spent 25% in AES-GCM encryption, 21% in `sendmsg` (GSO, 6500-byte segments) and
+//! 14% copying stream data into packets. Complete frames' buffers now go back to a bounded
+//! receive pool (`frame::recv_pool`) and the next frame of about that size is read into one:
+//! in the same profile afterwards the receiver's page faults are 3% of its samples, and its
+//! work is the kernel's copy out of the socket, quinn's copy into the body and decryption.
+//! Measured on a loaded box (load average 15-17 from four other builds), four A/B pairs in turn,
+//! medians; "before" is the release binary of 2026-12-01 20:26 (older same-host path, TCP
+//! baseline reading into fresh buffers), "after" this one: QUIC 1 MiB 335 -> 183 MB/s, TCP 1 MiB
+//! 3066 -> 857 MB/s (ratio 0.14 -> 0.21); QUIC 64 MiB 148 -> 191 MB/s, TCP 64 MiB 226 -> 939 MB/s
+//! (ratio 0.70 -> 0.20: the TCP baseline gained most from the reuse); ask p50 118 -> 86 us,
+//! service-path ask 90 us; UDP round trip ~8 us in both. At that load every figure moves 2-3x
+//! between runs (one more run after: 1 MiB ratio 0.30, 64 MiB 0.33): the ratios against the
+//! targets need a quiet box. Not explained yet: in those pairs both 1 MiB figures fell (QUIC and
+//! TCP alike), although the reuse only removes work from the receiver; the faults the profile
+//! found were mostly those of the growing 64 MiB buffers (the allocator already reused 1 MiB ones).
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
