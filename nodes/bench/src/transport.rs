@@ -55,9 +55,10 @@
 //! (ratio 0.70 -> 0.20: the TCP baseline gained most from the reuse); ask p50 118 -> 86 us,
 //! service-path ask 90 us; UDP round trip ~8 us in both. At that load every figure moves 2-3x
 //! between runs (one more run after: 1 MiB ratio 0.30, 64 MiB 0.33): the ratios against the
-//! targets need a quiet box. Not explained yet: in those pairs both 1 MiB figures fell (QUIC and
-//! TCP alike), although the reuse only removes work from the receiver; the faults the profile
-//! found were mostly those of the growing 64 MiB buffers (the allocator already reused 1 MiB ones).
+//! targets need a quiet box. Three more pairs (load 17-19, after first) gave QUIC 1 MiB 135 vs
+//! 118 MB/s before, TCP 1 MiB 1349 vs 1847, TCP 64 MiB 1557 vs 363, QUIC 64 MiB 141 vs 181: QUIC
+//! 1 MiB did not drop again, TCP 1 MiB was lower again (inside a 466-2602 spread: not settled),
+//! and the TCP 64 MiB gain repeated.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
