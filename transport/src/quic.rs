@@ -30,7 +30,8 @@ use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
 use crate::budget::{ConnBudget, DEFAULT_CONN_BUDGET};
 use crate::frame::{
-    Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, read_frame_budgeted, write_frame,
+    Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, read_frame_budgeted,
+    read_frame_budgeted_reusing, write_frame,
 };
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{CertInfo, IdentityError, NodeIdentity, peer_certificate};
@@ -849,7 +850,7 @@ impl QuicNode {
             return;
         };
         loop {
-            match read_frame_budgeted(&mut recv, &self.inner.config.limits, &state.budget).await {
+            match read_frame_budgeted_reusing(&mut recv, &self.inner.config.limits, &state.budget).await {
                 Ok(Some((frame, held))) => {
                     let (frame, held) = if crate::shm::is_shm(&frame) {
                         // the segment's bytes count against the peer's budget before they are read

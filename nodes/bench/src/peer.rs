@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use troupe_actors::hello::HelloExpert;
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec};
-use troupe_transport::frame::{read_frame, write_frame};
+use troupe_transport::frame::{read_frame_reusing, write_frame};
 use troupe_transport::{Channel, Frame, FrameKind, FrameLimits, Link, NodeIdentity, QuicConfig};
 
 /// Name of the peer node (its certificate is issued by the benchmark).
@@ -110,13 +110,16 @@ pub async fn run(keys: &Path) -> Result<()> {
     // one line per panic instead of a captured backtrace: the crash is the benchmark's, on purpose
     std::panic::set_hook(Box::new(|info| eprintln!("bench-peer: {info}")));
     let identity = NodeIdentity::load(keys, PEER_NAME).with_context(|| format!("loading {PEER_NAME}"))?;
-    let children = vec![
-        ChildSpec::new("bench-expert", || {
-            (HelloExpert, troupe_actors::hello::HelloArgs { node: PEER_NAME.to_string(), services: None })
-        }),
-        ChildSpec::new("bench-sink", || (Sink, ())),
-        ChildSpec::new("bench-crashy", || (Crashy, ())),
-    ];
+    // the expert answers both as a ractor_cluster actor and on the role-checked service path
+    let children: troupe_actors::Children = Box::new(|_, services, _| {
+        let args =
+            troupe_actors::hello::HelloArgs { node: PEER_NAME.to_string(), services: Some(services.clone()) };
+        Ok(vec![
+            ChildSpec::new("bench-expert", move || (HelloExpert, args.clone())),
+            ChildSpec::new("bench-sink", || (Sink, ())),
+            ChildSpec::new("bench-crashy", || (Crashy, ())),
+        ])
+    });
     let node = NodeRuntime::start(NodeSpec {
         identity,
         quic: QuicConfig::default(),
@@ -125,7 +128,7 @@ pub async fn run(keys: &Path) -> Result<()> {
         // the benchmark crashes one child many times in a row
         intensity: Intensity { max_restarts: 10_000, period: Duration::from_secs(1) },
         cookie: "bench".into(),
-        children: troupe_actors::fixed_children(children),
+        children,
         redial: Duration::from_millis(200),
     })
     .await?;
@@ -174,7 +177,9 @@ async fn tcp_sink(listener: TcpListener) {
             let _ = s.set_nodelay(true);
             let (mut r, mut w) = s.into_split();
             let limits = FrameLimits::default();
-            while let Ok(Some(f)) = read_frame(&mut r, &limits).await {
+            // the same receive-buffer reuse as the QUIC link's streams: the baseline differs in
+            // transport only
+            while let Ok(Some(f)) = read_frame_reusing(&mut r, &limits).await {
                 let ack = Frame::from_bytes(FrameKind::Message, 0, &(f.body.len() as u64).to_le_bytes());
                 drop(f);
                 if write_frame(&mut w, &ack).await.is_err() {

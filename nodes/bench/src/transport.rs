@@ -4,11 +4,13 @@
 //! figures in PERF-ANCHORS.md are.
 //!
 //! - tensor goodput: frames over QUIC (mutual TLS, framed, checked) vs the same frames over plain
-//!   TCP on loopback, and through the same-host shared-memory path, 1 MiB and 64 MiB payloads,
+//!   TCP on loopback (read with the same receive-buffer reuse, `frame::read_frame_reusing`, so
+//!   the two differ in transport only), and through the same-host shared-memory path, 1 MiB and 64 MiB payloads,
 //!   each acknowledged by the receiving node; the median of a few rounds that interleave the
 //!   three, against an in-process memcpy of the same size;
 //! - remote ask: a ractor_cluster RPC to an actor of the other process vs a raw UDP round trip
-//!   to that process;
+//!   to that process, and the same question through the role-checked service path
+//!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler);
 //! - remote tell: casts to an actor of the other process, until it has counted them all;
 //! - restart: an actor of the other process under its `Supervisor` panics; time from the crash
 //!   order to the first reply from its new incarnation (median of rounds);
@@ -36,6 +38,27 @@
 //! (`clear_page_erms` in `folio_zero_user`, ~14% of all samples) as the largest single cost: the
 //! delivered `Frame` owns a fresh `AlignedVec`, so the same-host figure is bounded by
 //! `memcpy_64mib_mb_s` until the receiving API can lend a reused or mapped buffer.
+//!
+//! Then (2026-12-02, perf with DWARF call graphs over a whole run, load average ~2): of the
+//! receiving process's samples under quinn, 64% were `RecvStream::poll_read_buf` copying into
+//! the body buffer and 48% page faults inside that copy (fresh 4 KiB pages of new buffers,
+//! zeroed by the kernel, charged to the memcg); AES-GCM decryption did not reach the top 25.
+//! The sender spent 25% in AES-GCM encryption, 21% in `sendmsg` (GSO, 6500-byte segments) and
+//! 14% copying stream data into packets. Complete frames' buffers now go back to a bounded
+//! receive pool (`frame::recv_pool`) and the next frame of about that size is read into one:
+//! in the same profile afterwards the receiver's page faults are 3% of its samples, and its
+//! work is the kernel's copy out of the socket, quinn's copy into the body and decryption.
+//! Measured on a loaded box (load average 15-17 from four other builds), four A/B pairs in turn,
+//! medians; "before" is the release binary of 2026-12-01 20:26 (older same-host path, TCP
+//! baseline reading into fresh buffers), "after" this one: QUIC 1 MiB 335 -> 183 MB/s, TCP 1 MiB
+//! 3066 -> 857 MB/s (ratio 0.14 -> 0.21); QUIC 64 MiB 148 -> 191 MB/s, TCP 64 MiB 226 -> 939 MB/s
+//! (ratio 0.70 -> 0.20: the TCP baseline gained most from the reuse); ask p50 118 -> 86 us,
+//! service-path ask 90 us; UDP round trip ~8 us in both. At that load every figure moves 2-3x
+//! between runs (one more run after: 1 MiB ratio 0.30, 64 MiB 0.33): the ratios against the
+//! targets need a quiet box. Three more pairs (load 17-19, after first) gave QUIC 1 MiB 135 vs
+//! 118 MB/s before, TCP 1 MiB 1349 vs 1847, TCP 64 MiB 1557 vs 363, QUIC 64 MiB 141 vs 181: QUIC
+//! 1 MiB did not drop again, TCP 1 MiB was lower again (inside a 466-2602 spread: not settled),
+//! and the TCP 64 MiB gain repeated.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -49,11 +72,13 @@ use ractor_cluster::RactorMessage;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use troupe_actors::hello::{HelloExpertMsg, remote_experts};
+use troupe_actors::hello::{ASK, HelloExpertMsg, find_experts, remote_experts};
+use troupe_actors::service::{Services, to_body};
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
 use troupe_transport::frame::{read_frame, write_frame};
 use troupe_transport::{
-    Channel, ClusterCa, Frame, FrameKind, FrameLimits, Link, NodeId, QuicConfig, QuicNode, ShmConfig,
+    Channel, ClusterCa, Frame, FrameKind, FrameLimits, IssueOptions, Link, NodeId, QuicConfig, QuicNode,
+    Role, RoleSet, ShmConfig,
 };
 
 use super::peer::{CRASHY_GROUP, CrashyMsg, PEER_NAME, SINK_GROUP, SinkMsg};
@@ -143,6 +168,10 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("udp_rtt_p50_us".into(), udp);
     f.insert("ask_p50_over_udp_rtt".into(), p50 / udp);
     f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
+    let (sp50, sp99) = service_ask(&client.services, asks).await?;
+    f.insert("ask_service_p50_us".into(), sp50);
+    f.insert("ask_service_p99_us".into(), sp99);
+    f.insert("ask_service_p50_over_udp_rtt".into(), sp50 / udp);
     let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
     f.insert("tell_cross_process_per_s".into(), tells);
     f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
@@ -321,7 +350,8 @@ async fn tcp_goodput(addr: SocketAddr, payload: &[u8], count: usize) -> Result<f
 
 fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr) -> Result<NodeSpec> {
     Ok(NodeSpec {
-        identity: ca.issue_node(name)?,
+        // the scheduler role: the expert's service method admits schedulers only
+        identity: ca.issue(name, &IssueOptions::new(RoleSet::only(Role::Scheduler))?)?,
         quic: QuicConfig::default(),
         peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer }],
         membership: MembershipConfig::default(),
@@ -365,6 +395,26 @@ async fn remote_ask(asks: usize) -> Result<(f64, f64)> {
     for i in 0..asks + 50 {
         let t = Instant::now();
         ractor::call_t!(expert, HelloExpertMsg::Ask, 5000, "ping".to_string())?;
+        if i >= 50 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok((quantile(&mut samples, 0.5), quantile(&mut samples, 0.99)))
+}
+
+/// The same question as [`remote_ask`] through the role-checked service path (a
+/// [`FrameKind::Service`] request on the data channel, answered by the expert's handler, found
+/// by its service announcement); p50 and p99 in microseconds.
+async fn service_ask(services: &Services, asks: usize) -> Result<(f64, f64)> {
+    let experts = find_experts(services, 1, Duration::from_secs(20))
+        .await
+        .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
+    let (peer, service) = &experts[0];
+    let body = to_body(&"ping".to_string()).map_err(anyhow::Error::msg)?;
+    let mut samples = Vec::with_capacity(asks);
+    for i in 0..asks + 50 {
+        let t = Instant::now();
+        services.call(peer, service, ASK, body.clone(), Duration::from_secs(5)).await?;
         if i >= 50 {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
