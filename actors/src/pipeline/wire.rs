@@ -685,6 +685,37 @@ mod tests {
         link.shutdown().await;
     }
 
+    /// A kept output goes on the shelf whatever its size; a reference naming this node is read
+    /// from the node's own shelf (counted as local, nothing pulled), one naming a node with an
+    /// over-long name is refused before any pull.
+    #[tokio::test]
+    async fn kept_outputs_are_references_read_from_the_own_shelf() {
+        use troupe_transport::{ClusterCa, QuicConfig};
+        let t = NamedTensor::f32("hidden", vec![1, 4, 8], (0..32).map(|i| i as f32 * 0.5).collect());
+        let shelf = BlobShelf::default();
+        let mut tally = EncodeTally::default();
+        let wire = encode_tensors_above(std::slice::from_ref(&t), false, &shelf, &mut tally, 0).unwrap();
+        let TensorBody::ByRef { blob, len } = wire[0].body else { panic!("not by reference") };
+        assert_eq!(tally.by_reference, 1);
+        let ca = ClusterCa::generate("t").unwrap();
+        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        let me = link.local_id().as_str().to_owned();
+        let at = vec![WireNamed { name: "hidden".into(), body: TensorBody::At { node: me, blob, len } }];
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let mut moved = Moved::default();
+        let back = decode_tensors_from(at, &link, "f", Some(&shelf), &mut budget, &mut moved).await.unwrap();
+        assert_eq!(back, vec![t]);
+        assert_eq!(moved, Moved { pulled: 0, local: len, inline_f32: 0 });
+        let far = vec![WireNamed {
+            name: "hidden".into(),
+            body: TensorBody::At { node: "n".repeat(MAX_NODE_NAME + 1), blob, len },
+        }];
+        let e =
+            decode_tensors_from(far, &link, "f", Some(&shelf), &mut budget, &mut moved).await.unwrap_err();
+        assert!(e.to_string().contains("node name"), "{e}");
+        link.shutdown().await;
+    }
+
     #[test]
     fn large_tensors_go_by_reference_on_the_shelf() {
         // Noise does not compress: 2 MiB of it stays above the 1 MiB threshold.
