@@ -428,6 +428,8 @@ struct Handle {
 #[derive(Clone)]
 struct ExecCtx {
     link: QuicNode,
+    /// The foreman's blob shelf (inputs it relays when workers cannot reach each other).
+    shelf: BlobShelf,
     foreman: String,
     lossy_bf16: bool,
     timeout: Duration,
@@ -493,7 +495,20 @@ async fn executor(
                     keep_outputs,
                 };
                 let called = Instant::now();
-                let answer = call(&actor, &req, ctx.timeout).await;
+                let mut answer = call(&actor, &req, ctx.timeout).await;
+                let mut relayed = 0u64;
+                if let Ok(Response::PullFailed { node: holder, detail }) = &answer {
+                    // the worker could not reach the one holding its inputs: relay them here
+                    // (counted as activation bytes through the foreman) and ask once more
+                    warn!(worker = %node, %holder, %detail, "pull between workers failed; the foreman relays");
+                    answer = match relay(&ctx, req).await {
+                        Ok((req, bytes)) => {
+                            relayed = bytes;
+                            call(&actor, &req, ctx.timeout).await
+                        }
+                        Err(e) => Err(CallError::Remote(e)),
+                    };
+                }
                 let call_s = called.elapsed().as_secs_f64();
                 let result = match answer {
                     Ok(Response::Ran {
@@ -513,7 +528,7 @@ async fn executor(
                             max_abs_error,
                             times,
                             call_s,
-                            activation_bytes_in: if keep_outputs { inline + pulled } else { 0 },
+                            activation_bytes_in: relayed + if keep_outputs { inline + pulled } else { 0 },
                             output_bytes_in: if keep_outputs { 0 } else { inline + pulled },
                         }),
                         Err(e) => Err(CallError::Remote(e.to_string())),
@@ -529,6 +544,29 @@ async fn executor(
             return;
         }
     }
+}
+
+/// `req` with its [`TensorBody::At`] inputs pulled here from the workers holding them and put on
+/// the foreman's shelf (the worker then pulls them from the foreman), and the bytes relayed.
+async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
+    let Request::Run { input, stage, mut tensors, from, lossy_bf16, keep_outputs } = req else {
+        return Err("only a task's inputs are relayed".into());
+    };
+    let mut bytes = 0u64;
+    for t in &mut tensors {
+        if let TensorBody::At { node, blob, len } = &t.body {
+            let cap = u32::try_from(*len).map_err(|_| format!("tensor {}: {len} bytes", t.name))?;
+            let got = ctx
+                .link
+                .fetch_blob(&NodeId::new(node), *blob, cap)
+                .await
+                .map_err(|e| format!("relaying tensor {} from {node}: {e}", t.name))?;
+            bytes += got.len() as u64;
+            let id = ctx.shelf.put_transient(got);
+            t.body = TensorBody::ByRef { blob: id, len: *len };
+        }
+    }
+    Ok((Request::Run { input, stage, tensors, from, lossy_bf16, keep_outputs }, bytes))
 }
 
 /// A task's outputs from its answer: references to the worker's shelf when it kept them (an
@@ -1267,6 +1305,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let settings = shared.settings.clone();
         let ctx = ExecCtx {
             link: shared.link.clone(),
+            shelf: shared.shelf.clone(),
             foreman: shared.link.local_id().as_str().to_owned(),
             lossy_bf16: job.lossy_bf16,
             timeout: settings.rpc_timeout,

@@ -249,6 +249,14 @@ mod messages {
             /// Where the worker's time outside the compute went, and the bytes it moved.
             times: RunTimes,
         },
+        /// `Run` could not pull an input from the worker `node` that holds it (not connected to
+        /// it, say, after one of them was restarted): the foreman may relay it instead.
+        PullFailed {
+            /// The node the pull went to.
+            node: String,
+            /// Why it failed.
+            detail: String,
+        },
         /// Answer to `Telemetry`.
         Telemetry(TelemetrySample),
         /// Answer to `Stats`.

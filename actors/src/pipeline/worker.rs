@@ -22,8 +22,8 @@ use troupe_transport::{Link, NodeId, QuicNode, Role};
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
     BY_REFERENCE_ABOVE, BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Moved, Request, Response,
-    RunTimes, TensorBody, WorkerStats, decode_tensors_from, encode_tensors_above, request_from_bytes,
-    to_bytes,
+    RunTimes, TensorBody, WireError, WorkerStats, decode_tensors_from, encode_tensors_above,
+    request_from_bytes, to_bytes,
 };
 use crate::mailbox::{CountedSend, Queued};
 use crate::service::{Allow, Handler, ServiceSpec, Services};
@@ -416,7 +416,12 @@ impl WorkerState {
             Ok(t) => t,
             Err(e) => {
                 self.session = Some(live);
-                return Err(e.to_string());
+                return match e {
+                    WireError::Pull { ref from, .. } if from != self.args.link.local_id().as_str() => {
+                        Ok(Response::PullFailed { node: from.clone(), detail: e.to_string() })
+                    }
+                    e => Err(e.to_string()),
+                };
             }
         };
         times.inputs_micros = micros(fetched.elapsed());
