@@ -52,7 +52,14 @@ async fn chained_outputs_equal_the_whole_model_and_workers_never_hold_two_sessio
     cluster.shutdown().await;
     let outcome = outcome.unwrap();
     let big = big.unwrap();
-    assert!(big.tally.by_reference > 0, "no tensor went by reference: {:?}", big.tally);
+    // Activations go from the worker that made them to the one that reads them, by reference
+    // (pulled by hash over QUIC, or read off its own shelf): none through the foreman.
+    for (name, o) in [("streaming", &outcome), ("barrier", &big)] {
+        let a = o.activations;
+        assert!(a.worker_to_worker + a.same_worker > 0, "{name}: no activation went by reference: {a:?}");
+        assert_eq!(a.via_foreman, 0, "{name}: the foreman carried activations: {a:?}");
+        assert!(a.outputs_to_foreman > 0, "{name}: no answer reached the foreman: {a:?}");
+    }
     let reference = whole_model_on(&big_input[0]);
     let got = final_vector(&big.outputs[0]).unwrap();
     assert_eq!(got.len(), reference.len());

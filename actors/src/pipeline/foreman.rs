@@ -20,8 +20,14 @@
 //! journal (the `pipeline` job's default), the acceptance and every answer are synced to disk
 //! before they count, so a foreman node killed with `kill -9` and started again resumes the job
 //! with the unanswered inputs only (see [`AcceptedJob::open`]); telemetry is pulled (one RPC per worker per period) rather than
-//! pushed; tensors go worker -> foreman -> next worker (a star), even when the next stage runs
-//! on the same worker. A lost worker whose node comes back (its worker service announced again)
+//! pushed. Activations go from the producing worker to the consuming one: a worker running an
+//! intermediate stage keeps its outputs on its blob shelf and answers with references
+//! ([`TensorBody::At`]); the foreman passes those references on in the next stage's `Run`, and
+//! that worker pulls the bytes from the producer over the QUIC blob stream (or reads its own
+//! shelf when it made them). The foreman carries control, job inputs and the last stage's
+//! answers only; the bytes are counted as they move ([`ActivationBytes`]). Outputs kept on a
+//! worker that is lost before the next stage read them are made again (the policy's
+//! `handle_outputs_lost`). A lost worker whose node comes back (its worker service announced again)
 //! is joined again under its old id and put back in service within the same job.
 
 use std::collections::BTreeMap;
@@ -43,8 +49,8 @@ use ractor::ActorRef;
 use super::job::PipelineJob;
 use super::ledger::{Ledger, Resumed};
 use super::wire::{
-    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, TelemetrySample, WireNamed,
-    WorkerStats, decode_tensors, encode_tensors, response_from_bytes, to_bytes,
+    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Moved, Request, Response, RunTimes, TelemetrySample,
+    TensorBody, WireNamed, WorkerStats, decode_tensors_from, encode_tensors, response_from_bytes, to_bytes,
 };
 use super::worker::{CALL, SERVICE_PREFIX};
 use crate::kinds::scheduler::{SchedulerActor, SchedulerArgs, SchedulerMsg};
@@ -225,6 +231,50 @@ pub struct JobOutcome {
     /// The journal that held the job, if it had one: remove it once the outputs are out, so
     /// that the next run of the same job starts afresh.
     pub journal: Option<std::path::PathBuf>,
+    /// Per completed task, where its time went.
+    pub task_times: Vec<TaskTimes>,
+    /// Where the activation bytes went (counted as they moved).
+    pub activations: ActivationBytes,
+}
+
+/// One completed task's times, seconds: as the foreman saw it and as the worker reported it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TaskTimes {
+    /// The task.
+    pub task: TaskId,
+    /// Worker index.
+    pub worker: usize,
+    /// The foreman's Run span (request sent to outputs in hand).
+    pub span_s: f64,
+    /// The call alone (request serialised and sent, answer received and read).
+    pub call_s: f64,
+    /// ONNX Runtime time the worker measured.
+    pub compute_s: f64,
+    /// The worker's own account of the rest.
+    pub reported: RunTimes,
+}
+
+/// Counters of the bytes of intermediate activations (one stage's f32 outputs for the next
+/// stage), read off the messages and pulls as they happen; a job's answers (last-stage outputs,
+/// which the foreman must receive) are counted apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ActivationBytes {
+    /// Activation bytes the foreman received (in answers or pulled) or sent inline in requests.
+    pub via_foreman: u64,
+    /// Activation bytes workers pulled from other workers.
+    pub worker_to_worker: u64,
+    /// Activation bytes a worker read from its own shelf (the next stage ran where the last did).
+    pub same_worker: u64,
+    /// Final outputs the foreman received, bytes.
+    pub outputs_to_foreman: u64,
+}
+
+impl ActivationBytes {
+    /// The foreman's share of the activation bytes that moved between nodes (NaN when none did).
+    pub fn foreman_share(&self) -> f64 {
+        let all = self.via_foreman + self.worker_to_worker;
+        if all == 0 { f64::NAN } else { self.via_foreman as f64 / all as f64 }
+    }
 }
 
 /// Progress events for observers (tests use them to kill a worker mid-job).
@@ -303,15 +353,32 @@ enum Cmd {
     Fetch { stage: usize, sha256: String, blob: [u8; 32], size: u64 },
     Load { stage: usize, sha256: String },
     Unload,
-    Run { task: TaskId, tensors: Vec<WireNamed> },
+    Run { task: TaskId, tensors: Vec<WireNamed>, keep_outputs: bool },
+}
+
+/// A task's outputs as the foreman holds them.
+#[derive(Clone)]
+enum Held {
+    /// Here, decoded (a last stage's answer, or outputs a worker sent inline).
+    Here(Vec<NamedTensor>),
+    /// On worker `worker`'s blob shelf: references ([`TensorBody::At`]) the next stage's worker
+    /// pulls from there.
+    At { worker: usize, refs: Vec<WireNamed> },
 }
 
 struct Ran {
-    outputs: Vec<NamedTensor>,
+    outputs: Held,
     compute_micros: u64,
     raw: u64,
     wire: u64,
     max_abs_error: f32,
+    times: RunTimes,
+    /// The call (request out, answer back and read), seconds.
+    call_s: f64,
+    /// f32 payload bytes of activations that came to the foreman in the answer.
+    activation_bytes_in: u64,
+    /// f32 payload bytes of final outputs that came to the foreman (inline or pulled).
+    output_bytes_in: u64,
 }
 
 enum EventKind {
@@ -361,6 +428,8 @@ struct Handle {
 #[derive(Clone)]
 struct ExecCtx {
     link: QuicNode,
+    /// The foreman's blob shelf (inputs it relays when workers cannot reach each other).
+    shelf: BlobShelf,
     foreman: String,
     lossy_bf16: bool,
     timeout: Duration,
@@ -416,36 +485,51 @@ async fn executor(
                 EventKind::Loaded { stage, result }
             }
             Cmd::Unload => EventKind::Unloaded(call(&actor, &Request::Unload, ctx.timeout).await.map(|_| ())),
-            Cmd::Run { task, tensors } => {
+            Cmd::Run { task, tensors, keep_outputs } => {
                 let req = Request::Run {
                     input: task.input as u32,
                     stage: task.stage as u32,
                     tensors,
                     from: ctx.foreman.clone(),
                     lossy_bf16: ctx.lossy_bf16,
+                    keep_outputs,
                 };
-                let result = match call(&actor, &req, ctx.timeout).await {
+                let called = Instant::now();
+                let mut answer = call(&actor, &req, ctx.timeout).await;
+                let mut relayed = 0u64;
+                if let Ok(Response::PullFailed { node: holder, detail }) = &answer {
+                    // the worker could not reach the one holding its inputs: relay them here
+                    // (counted as activation bytes through the foreman) and ask once more
+                    warn!(worker = %node, %holder, %detail, "pull between workers failed; the foreman relays");
+                    answer = match relay(&ctx, req).await {
+                        Ok((req, bytes)) => {
+                            relayed = bytes;
+                            call(&actor, &req, ctx.timeout).await
+                        }
+                        Err(e) => Err(CallError::Remote(e)),
+                    };
+                }
+                let call_s = called.elapsed().as_secs_f64();
+                let result = match answer {
                     Ok(Response::Ran {
                         tensors,
                         compute_micros,
                         raw_f32_bytes,
                         wire_f32_bytes,
                         max_abs_error,
+                        times,
                         ..
-                    }) => match decode_tensors(
-                        tensors,
-                        &ctx.link,
-                        &node,
-                        &mut DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES),
-                    )
-                    .await
-                    {
-                        Ok(outputs) => Ok(Ran {
+                    }) => match ran_outputs(&ctx, worker, &node, tensors, keep_outputs).await {
+                        Ok((outputs, inline, pulled)) => Ok(Ran {
                             outputs,
                             compute_micros,
                             raw: raw_f32_bytes,
                             wire: wire_f32_bytes,
                             max_abs_error,
+                            times,
+                            call_s,
+                            activation_bytes_in: relayed + if keep_outputs { inline + pulled } else { 0 },
+                            output_bytes_in: if keep_outputs { 0 } else { inline + pulled },
                         }),
                         Err(e) => Err(CallError::Remote(e.to_string())),
                     },
@@ -460,6 +544,55 @@ async fn executor(
             return;
         }
     }
+}
+
+/// `req` with its [`TensorBody::At`] inputs pulled here from the workers holding them and put on
+/// the foreman's shelf (the worker then pulls them from the foreman), and the bytes relayed.
+async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
+    let Request::Run { input, stage, mut tensors, from, lossy_bf16, keep_outputs } = req else {
+        return Err("only a task's inputs are relayed".into());
+    };
+    let mut bytes = 0u64;
+    for t in &mut tensors {
+        if let TensorBody::At { node, blob, len } = &t.body {
+            let cap = u32::try_from(*len).map_err(|_| format!("tensor {}: {len} bytes", t.name))?;
+            let got = ctx
+                .link
+                .fetch_blob(&NodeId::new(node), *blob, cap)
+                .await
+                .map_err(|e| format!("relaying tensor {} from {node}: {e}", t.name))?;
+            bytes += got.len() as u64;
+            let id = ctx.shelf.put_transient(got);
+            t.body = TensorBody::ByRef { blob: id, len: *len };
+        }
+    }
+    Ok((Request::Run { input, stage, tensors, from, lossy_bf16, keep_outputs }, bytes))
+}
+
+/// A task's outputs from its answer: references to the worker's shelf when it kept them (an
+/// intermediate stage; nothing is pulled here), else decoded here (pulling what came by
+/// reference from the worker). Returns them with the f32 bytes that came inline and pulled.
+async fn ran_outputs(
+    ctx: &ExecCtx,
+    worker: usize,
+    node: &str,
+    tensors: Vec<WireNamed>,
+    keep_outputs: bool,
+) -> Result<(Held, u64, u64), super::wire::WireError> {
+    if keep_outputs && tensors.iter().all(|t| matches!(t.body, TensorBody::At { .. })) {
+        return Ok((Held::At { worker, refs: tensors }, 0, 0));
+    }
+    let mut moved = Moved::default();
+    let outputs = decode_tensors_from(
+        tensors,
+        &ctx.link,
+        node,
+        None,
+        &mut DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES),
+        &mut moved,
+    )
+    .await?;
+    Ok((Held::Here(outputs), moved.inline_f32, moved.pulled))
 }
 
 fn micros_since(t0: Instant) -> Micros {
@@ -516,7 +649,7 @@ struct Shell {
     workers: Vec<Handle>,
     by_node: BTreeMap<String, usize>,
     t0: Instant,
-    outputs: Vec<Vec<Option<Vec<NamedTensor>>>>,
+    outputs: Vec<Vec<Option<Held>>>,
     outcome: JobOutcome,
     last_error: BTreeMap<TaskId, String>,
     progress: Option<mpsc::UnboundedSender<Progress>>,
@@ -614,18 +747,12 @@ impl Shell {
             }
             Action::Unload { worker } => self.send(worker, Cmd::Unload),
             Action::Assign { task, worker, .. } => match self.task_inputs(task) {
-                Ok(inputs) => {
-                    let mut tally = EncodeTally::default();
-                    match encode_tensors(&inputs, self.job.lossy_bf16, &self.shelf, &mut tally) {
-                        Ok(tensors) => {
-                            self.add_tally(&tally);
-                            if let Some(p) = &self.progress {
-                                let _ = p.send(Progress::Assigned { task, node: self.node_of(worker) });
-                            }
-                            self.send(worker, Cmd::Run { task, tensors });
-                        }
-                        Err(e) => self.fail_task(worker, task, e.to_string()),
+                Ok(tensors) => {
+                    if let Some(p) = &self.progress {
+                        let _ = p.send(Progress::Assigned { task, node: self.node_of(worker) });
                     }
+                    let keep_outputs = task.stage + 1 < self.job.stages.len();
+                    self.send(worker, Cmd::Run { task, tensors, keep_outputs });
                 }
                 Err(e) => self.fail_task(worker, task, e),
             },
@@ -653,8 +780,10 @@ impl Shell {
         o.by_reference += t.by_reference;
     }
 
-    /// A stage's inputs for one job input: the previous stage's outputs by name, else job inputs.
-    fn task_inputs(&self, task: TaskId) -> Result<Vec<NamedTensor>, String> {
+    /// A stage's inputs for one job input, as they go in the request: the previous stage's
+    /// outputs by name (references to the worker holding them, or encoded here when held here),
+    /// else job inputs (encoded here).
+    fn task_inputs(&mut self, task: TaskId) -> Result<Vec<WireNamed>, String> {
         let sig = self.job.chain.stage(task.stage).ok_or("no such stage")?;
         let global = *self.map.get(task.input).ok_or("no such input")?;
         let job_inputs = self.job.inputs.get(global).ok_or("no such input")?;
@@ -666,15 +795,40 @@ impl Shell {
                     .ok_or_else(|| format!("outputs of {} are missing", TaskId::new(task.input, k - 1)))?,
             ),
         };
-        sig.inputs
-            .iter()
-            .map(|t| {
-                prev.and_then(|p| p.iter().find(|o| o.name == t.name))
-                    .or_else(|| job_inputs.iter().find(|o| o.name == t.name))
-                    .cloned()
-                    .ok_or_else(|| format!("no tensor named {} for {task}", t.name))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(sig.inputs.len());
+        let mut tally = EncodeTally::default();
+        let mut activation_bytes = 0u64;
+        for t in &sig.inputs {
+            let here = match prev {
+                Some(Held::At { refs, .. }) => {
+                    if let Some(r) = refs.iter().find(|o| o.name == t.name) {
+                        out.push(r.clone());
+                        continue;
+                    }
+                    None
+                }
+                Some(Held::Here(p)) => p.iter().find(|o| o.name == t.name).map(|o| (o, true)),
+                None => None,
+            };
+            let (tensor, activation) = here
+                .or_else(|| job_inputs.iter().find(|o| o.name == t.name).map(|o| (o, false)))
+                .ok_or_else(|| format!("no tensor named {} for {task}", t.name))?;
+            let mut one = EncodeTally::default();
+            let encoded =
+                encode_tensors(std::slice::from_ref(tensor), self.job.lossy_bf16, &self.shelf, &mut one)
+                    .map_err(|e| e.to_string())?;
+            if activation {
+                activation_bytes += one.wire;
+            }
+            tally.raw += one.raw;
+            tally.wire += one.wire;
+            tally.max_abs_error = tally.max_abs_error.max(one.max_abs_error);
+            tally.by_reference += one.by_reference;
+            out.extend(encoded);
+        }
+        self.add_tally(&tally);
+        self.outcome.activations.via_foreman += activation_bytes;
+        Ok(out)
     }
 
     fn lose(&mut self, worker: usize, why: &str) {
@@ -692,9 +846,38 @@ impl Shell {
             let _ = p.send(Progress::Lost { node });
         }
         self.policy.handle_worker_lost(micros_since(self.t0), WorkerId(worker as u32));
+        self.outputs_lost_with(worker);
         self.drain();
         // its node may already be back (a fast restart is noticed only when a call fails)
         self.try_rejoin();
+    }
+
+    /// Activations kept on lost worker `worker` and not read yet by the next stage are gone: per
+    /// input, the earliest stage whose outputs must be made again (walking back over stages
+    /// whose outputs were on that worker too) is run again, as the policy is told.
+    fn outputs_lost_with(&mut self, worker: usize) {
+        let stages = self.job.stages.len();
+        let on_lost = |h: &Option<Held>| matches!(h, Some(Held::At { worker: w, .. }) if *w == worker);
+        let mut redo = Vec::new();
+        for (input, held) in self.outputs.iter_mut().enumerate() {
+            let Some(k) =
+                (0..stages.saturating_sub(1)).rev().find(|&k| on_lost(&held[k]) && held[k + 1].is_none())
+            else {
+                continue;
+            };
+            let mut j = k;
+            while j > 0 && on_lost(&held[j - 1]) {
+                j -= 1;
+            }
+            for h in &mut held[j..=k] {
+                *h = None;
+            }
+            redo.push(TaskId::new(input, j));
+        }
+        for task in redo {
+            self.log(format!("outputs of {task} were on a lost worker; running it again"));
+            self.policy.handle_outputs_lost(micros_since(self.t0), task);
+        }
     }
 
     /// Joins again every rejoining worker whose service is announced (the answer arrives as an
@@ -872,10 +1055,26 @@ impl Shell {
                         end: ev.end,
                     });
                     self.outcome.compute_s.push((task.stage, ev.worker, ran.compute_micros as f64 / 1e6));
+                    self.outcome.task_times.push(TaskTimes {
+                        task,
+                        worker: ev.worker,
+                        span_s: ev.end - ev.start,
+                        call_s: ran.call_s,
+                        compute_s: ran.compute_micros as f64 / 1e6,
+                        reported: ran.times,
+                    });
+                    let a = &mut self.outcome.activations;
+                    a.via_foreman += ran.activation_bytes_in;
+                    a.outputs_to_foreman += ran.output_bytes_in;
+                    if task.stage > 0 {
+                        a.worker_to_worker += ran.times.pulled_bytes;
+                        a.same_worker += ran.times.local_bytes;
+                    }
                     if task.stage + 1 == self.job.stages.len()
                         && let Some(&global) = self.map.get(task.input)
+                        && let Held::Here(outputs) = &ran.outputs
                     {
-                        self.shared.answer(global, &ran.outputs);
+                        self.shared.answer(global, outputs);
                     }
                     self.outputs[task.input][task.stage] = Some(ran.outputs);
                     self.workers[ev.worker].summary.tasks += 1;
@@ -1106,6 +1305,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let settings = shared.settings.clone();
         let ctx = ExecCtx {
             link: shared.link.clone(),
+            shelf: shared.shelf.clone(),
             foreman: shared.link.local_id().as_str().to_owned(),
             lossy_bf16: job.lossy_bf16,
             timeout: settings.rpc_timeout,

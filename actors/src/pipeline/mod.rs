@@ -18,8 +18,8 @@ pub mod wire;
 pub mod worker;
 
 pub use foreman::{
-    AcceptedJob, FAULT_SITE, JobOutcome, Progress, ShellError, ShellSettings, Span, SpanKind, WorkerSummary,
-    run_pipeline_job,
+    AcceptedJob, ActivationBytes, FAULT_SITE, JobOutcome, Progress, ShellError, ShellSettings, Span,
+    SpanKind, TaskTimes, WorkerSummary, run_pipeline_job,
 };
 pub use job::{JobError, PipelineJob, StageFile, build_job};
 pub use ledger::{Ledger, LedgerError, Resumed, job_digest};

@@ -28,8 +28,13 @@ pub const CGROUP_V1_CPU: &str = "/sys/fs/cgroup/cpu";
 pub const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 /// Where the cgroup v2 unified hierarchy is mounted on Linux (when it is).
 pub const CGROUP_V2_ROOT: &str = "/sys/fs/cgroup";
-/// CFS period written with the quota, microseconds.
-pub const CFS_PERIOD_US: u64 = 100_000;
+/// CFS period written with the quota, microseconds: 10 ms. The share of one CPU is the quota
+/// over the period, whatever the period; the period sets how long a throttled worker stalls. With
+/// the kernel's default 100 ms, a 20 % worker gets 20 ms of CPU and then waits up to 80 ms, so a
+/// ~20 ms task that exhausts the quota stalls for most of a period (a bursty phone, not a slow
+/// one, and the stall lands wherever the quota ran out, often outside the compute). At 10 ms the
+/// same share stalls at most 8 ms at a time (the kernel allows periods down to 1 ms).
+pub const CFS_PERIOD_US: u64 = 10_000;
 
 /// The simulated part of a worker's telemetry.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,7 +107,11 @@ impl Straggler {
         match self {
             Straggler::None => "none (full speed)".into(),
             Straggler::Cgroup { version, group, pct } => {
-                format!("{version} cpu quota {pct}% of one CPU ({})", group.display())
+                format!(
+                    "{version} cpu quota {pct}% of one CPU, CFS period {} ms ({})",
+                    CFS_PERIOD_US / 1000,
+                    group.display()
+                )
             }
             Straggler::Pacing { pct, why } => {
                 format!("pacing to {pct}% speed (emulation: {why})")
@@ -420,7 +429,7 @@ mod tests {
         std::fs::write(r.join("cgroup.subtree_control"), "").unwrap();
         let group = cgroup_v2_quota(r, "w", 40).unwrap();
         assert_eq!(group, r.join("troupe").join(format!("w-{}", std::process::id())));
-        assert_eq!(std::fs::read_to_string(group.join("cpu.max")).unwrap(), "40000 100000");
+        assert_eq!(std::fs::read_to_string(group.join("cpu.max")).unwrap(), "4000 10000");
         assert_eq!(
             std::fs::read_to_string(group.join("cgroup.procs")).unwrap(),
             std::process::id().to_string()

@@ -19,7 +19,7 @@ use troupe_transport::codec::{
     DecodeBudget, TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits,
 };
 use troupe_transport::quic::BlobServer;
-use troupe_transport::{NodeId, QuicNode};
+use troupe_transport::{Link, NodeId, QuicNode};
 
 /// Encoded tensors above this many bytes travel by reference (a hash pulled over QUIC).
 pub const BY_REFERENCE_ABOVE: usize = 1 << 20;
@@ -87,6 +87,26 @@ pub struct WorkerStats {
     pub peak_rss_bytes: u64,
 }
 
+/// A worker's own account of one task outside the compute: where its time went (microseconds)
+/// and which input bytes it read from where. Measured by the worker, sent with the answer.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub struct RunTimes {
+    /// Reading the request (checked access) once the actor took it.
+    pub request_micros: u64,
+    /// Getting the inputs: pulling references and decoding tensors.
+    pub inputs_micros: u64,
+    /// Encoding the outputs (and putting them on the shelf when kept).
+    pub encode_micros: u64,
+    /// From the actor taking the request to the answer being ready to serialise.
+    pub handled_micros: u64,
+    /// Tensor bytes pulled from other nodes by reference.
+    pub pulled_bytes: u64,
+    /// Tensor bytes taken by reference from this worker's own shelf (no transfer).
+    pub local_bytes: u64,
+    /// f32 payload bytes that came inline in the request.
+    pub inline_f32_bytes: u64,
+}
+
 pub use messages::{Request, Response, TensorBody};
 
 /// Holds the enums with fielded variants: the resolvers rkyv derives for them have undocumented
@@ -95,7 +115,7 @@ mod messages {
     use rkyv::{Archive, Deserialize, Serialize};
     use troupe_transport::codec::WireTensor;
 
-    use super::{TelemetrySample, WireNamed, WorkerStats};
+    use super::{RunTimes, TelemetrySample, WireNamed, WorkerStats};
 
     /// A tensor's payload as it travels.
     #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -111,6 +131,17 @@ mod messages {
         },
         /// The serialised [`WireNamed`] is on the sender's blob shelf under this BLAKE3 hash.
         ByRef {
+            /// BLAKE3 of the serialised tensor.
+            blob: [u8; 32],
+            /// Its length in bytes.
+            len: u64,
+        },
+        /// The serialised [`WireNamed`] is on `node`'s blob shelf (the worker that produced it):
+        /// the receiver pulls it from there, so an activation goes from the producing worker to
+        /// the consuming one without passing through the foreman.
+        At {
+            /// The node holding it.
+            node: String,
             /// BLAKE3 of the serialised tensor.
             blob: [u8; 32],
             /// Its length in bytes.
@@ -157,6 +188,9 @@ mod messages {
             from: String,
             /// Send f32 outputs as bf16 (lossy).
             lossy_bf16: bool,
+            /// Keep the outputs on the worker's blob shelf and answer with references to them
+            /// (an intermediate stage: the next stage's worker pulls them from here).
+            keep_outputs: bool,
         },
         /// Current telemetry.
         Telemetry,
@@ -212,6 +246,16 @@ mod messages {
             wire_f32_bytes: u64,
             /// Largest absolute error the encoding caused (0 when lossless).
             max_abs_error: f32,
+            /// Where the worker's time outside the compute went, and the bytes it moved.
+            times: RunTimes,
+        },
+        /// `Run` could not pull an input from the worker `node` that holds it (not connected to
+        /// it, say, after one of them was restarted): the foreman may relay it instead.
+        PullFailed {
+            /// The node the pull went to.
+            node: String,
+            /// Why it failed.
+            detail: String,
         },
         /// Answer to `Telemetry`.
         Telemetry(TelemetrySample),
@@ -384,6 +428,18 @@ pub fn encode_tensors(
     shelf: &BlobShelf,
     tally: &mut EncodeTally,
 ) -> Result<Vec<WireNamed>, WireError> {
+    encode_tensors_above(tensors, lossy_bf16, shelf, tally, BY_REFERENCE_ABOVE)
+}
+
+/// Encodes tensors for sending; those whose encoded form is above `by_reference_above` bytes go
+/// on `shelf` by reference (`0`: every tensor with a payload does).
+pub fn encode_tensors_above(
+    tensors: &[NamedTensor],
+    lossy_bf16: bool,
+    shelf: &BlobShelf,
+    tally: &mut EncodeTally,
+    by_reference_above: usize,
+) -> Result<Vec<WireNamed>, WireError> {
     let options =
         TensorEncodeOptions { lossy_bf16, min_compress_bytes: 1024, ..TensorEncodeOptions::default() };
     let mut encoder = TensorEncoder::new(options);
@@ -406,9 +462,9 @@ pub fn encode_tensors(
         let encoded_len = match &named.body {
             TensorBody::F32(w) => w.payload.len(),
             TensorBody::I64 { data, .. } => data.len() * 8,
-            TensorBody::ByRef { .. } => 0,
+            TensorBody::ByRef { .. } | TensorBody::At { .. } => 0,
         };
-        if encoded_len > BY_REFERENCE_ABOVE {
+        if encoded_len > by_reference_above {
             let bytes = to_bytes("tensor", &named)?;
             let len = bytes.len() as u64;
             let blob = shelf.put_transient(bytes);
@@ -421,6 +477,20 @@ pub fn encode_tensors(
     Ok(out)
 }
 
+/// Longest node name a by-reference tensor may name.
+pub const MAX_NODE_NAME: usize = 255;
+
+/// Where the bytes of the tensors one message decoded came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Pulled from other nodes by reference.
+    pub pulled: u64,
+    /// Taken by reference from this node's own shelf.
+    pub local: u64,
+    /// f32 payload bytes carried inline in the message.
+    pub inline_f32: u64,
+}
+
 /// Decodes received tensors, pulling by-reference ones from `from` over `link`. Everything the
 /// message decodes to is charged to `budget` before it is allocated (a compression bomb is
 /// refused with an error naming the budget); a pull is capped by what the budget has left.
@@ -430,39 +500,81 @@ pub async fn decode_tensors(
     from: &str,
     budget: &mut DecodeBudget,
 ) -> Result<Vec<NamedTensor>, WireError> {
+    decode_tensors_from(tensors, link, from, None, budget, &mut Moved::default()).await
+}
+
+/// [`decode_tensors`], also resolving [`TensorBody::At`] references: pulled from the node they
+/// name, or read from `local` (this node's own shelf) when they name this node; what came from
+/// where is added to `moved`.
+pub async fn decode_tensors_from(
+    tensors: Vec<WireNamed>,
+    link: &QuicNode,
+    from: &str,
+    local: Option<&BlobShelf>,
+    budget: &mut DecodeBudget,
+    moved: &mut Moved,
+) -> Result<Vec<NamedTensor>, WireError> {
     if tensors.len() > MAX_TENSORS {
         return Err(WireError::TooLarge { what: "tensor list", got: tensors.len(), cap: MAX_TENSORS });
     }
     let mut decoder = TensorDecoder::new(TensorLimits { max_decoded_bytes: MAX_TENSOR_BYTES });
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
-        let named = match t.body {
-            TensorBody::ByRef { blob, len } => {
-                let pull =
-                    |detail: String| WireError::Pull { name: t.name.clone(), from: from.to_owned(), detail };
-                if len > budget.remaining() {
-                    return Err(WireError::Tensor {
-                        name: t.name.clone(),
-                        detail: format!(
-                            "a {len}-byte reference passes the message's decoded-bytes budget of {} bytes \
-                             ({} already decoded)",
-                            budget.cap(),
-                            budget.used()
-                        ),
+        let (blob, len, node) = match t.body {
+            TensorBody::ByRef { blob, len } => (blob, len, from.to_owned()),
+            TensorBody::At { node, blob, len } => {
+                if node.len() > MAX_NODE_NAME {
+                    return Err(WireError::TooLarge {
+                        what: "node name",
+                        got: node.len(),
+                        cap: MAX_NODE_NAME,
                     });
                 }
-                let cap = u32::try_from(len.min(MAX_MESSAGE_BYTES as u64 * 16)).unwrap_or(u32::MAX);
-                let bytes =
-                    link.fetch_blob(&NodeId::new(from), blob, cap).await.map_err(|e| pull(e.to_string()))?;
-                let inner = pulled_tensor(&bytes, cap as usize)?;
-                if matches!(inner.body, TensorBody::ByRef { .. }) {
-                    return Err(pull("a by-reference tensor points at another reference".into()));
-                }
-                inner
+                (blob, len, node)
             }
-            body => WireNamed { name: t.name, body },
+            body => {
+                if let TensorBody::F32(w) = &body {
+                    moved.inline_f32 += w.payload.len() as u64;
+                }
+                out.push(decode_one(WireNamed { name: t.name, body }, &mut decoder, budget)?);
+                continue;
+            }
         };
-        out.push(decode_one(named, &mut decoder, budget)?);
+        let pull = |detail: String| WireError::Pull { name: t.name.clone(), from: node.clone(), detail };
+        if len > budget.remaining() {
+            return Err(WireError::Tensor {
+                name: t.name.clone(),
+                detail: format!(
+                    "a {len}-byte reference passes the message's decoded-bytes budget of {} bytes \
+                     ({} already decoded)",
+                    budget.cap(),
+                    budget.used()
+                ),
+            });
+        }
+        let cap = u32::try_from(len.min(MAX_MESSAGE_BYTES as u64 * 16)).unwrap_or(u32::MAX);
+        let own = local.filter(|_| node == link.local_id().as_str());
+        let bytes: Arc<Vec<u8>> = match own {
+            Some(shelf) => {
+                let b = shelf.blob(&blob).ok_or_else(|| pull("no longer on this node's shelf".into()))?;
+                if b.len() > cap as usize {
+                    return Err(pull(format!("{} bytes, more than the {cap} it was announced as", b.len())));
+                }
+                moved.local += b.len() as u64;
+                b
+            }
+            None => {
+                let b =
+                    link.fetch_blob(&NodeId::new(&node), blob, cap).await.map_err(|e| pull(e.to_string()))?;
+                moved.pulled += b.len() as u64;
+                Arc::new(b)
+            }
+        };
+        let inner = pulled_tensor(&bytes, cap as usize)?;
+        if matches!(inner.body, TensorBody::ByRef { .. } | TensorBody::At { .. }) {
+            return Err(pull("a by-reference tensor points at another reference".into()));
+        }
+        out.push(decode_one(inner, &mut decoder, budget)?);
     }
     Ok(out)
 }
@@ -499,7 +611,7 @@ fn decode_one(
             tensor.check_shape().map_err(bad)?;
             Ok(tensor)
         }
-        TensorBody::ByRef { .. } => Err(bad("unresolved reference".into())),
+        TensorBody::ByRef { .. } | TensorBody::At { .. } => Err(bad("unresolved reference".into())),
     }
 }
 
@@ -553,7 +665,14 @@ mod tests {
             .map(|i| WireNamed { name: format!("x{i}"), body: TensorBody::F32(bomb.clone()) })
             .collect();
         // the request carrying them is well under the message cap
-        let request = Request::Run { input: 0, stage: 0, tensors, from: "f".into(), lossy_bf16: false };
+        let request = Request::Run {
+            input: 0,
+            stage: 0,
+            tensors,
+            from: "f".into(),
+            lossy_bf16: false,
+            keep_outputs: false,
+        };
         let bytes = to_bytes("request", &request).unwrap();
         assert!(bytes.len() < 64 << 10, "{}", bytes.len());
         let Request::Run { tensors, .. } = request_from_bytes(&bytes).unwrap() else { unreachable!() };
@@ -571,6 +690,37 @@ mod tests {
         // with the default budget the same message decodes
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         assert_eq!(decode_tensors(tensors, &link, "f", &mut budget).await.unwrap().len(), 32);
+        link.shutdown().await;
+    }
+
+    /// A kept output goes on the shelf whatever its size; a reference naming this node is read
+    /// from the node's own shelf (counted as local, nothing pulled), one naming a node with an
+    /// over-long name is refused before any pull.
+    #[tokio::test]
+    async fn kept_outputs_are_references_read_from_the_own_shelf() {
+        use troupe_transport::{ClusterCa, QuicConfig};
+        let t = NamedTensor::f32("hidden", vec![1, 4, 8], (0..32).map(|i| i as f32 * 0.5).collect());
+        let shelf = BlobShelf::default();
+        let mut tally = EncodeTally::default();
+        let wire = encode_tensors_above(std::slice::from_ref(&t), false, &shelf, &mut tally, 0).unwrap();
+        let TensorBody::ByRef { blob, len } = wire[0].body else { panic!("not by reference") };
+        assert_eq!(tally.by_reference, 1);
+        let ca = ClusterCa::generate("t").unwrap();
+        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        let me = link.local_id().as_str().to_owned();
+        let at = vec![WireNamed { name: "hidden".into(), body: TensorBody::At { node: me, blob, len } }];
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let mut moved = Moved::default();
+        let back = decode_tensors_from(at, &link, "f", Some(&shelf), &mut budget, &mut moved).await.unwrap();
+        assert_eq!(back, vec![t]);
+        assert_eq!(moved, Moved { pulled: 0, local: len, inline_f32: 0 });
+        let far = vec![WireNamed {
+            name: "hidden".into(),
+            body: TensorBody::At { node: "n".repeat(MAX_NODE_NAME + 1), blob, len },
+        }];
+        let e =
+            decode_tensors_from(far, &link, "f", Some(&shelf), &mut budget, &mut moved).await.unwrap_err();
+        assert!(e.to_string().contains("node name"), "{e}");
         link.shutdown().await;
     }
 

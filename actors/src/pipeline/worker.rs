@@ -17,12 +17,13 @@ use ractor_cluster::RactorMessage;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
-use troupe_transport::{NodeId, QuicNode, Role};
+use troupe_transport::{Link, NodeId, QuicNode, Role};
 
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
-    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Request, Response, WorkerStats, decode_tensors,
-    encode_tensors, request_from_bytes, to_bytes,
+    BY_REFERENCE_ABOVE, BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Moved, Request, Response,
+    RunTimes, TensorBody, WireError, WorkerStats, decode_tensors_from, encode_tensors_above,
+    request_from_bytes, to_bytes,
 };
 use crate::mailbox::{CountedSend, Queued};
 use crate::service::{Allow, Handler, ServiceSpec, Services};
@@ -182,8 +183,9 @@ impl Actor for PipelineWorker {
     ) -> Result<(), ActorProcessingErr> {
         let PipelineWorkerMsg::Call(bytes, queued, reply) = msg;
         queued.taken();
+        let taken = Instant::now();
         let response = match request_from_bytes(&bytes) {
-            Ok(req) => state.serve(req).await.unwrap_or_else(Response::Error),
+            Ok(req) => state.serve(req, taken).await.unwrap_or_else(Response::Error),
             Err(e) => Response::Error(e.to_string()),
         };
         crate::live::set_stage(&state.args.settings.node, state.session.as_ref().map(|l| l.stage));
@@ -271,7 +273,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl WorkerState {
-    async fn serve(&mut self, req: Request) -> Result<Response, String> {
+    /// Answers one request, taken from the mailbox at `taken`.
+    async fn serve(&mut self, req: Request, taken: Instant) -> Result<Response, String> {
         let s = &self.args.settings;
         match req {
             Request::Join => Ok(Response::Joined {
@@ -300,8 +303,10 @@ impl WorkerState {
                 }
                 Ok(Response::Unloaded)
             }
-            Request::Run { input, stage, tensors, from, lossy_bf16 } => {
-                self.run(input, stage, tensors, from, lossy_bf16).await
+            Request::Run { input, stage, tensors, from, lossy_bf16, keep_outputs } => {
+                let times = RunTimes { request_micros: micros(taken.elapsed()), ..RunTimes::default() };
+                let task = RunTask { input, stage, from, lossy_bf16, keep_outputs };
+                self.run(task, tensors, taken, times).await
             }
         }
     }
@@ -382,12 +387,12 @@ impl WorkerState {
 
     async fn run(
         &mut self,
-        input: u32,
-        stage: u32,
+        task: RunTask,
         tensors: Vec<super::wire::WireNamed>,
-        from: String,
-        lossy_bf16: bool,
+        taken: Instant,
+        mut times: RunTimes,
     ) -> Result<Response, String> {
+        let RunTask { input, stage, from, lossy_bf16, keep_outputs } = task;
         let live =
             self.session.take().ok_or_else(|| format!("task i{input}/s{stage}: no session is live"))?;
         if live.stage != stage {
@@ -396,13 +401,33 @@ impl WorkerState {
             return Err(msg);
         }
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
-        let inputs = match decode_tensors(tensors, &self.args.link, &from, &mut budget).await {
+        let mut moved = Moved::default();
+        let fetched = Instant::now();
+        let decoded = decode_tensors_from(
+            tensors,
+            &self.args.link,
+            &from,
+            Some(&self.args.shelf),
+            &mut budget,
+            &mut moved,
+        )
+        .await;
+        let inputs = match decoded {
             Ok(t) => t,
             Err(e) => {
                 self.session = Some(live);
-                return Err(e.to_string());
+                return match e {
+                    WireError::Pull { ref from, .. } if from != self.args.link.local_id().as_str() => {
+                        Ok(Response::PullFailed { node: from.clone(), detail: e.to_string() })
+                    }
+                    e => Err(e.to_string()),
+                };
             }
         };
+        times.inputs_micros = micros(fetched.elapsed());
+        times.pulled_bytes = moved.pulled;
+        times.local_bytes = moved.local;
+        times.inline_f32_bytes = moved.inline_f32;
         let (live, result, compute) = tokio::task::spawn_blocking(move || {
             let mut live = live;
             let start = Instant::now();
@@ -417,10 +442,25 @@ impl WorkerState {
         if !pace.is_zero() {
             tokio::time::sleep(pace).await;
         }
+        let encoding = Instant::now();
         let mut tally = EncodeTally::default();
-        let tensors =
-            encode_tensors(&outputs, lossy_bf16, &self.args.shelf, &mut tally).map_err(|e| e.to_string())?;
+        // An intermediate stage's outputs stay here (every one by reference, with this node as
+        // its holder): the next stage's worker pulls them, the foreman only passes the reference.
+        let by_reference_above = if keep_outputs { 0 } else { BY_REFERENCE_ABOVE };
+        let mut tensors =
+            encode_tensors_above(&outputs, lossy_bf16, &self.args.shelf, &mut tally, by_reference_above)
+                .map_err(|e| e.to_string())?;
+        if keep_outputs {
+            let me = self.args.link.local_id().as_str().to_owned();
+            for t in &mut tensors {
+                if let TensorBody::ByRef { blob, len } = t.body {
+                    t.body = TensorBody::At { node: me.clone(), blob, len };
+                }
+            }
+        }
+        times.encode_micros = micros(encoding.elapsed());
         self.stats.runs += 1;
+        times.handled_micros = micros(taken.elapsed());
         Ok(Response::Ran {
             tensors,
             compute_micros: micros(compute),
@@ -428,8 +468,18 @@ impl WorkerState {
             raw_f32_bytes: tally.raw,
             wire_f32_bytes: tally.wire,
             max_abs_error: tally.max_abs_error,
+            times,
         })
     }
+}
+
+/// What a `Run` request asks, besides its tensors.
+struct RunTask {
+    input: u32,
+    stage: u32,
+    from: String,
+    lossy_bf16: bool,
+    keep_outputs: bool,
 }
 
 /// Builds the start arguments and installs the shelf as the node's blob server.

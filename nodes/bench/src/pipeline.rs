@@ -16,6 +16,14 @@
 //!   later jobs find them in the workers' disk caches (warm: session creation only; the file is
 //!   in the page cache, so this is the best case for a warm load).
 //! - Wire bytes: f32 activations, both directions, lossless (byte-shuffle + zstd) and bf16 apart.
+//! - Overhead per task ([`OVERHEAD_DOC`]): `task_overhead_ms` from a streaming run on the same
+//!   workers at full speed (a second local cluster, no quota, warm disk caches), with its parts
+//!   from the workers' own timings; `task_overhead_ms_under_quota` from the streaming run under
+//!   the quotas. The quotas are CFS quotas with a 10 ms period (`cfs_period_ms`), so a 20 %
+//!   worker stalls at most 8 ms at a time rather than 80 ms.
+//! - Activations: `foreman_share_of_activation_bytes` is the foreman's share of the
+//!   intermediate activation bytes that moved between nodes, from counters kept as they moved
+//!   (the foreman's own sends and receives; the bytes workers pulled from each other).
 //!
 //! - The policy's own prediction: the simulator replays both modes with the measured per-stage
 //!   compute, pull and warm-load times, the quotas as speeds and the measured per-task overhead
@@ -30,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use troupe_actors::pipeline::telemetry::CFS_PERIOD_US;
 use troupe_actors::pipeline::{JobOutcome, ShellSettings, Span, SpanKind, StageFile, build_job};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig};
 use troupe_policy::Micros;
@@ -252,6 +261,55 @@ the quotas as speeds, S_m the sum of the m largest, L_k the cheapest load of sta
 every worker has the files after the cold run), L_min = min_k L_k, w_k the warm load of k: every \
 worker used loads at least one stage before it computes, every stage is loaded at least once";
 
+/// What `task_overhead_*` mean, printed with the figures.
+pub const OVERHEAD_DOC: &str = "task overhead = the foreman's Run span (request sent to outputs \
+in hand) minus the ONNX Runtime time the worker reports, mean over the tasks of one streaming run. \
+task_overhead_ms: workers at full speed (no quota), on loopback: the runtime's own cost per task. \
+task_overhead_ms_under_quota: the streaming run under the CPU quotas (CFS period cfs_period_ms), \
+where the worker's share of it runs at its quota and throttling stalls land in it. Breakdown \
+(full speed): _worker_request_ms reading the request, _worker_inputs_ms pulling and decoding the \
+inputs, _worker_encode_ms encoding the outputs onto the worker's shelf, _worker_other_ms the rest \
+of the worker's handling (hand-off to the compute thread), _transport_ms the call minus the \
+worker's handling (both serialisations, QUIC, the service router, the mailbox), _foreman_ms the \
+span outside the call (reading the answer's references or pulling a last stage's outputs)";
+
+/// Mean of Run span minus compute over a run's tasks, seconds.
+fn overhead_s(o: &JobOutcome) -> f64 {
+    mean(&o.task_times.iter().map(|t| (t.span_s - t.compute_s).max(0.0)).collect::<Vec<_>>())
+}
+
+/// `prefix_ms` (the mean overhead), its median and its parts, ms, from a run's task times.
+fn overhead_breakdown(o: &JobOutcome, prefix: &str) -> Vec<(String, f64)> {
+    let t = &o.task_times;
+    let m = |f: &dyn Fn(&troupe_actors::pipeline::TaskTimes) -> f64| {
+        mean(&t.iter().map(f).collect::<Vec<_>>()) * 1e3
+    };
+    let us = |v: u64| v as f64 / 1e6;
+    let all: Vec<f64> = t.iter().map(|t| (t.span_s - t.compute_s).max(0.0)).collect();
+    vec![
+        (format!("{prefix}_ms"), overhead_s(o) * 1e3),
+        (format!("{prefix}_median_ms"), median(&all) * 1e3),
+        (format!("{prefix}_worker_request_ms"), m(&|t| us(t.reported.request_micros))),
+        (format!("{prefix}_worker_inputs_ms"), m(&|t| us(t.reported.inputs_micros))),
+        (format!("{prefix}_worker_encode_ms"), m(&|t| us(t.reported.encode_micros))),
+        (
+            format!("{prefix}_worker_other_ms"),
+            m(&|t| {
+                let r = &t.reported;
+                (us(r.handled_micros)
+                    - us(r.request_micros)
+                    - us(r.inputs_micros)
+                    - us(r.encode_micros)
+                    - t.compute_s)
+                    .max(0.0)
+            }),
+        ),
+        (format!("{prefix}_transport_ms"), m(&|t| (t.call_s - us(t.reported.handled_micros)).max(0.0))),
+        (format!("{prefix}_foreman_ms"), m(&|t| (t.span_s - t.call_s).max(0.0))),
+        (format!("{prefix}_tasks"), t.len() as f64),
+    ]
+}
+
 fn mean(v: &[f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
@@ -359,6 +417,21 @@ pub async fn run(
     let peaks = cluster.peak_rss();
     cluster.shutdown().await;
     let (cold, cold_peaks, reset, streaming, barrier, bf16, spreads, (small_s, small_b)) = result?;
+    // The runtime's own overhead per task, measured with the same workers at full speed (no
+    // quota: worker-side encode, decode and pulls are not multiplied by 1/quota), their disk
+    // caches warm from the runs above.
+    let full_specs: Vec<WorkerSpec> =
+        specs.iter().map(|w| WorkerSpec { cpu_quota_pct: 100, ..w.clone() }).collect();
+    let full_dir = workdir.join("full-speed");
+    let full = LocalCluster::start(&exe, &full_dir, &full_specs).await?;
+    let full_result = async {
+        // the first run loads the sessions; the second is measured
+        full.run(job(Mode::Streaming, false)?, settings.clone(), None).await?;
+        full.run(job(Mode::Streaming, false)?, settings.clone(), None).await
+    }
+    .await;
+    full.shutdown().await;
+    let full_speed = full_result?;
     put("streaming_runs_spread", spreads[0]);
     put("barrier_runs_spread", spreads[1]);
     put("streaming_runs_spread_n_eq_w", spreads[2]);
@@ -456,15 +529,31 @@ pub async fn run(
         SpanKind::Fetch(stage) => Some(*stage),
         _ => None,
     });
-    let runs: Vec<f64> = streaming
-        .spans
-        .iter()
-        .filter(|s| matches!(s.kind, SpanKind::Run(_)))
-        .zip(&streaming.compute_s)
-        .map(|(s, (_, _, c))| (s.end - s.start - c).max(0.0))
-        .collect();
-    let hop = mean(&runs);
-    put("task_overhead_ms", hop * 1e3);
+    // Under the quotas: what the policy's simulation is given as the per-task hop.
+    let hop = overhead_s(&streaming);
+    put("task_overhead_ms_under_quota", hop * 1e3);
+    for (k, v) in overhead_breakdown(&full_speed, "task_overhead") {
+        put(&k, v);
+    }
+    put("full_speed_streaming_s", full_speed.makespan_s);
+    let a = streaming.activations;
+    put("foreman_share_of_activation_bytes", a.foreman_share());
+    put("activation_bytes_via_foreman", a.via_foreman as f64);
+    put("activation_bytes_worker_to_worker", a.worker_to_worker as f64);
+    put("activation_bytes_same_worker", a.same_worker as f64);
+    put("output_bytes_to_foreman", a.outputs_to_foreman as f64);
+    put("cfs_period_ms", CFS_PERIOD_US as f64 / 1e3);
+    println!("{OVERHEAD_DOC}");
+    println!(
+        "activations (streaming run under quota, counted as they moved): {} B worker to worker, {} B \
+         through the foreman (share {:.4}), {} B stayed on the worker that made them; {} B of answers \
+         to the foreman",
+        a.worker_to_worker,
+        a.via_foreman,
+        a.foreman_share(),
+        a.same_worker,
+        a.outputs_to_foreman
+    );
     let us = |s: f64| Micros((s * 1e6) as u64);
     let sim_costs: Vec<StageCost> = (0..t_k.len())
         .map(|k| StageCost { compute: us(t_k[k]), download: us(pull_k[k]), warm_load: us(warm_k[k]) })

@@ -350,6 +350,10 @@ impl JobState {
             self.done += 1;
             self.done_per_stage[t.stage] += 1;
         }
+        if old == TaskState::Done && new != TaskState::Done {
+            self.done -= 1;
+            self.done_per_stage[t.stage] -= 1;
+        }
         self.states[i] = new;
     }
 }
@@ -569,11 +573,21 @@ impl Foreman {
         let next = task.stage + 1;
         if next < job.stages() {
             match job.mode {
-                Mode::Streaming => job.set(TaskId::new(task.input, next), TaskState::Ready),
+                // only a waiting task becomes ready: after lost outputs were made again, the next
+                // task may already be in flight or done
+                Mode::Streaming => {
+                    let t = TaskId::new(task.input, next);
+                    if job.state(t) == Some(TaskState::Waiting) {
+                        job.set(t, TaskState::Ready);
+                    }
+                }
                 Mode::Barrier => {
                     if job.done_per_stage[task.stage] == job.inputs {
                         for i in 0..job.inputs {
-                            job.set(TaskId::new(i, next), TaskState::Ready);
+                            let t = TaskId::new(i, next);
+                            if job.state(t) == Some(TaskState::Waiting) {
+                                job.set(t, TaskState::Ready);
+                            }
                         }
                     }
                 }
@@ -584,6 +598,26 @@ impl Foreman {
         if job.done == job.states.len() && !job.finished {
             job.finished = true;
             self.actions.push_back(Action::JobDone);
+        }
+        self.dispatch();
+    }
+
+    /// The outputs of done `task` are gone (they were kept on a worker lost before the next
+    /// stage read them; when earlier stages' outputs went with them, `task` is the earliest of
+    /// those): `task` is ready again, and the later tasks of its input that were ready wait for
+    /// it. One in flight is left to finish or fail (a failed one then waits too).
+    pub fn handle_outputs_lost(&mut self, now: Micros, task: TaskId) {
+        self.now = self.now.max(now);
+        let Some(job) = self.job.as_mut() else { return };
+        if job.finished || job.state(task) != Some(TaskState::Done) {
+            return;
+        }
+        job.set(task, TaskState::Ready);
+        for s in task.stage + 1..job.stages() {
+            let t = TaskId::new(task.input, s);
+            if matches!(job.state(t), Some(TaskState::Done | TaskState::Ready)) {
+                job.set(t, TaskState::Waiting);
+            }
         }
         self.dispatch();
     }
@@ -752,6 +786,11 @@ impl Foreman {
                 job.finished = true;
                 self.actions.push_back(Action::JobFailed { task });
             }
+        } else if task.stage > 0
+            && job.state(TaskId::new(task.input, task.stage - 1)) != Some(TaskState::Done)
+        {
+            // its inputs are being made again (see `handle_outputs_lost`)
+            job.set(task, TaskState::Waiting);
         } else {
             job.set(task, TaskState::Ready);
         }

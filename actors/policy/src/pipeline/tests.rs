@@ -612,6 +612,65 @@ fn late_completion_from_lost_worker_is_ignored() {
     assert_eq!(f.tasks_done(), 1);
 }
 
+/// Answers every load as landed; returns the tasks assigned meanwhile, in order.
+fn settle(f: &mut Foreman) -> Vec<(TaskId, WorkerId)> {
+    let mut assigned = Vec::new();
+    while let Some(a) = f.poll_action() {
+        match a {
+            Action::Load { worker, stage } => f.handle_stage_loaded(Micros::ZERO, worker, stage, true),
+            Action::Assign { task, worker, .. } => assigned.push((task, worker)),
+            _ => {}
+        }
+    }
+    assigned
+}
+
+/// Activations kept on a worker lost before the next stage read them: the producing task runs
+/// again, the consumer whose pull failed waits for it instead of burning its attempts, and the
+/// job completes with each task counted once.
+#[test]
+fn lost_outputs_are_made_again_and_the_consumer_waits_for_them() {
+    let mut f = Foreman::new(ForemanConfig::default());
+    let now = Micros::ZERO;
+    for id in [1, 2] {
+        f.handle_worker_joined(now, WorkerId(id), WorkerReport::default()).unwrap();
+        f.handle_telemetry(
+            now,
+            WorkerId(id),
+            Telemetry { ram_budget_bytes: 1 << 30, ..Telemetry::default() },
+        );
+    }
+    let chain = synthetic_chain(&[1000, 1000]).unwrap();
+    f.submit_job(now, Job { chain, inputs: 1, mode: Mode::Streaming }).unwrap();
+    let (s0, s1) = (TaskId::new(0, 0), TaskId::new(0, 1));
+    let a = settle(&mut f);
+    let &(_, w0) = a.iter().find(|(t, _)| *t == s0).expect("s0 assigned");
+    f.handle_task_done(now, w0, s0, true);
+    let a = settle(&mut f);
+    let &(_, w1) = a.iter().find(|(t, _)| *t == s1).expect("s1 assigned once s0 is done");
+    assert_eq!(f.tasks_done(), 1);
+    // s0's outputs are gone while s1 is in flight: s0 runs again
+    f.handle_outputs_lost(now, s0);
+    assert_eq!(f.tasks_done(), 0);
+    let a = settle(&mut f);
+    let again: Vec<WorkerId> = a.iter().filter(|(t, _)| *t == s0).map(|(_, w)| *w).collect();
+    // s1's pull fails: it waits for s0 (not assigned again while s0 is not done)
+    f.handle_task_done(now, w1, s1, false);
+    let mut a = settle(&mut f);
+    assert!(a.iter().all(|(t, _)| *t != s1), "s1 assigned before its inputs exist: {a:?}");
+    let w0 = match again.first() {
+        Some(w) => *w,
+        None => a.iter().find(|(t, _)| *t == s0).map(|(_, w)| *w).expect("s0 assigned again"),
+    };
+    f.handle_task_done(now, w0, s0, true);
+    a = settle(&mut f);
+    let &(_, w1) = a.iter().find(|(t, _)| *t == s1).expect("s1 assigned once s0 is done again");
+    f.handle_task_done(now, w1, s1, true);
+    let rest: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    assert!(rest.contains(&Action::JobDone), "{rest:?}");
+    assert_eq!(f.tasks_done(), 2);
+}
+
 // ---------- simulator ----------
 
 /// Stage sizes of a MiniLM-like 3-way cut (encoder front, encoder back, classifier head).
