@@ -500,7 +500,9 @@ pub async fn run(
             workers: sim_workers.clone(),
             inputs,
             mode,
-            hop: us(hop),
+            // the measured overhead is paid by every task (transfer included), local or not
+            hop: Micros::ZERO,
+            task_overhead: us(hop),
             crashes: Vec::new(),
             deliver_late_completions: false,
             foreman: ForemanConfig::default(),
