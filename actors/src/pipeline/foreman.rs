@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, warn};
 use troupe_kernels::onnx::NamedTensor;
+use troupe_policy::pipeline::costs::CostModel;
 use troupe_policy::pipeline::{
     Action, Foreman, ForemanConfig, Job, TaskId, Telemetry, WorkerId, WorkerReport,
 };
@@ -70,8 +71,12 @@ pub struct ShellSettings {
     /// Policy settings.
     pub policy: ForemanConfig,
     /// Drop every worker's live session before the job (jobs then start alike, e.g. when
-    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse).
+    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse):
+    /// residency across jobs.
     pub fresh_start: bool,
+    /// Task and load times learned by an earlier job ([`JobOutcome::learned_costs`]) for the
+    /// policy to start from (used when the stage sizes match and `policy.remember_costs`).
+    pub prior_costs: Option<CostModel>,
 }
 
 impl Default for ShellSettings {
@@ -83,6 +88,7 @@ impl Default for ShellSettings {
             rpc_timeout: Duration::from_secs(60),
             policy: ForemanConfig::default(),
             fresh_start: true,
+            prior_costs: None,
         }
     }
 }
@@ -225,6 +231,10 @@ pub struct JobOutcome {
     /// The journal that held the job, if it had one: remove it once the outputs are out, so
     /// that the next run of the same job starts afresh.
     pub journal: Option<std::path::PathBuf>,
+    /// What the policy learned of task and load times (for [`ShellSettings::prior_costs`]).
+    pub learned_costs: Option<CostModel>,
+    /// Home stage per worker index under the policy's stage plan, as the job ended (empty: none).
+    pub stage_plan: Vec<(usize, usize)>,
 }
 
 /// Progress events for observers (tests use them to kill a worker mid-job).
@@ -1049,6 +1059,9 @@ impl ForemanScheduler {
             Err(e) => Err(e),
             Ok(()) => {
                 shell.outcome.makespan_s = shell.t0.elapsed().as_secs_f64();
+                shell.outcome.learned_costs = shell.policy.learned_costs();
+                shell.outcome.stage_plan =
+                    shell.policy.stage_plan().into_iter().map(|(w, k)| (w.0 as usize, k)).collect();
                 shell.log(format!("job done in {:.3} s", shell.outcome.makespan_s));
                 for i in 0..shell.workers.len() {
                     if shell.workers[i].summary.lost {
@@ -1114,6 +1127,9 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             rpc_locks: shared.rpc_locks.clone(),
         };
         let mut policy = Foreman::new(settings.policy);
+        if let Some(c) = settings.prior_costs.clone() {
+            policy.remember_costs(c);
+        }
         let mut workers = Vec::new();
         let mut by_node = BTreeMap::new();
         // a restarted incarnation starts from empty workers, as its fresh policy believes
