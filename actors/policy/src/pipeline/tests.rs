@@ -11,6 +11,7 @@ use super::affinity::{
 use super::chain::{ChainError, DType, Producer, StageSignature, TensorSig, check_chain};
 use super::foreman::{Action, Foreman, ForemanConfig, Job, WorkerReport};
 use super::golden::{arg, args, bytes, run_golden, stage_list, task, worker};
+use super::plan::{PlanWorker, plan_cost, plan_stages};
 use super::replan::{ReplanWeights, SurvivorView, plan_reassignment};
 use super::sim::{
     SimSetup, SimWorker, SpanKind, StageCost, classic_pipeline_bound, ideal_pipeline_bound,
@@ -1322,4 +1323,98 @@ fn bench_regime_plan_balances_stages_by_speed() {
             assert_eq!(t.stage, plan[sp.worker.0 as usize - 1], "{t} ran off its worker's home stage");
         }
     }
+}
+
+// ---------- stage plan ----------
+
+fn plan_worker(task_ms: &[f64], load_ms: &[f64], live: Option<usize>) -> PlanWorker {
+    PlanWorker {
+        task_us: task_ms.iter().map(|t| t * 1e3).collect(),
+        load_us: load_ms.iter().map(|t| t * 1e3).collect(),
+        fits: vec![true; task_ms.len()],
+        live,
+    }
+}
+
+/// Two equal stages of 10 ms at speed 1, workers of speed 1, 1, 0.5, 0.5, 100 tasks each, every
+/// load 200 ms, nothing live: the balanced plan puts one fast and one slow worker on each stage
+/// (1.5 speed each). `plan_cost` by hand (eager): stage 0 `(100 + 200/10 + 200/20) / (1/10 +
+/// 1/20) = 866.7 ms`; stage 1's first input exists at 210 ms, so `max(866.7, 210 + 666.7,
+/// 866.7 + 10) = 876.7 ms`. Stage by stage it is `2 (200 + 100 / 0.3) = 1066.7 ms`.
+#[test]
+fn plan_balances_throughput_and_costs_by_hand() {
+    let fast = plan_worker(&[10.0, 10.0], &[200.0, 200.0], None);
+    let slow = plan_worker(&[20.0, 20.0], &[200.0, 200.0], None);
+    let crowd = vec![fast.clone(), fast, slow.clone(), slow];
+    let plan = plan_stages(&crowd, &[100, 100], false).unwrap();
+    assert_eq!(plan, vec![0, 1, 0, 1]);
+    let cost = plan_cost(&crowd, &[100, 100], &plan, false);
+    assert!((cost - 876_666.7).abs() < 1.0, "{cost}");
+    // Unbalanced (both fast on stage 0) costs more: stage 1 runs at 1/20 + 1/20.
+    assert!(plan_cost(&crowd, &[100, 100], &[0, 0, 1, 1], false) > cost);
+    // A stage with work and no home is infinite; one that does not fit is refused.
+    assert!(plan_cost(&crowd, &[100, 100], &[0, 0, 0, 0], false).is_infinite());
+    let mut picky = crowd.clone();
+    picky[0].fits = vec![true, false];
+    let p = plan_stages(&picky, &[100, 100], false).unwrap();
+    assert_eq!(p[0], 0, "w0 cannot hold stage 1");
+    // Without loads stage by stage is as fast (`2 x 100 / 0.3`): no plan.
+    let free: Vec<PlanWorker> =
+        crowd.iter().map(|w| PlanWorker { load_us: vec![0.0; 2], ..w.clone() }).collect();
+    assert!(plan_stages(&free, &[100, 100], false).is_none());
+}
+
+/// Loads count: a worker that holds a stage live stays there (no load); and with just-in-time
+/// loads a stage-1 load starts only once the first input exists (310 ms here), so the same plan
+/// costs more than with eager loads: `(60 + 2 (310 + 300) / 10) / 0.2 = 910 ms` against 610.
+#[test]
+fn plan_counts_loads_and_jit_delay() {
+    let w = |live: Option<usize>| {
+        let mut p = plan_worker(&[10.0, 10.0], &[300.0, 300.0], live);
+        if let Some(l) = live {
+            p.load_us[l] = 0.0;
+        }
+        p
+    };
+    let crowd = vec![w(Some(0)), w(Some(1)), w(None), w(None)];
+    let plan = plan_stages(&crowd, &[60, 60], true).unwrap();
+    assert_eq!((plan[0], plan[1]), (0, 1), "the live workers stay where they are: {plan:?}");
+    let cold = vec![w(None); 4];
+    let eager = plan_cost(&cold, &[60, 60], &[0, 1, 0, 1], false);
+    let jit = plan_cost(&cold, &[60, 60], &[0, 1, 0, 1], true);
+    assert!((eager - 610_000.0).abs() < 1.0 && (jit - 910_000.0).abs() < 1.0, "jit {jit} eager {eager}");
+}
+
+/// Remembered costs: the second job on one foreman has a plan from its submission, and with
+/// eager loads every worker starts loading its home stage at t = 0 (stage 1 and 2 included),
+/// where just in time only stage-0 loads happen before the first completion.
+#[test]
+fn remembered_costs_plan_at_submit_and_eager_loads_start_at_once() {
+    for eager in [false, true] {
+        let mut s = bench_regime(50, Mode::Streaming, 0, 0.0);
+        s.foreman.eager_loads = eager;
+        let (_, f) = simulate_on(&s, Foreman::new(s.foreman)).unwrap();
+        let (r, f) = simulate_on(&s, f).unwrap();
+        assert!(!f.stage_plan().is_empty());
+        let at_zero: Vec<usize> = r
+            .log
+            .iter()
+            .filter_map(|(t, a)| match a {
+                Action::Load { stage, .. } if *t == Micros::ZERO => Some(*stage),
+                _ => None,
+            })
+            .collect();
+        if eager {
+            assert_eq!(at_zero.len(), 5, "{at_zero:?}");
+            assert!(at_zero.contains(&1) && at_zero.contains(&2), "{at_zero:?}");
+        } else {
+            assert!(at_zero.iter().all(|&k| k == 0), "{at_zero:?}");
+        }
+    }
+    // Without memory the first job of a fresh foreman has no plan at t = 0: only stage 0 loads.
+    let mut s = bench_regime(50, Mode::Streaming, 0, 0.0);
+    s.foreman.eager_loads = true;
+    let r = simulate(&s).unwrap();
+    assert!(r.log.iter().any(|(t, a)| *t == Micros::ZERO && matches!(a, Action::Load { stage: 0, .. })));
+    assert!(!r.log.iter().any(|(t, a)| *t == Micros::ZERO && matches!(a, Action::Load { stage: 1 | 2, .. })));
 }
