@@ -76,6 +76,14 @@
 //!    stages (rules 1 and 2). The fastest holder never declines, so a stage with holders always
 //!    progresses; a holder leaving in the same round turns declines off for that stage.
 //!
+//! 4. Stage plan (all phases; only for workers with [`WorkerView::home`], which the foreman sets
+//!    from [`super::plan::plan_stages`] for streaming jobs). While its home stage `h` has
+//!    unclaimed tasks a worker takes only tasks of `h` (until `h` has a ready task it may go on
+//!    claiming its live stage, so no worker idles at a job's start); it is never pulled (rule 1),
+//!    its loads of `h` are not gated (rule 2) and it never declines (rule 3: the holders it
+//!    would leave the tail to may be bound elsewhere). Once `h` is all claimed, the ordinary
+//!    rules apply to it: the tail is shared.
+//!
 //! Residency is unchanged: a pulled or gated worker still runs one live stage (unload, then
 //! load) and only stages that fit its RAM budget are offered.
 
