@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, warn};
 use troupe_kernels::onnx::NamedTensor;
+use troupe_policy::pipeline::costs::CostModel;
 use troupe_policy::pipeline::{
     Action, Foreman, ForemanConfig, Job, TaskId, Telemetry, WorkerId, WorkerReport,
 };
@@ -76,8 +77,12 @@ pub struct ShellSettings {
     /// Policy settings.
     pub policy: ForemanConfig,
     /// Drop every worker's live session before the job (jobs then start alike, e.g. when
-    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse).
+    /// comparing modes); when false the policy is told what each worker holds (Tier 1 reuse):
+    /// residency across jobs.
     pub fresh_start: bool,
+    /// Task and load times learned by an earlier job ([`JobOutcome::learned_costs`]) for the
+    /// policy to start from (used when the stage sizes match and `policy.remember_costs`).
+    pub prior_costs: Option<CostModel>,
 }
 
 impl Default for ShellSettings {
@@ -89,6 +94,7 @@ impl Default for ShellSettings {
             rpc_timeout: Duration::from_secs(60),
             policy: ForemanConfig::default(),
             fresh_start: true,
+            prior_costs: None,
         }
     }
 }
@@ -235,6 +241,10 @@ pub struct JobOutcome {
     pub task_times: Vec<TaskTimes>,
     /// Where the activation bytes went (counted as they moved).
     pub activations: ActivationBytes,
+    /// What the policy learned of task and load times (for [`ShellSettings::prior_costs`]).
+    pub learned_costs: Option<CostModel>,
+    /// Home stage per worker index under the policy's stage plan, as the job ended (empty: none).
+    pub stage_plan: Vec<(usize, usize)>,
 }
 
 /// One completed task's times, seconds: as the foreman saw it and as the worker reported it.
@@ -1248,6 +1258,9 @@ impl ForemanScheduler {
             Err(e) => Err(e),
             Ok(()) => {
                 shell.outcome.makespan_s = shell.t0.elapsed().as_secs_f64();
+                shell.outcome.learned_costs = shell.policy.learned_costs();
+                shell.outcome.stage_plan =
+                    shell.policy.stage_plan().into_iter().map(|(w, k)| (w.0 as usize, k)).collect();
                 shell.log(format!("job done in {:.3} s", shell.outcome.makespan_s));
                 for i in 0..shell.workers.len() {
                     if shell.workers[i].summary.lost {
@@ -1314,6 +1327,9 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             rpc_locks: shared.rpc_locks.clone(),
         };
         let mut policy = Foreman::new(settings.policy);
+        if let Some(c) = settings.prior_costs.clone() {
+            policy.remember_costs(c);
+        }
         let mut workers = Vec::new();
         let mut by_node = BTreeMap::new();
         // a restarted incarnation starts from empty workers, as its fresh policy believes

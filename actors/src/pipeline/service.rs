@@ -133,6 +133,9 @@ struct Foreman {
     settings: ServiceSettings,
     running: Semaphore,
     waiting: AtomicUsize,
+    /// Task and load times learned by the last job, for the next (the policy's
+    /// `ForemanConfig::remember_costs`): the crowd outlives its jobs.
+    costs: std::sync::Mutex<Option<troupe_policy::pipeline::costs::CostModel>>,
 }
 
 impl Foreman {
@@ -214,16 +217,23 @@ impl Foreman {
         let (n, s) = (job.inputs.len(), job.stages.len());
         let (accepted, resumed) = AcceptedJob::open(job, Some(&journal)).map_err(|e| e.to_string())?;
         tracing::info!(%client, job = %hex, inputs = n, stages = s, resumed = resumed.answered, "pipeline job accepted");
+        let mut settings = self.settings.job.clone();
+        settings.prior_costs = self.costs.lock().ok().and_then(|c| c.clone());
         let outcome = run_pipeline_job(
             &self.link,
             &self.services,
             &self.shelf,
             self.membership.subscribe(),
             accepted,
-            self.settings.job.clone(),
+            settings,
             None,
         )
         .await;
+        if let (Ok(o), Ok(mut c)) = (&outcome, self.costs.lock())
+            && o.learned_costs.is_some()
+        {
+            c.clone_from(&o.learned_costs);
+        }
         for id in &stage_ids {
             self.shelf.unpin(id);
         }
@@ -291,6 +301,7 @@ impl Actor for ForemanServiceActor {
             settings: args.settings.clone(),
             running: Semaphore::new(1),
             waiting: AtomicUsize::new(0),
+            costs: std::sync::Mutex::new(None),
         });
         let handler: Handler = Arc::new(move |caller, _method, body| {
             let foreman = foreman.clone();

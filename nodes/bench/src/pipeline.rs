@@ -29,6 +29,13 @@
 //!   compute, pull and warm-load times, the quotas as speeds and the measured per-task overhead
 //!   (`sim_*` figures), to tell scheduling effects from measurement noise on a shared machine.
 //!
+//! - Ablations (item 8, `ablation_*`), each the median of `repeats` real runs alternated with
+//!   the main ones: eager stage loads under the stage plan against just in time (the main
+//!   streaming runs), residency on (a streaming job right after an eager one, without unloading
+//!   the workers: each keeps its live stage) against off, and per run how often each tier (1-4)
+//!   served a claim (the `assign ... (Tn)` log lines), tasks and home stage per worker, loads.
+//!   Every job starts from the costs the jobs before it learned (`ShellSettings::prior_costs`).
+//!
 //! Streaming and barrier runs alternate `repeats` times on the same warm cluster; the median run
 //! of each is reported (with the spread), and drawn: the SVG is a Gantt chart of those two runs,
 //! one row per worker.
@@ -39,14 +46,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use troupe_actors::pipeline::telemetry::CFS_PERIOD_US;
-use troupe_actors::pipeline::{JobOutcome, ShellSettings, Span, SpanKind, StageFile, build_job};
+use troupe_actors::pipeline::{JobOutcome, PipelineJob, ShellSettings, Span, SpanKind, StageFile, build_job};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig};
 use troupe_policy::Micros;
 use troupe_policy::pipeline::Mode;
+use troupe_policy::pipeline::costs::CostModel;
 use troupe_policy::pipeline::sim::{
-    SimSetup, SimWorker, StageCost, ideal_pipeline_bound, ideal_pipeline_bound_with_loads, simulate,
+    SimSetup, SimWorker, StageCost, ideal_pipeline_bound, ideal_pipeline_bound_with_loads, simulate_on,
 };
-use troupe_policy::pipeline::{ForemanConfig, Telemetry, WorkerId};
+use troupe_policy::pipeline::{Foreman, ForemanConfig, Telemetry, WorkerId};
 
 use troupe::chart::{Bar, BarChart, BarGroup, BarRow, COLOURS};
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
@@ -314,6 +322,37 @@ fn mean(v: &[f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
 }
 
+/// Runs `job` on the cluster starting from the costs the jobs before it learned (the crowd
+/// outlives its jobs: `ForemanConfig::remember_costs`), and keeps what this one learned.
+async fn run_remembering(
+    cluster: &LocalCluster,
+    job: PipelineJob,
+    mut settings: ShellSettings,
+    memory: &mut Option<CostModel>,
+) -> Result<JobOutcome> {
+    settings.prior_costs = memory.clone();
+    let o = cluster.run(job, settings, None).await?;
+    if o.learned_costs.is_some() {
+        memory.clone_from(&o.learned_costs);
+    }
+    Ok(o)
+}
+
+/// Per tier (1-4), how many claims of the job it served: its `assign ... (Tn)` log lines.
+fn tier_counts(o: &JobOutcome) -> [usize; 4] {
+    let mut n = [0; 4];
+    for line in &o.log {
+        if line.contains("] assign ") {
+            for (t, slot) in n.iter_mut().enumerate() {
+                if line.ends_with(&format!("(T{})", t + 1)) {
+                    *slot += 1;
+                }
+            }
+        }
+    }
+    n
+}
+
 /// Runs the benchmark; writes the SVG to `svg`.
 pub async fn run(
     workdir: &Path,
@@ -381,12 +420,19 @@ pub async fn run(
         join_timeout: Duration::from_secs(60),
         ..ShellSettings::default()
     };
+    // Ablation settings (item 8): eager stage loads under the stage plan; residency across jobs
+    // (the workers keep their live stage: no unload before the job).
+    let eager =
+        ShellSettings { policy: ForemanConfig { eager_loads: true, ..settings.policy }, ..settings.clone() };
+    let resident = ShellSettings { fresh_start: false, ..eager.clone() };
+    let mut memory: Option<CostModel> = None;
     let result = async {
-        let cold = cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?;
+        let cold =
+            run_remembering(&cluster, job(Mode::Streaming, false)?, settings.clone(), &mut memory).await?;
         // A streaming job need not make every worker load every stage; a barrier one does. Run
         // one (not measured) so each worker has each stage file on disk before the measured
         // runs: otherwise the first streaming run alone pays cold pulls that barrier never sees.
-        cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?;
+        run_remembering(&cluster, job(Mode::Barrier, false)?, settings.clone(), &mut memory).await?;
         // The cold runs' peak includes the stage-file pull buffers; the warm runs show what
         // residency alone costs.
         let cold_peaks = cluster.peak_rss();
@@ -397,26 +443,38 @@ pub async fn run(
         let mut runs_b = Vec::new();
         let mut small_s = Vec::new();
         let mut small_b = Vec::new();
+        let mut runs_eager = Vec::new();
+        let mut runs_resident = Vec::new();
+        let mut small_eager = Vec::new();
         let bar = troupe::progress::bar(repeats.max(1) as u64, "bench pipeline repeats");
         for _ in 0..repeats.max(1) {
             bar.inc(1);
-            runs_s.push(cluster.run(job(Mode::Streaming, false)?, settings.clone(), None).await?);
-            runs_b.push(cluster.run(job(Mode::Barrier, false)?, settings.clone(), None).await?);
-            small_s.push(cluster.run(job_n_eq_w(Mode::Streaming)?, settings.clone(), None).await?);
-            small_b.push(cluster.run(job_n_eq_w(Mode::Barrier)?, settings.clone(), None).await?);
+            let m = &mut memory;
+            runs_s.push(run_remembering(&cluster, job(Mode::Streaming, false)?, settings.clone(), m).await?);
+            runs_b.push(run_remembering(&cluster, job(Mode::Barrier, false)?, settings.clone(), m).await?);
+            small_s.push(run_remembering(&cluster, job_n_eq_w(Mode::Streaming)?, settings.clone(), m).await?);
+            small_b.push(run_remembering(&cluster, job_n_eq_w(Mode::Barrier)?, settings.clone(), m).await?);
+            small_eager
+                .push(run_remembering(&cluster, job_n_eq_w(Mode::Streaming)?, eager.clone(), m).await?);
+            runs_eager.push(run_remembering(&cluster, job(Mode::Streaming, false)?, eager.clone(), m).await?);
+            // right after an eager streaming job: the workers still hold the stages it left live
+            runs_resident
+                .push(run_remembering(&cluster, job(Mode::Streaming, false)?, resident.clone(), m).await?);
         }
         bar.finish_and_clear();
         let spreads = [spread(&runs_s), spread(&runs_b), spread(&small_s), spread(&small_b)];
         let streaming = take_median(runs_s);
         let barrier = take_median(runs_b);
         let small = (take_median(small_s).makespan_s, take_median(small_b).makespan_s);
-        let bf16 = cluster.run(job(Mode::Streaming, true)?, settings.clone(), None).await?;
-        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spreads, small))
+        let ablations = (take_median(runs_eager), take_median(runs_resident), take_median(small_eager));
+        let bf16 =
+            run_remembering(&cluster, job(Mode::Streaming, true)?, settings.clone(), &mut memory).await?;
+        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spreads, small, ablations))
     }
     .await;
     let peaks = cluster.peak_rss();
     cluster.shutdown().await;
-    let (cold, cold_peaks, reset, streaming, barrier, bf16, spreads, (small_s, small_b)) = result?;
+    let (cold, cold_peaks, reset, streaming, barrier, bf16, spreads, (small_s, small_b), ablations) = result?;
     // The runtime's own overhead per task, measured with the same workers at full speed (no
     // quota: worker-side encode, decode and pulls are not multiplied by 1/quota), their disk
     // caches warm from the runs above.
@@ -432,6 +490,33 @@ pub async fn run(
     .await;
     full.shutdown().await;
     let full_speed = full_result?;
+    let (eager_run, resident_run, small_eager_run) = ablations;
+    // Item 8, ablations (medians of `repeats` real runs each, alternated with the main runs).
+    put("ablation_streaming_jit_s", streaming.makespan_s);
+    put("ablation_streaming_eager_s", eager_run.makespan_s);
+    put("ablation_eager_speedup_over_jit", streaming.makespan_s / eager_run.makespan_s);
+    put("ablation_streaming_eager_speedup_over_barrier", barrier.makespan_s / eager_run.makespan_s);
+    put("ablation_streaming_eager_s_n_eq_w", small_eager_run.makespan_s);
+    put("ablation_streaming_eager_speedup_over_barrier_n_eq_w", small_b / small_eager_run.makespan_s);
+    put("ablation_streaming_resident_s", resident_run.makespan_s);
+    put("ablation_residency_speedup_over_fresh", eager_run.makespan_s / resident_run.makespan_s);
+    put("ablation_streaming_resident_speedup_over_barrier", barrier.makespan_s / resident_run.makespan_s);
+    for (name, o) in
+        [("streaming", &streaming), ("barrier", &barrier), ("eager", &eager_run), ("resident", &resident_run)]
+    {
+        let tiers = tier_counts(o);
+        for (t, n) in tiers.iter().enumerate() {
+            put(&format!("ablation_{name}_claims_tier{}", t + 1), *n as f64);
+        }
+        for (i, w) in o.workers.iter().enumerate() {
+            put(&format!("ablation_{name}_tasks_worker{}", i + 1), w.tasks as f64);
+        }
+        let loads = o.spans.iter().filter(|s| matches!(s.kind, SpanKind::Load { .. })).count();
+        put(&format!("ablation_{name}_loads"), loads as f64);
+        for &(w, k) in &o.stage_plan {
+            put(&format!("ablation_{name}_home_stage_worker{}", w + 1), k as f64);
+        }
+    }
     put("streaming_runs_spread", spreads[0]);
     put("barrier_runs_spread", spreads[1]);
     put("streaming_runs_spread_n_eq_w", spreads[2]);
@@ -582,24 +667,36 @@ pub async fn run(
     put("ideal_pipeline_bound_with_loads_s_n_eq_w", with_loads_small);
     put("streaming_over_ideal_with_loads_n_eq_w", small_s / with_loads_small.max(1e-9));
     println!("{BOUND_WITH_LOADS}");
-    let sim = |mode: Mode, inputs: usize| -> f64 {
+    // the second of two jobs on one foreman, as the bench runs (costs remembered)
+    let sim_with = |mode: Mode, inputs: usize, foreman: ForemanConfig| -> f64 {
         let setup = SimSetup {
             chain: streaming_chain.clone(),
             costs: sim_costs.clone(),
             workers: sim_workers.clone(),
             inputs,
             mode,
-            hop: us(hop),
+            // the measured overhead is paid by every task (transfer included), local or not
+            hop: Micros::ZERO,
+            task_overhead: us(hop),
             crashes: Vec::new(),
             deliver_late_completions: false,
-            foreman: ForemanConfig::default(),
+            foreman,
         };
-        simulate(&setup).ok().and_then(|r| r.makespan).map_or(f64::NAN, |m| m.0 as f64 / 1e6)
+        simulate_on(&setup, Foreman::new(foreman))
+            .and_then(|(_, f)| simulate_on(&setup, f))
+            .ok()
+            .and_then(|(r, _)| r.makespan)
+            .map_or(f64::NAN, |m| m.0 as f64 / 1e6)
     };
+    let sim = |mode: Mode, inputs: usize| sim_with(mode, inputs, ForemanConfig::default());
+    let sim_eager =
+        sim_with(Mode::Streaming, inputs, ForemanConfig { eager_loads: true, ..ForemanConfig::default() });
     let (sim_s, sim_b) = (sim(Mode::Streaming, inputs), sim(Mode::Barrier, inputs));
     put("sim_streaming_s", sim_s);
     put("sim_barrier_s", sim_b);
     put("sim_streaming_speedup_over_barrier", sim_b / sim_s);
+    put("sim_streaming_eager_s", sim_eager);
+    put("sim_streaming_eager_speedup_over_barrier", sim_b / sim_eager);
     let (sim_s, sim_b) = (sim(Mode::Streaming, n_eq_w), sim(Mode::Barrier, n_eq_w));
     put("sim_streaming_speedup_over_barrier_n_eq_w", sim_b / sim_s);
 

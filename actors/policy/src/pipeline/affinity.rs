@@ -76,6 +76,14 @@
 //!    stages (rules 1 and 2). The fastest holder never declines, so a stage with holders always
 //!    progresses; a holder leaving in the same round turns declines off for that stage.
 //!
+//! 4. Stage plan (all phases; only for workers with [`WorkerView::home`], which the foreman sets
+//!    from [`super::plan::plan_stages`] for streaming jobs). While its home stage `h` has
+//!    unclaimed tasks a worker takes only tasks of `h` (until `h` has a ready task it may go on
+//!    claiming its live stage, so no worker idles at a job's start); it is never pulled (rule 1),
+//!    its loads of `h` are not gated (rule 2) and it never declines (rule 3: the holders it
+//!    would leave the tail to may be bound elsewhere). Once `h` is all claimed, the ordinary
+//!    rules apply to it: the tail is shared.
+//!
 //! Residency is unchanged: a pulled or gated worker still runs one live stage (unload, then
 //! load) and only stages that fit its RAM budget are offered.
 
@@ -251,6 +259,9 @@ pub struct WorkerView {
     pub score: f64,
     /// Predicted costs on this worker; `None` turns the cost rules off for it.
     pub costs: Option<WorkerCosts>,
+    /// Its home stage under the foreman's stage plan ([`super::plan`]), if any: while that stage
+    /// has unclaimed tasks ([`DispatchInput::backlog`]) the worker takes only its tasks (rule 4).
+    pub home: Option<usize>,
 }
 
 /// Predicted costs of one worker, per stage, in µs (from [`super::costs::CostModel`]).
@@ -268,6 +279,16 @@ impl WorkerView {
     }
     fn fits(&self, stage: usize) -> bool {
         self.fits.get(stage).copied().unwrap_or(false)
+    }
+    /// Rule 4: whether the stage plan lets this worker take a task of `stage` now (`home_ready`:
+    /// its home stage has a ready task).
+    fn planned_for(&self, stage: usize, backlog: &[usize], home_ready: bool) -> bool {
+        match self.home {
+            Some(h) if backlog.get(h).copied().unwrap_or(0) > 0 => {
+                h == stage || (!home_ready && self.live == Some(stage) && self.live != Some(h))
+            }
+            _ => true,
+        }
     }
     /// Predicted task time on `stage`, µs (`None` without costs).
     fn task_us(&self, stage: usize) -> Option<f64> {
@@ -502,6 +523,10 @@ impl Flow {
     /// when they would clear all of them before `w` finished one (see the module doc).
     fn declines(&self, w: &WorkerView, k: usize) -> bool {
         let Some(f) = self.f.as_ref() else { return false };
+        // Under a stage plan the holders of `k` may be bound to other stages: the plan decides.
+        if w.home.is_some() {
+            return false;
+        }
         if k >= f.rate.len() || !f.measured[k] || self.holders[k] < 2 {
             return false;
         }
@@ -573,6 +598,7 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     ready.sort();
     ready.dedup_by_key(|r| r.task);
     let mut flow = Flow::new(input);
+    let ready_stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
 
     let mut stages: Vec<usize> = ready.iter().map(|r| r.task.stage).collect();
     stages.sort_unstable();
@@ -581,12 +607,14 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
     // Phase 0 (cost rule 1): pull free upstream holders into a later stage that falls behind.
     for &j in stages.iter().rev() {
         loop {
-            let best =
-                free.iter().copied().filter_map(|w| flow.pull_finish(w, j, &free).map(|t| (w, t))).min_by(
-                    |(a, ta), (b, tb)| {
-                        ta.partial_cmp(tb).unwrap_or(Ordering::Equal).then_with(|| by_score_then_id(a, b))
-                    },
-                );
+            let best = free
+                .iter()
+                .copied()
+                .filter(|w| w.home.is_none())
+                .filter_map(|w| flow.pull_finish(w, j, &free).map(|t| (w, t)))
+                .min_by(|(a, ta), (b, tb)| {
+                    ta.partial_cmp(tb).unwrap_or(Ordering::Equal).then_with(|| by_score_then_id(a, b))
+                });
             let Some((w, _)) = best else { break };
             let task = ready
                 .iter()
@@ -623,6 +651,7 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
             .iter()
             .copied()
             .filter(|w| w.live == Some(s) && w.fits(s) && !declined.contains(&w.id))
+            .filter(|w| w.planned_for(s, &input.backlog, w.home.is_some_and(|h| ready_stages.contains(&h))))
             .collect();
         holders.sort_by(|a, b| by_score_then_id(a, b));
         let mut taken: Vec<(TaskId, WorkerId)> = Vec::new();
@@ -674,7 +703,10 @@ pub fn two_phase_dispatch(input: &DispatchInput) -> Vec<Claim> {
         let task = r.task;
         let s = task.stage;
         let offered = |w: &&WorkerView| {
-            w.fits(s) && flow.load_pays(w, s) && !(w.live == Some(s) && declined.contains(&w.id))
+            w.fits(s)
+                && w.planned_for(s, &input.backlog, w.home.is_some_and(|h| ready_stages.contains(&h)))
+                && (w.home == Some(s) || flow.load_pays(w, s))
+                && !(w.live == Some(s) && declined.contains(&w.id))
         };
         let best = free.iter().copied().filter(offered).min_by(|a, b| {
             let (ta, tb) = (a.tier(s), b.tier(s));

@@ -128,6 +128,16 @@ impl CostModel {
         }
     }
 
+    /// Stage file sizes the model was made for.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// Whether worker `w` completed a task of any stage (its speed is measured, not guessed).
+    pub fn knows(&self, w: WorkerId) -> bool {
+        self.workers.get(&w).is_some_and(|c| !c.task.is_empty())
+    }
+
     /// Whether worker `w` completed a task of stage `k` (its time there is measured, not guessed).
     pub fn measured(&self, w: WorkerId, k: usize) -> bool {
         self.workers.get(&w).is_some_and(|c| c.task.contains_key(&k))

@@ -35,6 +35,7 @@ use thiserror::Error;
 use super::affinity::{self, DispatchInput, ReadyTask, StageFlow, Telemetry, Tier, WorkerCosts, WorkerView};
 use super::chain::{Chain, is_sha256_hex};
 use super::costs::CostModel;
+use super::plan::{self, PlanWorker};
 use super::replan::{self, ReplanWeights, SurvivorView};
 use super::{Mode, TaskId, WorkerId};
 use crate::Micros;
@@ -45,6 +46,10 @@ pub const MAX_WORKERS: usize = 4096;
 pub const MAX_TASKS: usize = 1 << 22;
 /// Most cached stage hashes kept per worker report.
 pub const MAX_CACHED_REPORTED: usize = 1024;
+/// A stage plan is made only with at least this many unclaimed tasks per stage and worker
+/// (`sum_k U_k >= PLAN_MIN_TASKS * S * W`): below that there is no steady state to balance, and
+/// the tail rules do better on their own.
+pub const PLAN_MIN_TASKS: usize = 2;
 /// Stage index standing for a live session that is not a stage of the current job.
 pub const FOREIGN_STAGE: usize = usize::MAX;
 
@@ -86,6 +91,17 @@ pub struct ForemanConfig {
     /// Cost-aware dispatch (learned task and load times; rules 1 and 2 of
     /// [`affinity::two_phase_dispatch`]). Off: tier and rank only, as before.
     pub cost_aware: bool,
+    /// Streaming jobs with cost-aware dispatch: once every alive worker's speed is measured (or
+    /// remembered), give each a home stage ([`super::plan::plan_stages`]) it keeps while that
+    /// stage has unclaimed tasks (rule 4 of [`affinity::two_phase_dispatch`]).
+    pub stage_plan: bool,
+    /// With a stage plan: a free worker whose home stage is not live loads it at once, before a
+    /// task of it is ready (eager). Off (the default): just in time, as the paper does.
+    pub eager_loads: bool,
+    /// Keep the learned task and load times from one job to the next job of the same stage
+    /// sizes (and those given with [`Foreman::remember_costs`]). Off: each job starts from the
+    /// priors.
+    pub remember_costs: bool,
 }
 
 impl Default for ForemanConfig {
@@ -95,6 +111,9 @@ impl Default for ForemanConfig {
             replan: ReplanWeights::default(),
             max_attempts: 3,
             cost_aware: true,
+            stage_plan: true,
+            eager_loads: false,
+            remember_costs: true,
         }
     }
 }
@@ -306,6 +325,8 @@ struct JobState {
     stalled: BTreeSet<usize>,
     finished: bool,
     costs: CostModel,
+    /// Home stage per worker under the stage plan (empty: no plan yet or none used).
+    plan: BTreeMap<WorkerId, usize>,
 }
 
 impl JobState {
@@ -368,6 +389,8 @@ pub struct Foreman {
     actions: VecDeque<Action>,
     /// The latest `now` a handler was given (monotone).
     now: Micros,
+    /// Costs to start the next job from ([`ForemanConfig::remember_costs`]).
+    memory: Option<CostModel>,
 }
 
 impl Foreman {
@@ -380,7 +403,24 @@ impl Foreman {
             job: None,
             actions: VecDeque::new(),
             now: Micros::ZERO,
+            memory: None,
         }
+    }
+
+    /// Learned costs to start the next job from (a foreman of an earlier job, e.g. in another
+    /// incarnation of the shell, learned them); used when the job's stage sizes match.
+    pub fn remember_costs(&mut self, costs: CostModel) {
+        self.memory = Some(costs);
+    }
+
+    /// The costs learned so far: the current (or last) job's, else those remembered.
+    pub fn learned_costs(&self) -> Option<CostModel> {
+        self.job.as_ref().map(|j| j.costs.clone()).or_else(|| self.memory.clone())
+    }
+
+    /// Home stage per worker under the current job's stage plan (empty when there is none).
+    pub fn stage_plan(&self) -> Vec<(WorkerId, usize)> {
+        self.job.as_ref().map_or_else(Vec::new, |j| j.plan.iter().map(|(&w, &k)| (w, k)).collect())
     }
 
     /// The next decision or log event, in order.
@@ -428,6 +468,9 @@ impl Foreman {
             None => Vec::new(),
         };
         self.workers.insert(id, state);
+        if let Some(job) = self.job.as_mut() {
+            job.plan.clear();
+        }
         if let Some(job) = &self.job
             && !job.finished
         {
@@ -474,6 +517,16 @@ impl Foreman {
         }
         let rss = job.chain.stages().iter().map(|st| self.config.rss.estimate(st.size_bytes)).collect();
         let sizes: Vec<u64> = job.chain.stages().iter().map(|st| st.size_bytes).collect();
+        if let Some(old) = self.job.take() {
+            self.memory = Some(old.costs);
+        }
+        let costs = match self.memory.take() {
+            Some(c) if self.config.remember_costs && c.sizes() == sizes.as_slice() => c,
+            other => {
+                self.memory = other;
+                CostModel::new(&sizes)
+            }
+        };
         let mut state = JobState {
             chain: job.chain,
             inputs: job.inputs,
@@ -489,7 +542,8 @@ impl Foreman {
             done: 0,
             stalled: BTreeSet::new(),
             finished: false,
-            costs: CostModel::new(&sizes),
+            costs,
+            plan: BTreeMap::new(),
         };
         state.unclaimed[..].fill(job.inputs);
         for i in 0..job.inputs {
@@ -629,6 +683,9 @@ impl Foreman {
             return;
         };
         self.lost.insert(id);
+        if let Some(job) = self.job.as_mut() {
+            job.plan.clear();
+        }
         self.replan(id, &Self::held_tasks(&w));
         self.dispatch();
     }
@@ -844,6 +901,7 @@ impl Foreman {
             self.start(id, t, tier);
         }
 
+        self.make_plan();
         let Some(job) = self.job.as_ref() else { return };
         if !job.ready.is_empty() {
             let alive: Vec<(&WorkerId, &WorkerState)> = self.workers.iter().collect();
@@ -924,6 +982,7 @@ impl Foreman {
                     fits: Self::fit_flags(job, w),
                     score,
                     costs: self.config.cost_aware.then(|| Self::worker_costs(job, id, w)),
+                    home: job.plan.get(&id).copied(),
                 })
                 .collect();
             if !views.is_empty() {
@@ -967,6 +1026,81 @@ impl Foreman {
             }
         }
         job.stalled = stalled_now;
+    }
+
+    /// The stage plan ([`ForemanConfig::stage_plan`]): made once every alive worker's speed is
+    /// known (again after a join or a loss) and, with just-in-time loads, every worker holds a
+    /// stage (live or loading), from the unclaimed tasks and predicted costs then;
+    /// with [`ForemanConfig::eager_loads`], free workers then load their home stage at once.
+    fn make_plan(&mut self) {
+        let config = self.config;
+        let Some(job) = self.job.as_mut() else { return };
+        if !(config.stage_plan && config.cost_aware)
+            || job.mode != Mode::Streaming
+            || job.finished
+            || !job.plan.is_empty()
+            || self.workers.is_empty()
+            || !self.workers.keys().all(|&id| job.costs.knows(id))
+            || job.unclaimed.iter().sum::<usize>() < PLAN_MIN_TASKS * job.stages() * self.workers.len()
+            // With no more workers than stages each stage gets one worker at most: a stage of
+            // little work then idles a worker the others need.
+            || self.workers.len() <= job.stages()
+            // Just in time, a worker holding nothing takes the first tasks there are (stage 0)
+            // rather than wait idle for its home stage's first input: plan once all hold one.
+            || (!config.eager_loads && self.workers.values().any(|w| Self::live_index(job, w).is_none()))
+        {
+            return;
+        }
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        let views: Vec<PlanWorker> = self
+            .workers
+            .iter()
+            .map(|(&id, w)| {
+                let live = Self::live_index(job, w);
+                let costs = Self::worker_costs(job, id, w);
+                PlanWorker {
+                    task_us: costs.task_us,
+                    load_us: costs
+                        .load_us
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &l)| if live == Some(k) { 0.0 } else { l })
+                        .collect(),
+                    fits: Self::fit_flags(job, w),
+                    live: live.filter(|&k| k < job.stages()),
+                }
+            })
+            .collect();
+        let Some(plan) = plan::plan_stages(&views, &job.unclaimed, !config.eager_loads) else { return };
+        job.plan = ids.into_iter().zip(plan).collect();
+        if !config.eager_loads {
+            return;
+        }
+        let eager: Vec<(WorkerId, usize)> = job
+            .plan
+            .iter()
+            .filter(|&(id, &k)| {
+                job.unclaimed[k] > 0
+                    && self.workers.get(id).is_some_and(|w| {
+                        w.is_free() && w.pinned.is_empty() && Self::live_index(job, w) != Some(k)
+                    })
+            })
+            .map(|(&id, &k)| (id, k))
+            .collect();
+        for (id, k) in eager {
+            let Some(w) = self.workers.get_mut(&id) else { continue };
+            let Some(sig) = job.chain.stage(k) else { continue };
+            if w.live.take().is_some() {
+                self.actions.push_back(Action::Unload { worker: id });
+            }
+            let cold = !w.cached.contains(&sig.sha256);
+            if cold {
+                w.cached.insert(sig.sha256.clone());
+                self.actions.push_back(Action::SendStage { worker: id, stage: k });
+            }
+            w.loading = Some(Loading { stage: k, task: None, since: self.now, cold });
+            self.actions.push_back(Action::Load { worker: id, stage: k });
+        }
     }
 
     fn workers_tier(&self, job: &JobState, id: WorkerId, stage: usize) -> Tier {

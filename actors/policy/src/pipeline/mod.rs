@@ -3,6 +3,7 @@
 //! - [`chain`]: job submission check (linear DAG of stage signatures).
 //! - [`affinity`]: 4-tier residency affinity, entropy-weighted ranking, two-phase dispatch.
 //! - [`costs`]: per-stage task and load times learned online from completions.
+//! - [`plan`]: home stages for a streaming job's steady state (pipeline balancing by speed).
 //! - [`replan`]: failure planner for a lost worker's tasks.
 //! - [`foreman`]: the scheduler policy (sans-IO) tying them together.
 //! - [`sim`]: a discrete-event simulator driving the foreman over heterogeneous workers.
@@ -13,6 +14,7 @@ pub mod affinity;
 pub mod chain;
 pub mod costs;
 pub mod foreman;
+pub mod plan;
 pub mod replan;
 pub mod sim;
 

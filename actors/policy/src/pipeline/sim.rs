@@ -87,6 +87,9 @@ pub struct SimSetup {
     pub mode: Mode,
     /// Tensor transfer time between two different workers (or from the foreman).
     pub hop: Micros,
+    /// Runtime overhead every task pays on its worker on top of compute and transfer (dispatch,
+    /// reply, encode/decode), not scaled by speed: what the bench measures as `task_overhead_ms`.
+    pub task_overhead: Micros,
     /// Workers that crash, and when.
     pub crashes: Vec<(WorkerId, Micros)>,
     /// Deliver a crashed worker's in-flight completion anyway (it must be ignored).
@@ -293,7 +296,7 @@ impl Sim<'_> {
                 };
                 let start = now.max(w.busy_until);
                 let compute_start = start + hop;
-                let end = compute_start + scaled(c.compute, w.speed);
+                let end = compute_start + scaled(c.compute, w.speed) + self.setup.task_overhead;
                 w.busy_until = end;
                 if hop > Micros::ZERO {
                     self.report.spans.push(Span {
@@ -376,12 +379,18 @@ impl Sim<'_> {
 
 /// Runs the scenario to completion (or until nothing is left to happen).
 pub fn simulate(setup: &SimSetup) -> Result<SimReport, SimError> {
+    simulate_on(setup, Foreman::new(setup.foreman)).map(|(r, _)| r)
+}
+
+/// [`simulate`] on a given foreman (which may remember costs from an earlier job: the workers
+/// join it again, fresh), handing it back after the job, e.g. for the next job of a series.
+pub fn simulate_on(setup: &SimSetup, foreman: Foreman) -> Result<(SimReport, Foreman), SimError> {
     if setup.costs.len() != setup.chain.len() {
         return Err(SimError::CostsMismatch { costs: setup.costs.len(), stages: setup.chain.len() });
     }
     let mut sim = Sim {
         setup,
-        foreman: Foreman::new(setup.foreman),
+        foreman,
         workers: BTreeMap::new(),
         events: BinaryHeap::new(),
         seq: 0,
@@ -424,7 +433,7 @@ pub fn simulate(setup: &SimSetup) -> Result<SimReport, SimError> {
         sim.step(at, e);
         sim.drain(at);
     }
-    Ok(sim.report)
+    Ok((sim.report, sim.foreman))
 }
 
 fn speeds_summary(speeds: &[f64]) -> (f64, f64) {
