@@ -4,6 +4,8 @@ usage: manifest.py write CACHE_DIR ORT_VERSION   list the files and record them
        manifest.py verify CACHE_DIR              exit 1, naming each missing or changed file
        manifest.py ort CACHE_DIR                 print the absolute path of the ONNX Runtime library
        manifest.py ort-record CACHE_DIR          exit 1 unless the library matches the wheel's RECORD
+       manifest.py ort-venv CACHE_DIR            print that library's absolute path from the venv (no manifest
+                                                 needed: setup runs troupe before the manifest is written)
 Paths in the manifest are relative to CACHE_DIR, so the repository can move."""
 import base64
 import csv
@@ -15,7 +17,7 @@ import sys
 
 PRODUCED = [
     "models/minilm_whole.onnx", "models/minilm_stage0.onnx", "models/minilm_stage1.onnx",
-    "models/minilm_stage2.onnx", "models/minilm_check.json", "models/tiny_mlp.onnx", "models/tiny_int.onnx",
+    "models/minilm_stage2.onnx", "models/minilm_split.json", "models/minilm_check.json", "models/tiny_mlp.onnx", "models/tiny_int.onnx",
     "models/tiny_check.json", "models/digits_mlp.onnx", "models/vocab.txt", "models/tokenizer_config.json",
     "models/tokenizer_check.json", "data/digits.bin", "src/minilm/model.safetensors",
 ]
@@ -99,6 +101,8 @@ if __name__ == "__main__":
         sys.exit(verify(cache))
     elif cmd == "ort-record":
         sys.exit(0 if ort_matches_record(cache) else 1)
+    elif cmd == "ort-venv":
+        print(os.path.join(os.path.abspath(cache), find_ort_library(cache)))
     elif cmd == "ort":
         print(os.path.join(os.path.abspath(cache), json.load(open(os.path.join(cache, "manifest.json")))["ort_library"]))
     else:
