@@ -20,9 +20,30 @@ pub const CACHE_ENV: &str = "TROUPE_CACHE";
 
 /// all-MiniLM-L6-v2 as one graph: `input_ids`, `attention_mask` (i64 `[B,S]`) -> `sentence_embedding` (`[B,384]`).
 pub const MINILM_WHOLE: &str = "models/minilm_whole.onnx";
-/// The same graph in 3 stages, cut after encoder layer 2 (`hidden_2`) and layer 5 (`hidden_5`).
+/// The same graph in 3 stages, cut by `troupe pipeline split --stages 3` (balanced by weight bytes:
+/// the word-embedding table, layers 0-2, layers 3-5 + pooling). The cut tensors are the split's
+/// choice, named in [`MINILM_SPLIT`]; consumers feed each stage by its input names.
 pub const MINILM_STAGES: [&str; 3] =
     ["models/minilm_stage0.onnx", "models/minilm_stage1.onnx", "models/minilm_stage2.onnx"];
+/// The split's manifest for [`MINILM_STAGES`] (cuts, files with sha256, inputs and outputs, bytes).
+pub const MINILM_SPLIT: &str = "models/minilm_split.json";
+/// all-mpnet-base-v2 (12-layer MPNet, hidden 768, ~4.8x MiniLM) as one graph, built only by
+/// `scripts/setup --large` ([`LARGE_SETUP_HINT`]): `input_ids`, `attention_mask` -> `sentence_embedding` (`[B,768]`).
+pub const MPNET_WHOLE: &str = "models/mpnet_whole.onnx";
+/// The same graph in 4 stages cut by `troupe pipeline split --stages 4` (balanced by weight bytes).
+pub const MPNET_STAGES: [&str; 4] = [
+    "models/mpnet_stage0.onnx",
+    "models/mpnet_stage1.onnx",
+    "models/mpnet_stage2.onnx",
+    "models/mpnet_stage3.onnx",
+];
+/// The split's manifest for [`MPNET_STAGES`].
+pub const MPNET_SPLIT: &str = "models/mpnet_split.json";
+/// Token ids (from the model's own tokenizer), masks and Python onnxruntime embeddings for a few
+/// sentences, written after the whole graph matched a numpy forward pass of the original weights.
+pub const MPNET_CHECK: &str = "models/mpnet_check.json";
+/// The fix for a missing large-model file (the opt-in part of setup).
+pub const LARGE_SETUP_HINT: &str = "run scripts/setup --large (opt-in: ~404 MB download, ~1.3 GB on disk)";
 /// Reference ids, masks and embeddings from Python onnxruntime for a few sentences.
 pub const MINILM_CHECK: &str = "models/minilm_check.json";
 /// 4->3->2 MLP with formula weights (`x` f32 `[N,4]` -> `y` f32 `[N,2]`, see scripts/tools/make_tiny.py).

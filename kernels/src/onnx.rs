@@ -39,7 +39,7 @@ use std::path::PathBuf;
 pub use embed::{Embedder, cosine, embed};
 pub use memory::{peak_resident_bytes, resident_bytes};
 pub use runtime::{LibrarySource, ORT_DYLIB_ENV, library_path, runtime};
-pub use session::{IoSpec, OnnxSession, SessionConfig, SessionMemory, check_chain};
+pub use session::{IoSpec, OnnxSession, SessionConfig, SessionMemory, check_chain, check_chain_with};
 pub use tensor::{ElementType, NamedTensor, TensorData};
 
 use crate::assets::{AssetError, SETUP_HINT};

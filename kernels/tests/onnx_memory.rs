@@ -75,8 +75,8 @@ fn stage_sessions_need_less_memory_than_the_whole_model() {
     let whole = measure(assets::MINILM_WHOLE);
     let stages: Vec<u64> = assets::MINILM_STAGES.iter().map(|s| measure(s)).collect();
     let tiny = measure(assets::TINY_MLP);
-    // whole holds 90 MB of weights, stage0 69 MB, stage1 21 MB, stage2 none.
+    // whole holds 90 MB of weights; setup's balanced stages 47 (embedding table), 22 and 21 MB.
     assert!(whole > 80_000_000, "whole {whole}");
-    assert!(stages[0] < whole && stages[1] < stages[0] && stages[2] < stages[1], "{stages:?} vs {whole}");
-    assert!(tiny < stages[1], "tiny {tiny}");
+    assert!(stages.iter().all(|&s| s < whole / 2), "{stages:?} vs {whole}: a stage holds half the model");
+    assert!(stages.iter().all(|&s| tiny < s), "tiny {tiny} vs stages {stages:?}");
 }

@@ -4,7 +4,7 @@ usage: build_minilm.py MODEL_DIR OUT.onnx
 Graph: input_ids, attention_mask int64 [batch, seq] (token_type_ids taken as 0) ->
 sentence_embedding float [batch, 384] (mean pooling over the mask + L2 normalisation, as
 sentence-transformers does). The encoder layer outputs are named hidden_0 .. hidden_5, [batch, seq, 384],
-so the graph can be cut between layers (scripts/tools/split_stages.py)."""
+so the graph can be cut between layers (`troupe pipeline split`, run by scripts/setup)."""
 import json
 import struct
 import sys

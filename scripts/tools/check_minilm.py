@@ -27,9 +27,17 @@ def main(model_dir, out_dir):
     mask = np.array([e.attention_mask for e in enc], np.int64)
     m = lambda name: os.path.join(out_dir, name)
     whole = session(m("minilm_whole.onnx")).run(None, {"input_ids": ids, "attention_mask": mask})[0]
-    h2 = session(m("minilm_stage0.onnx")).run(None, {"input_ids": ids, "attention_mask": mask})[0]
-    h5 = session(m("minilm_stage1.onnx")).run(None, {"hidden_2": h2, "attention_mask": mask})[0]
-    chained = session(m("minilm_stage2.onnx")).run(None, {"hidden_5": h5, "attention_mask": mask})[0]
+    # The stages as `troupe pipeline split` cut them: each takes, by name, the graph inputs and what the
+    # stages before it produced (the cut tensors are whatever the split chose: see minilm_split.json).
+    have = {"input_ids": ids, "attention_mask": mask}
+    for k in range(3):
+        s = session(m(f"minilm_stage{k}.onnx"))
+        missing = [i.name for i in s.get_inputs() if i.name not in have]
+        if missing:
+            sys.exit(f"check_minilm: minilm_stage{k}.onnx needs {missing}, which no earlier stage produces")
+        outs = s.run(None, {i.name: have[i.name] for i in s.get_inputs()})
+        have.update(zip([o.name for o in s.get_outputs()], outs))
+    chained = have["sentence_embedding"]
     err = float(np.abs(chained - whole).max())
     cos = float(whole[0] @ whole[1])
     print(f"check_minilm: chained vs whole max abs err {err:.2e}; cosine(text0, text1) = {cos:.4f}", file=sys.stderr)

@@ -2,9 +2,11 @@
 //! (the foreman's estimate says it fits) is killed by the OS when it loads it; the foreman
 //! re-plans its task and the job still completes with the whole model's outputs.
 
+use troupe::kernels::assets::{Assets, MINILM_WHOLE};
+use troupe::kernels::onnx::split::{CutPlan, Limits};
 use troupe::policy::pipeline::Mode;
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
-use troupe::workloads::pipeline::{load_job, minilm_stages};
+use troupe::workloads::pipeline::{load_job, split_to_dir};
 use troupe_tests::pipeline::{max_abs_error, sentences, settings, whole_model, within, workdir};
 
 fn exe() -> std::path::PathBuf {
@@ -19,7 +21,13 @@ async fn a_worker_over_its_enforced_budget_is_killed_and_its_task_moves() {
         panic!("{why}: a RAM budget cannot be enforced and this test cannot run (it needs root and a cgroup v2 or v1 memory controller; skip it explicitly with `--skip a_worker_over_its_enforced_budget` on such hosts)")
     });
     let dir = workdir("budget");
-    let job = load_job(&minilm_stages().unwrap(), &sentences(), Mode::Streaming, false).unwrap();
+    // Cut at hidden_2, hidden_5 (embeddings + layers 0-2 in stage 0) rather than setup's balanced
+    // stages: no balanced stage needs more than its estimate once mapped (their anonymous memory
+    // fits; the mapped weights are file pages the cgroup reclaims), so none would be killed.
+    let whole = Assets::locate().unwrap().path(MINILM_WHOLE).unwrap();
+    let plan = CutPlan::At(vec!["hidden_2".into(), "hidden_5".into()]);
+    let cut = split_to_dir(&whole, &plan, &dir.join("stages"), &Limits::default()).unwrap();
+    let job = load_job(&cut.stages, &sentences(), Mode::Streaming, false).unwrap();
     let mut specs: Vec<WorkerSpec> =
         (1..=3).map(|i| WorkerSpec::new(&format!("worker-{i}"), 100, &dir)).collect();
     // The foreman estimates stage 0 (69 MB file) at 1.5 x 69 + 16 MB = 119 MB: it fits 125 MiB on

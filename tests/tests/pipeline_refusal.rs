@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use troupe::actors::pipeline::StageFile;
 use troupe::policy::pipeline::Mode;
 use troupe::workloads::pipeline::{load_job, minilm_stages};
 use troupe_tests::pipeline::{SENTENCES, sentences, workdir};
@@ -14,11 +15,13 @@ fn exe() -> std::path::PathBuf {
 #[test]
 fn broken_jobs_are_refused_before_any_task_runs() {
     let stages = minilm_stages().unwrap();
-    // Stage 2 after stage 0: it needs hidden_5, stage 0 produces hidden_2.
+    // Stage 2 after stage 0: it needs stage 1's output (the cut setup's split chose), stage 0 does
+    // not produce it.
+    let cut1 = StageFile::from_path(&stages[1]).unwrap().signature.outputs[0].name.clone();
     let err =
         load_job(&[stages[0].clone(), stages[2].clone()], &sentences(), Mode::Streaming, false).unwrap_err();
     let text = format!("{err:#}");
-    assert!(text.contains("hidden_5") && text.contains("chain refused"), "{text}");
+    assert!(text.contains(&cut1) && text.contains("chain refused"), "{text}");
 
     let dir = workdir("malformed");
     std::fs::create_dir_all(&dir).unwrap();
@@ -43,7 +46,7 @@ fn broken_jobs_are_refused_before_any_task_runs() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("hidden_5"), "{stderr}");
+    assert!(stderr.contains(&cut1), "{stderr}");
     assert!(!Path::new(&run).exists(), "a refused job must not start workers");
     let _ = std::fs::remove_dir_all(&dir);
 }

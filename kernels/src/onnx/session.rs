@@ -291,18 +291,42 @@ impl OnnxSession {
 
 /// Checks that consecutive stage sessions fit: each input of stage k must be an output of stage k-1
 /// or an input of stage 0 (job inputs such as `attention_mask` travel with the activations), with
-/// the same element type and rank.
+/// the same element type and rank. A first stage that does not itself read every job input (a
+/// stage holding only the embedding table takes `input_ids` alone) needs [`check_chain_with`].
 pub fn check_chain(stages: &[&OnnxSession]) -> Result<(), OnnxError> {
     let Some(first) = stages.first() else {
         return Ok(());
     };
+    check_chain_with(stages, first.inputs())
+}
+
+/// [`check_chain`] with the job's inputs named explicitly: each input of stage k must be an output
+/// of stage k-1 or one of `job_inputs`, with the same element type and rank.
+pub fn check_chain_with(stages: &[&OnnxSession], job_inputs: &[IoSpec]) -> Result<(), OnnxError> {
+    if let Some(first) = stages.first() {
+        for input in first.inputs() {
+            let given = job_inputs.iter().find(|j| j.name == input.name);
+            if !given.is_some_and(|g| g.dtype == input.dtype && g.rank() == input.rank()) {
+                return Err(OnnxError::Chain {
+                    detail: format!(
+                        "stage 0 ({}) needs {} as {} rank {}, which the job does not provide (inputs: {})",
+                        first.origin(),
+                        input.name,
+                        input.dtype,
+                        input.rank(),
+                        names(job_inputs)
+                    ),
+                });
+            }
+        }
+    }
     for (k, pair) in stages.windows(2).enumerate() {
         let (prev, next) = (pair[0], pair[1]);
         for input in next.inputs() {
             let provider = prev
                 .outputs()
                 .iter()
-                .chain(first.inputs())
+                .chain(job_inputs)
                 .find(|o| o.name == input.name)
                 .ok_or_else(|| OnnxError::Chain {
                     detail: format!(
@@ -312,7 +336,7 @@ pub fn check_chain(stages: &[&OnnxSession]) -> Result<(), OnnxError> {
                         input.name,
                         prev.origin(),
                         names(prev.outputs()),
-                        names(first.inputs())
+                        names(job_inputs)
                     ),
                 })?;
             if provider.dtype != input.dtype || provider.rank() != input.rank() {

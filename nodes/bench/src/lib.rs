@@ -96,6 +96,10 @@ pub enum BenchCommand {
         /// scheduling figures.
         #[arg(long, conflicts_with = "memory_only")]
         no_memory_split: bool,
+        /// The model of the memory figures: minilm, or large (all-mpnet-base-v2, ~4.8x MiniLM,
+        /// from `scripts/setup --large`; needs --memory-only, the scheduling figures run MiniLM).
+        #[arg(long, default_value = "minilm")]
+        model: pipeline::MemoryModel,
     },
     /// AdaSprite co-adaptation: ours vs isolated, AMS, RECL, MoE-SE served for real on one pool
     /// budget (Poisson arrivals, K swept, ablations), measured calibration, and the `sim_` sweep.
@@ -151,9 +155,12 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             workdir,
             memory_only,
             no_memory_split,
+            model,
         } => {
             if memory_only {
-                ("pipeline", pipeline::memory_split(&std::env::current_exe()?).await?, json)
+                ("pipeline", pipeline::memory_split_of(&std::env::current_exe()?, model).await?, json)
+            } else if model != pipeline::MemoryModel::MiniLm {
+                anyhow::bail!("--model large needs --memory-only (the scheduling figures run MiniLM)");
             } else {
                 let split = !no_memory_split;
                 ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats, split).await?, json)

@@ -136,29 +136,99 @@ impl Drop for TempDir {
 /// variants divide by the whole model loaded with mapping too (the fair contrast for mapping
 /// alone). The mapped chains' outputs are checked against the whole model's here.
 pub async fn memory_split(exe: &Path) -> Result<BTreeMap<String, f64>> {
-    use troupe_kernels::assets::{Assets, MINILM_WHOLE, TINY_MLP};
+    memory_split_of(exe, MemoryModel::MiniLm).await
+}
+
+/// The model [`memory_split_of`] cuts and probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryModel {
+    /// all-MiniLM-L6-v2 (90 MB of weights), from plain `scripts/setup`.
+    MiniLm,
+    /// all-mpnet-base-v2 (435 MB, ~4.8x), from `scripts/setup --large`; its input is the first
+    /// sentence of `mpnet_check.json` (ids from the model's own tokenizer).
+    Large,
+}
+
+impl std::str::FromStr for MemoryModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "minilm" => Ok(Self::MiniLm),
+            "large" | "mpnet" => Ok(Self::Large),
+            other => Err(format!("--model {other}: use minilm or large (all-mpnet-base-v2)")),
+        }
+    }
+}
+
+/// Largest `mpnet_check.json` read (it is ~150 KB).
+const MAX_CHECK_BYTES: u64 = 16 << 20;
+
+/// The first recorded input of `mpnet_check.json`: `input_ids` and `attention_mask` `[1, S]`.
+fn large_model_input(path: &Path) -> Result<Vec<troupe_kernels::onnx::NamedTensor>> {
+    use troupe_kernels::onnx::NamedTensor;
+    let len = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+    if len > MAX_CHECK_BYTES {
+        bail!("{}: {len} bytes, more than the {MAX_CHECK_BYTES} accepted", path.display());
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("{}: not JSON", path.display()))?;
+    let first_row = |key: &str| -> Result<Vec<i64>> {
+        let row = json[key].get(0).and_then(serde_json::Value::as_array);
+        let row = row.with_context(|| format!("{}: no \"{key}\" rows", path.display()))?;
+        row.iter()
+            .map(|v| v.as_i64().with_context(|| format!("{}: \"{key}\" holds a non-integer", path.display())))
+            .collect()
+    };
+    let (ids, mask) = (first_row("ids")?, first_row("attention_mask")?);
+    if ids.is_empty() || ids.len() != mask.len() {
+        bail!("{}: ids ({}) and attention_mask ({}) differ in length", path.display(), ids.len(), mask.len());
+    }
+    let shape = vec![1, ids.len()];
+    Ok(vec![
+        NamedTensor::i64("input_ids", shape.clone(), ids),
+        NamedTensor::i64("attention_mask", shape, mask),
+    ])
+}
+
+/// [`memory_split`] for the given model (same figure keys).
+pub async fn memory_split_of(exe: &Path, which: MemoryModel) -> Result<BTreeMap<String, f64>> {
+    use troupe_kernels::assets::{
+        Assets, LARGE_SETUP_HINT, MINILM_WHOLE, MPNET_CHECK, MPNET_WHOLE, TINY_MLP,
+    };
     use troupe_kernels::onnx::split::{CutPlan, Limits};
     let assets = Assets::locate()?;
     let floor_model = assets.path(TINY_MLP)?;
-    let whole = assets.path(MINILM_WHOLE)?;
+    let (whole, input, name) = match which {
+        MemoryModel::MiniLm => {
+            let sentence =
+                "A man is eating a piece of bread while the sun sets over the quiet harbour.".to_string();
+            let input =
+                troupe::workloads::pipeline::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
+            (assets.path(MINILM_WHOLE)?, input, "minilm")
+        }
+        MemoryModel::Large => {
+            let hint = || format!("the large model: {LARGE_SETUP_HINT}");
+            let check = assets.path(MPNET_CHECK).with_context(hint)?;
+            (assets.path(MPNET_WHOLE).with_context(hint)?, large_model_input(&check)?, "mpnet")
+        }
+    };
     let tmp = TempDir(std::env::temp_dir().join(format!("troupe-memory-split-{}", std::process::id())));
     std::fs::create_dir_all(tmp.path()).context("temp dir for the split")?;
     let mut f = BTreeMap::new();
     let floor = probe_with(exe, &floor_model, false)?;
     let whole_rss = probe_with(exe, &whole, false)?;
     // A link in the temp dir, so the mapped rewrite lands there and not in the setup cache.
-    let link = tmp.path().join("minilm_whole.onnx");
+    let link = tmp.path().join(format!("{name}_whole.onnx"));
     std::os::unix::fs::symlink(&whole, &link).context("linking the whole model")?;
     let whole_mapped = probe_with(exe, &link, true)?;
     f.insert("rss_floor_mb".into(), floor as f64 / MIB);
     f.insert("whole_model_rss_mb".into(), whole_rss as f64 / MIB);
     f.insert("whole_model_mapped_rss_mb".into(), whole_mapped as f64 / MIB);
     let above = |r: u64, of: u64| r.saturating_sub(floor) as f64 / of.saturating_sub(floor).max(1) as f64;
-    let sentence = "A man is eating a piece of bread while the sun sets over the quiet harbour.".to_string();
-    let input = troupe::workloads::pipeline::tokenize(&[sentence])?.into_iter().next().unwrap_or_default();
     let want = run_chain(std::slice::from_ref(&whole), false, &input)?;
     let mut worst_err = 0.0f32;
-    println!("memory split (peak RSS, fresh process each; floor = tiny_mlp.onnx):");
+    println!("memory split of {} (peak RSS, fresh process each; floor = tiny_mlp.onnx):", whole.display());
     for k in [2usize, 3, 4] {
         let out = tmp.path().join(format!("k{k}"));
         let model = whole.clone();
