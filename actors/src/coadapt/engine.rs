@@ -311,6 +311,9 @@ pub struct EdgeEngine {
     thread_log: VecDeque<ThreadRecord>,
     plans: VecDeque<PlanRecord>,
     slices: VecDeque<SliceRecord>,
+    /// Bytes the running cycle's step needs free (its workspace and largest task's experts); a
+    /// preload is merged mid-cycle only if they stay free.
+    step_need: u64,
 }
 
 /// Bytes only one adapting model holds: experts, projector and head, and their AdamW state.
@@ -410,6 +413,7 @@ impl EdgeEngine {
             thread_log: VecDeque::new(),
             plans: VecDeque::new(),
             slices: VecDeque::new(),
+            step_need: 0,
         })
     }
 
@@ -550,6 +554,14 @@ impl EdgeEngine {
             return Ok(());
         }
         self.cycle += 1;
+        // Until a grouped step plans with the estimator: the analytic bytes of the widest
+        // member's whole step.
+        self.step_need = runs
+            .iter()
+            .filter_map(|t| self.tasks.get(t))
+            .map(|l| step_plan(&l.config, self.cfg.batch).iter().map(|(_, b)| b.div_ceil(256) * 256).sum())
+            .max()
+            .unwrap_or(0);
         for t in &runs {
             self.ensure_resident(*t, &runs)?;
         }
