@@ -334,3 +334,60 @@ fn blocks_too_small_to_pay_for_threads_run_serially() {
         }
     }
 }
+
+#[test]
+fn an_idle_model_is_unloaded_rather_than_a_task_split_over_slices() {
+    // One seat and room for one model besides a whole step, not two: from the second cycle on
+    // the previous cycle's model sits idle in the pool. The policy (`evict::make_room`) unloads it
+    // before the step is planned, so every task still trains whole in one slice per step.
+    let f = fixture(3, 128);
+    let c = f.student.config;
+    let fp = task_footprint(&c);
+    let budget = reserved_bytes(&[c], 32) + fp + fp / 2;
+    let cfg = EngineConfig {
+        budget,
+        scheduler: SchedulerChoice::Twin,
+        seats: 1,
+        steps_per_epoch: 2,
+        max_epochs: 3,
+        ..EngineConfig::default()
+    };
+    let mut eng = EdgeEngine::new(cfg, &[c]).unwrap();
+    for i in 0..f.jobs.len() {
+        eng.submit(Micros(0), job(&f, i)).unwrap();
+    }
+    let clock = logical_clock();
+    let mut done = 0;
+    for _ in 0..1000 {
+        if !eng.busy() {
+            break;
+        }
+        eng.run_cycle(&clock).unwrap();
+        done += eng.take_finished().len();
+    }
+    assert_eq!(done, f.jobs.len());
+    let plans = eng.plan_records();
+    let mut evicted = 0;
+    for p in plans {
+        let slices_of = |t: u32| p.plan.slices.iter().filter(|s| s.iter().any(|e| e.0 / 1024 == t)).count();
+        let tasks: BTreeSet<u32> = p.plan.slices.iter().flatten().map(|e| e.0 / 1024).collect();
+        for &t in &tasks {
+            assert_eq!(
+                slices_of(t),
+                1,
+                "cycle {} step {}: task {t} split: {:?}",
+                p.cycle,
+                p.step,
+                p.plan.slices
+            );
+        }
+        for v in &p.evicted {
+            assert!(!tasks.contains(&v.0), "cycle {} step {}: unloaded a member {v:?}", p.cycle, p.step);
+        }
+        evicted += p.evicted.len();
+        assert!(p.need_bytes > 0);
+    }
+    assert!(evicted > 0, "no plan had an idle model to unload: the budget never bound");
+    assert!(eng.evictions() as usize >= evicted);
+    assert!(eng.pool().peak_used() <= budget);
+}

@@ -14,12 +14,16 @@
 //! With [`Mechanisms::grouping`] on, each step of the cycle is planned by the policy's knapsack
 //! ([`troupe_policy::adapt::plan`]): the experts of every member are packed into time slices under
 //! the pool's free bytes, `M_tmp` from the estimator fitted on this pool's measurements, and each
-//! slice runs as one [`CoAdaptPool::train_slice`] (its experts train, the rest are frozen). Off,
-//! each member takes a whole-model step in turn, as before.
+//! slice runs as one [`CoAdaptPool::train_slice`] (its experts train, the rest are frozen). Before
+//! the plan, models outside the cycle are unloaded, idlest first, when the free bytes could not
+//! train the cycle's largest task whole ([`troupe_policy::adapt::evict::make_room`]): a task split
+//! over slices pays a forward and backward per slice. Off, each member takes a whole-model step in
+//! turn, as before.
 //!
 //! With [`Mechanisms::preload`] on, a scheduler's `Preload` starts [`CoAdaptPool::prepare_load`]
 //! (copies and hashes) on a background thread; the result is committed into the pool between
-//! slices and steps, or claimed by the task's own cycle when it starts first.
+//! slices and steps when the running cycle's step still fits after it
+//! ([`troupe_policy::adapt::evict::preload_fits`]), or claimed by the task's own cycle.
 //!
 //! With [`Mechanisms::reuse`] on, the pool's reuse cache ([`troupe_kernels::vmoe::reuse`]) serves
 //! every step's stem tokens (decisions from `troupe_policy::adapt::reuse`); with grouping on, the
@@ -311,6 +315,9 @@ pub struct EdgeEngine {
     thread_log: VecDeque<ThreadRecord>,
     plans: VecDeque<PlanRecord>,
     slices: VecDeque<SliceRecord>,
+    /// Bytes the running cycle's step needs free (its workspace and largest task's experts); a
+    /// preload is merged mid-cycle only if they stay free.
+    step_need: u64,
 }
 
 /// Bytes only one adapting model holds: experts, projector and head, and their AdamW state.
@@ -410,6 +417,7 @@ impl EdgeEngine {
             thread_log: VecDeque::new(),
             plans: VecDeque::new(),
             slices: VecDeque::new(),
+            step_need: 0,
         })
     }
 
@@ -550,6 +558,14 @@ impl EdgeEngine {
             return Ok(());
         }
         self.cycle += 1;
+        // Until a grouped step plans with the estimator: the analytic bytes of the widest
+        // member's whole step.
+        self.step_need = runs
+            .iter()
+            .filter_map(|t| self.tasks.get(t))
+            .map(|l| step_plan(&l.config, self.cfg.batch).iter().map(|(_, b)| b.div_ceil(256) * 256).sum())
+            .max()
+            .unwrap_or(0);
         for t in &runs {
             self.ensure_resident(*t, &runs)?;
         }

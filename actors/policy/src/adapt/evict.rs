@@ -10,6 +10,13 @@
 //! back packs its buffers into the free space, which undoes fragmentation; its optimiser state
 //! starts over); else give up. A preload merged while a cycle runs may only unload models outside
 //! the cycle; otherwise it waits on the host. Ties go to the lower task id, so the choice is deterministic.
+//!
+//! Before a step is planned ([`make_room`]): when the free bytes cannot train the cycle's largest
+//! task whole, models outside the cycle (finished waiting for their next turn, or preloaded) are
+//! unloaded, idlest first, until it can. Splitting a task over slices costs a forward and backward
+//! pass per slice on every step of the cycle; unloading an idle model costs a copy to the host now
+//! and a merge when its turn comes. A preload is merged while a cycle runs only when the cycle's
+//! step still fits after it ([`preload_fits`]); otherwise it stays prepared on the host.
 
 use super::TaskId;
 
@@ -53,6 +60,44 @@ pub enum OnRefusal {
     Reload(TaskId),
     /// Nothing helps: report the refusal.
     GiveUp,
+}
+
+/// A resident model outside the running cycle, as [`make_room`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idle {
+    /// Its task.
+    pub task: TaskId,
+    /// The last cycle that ran (or preloaded) it.
+    pub last_cycle: u64,
+    /// Bytes unloading it gives back to the pool.
+    pub bytes: u64,
+}
+
+/// The idle models to unload before a step so that `need` bytes are free (see the module doc):
+/// idlest first (ties to the lower task id), as few as reach `need`; none when `free` already
+/// does, or when even all of them would not (the step is then planned in the room there is).
+pub fn make_room(idle: &[Idle], free: u64, need: u64) -> Vec<TaskId> {
+    if free >= need {
+        return Vec::new();
+    }
+    let mut order: Vec<&Idle> = idle.iter().collect();
+    order.sort_by_key(|m| (m.last_cycle, m.task));
+    let mut room = free;
+    let mut out = Vec::new();
+    for m in order {
+        room = room.saturating_add(m.bytes);
+        out.push(m.task);
+        if room >= need {
+            return out;
+        }
+    }
+    Vec::new()
+}
+
+/// Whether a preloaded model of `bytes` may be merged while a cycle runs: the cycle's step
+/// (`need` bytes) must still fit in the `free` bytes left after it.
+pub fn preload_fits(free: u64, bytes: u64, need: u64) -> bool {
+    free >= bytes.saturating_add(need)
 }
 
 /// Decides (see the module doc).
@@ -141,6 +186,31 @@ mod tests {
         assert_eq!(on_refusal(&rs, &Refused::Load(TaskId(1))), OnRefusal::Evict(TaskId(0)));
         assert_eq!(on_refusal(&[r(0, 7, true)], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
         assert_eq!(on_refusal(&[], &Refused::Load(TaskId(0))), OnRefusal::GiveUp);
+    }
+
+    fn idle(task: u32, last_cycle: u64, bytes: u64) -> Idle {
+        Idle { task: TaskId(task), last_cycle, bytes }
+    }
+
+    #[test]
+    fn room_is_made_from_the_idlest_models_and_only_when_it_is_reached() {
+        let ms = [idle(3, 4, 100), idle(1, 2, 100), idle(2, 2, 50), idle(0, 5, 500)];
+        // Enough already: nothing goes.
+        assert!(make_room(&ms, 1000, 1000).is_empty());
+        // 120 short: idlest first (cycle 2, ids 1 then 2), as few as reach it.
+        assert_eq!(make_room(&ms, 880, 1000), [TaskId(1), TaskId(2)]);
+        assert_eq!(make_room(&ms, 950, 1000), [TaskId(1)]);
+        // Everything together: 750 B; 800 short is out of reach, so nothing is unloaded.
+        assert!(make_room(&ms, 200, 1000).is_empty());
+        assert_eq!(make_room(&ms, 250, 1000), [TaskId(1), TaskId(2), TaskId(3), TaskId(0)]);
+        assert!(make_room(&[], 0, 1).is_empty());
+    }
+
+    #[test]
+    fn a_preload_fits_only_with_the_step_still_free_after_it() {
+        assert!(preload_fits(1000, 300, 700));
+        assert!(!preload_fits(999, 300, 700));
+        assert!(!preload_fits(u64::MAX - 1, u64::MAX, 1));
     }
 
     #[test]

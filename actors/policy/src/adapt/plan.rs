@@ -167,6 +167,26 @@ fn bundle_tasks(
     (items, members)
 }
 
+/// Bytes a step needs free for the largest task of `experts` to train whole (its bundle, never
+/// split over slices): the workspace plus its experts' aligned `M_tmp` (see [`temp_bytes`]).
+/// What the executor makes room for before planning ([`super::evict::make_room`]).
+pub fn whole_task_bytes(
+    experts: &[PlanExpert],
+    estimator: Option<&MemoryModel>,
+    workspace_bytes: u64,
+    align: u64,
+) -> u64 {
+    let mut per_task: Vec<(TaskId, u64)> = Vec::new();
+    for e in experts {
+        let b = temp_bytes(e, estimator, align);
+        match per_task.iter_mut().find(|(t, _)| *t == e.task) {
+            Some((_, v)) => *v = v.saturating_add(b),
+            None => per_task.push((e.task, b)),
+        }
+    }
+    workspace_bytes.saturating_add(per_task.iter().map(|(_, b)| *b).max().unwrap_or(0))
+}
+
 /// One slice per task holding all its experts, tasks in first-appearance order.
 fn per_task(experts: &[PlanExpert]) -> Vec<Vec<ExpertId>> {
     let mut out: Vec<(TaskId, Vec<ExpertId>)> = Vec::new();
@@ -252,6 +272,17 @@ mod tests {
         assert_eq!(temp_bytes(&e(0, 0, 10, 99_999), Some(&m), 256), 1536);
         // Equal token counts do not determine it.
         assert!(fit_estimator(&[samples[0]; 5]).is_none());
+    }
+
+    #[test]
+    fn whole_task_bytes_is_the_workspace_and_the_largest_bundle() {
+        // Task 0: 1024 + 1024 aligned; task 1: 5120 aligned; workspace 900.
+        let xs = [e(0, 0, 10, 1000), e(0, 1, 10, 1000), e(1, 2, 10, 5000)];
+        assert_eq!(whole_task_bytes(&xs, None, 900, 256), 900 + 5120);
+        // With that much free every task is a bundle: no task is split over slices.
+        let p = plan_slices(&xs, None, mem(900 + 5120, 900), 1);
+        assert_eq!(p.input.items.len(), 2);
+        assert_eq!(whole_task_bytes(&[], None, 900, 256), 900);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use troupe_kernels::vmoe::pool::PreparedLoad;
 use troupe_kernels::vmoe::{CoAdaptPool, VMoeError};
 use troupe_policy::adapt::TaskId;
-use troupe_policy::adapt::evict::{OnRefusal, Refused, on_refusal};
+use troupe_policy::adapt::evict::{OnRefusal, Refused, on_refusal, preload_fits};
 
 use super::{EdgeEngine, EngineError};
 
@@ -18,6 +18,9 @@ pub struct PreloadStats {
     pub committed: u64,
     /// Of them, left on the host because the pool had no room outside the running cycle.
     pub refused: u64,
+    /// Commit points at which a finished preparation was kept on the host because merging it
+    /// would leave too little room for the running cycle's step ([`preload_fits`]).
+    pub deferred: u64,
     /// Of them, taken by the task's own cycle before a commit point merged them.
     pub claimed: u64,
     /// Of them, dropped because the task completed first.
@@ -46,13 +49,20 @@ impl EdgeEngine {
         self.preload_stats.started += 1;
     }
 
-    /// Commits every background preparation that has finished (called between slices and steps):
-    /// the policy may unload a model outside `cycle` to make room; otherwise the model waits on the
+    /// Commits every background preparation that has finished (called between slices and steps)
+    /// when the running cycle's step still fits after it ([`preload_fits`]; otherwise it stays
+    /// prepared and is tried again at the next commit point or claimed by its own cycle): the
+    /// policy may unload a model outside `cycle` to make room; otherwise the model waits on the
     /// host until its cycle merges it.
     pub(super) fn commit_ready(&mut self, cycle: &[TaskId]) -> Result<(), EngineError> {
         let ready: Vec<TaskId> =
             self.preparing.iter().filter(|(_, h)| h.is_finished()).map(|(t, _)| *t).collect();
         for t in ready {
+            let bytes = self.tasks.get(&t).map_or(0, |l| super::task_footprint(&l.config));
+            if !preload_fits(self.pool.stats().free, bytes, self.step_need) {
+                self.preload_stats.deferred += 1;
+                continue;
+            }
             let Some(handle) = self.preparing.remove(&t) else { continue };
             let mut prepared = join_prepared(handle)?;
             let mut keep = cycle.to_vec();

@@ -12,9 +12,11 @@ use troupe_kernels::ops::with_expert_threads;
 use troupe_kernels::vmoe::pool::{SliceTask, expert_tmp_bytes, plan_bytes, step_plan};
 use troupe_kernels::vmoe::{CoAdaptPool, VMoeConfig};
 use troupe_policy::Micros;
-use troupe_policy::adapt::evict::{OnRefusal, Refused, on_refusal};
+use troupe_policy::adapt::evict::{Idle, OnRefusal, Refused, make_room, on_refusal};
 use troupe_policy::adapt::memory::{ExpertShape, MemorySample};
-use troupe_policy::adapt::plan::{PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices};
+use troupe_policy::adapt::plan::{
+    PlanExpert, PlanMemory, SlicePlan, fit_estimator, plan_slices, whole_task_bytes,
+};
 use troupe_policy::adapt::threads::{block_threads, threads_pay};
 use troupe_policy::adapt::{ExpertId, TaskId};
 
@@ -41,6 +43,11 @@ pub struct PlanRecord {
     pub cycle: u64,
     /// The step within the cycle's epoch.
     pub step: usize,
+    /// Models outside the cycle unloaded before the plan so the largest task trains whole
+    /// ([`make_room`]), in the order unloaded.
+    pub evicted: Vec<TaskId>,
+    /// The bytes [`make_room`] was asked to free: the workspace and the largest task's experts.
+    pub need_bytes: u64,
     /// The plan, with everything it was computed from.
     pub plan: SlicePlan,
 }
@@ -131,6 +138,23 @@ impl EdgeEngine {
                 }
             }
         }
+        // Idle models (outside the cycle) go before a task is split over slices (the policy's
+        // rule, `troupe_policy::adapt::evict::make_room`).
+        let need = whole_task_bytes(&experts, self.estimator.as_ref(), workspace, 256);
+        self.step_need = need;
+        let idle: Vec<Idle> = self
+            .tasks
+            .iter()
+            .filter(|(id, _)| !runs.contains(id))
+            .filter_map(|(id, t)| {
+                let bytes = self.pool.exclusive_memory_bytes(t.resident?)?;
+                Some(Idle { task: *id, last_cycle: t.last_cycle, bytes })
+            })
+            .collect();
+        let evicted = make_room(&idle, self.pool.stats().free, need);
+        for v in &evicted {
+            self.unload_task(*v)?;
+        }
         let memory = PlanMemory {
             free_bytes: self.pool.stats().free,
             workspace_bytes: workspace,
@@ -140,7 +164,7 @@ impl EdgeEngine {
         let seed = self.cfg.seed ^ (self.cycle << 16) ^ step as u64;
         let plan = plan_slices(&experts, self.estimator.as_ref(), memory, seed);
         let mut work: VecDeque<(usize, Vec<ExpertId>)> = plan.slices.iter().cloned().enumerate().collect();
-        push_capped(&mut self.plans, PlanRecord { cycle: self.cycle, step, plan });
+        push_capped(&mut self.plans, PlanRecord { cycle: self.cycle, step, evicted, need_bytes: need, plan });
         let mut stepped: Vec<TaskId> = Vec::new();
         let mut reloaded = false;
         while let Some((k, slice)) = work.pop_front() {

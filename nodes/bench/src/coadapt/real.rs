@@ -34,6 +34,10 @@
 //! **SLO**: exact-match gain against the teacher (on the task's held-out validation split) of at
 //! least `gain` within `l_solo` solo times of its arrival, where the solo time is the median time
 //! one task of the seed takes alone (isolated, run to completion) to reach `gain`.
+//! **Epoch cap**: every strategy returns a task after as many epochs as the deadline gives one
+//! task alone ([`epoch_cap`]: `l_solo` x the solo runs' median epochs); past it no task can meet
+//! the SLO, and tasks that never reach the gain would otherwise hold the pool for the solo
+//! runs' 60 epochs each.
 //! **Throughput**: tasks meeting the SLO per minute of process CPU time, from the first arrival to
 //! the last completion (the paper's "rate of tasks meeting their SLOs").
 //! **Fragmentation**: the mean of the pool's `fragmentation_samples` (external fragmentation after
@@ -209,6 +213,8 @@ pub fn process_cpu_us() -> u64 {
 pub struct RunOutcome {
     /// Per finished task: (latency s, exact-match gain).
     pub tasks: Vec<(f64, f64)>,
+    /// Per finished task (same order): epochs trained.
+    pub epochs: Vec<u32>,
     /// First arrival to last completion, s.
     pub span_s: f64,
     /// Mean external fragmentation over the pool's samples.
@@ -280,6 +286,7 @@ pub fn run_once(
             .iter()
             .map(|f| (f.done.saturating_sub(f.arrived).as_secs_f64(), f.after - f.before))
             .collect(),
+        epochs: done.iter().map(|f| f.epochs).collect(),
         span_s: (last.saturating_sub(first) as f64 / 1e6).max(1e-9),
         fragmentation: frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len().max(1) as f64,
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
@@ -397,9 +404,18 @@ pub fn sweep(
     Ok(out)
 }
 
-/// The median time one task of `jobs` takes alone to reach `gain` (isolated, run to completion),
-/// over at most `n` of them; the median over all of them when none reaches it.
-pub fn solo_time_s(sc: &SweepConfig, student: &VMoe, jobs: &[Dataset], n: usize) -> Result<f64> {
+/// One task alone (isolated, run to completion), the median over a seed's first tasks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Solo {
+    /// Time to reach the SLO gain, s (over every task when none reaches it).
+    pub seconds: f64,
+    /// Epochs trained to reach it (the same fallback).
+    pub epochs: f64,
+}
+
+/// The median time (and epochs) one task of `jobs` takes alone to reach `gain` (isolated, run to
+/// completion), over at most `n` of them; the medians over all of them when none reaches it.
+pub fn solo_time(sc: &SweepConfig, student: &VMoe, jobs: &[Dataset], n: usize) -> Result<Solo> {
     let s = RealStrategy::BASELINES[0];
     let cfg = EngineConfig {
         budget: pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks),
@@ -408,19 +424,32 @@ pub fn solo_time_s(sc: &SweepConfig, student: &VMoe, jobs: &[Dataset], n: usize)
         mechanisms: s.mechanisms,
         ..sc.engine
     };
-    let mut reached = Vec::new();
-    let mut all = Vec::new();
+    let (mut reached, mut all) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for j in jobs.iter().take(n.max(1)) {
         let o = run_once(cfg, student, std::slice::from_ref(j), &[0])?;
-        for (t, g) in o.tasks {
-            all.push(t);
-            if g >= sc.gain - 1e-12 {
-                reached.push(t);
+        for ((t, g), e) in o.tasks.iter().zip(&o.epochs) {
+            all.0.push(*t);
+            all.1.push(f64::from(*e));
+            if *g >= sc.gain - 1e-12 {
+                reached.0.push(*t);
+                reached.1.push(f64::from(*e));
             }
         }
     }
-    let v = if reached.is_empty() { &mut all } else { &mut reached };
-    Ok(troupe_policy::stats::median(v))
+    let v = if reached.0.is_empty() { &mut all } else { &mut reached };
+    Ok(Solo {
+        seconds: troupe_policy::stats::median(&mut v.0),
+        epochs: troupe_policy::stats::median(&mut v.1),
+    })
+}
+
+/// The epoch cap of the sweep's tasks: as many epochs as the SLO deadline (`l_solo` solo times)
+/// gives one task alone, `l_solo x solo epochs` rounded up, at least `floor`. A task still below
+/// its gain after them is about at its deadline even alone and, sharing the pool, past it; every
+/// strategy returns it then (the same cap for all of them).
+pub fn epoch_cap(l_solo: f64, solo_epochs: f64, floor: u32) -> u32 {
+    let cap = (l_solo * solo_epochs).ceil();
+    if cap.is_finite() && cap > 0.0 { (cap.min(f64::from(u32::MAX)) as u32).max(floor) } else { floor }
 }
 
 #[cfg(test)]
@@ -438,6 +467,14 @@ mod tests {
         assert!((700.0..1300.0).contains(&mean), "{mean}");
         let fast = poisson_arrivals(200, 100.0, 5);
         assert!(fast.last() < a.last());
+    }
+
+    #[test]
+    fn the_epoch_cap_is_the_deadlines_worth_of_solo_epochs() {
+        assert_eq!(epoch_cap(7.25, 3.0, 4), 22);
+        assert_eq!(epoch_cap(7.25, 0.0, 4), 4);
+        assert_eq!(epoch_cap(f64::NAN, 3.0, 4), 4);
+        assert_eq!(epoch_cap(2.0, 1.0, 1), 2);
     }
 
     #[test]
