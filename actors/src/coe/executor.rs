@@ -48,8 +48,8 @@ use troupe_kernels::onnx::mlp_graph::MlpLimits;
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_kernels::{BlobId, Device, Tier as StoreTier, WeightStore};
 use troupe_policy::coe::{
-    CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, HostTier, Tier, choose_engine,
-    initial_host_set, plan_demotion,
+    CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, HostTier, choose_engine,
+    plan_demotion,
 };
 
 use super::CoeError;
@@ -264,13 +264,8 @@ impl ExpertExecutor {
             }
             blobs.push(id);
         }
-        let homed: Vec<HostCandidate> = model
-            .experts()
-            .iter()
-            .filter(|e| e.home == Tier::Host)
-            .map(|e| HostCandidate { id: e.id, size_bytes: e.size_bytes, usage_prob: e.usage_prob })
-            .collect();
-        for id in initial_host_set(&homed, host_budget) {
+        // The same initial set the scheduler assumes (its HostTier starts from it).
+        for id in HostTier::new(model, host_budget).resident() {
             if let Some(blob) = blobs.get(id.index()) {
                 store.load_to_host(blob)?;
             }
