@@ -75,8 +75,14 @@ fn stage_sessions_need_less_memory_than_the_whole_model() {
     let whole = measure(assets::MINILM_WHOLE);
     let stages: Vec<u64> = assets::MINILM_STAGES.iter().map(|s| measure(s)).collect();
     let tiny = measure(assets::TINY_MLP);
-    // whole holds 90 MB of weights; setup's balanced stages 47 (embedding table), 22 and 21 MB.
+    // whole holds 90 MB of weights; setup's balanced stages 47 (the word-embedding table, half
+    // the weights, which no single-tensor cut can divide), 22 and 21 MB. Measured in a fresh
+    // clone's CI run: 55.9 / 35.8 / 35.2 MB resident against 104.9 MB for the whole model.
     assert!(whole > 80_000_000, "whole {whole}");
-    assert!(stages.iter().all(|&s| s < whole / 2), "{stages:?} vs {whole}: a stage holds half the model");
+    assert!(
+        stages.iter().all(|&s| s * 5 < whole * 3),
+        "{stages:?} vs {whole}: a stage needs 60% of the whole model's memory or more"
+    );
+    assert!(stages.iter().sum::<u64>() > whole, "{stages:?} vs {whole}: each stage pays its own runtime");
     assert!(stages.iter().all(|&s| tiny < s), "tiny {tiny} vs stages {stages:?}");
 }
