@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, warn};
 use troupe_kernels::onnx::NamedTensor;
+use troupe_policy::pipeline::coding::compress_activations;
 use troupe_policy::pipeline::costs::CostModel;
 use troupe_policy::pipeline::{
     Action, Foreman, ForemanConfig, Job, TaskId, Telemetry, WorkerId, WorkerReport,
@@ -442,6 +443,8 @@ struct ExecCtx {
     shelf: BlobShelf,
     foreman: String,
     lossy_bf16: bool,
+    /// The crowd's nodes (whether their links are same-host decides activation compression).
+    crowd: Arc<Vec<NodeId>>,
     timeout: Duration,
     t0: Instant,
     events: mpsc::UnboundedSender<Event>,
@@ -502,6 +505,7 @@ async fn executor(
                     tensors,
                     from: ctx.foreman.clone(),
                     lossy_bf16: ctx.lossy_bf16,
+                    compress: compress_activations(ctx.crowd.iter().map(|p| ctx.link.same_host(p))),
                     keep_outputs,
                 };
                 let called = Instant::now();
@@ -559,7 +563,7 @@ async fn executor(
 /// `req` with its [`TensorBody::At`] inputs pulled here from the workers holding them and put on
 /// the foreman's shelf (the worker then pulls them from the foreman), and the bytes relayed.
 async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
-    let Request::Run { input, stage, mut tensors, from, lossy_bf16, keep_outputs } = req else {
+    let Request::Run { input, stage, mut tensors, from, lossy_bf16, compress, keep_outputs } = req else {
         return Err("only a task's inputs are relayed".into());
     };
     let mut bytes = 0u64;
@@ -576,7 +580,7 @@ async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
             t.body = TensorBody::ByRef { blob: id, len: *len };
         }
     }
-    Ok((Request::Run { input, stage, tensors, from, lossy_bf16, keep_outputs }, bytes))
+    Ok((Request::Run { input, stage, tensors, from, lossy_bf16, compress, keep_outputs }, bytes))
 }
 
 /// A task's outputs from its answer: references to the worker's shelf when it kept them (an
@@ -1321,6 +1325,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             shelf: shared.shelf.clone(),
             foreman: shared.link.local_id().as_str().to_owned(),
             lossy_bf16: job.lossy_bf16,
+            crowd: Arc::new(shared.targets.iter().map(|t| t.peer.clone()).collect()),
             timeout: settings.rpc_timeout,
             t0: shared.t0,
             events: events_tx,

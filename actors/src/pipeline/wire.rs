@@ -16,7 +16,7 @@ use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::onnx::{NamedTensor, TensorData};
 use troupe_transport::codec::{
-    DecodeBudget, TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits,
+    Compression, DecodeBudget, TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits,
 };
 use troupe_transport::quic::BlobServer;
 use troupe_transport::{Link, NodeId, QuicNode};
@@ -188,6 +188,9 @@ mod messages {
             from: String,
             /// Send f32 outputs as bf16 (lossy).
             lossy_bf16: bool,
+            /// Compress f32 outputs (byte planes + zstd); false when the whole crowd shares one
+            /// host (`troupe_policy::pipeline::coding`).
+            compress: bool,
             /// Keep the outputs on the worker's blob shelf and answer with references to them
             /// (an intermediate stage: the next stage's worker pulls them from here).
             keep_outputs: bool,
@@ -421,27 +424,42 @@ impl BlobServer for BlobShelf {
     }
 }
 
-/// Encodes tensors for sending; large ones go on `shelf` by reference.
+/// How f32 tensors are coded for the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coding {
+    /// Truncate to bf16 (lossy).
+    pub lossy_bf16: bool,
+    /// Compress (byte planes + zstd) where it pays; raw otherwise.
+    pub compress: bool,
+}
+
+/// Encodes tensors for sending (compressed, bf16 if asked); large ones go on `shelf` by reference.
 pub fn encode_tensors(
     tensors: &[NamedTensor],
     lossy_bf16: bool,
     shelf: &BlobShelf,
     tally: &mut EncodeTally,
 ) -> Result<Vec<WireNamed>, WireError> {
-    encode_tensors_above(tensors, lossy_bf16, shelf, tally, BY_REFERENCE_ABOVE)
+    let coding = Coding { lossy_bf16, compress: true };
+    encode_tensors_above(tensors, coding, shelf, tally, BY_REFERENCE_ABOVE)
 }
 
-/// Encodes tensors for sending; those whose encoded form is above `by_reference_above` bytes go
-/// on `shelf` by reference (`0`: every tensor with a payload does).
+/// Encodes tensors for sending as `coding` says; those whose encoded form is above
+/// `by_reference_above` bytes go on `shelf` by reference (`0`: every tensor with a payload does).
 pub fn encode_tensors_above(
     tensors: &[NamedTensor],
-    lossy_bf16: bool,
+    coding: Coding,
     shelf: &BlobShelf,
     tally: &mut EncodeTally,
     by_reference_above: usize,
 ) -> Result<Vec<WireNamed>, WireError> {
-    let options =
-        TensorEncodeOptions { lossy_bf16, min_compress_bytes: 1024, ..TensorEncodeOptions::default() };
+    let compress = if coding.compress { Compression::Auto } else { Compression::Never };
+    let options = TensorEncodeOptions {
+        lossy_bf16: coding.lossy_bf16,
+        compress,
+        min_compress_bytes: 1024,
+        ..TensorEncodeOptions::default()
+    };
     let mut encoder = TensorEncoder::new(options);
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -619,6 +637,8 @@ fn decode_one(
 mod tests {
     use super::*;
 
+    const LOSSLESS: Coding = Coding { lossy_bf16: false, compress: true };
+
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
         let req = Request::Load { stage: 2, sha256: "ab".repeat(32) };
@@ -629,6 +649,24 @@ mod tests {
         let mut cut = bytes.clone();
         cut.truncate(bytes.len() / 2);
         assert!(request_from_bytes(&cut).is_err());
+    }
+
+    #[test]
+    fn uncompressed_coding_sends_raw_bytes_that_round_trip() {
+        let data: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.01).sin()).collect();
+        let t = NamedTensor::f32("hidden", vec![1, 16, 256], data);
+        let shelf = BlobShelf::default();
+        let (mut packed, mut raw) = (EncodeTally::default(), EncodeTally::default());
+        encode_tensors(std::slice::from_ref(&t), false, &shelf, &mut packed).unwrap();
+        let coding = Coding { lossy_bf16: false, compress: false };
+        let wire =
+            encode_tensors_above(std::slice::from_ref(&t), coding, &shelf, &mut raw, usize::MAX).unwrap();
+        assert_eq!(raw.wire, 4096 * 4, "raw coding carries every f32 byte");
+        assert!(packed.wire < raw.wire, "compressed {} vs raw {}", packed.wire, raw.wire);
+        let mut dec = TensorDecoder::default();
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let back = decode_one(wire.into_iter().next().unwrap(), &mut dec, &mut budget).unwrap();
+        assert_eq!(back, t);
     }
 
     #[test]
@@ -671,6 +709,7 @@ mod tests {
             tensors,
             from: "f".into(),
             lossy_bf16: false,
+            compress: true,
             keep_outputs: false,
         };
         let bytes = to_bytes("request", &request).unwrap();
@@ -702,7 +741,7 @@ mod tests {
         let t = NamedTensor::f32("hidden", vec![1, 4, 8], (0..32).map(|i| i as f32 * 0.5).collect());
         let shelf = BlobShelf::default();
         let mut tally = EncodeTally::default();
-        let wire = encode_tensors_above(std::slice::from_ref(&t), false, &shelf, &mut tally, 0).unwrap();
+        let wire = encode_tensors_above(std::slice::from_ref(&t), LOSSLESS, &shelf, &mut tally, 0).unwrap();
         let TensorBody::ByRef { blob, len } = wire[0].body else { panic!("not by reference") };
         assert_eq!(tally.by_reference, 1);
         let ca = ClusterCa::generate("t").unwrap();

@@ -2,6 +2,7 @@
 //!
 //! - [`chain`]: job submission check (linear DAG of stage signatures).
 //! - [`affinity`]: 4-tier residency affinity, entropy-weighted ranking, two-phase dispatch.
+//! - [`coding`]: whether activations are compressed on the wire (by where the crowd runs).
 //! - [`costs`]: per-stage task and load times learned online from completions.
 //! - [`plan`]: home stages for a streaming job's steady state (pipeline balancing by speed).
 //! - [`replan`]: failure planner for a lost worker's tasks.
@@ -12,6 +13,7 @@ use std::fmt;
 
 pub mod affinity;
 pub mod chain;
+pub mod coding;
 pub mod costs;
 pub mod foreman;
 pub mod plan;
