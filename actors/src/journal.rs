@@ -119,6 +119,10 @@ pub struct Journal {
     bytes: u64,
     /// Its size right after the last compaction (0 if none since open).
     compacted: u64,
+    /// A compaction's rename is not known durable yet (its directory sync failed): synced before
+    /// the next append, which fails if it cannot be, so nothing is acknowledged into a file a
+    /// crash could take back.
+    dir_unsynced: bool,
 }
 
 /// Where a compaction of the journal at `path` writes before renaming.
@@ -221,7 +225,10 @@ impl Journal {
             file.write_all(MAGIC).map_err(io)?;
             file.sync_data().map_err(io)?;
             let bytes = MAGIC.len() as u64;
-            return Ok((Self { path: path.to_path_buf(), file, records: 0, bytes, compacted: 0 }, replay));
+            return Ok((
+                Self { path: path.to_path_buf(), file, records: 0, bytes, compacted: 0, dir_unsynced: false },
+                replay,
+            ));
         }
         let mut bytes = Vec::with_capacity(len as usize);
         (&mut file).take(len).read_to_end(&mut bytes).map_err(io)?;
@@ -248,7 +255,17 @@ impl Journal {
         }
         let n = records.len() as u64;
         replay.records = records;
-        Ok((Self { path: path.to_path_buf(), file, records: n, bytes: size, compacted: 0 }, replay))
+        Ok((
+            Self {
+                path: path.to_path_buf(),
+                file,
+                records: n,
+                bytes: size,
+                compacted: 0,
+                dir_unsynced: false,
+            },
+            replay,
+        ))
     }
 
     /// Appends `bodies` as records and returns once they are on disk (one `fdatasync`).
@@ -261,6 +278,10 @@ impl Journal {
             frame(&mut buf, body);
         }
         let io = |source| JournalError::Io { path: self.path.clone(), source };
+        if self.dir_unsynced {
+            sync_dir(dir_of(&self.path)).map_err(io)?;
+            self.dir_unsynced = false;
+        }
         self.file.write_all(&buf).map_err(io)?;
         self.file.sync_data().map_err(io)?;
         self.records += bodies.len() as u64;
@@ -270,7 +291,8 @@ impl Journal {
 
     /// Rewrites the journal to hold exactly `live` (in order), atomically: written to
     /// [`compacting_path`] and synced, renamed over the journal, the directory synced. On an
-    /// error before the rename nothing changed; after it, the journal is the new one.
+    /// error before the rename nothing changed; after it (the directory sync failed), the journal
+    /// is the new one and the next append syncs the directory first.
     pub fn compact<B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = B>) -> Result<(), JournalError> {
         let tmp = compacting_path(&self.path);
         let at_tmp = |source| JournalError::Io { path: tmp.clone(), source };
@@ -320,7 +342,10 @@ impl Journal {
         self.records = records;
         self.bytes = bytes;
         self.compacted = bytes;
-        sync_dir(dir_of(&self.path)).map_err(io)
+        self.dir_unsynced = true;
+        sync_dir(dir_of(&self.path)).map_err(io)?;
+        self.dir_unsynced = false;
+        Ok(())
     }
 
     /// The file's size in bytes.

@@ -305,7 +305,9 @@ impl Store {
     }
 
     /// Rewrites the journal to [`Store::live_records`] and forgets, in memory too, the answered
-    /// client requests it dropped. Nothing changes in memory if the rewrite fails.
+    /// client requests it dropped. Memory is pruned only once the rewrite is wholly done: after a
+    /// failed one it still holds those requests (answered, so never run; the next compaction's
+    /// `Forgotten` count includes them).
     fn compact(&mut self, n: u64) -> Result<(), CoeError> {
         let live = self.live_records(n)?;
         let Some(j) = self.journal.as_mut() else { return Ok(()) };
