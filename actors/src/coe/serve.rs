@@ -347,7 +347,8 @@ impl Store {
 
 impl CoeShared {
     /// A job over `app` with `config`; with `journal`, accepted and answered requests are
-    /// replayed from that file and appended to it (see the module docs). Returns the damaged
+    /// replayed from that file and appended to it (see the module docs), and the journal is
+    /// compacted at once if the default [`CompactionRule`] says it is due. Returns the damaged
     /// tail the journal had, if any (reported, not replayed).
     pub fn open(
         app: Arc<App>,
