@@ -10,9 +10,16 @@
 //! work only once it is durable. At open, a damaged tail (a record cut short by a crash, or one
 //! whose checksum fails with nothing valid after it) is reported by name, never replayed, and cut
 //! off before the next append; damage with valid records after it is corruption and refused.
+//!
+//! Compaction: [`Journal::compact`] rewrites the journal to the records its owner says are still
+//! live, into `<name>.compacting` beside it (fsynced), renames that over the journal and fsyncs
+//! the directory. A crash leaves the old journal or the new one, never a mix: a temp file found
+//! at open is a rewrite that never got renamed, and is removed. When to compact is the owner's
+//! call ([`troupe_policy::compaction::CompactionRule`] over [`Journal::bytes`] and
+//! [`Journal::compacted_bytes`]); what is live, too.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// First bytes of every journal file.
@@ -22,6 +29,8 @@ pub const MAX_RECORD: usize = 1 << 20;
 /// Largest journal file opened.
 pub const MAX_JOURNAL: u64 = 1 << 30;
 const HEADER: usize = 12;
+/// Suffix of the temp file a compaction writes beside the journal.
+pub const COMPACTING_SUFFIX: &str = ".compacting";
 
 /// Why a journal could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +66,14 @@ pub enum JournalError {
         offset: u64,
         /// What is wrong.
         detail: String,
+    },
+    /// A compaction's live records would make a journal past [`MAX_JOURNAL`] (nothing changed).
+    #[error("journal {path}: compacting to {len} bytes of live records exceeds the cap of {MAX_JOURNAL}")]
+    LiveTooLarge {
+        /// The journal file.
+        path: PathBuf,
+        /// Bytes the live records would take.
+        len: u64,
     },
     /// A record is larger than [`MAX_RECORD`] (refused when appending).
     #[error("journal {path}: a record of {len} bytes exceeds the cap of {MAX_RECORD}")]
@@ -98,6 +115,41 @@ pub struct Journal {
     path: PathBuf,
     file: File,
     records: u64,
+    /// The file's size.
+    bytes: u64,
+    /// Its size right after the last compaction (0 if none since open).
+    compacted: u64,
+    /// A compaction's rename is not known durable yet (its directory sync failed): synced before
+    /// the next append, which fails if it cannot be, so nothing is acknowledged into a file a
+    /// crash could take back.
+    dir_unsynced: bool,
+}
+
+/// Where a compaction of the journal at `path` writes before renaming.
+pub fn compacting_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(COMPACTING_SUFFIX);
+    path.with_file_name(name)
+}
+
+/// Appends one record's header and body to `out`.
+fn frame(out: &mut Vec<u8>, body: &[u8]) {
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&checksum(body));
+    out.extend_from_slice(body);
+}
+
+/// Makes a rename in `dir` durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 fn checksum(body: &[u8]) -> [u8; 8] {
@@ -156,6 +208,13 @@ impl Journal {
         {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
+        // A compaction that never got renamed: the journal itself is the old one, whole.
+        let stale = compacting_path(path);
+        match std::fs::remove_file(&stale) {
+            Ok(()) => tracing::warn!(path = %stale.display(), "removed an unfinished journal compaction"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(JournalError::Io { path: stale, source }),
+        }
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len > MAX_JOURNAL {
@@ -165,7 +224,11 @@ impl Journal {
         if len == 0 {
             file.write_all(MAGIC).map_err(io)?;
             file.sync_data().map_err(io)?;
-            return Ok((Self { path: path.to_path_buf(), file, records: 0 }, replay));
+            let bytes = MAGIC.len() as u64;
+            return Ok((
+                Self { path: path.to_path_buf(), file, records: 0, bytes, compacted: 0, dir_unsynced: false },
+                replay,
+            ));
         }
         let mut bytes = Vec::with_capacity(len as usize);
         (&mut file).take(len).read_to_end(&mut bytes).map_err(io)?;
@@ -173,6 +236,7 @@ impl Journal {
             return Err(JournalError::BadMagic { path: path.to_path_buf() });
         }
         let body = &bytes[MAGIC.len()..];
+        let mut size = len;
         let (records, damage) = scan(body);
         if let Some((at, detail)) = damage {
             let offset = (MAGIC.len() + at) as u64;
@@ -186,11 +250,22 @@ impl Journal {
             }
             file.set_len(offset).map_err(io)?;
             file.sync_data().map_err(io)?;
+            size = offset;
             replay.damage = Some(TailDamage { offset, detail });
         }
         let n = records.len() as u64;
         replay.records = records;
-        Ok((Self { path: path.to_path_buf(), file, records: n }, replay))
+        Ok((
+            Self {
+                path: path.to_path_buf(),
+                file,
+                records: n,
+                bytes: size,
+                compacted: 0,
+                dir_unsynced: false,
+            },
+            replay,
+        ))
     }
 
     /// Appends `bodies` as records and returns once they are on disk (one `fdatasync`).
@@ -200,15 +275,87 @@ impl Journal {
             if body.len() > MAX_RECORD {
                 return Err(JournalError::RecordTooLarge { path: self.path.clone(), len: body.len() });
             }
-            buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            buf.extend_from_slice(&checksum(body));
-            buf.extend_from_slice(body);
+            frame(&mut buf, body);
         }
         let io = |source| JournalError::Io { path: self.path.clone(), source };
+        if self.dir_unsynced {
+            sync_dir(dir_of(&self.path)).map_err(io)?;
+            self.dir_unsynced = false;
+        }
         self.file.write_all(&buf).map_err(io)?;
         self.file.sync_data().map_err(io)?;
         self.records += bodies.len() as u64;
+        self.bytes += buf.len() as u64;
         Ok(())
+    }
+
+    /// Rewrites the journal to hold exactly `live` (in order), atomically: written to
+    /// [`compacting_path`] and synced, renamed over the journal, the directory synced. On an
+    /// error before the rename nothing changed; after it (the directory sync failed), the journal
+    /// is the new one and the next append syncs the directory first.
+    pub fn compact<B: AsRef<[u8]>>(&mut self, live: impl IntoIterator<Item = B>) -> Result<(), JournalError> {
+        let tmp = compacting_path(&self.path);
+        let at_tmp = |source| JournalError::Io { path: tmp.clone(), source };
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(at_tmp(e)),
+            _ => {}
+        }
+        let file = OpenOptions::new().read(true).append(true).create_new(true).open(&tmp).map_err(at_tmp)?;
+        let written = (|| {
+            let mut out = BufWriter::new(&file);
+            out.write_all(MAGIC).map_err(at_tmp)?;
+            let (mut records, mut bytes) = (0u64, MAGIC.len() as u64);
+            let mut buf = Vec::new();
+            for body in live {
+                let body = body.as_ref();
+                if body.len() > MAX_RECORD {
+                    return Err(JournalError::RecordTooLarge { path: self.path.clone(), len: body.len() });
+                }
+                bytes += (HEADER + body.len()) as u64;
+                if bytes > MAX_JOURNAL {
+                    return Err(JournalError::LiveTooLarge { path: self.path.clone(), len: bytes });
+                }
+                buf.clear();
+                frame(&mut buf, body);
+                out.write_all(&buf).map_err(at_tmp)?;
+                records += 1;
+            }
+            out.flush().map_err(at_tmp)?;
+            drop(out);
+            file.sync_all().map_err(at_tmp)?;
+            Ok((records, bytes))
+        })();
+        let (records, bytes) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let io = |source| JournalError::Io { path: self.path.clone(), source };
+        if let Err(e) = std::fs::rename(&tmp, &self.path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        // The path names the new file now: append to it whatever the directory sync says.
+        self.file = file;
+        self.records = records;
+        self.bytes = bytes;
+        self.compacted = bytes;
+        self.dir_unsynced = true;
+        sync_dir(dir_of(&self.path)).map_err(io)?;
+        self.dir_unsynced = false;
+        Ok(())
+    }
+
+    /// The file's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The file's size right after the last [`Journal::compact`] (0 if none since it was opened).
+    pub fn compacted_bytes(&self) -> u64 {
+        self.compacted
     }
 
     /// Records in the journal (replayed plus appended).
@@ -312,5 +459,82 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let (_, replay) = Journal::open(&path).unwrap();
         assert!(replay.damage.unwrap().detail.contains("exceeds the cap"));
+    }
+
+    #[test]
+    fn compaction_keeps_only_the_live_records_and_appends_go_on_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        for i in 0..100u32 {
+            j.append(&[&i.to_le_bytes()]).unwrap();
+        }
+        let before = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(j.bytes(), before);
+        assert_eq!(j.compacted_bytes(), 0);
+        j.compact([b"seven".as_slice(), b"nine".as_slice()]).unwrap();
+        let after = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(after, (MAGIC.len() + 2 * HEADER + 9) as u64);
+        assert_eq!((j.bytes(), j.compacted_bytes(), j.len()), (after, after, 2));
+        assert!(!compacting_path(&path).exists(), "the temp file was renamed");
+        j.append(&[b"ten"]).unwrap();
+        let (j, replay) = Journal::open(&path).unwrap();
+        assert_eq!(replay.records, vec![b"seven".to_vec(), b"nine".to_vec(), b"ten".to_vec()]);
+        assert!(replay.damage.is_none());
+        assert_eq!(j.bytes(), std::fs::metadata(&path).unwrap().len());
+    }
+
+    #[test]
+    fn a_stale_compaction_temp_file_is_removed_and_the_old_journal_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        write_three(&path);
+        // a crash mid-compaction: a partial rewrite beside the intact old journal
+        let tmp = compacting_path(&path);
+        let mut partial = MAGIC.to_vec();
+        frame(&mut partial, b"two");
+        partial.extend_from_slice(&[1, 2, 3]);
+        std::fs::write(&tmp, &partial).unwrap();
+        let (mut j, replay) = Journal::open(&path).unwrap();
+        assert_eq!(replay.records, vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+        assert!(replay.damage.is_none());
+        assert!(!tmp.exists(), "open removes the unfinished compaction");
+        // and a compaction after it starts from a clean temp file
+        std::fs::write(&tmp, b"junk").unwrap();
+        j.compact([b"three"]).unwrap();
+        let (_, replay) = Journal::open(&path).unwrap();
+        assert_eq!(replay.records, vec![b"three".to_vec()]);
+    }
+
+    #[test]
+    fn a_torn_tail_after_a_compaction_is_still_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        write_three(&path);
+        let (mut j, _) = Journal::open(&path).unwrap();
+        j.compact([b"two".as_slice(), b"three"]).unwrap();
+        j.append(&[b"four!"]).unwrap();
+        let full = j.bytes();
+        drop(j);
+        OpenOptions::new().write(true).open(&path).unwrap().set_len(full - 1).unwrap();
+        let (_, replay) = Journal::open(&path).unwrap();
+        assert_eq!(replay.records, vec![b"two".to_vec(), b"three".to_vec()]);
+        let damage = replay.damage.expect("the torn tail is reported");
+        assert_eq!(damage.offset, full - (HEADER as u64 + 5));
+        assert!(damage.detail.contains("cut short: 4 of 5"), "{damage}");
+    }
+
+    #[test]
+    fn a_refused_compaction_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        write_three(&path);
+        let (mut j, _) = Journal::open(&path).unwrap();
+        let big = vec![0u8; MAX_RECORD + 1];
+        assert!(matches!(j.compact([big.as_slice()]), Err(JournalError::RecordTooLarge { .. })));
+        assert!(!compacting_path(&path).exists());
+        j.append(&[b"four"]).unwrap();
+        let (_, replay) = Journal::open(&path).unwrap();
+        assert_eq!(replay.records.len(), 4);
     }
 }

@@ -8,6 +8,7 @@
 pub mod adapt;
 pub mod chaos;
 pub mod coe;
+pub mod compaction;
 pub mod fault;
 pub mod impair;
 pub mod membership;

@@ -20,6 +20,16 @@
 //!   its experts' outputs select, and its answer ([`ClientAnswer`]) goes to the waiting client
 //!   once journaled (see [`super::requests`]).
 //!
+//! - **Bounded journal.** Once the journal is past [`CompactionRule`]'s threshold (64 MiB by
+//!   default, [`CoeShared::set_compaction`]) and twice its size after the last rewrite, an answer
+//!   is followed by a compaction ([`Journal::compact`]) to what a restart needs: every trace
+//!   acceptance and answer (bounded by the trace; `accept` skips what was accepted, the report
+//!   needs every digest), each client request not yet answered (with its id and input), and the
+//!   next client id. Answered client requests are forgotten, journal and memory alike: a client
+//!   request carries no key a retry could repeat (a retry is a new request with a new id), so
+//!   nothing deduplicates against them; they can never run again (their acceptance goes with
+//!   their answer), ids are never reused, and they still count as answered ([`CoeShared::answered`]).
+//!
 //! The same actor serves local runs ([`super::runner::run_local`], executor threads) and the
 //! distributed `coe` job (executor nodes over QUIC).
 
@@ -37,6 +47,7 @@ use troupe_policy::coe::{
     Action, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler, SchedulerConfig,
     belady_min_loads,
 };
+use troupe_policy::compaction::CompactionRule;
 use troupe_policy::stats::quantile;
 
 use super::CoeError;
@@ -74,6 +85,11 @@ enum CoeRecord {
         /// Its input ([`INPUT_WIDTH`] floats).
         pixels: Vec<f32>,
     },
+    /// The next client request takes this id (written by a compaction: the ids of the answered
+    /// client requests it dropped are never reused).
+    NextClient(u64),
+    /// This many answered client requests were dropped by compactions (they count as answered).
+    Forgotten(u64),
 }
 
 /// A client's request as accepted: where it enters and its input.
@@ -153,8 +169,16 @@ struct Store {
     accepted: Vec<u64>,
     accepted_set: BTreeSet<u64>,
     answered: BTreeMap<u64, u64>,
-    /// Client requests, ids `trace length + index` (inputs dropped once answered).
-    clients: Vec<ClientRequest>,
+    /// Client requests not yet answered, by id.
+    clients: BTreeMap<u64, ClientRequest>,
+    /// The id the next client request takes.
+    next_client: u64,
+    /// Answered client requests dropped by compactions (counted as answered).
+    forgotten: u64,
+    /// How much of `accepted` the scheduler incarnation has been fed.
+    fed: usize,
+    /// When the journal is rewritten.
+    compaction: CompactionRule,
     /// Clients waiting for their answer, by request id (an answer with no waiter is dropped).
     waiters: HashMap<u64, tokio::sync::oneshot::Sender<ClientAnswer>>,
     scheduler: Option<SchedulerRef>,
@@ -223,38 +247,108 @@ pub fn check_client(app: &App, root: ExpertId, pixels: Vec<f32>) -> Result<Clien
     Ok(ClientRequest { root, pixels })
 }
 
-/// Where request `id` enters and its input: a trace request's, or a client's (from `clients`).
-fn request_of(app: &App, clients: &[ClientRequest], id: u64) -> Option<(ExpertId, Vec<f32>)> {
-    let n = app.trace.requests.len() as u64;
-    if id < n {
-        let r = &app.trace.requests[id as usize];
-        Some((r.root, app.input(r.input)))
-    } else {
-        let c = clients.get(usize::try_from(id - n).ok()?)?;
-        Some((c.root, c.pixels.clone()))
+/// Where request `id` enters and its input: a trace request's, or an open client's.
+fn request_of(app: &App, clients: &BTreeMap<u64, ClientRequest>, id: u64) -> Option<(ExpertId, Vec<f32>)> {
+    match app.trace.requests.get(usize::try_from(id).ok()?) {
+        Some(r) => Some((r.root, app.input(r.input))),
+        None => clients.get(&id).map(|c| (c.root, c.pixels.clone())),
     }
 }
 
-/// Drops the input of client request `k` (answered: it never runs again), so a long-serving
-/// scheduler keeps a few bytes per answered request, not its 64 floats.
-fn forget_input(clients: &mut [ClientRequest], k: u64) {
-    if let Some(c) = usize::try_from(k).ok().and_then(|k| clients.get_mut(k)) {
-        c.pixels = Vec::new();
-    }
-}
-
-/// Where request `id` enters: a trace request's root, or a client's.
-fn root_of(app: &App, clients: &[ClientRequest], id: u64) -> Option<ExpertId> {
-    let n = app.trace.requests.len() as u64;
+/// Where request `id` enters: a trace request's root, or an open client's.
+fn root_of(app: &App, clients: &BTreeMap<u64, ClientRequest>, id: u64) -> Option<ExpertId> {
     match app.trace.requests.get(usize::try_from(id).ok()?) {
         Some(r) => Some(r.root),
-        None => clients.get(usize::try_from(id - n).ok()?).map(|c| c.root),
+        None => clients.get(&id).map(|c| c.root),
+    }
+}
+
+impl Store {
+    /// Requests answered, forgotten ones included.
+    fn answered_count(&self) -> usize {
+        self.answered.len().saturating_add(usize::try_from(self.forgotten).unwrap_or(usize::MAX))
+    }
+
+    /// Whether request `id` is accepted and not answered.
+    fn is_open(&self, id: u64) -> bool {
+        self.accepted_set.contains(&id) && !self.answered.contains_key(&id)
+    }
+
+    /// The records a restart needs (see the module docs), in replay order; `n` is the trace's
+    /// length.
+    fn live_records(&self, n: u64) -> Result<Vec<Vec<u8>>, CoeError> {
+        let mut out = Vec::new();
+        let forgetting = self.answered.range(n..).count() as u64;
+        let forgotten = self.forgotten.saturating_add(forgetting);
+        if forgotten > 0 {
+            out.push(encode(&CoeRecord::Forgotten(forgotten))?);
+        }
+        let trace: Vec<u64> = self.accepted_set.range(..n).copied().collect();
+        for chunk in trace.chunks(ACCEPT_CHUNK) {
+            out.push(encode(&CoeRecord::Accepted(chunk.to_vec()))?);
+        }
+        for (&request, &digest) in self.answered.range(..n) {
+            out.push(encode(&CoeRecord::Answered { request, digest })?);
+        }
+        let mut next = n;
+        for (&id, c) in &self.clients {
+            if id != next {
+                out.push(encode(&CoeRecord::NextClient(id))?);
+            }
+            out.push(encode(&CoeRecord::Submitted { root: c.root.0, pixels: c.pixels.clone() })?);
+            next = id + 1;
+        }
+        if next != self.next_client {
+            out.push(encode(&CoeRecord::NextClient(self.next_client))?);
+        }
+        Ok(out)
+    }
+
+    /// Rewrites the journal to [`Store::live_records`] and forgets, in memory too, the answered
+    /// client requests it dropped. Memory is pruned only once the rewrite is wholly done: after a
+    /// failed one it still holds those requests (answered, so never run; the next compaction's
+    /// `Forgotten` count includes them).
+    fn compact(&mut self, n: u64) -> Result<(), CoeError> {
+        let live = self.live_records(n)?;
+        let Some(j) = self.journal.as_mut() else { return Ok(()) };
+        j.compact(&live).map_err(|e| CoeError::Invalid(e.to_string()))?;
+        let done: Vec<u64> = self.answered.range(n..).map(|(&id, _)| id).collect();
+        for id in &done {
+            self.answered.remove(id);
+            self.accepted_set.remove(id);
+        }
+        self.forgotten = self.forgotten.saturating_add(done.len() as u64);
+        // keep only open work in the feed list, and where the scheduler is in it
+        let fed =
+            self.accepted[..self.fed.min(self.accepted.len())].iter().filter(|&&i| self.is_open(i)).count();
+        let open: Vec<u64> = self.accepted.iter().copied().filter(|&i| self.is_open(i)).collect();
+        self.accepted = open;
+        self.fed = fed;
+        Ok(())
+    }
+
+    /// Compacts when the rule says so (after an answer, at open); a failed compaction is logged
+    /// and the journal, old or new, stays valid.
+    fn maybe_compact(&mut self, n: u64) {
+        let Some(j) = self.journal.as_ref() else { return };
+        if !self.compaction.due(j.bytes(), j.compacted_bytes()) {
+            return;
+        }
+        let (path, before) = (j.path().display().to_string(), j.bytes());
+        match self.compact(n) {
+            Ok(()) => {
+                let after = self.journal.as_ref().map_or(0, Journal::bytes);
+                tracing::info!(journal = %path, before, after, "coe journal compacted");
+            }
+            Err(e) => tracing::warn!(journal = %path, "coe journal compaction failed: {e}"),
+        }
     }
 }
 
 impl CoeShared {
     /// A job over `app` with `config`; with `journal`, accepted and answered requests are
-    /// replayed from that file and appended to it (see the module docs). Returns the damaged
+    /// replayed from that file and appended to it (see the module docs), and the journal is
+    /// compacted at once if the default [`CompactionRule`] says it is due. Returns the damaged
     /// tail the journal had, if any (reported, not replayed).
     pub fn open(
         app: Arc<App>,
@@ -268,7 +362,11 @@ impl CoeShared {
             accepted: Vec::new(),
             accepted_set: BTreeSet::new(),
             answered: BTreeMap::new(),
-            clients: Vec::new(),
+            clients: BTreeMap::new(),
+            next_client: n,
+            forgotten: 0,
+            fed: 0,
+            compaction: CompactionRule::default(),
             waiters: HashMap::new(),
             scheduler: None,
             meter: Meter {
@@ -302,24 +400,35 @@ impl CoeShared {
                                 path.display()
                             )));
                         }
+                        store.clients.remove(&request);
                     }
                     CoeRecord::Submitted { root, pixels } => {
                         let client = check_client(&app, ExpertId(root), pixels)
                             .map_err(|e| CoeError::Invalid(format!("journal {}: {e}", path.display())))?;
-                        let id = n + store.clients.len() as u64;
-                        store.clients.push(client);
+                        let id = store.next_client;
+                        store.next_client += 1;
+                        store.clients.insert(id, client);
                         store.accepted_set.insert(id);
                         store.accepted.push(id);
                     }
+                    CoeRecord::NextClient(id) => {
+                        if id < store.next_client {
+                            return Err(CoeError::Invalid(format!(
+                                "journal {}: next client id {id} goes back (ids up to {} taken)",
+                                path.display(),
+                                store.next_client
+                            )));
+                        }
+                        store.next_client = id;
+                    }
+                    CoeRecord::Forgotten(k) => store.forgotten = store.forgotten.saturating_add(k),
                 }
             }
             damage = replay.damage;
-            for (&id, _) in store.answered.range(n..) {
-                forget_input(&mut store.clients, id - n);
-            }
             store.journal = Some(j);
+            store.maybe_compact(n);
         }
-        let answered = store.answered.len();
+        let answered = store.answered_count();
         publish_queues(&store);
         let links = (0..latency.executors()).map(|_| LinkSlot { sender: None, generation: 0 }).collect();
         let shared = Arc::new(Self {
@@ -349,9 +458,33 @@ impl CoeShared {
         self.app.trace.requests.len()
     }
 
-    /// Trace indices accepted so far (replayed ones included).
+    /// Requests accepted so far (replayed ones included; answered client requests a compaction
+    /// dropped are not).
     pub fn accepted(&self) -> BTreeSet<u64> {
         lock(&self.store).accepted_set.clone()
+    }
+
+    /// Requests accepted and not yet answered: the work a restart resumes.
+    pub fn pending(&self) -> BTreeSet<u64> {
+        let st = lock(&self.store);
+        st.accepted_set.iter().copied().filter(|&i| st.is_open(i)).collect()
+    }
+
+    /// The id the next client request takes.
+    pub fn next_client_id(&self) -> u64 {
+        lock(&self.store).next_client
+    }
+
+    /// Sets when the journal is compacted, and compacts now if that rule says it is due.
+    pub fn set_compaction(&self, rule: CompactionRule) {
+        let mut st = lock(&self.store);
+        st.compaction = rule;
+        st.maybe_compact(self.total() as u64);
+    }
+
+    /// The journal's size in bytes (0 without one).
+    pub fn journal_bytes(&self) -> u64 {
+        lock(&self.store).journal.as_ref().map_or(0, Journal::bytes)
     }
 
     /// Watches the number of answered requests.
@@ -404,8 +537,9 @@ impl CoeShared {
             let body = encode(&CoeRecord::Submitted { root: root.0, pixels: client.pixels.clone() })?;
             j.append(&[&body]).map_err(|e| CoeError::Invalid(e.to_string()))?;
         }
-        let id = self.total() as u64 + st.clients.len() as u64;
-        st.clients.push(client);
+        let id = st.next_client;
+        st.next_client += 1;
+        st.clients.insert(id, client);
         st.accepted_set.insert(id);
         st.accepted.push(id);
         st.meter.accepted_at.insert(id, Instant::now());
@@ -573,8 +707,6 @@ struct ExecView {
 struct Live {
     policy: RequestScheduler,
     views: Vec<ExecView>,
-    /// Position in the store's accepted list fed to the policy so far.
-    cursor: usize,
     outputs: HashMap<u64, BTreeMap<ExpertId, Vec<i32>>>,
     /// Time inside policy calls not yet added to the meter.
     decide: Duration,
@@ -628,14 +760,15 @@ impl Live {
     /// Feeds requests accepted since the last look (skipping answered ones).
     fn feed_accepted(&mut self, shared: &CoeShared, now: Micros) -> Result<(), ActorProcessingErr> {
         let fresh: Vec<(u64, Option<ExpertId>)> = {
-            let st = lock(&shared.store);
-            let ids = st.accepted[self.cursor..]
+            let mut st = lock(&shared.store);
+            let from = st.fed.min(st.accepted.len());
+            let ids = st.accepted[from..]
                 .iter()
                 .copied()
-                .filter(|i| !st.answered.contains_key(i))
+                .filter(|&i| st.is_open(i))
                 .map(|i| (i, root_of(&shared.app, &st.clients, i)))
                 .collect();
-            self.cursor = st.accepted.len();
+            st.fed = st.accepted.len();
             ids
         };
         for (i, found) in fresh {
@@ -727,11 +860,11 @@ impl Live {
                 timed(&mut self.decide, || self.policy.handle_batch_done(now, ExecutorId(x as u16), batch))
                     .map_err(fail)?;
                 let children = trace.model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
-                let clients = lock(&shared.store).clients.len() as u64;
+                let next_client = lock(&shared.store).next_client;
                 for (request, probs) in rows {
                     // a trace request's walk is recorded; a client's is whatever its outputs select
                     let req = trace.requests.get(request.0 as usize);
-                    if req.is_none() && request.0 >= trace.requests.len() as u64 + clients {
+                    if req.is_none() && request.0 >= next_client {
                         return Err(fail(format!("executor answered unknown {request}")));
                     }
                     self.outputs.entry(request.0).or_default().insert(expert, quantise(&probs));
@@ -819,31 +952,42 @@ impl Live {
     fn answer(&mut self, shared: &CoeShared, request: RequestId) -> Result<(), ActorProcessingErr> {
         let outputs = self.outputs.remove(&request.0).unwrap_or_default();
         let digest = output_digest(&outputs);
+        shared.settle(request.0, digest, outputs).map_err(fail)?;
+        crate::work::COE.done();
+        Ok(())
+    }
+}
+
+impl CoeShared {
+    /// Records request `id`'s answer: journaled (synced) before it counts, then handed to its
+    /// waiting client, if any; the journal is compacted after it when due. Refused for a request
+    /// not open (answered already, or never accepted).
+    fn settle(&self, id: u64, digest: u64, outputs: BTreeMap<ExpertId, Vec<i32>>) -> Result<(), CoeError> {
         let count = {
-            let mut st = lock(&shared.store);
-            if st.answered.contains_key(&request.0) {
-                return Err(fail(format!("{request} would be answered twice")));
+            let mut st = lock(&self.store);
+            if !st.is_open(id) {
+                return Err(CoeError::Invalid(format!(
+                    "request {id} would be answered twice (or was never accepted)"
+                )));
             }
             if let Some(j) = st.journal.as_mut() {
-                let body = encode(&CoeRecord::Answered { request: request.0, digest }).map_err(fail)?;
-                j.append(&[&body]).map_err(fail)?;
+                let body = encode(&CoeRecord::Answered { request: id, digest })?;
+                j.append(&[&body]).map_err(|e| CoeError::Invalid(e.to_string()))?;
             }
-            st.answered.insert(request.0, digest);
-            if let Some(k) = request.0.checked_sub(shared.total() as u64) {
-                forget_input(&mut st.clients, k);
-            }
-            if let Some(waiter) = st.waiters.remove(&request.0) {
+            st.answered.insert(id, digest);
+            st.clients.remove(&id);
+            if let Some(waiter) = st.waiters.remove(&id) {
                 // a client that gave up has dropped its receiver: nothing to deliver
-                let _ = waiter.send(ClientAnswer { request: request.0, digest, outputs });
+                let _ = waiter.send(ClientAnswer { request: id, digest, outputs });
             }
-            if let Some(at) = st.meter.accepted_at.remove(&request.0) {
+            if let Some(at) = st.meter.accepted_at.remove(&id) {
                 st.meter.latencies.push(at.elapsed());
             }
+            st.maybe_compact(self.total() as u64);
             publish_queues(&st);
-            st.answered.len()
+            st.answered_count()
         };
-        shared.answered_tx.send_replace(count);
-        crate::work::COE.done();
+        self.answered_tx.send_replace(count);
         Ok(())
     }
 }
@@ -863,13 +1007,16 @@ impl Scheduler for CoeScheduler {
                 ExecView { generation: 0, health: Health::Lost, busy: Busy::Idle, restored: false };
                 n_exec
             ],
-            cursor: 0,
             outputs: HashMap::new(),
             decide: Duration::ZERO,
         };
         // From here on, acceptances and link changes reach this incarnation; what happened
         // before is read from the store and the links below.
-        lock(&shared.store).scheduler = Some(me.clone());
+        {
+            let mut st = lock(&shared.store);
+            st.scheduler = Some(me.clone());
+            st.fed = 0;
+        }
         let generations: Vec<u64> = (0..n_exec).map(|x| shared.link_generation(x)).collect();
         for (x, g) in generations.into_iter().enumerate() {
             live.views[x] =
@@ -882,7 +1029,7 @@ impl Scheduler for CoeScheduler {
         live.perform(&shared, now)?;
         let pending = {
             let st = lock(&shared.store);
-            st.accepted.len() - st.answered.len()
+            st.accepted_set.len().saturating_sub(st.answered.len())
         };
         tracing::info!(pending, "coe scheduler started: rebuilt from the accepted requests");
         lock(&shared.store).meter.scheduling += std::mem::take(&mut live.decide);
@@ -978,5 +1125,169 @@ pub async fn serve_trace(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod journal_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::coe::app::{GenKnobs, Scale, generate_with};
+    use crate::journal::compacting_path;
+    use troupe_policy::coe::synth::synthetic_edge_profile;
+
+    /// The coe records as they were before compaction added its two: an old journal must read
+    /// the same.
+    #[derive(Archive, Serialize, Deserialize)]
+    enum OldCoeRecord {
+        Accepted(Vec<u64>),
+        Answered { request: u64, digest: u64 },
+        Submitted { root: u32, pixels: Vec<f32> },
+    }
+
+    #[test]
+    fn old_journal_records_encode_and_decode_unchanged() {
+        let old = [
+            OldCoeRecord::Accepted(vec![1, 2, 3]),
+            OldCoeRecord::Answered { request: 7, digest: 0xfeed },
+            OldCoeRecord::Submitted { root: 2, pixels: vec![0.5; INPUT_WIDTH] },
+        ]
+        .map(|r| rkyv::to_bytes::<rancor::Error>(&r).unwrap().to_vec());
+        let new = [
+            CoeRecord::Accepted(vec![1, 2, 3]),
+            CoeRecord::Answered { request: 7, digest: 0xfeed },
+            CoeRecord::Submitted { root: 2, pixels: vec![0.5; INPUT_WIDTH] },
+        ];
+        for (o, n) in old.iter().zip(&new) {
+            assert_eq!(o, &encode(n).unwrap());
+            assert_eq!(&decode(o).unwrap(), n);
+        }
+        for r in [CoeRecord::NextClient(9), CoeRecord::Forgotten(4)] {
+            assert_eq!(decode(&encode(&r).unwrap()).unwrap(), r);
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        app: Arc<App>,
+        latency: LatencyModel,
+        root: std::path::PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let app_dir = dir.path().join("app");
+        let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
+        generate_with(&app_dir, Scale::Ci, 4, &knobs).expect("generating the ci app");
+        let app = Arc::new(App::open(&app_dir, None).expect("opening the app"));
+        let latency = LatencyModel::from_profile(&synthetic_edge_profile("test", 4 << 20, 6 << 20)).unwrap();
+        let root = dir.path().to_path_buf();
+        Fixture { _dir: dir, app, latency, root }
+    }
+
+    impl Fixture {
+        fn open(&self, name: &str, threshold: u64) -> (Arc<CoeShared>, Option<TailDamage>) {
+            let path = self.root.join(name);
+            let (shared, damage) =
+                CoeShared::open(self.app.clone(), self.latency.clone(), SchedulerConfig::ours(), Some(&path))
+                    .unwrap();
+            shared.set_compaction(CompactionRule { threshold });
+            (shared, damage)
+        }
+        fn size(&self, name: &str) -> u64 {
+            std::fs::metadata(self.root.join(name)).unwrap().len()
+        }
+    }
+
+    /// What a restart resumes and refuses, compared between journals.
+    fn state(s: &CoeShared) -> (BTreeSet<u64>, Vec<Option<u64>>, usize, u64) {
+        (s.pending(), s.digests(), *s.answered().borrow(), s.next_client_id())
+    }
+
+    const BOUND: u64 = 16 << 10;
+
+    /// Runs the same work on `shared`: trace requests accepted and mostly answered, then client
+    /// requests submitted and answered but every 37th, checking `check` after each step.
+    fn serve(f: &Fixture, shared: &CoeShared, mut check: impl FnMut()) {
+        shared.accept(&(0..50).collect::<Vec<u64>>()).unwrap();
+        for id in 0..40 {
+            shared.settle(id, id * 3 + 1, BTreeMap::new()).unwrap();
+            check();
+        }
+        let root = shared.default_root().unwrap();
+        for k in 0..400u64 {
+            let pixels = f.app.input(k % 16);
+            let (id, _rx) = shared.submit(root, pixels).unwrap();
+            check();
+            if k % 37 != 0 {
+                shared.settle(id, id ^ 0x5a5a, BTreeMap::new()).unwrap();
+                check();
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_serving_journal_stays_bounded_and_replays_as_an_uncompacted_one() {
+        let f = fixture();
+        let (grown, _) = f.open("grown", u64::MAX);
+        serve(&f, &grown, || {});
+        let (bounded, _) = f.open("bounded", BOUND);
+        let mut largest = 0;
+        serve(&f, &bounded, || {
+            let size = f.size("bounded");
+            largest = largest.max(size);
+            // at most one record (a client's input, ~300 bytes) past the threshold, then compacted
+            assert!(size < BOUND + 512, "journal at {size} bytes, bound {BOUND}");
+        });
+        assert!(f.size("grown") > 4 * BOUND, "the work outgrows the bound uncompacted: {}", f.size("grown"));
+        assert!(largest >= BOUND, "the bounded journal did reach its threshold");
+        assert!(f.size("bounded") < BOUND);
+        assert!(!compacting_path(&f.root.join("bounded")).exists());
+
+        // the same state in memory, compacted or not
+        let expected = state(&grown);
+        assert_eq!(expected.0.len(), 10 + 11, "10 trace and 11 client requests left open");
+        assert_eq!(expected.2, 40 + 400 - 11);
+        assert_eq!(state(&bounded), expected);
+        drop((grown, bounded));
+
+        // and after a restart
+        let (grown, _) = f.open("grown", u64::MAX);
+        let (bounded, damage) = f.open("bounded", BOUND);
+        assert!(damage.is_none());
+        assert_eq!(state(&grown), expected);
+        assert_eq!(state(&bounded), expected);
+        let n = grown.total() as u64;
+        let open_client = *expected.0.iter().find(|&&id| id >= n).unwrap();
+        for s in [&grown, &bounded] {
+            // what was accepted is not accepted again; what was answered is not answered again
+            s.accept(&(0..60).collect::<Vec<u64>>()).unwrap();
+            assert!(s.settle(3, 0, BTreeMap::new()).is_err(), "a trace answer twice");
+            assert!(s.settle(n + 1, 0, BTreeMap::new()).is_err(), "a client answer twice");
+            assert!(s.settle(10_000, 0, BTreeMap::new()).is_err(), "never accepted");
+            s.settle(open_client, 77, BTreeMap::new()).unwrap();
+            let (id, _rx) = s.submit(s.default_root().unwrap(), f.app.input(0)).unwrap();
+            assert_eq!(id, n + 400, "ids are never reused");
+        }
+        assert_eq!(state(&bounded), state(&grown));
+        assert_eq!(bounded.answer_of(open_client), Some(77));
+    }
+
+    #[test]
+    fn a_torn_tail_after_a_store_compaction_is_reported_and_not_replayed() {
+        let f = fixture();
+        let (shared, _) = f.open("j", BOUND);
+        serve(&f, &shared, || {});
+        let before = state(&shared);
+        let (id, _rx) = shared.submit(shared.default_root().unwrap(), f.app.input(1)).unwrap();
+        assert!(shared.pending().contains(&id));
+        drop(shared);
+        let path = f.root.join("j");
+        let len = f.size("j");
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 3).unwrap();
+        let (shared, damage) = f.open("j", BOUND);
+        assert!(damage.expect("the torn record is named").detail.contains("cut short"));
+        assert_eq!(state(&shared), before, "the torn submission is not replayed");
     }
 }

@@ -10,6 +10,10 @@
 //!
 //! Anything else (a second acceptance, an answer before it, an input out of range, an answer
 //! twice, a tensor whose shape does not match its data) is refused by name at open.
+//!
+//! Never compacted ([`Journal::compact`]): every record stays live until the job's outputs are
+//! written (each answer is part of them), and then the journal is removed; it is bounded by the
+//! job itself (one acceptance, at most one answer per input).
 
 use std::path::{Path, PathBuf};
 

@@ -478,6 +478,10 @@ pub struct CoeJob {
     /// so a restarted node resumes the job. Removed once the results are written.
     #[serde(default)]
     pub journal: Option<String>,
+    /// MiB past which the journal is compacted to what a restart needs (and then only once it
+    /// has doubled since; `troupe_policy::compaction`).
+    #[serde(default = "default_journal_compact_mib")]
+    pub journal_compact_mib: u64,
     /// Serve clients' requests over QUIC (`troupe coe request`) until the job's `timeout_s`
     /// instead of the trace (see `troupe_actors::coe::requests`).
     #[serde(default)]
@@ -495,6 +499,13 @@ pub struct CoeJob {
 
 /// Most requests a serving scheduler may be configured to hold outstanding.
 pub const MAX_QUEUE: usize = 65_536;
+/// Largest journal compaction threshold, MiB (half the journal's cap, so a compaction is always
+/// due before the journal is too large to open).
+pub const MAX_JOURNAL_COMPACT_MIB: u64 = (troupe_actors::journal::MAX_JOURNAL >> 20) / 2;
+
+fn default_journal_compact_mib() -> u64 {
+    troupe_policy::compaction::DEFAULT_THRESHOLD >> 20
+}
 
 fn default_queue() -> usize {
     64
@@ -545,6 +556,12 @@ pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)
     p.eviction().map_err(|e| ("params.eviction".to_string(), e.to_string()))?;
     if !(p.arrival_scale.is_finite() && p.arrival_scale >= 0.0) {
         return Err(("params.arrival_scale".into(), "must be a finite number >= 0".into()));
+    }
+    if p.journal_compact_mib == 0 || p.journal_compact_mib > MAX_JOURNAL_COMPACT_MIB {
+        return Err((
+            "params.journal_compact_mib".into(),
+            format!("must be between 1 and {MAX_JOURNAL_COMPACT_MIB}, got {}", p.journal_compact_mib),
+        ));
     }
     for (field, v) in [("params.queue", p.queue), ("params.queue_per_client", p.queue_per_client)] {
         if v == 0 || v > MAX_QUEUE {
@@ -603,6 +620,8 @@ pub async fn run_job(
         .as_ref()
         .map_or_else(|| dir.join("journal").join(format!("{}.journal", ctx.config.name)), PathBuf::from);
     let (shared, damage) = CoeShared::open(Arc::new(app), latency.clone(), config, Some(&journal))?;
+    shared
+        .set_compaction(troupe_policy::compaction::CompactionRule { threshold: p.journal_compact_mib << 20 });
     if let Some(d) = damage {
         println!("coe: journal {}: {d}; that record was not replayed", journal.display());
     }
@@ -908,6 +927,18 @@ mod tests {
         let (f, e) = validate_job(&job_with("dir = \"d\"\nqueue_per_client = 70000")).unwrap_err();
         assert_eq!(f, "params.queue_per_client", "{e}");
         assert!(e.contains("70000"), "{e}");
+    }
+
+    #[test]
+    fn the_journal_compaction_threshold_defaults_to_64_mib_and_is_bounded() {
+        let p: CoeJob = super::super::params(&job_with("dir = \"d\"").params).unwrap();
+        assert_eq!(p.journal_compact_mib, 64);
+        assert!(validate_job(&job_with("dir = \"d\"\njournal_compact_mib = 512")).is_ok());
+        for bad in [0, 513] {
+            let (f, e) =
+                validate_job(&job_with(&format!("dir = \"d\"\njournal_compact_mib = {bad}"))).unwrap_err();
+            assert_eq!(f, "params.journal_compact_mib", "{e}");
+        }
     }
 
     #[test]
