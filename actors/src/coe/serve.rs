@@ -33,7 +33,7 @@
 //! The same actor serves local runs ([`super::runner::run_local`], executor threads) and the
 //! distributed `coe` job (executor nodes over QUIC).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -150,13 +150,26 @@ struct LinkSlot {
     generation: u64,
 }
 
+/// Most answer latencies kept for the report's quantiles (8 MiB of samples).
+pub const MAX_LATENCY_SAMPLES: usize = 1 << 20;
+
+/// Appends `item`, dropping the oldest first so that `q` holds at most `cap` items.
+fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
+    while q.len() >= cap.max(1) {
+        q.pop_front();
+    }
+    q.push_back(item);
+}
+
 /// Measurements that survive scheduler restarts (they describe the run, not decisions).
 #[derive(Default)]
 struct Meter {
     counters: Vec<ExecutorCounters>,
     served: Vec<Vec<ExpertId>>,
     accepted_at: HashMap<u64, Instant>,
-    latencies: Vec<Duration>,
+    /// Accept-to-answer times of the latest [`MAX_LATENCY_SAMPLES`] answers (a long-serving
+    /// scheduler's report covers its recent window, not its whole life).
+    latencies: VecDeque<Duration>,
     restorations: usize,
     completed_after_restore: Vec<u64>,
     /// Time inside the policy's `RequestScheduler` calls, every incarnation.
@@ -981,7 +994,7 @@ impl CoeShared {
                 let _ = waiter.send(ClientAnswer { request: id, digest, outputs });
             }
             if let Some(at) = st.meter.accepted_at.remove(&id) {
-                st.meter.latencies.push(at.elapsed());
+                push_bounded(&mut st.meter.latencies, at.elapsed(), MAX_LATENCY_SAMPLES);
             }
             st.maybe_compact(self.total() as u64);
             publish_queues(&st);
@@ -1125,6 +1138,20 @@ pub async fn serve_trace(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod meter_tests {
+    use super::*;
+
+    #[test]
+    fn the_latency_window_keeps_the_latest_samples_up_to_its_cap() {
+        let mut q = VecDeque::new();
+        for i in 0..10u64 {
+            push_bounded(&mut q, i, 4);
+        }
+        assert_eq!(q.iter().copied().collect::<Vec<_>>(), vec![6, 7, 8, 9]);
     }
 }
 
