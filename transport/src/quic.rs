@@ -290,14 +290,6 @@ struct Inner {
     impair_stats: Option<Arc<crate::impaired::ImpairStats>>,
 }
 
-/// Why a same-host segment frame was not resolved.
-enum ShmIn {
-    /// Its bytes would pass the connection's memory budget.
-    OverBudget(crate::budget::BudgetExceeded),
-    /// The segment failed a check (name, owner, token, length).
-    Refused(crate::shm::ShmError),
-}
-
 /// A node's QUIC endpoint and its peer connections. Cheap to clone.
 #[derive(Clone)]
 pub struct QuicNode {
@@ -592,18 +584,9 @@ impl QuicNode {
         let _ = send.finish();
         let overhead = u32::try_from(blob::BLOB_DATA_OVERHEAD).unwrap_or(u32::MAX);
         let cap = max_len.saturating_add(overhead).min(self.inner.config.limits.max_body);
-        let limits = FrameLimits { max_body: cap };
-        let (frame, _held) = read_frame_budgeted(&mut recv, &limits, &budget)
+        let (frame, _held) = read_frame_budgeted(&mut recv, &FrameLimits { max_body: cap }, &budget)
             .await?
             .ok_or_else(|| stream_err(format!("{peer} closed the blob stream")))?;
-        let (frame, _held) = if crate::shm::is_shm(&frame) {
-            self.resolve_shm(peer, frame, &budget, &limits).await.map_err(|e| match e {
-                ShmIn::OverBudget(over) => QuicError::Frame(FrameError::OverBudget(over)),
-                ShmIn::Refused(e) => stream_err(format!("{peer}: same-host blob segment refused: {e}")),
-            })?
-        } else {
-            (frame, _held)
-        };
         if frame.kind == FrameKind::Error {
             return Err(stream_err(format!("{peer}: {}", String::from_utf8_lossy(&frame.body))));
         }
@@ -700,27 +683,6 @@ impl QuicNode {
     }
 
     /// Closes `peer`'s connection for holding more than its memory budget, naming the cap.
-    /// Resolves a same-host segment frame from `peer` into its body, mapped: the segment's bytes
-    /// are charged to the connection's `budget` before anything is read (a length past
-    /// `limits` is refused by name in the resolution, not charged), and the mapped body keeps
-    /// that charge for as long as it is held.
-    async fn resolve_shm(
-        &self,
-        peer: &NodeId,
-        frame: Frame,
-        budget: &ConnBudget,
-        limits: &FrameLimits,
-    ) -> Result<(Frame, crate::budget::Held), ShmIn> {
-        let declared = crate::shm::declared_len(&frame).unwrap_or(0);
-        let chargeable = if declared > u64::from(limits.max_body) { 0 } else { declared };
-        let mut charge = budget.frame();
-        charge.grow_to(chargeable).map_err(ShmIn::OverBudget)?;
-        let held = charge.into_held();
-        let frame =
-            self.inner.shm.incoming(peer, frame, limits, held.clone()).await.map_err(ShmIn::Refused)?;
-        Ok((frame, held))
-    }
-
     fn close_over_budget(&self, conn: &Connection, peer: NodeId, over: crate::budget::BudgetExceeded) {
         let reason = over.to_string();
         warn!(node = %self.inner.id, %peer, cap = over.cap, held = over.held, %reason,
@@ -891,13 +853,29 @@ impl QuicNode {
             match read_frame_budgeted_reusing(&mut recv, &self.inner.config.limits, &state.budget).await {
                 Ok(Some((frame, held))) => {
                     let (frame, held) = if crate::shm::is_shm(&frame) {
-                        match self.resolve_shm(&peer, frame, &state.budget, &self.inner.config.limits).await {
-                            Ok(resolved) => resolved,
-                            Err(ShmIn::OverBudget(over)) => {
-                                self.close_over_budget(&conn, peer, over);
-                                return;
-                            }
-                            Err(ShmIn::Refused(e)) => {
+                        // the segment's bytes count against the peer's budget before they are read
+                        // (a length past the frame cap is refused by name below, not charged)
+                        let declared = crate::shm::declared_len(&frame).unwrap_or(0);
+                        let chargeable = if declared > u64::from(self.inner.config.limits.max_body) {
+                            0
+                        } else {
+                            declared
+                        };
+                        let mut charge = state.budget.frame();
+                        if let Err(over) = charge.grow_to(chargeable) {
+                            self.close_over_budget(&conn, peer, over);
+                            return;
+                        }
+                        // the mapped body keeps the charge too, for as long as it is held
+                        let held = charge.into_held();
+                        match self
+                            .inner
+                            .shm
+                            .incoming(&peer, frame, &self.inner.config.limits, held.clone())
+                            .await
+                        {
+                            Ok(f) => (f, held),
+                            Err(e) => {
                                 warn!(node = %self.inner.id, %peer, ?channel, error = %e, "refused a same-host segment");
                                 self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
                                 continue;
@@ -987,19 +965,10 @@ impl QuicNode {
                         return;
                     }
                 };
-                // a large blob to a peer on this host goes through a segment, as `Link::send` does
-                let (reply, original) = match self.inner.shm.outgoing(&peer, Channel::Blob, reply).await {
-                    Ok(out) => out,
-                    Err(e) => {
-                        warn!(node = %self.inner.id, %peer, error = %e, "blob reply lost in the same-host writer");
-                        return;
-                    }
-                };
                 if write_frame(&mut send, &reply).await.is_ok() {
                     let _ = send.finish();
                     let _ = send.stopped().await;
                 }
-                drop(original);
                 drop(charge);
             }
             other => {

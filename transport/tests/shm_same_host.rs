@@ -250,31 +250,3 @@ async fn segments_never_consumed_are_removed_when_the_connection_closes() {
     .unwrap_or_else(|_| panic!("segments left after the connection closed: {:?}", own_segments()));
     a.shutdown().await;
 }
-
-/// One blob, served to pulls.
-struct OneBlob(std::sync::Arc<Vec<u8>>);
-
-impl troupe_transport::quic::BlobServer for OneBlob {
-    fn blob(&self, id: &[u8; 32]) -> Option<std::sync::Arc<Vec<u8>>> {
-        (blake3::hash(&self.0).as_bytes() == id).then(|| self.0.clone())
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blob_pulled_from_a_node_on_this_host_comes_through_a_segment_intact() {
-    let _serial = SERIAL.lock().await;
-    let ca = ClusterCa::generate("t").unwrap();
-    let (a, b, _) = same_host_pair(&ca, QuicConfig::default()).await;
-    let blob = std::sync::Arc::new(pseudo_random(1 << 20));
-    let id = *blake3::hash(&blob).as_bytes();
-    a.set_blob_server(std::sync::Arc::new(OneBlob(blob.clone())));
-    let got = b.fetch_blob(&NodeId::new("shm-a"), id, 2 << 20).await.unwrap();
-    assert_eq!(got, *blob, "the blob changed on the same-host path");
-    assert_eq!(a.shm_stats().sent, 1, "the blob reply did not take the same-host path");
-    assert_eq!(b.shm_stats().received, 1);
-    // a pull capped below the blob's size is refused by its length, segment or not
-    let err = b.fetch_blob(&NodeId::new("shm-a"), id, 1 << 10).await.unwrap_err();
-    assert!(err.to_string().contains("exceeds") || err.to_string().contains("cap"), "{err}");
-    a.shutdown().await;
-    b.shutdown().await;
-}
