@@ -6,27 +6,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use troupe_actors::coe::app::{App, INPUT_WIDTH, Scale, generate_with};
-use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
+use troupe_actors::coe::app::INPUT_WIDTH;
 use troupe_actors::coe::runner::{RunOptions, run_local};
 use troupe_actors::coe::serve::CoeShared;
-use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
+use troupe_policy::coe::{ExpertId, SchedulerConfig};
 
 mod common;
-use common::{no_baseline, with_scheduler};
+use common::{profiled_ci_app, with_scheduler};
 
 #[test]
 fn client_requests_are_answered_as_a_local_run_and_survive_a_restart_through_the_journal() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("app");
-    generate_with(&dir, Scale::Ci, 4, &no_baseline()).expect("generating the ci app");
-    let app = Arc::new(App::open(&dir, None).expect("opening the app"));
-    let p = profile(&app, &default_plan(&app)).expect("profiling");
-    std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");
-    let latency = LatencyModel::from_profile(&load_profile(&dir.join("profile.txt")).unwrap()).unwrap();
+    let (app, latency) = profiled_ci_app(&dir);
     let reference = run_local(&app, &latency, &RunOptions::new(SchedulerConfig::ours())).expect("local run");
     let n = app.trace.requests.len() as u64;
     let input = |i: usize| {

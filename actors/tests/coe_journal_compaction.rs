@@ -5,18 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use troupe_actors::coe::app::{App, Scale, generate_with};
-use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, run_local};
 use troupe_actors::coe::serve::CoeShared;
-use troupe_policy::coe::{LatencyModel, SchedulerConfig};
+use troupe_policy::coe::SchedulerConfig;
 use troupe_policy::compaction::CompactionRule;
 
 mod common;
-use common::{no_baseline, with_scheduler};
+use common::{profiled_ci_app, with_scheduler};
 
 /// Waits (bounded, as a hang guard) until `shared` counts `count` answered requests.
 async fn until_answered(shared: &CoeShared, count: usize) {
@@ -33,11 +30,7 @@ async fn until_answered(shared: &CoeShared, count: usize) {
 fn a_journal_compacted_while_serving_serves_and_resumes_the_same() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("app");
-    generate_with(&dir, Scale::Ci, 4, &no_baseline()).expect("generating the ci app");
-    let app = Arc::new(App::open(&dir, None).expect("opening the app"));
-    let p = profile(&app, &default_plan(&app)).expect("profiling");
-    std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");
-    let latency = LatencyModel::from_profile(&load_profile(&dir.join("profile.txt")).unwrap()).unwrap();
+    let (app, latency) = profiled_ci_app(&dir);
     let reference = run_local(&app, &latency, &RunOptions::new(SchedulerConfig::ours())).expect("local run");
     let n = app.trace.requests.len() as u64;
     let input = |i: usize| {

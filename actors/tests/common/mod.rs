@@ -47,3 +47,16 @@ pub fn with_scheduler<T>(
     }
     out
 }
+
+/// The ci app with 4 experts generated into `dir` (no baseline), profiled on this machine, and
+/// its latency model from that profile.
+pub fn profiled_ci_app(dir: &std::path::Path) -> (Arc<App>, LatencyModel) {
+    use troupe_actors::coe::app::{Scale, generate_with};
+    use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
+    generate_with(dir, Scale::Ci, 4, &no_baseline()).expect("generating the ci app");
+    let app = Arc::new(App::open(dir, None).expect("opening the app"));
+    let p = profile(&app, &default_plan(&app)).expect("profiling");
+    std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");
+    let latency = LatencyModel::from_profile(&load_profile(&dir.join("profile.txt")).unwrap()).unwrap();
+    (app, latency)
+}
