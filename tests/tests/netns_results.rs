@@ -138,6 +138,28 @@ fn read_outputs(out: &Path, log: &str) -> Vec<(u64, Vec<f64>)> {
         .collect()
 }
 
+/// Hard-links the MiniLM stage files of `scripts/setup` into each worker cache under the names a
+/// worker gives a pulled stage (`<sha256>.onnx`), so that no run pulls a stage.
+fn seed_stage_caches(caches: &[PathBuf]) {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/models");
+    let manifest = models.join("minilm_split.json");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup)", manifest.display()));
+    let split: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let stages = split["stages"].as_array().unwrap_or_else(|| panic!("no stages in {}", manifest.display()));
+    assert_eq!(stages.len(), 3, "the example's MiniLM split has 3 stages");
+    for cache in caches {
+        std::fs::create_dir_all(cache).unwrap();
+        for stage in stages {
+            let (file, sha) = (stage["file"].as_str().unwrap(), stage["sha256"].as_str().unwrap());
+            let to = troupe_actors::pipeline::worker::cached_path(cache, sha);
+            std::fs::hard_link(models.join(file), &to)
+                .or_else(|_| std::fs::copy(models.join(file), &to).map(|_| ()))
+                .unwrap_or_else(|e| panic!("seeding {}: {e}", to.display()));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_across_namespaces_gives_the_loopback_embeddings() {
     require_netns();
@@ -146,13 +168,15 @@ async fn pipeline_across_namespaces_gives_the_loopback_embeddings() {
     let text = std::fs::read_to_string(examples().join("pipeline.toml")).unwrap();
     let inputs = examples().join("pipeline-sentences.txt").canonicalize().unwrap();
     let (looped, namespaced) = pair(&text, "pipeline", "pipe");
+    let caches: Vec<PathBuf> = (1..=5).map(|w| tmp.path().join(format!("cache{w}"))).collect();
+    seed_stage_caches(&caches);
     let mut outputs = Vec::new();
     for (i, (topo, netns)) in [(looped, false), (namespaced, true)].into_iter().enumerate() {
         let dir = tmp.path().join(format!("run{i}"));
         let (out, journal) = (dir.join("out.jsonl"), dir.join("foreman.journal"));
-        // outputs and journal in this run's folder; each worker's stage cache shared by both
-        // runs: the loopback run fills it, so the namespaced run moves activations, not the
-        // model's stage files (cold, those take minutes over a 1%-loss 40 ms link)
+        // outputs and journal in this run's folder; each worker's stage cache is seeded with
+        // every stage and shared by both runs, so the namespaced run moves activations, not the
+        // model's stage files (cold, a 47 MB stage takes ~45 s over a 1%-loss 40 ms link)
         let mut topo = topo.replace(
             "inputs = \"examples/pipeline-sentences.txt\"",
             &format!(
@@ -165,10 +189,7 @@ async fn pipeline_across_namespaces_gives_the_loopback_embeddings() {
         for w in 1..=5 {
             topo = topo.replacen(
                 "params = { ram_budget_mb",
-                &format!(
-                    "params = {{ cache_dir = \"{}\", ram_budget_mb",
-                    tmp.path().join(format!("cache{w}")).display()
-                ),
+                &format!("params = {{ cache_dir = \"{}\", ram_budget_mb", caches[w - 1].display()),
                 1,
             );
         }
