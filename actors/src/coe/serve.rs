@@ -153,6 +153,9 @@ struct LinkSlot {
 /// Most answer latencies kept for the report's quantiles (8 MiB of samples).
 pub const MAX_LATENCY_SAMPLES: usize = 1 << 20;
 
+/// Most batches per executor whose expert the meter keeps for the Belady count (4 MiB per executor).
+pub const MAX_SERVED_ORDER: usize = 1 << 20;
+
 /// Appends `item`, dropping the oldest first so that `q` holds at most `cap` items.
 fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
     while q.len() >= cap.max(1) {
@@ -165,13 +168,16 @@ fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
 #[derive(Default)]
 struct Meter {
     counters: Vec<ExecutorCounters>,
-    served: Vec<Vec<ExpertId>>,
+    /// Per executor, the experts of its latest [`MAX_SERVED_ORDER`] batches, in order: the
+    /// input of the Belady count (a trace run's whole order; a long serve's recent window).
+    served: Vec<VecDeque<ExpertId>>,
     accepted_at: HashMap<u64, Instant>,
     /// Accept-to-answer times of the latest [`MAX_LATENCY_SAMPLES`] answers (a long-serving
     /// scheduler's report covers its recent window, not its whole life).
     latencies: VecDeque<Duration>,
     restorations: usize,
-    completed_after_restore: Vec<u64>,
+    /// Requests completed on an executor after it was put back in service.
+    completed_after_restore: usize,
     /// Time inside the policy's `RequestScheduler` calls, every incarnation.
     scheduling: Duration,
 }
@@ -384,7 +390,7 @@ impl CoeShared {
             scheduler: None,
             meter: Meter {
                 counters: vec![ExecutorCounters::default(); latency.executors()],
-                served: vec![Vec::new(); latency.executors()],
+                served: vec![VecDeque::new(); latency.executors()],
                 ..Meter::default()
             },
         };
@@ -643,7 +649,7 @@ impl CoeShared {
     /// executor after it was.
     pub fn restorations(&self) -> (usize, usize) {
         let st = lock(&self.store);
-        (st.meter.restorations, st.meter.completed_after_restore.len())
+        (st.meter.restorations, st.meter.completed_after_restore)
     }
 
     /// Drops every link (local executor threads then end).
@@ -668,7 +674,8 @@ impl CoeShared {
         let mut pct = |q: f64| if latencies_ms.is_empty() { 0.0 } else { quantile(&mut latencies_ms, q) };
         let mut belady = 0;
         for (x, s) in st.meter.served.iter().enumerate() {
-            belady += belady_min_loads(s, |e| model.size_of(e), self.latency.expert_budget(x))
+            let order: Vec<ExpertId> = s.iter().copied().collect();
+            belady += belady_min_loads(&order, |e| model.size_of(e), self.latency.expert_budget(x))
                 .map_err(|e| CoeError::Invalid(e.to_string()))?;
         }
         let makespan_s = self.started.elapsed().as_secs_f64();
@@ -867,7 +874,7 @@ impl Live {
                     c.tasks += rows.len() as u64;
                     c.run_seconds += seconds;
                     if view.restored {
-                        st.meter.completed_after_restore.extend(rows.iter().map(|(r, _)| r.0));
+                        st.meter.completed_after_restore += rows.len();
                     }
                 }
                 timed(&mut self.decide, || self.policy.handle_batch_done(now, ExecutorId(x as u16), batch))
@@ -940,7 +947,7 @@ impl Live {
                         return Err(fail(format!("batch of {expert} on busy or lost {executor}")));
                     }
                     self.views[x].busy = Busy::Running(expert);
-                    lock(&shared.store).meter.served[x].push(expert);
+                    push_bounded(&mut lock(&shared.store).meter.served[x], expert, MAX_SERVED_ORDER);
                     let inputs = {
                         let st = lock(&shared.store);
                         requests
