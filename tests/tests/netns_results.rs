@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use troupe::kernels::assets::{Assets, MINILM_SPLIT, MINILM_STAGES};
+
 const EXE: &str = env!("CARGO_BIN_EXE_troupe-node");
 const LINKS: &str = "[links]\nrtt_ms = 40\nloss_pct = 1\nseed = 3\n";
 
@@ -141,20 +143,23 @@ fn read_outputs(out: &Path, log: &str) -> Vec<(u64, Vec<f64>)> {
 /// Hard-links the MiniLM stage files of `scripts/setup` into each worker cache under the names a
 /// worker gives a pulled stage (`<sha256>.onnx`), so that no run pulls a stage.
 fn seed_stage_caches(caches: &[PathBuf]) {
-    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/models");
-    let manifest = models.join("minilm_split.json");
-    let text = std::fs::read_to_string(&manifest)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup)", manifest.display()));
-    let split: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let assets = Assets::locate().unwrap_or_else(|e| panic!("the setup cache: {e}"));
+    let manifest = assets.path(MINILM_SPLIT).unwrap_or_else(|e| panic!("the MiniLM split manifest: {e}"));
+    let split: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     let stages = split["stages"].as_array().unwrap_or_else(|| panic!("no stages in {}", manifest.display()));
-    assert_eq!(stages.len(), 3, "the example's MiniLM split has 3 stages");
+    assert_eq!(stages.len(), MINILM_STAGES.len(), "{} lists other stages", manifest.display());
     for cache in caches {
         std::fs::create_dir_all(cache).unwrap();
-        for stage in stages {
-            let (file, sha) = (stage["file"].as_str().unwrap(), stage["sha256"].as_str().unwrap());
-            let to = troupe_actors::pipeline::worker::cached_path(cache, sha);
-            std::fs::hard_link(models.join(file), &to)
-                .or_else(|_| std::fs::copy(models.join(file), &to).map(|_| ()))
+        for (stage, name) in stages.iter().zip(MINILM_STAGES) {
+            assert!(
+                name.ends_with(stage["file"].as_str().unwrap_or("?")),
+                "{} names {name} otherwise",
+                manifest.display()
+            );
+            let from = assets.path(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let to = troupe_actors::pipeline::worker::cached_path(cache, stage["sha256"].as_str().unwrap());
+            std::fs::hard_link(&from, &to)
+                .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
                 .unwrap_or_else(|e| panic!("seeding {}: {e}", to.display()));
         }
     }
