@@ -17,10 +17,17 @@
 //! at open is a rewrite that never got renamed, and is removed. When to compact is the owner's
 //! call ([`troupe_policy::compaction::CompactionRule`] over [`Journal::bytes`] and
 //! [`Journal::compacted_bytes`]); what is live, too.
+//!
+//! Logical records larger than [`MAX_RECORD`] (a coadapt upload with its images) are cut into
+//! [`pieces`], appended together under one sync, and joined back by [`join_pieces`]; a crash in
+//! the middle of such an append leaves a prefix of the pieces, which is named and left out (it
+//! was never acknowledged), never replayed as data.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+
+use rkyv::{Archive, Deserialize, Serialize};
 
 /// First bytes of every journal file.
 pub const MAGIC: &[u8; 8] = b"TRJRNL01";
@@ -374,9 +381,141 @@ impl Journal {
     }
 }
 
+/// One piece of a logical record (see [`pieces`]).
+#[derive(Archive, Serialize, Deserialize, Debug)]
+struct Piece {
+    /// Tells one logical record's pieces from the next one's.
+    seq: u64,
+    index: u32,
+    count: u32,
+    bytes: Vec<u8>,
+}
+
+/// Bytes of a logical record carried per piece; the piece's own fields fit in the rest of
+/// [`MAX_RECORD`].
+pub const PIECE_BYTES: usize = MAX_RECORD - 1024;
+
+/// Cuts one logical record into journal records of at most [`MAX_RECORD`] bytes each, to be
+/// appended together ([`Journal::append`]: one sync) or compacted together; `seq` tells
+/// consecutive logical records apart.
+pub fn pieces(seq: u64, body: &[u8]) -> Vec<Vec<u8>> {
+    let chunks: Vec<&[u8]> = if body.is_empty() { vec![body] } else { body.chunks(PIECE_BYTES).collect() };
+    let count = chunks.len() as u32;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let piece = Piece { seq, index: i as u32, count, bytes: c.to_vec() };
+            rkyv::to_bytes::<rkyv::rancor::Error>(&piece).map(|b| b.to_vec()).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// What [`join_pieces`] read back.
+#[derive(Debug, Default)]
+pub struct Joined {
+    /// The whole logical records, in append order.
+    pub records: Vec<Vec<u8>>,
+    /// Logical records cut short by a crash in their append (never acknowledged), each named.
+    pub torn: Vec<String>,
+}
+
+/// Joins the records written by [`pieces`] back into logical records of at most `max_body`
+/// bytes (checked before growing one). A logical record whose pieces stop early is named in
+/// [`Joined::torn`] and left out; a piece that does not decode, or that follows no earlier piece
+/// of its record, is corruption and an error naming the record.
+pub fn join_pieces(records: &[Vec<u8>], max_body: usize) -> Result<Joined, String> {
+    struct Open {
+        seq: u64,
+        count: u32,
+        next: u32,
+        body: Vec<u8>,
+    }
+    let torn = |o: &Open| format!("logical record {} has {} of its {} pieces", o.seq, o.next, o.count);
+    let mut out = Joined::default();
+    let mut open: Option<Open> = None;
+    for (i, r) in records.iter().enumerate() {
+        let p: Piece =
+            crate::decode::decode("journal piece", r, MAX_RECORD, &mut crate::decode::plain_budget())
+                .map_err(|e| format!("record {i}: {e}"))?;
+        if p.index >= p.count || p.bytes.len() > PIECE_BYTES {
+            return Err(format!("record {i}: piece {} of {} with {} bytes", p.index, p.count, p.bytes.len()));
+        }
+        if (p.count as usize - 1).saturating_mul(PIECE_BYTES) > max_body {
+            return Err(format!(
+                "record {i}: a logical record of {} pieces exceeds the cap of {max_body} bytes",
+                p.count
+            ));
+        }
+        if p.index == 0 {
+            if let Some(o) = open.take() {
+                out.torn.push(torn(&o));
+            }
+            open = Some(Open { seq: p.seq, count: p.count, next: 0, body: Vec::new() });
+        }
+        match open.as_mut() {
+            Some(o) if o.seq == p.seq && o.count == p.count && o.next == p.index => {
+                if o.body.len() + p.bytes.len() > max_body {
+                    return Err(format!(
+                        "record {i}: logical record {} exceeds the cap of {max_body} bytes",
+                        p.seq
+                    ));
+                }
+                o.body.extend_from_slice(&p.bytes);
+                o.next += 1;
+            }
+            _ => {
+                return Err(format!(
+                    "record {i}: piece {} of logical record {} follows no earlier piece of it",
+                    p.index, p.seq
+                ));
+            }
+        }
+        if let Some(o) = open.take_if(|o| o.next == o.count) {
+            out.records.push(o.body);
+        }
+    }
+    if let Some(o) = open {
+        out.torn.push(torn(&o));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_records_go_in_pieces_and_a_cut_short_one_is_named_not_replayed() {
+        let big: Vec<u8> = (0..(2 * PIECE_BYTES + 77)).map(|i| (i % 251) as u8).collect();
+        let mut recs = pieces(0, b"small");
+        recs.extend(pieces(1, &big));
+        recs.extend(pieces(2, b""));
+        assert_eq!(recs.len(), 5);
+        assert!(recs.iter().all(|r| r.len() <= MAX_RECORD));
+        let j = join_pieces(&recs, 4 * PIECE_BYTES).unwrap();
+        assert_eq!(j.records, vec![b"small".to_vec(), big.clone(), Vec::new()]);
+        assert!(j.torn.is_empty());
+        // a crash after the first two of the big record's three pieces, then a later append
+        let mut cut = pieces(0, b"small");
+        cut.extend(pieces(1, &big).into_iter().take(2));
+        cut.extend(pieces(3, b"after"));
+        let j = join_pieces(&cut, 4 * PIECE_BYTES).unwrap();
+        assert_eq!(j.records, vec![b"small".to_vec(), b"after".to_vec()]);
+        assert_eq!(j.torn, vec!["logical record 1 has 2 of its 3 pieces".to_string()]);
+        // ... and at the very end
+        let j = join_pieces(&cut[..3], 4 * PIECE_BYTES).unwrap();
+        assert_eq!(j.torn.len(), 1);
+        // a piece out of its place is corruption; so is a record past the cap
+        let mut bad = pieces(1, &big);
+        bad.remove(1);
+        let why = join_pieces(&bad, 4 * PIECE_BYTES).unwrap_err();
+        assert!(why.contains("piece 2 of logical record 1 follows no earlier piece"), "{why}");
+        let why = join_pieces(&pieces(1, &big), PIECE_BYTES).unwrap_err();
+        assert!(why.contains("exceeds the cap"), "{why}");
+        let why = join_pieces(&[b"not a piece".to_vec()], 1 << 20).unwrap_err();
+        assert!(why.starts_with("record 0: "), "{why}");
+    }
 
     fn write_three(path: &Path) {
         let (mut j, replay) = Journal::open(path).unwrap();

@@ -9,7 +9,7 @@ use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::broadcast;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use troupe_policy::{MemberStatus, MembershipEvent};
 use troupe_transport::{
     Channel, Delivery, Frame, FrameKind, Link, NodeId, NodeIdentity, PeerEvent, QuicConfig, QuicError,
@@ -346,6 +346,10 @@ async fn peer_events(
                 if let Err(e) = open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), false) {
                     warn!(%peer, error = %e, "could not accept the control-plane session");
                 }
+            }
+            PeerEvent::Restarted { peer } => {
+                info!(%peer, "peer restarted; its unanswered calls fail now");
+                services.peer_restarted(&peer);
             }
             PeerEvent::Left { peer, reason } => {
                 debug!(%peer, %reason, "connection closed");

@@ -359,6 +359,16 @@ impl Services {
     pub fn peer_left(&self, peer: &NodeId, reason: &str) {
         self.inner.directory.remove(peer);
         self.inner.inbound_per_peer.remove(peer);
+        self.fail_pending(peer, reason);
+    }
+
+    /// A peer came back as a new process: the calls the old one never answered fail now (the
+    /// new one announces its services itself, so the directory is left to it).
+    pub fn peer_restarted(&self, peer: &NodeId) {
+        self.fail_pending(peer, "the peer restarted before answering");
+    }
+
+    fn fail_pending(&self, peer: &NodeId, reason: &str) {
         let ids: Vec<u64> =
             self.inner.pending.iter().filter(|e| &e.value().peer == peer).map(|e| *e.key()).collect();
         for id in ids {

@@ -29,8 +29,9 @@ use troupe_policy::chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, schedule};
 use crate::config::{FaultSiteConfig, FaultsSection};
 use crate::up::{Cluster, JobTracker, Topology, prepare, prepare_steps};
 
-/// Actor kinds whose restart is not recovered, so nodes carrying one are never killed: the
-/// edge keeps accepted uploads in memory only (it is a job's scheduler besides). A restarted
+/// Actor kinds whose nodes the chaos plan never kills: the edge journals what it accepted and
+/// a `kill -9` of its node is recovered (`tests/tests/coadapt.rs`), but the plan's milestones
+/// and kill timing are not worked out for it (it is a job's scheduler besides). A restarted
 /// camera is safe: it streams again from its first frame, and the edge answers its repeated
 /// uploads with the adaptation of that drift phase already made or under way, and its report
 /// replaces the old incarnation's (`troupe_policy::adapt::replay`).

@@ -34,7 +34,7 @@ idle_timeout_ms = 30000
 
 [[nodes]]
 name = "edge"
-actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.15, max_epochs = 25, steps_per_epoch = 6 } }]
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.15, max_epochs = 25, steps_per_epoch = 6, journal = "{JOURNAL}" } }]
 job = { kind = "coadapt", timeout_s = 900, params = { cameras = 2 } }
 
 [[nodes]]
@@ -96,10 +96,45 @@ async fn wait_job(cluster: &mut ProcCluster, cameras: &[&str]) -> (String, Strin
     (log, dump)
 }
 
+/// `topology` with the edge's journal at `journal`.
+fn journaled(topology: &str, journal: &std::path::Path) -> String {
+    topology.replace("{JOURNAL}", &journal.display().to_string())
+}
+
 /// Runs the topology to the end of the edge's job; the edge's log and a dump of every log.
 async fn run_to_end(topology: &str) -> (String, String) {
-    let mut cluster = ProcCluster::start(EXE.as_ref(), topology).unwrap();
-    wait_job(&mut cluster, &["cam-fog", "cam-sun"]).await
+    let tmp = tempfile::tempdir().unwrap();
+    let journal = tmp.path().join("edge.journal");
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &journaled(topology, &journal)).unwrap();
+    let out = wait_job(&mut cluster, &["cam-fog", "cam-sun"]).await;
+    assert!(!journal.exists(), "the finished job's journal is removed");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_node_killed_mid_adaptation_resumes_from_its_journal_and_answers_every_camera_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let journal = tmp.path().join("edge.journal");
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &journaled(TOPOLOGY, &journal)).unwrap();
+    // both uploads are journaled (accepted) and adapting when the edge's node dies
+    for cam in ["cam-fog", "cam-sun"] {
+        cluster.wait_log("edge", Duration::from_secs(600), &["upload accepted", cam]).await.unwrap();
+    }
+    cluster.kill9("edge").unwrap();
+    assert!(journal.exists());
+    cluster.restart("edge").unwrap();
+    let (log, dump) = wait_job(&mut cluster, &["cam-fog", "cam-sun"]).await;
+    assert!(log.contains("coadapt: resuming from journal"), "{dump}");
+    let resumed = log.lines().find(|l| l.contains("coadapt: resuming from journal")).unwrap();
+    assert!(resumed.contains("2 uploads pending") || resumed.contains("adaptations answered"), "{resumed}");
+    // each camera's lost call was made again and answered by the resumed adaptation, once
+    let asked_again = ["cam-fog", "cam-sun"]
+        .iter()
+        .filter(|c| cluster.log(c).contains("the call to the edge was lost"))
+        .count();
+    assert!(asked_again >= 1, "{dump}");
+    assert_adapted(&log[log.find("coadapt: resuming from journal").unwrap()..], &dump);
+    assert!(!journal.exists(), "the finished job's journal is removed");
 }
 
 /// Every camera gained at least [`MIN_GAIN`], both tasks were answered (once each: the edge
@@ -154,7 +189,7 @@ idle_timeout_ms = 30000
 
 [[nodes]]
 name = "edge"
-actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.25, max_epochs = 25, steps_per_epoch = 6 } }]
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.25, max_epochs = 25, steps_per_epoch = 6, journal = "{OUT}/edge.journal" } }]
 job = { kind = "coadapt", timeout_s = 900, params = { cameras = 2, out = "{OUT}" } }
 
 [[nodes]]
@@ -233,7 +268,9 @@ async fn a_job_missing_a_camera_fails_at_its_timeout_naming_what_is_missing() {
         "job = { kind = \"coadapt\", timeout_s = 30, params = { cameras = 3 } }",
     );
     assert_ne!(short, TOPOLOGY);
-    let mut cluster = ProcCluster::start(EXE.as_ref(), &short).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let journal = tmp.path().join("edge.journal");
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &journaled(&short, &journal)).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let status = loop {
         if let Some(s) = cluster.exited("edge").unwrap() {

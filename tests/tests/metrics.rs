@@ -160,7 +160,7 @@ timeout_ms = 5000
 
 [[nodes]]
 name = "edge"
-actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.10, max_epochs = 30 } }]
+actors = [{ kind = "coadapt-edge", params = { memory_mb = 16, scheduler = "twin", target_gain = 0.10, max_epochs = 30, journal = "{JOURNAL}" } }]
 job = { kind = "coadapt", timeout_s = 600, params = { cameras = 2, min_gain = 0.0 } }
 metrics = { listen = "127.0.0.1:0" }
 
@@ -175,7 +175,9 @@ actors = [{ kind = "coadapt-camera", params = { seed = 12, drift = ["0 clean 0",
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_counters_count_what_a_finished_job_did() {
-    let cluster = ProcCluster::start_lingering(EXE.as_ref(), COADAPT).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let topology = COADAPT.replace("{JOURNAL}", &tmp.path().join("edge.journal").display().to_string());
+    let cluster = ProcCluster::start_lingering(EXE.as_ref(), &topology).unwrap();
     let addr = metrics_addr(&cluster, "edge").await;
     cluster
         .wait_log("edge", Duration::from_secs(300), &["troupe-node: job coadapt finished: ok"])

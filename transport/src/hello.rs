@@ -14,6 +14,8 @@ pub struct Hello {
     pub protocol: u32,
     /// False for a tool (e.g. `troupe status`) that talks to the node but is not a cluster member.
     pub member: bool,
+    /// Random per endpoint, so per node process: a peer that comes back under its name with another one restarted.
+    pub incarnation: u64,
 }
 
 /// The accepting node's answer.
@@ -27,6 +29,8 @@ pub struct HelloAck {
     pub accepted: bool,
     /// Why not, when refused.
     pub reason: String,
+    /// The acceptor's incarnation (see [`Hello::incarnation`]).
+    pub incarnation: u64,
 }
 
 /// Checks a hello against the names in the sender's certificate; `Err` carries the reason.

@@ -184,6 +184,12 @@ pub enum PeerEvent {
         /// False for a tool that is not a cluster member.
         member: bool,
     },
+    /// A peer came back under its name as a new process (another incarnation) while its old
+    /// connection was still open: whatever was asked of the old process is lost.
+    Restarted {
+        /// The peer.
+        peer: NodeId,
+    },
     /// A peer's connection ended.
     Left {
         /// The peer.
@@ -251,6 +257,8 @@ struct Peer {
     /// Bytes this connection holds buffered (shared with its streams' readers).
     budget: ConnBudget,
     generation: u64,
+    /// The peer process's incarnation, from its hello.
+    incarnation: u64,
     member: bool,
     cert: CertInfo,
     senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
@@ -272,6 +280,8 @@ struct Inbox {
 
 struct Inner {
     id: NodeId,
+    /// Random per endpoint (so per node process), sent in every hello (see [`PeerEvent::Restarted`]).
+    incarnation: u64,
     endpoint: Endpoint,
     client_config: quinn::ClientConfig,
     config: QuicConfig,
@@ -294,6 +304,14 @@ struct Inner {
 #[derive(Clone)]
 pub struct QuicNode {
     inner: Arc<Inner>,
+}
+
+/// A random incarnation number: std's per-process random hash keys (seeded from the OS) over
+/// the process id and the time.
+fn fresh_incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now.as_nanos()))
 }
 
 fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, QuicError> {
@@ -362,6 +380,7 @@ impl QuicNode {
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
+                incarnation: fresh_incarnation(),
                 endpoint,
                 client_config,
                 config,
@@ -525,6 +544,7 @@ impl QuicNode {
             node: self.inner.id.0.clone(),
             protocol: u32::from(PROTOCOL_VERSION),
             member: self.inner.config.member,
+            incarnation: self.inner.incarnation,
         };
         write_frame(&mut send, &Frame::encode(FrameKind::Hello, &hello)?)
             .await
@@ -554,7 +574,8 @@ impl QuicNode {
         }
         let _ = send.finish();
         let peer = NodeId::new(ack_view.node.as_str());
-        self.register(peer.clone(), conn, true, true, cert).await;
+        let incarnation = ack_view.incarnation.to_native();
+        self.register(peer.clone(), conn, true, true, cert, incarnation).await;
         Ok(peer)
     }
 
@@ -751,17 +772,20 @@ impl QuicNode {
                 protocol: u32::from(PROTOCOL_VERSION),
                 accepted: verdict.is_ok(),
                 reason: verdict.as_ref().err().cloned().unwrap_or_default(),
+                incarnation: self.inner.incarnation,
             };
             let ack = Frame::encode(FrameKind::HelloAck, &ack).map_err(|e| e.to_string())?;
             write_frame(&mut send, &ack).await.map_err(|e| e.to_string())?;
             let _ = send.finish();
             verdict?;
-            Ok((NodeId::new(hello.node.as_str()), hello.member, cert))
+            Ok((NodeId::new(hello.node.as_str()), hello.member, cert, hello.incarnation.to_native()))
         })
         .await
         .unwrap_or_else(|_| Err(format!("no hello within {deadline:?}")));
         match result {
-            Ok((peer, member, cert)) => self.register(peer, conn, false, member, cert).await,
+            Ok((peer, member, cert, incarnation)) => {
+                self.register(peer, conn, false, member, cert, incarnation).await
+            }
             Err(reason) => {
                 let reason = connection_reason(&conn, reason);
                 warn!(node = %self.inner.id, %addr, %reason, "refused peer");
@@ -773,14 +797,35 @@ impl QuicNode {
         }
     }
 
-    async fn register(&self, peer: NodeId, conn: Connection, outbound: bool, member: bool, cert: CertInfo) {
+    async fn register(
+        &self,
+        peer: NodeId,
+        conn: Connection,
+        outbound: bool,
+        member: bool,
+        cert: CertInfo,
+        incarnation: u64,
+    ) {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
         let budget = ConnBudget::new(peer.as_str(), self.inner.config.conn_budget);
-        let entry =
-            Arc::new(Peer { conn: conn.clone(), budget: budget.clone(), generation, member, cert, senders });
+        let entry = Arc::new(Peer {
+            conn: conn.clone(),
+            budget: budget.clone(),
+            generation,
+            incarnation,
+            member,
+            cert,
+            senders,
+        });
         if let Some(old) = self.inner.peers.insert(peer.clone(), entry.clone()) {
             old.conn.close(VarInt::from_u32(CODE_REPLACED), b"replaced by a newer connection");
+            // the old connection's end emits no `Left` (the name is taken again): say that the
+            // process behind it is gone when the new one is another incarnation
+            if old.incarnation != incarnation {
+                debug!(node = %self.inner.id, %peer, "peer restarted (new incarnation)");
+                self.emit_wait(PeerEvent::Restarted { peer: peer.clone() }).await;
+            }
         }
         // checked again now that it is listed: rules replaced since the hello apply to it too
         if let Err(reason) = self.admit(peer.as_str(), &entry.cert, member) {

@@ -22,7 +22,9 @@ use tokio::runtime::Handle;
 use troupe_kernels::drift::{CameraStream, DriftSchedule};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{VMoe, exact_match};
-use troupe_policy::adapt::online::{OnlineConfig, OnlineDrift, OnlineStep, SampleLog, input_stats};
+use troupe_policy::adapt::online::{
+    OnlineConfig, OnlineDrift, OnlineStep, SampleLog, edge_retry, input_stats,
+};
 
 use super::detect::{DetectorConfig, mean_top1_confidence};
 use super::edge::{ADAPT, AdaptOutcome, REPORT};
@@ -32,7 +34,7 @@ use super::wire::{
     UploadRequest, decode, encode,
 };
 use super::{EDGE_SERVICE, digits, zoo_student};
-use crate::service::Services;
+use crate::service::{CallError, Services};
 use troupe_transport::NodeId;
 
 /// Frames per inference batch (and per detector observation and accuracy sample).
@@ -87,16 +89,30 @@ async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
     services.wait_for(timeout, |s| s.providers(EDGE_SERVICE).into_iter().next()).await
 }
 
-/// Calls the edge's `method` with `body` (finding the edge first).
+/// Calls the edge's `method` with `body` (finding the edge first). A call lost with the edge
+/// (its node died or restarted before answering) is made again, as
+/// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout`: a restarted edge
+/// resumes from its journal and answers the repeat once.
 fn call_edge(args: &CameraArgs, rt: &Handle, method: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
     rt.block_on(async {
-        let edge = find_edge(&args.services, args.edge_timeout)
-            .await
-            .ok_or_else(|| format!("no node announced the {EDGE_SERVICE} service"))?;
-        args.services
-            .call(&edge, EDGE_SERVICE, method, body, args.edge_timeout)
-            .await
-            .map_err(|e| e.to_string())
+        let start = std::time::Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let edge = find_edge(&args.services, args.edge_timeout)
+                .await
+                .ok_or_else(|| format!("no node announced the {EDGE_SERVICE} service"))?;
+            let lost = match args.services.call(&edge, EDGE_SERVICE, method, body.clone(), args.edge_timeout).await {
+                Ok(bytes) => return Ok(bytes),
+                Err(e @ (CallError::PeerLeft { .. } | CallError::Send { .. })) => e.to_string(),
+                Err(e) => return Err(e.to_string()),
+            };
+            let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {
+                return Err(lost);
+            };
+            tracing::warn!(camera = %args.name, method, error = %lost, "the call to the edge was lost; asking again");
+            tokio::time::sleep(wait).await;
+            attempt = attempt.saturating_add(1);
+        }
     })
 }
 

@@ -22,8 +22,15 @@
 //! a repeat of an answered phase gets the kept answer again, so each phase of each camera is
 //! adapted once and counted once (`tasks_done`), and the restarted camera's own report, which
 //! replaces its old one, lists each phase once.
+//!
+//! Durable acceptance (the `edge_journal` module): with a journal, an upload is accepted, and a
+//! report acknowledged, only once it is on the edge node's disk, and every answer is journaled
+//! before it is sent. An edge node killed and started again replays the journal: the uploads it
+//! held are adapted again (a camera whose call was lost asks again and waits for that
+//! adaptation), answered phases keep their replies and count once, cameras' progress is known.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -37,6 +44,7 @@ use troupe_policy::adapt::online::{CameraProgress, Completion, completion};
 use troupe_policy::adapt::replay::{Phase, Seen, UploadKind, classify};
 use troupe_transport::Role;
 
+use super::edge_journal::{EdgeJournal, EdgeRecord};
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{
@@ -142,6 +150,96 @@ struct Store {
     done: u32,
     peak_used: u64,
     scheduler: Option<EdgeRef>,
+    journal: Option<EdgeJournal>,
+}
+
+/// What an edge resumed from its journal ([`EdgeShared::open`]).
+#[derive(Debug, Default)]
+pub struct Resumed {
+    /// Uploads accepted and not answered (adapted again).
+    pub pending: usize,
+    /// Phases adapted and answered.
+    pub answered: u32,
+    /// Cameras whose progress was known.
+    pub cameras: usize,
+    /// A damaged tail or a cut-short append: named, not replayed.
+    pub damage: Vec<String>,
+}
+
+impl Store {
+    /// Applies one journal record (checking it as peer input).
+    fn replay(&mut self, record: EdgeRecord) -> Result<(), String> {
+        match record {
+            EdgeRecord::Accepted { key, request } => {
+                let request = UploadRequest::decode(&request, &mut DecodeBudget::new(MAX_DECODED_BYTES))
+                    .map_err(|e| e.to_string())?;
+                self.next = self.next.max(key.saturating_add(1));
+                if self.accepted.insert(key, Accepted { request, replies: Vec::new() }).is_some() {
+                    return Err(format!("upload {key} accepted twice"));
+                }
+            }
+            EdgeRecord::Answered { key } => {
+                self.accepted
+                    .remove(&key)
+                    .ok_or_else(|| format!("upload {key} answered but never accepted"))?;
+            }
+            EdgeRecord::Kept { camera, adaptation, drift_frame, reply, peak_used } => {
+                self.kept_bytes += reply.len();
+                self.kept
+                    .entry(camera)
+                    .or_default()
+                    .push(Kept { phase: Phase { adaptation, drift_frame }, reply });
+                self.done += 1;
+                self.peak_used = self.peak_used.max(peak_used);
+            }
+            EdgeRecord::Report { report } => {
+                let r = StreamReport::decode(&report, &mut DecodeBudget::new(MAX_DECODED_BYTES))
+                    .map_err(|e| e.to_string())?;
+                let full = self.cameras.len() >= MAX_CAMERAS;
+                match self.cameras.iter_mut().find(|c| c.camera == r.camera) {
+                    Some(c) => *c = r,
+                    None if full => return Err("more cameras than the edge keeps".into()),
+                    None => self.cameras.push(r),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What a restart needs: the open uploads, the kept answers, each camera's latest report.
+    fn live_records(&self) -> Vec<EdgeRecord> {
+        let mut live: Vec<EdgeRecord> = self
+            .accepted
+            .iter()
+            .map(|(&key, a)| EdgeRecord::Accepted { key, request: encode(&a.request) })
+            .collect();
+        for (camera, kept) in &self.kept {
+            live.extend(kept.iter().map(|k| EdgeRecord::Kept {
+                camera: camera.clone(),
+                adaptation: k.phase.adaptation,
+                drift_frame: k.phase.drift_frame,
+                reply: k.reply.clone(),
+                peak_used: self.peak_used,
+            }));
+        }
+        live.extend(self.cameras.iter().map(|c| EdgeRecord::Report { report: encode(c) }));
+        live
+    }
+
+    /// Journals `records` (nothing without a journal), compacting when due.
+    fn journal(&mut self, records: &[EdgeRecord]) -> Result<(), String> {
+        let Some(j) = self.journal.as_mut() else { return Ok(()) };
+        j.append(records).map_err(|e| format!("journaling: {e}"))?;
+        if j.due() {
+            let live = self.live_records();
+            if let Some(j) = self.journal.as_mut()
+                && let Err(e) = j.compact(&live)
+            {
+                tracing::warn!(journal = %j.path().display(), "coadapt journal compaction failed: {e}");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The edge's accepted work, shared by the service handler and every scheduler incarnation.
@@ -162,6 +260,31 @@ impl EdgeShared {
     /// The edge's shared state; call [`EdgeShared::serve`] and start [`EdgeShared::child_spec`].
     pub fn new(args: EdgeArgs) -> Arc<Self> {
         Arc::new(Self { args, store: Mutex::new(Store::default()) })
+    }
+
+    /// Like [`EdgeShared::new`], with the journal at `path`: what it holds is replayed (see the
+    /// module docs), and from now on every acceptance and answer is journaled first. A journal
+    /// that is corrupt (not just torn at its end) is refused, naming the problem.
+    pub fn open(args: EdgeArgs, path: &Path) -> Result<(Arc<Self>, Resumed), String> {
+        let reopened = EdgeJournal::open(path)?;
+        let mut st = Store::default();
+        let n = reopened.records.len();
+        for (i, r) in reopened.records.into_iter().enumerate() {
+            st.replay(r).map_err(|e| format!("journal {}: record {i} of {n}: {e}", path.display()))?;
+        }
+        let resumed = Resumed {
+            pending: st.accepted.len(),
+            answered: st.done,
+            cameras: st.cameras.len(),
+            damage: reopened.damage,
+        };
+        st.journal = Some(reopened.journal);
+        Ok((Arc::new(Self { args, store: Mutex::new(st) }), resumed))
+    }
+
+    /// Closes the journal once the job is done; its path, for the caller to remove.
+    pub fn finish_journal(&self) -> Option<PathBuf> {
+        lock(&self.store).journal.take().map(|j| j.path())
     }
 
     /// Serves [`EDGE_SERVICE`] on `services` (once: the handler outlives scheduler restarts).
@@ -282,6 +405,9 @@ impl EdgeShared {
                 ));
             }
             let key = st.next;
+            st.journal(&[EdgeRecord::Accepted { key, request: encode(&request) }])
+                .map_err(|e| format!("the edge could not accept the upload: {e}"))?;
+            tracing::info!(camera = %request.camera, adaptation = request.adaptation, key, "upload accepted");
             st.next += 1;
             st.accepted.insert(key, Accepted { request, replies: vec![tx] });
             crate::live::set_queue("coadapt", "uploads", st.accepted.len() as u64);
@@ -308,16 +434,18 @@ impl EdgeShared {
         s
     }
 
-    fn report(&self, r: StreamReport) {
+    fn report(&self, r: StreamReport) -> Result<(), String> {
         {
             let mut st = lock(&self.store);
             let full = st.cameras.len() >= MAX_CAMERAS;
+            let known = st.cameras.iter().any(|c| c.camera == r.camera);
+            if full && !known {
+                tracing::warn!(camera = %r.camera, cap = MAX_CAMERAS, "refusing a camera report: the edge holds its most cameras");
+                return Err(format!("the edge already keeps {MAX_CAMERAS} cameras"));
+            }
+            st.journal(&[EdgeRecord::Report { report: encode(&r) }])?;
             match st.cameras.iter_mut().find(|c| c.camera == r.camera) {
                 Some(c) => *c = r,
-                None if full => {
-                    tracing::warn!(camera = %r.camera, cap = MAX_CAMERAS, "refusing a camera report: the edge holds its most cameras");
-                    return;
-                }
                 None => {
                     tracing::info!(camera = %r.camera, frames = r.frames, "camera heard from");
                     st.cameras.push(r);
@@ -325,6 +453,7 @@ impl EdgeShared {
             }
         }
         self.tell(EdgeInput::Reported);
+        Ok(())
     }
 
     /// Answers accepted upload `key` (once: its reply channels are consumed), keeping the
@@ -332,6 +461,21 @@ impl EdgeShared {
     fn answer(&self, key: u64, bytes: Vec<u8>, adapted: bool) {
         let taken = {
             let mut st = lock(&self.store);
+            let mut records = vec![EdgeRecord::Answered { key }];
+            if adapted && let Some(a) = st.accepted.get(&key) {
+                records.push(EdgeRecord::Kept {
+                    camera: a.request.camera.clone(),
+                    adaptation: a.request.adaptation,
+                    drift_frame: a.request.drift_frame,
+                    reply: bytes.clone(),
+                    peak_used: st.peak_used,
+                });
+            }
+            // answered even when the journal fails: the camera has its answer, a restart would
+            // only adapt the phase again
+            if let Err(e) = st.journal(&records) {
+                tracing::error!(key, error = %e, "the answer could not be journaled");
+            }
             let taken = st.accepted.remove(&key);
             if adapted && let Some(a) = &taken {
                 st.kept_bytes += bytes.len();
@@ -387,7 +531,7 @@ impl EdgeShared {
                                 tracing::warn!(%why, "ignoring a camera report");
                                 return Err(why);
                             }
-                            Ok(r) => shared.report(r),
+                            Ok(r) => shared.report(r)?,
                             Err(e) => {
                                 tracing::warn!(error = %e, "ignoring a camera report");
                                 return Err(e.to_string());

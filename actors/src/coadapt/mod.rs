@@ -16,6 +16,7 @@ pub mod camera;
 /// The drift detector is a pure decision: it lives in `troupe_policy::adapt::drift`.
 pub use troupe_policy::adapt::drift as detect;
 pub mod edge;
+mod edge_journal;
 pub mod engine;
 pub mod params;
 pub mod wire;

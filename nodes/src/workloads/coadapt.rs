@@ -50,6 +50,10 @@ pub struct EdgeParams {
     /// Seed of the edge's sampling.
     #[serde(default)]
     pub seed: u64,
+    /// The edge's journal (default `.cache/coadapt/journal/NODE.journal`): uploads, reports and
+    /// answers, so a restarted edge node resumes; removed when the node's `coadapt` job is done.
+    #[serde(default)]
+    pub journal: Option<PathBuf>,
 }
 
 /// `params` of a `coadapt-camera` actor.
@@ -243,7 +247,23 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
             seed: p.seed,
             ..EngineConfig::default()
         };
-        let edge = EdgeShared::new(EdgeArgs { engine, expected: p.students });
+        let journal = p.journal.clone().unwrap_or_else(|| {
+            PathBuf::from(".cache/coadapt/journal").join(format!("{}.journal", ctx.config.name))
+        });
+        let (edge, resumed) = EdgeShared::open(EdgeArgs { engine, expected: p.students }, &journal)
+            .map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
+        for d in &resumed.damage {
+            println!("coadapt: journal {}: {d}; that record was not replayed", journal.display());
+        }
+        if resumed.pending + resumed.answered as usize + resumed.cameras > 0 {
+            println!(
+                "coadapt: resuming from journal {}: {} uploads pending, {} adaptations answered, {} cameras known",
+                journal.display(),
+                resumed.pending,
+                resumed.answered,
+                resumed.cameras
+            );
+        }
         edge.serve(&ctx.services);
         if let Ok(mut edges) = LOCAL_EDGES.lock() {
             edges.push(edge.clone());
@@ -345,6 +365,11 @@ pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig
     }
     if !failures.is_empty() {
         bail!("coadapt: {}", failures.join("; "));
+    }
+    if let Some(path) = edge.finish_journal()
+        && let Err(e) = std::fs::remove_file(&path)
+    {
+        tracing::warn!(journal = %path.display(), "removing the finished job's journal: {e}");
     }
     println!("coadapt: done");
     Ok(())

@@ -13,6 +13,8 @@
 //! Pure and deterministic: the camera shell feeds confidences and input statistics, the job
 //! feeds what the cameras reported; nothing here reads a clock or draws a random number.
 
+use std::time::Duration;
+
 use super::drift::{DetectorConfig, DriftDetector, Verdict};
 
 /// Knobs of the camera's online loop.
@@ -256,6 +258,18 @@ impl<T: Copy> SampleLog<T> {
     }
 }
 
+/// Whether a camera asks the edge again after a call lost with the edge (its node died or
+/// restarted before answering), and after how long: 50 ms doubling to at most 2 s, while
+/// `elapsed` since the first try is within `patience`. `None`: give up.
+pub fn edge_retry(attempt: u32, elapsed: Duration, patience: Duration) -> Option<Duration> {
+    if elapsed >= patience {
+        return None;
+    }
+    let wait =
+        Duration::from_millis(50u64.saturating_mul(1u64 << attempt.min(6))).min(Duration::from_secs(2));
+    Some(wait.min(patience - elapsed))
+}
+
 /// What the job knows about one camera (from its latest progress report).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CameraProgress {
@@ -425,5 +439,15 @@ mod tests {
         assert!(c.done && c.missing.is_empty());
         // more cameras than expected: still needs each of them done
         assert!(!completion(1, &[cam("a", 9, true, 0, 0), cam("b", 9, false, 0, 0)]).done);
+    }
+
+    #[test]
+    fn a_lost_edge_call_is_retried_with_growing_waits_until_the_patience_is_spent() {
+        let p = Duration::from_secs(10);
+        assert_eq!(edge_retry(0, Duration::ZERO, p), Some(Duration::from_millis(50)));
+        assert_eq!(edge_retry(2, Duration::ZERO, p), Some(Duration::from_millis(200)));
+        assert_eq!(edge_retry(40, Duration::ZERO, p), Some(Duration::from_secs(2)), "capped, no overflow");
+        assert_eq!(edge_retry(40, Duration::from_millis(9_900), p), Some(Duration::from_millis(100)));
+        assert_eq!(edge_retry(0, p, p), None);
     }
 }
