@@ -36,6 +36,7 @@ use super::wire::{
 use super::{EDGE_SERVICE, digits, zoo_student};
 use crate::service::{CallError, Services};
 use troupe_transport::NodeId;
+use troupe_transport::service::FaultKind;
 
 /// Frames per inference batch (and per detector observation and accuracy sample).
 pub const FRAME_BATCH: usize = 64;
@@ -90,7 +91,8 @@ async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
 }
 
 /// Calls the edge's `method` with `body` (finding the edge first). A call lost with the edge
-/// (its node died or restarted before answering) is made again, as
+/// (its node died or restarted before answering, or restarted and does not serve the edge
+/// yet) is made again, as
 /// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout`: a restarted edge
 /// resumes from its journal and answers the repeat once.
 fn call_edge(args: &CameraArgs, rt: &Handle, method: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
@@ -104,6 +106,8 @@ fn call_edge(args: &CameraArgs, rt: &Handle, method: &str, body: Vec<u8>) -> Res
             let lost = match args.services.call(&edge, EDGE_SERVICE, method, body.clone(), args.edge_timeout).await {
                 Ok(bytes) => return Ok(bytes),
                 Err(e @ (CallError::PeerLeft { .. } | CallError::Send { .. })) => e.to_string(),
+                // a restarted edge node that does not serve the edge yet
+                Err(e) if e.fault() == Some(FaultKind::UnknownService) => e.to_string(),
                 Err(e) => return Err(e.to_string()),
             };
             let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {

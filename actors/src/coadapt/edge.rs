@@ -473,7 +473,10 @@ impl EdgeShared {
             }
             // answered even when the journal fails: the camera has its answer, a restart would
             // only adapt the phase again
-            if let Err(e) = st.journal(&records) {
+            // (a key no longer held was answered already: nothing to journal)
+            if st.accepted.contains_key(&key)
+                && let Err(e) = st.journal(&records)
+            {
                 tracing::error!(key, error = %e, "the answer could not be journaled");
             }
             let taken = st.accepted.remove(&key);
