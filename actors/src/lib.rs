@@ -2,6 +2,7 @@
 //! scheduler), the journal and the fault switch. Decisions live in `troupe-policy`; these are the
 //! shells that carry them out.
 
+pub mod allocator;
 pub mod clock;
 pub mod cluster;
 pub mod coadapt;

@@ -403,9 +403,18 @@ impl NodeIdentity {
 }
 
 /// The crypto provider every troupe TLS config uses (ring; never the process default, which
-/// may be ambiguous when both ring and aws-lc-rs are linked).
+/// may be ambiguous when both ring and aws-lc-rs are linked). TLS 1.3's AES-128-GCM comes first:
+/// it is the suite every QUIC stack must offer, and with 10 AES rounds instead of 14 it costs
+/// less per byte than AES-256-GCM, which ring would otherwise pick; a peer that offers only the
+/// others still gets them.
 pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites =
+        vec![TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256];
+    Arc::new(provider)
 }
 
 /// DNS names in the subject alternative names of a peer's end-entity certificate.

@@ -6,6 +6,7 @@ pub mod blob;
 pub mod budget;
 pub mod codec;
 pub mod cookie;
+pub mod datagram;
 pub mod frame;
 pub mod hello;
 pub mod identity;

@@ -49,11 +49,10 @@ const TAG_BLOB: u8 = 0x42;
 const TAG_SHM: u8 = 0x53;
 /// Cap on hello frames (a name and a version).
 const HELLO_LIMITS: FrameLimits = FrameLimits { max_body: 4096 };
-/// Largest UDP payload this node sends or accepts, and the upper bound of QUIC's path MTU
-/// discovery (which still finds ~1452 on Ethernet). 6500 because quinn batches up to 10
-/// datagrams into one GSO send, whose total must stay below the 64 KiB IP limit; on loopback
-/// (MTU 64 KiB) it cuts the packet count 4.5x against the 1452 default.
-const MAX_UDP_PAYLOAD: u16 = 6500;
+/// Largest UDP payload sent or accepted on an impaired link ([`QuicConfig::impairment`]), whose
+/// socket sends one datagram at a time: an emulated link keeps small datagrams, as a real one
+/// would. Otherwise the limit is [`crate::datagram::MAX_DATAGRAM`].
+const IMPAIRED_MAX_UDP_PAYLOAD: u16 = 6500;
 /// Application error code when a stream is stopped for a bad frame.
 const CODE_BAD_FRAME: u32 = 0x10;
 /// Application error code when the hello is refused.
@@ -314,6 +313,16 @@ fn fresh_incarnation() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now.as_nanos()))
 }
 
+/// Largest UDP payload this node sends or accepts (the upper bound of QUIC's path MTU
+/// discovery, which still finds ~1452 on Ethernet).
+fn max_udp_payload(cfg: &QuicConfig) -> u16 {
+    if cfg.impairment.is_some_and(|i| !i.is_off()) {
+        IMPAIRED_MAX_UDP_PAYLOAD
+    } else {
+        crate::datagram::MAX_DATAGRAM
+    }
+}
+
 fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, QuicError> {
     let mut t = quinn::TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(16 << 20));
@@ -326,7 +335,7 @@ fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, Qui
         .map_err(|e| QuicError::Stream(format!("idle timeout: {e}")))?;
     t.max_idle_timeout(Some(idle));
     let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    mtu.upper_bound(max_udp_payload(cfg));
     t.mtu_discovery_config(Some(mtu));
     Ok(Arc::new(t))
 }
@@ -349,21 +358,23 @@ impl QuicNode {
         let _ = state.set_send_buffer_size((&socket).into(), config.socket_buffer);
         let mut endpoint_config = quinn::EndpointConfig::default();
         endpoint_config
-            .max_udp_payload_size(MAX_UDP_PAYLOAD)
+            .max_udp_payload_size(max_udp_payload(&config))
             .map_err(|e| QuicError::Stream(format!("max UDP payload: {e}")))?;
         let runtime = Arc::new(quinn::TokioRuntime);
         let mut impair_stats = None;
-        let endpoint = match impairment {
-            None => Endpoint::new(endpoint_config, Some(server), socket, runtime)?,
+        use quinn::Runtime as _;
+        let socket: Arc<dyn quinn::AsyncUdpSocket> =
+            Arc::new(crate::datagram::CappedBatchSocket::new(runtime.wrap_udp_socket(socket)?));
+        let socket: Arc<dyn quinn::AsyncUdpSocket> = match impairment {
+            None => socket,
             Some(imp) => {
-                use quinn::Runtime as _;
-                let plain = runtime.wrap_udp_socket(socket)?;
-                let socket = Arc::new(crate::impaired::ImpairedSocket::new(plain, imp));
-                impair_stats = Some(socket.stats());
+                let impaired = Arc::new(crate::impaired::ImpairedSocket::new(socket, imp));
+                impair_stats = Some(impaired.stats());
                 debug!(?imp, "link impairment on: every datagram sent is delayed or dropped in user space");
-                Endpoint::new_with_abstract_socket(endpoint_config, Some(server), socket, runtime)?
+                impaired
             }
         };
+        let endpoint = Endpoint::new_with_abstract_socket(endpoint_config, Some(server), socket, runtime)?;
         let cap = config.inbox_capacity.max(1);
         let (control_tx, control) = mpsc::channel(cap);
         let (data_tx, data) = mpsc::channel(cap);

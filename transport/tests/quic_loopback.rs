@@ -221,6 +221,28 @@ async fn large_tensor_travels_by_reference_and_arrives_intact() {
     assert_eq!(d.frame.flags & FLAG_BY_REFERENCE, 0);
 }
 
+/// Loopback's MTU is 64 KiB: MTU discovery goes past the 6500 bytes that ten GSO datagrams
+/// allowed, the oversized batches are cut into sends the kernel accepts (`datagram`), and a
+/// frame of many datagrams arrives intact.
+#[tokio::test]
+async fn loopback_carries_large_datagrams_and_frames_arrive_intact() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let a = node(&ca, "a").await;
+    let b = node(&ca, "b").await;
+    let peer = a.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
+    let body: Vec<u8> = (0..16u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    for _ in 0..2 {
+        a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Tensor, 0, &body)).await.unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(60), b.recv())
+            .await
+            .expect("frame within 60 s")
+            .unwrap();
+        assert!(d.frame.body[..] == body[..], "the 16 MiB frame arrived altered");
+    }
+    let mtu = a.connection_stats(&peer).expect("connection stats").path.current_mtu;
+    assert!(mtu > 6500, "path MTU {mtu} on loopback: discovery stopped at the old cap");
+}
+
 #[tokio::test]
 async fn a_peer_over_its_memory_budget_is_cut_off_and_other_peers_are_served() {
     use troupe_transport::FrameLimits;

@@ -152,7 +152,7 @@ impl Actor for PipelineWorker {
     ) -> Result<WorkerState, ActorProcessingErr> {
         crate::mailbox::track(&me);
         std::fs::create_dir_all(&args.settings.cache_dir)?;
-        fix_mmap_threshold();
+        crate::allocator::fix_thresholds();
         let straggler = apply_cpu_quota(&args.settings.node, args.settings.cpu_quota_pct);
         let memory = apply_memory_limit(
             &args.settings.node,
@@ -201,38 +201,6 @@ impl Actor for PipelineWorker {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// Fixes glibc's thresholds instead of letting them drift as blocks are freed: blocks of
-/// [`MMAP_THRESHOLD`] and more (a stage file, a session's large weights) are mapped and go back
-/// to the OS when freed; smaller ones (a task's activations, ~200 KiB each, several copies per
-/// task) come from the heap, whose free pages stay for the next task rather than being unmapped
-/// and faulted in again on every task (that cost ~0.4 ms per task here with a 128 KiB threshold).
-/// The heap is trimmed explicitly when a session is dropped ([`release_free_memory`]), so the
-/// worker's RSS still follows its single live session. No-op off glibc.
-fn fix_mmap_threshold() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tunables; called before the worker allocates sessions.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
-    }
-}
-
-/// Smallest block glibc maps on its own (see [`fix_mmap_threshold`]).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: i32 = 512 << 10;
-/// Free bytes at the heap's top glibc keeps before returning them on its own.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TRIM_THRESHOLD: i32 = 8 << 20;
-
-/// Returns freed heap memory to the OS after a session or a stage-file buffer is dropped.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory at the allocator's discretion.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Path of a stage file in the cache.
@@ -311,7 +279,7 @@ impl WorkerState {
             Request::Unload => {
                 if self.session.take().is_some() {
                     self.stats.unloads += 1;
-                    release_free_memory();
+                    crate::allocator::release_free_memory();
                 }
                 Ok(Response::Unloaded)
             }
@@ -358,7 +326,7 @@ impl WorkerState {
         std::fs::write(&tmp, &bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
         drop(bytes);
-        release_free_memory();
+        crate::allocator::release_free_memory();
         self.stats.pulls += 1;
         Ok(Response::Fetched { cached: false, micros: micros(start.elapsed()) })
     }

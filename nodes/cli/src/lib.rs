@@ -190,6 +190,7 @@ pub enum KeysCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    troupe_actors::allocator::fix_thresholds();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
