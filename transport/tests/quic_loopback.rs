@@ -221,6 +221,48 @@ async fn large_tensor_travels_by_reference_and_arrives_intact() {
     assert_eq!(d.frame.flags & FLAG_BY_REFERENCE, 0);
 }
 
+/// The events `rx` gives up to and including the next `Joined` of `name` (bounded wait).
+async fn events_until_joined(rx: &mut tokio::sync::mpsc::Receiver<PeerEvent>, name: &str) -> Vec<PeerEvent> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut seen = Vec::new();
+        loop {
+            let ev = rx.recv().await.expect("event stream ended");
+            let joined = matches!(&ev, PeerEvent::Joined { peer, .. } if peer.as_str() == name);
+            seen.push(ev);
+            if joined {
+                return seen;
+            }
+        }
+    })
+    .await
+    .expect("no Joined within 10 s")
+}
+
+fn restarted(events: &[PeerEvent], name: &str) -> bool {
+    events.iter().any(|e| matches!(e, PeerEvent::Restarted { peer } if peer.as_str() == name))
+}
+
+/// A peer that dials again from the same process replaces its connection quietly; one that comes
+/// back as a new process under the same name (a new endpoint, so a new incarnation in its hello)
+/// is reported as restarted, before it is reported as joined.
+#[tokio::test]
+async fn a_new_incarnation_under_the_same_name_is_reported_as_restarted() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let b = node(&ca, "b").await;
+    let mut events = b.events().unwrap();
+    let a = node(&ca, "a").await;
+    a.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
+    assert!(!restarted(&events_until_joined(&mut events, "a").await, "a"), "a first join is no restart");
+    a.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
+    let again = events_until_joined(&mut events, "a").await;
+    assert!(!restarted(&again, "a"), "the same process dialing again is no restart: {again:?}");
+    let a_again = node(&ca, "a").await;
+    a_again.connect(b.local_addr().unwrap(), &NodeId::new("b")).await.unwrap();
+    let reborn = events_until_joined(&mut events, "a").await;
+    assert!(restarted(&reborn, "a"), "a new process under the name must be reported: {reborn:?}");
+    assert_eq!(b.peers(), vec![NodeId::new("a")]);
+}
+
 /// Loopback's MTU is 64 KiB: MTU discovery goes past the 6500 bytes that ten GSO datagrams
 /// allowed, the oversized batches are cut into sends the kernel accepts (`datagram`), and a
 /// frame of many datagrams arrives intact.
