@@ -363,12 +363,13 @@ impl QuicNode {
         let runtime = Arc::new(quinn::TokioRuntime);
         let mut impair_stats = None;
         use quinn::Runtime as _;
-        let socket: Arc<dyn quinn::AsyncUdpSocket> =
-            Arc::new(crate::datagram::CappedBatchSocket::new(runtime.wrap_udp_socket(socket)?));
+        let plain = runtime.wrap_udp_socket(socket)?;
+        // the impaired socket sends one datagram at a time, so only the plain one needs its GSO
+        // batches capped
         let socket: Arc<dyn quinn::AsyncUdpSocket> = match impairment {
-            None => socket,
+            None => Arc::new(crate::datagram::CappedBatchSocket::new(plain)),
             Some(imp) => {
-                let impaired = Arc::new(crate::impaired::ImpairedSocket::new(socket, imp));
+                let impaired = Arc::new(crate::impaired::ImpairedSocket::new(plain, imp));
                 impair_stats = Some(impaired.stats());
                 debug!(?imp, "link impairment on: every datagram sent is delayed or dropped in user space");
                 impaired
