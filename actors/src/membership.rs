@@ -43,7 +43,7 @@ pub struct MembershipArgs {
 pub enum MembershipMsg {
     /// Heartbeat period elapsed: send heartbeats, check timeouts.
     Tick,
-    /// Something arrived from this peer.
+    /// This peer joined (later frames are seen through [`QuicNode::take_heard`] at each tick).
     Heard(NodeId),
     /// The current view: member, status, when last heard (clock micros).
     Members(RpcReplyPort<Vec<(NodeId, MemberStatus, Micros)>>),
@@ -120,7 +120,15 @@ impl Actor for Membership {
                         let _ = link.send(&peer, Channel::Control, frame).await;
                     });
                 }
-                st.detector.handle_timeout(st.clock.now());
+                // what was read from a peer since the last tick counts as heard now (at most a
+                // period late, against a timeout of several periods)
+                let now = st.clock.now();
+                for peer in st.link.peers() {
+                    if st.link.take_heard(&peer) {
+                        st.detector.handle_heard(now, peer);
+                    }
+                }
+                st.detector.handle_timeout(now);
             }
             MembershipMsg::Heard(from) => st.detector.handle_heard(st.clock.now(), from),
             MembershipMsg::Members(reply) => {

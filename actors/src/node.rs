@@ -367,10 +367,9 @@ async fn dispatch(
     handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
     services: Services,
 ) {
+    // liveness is the transport's per-connection `heard` flag, read by membership each tick;
+    // service frames reach the router without passing here
     while let Ok(d) = link.recv().await {
-        if link.is_member(&d.from) {
-            let _ = membership.cast(MembershipMsg::Heard(d.from.clone()));
-        }
         match (d.channel, d.frame.kind) {
             (_, FrameKind::Heartbeat) => {
                 if let Err(e) = d.frame.access::<Heartbeat>() {

@@ -104,7 +104,9 @@ pub struct Caller {
 
 /// A handler's future: the answer body, or a message naming what failed.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
-/// Runs one admitted call: `(caller, method, body)`.
+/// Runs one admitted call: `(caller, method, body)`. Its future is first polled on the reader of
+/// the caller's stream (an answer ready at once goes back without a task switch), so work of more
+/// than a few microseconds belongs after an `.await` (an actor call, `spawn_blocking`).
 pub type Handler = Arc<dyn Fn(Caller, String, Vec<u8>) -> HandlerFuture + Send + Sync>;
 
 /// Limits of a node's service router.
@@ -253,11 +255,11 @@ impl std::fmt::Debug for Services {
 }
 
 impl Services {
-    /// A router sending and receiving over `link` (frames reach it through
-    /// [`Services::handle_frame`]; the node runtime does that).
+    /// A router sending and receiving over `link`: it takes the link's service frames straight
+    /// from their stream readers ([`QuicNode::set_service_sink`]), replacing any router there.
     pub fn new(link: QuicNode, config: ServiceConfig) -> Self {
         let (announcements, _) = broadcast::channel(256);
-        Self {
+        let this = Self {
             inner: Arc::new(Inner {
                 link,
                 config,
@@ -271,7 +273,15 @@ impl Services {
                 directory: DashMap::new(),
                 announcements,
             }),
-        }
+        };
+        // weak: the link must not keep its own router (and through it, itself) alive
+        let router = Arc::downgrade(&this.inner);
+        this.inner.link.set_service_sink(Arc::new(move |d| {
+            if let Some(inner) = router.upgrade() {
+                Services { inner }.handle_frame(d);
+            }
+        }));
+        this
     }
 
     /// Serves `name` with `handler` under `spec` (replacing a service of that name, e.g. after
@@ -439,8 +449,9 @@ impl Services {
         }
     }
 
-    /// Takes a [`FrameKind::Service`] frame from the link: a response completes its call, a
-    /// request is checked and run on its own task. Never blocks; bad frames are logged.
+    /// Takes a [`FrameKind::Service`] frame from the link (called on the stream's reader): a
+    /// response completes its call, a request is checked and run on its own task. Never blocks;
+    /// bad frames are logged.
     pub fn handle_frame(&self, d: Delivery) {
         debug_assert_eq!(d.frame.kind, FrameKind::Service);
         match service::decode(&d.frame, &self.inner.config.limits) {
@@ -496,7 +507,7 @@ impl Services {
         } else {
             None
         };
-        tokio::spawn(async move {
+        let mut answer = Box::pin(async move {
             let _busy_slot = busy_slot;
             let Request { id, service, method, body } = req;
             let reply = match permit {
@@ -523,6 +534,13 @@ impl Services {
                 debug!(peer = %from, %service, %method, error = %e, "response not delivered");
             }
         });
+        // a handler that answers without waiting is answered here, on the stream's reader (a
+        // task hop fewer each way); one that waits goes on a task of its own, which polls it again
+        // with a real waker (a future may be polled with a different waker each time)
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if answer.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(answer);
+        }
     }
 
     async fn run(&self, from: &NodeId, service: &str, method: &str, body: Vec<u8>) -> Reply {
@@ -656,12 +674,12 @@ impl ServiceClient {
         }
         let services = Services::new(link.clone(), ServiceConfig::default());
         {
-            let (link, services) = (link.clone(), services.clone());
+            let link = link.clone();
+            // service frames go to the router on their own; anything else the server sends is
+            // dropped here, so it cannot fill the inbox and hold up the stream behind it
             tokio::spawn(async move {
                 while let Ok(d) = link.recv().await {
-                    if d.frame.kind == FrameKind::Service {
-                        services.handle_frame(d);
-                    }
+                    debug!(peer = %d.from, kind = ?d.frame.kind, "frame a service client has no use for dropped");
                 }
             });
         }

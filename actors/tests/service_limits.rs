@@ -9,23 +9,13 @@ use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
 use troupe_actors::service::{Allow, CallError, Handler, ServiceConfig, ServiceSpec, Services};
 use troupe_transport::service::FaultKind;
-use troupe_transport::{
-    ClusterCa, FrameKind, IssueOptions, Link, NodeId, PeerEvent, QuicConfig, QuicNode, RoleSet,
-};
+use troupe_transport::{ClusterCa, IssueOptions, NodeId, PeerEvent, QuicConfig, QuicNode, RoleSet};
 
-/// A link and its router, fed by the same forwarding the node runtime does.
+/// A link and its router (which takes the link's service frames itself).
 async fn node(ca: &ClusterCa, name: &str, config: ServiceConfig) -> (QuicNode, Services) {
     let id = ca.issue(name, &IssueOptions::new(RoleSet::EMPTY).unwrap()).unwrap();
     let link = QuicNode::bind(&id, QuicConfig::default()).await.unwrap();
     let services = Services::new(link.clone(), config);
-    let (l, s) = (link.clone(), services.clone());
-    tokio::spawn(async move {
-        while let Ok(d) = l.recv().await {
-            if d.frame.kind == FrameKind::Service {
-                s.handle_frame(d);
-            }
-        }
-    });
     (link, services)
 }
 

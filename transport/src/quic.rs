@@ -253,8 +253,8 @@ impl BlobServer for NoBlobs {
 
 struct Peer {
     conn: Connection,
-    /// Bytes this connection holds buffered (shared with its streams' readers).
-    budget: ConnBudget,
+    /// What this connection's stream readers share (its budget, whether it was heard from).
+    state: Arc<ConnState>,
     generation: u64,
     /// The peer process's incarnation, from its hello.
     incarnation: u64,
@@ -269,7 +269,13 @@ struct ConnState {
     budget: ConnBudget,
     /// Whether the peer already opened its control-plane stream.
     control_opened: AtomicBool,
+    /// Set by every frame read from the peer, cleared by [`QuicNode::take_heard`] (liveness
+    /// without a message per frame).
+    heard: AtomicBool,
 }
+
+/// Takes frames straight from a stream's reader (see [`QuicNode::set_service_sink`]).
+pub type DeliverySink = Arc<dyn Fn(Delivery) + Send + Sync>;
 
 struct Inbox {
     control: mpsc::Receiver<Delivery>,
@@ -288,6 +294,8 @@ struct Inner {
     generation: AtomicU64,
     inbox_tx: HashMap<Channel, mpsc::Sender<Delivery>>,
     inbox_rx: Mutex<Inbox>,
+    /// Where service frames go instead of the data inbox, when set.
+    service_sink: std::sync::RwLock<Option<DeliverySink>>,
     events_tx: mpsc::Sender<PeerEvent>,
     events_rx: std::sync::Mutex<Option<mpsc::Receiver<PeerEvent>>>,
     events_dropped: AtomicU64,
@@ -400,6 +408,7 @@ impl QuicNode {
                 generation: AtomicU64::new(0),
                 inbox_tx,
                 inbox_rx: Mutex::new(inbox_rx),
+                service_sink: std::sync::RwLock::new(None),
                 events_tx,
                 events_rx: std::sync::Mutex::new(Some(events_rx)),
                 events_dropped: AtomicU64::new(0),
@@ -448,6 +457,20 @@ impl QuicNode {
         if let Ok(mut g) = self.inner.blobs.write() {
             *g = server;
         }
+    }
+
+    /// Hands every [`FrameKind::Service`] frame to `sink`, called on the reader of the stream it
+    /// came on (so in order, one hop fewer than the inbox), instead of queueing it for
+    /// [`Link::recv`]. The sink must not block: it holds up that stream while it runs.
+    pub fn set_service_sink(&self, sink: DeliverySink) {
+        if let Ok(mut g) = self.inner.service_sink.write() {
+            *g = Some(sink);
+        }
+    }
+
+    /// Whether anything was read from `peer` since the last call (false if it is not joined).
+    pub fn take_heard(&self, peer: &NodeId) -> bool {
+        self.inner.peers.get(peer).is_some_and(|p| p.state.heard.swap(false, Ordering::AcqRel))
     }
 
     /// Cluster members currently joined (tools like `troupe status` are not listed).
@@ -608,7 +631,7 @@ impl QuicNode {
             .inner
             .peers
             .get(peer)
-            .map(|p| (p.conn.clone(), p.budget.clone()))
+            .map(|p| (p.conn.clone(), p.state.budget.clone()))
             .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| stream_err(e.to_string()))?;
         send.write_all(&[TAG_BLOB]).await.map_err(|e| stream_err(e.to_string()))?;
@@ -821,9 +844,14 @@ impl QuicNode {
         let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
         let senders = Channel::ALL.iter().map(|c| (*c, Arc::new(Mutex::new(None)))).collect();
         let budget = ConnBudget::new(peer.as_str(), self.inner.config.conn_budget);
+        let state = Arc::new(ConnState {
+            budget,
+            control_opened: AtomicBool::new(false),
+            heard: AtomicBool::new(false),
+        });
         let entry = Arc::new(Peer {
             conn: conn.clone(),
-            budget: budget.clone(),
+            state: state.clone(),
             generation,
             incarnation,
             member,
@@ -859,11 +887,10 @@ impl QuicNode {
             });
         }
         let node = self.clone();
-        tokio::spawn(async move { node.serve_connection(peer, conn, budget, generation).await });
+        tokio::spawn(async move { node.serve_connection(peer, conn, state, generation).await });
     }
 
-    async fn serve_connection(self, peer: NodeId, conn: Connection, budget: ConnBudget, generation: u64) {
-        let state = Arc::new(ConnState { budget, control_opened: AtomicBool::new(false) });
+    async fn serve_connection(self, peer: NodeId, conn: Connection, state: Arc<ConnState>, generation: u64) {
         let uni = {
             let (node, peer, conn, state) = (self.clone(), peer.clone(), conn.clone(), state.clone());
             async move {
@@ -941,9 +968,20 @@ impl QuicNode {
                     } else {
                         (frame, held)
                     };
+                    state.heard.store(true, Ordering::Release);
                     let body = frame.body.len();
-                    if tx.send(Delivery { from: peer.clone(), channel, frame, held }).await.is_err() {
-                        return;
+                    let delivery = Delivery { from: peer.clone(), channel, frame, held };
+                    let sink = match delivery.frame.kind {
+                        FrameKind::Service => self.inner.service_sink.read().ok().and_then(|g| g.clone()),
+                        _ => None,
+                    };
+                    match sink {
+                        Some(sink) => sink(delivery),
+                        None => {
+                            if tx.send(delivery).await.is_err() {
+                                return;
+                            }
+                        }
                     }
                     self.inner.traffic.received(channel, body);
                 }

@@ -545,3 +545,38 @@ async fn one_control_stream_per_connection() {
     let d = tokio::time::timeout(Duration::from_secs(10), server.recv()).await.unwrap().unwrap();
     assert_eq!(&d.frame.body[..], b"still up");
 }
+
+#[tokio::test]
+async fn service_frames_reach_the_sink_in_order_and_every_frame_marks_the_peer_heard() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let a = node(&ca, "node-a").await;
+    let b = node(&ca, "node-b").await;
+    let (sink_tx, mut sunk) = tokio::sync::mpsc::unbounded_channel();
+    b.set_service_sink(Arc::new(move |d| {
+        let _ = sink_tx.send(d);
+    }));
+    let mut b_events = b.events().unwrap();
+    let peer = a.connect(b.local_addr().unwrap(), &NodeId::new("node-b")).await.unwrap();
+    let from_a = NodeId::new("node-a");
+    wait_event(&mut b_events, |e| matches!(e, PeerEvent::Joined { peer, .. } if peer == &from_a)).await;
+    let _ = b.take_heard(&from_a); // whatever the hello left set
+    assert!(!b.take_heard(&from_a), "taking the flag clears it");
+    for i in 0..5u8 {
+        a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Service, 0, &[i; 10])).await.unwrap();
+    }
+    a.send(&peer, Channel::Data, Frame::from_bytes(FrameKind::Message, 0, b"plain")).await.unwrap();
+    // the plain frame comes through the inbox; the service frames sent before it went to the sink
+    let plain = b.recv().await.unwrap();
+    assert_eq!(&plain.frame.body[..], b"plain");
+    for i in 0..5u8 {
+        let d = tokio::time::timeout(Duration::from_secs(10), sunk.recv())
+            .await
+            .expect("sink not called")
+            .unwrap();
+        assert_eq!((d.from.as_str(), d.frame.kind, d.frame.body[0]), ("node-a", FrameKind::Service, i));
+    }
+    assert!(sunk.try_recv().is_err(), "only service frames reach the sink");
+    assert!(b.take_heard(&from_a), "frames read from the peer mark it heard");
+    assert!(!b.take_heard(&from_a));
+    assert!(!b.take_heard(&NodeId::new("nobody")), "a peer not joined was never heard");
+}
