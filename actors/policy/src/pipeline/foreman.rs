@@ -413,6 +413,12 @@ impl Foreman {
         self.memory = Some(costs);
     }
 
+    /// The latest time the foreman was given (its clock: every later call must pass a time at
+    /// or after it, or durations it measures come out short).
+    pub fn now(&self) -> Micros {
+        self.now
+    }
+
     /// The costs learned so far: the current (or last) job's, else those remembered.
     pub fn learned_costs(&self) -> Option<CostModel> {
         self.job.as_ref().map(|j| j.costs.clone()).or_else(|| self.memory.clone())

@@ -397,7 +397,10 @@ pub fn simulate_on(setup: &SimSetup, foreman: Foreman) -> Result<(SimReport, For
         computed_on: BTreeMap::new(),
         report: SimReport { answers: vec![0; setup.inputs], ..SimReport::default() },
     };
-    let now = Micros::ZERO;
+    // A foreman that ran an earlier job has a clock of its own: this job starts there (its
+    // durations are measured on that clock), and the report counts from this job's start.
+    let origin = sim.foreman.now();
+    let now = origin;
     for w in &setup.workers {
         if !(w.speed.is_finite() && w.speed > 0.0) {
             return Err(SimError::BadSpeed(w.id));
@@ -416,7 +419,7 @@ pub fn simulate_on(setup: &SimSetup, foreman: Foreman) -> Result<(SimReport, For
         )?;
     }
     for &(id, at) in &setup.crashes {
-        sim.push(at, Event::Crash(id));
+        sim.push(origin + at, Event::Crash(id));
     }
     sim.foreman
         .submit_job(now, Job { chain: setup.chain.clone(), inputs: setup.inputs, mode: setup.mode })?;
@@ -433,7 +436,16 @@ pub fn simulate_on(setup: &SimSetup, foreman: Foreman) -> Result<(SimReport, For
         sim.step(at, e);
         sim.drain(at);
     }
-    Ok((sim.report, sim.foreman))
+    let mut report = sim.report;
+    let since = |t: Micros| Micros(t.0.saturating_sub(origin.0));
+    report.makespan = report.makespan.map(since);
+    for span in &mut report.spans {
+        (span.start, span.end) = (since(span.start), since(span.end));
+    }
+    for (t, _) in &mut report.log {
+        *t = since(*t);
+    }
+    Ok((report, sim.foreman))
 }
 
 fn speeds_summary(speeds: &[f64]) -> (f64, f64) {
