@@ -25,6 +25,8 @@ pub const DIRECT_BLOCK: usize = 4 << 20;
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes allocated (and initialised): `len` rounded up to [`DIRECT_ALIGN`].
+    cap: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -35,13 +37,32 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// `len` zero bytes (a zero-length buffer still allocates one aligned block).
     pub fn zeroed(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(DIRECT_ALIGN), DIRECT_ALIGN)
+        let cap = len
+            .max(1)
+            .checked_next_multiple_of(DIRECT_ALIGN)
+            .ok_or_else(|| KernelError::invalid("AlignedBuf", format!("{len} bytes overflow usize")))?;
+        let layout = Layout::from_size_align(cap, DIRECT_ALIGN)
             .map_err(|e| KernelError::invalid("AlignedBuf", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)
             .ok_or_else(|| KernelError::invalid("AlignedBuf", format!("allocation of {len} bytes failed")))?;
-        Ok(Self { ptr, len })
+        Ok(Self { ptr, len, cap })
+    }
+
+    /// Bytes allocated: the most [`Self::set_len`] accepts.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Reuse the allocation for `len` bytes (what earlier uses left in them stays until
+    /// overwritten). False, changing nothing, when `len` is over the capacity.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        if len > self.cap {
+            return false;
+        }
+        self.len = len;
+        true
     }
 
     /// The bytes, mutably.
@@ -62,12 +83,7 @@ impl Deref for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: same layout as in `zeroed`.
-        unsafe {
-            dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len.max(DIRECT_ALIGN), DIRECT_ALIGN),
-            )
-        }
+        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, DIRECT_ALIGN)) }
     }
 }
 
@@ -97,6 +113,11 @@ impl ReadBytes {
     pub fn from_buf(buf: AlignedBuf) -> Self {
         let len = buf.len();
         Self { buf, start: 0, len }
+    }
+
+    /// The buffer behind the bytes, for reuse.
+    pub fn into_buf(self) -> AlignedBuf {
+        self.buf
     }
 }
 

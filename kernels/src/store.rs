@@ -24,6 +24,7 @@ use crate::device::Device;
 use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, open_direct, read_range_with};
 use crate::error::{KernelError, Result};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
+use crate::spare_buffers::{SpareBuffers, free_later};
 
 const MAGIC: &[u8; 8] = b"TRPBLOB1";
 const HEADER: usize = DIRECT_ALIGN;
@@ -117,6 +118,10 @@ pub struct StoreStats {
     pub device: PoolStats,
     /// Disk reads where the filesystem refused `O_DIRECT` (the page cache was used, then dropped).
     pub odirect_fallbacks: u64,
+    /// Demotions that reused a spare host buffer instead of allocating one.
+    pub spare_reuses: u64,
+    /// Bytes of spare host buffers held now (within what the host tier leaves of its budget).
+    pub spare_bytes: u64,
 }
 
 impl StoreStats {
@@ -147,6 +152,9 @@ pub struct WeightStore {
     arena: Arena,
     host_budget: u64,
     host_used: u64,
+    /// Host buffers freed by promotions and host evictions, for the next demotion; they fill at
+    /// most what the host tier leaves of its budget.
+    spares: SpareBuffers,
     stats: StoreStats,
     /// Opens blob files with O_DIRECT (tests swap in one that refuses, like some filesystems do).
     open_direct: fn(&Path) -> std::io::Result<File>,
@@ -218,11 +226,14 @@ impl WeightStore {
                 host_used: 0,
                 device: pool.stats(),
                 odirect_fallbacks: 0,
+                spare_reuses: 0,
+                spare_bytes: 0,
             },
             pool,
             arena,
             host_budget,
             host_used: 0,
+            spares: SpareBuffers::default(),
             open_direct,
         };
         store.index()?;
@@ -431,10 +442,14 @@ impl WeightStore {
         Ok(bytes)
     }
 
+    /// Drop the blob's host copy; its buffer becomes a spare unless a reader still holds it.
     fn release_host(&mut self, id: &BlobId) -> Result<()> {
         let e = self.entries.get_mut(id).ok_or_else(|| KernelError::UnknownBlob(id.to_string()))?;
-        if e.host.take().is_some() {
+        if let Some(bytes) = e.host.take() {
             self.host_used -= e.len;
+            if let Ok(bytes) = Arc::try_unwrap(bytes) {
+                self.spares.put(bytes.into_buf(), self.host_budget - self.host_used);
+            }
         }
         Ok(())
     }
@@ -461,6 +476,18 @@ impl WeightStore {
         }
     }
 
+    /// Copy `dst.len()` bytes at `a`'s offset of the arena into `dst`.
+    fn arena_read_into(&self, a: Allocation, dst: &mut [u8]) -> Result<()> {
+        let off = a.offset as usize;
+        match &self.arena {
+            Arena::Host(buf) => {
+                dst.copy_from_slice(&buf[off..off + dst.len()]);
+                Ok(())
+            }
+            Arena::Cuda(dev, buf) => dev.read_bytes_into(buf, off, dst),
+        }
+    }
+
     /// Move the blob into the device arena (from host, or from disk through a staging buffer).
     pub fn promote_to_device(&mut self, id: &BlobId) -> Result<Allocation> {
         let e = self.entry(id)?;
@@ -481,13 +508,21 @@ impl WeightStore {
         let start = Instant::now();
         let result = match &host {
             Some(bytes) => self.verify(id, bytes, "host").and_then(|()| self.arena_write(alloc, bytes)),
-            None => self.read_disk(id).and_then(|bytes| self.arena_write(alloc, &bytes)),
+            None => self.read_disk(id).and_then(|bytes| {
+                let written = self.arena_write(alloc, &bytes);
+                // the staging buffer is unmapped off this thread (see `spare_buffers`)
+                free_later(bytes.into_buf());
+                written
+            }),
         };
         if let Err(err) = result {
             self.pool.free(alloc)?;
             return Err(err);
         }
-        if host.is_some() {
+        let from_host = host.is_some();
+        // The last reference to the host copy goes with release_host, so its buffer becomes a spare.
+        drop(host);
+        if from_host {
             self.stats.host_to_device.record(len as usize, start);
             self.release_host(id)?;
         } else {
@@ -554,13 +589,19 @@ impl WeightStore {
         if let Some(a) = e.device {
             if self.host_room(id, len).is_ok() {
                 let start = Instant::now();
-                let bytes = self.arena_read(a, len as usize)?;
-                self.verify(id, &bytes, "device")?;
-                let mut buf = crate::direct_io::AlignedBuf::zeroed(bytes.len())?;
-                buf.as_mut_slice().copy_from_slice(&bytes);
+                let (mut buf, reused) = self.spares.take(len as usize)?;
+                let copied = self
+                    .arena_read_into(a, buf.as_mut_slice())
+                    .and_then(|()| self.verify(id, &buf, "device"));
+                if let Err(e) = copied {
+                    self.spares.put(buf, self.host_budget - self.host_used);
+                    return Err(e);
+                }
+                self.stats.spare_reuses += u64::from(reused);
                 let host = Arc::new(ReadBytes::from_buf(buf));
-                self.stats.device_to_host.record(bytes.len(), start);
+                self.stats.device_to_host.record(len as usize, start);
                 self.host_used += len;
+                self.spares.trim(self.host_budget - self.host_used);
                 self.pool.free(a)?;
                 if let Some(e) = self.entries.get_mut(id) {
                     e.device = None;
@@ -611,6 +652,7 @@ impl WeightStore {
         s.host_used = self.host_used;
         s.host_budget = self.host_budget;
         s.device = self.pool.stats();
+        s.spare_bytes = self.spares.bytes();
         s
     }
 }
@@ -666,5 +708,34 @@ mod tests {
         s.open_direct = open_direct;
         s.load_to_host(&id).unwrap();
         assert_eq!(s.stats().odirect_fallbacks, 1, "a direct read does not count");
+    }
+
+    #[test]
+    fn a_promotion_leaves_a_spare_that_the_next_demotion_reuses_within_the_host_budget() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let mut s = WeightStore::open(dir.path(), &Device::Cpu, 64 * 1024, 24 * 1024).unwrap();
+        let a: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let b: Vec<u8> = (0..9_000u32).map(|i| (i % 239) as u8).collect();
+        let (ia, ib) = (s.put("a", &a).unwrap(), s.put("b", &b).unwrap());
+        for id in [&ia, &ib] {
+            s.promote_to_device(id).unwrap();
+        }
+        assert_eq!(s.evict(&ia).unwrap(), Tier::Host, "a demotion");
+        assert_eq!(s.stats().spare_reuses, 0, "nothing to reuse yet");
+        s.promote_to_device(&ia).unwrap();
+        assert_eq!(s.stats().spare_bytes, 12_288, "a's host buffer is kept");
+        // b rounds to the same three pages: a's old buffer takes b's bytes.
+        assert_eq!(s.evict(&ib).unwrap(), Tier::Host);
+        let st = s.stats();
+        assert_eq!((st.spare_reuses, st.spare_bytes, st.host_used), (1, 0, 9_000));
+        assert_eq!(s.read(&ib).unwrap(), b, "the reused buffer holds exactly b (checksummed)");
+        assert_eq!(s.read(&ia).unwrap(), a);
+        // Spares never hold more than the host tier leaves of its budget.
+        s.promote_to_device(&ib).unwrap();
+        assert_eq!(s.evict(&ia).unwrap(), Tier::Host);
+        let st = s.stats();
+        assert!(st.host_used + st.spare_bytes <= st.host_budget, "{st:?}");
+        assert_eq!(s.read(&ia).unwrap(), a);
     }
 }

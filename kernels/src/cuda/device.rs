@@ -241,4 +241,15 @@ impl CudaDevice {
         let src = buf.slice(offset..end);
         self.inner.stream.clone_dtoh(&src).map_err(|e| KernelError::cuda("device-to-host copy", e))
     }
+
+    /// Copy `dst.len()` bytes at `offset` of `buf` into `dst`, waiting for the copy.
+    pub fn read_bytes_into(&self, buf: &CudaSlice<u8>, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let end = offset
+            .checked_add(dst.len())
+            .filter(|&e| e <= buf.len())
+            .ok_or_else(|| KernelError::invalid("read_bytes_into", "range outside the device buffer"))?;
+        let src = buf.slice(offset..end);
+        self.inner.stream.memcpy_dtoh(&src, dst).map_err(|e| KernelError::cuda("device-to-host copy", e))?;
+        self.sync()
+    }
 }
