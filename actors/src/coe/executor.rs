@@ -182,6 +182,10 @@ pub struct ExpertExecutor {
     engine: ExpertEngine,
     device: Device,
     sessions: HashMap<ExpertId, Loaded>,
+    /// Per expert: whether the store holds it in the host tier, kept in step with every store
+    /// call that moves it (so a demotion's plan needs no lookups); checked against the store by
+    /// [`ExpertExecutor::check_accounting`].
+    in_host: Vec<bool>,
     budget: u64,
     host_budget: u64,
     resident: u64,
@@ -265,9 +269,11 @@ impl ExpertExecutor {
             blobs.push(id);
         }
         // The same initial set the scheduler assumes (its HostTier starts from it).
+        let mut in_host = vec![false; blobs.len()];
         for id in HostTier::new(model, host_budget).resident() {
             if let Some(blob) = blobs.get(id.index()) {
                 store.load_to_host(blob)?;
+                in_host[id.index()] = true;
             }
         }
         let counters = ExecutorCounters {
@@ -285,6 +291,7 @@ impl ExpertExecutor {
             engine,
             device,
             sessions: HashMap::new(),
+            in_host,
             budget,
             host_budget,
             resident: 0,
@@ -345,8 +352,14 @@ impl ExpertExecutor {
         self.store.stats().host_used
     }
 
-    /// Experts in the host tier now (the store's tiers, independent of the counters).
+    /// Experts in the host tier now, in id order (as tracked; [`Self::check_accounting`]
+    /// checks it against the store's tiers).
     pub fn host_resident(&self) -> Vec<ExpertId> {
+        self.in_host.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| ExpertId(i as u32)).collect()
+    }
+
+    /// Experts the store holds in the host tier, asked blob by blob.
+    fn store_host_resident(&self) -> Vec<ExpertId> {
         (0..self.blobs.len())
             .map(|i| ExpertId(i as u32))
             .filter(|e| self.source_tier(*e).is_ok_and(|t| t == StoreTier::Host))
@@ -383,7 +396,9 @@ impl ExpertExecutor {
         let on_device =
             self.sessions.keys().all(|e| self.source_tier(*e).is_ok_and(|t| t == StoreTier::Device));
         let host = self.store_host_bytes();
-        let host_sum: u64 = self.host_resident().iter().map(|e| self.sizes[e.index()]).sum();
+        let tracked = self.host_resident();
+        let stored = self.store_host_resident();
+        let host_sum: u64 = stored.iter().map(|e| self.sizes[e.index()]).sum();
         let problems = [
             (
                 self.resident > self.budget,
@@ -404,6 +419,7 @@ impl ExpertExecutor {
             ),
             (host > self.host_budget, format!("host tier {host} bytes over its budget {}", self.host_budget)),
             (host != host_sum, format!("host tier {host} bytes, its experts sum to {host_sum}")),
+            (tracked != stored, format!("host tier tracked as {tracked:?}, the store holds {stored:?}")),
         ];
         match problems.into_iter().find(|(bad, _)| *bad) {
             Some((_, problem)) => Err(self.fail(format!("memory accounting broken: {problem}"))),
@@ -446,6 +462,8 @@ impl ExpertExecutor {
         let from = self.store.tier(&id)?;
         let before = self.store.stats();
         self.store.promote_to_device(&id)?;
+        // a promotion releases the host copy
+        self.in_host[expert.index()] = false;
         let after = self.store.stats();
         let session_start = Instant::now();
         let built =
@@ -453,8 +471,9 @@ impl ExpertExecutor {
         let session = match built {
             Ok(s) => s,
             Err(e) => {
-                // Leave the tiers as they were before the failed load (the device copy goes).
-                self.store.evict(&id)?;
+                // The device copy goes down again (to the host tier if it has room).
+                let landed = self.store.evict(&id)?;
+                self.in_host[expert.index()] = landed == StoreTier::Host;
                 return Err(e);
             }
         };
@@ -511,9 +530,9 @@ impl ExpertExecutor {
             size_bytes: self.sizes[expert.index()],
             usage_prob: self.usage[expert.index()],
         };
-        let resident: Vec<HostCandidate> = self
-            .host_resident()
-            .into_iter()
+        let resident: Vec<HostCandidate> = (self.in_host.iter().enumerate())
+            .filter(|(_, h)| **h)
+            .map(|(i, _)| ExpertId(i as u32))
             .map(|e| HostCandidate {
                 id: e,
                 size_bytes: self.sizes[e.index()],
@@ -527,6 +546,7 @@ impl ExpertExecutor {
                 for victim in evict {
                     let blob = self.blob(victim)?.clone();
                     self.store.evict(&blob)?;
+                    self.in_host[victim.index()] = false;
                     self.counters.host_evictions += 1;
                 }
                 StoreTier::Host
@@ -534,6 +554,7 @@ impl ExpertExecutor {
             Demotion::Drop => StoreTier::Disk,
         };
         let landed = self.store.evict(&id)?;
+        self.in_host[expert.index()] = landed == StoreTier::Host;
         if landed != want {
             return Err(self.fail(format!("{expert} went to the {landed:?} tier, the plan said {want:?}")));
         }
