@@ -1,11 +1,12 @@
 //! The one way bytes from a peer or a file become a workload message: a length cap, a charge to
-//! the message's decoded-bytes budget, an aligned copy, then rkyv's checked access.
+//! the message's decoded-bytes budget, an aligned copy where the bytes are not aligned already,
+//! then rkyv's checked access.
 //!
 //! Every workload's wire module (coe, pipeline, coadapt), the service router's bodies and the
 //! journals' records decode through [`decode`] (owned values) or [`access`] (a look at the
 //! archive), so there is one decode path and one error type, [`DecodeError`].
 //!
-//! The budget is charged before the aligned copy is allocated. Plain rkyv values (vectors,
+//! The budget is charged before any aligned copy is allocated. Plain rkyv values (vectors,
 //! strings, numbers) decode to at most [`DECODED_PER_WIRE_BYTE`] bytes per archived byte (the
 //! aligned copy plus a `String` header of 24 bytes where its archive is 8), so that is what a
 //! decode charges; compressed tensors inside a message are charged again, at their decoded size,
@@ -66,22 +67,46 @@ pub enum DecodeError {
     },
 }
 
-/// Caps `bytes` at `cap`, charges the budget and copies them aligned for checked access.
-fn aligned(
+/// Alignment rkyv's checked access needs of the bytes it reads.
+const ARCHIVE_ALIGN: usize = 16;
+
+/// `bytes` ready for checked access: as they are when already aligned, else an aligned copy.
+enum Aligned<'a> {
+    Borrowed(&'a [u8]),
+    Copied(AlignedVec<ARCHIVE_ALIGN>),
+}
+
+impl std::ops::Deref for Aligned<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Aligned::Borrowed(b) => b,
+            Aligned::Copied(c) => c,
+        }
+    }
+}
+
+/// Caps `bytes` at `cap`, charges the budget (the same whether or not a copy is made) and
+/// aligns them for checked access, copying only when they are not aligned already (a large
+/// `Vec<u8>` from the allocator usually is: a pulled activation then decodes without a copy).
+fn aligned<'a>(
     what: &'static str,
-    bytes: &[u8],
+    bytes: &'a [u8],
     cap: usize,
     budget: &mut DecodeBudget,
-) -> Result<AlignedVec<16>, DecodeError> {
+) -> Result<Aligned<'a>, DecodeError> {
     if bytes.len() > cap {
         return Err(DecodeError::TooLarge { what, got: bytes.len(), cap });
     }
     budget
         .charge(bytes.len() as u128 * u128::from(DECODED_PER_WIRE_BYTE))
         .map_err(|e| DecodeError::OverBudget { what, detail: e.to_string() })?;
-    let mut copy = AlignedVec::<16>::with_capacity(bytes.len());
+    if bytes.as_ptr().align_offset(ARCHIVE_ALIGN) == 0 {
+        return Ok(Aligned::Borrowed(bytes));
+    }
+    let mut copy = AlignedVec::<ARCHIVE_ALIGN>::with_capacity(bytes.len());
     copy.extend_from_slice(bytes);
-    Ok(copy)
+    Ok(Aligned::Copied(copy))
 }
 
 /// Decodes an owned `T` of type name `what` from untrusted `bytes` of at most `cap` bytes,
@@ -171,5 +196,28 @@ mod tests {
         }
         let e = decode::<Vec<u32>>("ids", &bytes, 1 << 20, &mut budget).unwrap_err();
         assert!(matches!(e, DecodeError::OverBudget { .. }), "{e}");
+    }
+
+    #[test]
+    fn aligned_and_unaligned_bytes_decode_alike() {
+        let bytes = rkyv::to_bytes::<rancor::Error>(&vec![String::from("a"), String::from("bb")]).unwrap();
+        // The same archive at an aligned start and one byte past it.
+        let mut padded = AlignedVec::<16>::with_capacity(bytes.len() + 1);
+        padded.extend_from_slice(&[0]);
+        padded.extend_from_slice(&bytes);
+        let (at_start, shifted) = (&bytes[..], &padded[1..]);
+        assert_eq!(at_start.as_ptr().align_offset(ARCHIVE_ALIGN), 0);
+        assert_ne!(shifted.as_ptr().align_offset(ARCHIVE_ALIGN), 0);
+        for b in [at_start, shifted] {
+            let mut budget = plain_budget();
+            let back: Vec<String> = decode("names", b, 1024, &mut budget).unwrap();
+            assert_eq!(back, ["a", "bb"]);
+            assert_eq!(budget.used(), b.len() as u64 * DECODED_PER_WIRE_BYTE, "charged alike");
+        }
+        assert!(matches!(aligned("names", shifted, 1024, &mut plain_budget()).unwrap(), Aligned::Copied(_)));
+        assert!(matches!(
+            aligned("names", at_start, 1024, &mut plain_budget()).unwrap(),
+            Aligned::Borrowed(_)
+        ));
     }
 }

@@ -107,6 +107,7 @@ pub struct RunTimes {
     pub inline_f32_bytes: u64,
 }
 
+use messages::ArchivedTensorBody;
 pub use messages::{Request, Response, TensorBody};
 
 /// Holds the enums with fielded variants: the resolvers rkyv derives for them have undocumented
@@ -588,22 +589,55 @@ pub async fn decode_tensors_from(
                 Arc::new(b)
             }
         };
-        let inner = pulled_tensor(&bytes, cap as usize)?;
-        if matches!(inner.body, TensorBody::ByRef { .. } | TensorBody::At { .. }) {
-            return Err(pull("a by-reference tensor points at another reference".into()));
-        }
-        out.push(decode_one(inner, &mut decoder, budget)?);
+        let nested = || pull("a by-reference tensor points at another reference".into());
+        out.push(decode_pulled(&bytes, cap as usize, &mut decoder, budget, nested)?);
     }
     Ok(out)
 }
 
-/// The tensor envelope of `bytes` pulled by reference under the pull's own `cap`. The bytes
-/// are already held (the pull was capped by the message's budget), so the envelope's decode has
-/// a budget of its own, its wire size decoded; the tensor inside is charged to the message's
-/// budget by [`decode_one`].
-fn pulled_tensor(bytes: &[u8], cap: usize) -> Result<WireNamed, WireError> {
+/// The tensor in `bytes` pulled by reference under the pull's own `cap`, decoded straight from
+/// its checked archive (no owned copy of the envelope in between). The bytes are already held
+/// (the pull was capped by the message's budget), so the envelope's access has a budget of its
+/// own, its wire size decoded; the tensor inside is charged to the message's `budget`.
+/// An envelope that holds another reference is refused with `nested()`.
+fn decode_pulled(
+    bytes: &[u8],
+    cap: usize,
+    decoder: &mut TensorDecoder,
+    budget: &mut DecodeBudget,
+    nested: impl FnOnce() -> WireError,
+) -> Result<NamedTensor, WireError> {
     let mut envelope = DecodeBudget::new(bytes.len() as u64 * crate::decode::DECODED_PER_WIRE_BYTE);
-    Ok(crate::decode::decode("tensor by reference", bytes, cap, &mut envelope)?)
+    let decoded =
+        crate::decode::access::<WireNamed, _>("tensor by reference", bytes, cap, &mut envelope, |t| {
+            Ok(decode_archived(t, decoder, budget))
+        })?;
+    decoded.unwrap_or_else(|| Err(nested()))
+}
+
+/// Decodes one archived tensor of a message, charging it to the message's `budget`; `None` for a
+/// reference (which only [`decode_tensors_from`] resolves).
+fn decode_archived(
+    t: &ArchivedWireNamed,
+    decoder: &mut TensorDecoder,
+    budget: &mut DecodeBudget,
+) -> Option<Result<NamedTensor, WireError>> {
+    let name = t.name.as_str();
+    let bad = |detail: String| WireError::Tensor { name: name.to_owned(), detail };
+    Some(match &t.body {
+        ArchivedTensorBody::F32(wire) => decoder
+            .decode_archived(wire, budget)
+            .map(|d| NamedTensor::f32(name, d.shape, d.data))
+            .map_err(|e| bad(e.to_string())),
+        ArchivedTensorBody::I64 { shape, data } => (|| {
+            budget.charge(data.len() as u128 * 8).map_err(|e| bad(e.to_string()))?;
+            let shape = shape.iter().map(|d| usize::try_from(d.to_native()).unwrap_or(usize::MAX)).collect();
+            let tensor = NamedTensor::i64(name, shape, data.iter().map(|v| v.to_native()).collect());
+            tensor.check_shape().map_err(bad)?;
+            Ok(tensor)
+        })(),
+        ArchivedTensorBody::ByRef { .. } | ArchivedTensorBody::At { .. } => return None,
+    })
 }
 
 /// Decodes one tensor of a message, charging it to the message's `budget`.
@@ -783,9 +817,23 @@ mod tests {
         assert_eq!(tally.by_reference, 1);
         let bytes = shelf.blob(blob).unwrap();
         assert_eq!(bytes.len() as u64, *len);
-        let inner = pulled_tensor(&bytes, bytes.len()).unwrap();
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
-        let back = decode_one(inner, &mut TensorDecoder::default(), &mut budget).unwrap();
+        let nested = || WireError::Tensor { name: "big".into(), detail: "nested".into() };
+        let back =
+            decode_pulled(&bytes, bytes.len(), &mut TensorDecoder::default(), &mut budget, nested).unwrap();
         assert_eq!(back, t);
+        assert_eq!(budget.used(), 512 * 1024 * 4, "the tensor is charged to the message's budget");
+        // the same bytes at an unaligned start (an aligned copy is made) decode alike
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
+        let back =
+            decode_pulled(&shifted[1..], bytes.len(), &mut TensorDecoder::default(), &mut budget, nested);
+        assert_eq!(back.unwrap(), t);
+        // an envelope that holds another reference is refused with the caller's error
+        let reference = WireNamed { name: "r".into(), body: TensorBody::ByRef { blob: [7; 32], len: 9 } };
+        let bytes = to_bytes("tensor", &reference).unwrap();
+        let err = decode_pulled(&bytes, bytes.len(), &mut TensorDecoder::default(), &mut budget, nested);
+        assert!(err.unwrap_err().to_string().contains("nested"));
     }
 }
