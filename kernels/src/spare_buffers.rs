@@ -9,6 +9,7 @@
 //! between two experts should not wait for. The reclaimer runs under `SCHED_IDLE`.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 
 use crate::direct_io::{AlignedBuf, DIRECT_ALIGN};
@@ -16,6 +17,12 @@ use crate::error::Result;
 
 /// Buffers queued for the reclaimer at most; past that a buffer is freed where it is dropped.
 const RECLAIM_QUEUE: usize = 64;
+/// Bytes queued for the reclaimer at most (a starved `SCHED_IDLE` thread must not hold memory
+/// past the budgets that freed it); past that a buffer is freed where it is dropped.
+pub const RECLAIM_QUEUE_BYTES: u64 = 32 << 20;
+
+/// Bytes handed to the reclaimer and not yet freed.
+static QUEUED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Run the calling thread under `SCHED_IDLE`, so that it takes only cores nothing else wants
 /// (on two cores a woken reclaimer would otherwise preempt the executor that woke it).
@@ -28,7 +35,7 @@ fn lowest_priority() {
 }
 
 /// Free `buf` on the process's reclaimer thread (started on first use), or here when its queue
-/// is full or the thread could not start.
+/// is full (by count or by [`RECLAIM_QUEUE_BYTES`]) or the thread could not start.
 pub fn free_later(buf: AlignedBuf) {
     static RECLAIMER: OnceLock<Option<SyncSender<AlignedBuf>>> = OnceLock::new();
     let sender = RECLAIMER.get_or_init(|| {
@@ -37,18 +44,25 @@ pub fn free_later(buf: AlignedBuf) {
             .name("troupe-reclaim".into())
             .spawn(move || {
                 lowest_priority();
-                rx.into_iter().for_each(drop)
+                for buf in rx {
+                    let bytes = buf.capacity() as u64;
+                    drop(buf);
+                    QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
+                }
             })
             .map_err(|e| tracing::warn!(error = %e, "no reclaimer thread: host buffers are freed inline"))
             .ok()
             .map(|_| tx)
     });
-    match sender {
-        Some(tx) => match tx.try_send(buf) {
-            Ok(()) => {}
-            Err(TrySendError::Full(buf) | TrySendError::Disconnected(buf)) => drop(buf),
-        },
-        None => drop(buf),
+    let bytes = buf.capacity() as u64;
+    let Some(tx) = sender else { return drop(buf) };
+    if QUEUED_BYTES.fetch_add(bytes, Ordering::AcqRel) + bytes > RECLAIM_QUEUE_BYTES {
+        QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
+        return drop(buf);
+    }
+    if let Err(TrySendError::Full(buf) | TrySendError::Disconnected(buf)) = tx.try_send(buf) {
+        QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
+        drop(buf);
     }
 }
 
@@ -64,6 +78,11 @@ pub struct SpareBuffers {
 }
 
 impl SpareBuffers {
+    /// Bytes handed to the reclaimer thread and not yet freed (process-wide).
+    pub fn queued_for_reclaim() -> u64 {
+        QUEUED_BYTES.load(Ordering::Acquire)
+    }
+
     /// Bytes held as spares.
     pub fn bytes(&self) -> u64 {
         self.bytes
