@@ -78,11 +78,6 @@ pub struct SpareBuffers {
 }
 
 impl SpareBuffers {
-    /// Bytes handed to the reclaimer thread and not yet freed (process-wide).
-    pub fn queued_for_reclaim() -> u64 {
-        QUEUED_BYTES.load(Ordering::Acquire)
-    }
-
     /// Bytes held as spares.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -469,11 +469,9 @@ impl WeightStore {
     }
 
     fn arena_read(&self, a: Allocation, len: usize) -> Result<Vec<u8>> {
-        let off = a.offset as usize;
-        match &self.arena {
-            Arena::Host(buf) => Ok(buf[off..off + len].to_vec()),
-            Arena::Cuda(dev, buf) => dev.read_bytes(buf, off, len),
-        }
+        let mut bytes = vec![0u8; len];
+        self.arena_read_into(a, &mut bytes)?;
+        Ok(bytes)
     }
 
     /// Copy `dst.len()` bytes at `a`'s offset of the arena into `dst`.

@@ -530,9 +530,9 @@ impl ExpertExecutor {
             size_bytes: self.sizes[expert.index()],
             usage_prob: self.usage[expert.index()],
         };
-        let resident: Vec<HostCandidate> = (self.in_host.iter().enumerate())
-            .filter(|(_, h)| **h)
-            .map(|(i, _)| ExpertId(i as u32))
+        let resident: Vec<HostCandidate> = self
+            .host_resident()
+            .into_iter()
             .map(|e| HostCandidate {
                 id: e,
                 size_bytes: self.sizes[e.index()],

@@ -629,42 +629,31 @@ fn decode_archived(
             .decode_archived(wire, budget)
             .map(|d| NamedTensor::f32(name, d.shape, d.data))
             .map_err(|e| bad(e.to_string())),
-        ArchivedTensorBody::I64 { shape, data } => (|| {
-            budget.charge(data.len() as u128 * 8).map_err(|e| bad(e.to_string()))?;
-            let shape = shape.iter().map(|d| usize::try_from(d.to_native()).unwrap_or(usize::MAX)).collect();
-            let tensor = NamedTensor::i64(name, shape, data.iter().map(|v| v.to_native()).collect());
-            tensor.check_shape().map_err(bad)?;
-            Ok(tensor)
-        })(),
+        ArchivedTensorBody::I64 { shape, data } => {
+            // within the message cap already, counted all the same
+            budget.charge(data.len() as u128 * 8).map_err(|e| bad(e.to_string())).and_then(|()| {
+                let shape =
+                    shape.iter().map(|d| usize::try_from(d.to_native()).unwrap_or(usize::MAX)).collect();
+                let tensor = NamedTensor::i64(name, shape, data.iter().map(|v| v.to_native()).collect());
+                tensor.check_shape().map(|()| tensor).map_err(bad)
+            })
+        }
         ArchivedTensorBody::ByRef { .. } | ArchivedTensorBody::At { .. } => return None,
     })
 }
 
-/// Decodes one tensor of a message, charging it to the message's `budget`.
+/// Decodes one tensor carried in a message (owned, as the message decoded), charging it to the
+/// message's `budget`: through its archive, by the same path as a pulled one.
 fn decode_one(
     t: WireNamed,
     decoder: &mut TensorDecoder,
     budget: &mut DecodeBudget,
 ) -> Result<NamedTensor, WireError> {
     let bad = |detail: String| WireError::Tensor { name: t.name.clone(), detail };
-    match t.body {
-        TensorBody::F32(wire) => {
-            let bytes = rkyv::to_bytes::<rancor::Error>(&wire).map_err(|e| bad(e.to_string()))?;
-            let archived = rkyv::access::<troupe_transport::codec::ArchivedWireTensor, rancor::Error>(&bytes)
-                .map_err(|e| bad(e.to_string()))?;
-            let d = decoder.decode_archived(archived, budget).map_err(|e| bad(e.to_string()))?;
-            Ok(NamedTensor::f32(t.name, d.shape, d.data))
-        }
-        TensorBody::I64 { shape, data } => {
-            // already in memory as carried (within the message cap), counted all the same
-            budget.charge(data.len() as u128 * 8).map_err(|e| bad(e.to_string()))?;
-            let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-            let tensor = NamedTensor::i64(t.name.clone(), shape, data);
-            tensor.check_shape().map_err(bad)?;
-            Ok(tensor)
-        }
-        TensorBody::ByRef { .. } | TensorBody::At { .. } => Err(bad("unresolved reference".into())),
-    }
+    let bytes = rkyv::to_bytes::<rancor::Error>(&t).map_err(|e| bad(e.to_string()))?;
+    let archived =
+        rkyv::access::<ArchivedWireNamed, rancor::Error>(&bytes).map_err(|e| bad(e.to_string()))?;
+    decode_archived(archived, decoder, budget).unwrap_or_else(|| Err(bad("unresolved reference".into())))
 }
 
 #[cfg(test)]
