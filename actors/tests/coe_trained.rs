@@ -3,15 +3,17 @@
 //! trained the same way, both classify the held-out split far above chance when run with ONNX
 //! Runtime; the record on disk matches the report, and the trace's images are held out.
 //!
-//! The target, the CoE *above* the same-bytes single model, is not asserted: with a
-//! fairly trained baseline it does not hold on digits (see the README's coe section).
+//! At this seed (the test's since before the experts were grouped by class affinity) the CoE
+//! answers more test images right than the same-bytes single model, trained on as many samples
+//! per model. Over seeds 1-8 it wins five and loses three (see the README's coe section), so
+//! another seed may fail this.
 
 use troupe_actors::coe::accuracy::Accuracy;
 use troupe_actors::coe::app::{App, Scale, generate};
 use troupe_actors::coe::train::split;
 
 #[test]
-fn trained_coe_and_same_bytes_single_model_are_measured_on_held_out_images() {
+fn trained_coe_answers_held_out_images_better_than_the_same_bytes_single_model_at_seed_3() {
     let tmp = tempfile::tempdir().expect("temp dir");
     // A profile left from an earlier app in the folder is stale once the app is regenerated.
     std::fs::write(tmp.path().join("profile.txt"), "stale").expect("writing a stale profile");
@@ -26,6 +28,8 @@ fn trained_coe_and_same_bytes_single_model_are_measured_on_held_out_images() {
     assert!(gap < 0.01, "single model {} bytes vs experts {}", a.single_model_bytes, a.expert_bytes);
     // Both learned: random-initialised experts score about 10% (guessing).
     assert!(a.coe_accuracy > 0.9 && a.single_model_accuracy > 0.9, "{a:?}");
+    // The CoE above the single model of the same bytes.
+    assert!(a.coe_accuracy > a.single_model_accuracy, "{a:?}");
     // Routing is measured: most walks reach their digit's group, and those are answered well.
     assert!(a.routed_share > 0.9 && a.routed_share < 1.0 + 1e-12, "{a:?}");
     assert!(a.accuracy_when_routed > 0.9 && a.accuracy_when_routed < 1.0 + 1e-12, "{a:?}");

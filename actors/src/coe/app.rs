@@ -183,7 +183,10 @@ impl Scale {
 /// the single-model baseline.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TrainPlan {
-    /// Passes over each model's training rows.
+    /// Passes over the single model's training rows. Every expert trains on as many samples
+    /// (`epochs` x the train rows, capped at `max_rows`): one on fewer rows makes more passes,
+    /// never fewer than `epochs`, so the CoE's training compute (bytes x samples, summed) is
+    /// the same-bytes baseline's.
     pub epochs: usize,
     /// Rows per step.
     pub batch: usize,
@@ -636,13 +639,16 @@ fn run_rows(
     Ok(rows)
 }
 
-/// Train an MLP of `widths` from `rng`'s Glorot draw on the images `rows` against `targets`,
-/// and serialise it as ONNX.
+/// Train an MLP of `widths` from `rng`'s Glorot draw on the images `rows` against `targets`
+/// for about `samples` samples (whole passes, at least the plan's epochs), and serialise it as
+/// ONNX.
+#[allow(clippy::too_many_arguments)]
 fn trained_onnx(
     widths: &[usize],
     images: &[Vec<f32>],
     rows: &[usize],
     targets: &[usize],
+    samples: usize,
     plan: &TrainPlan,
     seed: u64,
     rng: &mut SmallRng,
@@ -650,7 +656,8 @@ fn trained_onnx(
     let mut layers = mlp::glorot_layers(widths, rng);
     if !rows.is_empty() {
         let x: Vec<f32> = rows.iter().flat_map(|&i| images[i].iter().copied()).collect();
-        let cfg = mlp::TrainConfig { epochs: plan.epochs, batch: plan.batch, lr: plan.lr, seed };
+        let epochs = samples.div_ceil(rows.len()).max(plan.epochs);
+        let cfg = mlp::TrainConfig { epochs, batch: plan.batch, lr: plan.lr, seed };
         mlp::train(&mut layers, &x, targets, &cfg)?;
     }
     mlp_model(&layers, INPUT_NAME, OUTPUT_NAME).map_err(|err| CoeError::Invalid(err.to_string()))
@@ -674,7 +681,6 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
     let mut rng = SmallRng::seed_from_u64(seed);
     // Topology and target sizes from the policy crate's synthetic generator.
     let shape = synthetic_model(&cfg.model, &mut rng).map_err(|e| CoeError::Invalid(e.to_string()))?;
-    let groups = train::class_groups(&shape, &mut rng);
     // A profile measures one app's experts: a regenerated app makes it stale (set-up steps that
     // key on `profile.txt` then measure again instead of reusing the old app's figures).
     let stale_profile = dir.join("profile.txt");
@@ -688,6 +694,10 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
     let mut store = WeightStore::open(&store_dir, &Device::Cpu, 0, 0)?;
     let images: Vec<Vec<f32>> = (0..digits.len()).map(|i| image_floats(&digits, i)).collect();
     let labels = &digits.labels;
+    let affinity = train::class_affinity(&images, labels, &split.train);
+    let groups = train::class_groups(&shape, &affinity, &mut rng);
+    // Samples per expert: as many as the single model sees (see `TrainPlan::epochs`).
+    let samples = plan.epochs * split.train.len().min(plan.max_rows);
     let mut calibration = vec![false; digits.len()];
     split.calibration.iter().for_each(|&i| calibration[i] = true);
     // reach[e]: the calibration and test walks that reach expert e; selections per walk; the
@@ -706,10 +716,10 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         let (rows, targets) = if e.has_children() {
             train::preliminary_rows(&groups, e.id, &e.children, &split.train, labels, plan.max_rows)
         } else {
-            train::leaf_rows(&groups, e.id, &split.train, labels, plan.max_rows, &mut rng)
+            train::leaf_rows(&groups, e.id, &split.train, labels, plan.max_rows, &affinity, &mut rng)
         };
         let train_seed = seed ^ u64::from(e.id.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let bytes = trained_onnx(&widths, &images, &rows, &targets, &plan, train_seed, &mut rng)?;
+        let bytes = trained_onnx(&widths, &images, &rows, &targets, samples, &plan, train_seed, &mut rng)?;
 
         let blob = format!("e{}", e.id.0);
         store.put(&blob, &bytes)?;
@@ -885,6 +895,7 @@ fn single_model(
         images,
         &rows,
         &targets,
+        plan.epochs * rows.len(),
         plan,
         seed ^ SINGLE_MODEL_SALT,
         &mut rng,

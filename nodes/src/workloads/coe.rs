@@ -302,7 +302,7 @@ pub fn gen_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<
     working.finish_and_clear();
     let r = r.with_context(|| format!("generating the {} app in {}", scale.name(), dir.display()))?;
     println!(
-        "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, experts trained on {} digit images ({} epochs), usage probabilities from {} calibration images; {:.1}s -> {}",
+        "coe gen: {} experts (depth {}), {:.1} MB of ONNX ({:.2}-{:.2} MB each), {} requests, experts trained on {} digit images ({} epochs of samples each), usage probabilities from {} calibration images; {:.1}s -> {}",
         r.experts,
         r.depth,
         r.total_bytes as f64 / 1e6,
