@@ -56,6 +56,11 @@ pub const INPUT_NAME: &str = "x";
 pub const OUTPUT_NAME: &str = "probs";
 /// First line of a manifest.
 pub const MANIFEST_FORMAT: &str = "format troupe-coe-app 1";
+
+/// Version of what `coe gen` trains: bumped whenever one seed starts giving other experts (the
+/// class grouping, the training rows, the plan), so an app made by an older troupe is known as
+/// one and its accuracy is not reported as this version's. 1: grouping by class affinity.
+pub const GENERATOR: u32 = 1;
 /// Name of the app file gen writes (see [`super::appfile`]).
 pub const APP_FILE: &str = "app.toml";
 /// Salt of the single-model baseline's random streams (initial weights, shuffles).
@@ -376,14 +381,21 @@ pub struct Manifest {
     pub seed: u64,
     /// The knobs it was generated with (absent in apps generated before knobs existed).
     pub knobs: Option<Knobs>,
+    /// The [`GENERATOR`] that made it (absent in apps from an app file, or generated before
+    /// versions were recorded).
+    pub generator: Option<u32>,
     /// One entry per expert, in id order.
     pub experts: Vec<ExpertFile>,
 }
 
 impl Manifest {
-    /// Text form (`format` line, `scale`, `seed`, one `expert <id> widths <w,..> blob <id>` each).
+    /// Text form (`format` line, `scale`, `seed`, `generator`, `knobs`, one
+    /// `expert <id> widths <w,..> blob <id>` each).
     pub fn to_text(&self) -> String {
         let mut out = format!("{MANIFEST_FORMAT}\nscale {}\nseed {}\n", self.scale.name(), self.seed);
+        if let Some(g) = self.generator {
+            let _ = writeln!(out, "generator {g}");
+        }
         if let Some(k) = &self.knobs {
             out.push_str(&k.to_line());
             out.push('\n');
@@ -407,7 +419,8 @@ impl Manifest {
             Some((_, l)) if l == MANIFEST_FORMAT => {}
             _ => return Err(bad(1, format!("expected `{MANIFEST_FORMAT}`"))),
         }
-        let (mut scale, mut seed, mut knobs, mut experts) = (None, None, None, Vec::new());
+        let (mut scale, mut seed, mut knobs, mut generator, mut experts) =
+            (None, None, None, None, Vec::new());
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
             match t.as_slice() {
@@ -416,6 +429,9 @@ impl Manifest {
                 }
                 ["seed", s] => seed = Some(s.parse::<u64>().map_err(|_| bad(n, format!("bad seed `{s}`")))?),
                 ["knobs", rest @ ..] => knobs = Some(Knobs::parse(rest).map_err(|p| bad(n, p))?),
+                ["generator", g] => {
+                    generator = Some(g.parse::<u32>().map_err(|_| bad(n, format!("bad generator `{g}`")))?)
+                }
                 ["expert", id, "widths", w, "blob", blob] => {
                     let id: u32 = id.parse().map_err(|_| bad(n, format!("bad expert id `{id}`")))?;
                     if id as usize != experts.len() {
@@ -439,6 +455,7 @@ impl Manifest {
             scale: scale.ok_or_else(|| bad(0, "no `scale` line".into()))?,
             seed: seed.ok_or_else(|| bad(0, "no `seed` line".into()))?,
             knobs,
+            generator,
             experts,
         })
     }
@@ -852,7 +869,8 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
     };
     let trace = build_trace(model, &cfg, &pool, &selections, &mut rng);
     trace.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
-    let manifest = Manifest { scale, seed, knobs: Some(recorded), experts: files };
+    let manifest =
+        Manifest { scale, seed, knobs: Some(recorded), generator: Some(GENERATOR), experts: files };
     write_file(&dir.join("app.txt"), manifest.to_text().as_bytes())?;
     write_file(&dir.join("trace.txt"), trace.to_text().as_bytes())?;
     write_file(&dir.join(ACCURACY_FILE), accuracy.to_text().as_bytes())?;
@@ -1004,6 +1022,7 @@ mod tests {
             scale: Scale::Ci,
             seed: 7,
             knobs: None,
+            generator: None,
             experts: vec![ExpertFile { id: ExpertId(0), widths: vec![64, 10, 10, 3], blob: "e0".into() }],
         };
         let p = Path::new("app.txt");
@@ -1019,11 +1038,14 @@ mod tests {
             gpu_expert_bytes: 123_456,
             cpu_expert_bytes: 185_184,
         };
-        let with = Manifest { knobs: Some(knobs), ..m.clone() };
+        let with = Manifest { knobs: Some(knobs), generator: Some(GENERATOR), ..m.clone() };
         assert_eq!(Manifest::parse(&with.to_text(), p).unwrap(), with);
         let bad = with.to_text().replace("device_budget 0.1", "device_budget 1.5");
         let err = Manifest::parse(&bad, p).unwrap_err().to_string();
-        assert!(err.contains("line 4") && err.contains("(0, 1]"), "{err}");
+        assert!(err.contains("line 5") && err.contains("(0, 1]"), "{err}");
+        let bad = with.to_text().replace(&format!("generator {GENERATOR}"), "generator new");
+        let err = Manifest::parse(&bad, p).unwrap_err().to_string();
+        assert!(err.contains("line 4") && err.contains("bad generator `new`"), "{err}");
         let err =
             Manifest::parse("format troupe-coe-app 1\nscale ci\nseed 1\nexpert 0 widths 3,4 blob e0\n", p)
                 .unwrap_err()

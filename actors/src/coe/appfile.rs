@@ -495,7 +495,7 @@ pub fn open_for_serving(loaded: &LoadedApp, work: &Path, requests: &Requests) ->
     };
     Ok(App {
         dir: work.to_path_buf(),
-        manifest: Manifest { scale, seed, knobs: None, experts: files },
+        manifest: Manifest { scale, seed, knobs: None, generator: None, experts: files },
         trace,
         digits,
         routes,
