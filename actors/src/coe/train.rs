@@ -50,6 +50,16 @@ pub fn split(n: usize, seed: u64) -> Split {
 /// in input space are the ones a preliminary confuses, so [`class_groups`] keeps them together.
 pub type Affinity = [[f64; DIGIT_CLASSES]; DIGIT_CLASSES];
 
+/// `affinity` between classes `a` and `b`; 0 for a label outside the ten classes.
+fn pair(affinity: &Affinity, a: u8, b: u8) -> f64 {
+    affinity.get(usize::from(a)).and_then(|row| row.get(usize::from(b))).copied().unwrap_or(0.0)
+}
+
+/// The affinity kept inside group `g` (each pair counted from both sides).
+fn inside(affinity: &Affinity, g: &[u8]) -> f64 {
+    g.iter().flat_map(|&a| g.iter().map(move |&b| pair(affinity, a, b))).sum()
+}
+
 /// Neighbours per image behind [`class_affinity`].
 pub const NEIGHBOURS: usize = 10;
 
@@ -95,7 +105,7 @@ pub fn partition(classes: &[u8], k: usize, affinity: &Affinity) -> Vec<Vec<u8>> 
     if k == 0 || n > MAX_SEARCHED_CLASSES {
         return (0..k).map(|j| classes[j * n / k..(j + 1) * n / k].to_vec()).collect();
     }
-    let weight = |a: u8, b: u8| affinity[usize::from(a) % DIGIT_CLASSES][usize::from(b) % DIGIT_CLASSES];
+    let weight = |a: u8, b: u8| pair(affinity, a, b);
     struct Search<'a> {
         classes: &'a [u8],
         sizes: &'a [usize],
@@ -140,12 +150,6 @@ pub fn partition(classes: &[u8], k: usize, affinity: &Affinity) -> Vec<Vec<u8>> 
 /// classes round-robin.
 pub fn class_groups(model: &CoeModel, affinity: &Affinity, rng: &mut SmallRng) -> Vec<Vec<u8>> {
     let mut groups: Vec<Vec<u8>> = vec![Vec::new(); model.len()];
-    let inside = |g: &[u8]| -> f64 {
-        g.iter()
-            .flat_map(|&a| g.iter().map(move |&b| (a, b)))
-            .map(|(a, b)| affinity[usize::from(a)][usize::from(b)])
-            .sum()
-    };
     for e in model.experts() {
         if e.preliminary().is_none() {
             let mut all: Vec<u8> = (0..DIGIT_CLASSES as u8).collect();
@@ -157,7 +161,9 @@ pub fn class_groups(model: &CoeModel, affinity: &Affinity, rng: &mut SmallRng) -
         if own.len() >= k {
             let mut parts = partition(&own, k, affinity);
             // Hardest groups first, then by size; children largest first (ids break ties).
-            parts.sort_by(|a, b| inside(b).total_cmp(&inside(a)).then(b.len().cmp(&a.len())));
+            parts.sort_by(|a, b| {
+                inside(affinity, b).total_cmp(&inside(affinity, a)).then(b.len().cmp(&a.len()))
+            });
             let mut children = e.children.clone();
             children.sort_by_key(|c| (std::cmp::Reverse(model.expert(*c).map_or(0, |x| x.size_bytes)), c.0));
             for (c, part) in children.iter().zip(parts) {
@@ -223,10 +229,7 @@ pub fn leaf_rows(
     let own = &groups[expert.index()];
     let (mut rows, others): (Vec<usize>, Vec<usize>) = train.iter().partition(|&&i| own.contains(&labels[i]));
     let near = |l: u8| -> f64 {
-        let w: f64 = own
-            .iter()
-            .map(|&o| affinity[usize::from(l) % DIGIT_CLASSES][usize::from(o) % DIGIT_CLASSES])
-            .sum();
+        let w: f64 = own.iter().map(|&o| pair(affinity, l, o)).sum();
         if w.is_finite() { w.max(0.0) + OTHERS_FLOOR } else { OTHERS_FLOOR }
     };
     let extra = ((rows.len() as f64) * OTHERS_PER_OWN).round() as usize;

@@ -276,7 +276,8 @@ fn prepare(scale: Scale, dir: Option<PathBuf>, knobs: &KnobArgs) -> Result<(App,
     if !dir.join("app.txt").is_file() {
         cmd::gen_app(&dir, scale, 1, &knobs.gen_knobs())?;
     }
-    let made_by = App::open(&dir, None)?.manifest.generator;
+    let mut app = App::open(&dir, None)?;
+    let made_by = app.manifest.generator;
     if made_by != Some(app::GENERATOR) {
         let made_by = made_by.map_or_else(|| "none recorded".to_string(), |g| g.to_string());
         if !own_folder {
@@ -293,6 +294,7 @@ fn prepare(scale: Scale, dir: Option<PathBuf>, knobs: &KnobArgs) -> Result<(App,
             app::GENERATOR
         );
         cmd::gen_app(&dir, scale, 1, &knobs.gen_knobs())?;
+        app = App::open(&dir, None)?;
     }
     let profile_path = dir.join("profile.txt");
     if !profile_path.is_file() {
@@ -300,7 +302,6 @@ fn prepare(scale: Scale, dir: Option<PathBuf>, knobs: &KnobArgs) -> Result<(App,
     }
     let profile = profiler::load_profile(&profile_path)
         .with_context(|| "re-run `troupe coe profile` on this machine (or delete the file)".to_string())?;
-    let app = App::open(&dir, None)?;
     if knobs.experts.is_some() || knobs.min_bytes.is_some() || knobs.max_bytes.is_some() {
         let Some(k) = app.manifest.knobs else {
             bail!(
