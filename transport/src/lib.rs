@@ -12,6 +12,7 @@ pub mod hello;
 pub mod identity;
 pub mod impaired;
 pub mod link;
+pub mod local;
 pub mod quic;
 pub mod roles;
 pub mod service;
@@ -31,6 +32,7 @@ pub use codec::{
 pub use frame::{Body, Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentity, Validity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
+pub use local::{LocalError, LocalStats};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
 pub use roles::{Role, RoleSet};
 pub use shm::{ShmConfig, ShmError, ShmStats};

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -36,8 +36,9 @@ use crate::frame::{
 use crate::hello::{ArchivedHello, ArchivedHelloAck, Hello, HelloAck, check_hello};
 use crate::identity::{CertInfo, IdentityError, NodeIdentity, peer_certificate};
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
+use crate::local::{self, LocalCounters, LocalStats};
 use crate::roles::RoleSet;
-use crate::shm::{ShmConfig, ShmState, ShmStats};
+use crate::shm::{LocalTarget, ShmConfig, ShmState, ShmStats};
 
 /// Tag of the bidirectional stream carrying the hello exchange.
 const TAG_HELLO: u8 = 0x48;
@@ -72,6 +73,13 @@ pub const DEFAULT_MAX_UNI_STREAMS: u32 = 16;
 pub const EVENT_CAPACITY: usize = 1024;
 /// Application error code for an orderly shutdown.
 const CODE_SHUTDOWN: u32 = 0x00;
+/// How long a channel's first frame to a peer waits for the same-host handshake to decide
+/// whether the channel goes over a local stream or QUIC (it takes a round trip and two small
+/// file operations; a peer that never answers only delays its own traffic this long once).
+const LOCAL_DECISION_WAIT: Duration = Duration::from_secs(2);
+/// Frames up to this size are written to a local stream in one call (header and body copied
+/// together); larger ones in two.
+const LOCAL_ONE_WRITE: usize = 16 << 10;
 
 /// Settings of a QUIC node.
 #[derive(Clone, Debug)]
@@ -251,8 +259,27 @@ impl BlobServer for NoBlobs {
     }
 }
 
+/// Where one channel's frames to a peer go; chosen at the channel's first frame and kept for the
+/// connection, so the channel's frames stay in order.
+enum ChannelSender {
+    /// A unidirectional QUIC stream.
+    Quic(SendStream),
+    /// A same-host Unix-domain stream ([`crate::local`]).
+    Local(tokio::net::UnixStream),
+}
+
+/// How a stream of a peer's frames ended.
+enum StreamEnd {
+    /// It closed, failed or was cut; nothing to answer.
+    Done,
+    /// It carried an invalid frame (already reported): stop it.
+    BadFrame,
+}
+
 struct Peer {
     conn: Connection,
+    /// Where local streams to this peer go, once the same-host handshake decided (`None`: QUIC).
+    local: Arc<tokio::sync::SetOnce<Option<LocalTarget>>>,
     /// What this connection's stream readers share (its budget, whether it was heard from).
     state: Arc<ConnState>,
     generation: u64,
@@ -260,7 +287,7 @@ struct Peer {
     incarnation: u64,
     member: bool,
     cert: CertInfo,
-    senders: HashMap<Channel, Arc<Mutex<Option<SendStream>>>>,
+    senders: HashMap<Channel, Arc<Mutex<Option<ChannelSender>>>>,
 }
 
 /// What the streams of one connection share.
@@ -272,6 +299,8 @@ struct ConnState {
     /// Set by every frame read from the peer, cleared by [`QuicNode::take_heard`] (liveness
     /// without a message per frame).
     heard: AtomicBool,
+    /// Local streams the peer has open to us (capped like its QUIC streams).
+    local_streams: AtomicUsize,
 }
 
 /// Takes frames straight from a stream's reader (see [`QuicNode::set_service_sink`]).
@@ -302,6 +331,10 @@ struct Inner {
     blobs: std::sync::RwLock<Arc<dyn BlobServer>>,
     admission: std::sync::RwLock<Admission>,
     shm: ShmState,
+    /// Counters of the same-host streams.
+    local: LocalCounters,
+    /// Stops the local-stream listener ([`QuicNode::shutdown`], or when the node is dropped).
+    local_stop: tokio::sync::watch::Sender<bool>,
     traffic: Traffic,
     /// What the link impairment did, when one is on.
     impair_stats: Option<Arc<crate::impaired::ImpairStats>>,
@@ -396,7 +429,20 @@ impl QuicNode {
         let inbox_rx = Inbox { control, data, blob };
         let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let admission = std::sync::RwLock::new(config.admission.clone());
-        let shm = ShmState::new(config.shm.clone());
+        // the same-host streams' listener, offered to peers that pass the same-host handshake
+        let listener = if config.shm.enabled && config.shm.streams {
+            local::listen()
+                .inspect_err(|e| warn!(error = %e, "no local-stream listener; same-host peers use QUIC"))
+                .ok()
+        } else {
+            None
+        };
+        let (listener, stream_name) = match listener {
+            Some((l, name)) => (Some(l), Some(name)),
+            None => (None, None),
+        };
+        let shm = ShmState::new(config.shm.clone(), stream_name);
+        let (local_stop, local_stopped) = tokio::sync::watch::channel(false);
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
@@ -415,12 +461,17 @@ impl QuicNode {
                 blobs: std::sync::RwLock::new(Arc::new(NoBlobs)),
                 admission,
                 shm,
+                local: LocalCounters::default(),
+                local_stop,
                 traffic: Traffic::default(),
                 impair_stats,
             }),
         };
         let acceptor = node.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });
+        if let Some(listener) = listener {
+            tokio::spawn(local_accept_loop(Arc::downgrade(&node.inner), listener, local_stopped));
+        }
         debug!(node = %node.inner.id, addr = %node.local_addr()?, "quic endpoint up");
         Ok(node)
     }
@@ -541,6 +592,17 @@ impl QuicNode {
     /// Counters of the same-host path.
     pub fn shm_stats(&self) -> ShmStats {
         self.inner.shm.stats()
+    }
+
+    /// Counters of the same-host streams ([`crate::local`]).
+    pub fn local_stats(&self) -> LocalStats {
+        self.inner.local.snapshot()
+    }
+
+    /// The abstract name of this node's local-stream listener (`None` when same-host streams are
+    /// off); peers learn it in the same-host handshake. For diagnostics and tests.
+    pub fn local_stream_name(&self) -> Option<String> {
+        self.inner.shm.stream_name().map(str::to_owned)
     }
 
     /// QUIC's counters for the connection to `peer` (packets, losses, congestion events, MTU).
@@ -714,6 +776,7 @@ impl QuicNode {
     /// told: a connection to a peer that already vanished would otherwise hold on until its
     /// idle timeout.
     pub async fn shutdown(&self) {
+        let _ = self.inner.local_stop.send(true);
         self.inner.shm.close_all();
         self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
@@ -848,9 +911,12 @@ impl QuicNode {
             budget,
             control_opened: AtomicBool::new(false),
             heard: AtomicBool::new(false),
+            local_streams: AtomicUsize::new(0),
         });
+        let local = Arc::new(tokio::sync::SetOnce::new());
         let entry = Arc::new(Peer {
             conn: conn.clone(),
+            local: local.clone(),
             state: state.clone(),
             generation,
             incarnation,
@@ -880,11 +946,20 @@ impl QuicNode {
         if self.inner.shm.offers() {
             let (node, peer, conn) = (self.clone(), peer.clone(), conn.clone());
             tokio::spawn(async move {
-                match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
-                    Ok(()) => debug!(node = %node.inner.id, %peer, "same-host path open"),
-                    Err(e) => debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used"),
-                }
+                let target = match node.inner.shm.offer(&conn, &peer, generation, TAG_SHM).await {
+                    Ok(target) => {
+                        debug!(node = %node.inner.id, %peer, streams = target.is_some(), "same-host path open");
+                        target
+                    }
+                    Err(e) => {
+                        debug!(node = %node.inner.id, %peer, error = %e, "same-host path not used");
+                        None
+                    }
+                };
+                let _ = local.set(target);
             });
+        } else {
+            let _ = local.set(None);
         }
         let node = self.clone();
         tokio::spawn(async move { node.serve_connection(peer, conn, state, generation).await });
@@ -930,11 +1005,30 @@ impl QuicNode {
             self.emit(PeerEvent::BadStream { peer, detail: format!("unknown channel tag {:#04x}", tag[0]) });
             return;
         };
+        if let StreamEnd::BadFrame = self.serve_frames(&peer, &conn, &state, channel, &mut recv, None).await {
+            let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
+        }
+    }
+
+    /// Reads `peer`'s frames of `channel` from one of its streams (QUIC or local) and delivers
+    /// them, each charged to the connection's budget, until the stream ends or fails.
+    async fn serve_frames<R>(
+        &self,
+        peer: &NodeId,
+        conn: &Connection,
+        state: &ConnState,
+        channel: Channel,
+        recv: &mut R,
+        counted: Option<&AtomicU64>,
+    ) -> StreamEnd
+    where
+        R: tokio::io::AsyncRead + Unpin,
+    {
         let Some(tx) = self.inner.inbox_tx.get(&channel) else {
-            return;
+            return StreamEnd::Done;
         };
         loop {
-            match read_frame_budgeted_reusing(&mut recv, &self.inner.config.limits, &state.budget).await {
+            match read_frame_budgeted_reusing(recv, &self.inner.config.limits, &state.budget).await {
                 Ok(Some((frame, held))) => {
                     let (frame, held) = if crate::shm::is_shm(&frame) {
                         // the segment's bytes count against the peer's budget before they are read
@@ -947,15 +1041,15 @@ impl QuicNode {
                         };
                         let mut charge = state.budget.frame();
                         if let Err(over) = charge.grow_to(chargeable) {
-                            self.close_over_budget(&conn, peer, over);
-                            return;
+                            self.close_over_budget(conn, peer.clone(), over);
+                            return StreamEnd::Done;
                         }
                         // the mapped body keeps the charge too, for as long as it is held
                         let held = charge.into_held();
                         match self
                             .inner
                             .shm
-                            .incoming(&peer, frame, &self.inner.config.limits, held.clone())
+                            .incoming(peer, frame, &self.inner.config.limits, held.clone())
                             .await
                         {
                             Ok(f) => (f, held),
@@ -969,6 +1063,10 @@ impl QuicNode {
                         (frame, held)
                     };
                     state.heard.store(true, Ordering::Release);
+                    // counted before delivery, so whoever receives the frame sees it counted
+                    if let Some(c) = counted {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    }
                     let body = frame.body.len();
                     let delivery = Delivery { from: peer.clone(), channel, frame, held };
                     let sink = match delivery.frame.kind {
@@ -979,26 +1077,25 @@ impl QuicNode {
                         Some(sink) => sink(delivery),
                         None => {
                             if tx.send(delivery).await.is_err() {
-                                return;
+                                return StreamEnd::Done;
                             }
                         }
                     }
                     self.inner.traffic.received(channel, body);
                 }
                 Err(FrameError::OverBudget(over)) => {
-                    self.close_over_budget(&conn, peer, over);
-                    return;
+                    self.close_over_budget(conn, peer.clone(), over);
+                    return StreamEnd::Done;
                 }
-                Ok(None) => return,
+                Ok(None) => return StreamEnd::Done,
                 Err(FrameError::Io(e)) => {
                     debug!(node = %self.inner.id, %peer, ?channel, error = %e, "stream ended");
-                    return;
+                    return StreamEnd::Done;
                 }
                 Err(e) => {
                     warn!(node = %self.inner.id, %peer, ?channel, error = %e, "bad frame; stopping the stream");
-                    let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-                    self.emit(PeerEvent::BadStream { peer, detail: e.to_string() });
-                    return;
+                    self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: e.to_string() });
+                    return StreamEnd::BadFrame;
                 }
             }
         }
@@ -1073,7 +1170,8 @@ impl QuicNode {
         }
     }
 
-    /// Writes `frame` on the channel's stream; the body is handed to quinn without a copy.
+    /// Writes `frame` on the channel's stream: a local stream to a same-host peer, else QUIC
+    /// (the body is handed to quinn without a copy).
     async fn send_frame(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
         let header = frame.header()?.to_bytes();
         let peer =
@@ -1082,21 +1180,82 @@ impl QuicNode {
         let mut guard = slot.lock().await;
         let down = |e: String| LinkError::PeerDown(to.clone(), e);
         if guard.is_none() {
-            let mut s = peer.conn.open_uni().await.map_err(|e| down(e.to_string()))?;
-            // control traffic (heartbeats) goes first when streams compete
-            let _ = s.set_priority(if channel == Channel::Control { 10 } else { 0 });
-            s.write_all(&[channel as u8]).await.map_err(|e| down(e.to_string()))?;
-            *guard = Some(s);
+            *guard = Some(self.open_sender(&peer, to, channel).await.map_err(down)?);
         }
-        let Some(stream) = guard.as_mut() else {
-            return Err(LinkError::Closed);
+        let written = match guard.as_mut() {
+            None => return Err(LinkError::Closed),
+            Some(ChannelSender::Quic(stream)) => {
+                let mut chunks =
+                    [bytes::Bytes::copy_from_slice(&header), bytes::Bytes::from_owner(frame.body)];
+                stream.write_all_chunks(&mut chunks).await.map_err(|e| e.to_string())
+            }
+            Some(ChannelSender::Local(stream)) => write_local(stream, &header, &frame.body).await,
         };
-        let mut chunks = [bytes::Bytes::copy_from_slice(&header), bytes::Bytes::from_owner(frame.body)];
-        if let Err(e) = stream.write_all_chunks(&mut chunks).await {
+        if let Err(e) = written {
             *guard = None;
-            return Err(down(e.to_string()));
+            return Err(down(e));
         }
         Ok(())
+    }
+
+    /// Opens the stream a channel's frames to `peer` take: a local stream when the same-host
+    /// handshake gave one (waiting for it to decide, at most [`LOCAL_DECISION_WAIT`]), else a
+    /// QUIC stream.
+    async fn open_sender(&self, peer: &Peer, to: &NodeId, channel: Channel) -> Result<ChannelSender, String> {
+        let target =
+            tokio::time::timeout(LOCAL_DECISION_WAIT, peer.local.wait()).await.ok().cloned().flatten();
+        if let Some(target) = target {
+            match local::dial(&target.name, &target.token, channel).await {
+                Ok(stream) => {
+                    self.inner.local.opened.fetch_add(1, Ordering::Relaxed);
+                    debug!(node = %self.inner.id, peer = %to, ?channel, "local stream open");
+                    return Ok(ChannelSender::Local(stream));
+                }
+                Err(e) => warn!(node = %self.inner.id, peer = %to, ?channel, error = %e,
+                    "local stream not opened; the channel uses QUIC"),
+            }
+        }
+        let mut s = peer.conn.open_uni().await.map_err(|e| e.to_string())?;
+        // control traffic (heartbeats) goes first when streams compete
+        let _ = s.set_priority(if channel == Channel::Control { 10 } else { 0 });
+        s.write_all(&[channel as u8]).await.map_err(|e| e.to_string())?;
+        Ok(ChannelSender::Quic(s))
+    }
+
+    /// Serves a local stream `peer` opened for `channel` (its hello passed), until it ends or
+    /// the peer's connection does.
+    fn serve_local(&self, peer: NodeId, channel: Channel, mut stream: tokio::net::UnixStream) {
+        let Some(entry) = self.inner.peers.get(&peer).map(|p| p.clone()) else {
+            self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let cap = self.inner.config.max_uni_streams as usize;
+        if entry.state.local_streams.fetch_add(1, Ordering::AcqRel) >= cap {
+            entry.state.local_streams.fetch_sub(1, Ordering::AcqRel);
+            self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(node = %self.inner.id, %peer, cap, "local stream over the peer's stream cap; dropped");
+            self.emit(PeerEvent::BadStream { peer, detail: format!("more than {cap} local streams open") });
+            return;
+        }
+        self.inner.local.accepted.fetch_add(1, Ordering::Relaxed);
+        let (conn, state) = (entry.conn.clone(), entry.state.clone());
+        let node = self.clone();
+        let reader = tokio::spawn({
+            let (conn, state) = (conn.clone(), state.clone());
+            async move {
+                let counted = Some(&node.inner.local.frames_received);
+                node.serve_frames(&peer, &conn, &state, channel, &mut stream, counted).await;
+            }
+        });
+        // the stream lives no longer than the connection that vouched for it
+        let abort = reader.abort_handle();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = conn.closed() => abort.abort(),
+                _ = reader => {}
+            }
+            state.local_streams.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 
     /// Opens a fresh stream tagged as `channel_tag` and hands it over unfinished (for tests of
@@ -1127,6 +1286,73 @@ impl QuicNode {
         // `stopped` resolves when the peer stops the stream or has read everything
         let _ = s.stopped().await;
         Ok(())
+    }
+}
+
+/// Writes one frame on a local stream: small frames in one call, larger ones header then body.
+async fn write_local(stream: &mut tokio::net::UnixStream, header: &[u8], body: &[u8]) -> Result<(), String> {
+    use tokio::io::AsyncWriteExt as _;
+    let result = if body.len() <= LOCAL_ONE_WRITE {
+        let mut buf = Vec::with_capacity(header.len() + body.len());
+        buf.extend_from_slice(header);
+        buf.extend_from_slice(body);
+        stream.write_all(&buf).await
+    } else {
+        match stream.write_all(header).await {
+            Ok(()) => stream.write_all(body).await,
+            Err(e) => Err(e),
+        }
+    };
+    result.map_err(|e| format!("local stream: {e}"))
+}
+
+/// Accepts the local streams peers open to this node ([`crate::local`]): each must come from our
+/// uid and carry, within the hello timeout, a token this node issued to a connected peer. Ends
+/// when the node shuts down or is dropped.
+async fn local_accept_loop(
+    inner: std::sync::Weak<Inner>,
+    listener: tokio::net::UnixListener,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(limit) = inner.upgrade().map(|i| i.config.max_pending_hellos.max(1)) else { return };
+    let pending = Arc::new(tokio::sync::Semaphore::new(limit));
+    loop {
+        let accepted = tokio::select! {
+            _ = stopped.changed() => return,
+            a = listener.accept() => a,
+        };
+        let Some(node) = inner.upgrade().map(|inner| QuicNode { inner }) else { return };
+        let mut stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // out of descriptors or memory: say so and give the node a moment before trying again
+                warn!(node = %node.inner.id, error = %e, "accepting a local stream failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = pending.clone().try_acquire_owned() else {
+            node.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(node = %node.inner.id, limit, "too many local streams waiting for their hello; dropped one");
+            continue;
+        };
+        tokio::spawn(async move {
+            let wait = node.inner.config.hello_timeout;
+            let owner = |t: &[u8; 32]| node.inner.shm.token_owner(t);
+            let hello = tokio::time::timeout(wait, local::read_hello(&mut stream, owner)).await;
+            drop(permit);
+            match hello {
+                Ok(Ok((peer, channel))) => node.serve_local(peer, channel, stream),
+                Ok(Err(e)) => {
+                    node.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+                    warn!(node = %node.inner.id, error = %e, "refused a local stream");
+                }
+                Err(_) => {
+                    node.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+                    warn!(node = %node.inner.id, "refused a local stream: no hello within {wait:?}");
+                }
+            }
+        });
     }
 }
 

@@ -125,11 +125,14 @@ pub struct ShmConfig {
     /// Bytes of warm segments kept per peer for reuse (0: a fresh segment per frame). Past it,
     /// frames use fresh one-shot segments.
     pub pool_bytes: u64,
+    /// Carry every channel's frames to a same-host peer over a Unix-domain stream instead of
+    /// QUIC ([`crate::local`]); off, only large bodies take the same-host road.
+    pub streams: bool,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        Self { enabled: true, min_bytes: DEFAULT_MIN_BYTES, pool_bytes: DEFAULT_POOL_BYTES }
+        Self { enabled: true, min_bytes: DEFAULT_MIN_BYTES, pool_bytes: DEFAULT_POOL_BYTES, streams: true }
     }
 }
 
@@ -227,6 +230,18 @@ pub struct ShmAnswer {
     pub nonce: [u8; 32],
     /// Why it was refused (empty when accepted).
     pub reason: String,
+    /// The abstract name of the receiver's local-stream listener ([`crate::local`]); empty when
+    /// it takes frames on QUIC only.
+    pub stream: String,
+}
+
+/// What a sender needs to open local streams to a peer that accepted its same-host offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalTarget {
+    /// The peer's listener name.
+    pub name: String,
+    /// The token the peer issued to us.
+    pub token: [u8; 32],
 }
 
 /// Body of a [`FLAG_SHM`] frame: which segment holds the real body.
@@ -269,7 +284,7 @@ pub fn validate_name(name: &str) -> Result<(), ShmError> {
 }
 
 /// Fills `buf` from the operating system's secure random source (through ring).
-fn random_bytes(buf: &mut [u8]) -> Result<(), ShmError> {
+pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<(), ShmError> {
     crate::identity::crypto_provider()
         .secure_random
         .fill(buf)
@@ -339,7 +354,7 @@ fn write_segment(kind: u8, token: &[u8; 32], body: &[u8]) -> Result<Segment, Shm
 }
 
 /// This process's effective uid.
-fn own_uid() -> u32 {
+pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -894,6 +909,8 @@ pub struct ShmStats {
 pub struct ShmState {
     config: ShmConfig,
     host: Option<HostId>,
+    /// This node's local-stream listener name, sent in every accepted answer.
+    stream_name: Option<String>,
     outbound: DashMap<NodeId, Arc<Outbound>>,
     inbound: DashMap<NodeId, [u8; 32]>,
     sent: AtomicU64,
@@ -905,8 +922,10 @@ pub struct ShmState {
 }
 
 impl ShmState {
-    /// State for a node with `config`; removes stale segments of dead processes.
-    pub fn new(config: ShmConfig) -> Self {
+    /// State for a node with `config`; removes stale segments of dead processes. `stream_name`
+    /// is the node's local-stream listener ([`crate::local`]), offered to peers that pass the
+    /// handshake.
+    pub fn new(config: ShmConfig, stream_name: Option<String>) -> Self {
         let host = if config.enabled { HostId::current() } else { None };
         if host.is_some() {
             let n = sweep_stale();
@@ -917,6 +936,7 @@ impl ShmState {
         Self {
             config,
             host,
+            stream_name,
             outbound: DashMap::new(),
             inbound: DashMap::new(),
             sent: AtomicU64::new(0),
@@ -950,14 +970,26 @@ impl ShmState {
         self.config.enabled && self.host.is_some()
     }
 
+    /// This node's local-stream listener name, when it has one.
+    pub(crate) fn stream_name(&self) -> Option<&str> {
+        self.stream_name.as_deref()
+    }
+
+    /// The peer this node issued `token` to, if any is connected.
+    pub(crate) fn token_owner(&self, token: &[u8; 32]) -> Option<NodeId> {
+        self.inbound.iter().find(|e| crate::local::same_token(e.value(), token)).map(|e| e.key().clone())
+    }
+
     /// Sender side of the handshake on connection `generation` to `peer` (bi stream tagged `tag`).
+    /// On success, where to open local streams to the peer, when it takes them and this node
+    /// sends on them ([`ShmConfig::streams`]).
     pub(crate) async fn offer(
         &self,
         conn: &Connection,
         peer: &NodeId,
         generation: u64,
         tag: u8,
-    ) -> Result<(), ShmError> {
+    ) -> Result<Option<LocalTarget>, ShmError> {
         let host =
             self.host.filter(|_| self.config.enabled).ok_or(ShmError::Handshake("disabled here".into()))?;
         let nonce = random32()?;
@@ -981,16 +1013,23 @@ impl ShmState {
             if answer.nonce != nonce {
                 return Err(hs("the answer does not echo the probe's nonce".into()));
             }
-            Ok(answer.token)
+            let stream = answer.stream.as_str();
+            let target = if self.config.streams && !stream.is_empty() {
+                crate::local::validate_name(stream).map_err(|e| hs(e.to_string()))?;
+                Some(LocalTarget { name: stream.to_owned(), token: answer.token })
+            } else {
+                None
+            };
+            Ok((answer.token, target))
         }
         .await;
         let _ = std::fs::remove_file(&probe.path);
-        let token = exchange?;
+        let (token, target) = exchange?;
         let out = Arc::new(Outbound::new(generation, token, self.config.pool_bytes));
         if let Some(old) = self.outbound.insert(peer.clone(), out) {
             old.remove_all();
         }
-        Ok(())
+        Ok(target)
     }
 
     /// Receiver side of the handshake: checks the host and the probe, issues a token.
@@ -1016,11 +1055,23 @@ impl ShmState {
         let answer = match verdict.and_then(|nonce| Ok((nonce, random32()?))) {
             Ok((nonce, token)) => {
                 self.inbound.insert(peer.clone(), token);
-                ShmAnswer { accepted: true, token, nonce, reason: String::new() }
+                ShmAnswer {
+                    accepted: true,
+                    token,
+                    nonce,
+                    reason: String::new(),
+                    stream: self.stream_name.clone().unwrap_or_default(),
+                }
             }
             Err(e) => {
                 debug!(%peer, error = %e, "same-host path declined");
-                ShmAnswer { accepted: false, token: [0; 32], nonce: [0; 32], reason: e.to_string() }
+                ShmAnswer {
+                    accepted: false,
+                    token: [0; 32],
+                    nonce: [0; 32],
+                    reason: e.to_string(),
+                    stream: String::new(),
+                }
             }
         };
         if let Ok(frame) = Frame::encode(FrameKind::Message, &answer)
