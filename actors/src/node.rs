@@ -238,7 +238,12 @@ impl NodeRuntime {
 
     async fn stop_tasks(&mut self) {
         self.membership.stop(None);
-        self.cluster.stop(None);
+        // waited for: its actor name is process-wide, so a node of the same name started next
+        // in this process (the benches start clusters one after another) must find it gone
+        let wait = Some(std::time::Duration::from_secs(5));
+        if let Err(e) = self.cluster.stop_and_wait(None, wait).await {
+            warn!(node = %self.name, error = %e, "the control plane's node server did not stop within 5 s");
+        }
         for t in self.tasks.drain(..) {
             t.abort();
         }

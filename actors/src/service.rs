@@ -663,10 +663,21 @@ impl ServiceClient {
         addr: std::net::SocketAddr,
         blobs: Option<Arc<dyn troupe_transport::quic::BlobServer>>,
     ) -> Result<Self, troupe_transport::QuicError> {
+        Self::connect_with(identity, addr, blobs, troupe_transport::QuicConfig::default()).await
+    }
+
+    /// [`ServiceClient::connect`] with the endpoint's settings from `config` (its `member` and
+    /// `bind` are set here: a client is never a member and binds where it can reach `addr`).
+    pub async fn connect_with(
+        identity: &troupe_transport::NodeIdentity,
+        addr: std::net::SocketAddr,
+        blobs: Option<Arc<dyn troupe_transport::quic::BlobServer>>,
+        config: troupe_transport::QuicConfig,
+    ) -> Result<Self, troupe_transport::QuicError> {
         let config = troupe_transport::QuicConfig {
             member: false,
             bind: crate::node::client_bind_for(addr),
-            ..troupe_transport::QuicConfig::default()
+            ..config
         };
         let link = QuicNode::bind(identity, config).await?;
         if let Some(blobs) = blobs {

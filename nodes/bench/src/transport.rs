@@ -11,7 +11,10 @@
 //!   against an in-process memcpy of the same size;
 //! - remote ask: a ractor_cluster RPC to an actor of the other process vs a raw UDP round trip
 //!   to that process, and the same question through the role-checked service path
-//!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler);
+//!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler),
+//!   once on the road the runtime picks between two processes of one host (the same-host
+//!   streams of `troupe_transport::local`) and once from a client with those streams off, so
+//!   over encrypted QUIC (`ask_service_quic_*`);
 //! - remote tell: casts to an actor of the other process, until it has counted them all;
 //! - restart: an actor of the other process under its `Supervisor` panics; time from the crash
 //!   order to the first reply from its new incarnation (median of rounds);
@@ -86,7 +89,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use troupe_actors::hello::{ASK, HelloExpertMsg, find_experts, remote_experts};
-use troupe_actors::service::{Services, to_body};
+use troupe_actors::service::{ServiceClient, Services, to_body};
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
 use troupe_transport::frame::{read_frame, write_frame};
 use troupe_transport::{
@@ -192,10 +195,35 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("udp_rtt_p50_us".into(), udp);
     f.insert("ask_p50_over_udp_rtt".into(), p50 / udp);
     f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
-    let (sp50, sp99) = service_ask(&client.services, asks).await?;
+    let experts = find_experts(&client.services, 1, Duration::from_secs(20))
+        .await
+        .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
+    let (expert_peer, expert_service) = &experts[0];
+    let (sp50, sp99) = service_ask(&client.services, expert_peer, expert_service, asks).await?;
+    if client.link.local_stats().opened == 0 {
+        bail!("the service asks did not take the same-host streams to the peer process");
+    }
     f.insert("ask_service_p50_us".into(), sp50);
     f.insert("ask_service_p99_us".into(), sp99);
     f.insert("ask_service_p50_over_udp_rtt".into(), sp50 / udp);
+    // the same asks over encrypted QUIC: a client with the same-host streams off
+    let quic_only =
+        QuicConfig { shm: ShmConfig { streams: false, ..ShmConfig::default() }, ..QuicConfig::default() };
+    let quic_client = ServiceClient::connect_with(
+        &scheduler_identity(&ca, "bench-quic-client")?,
+        peer.quic,
+        None,
+        quic_only,
+    )
+    .await?;
+    let (qp50, qp99) = service_ask(&quic_client.services, expert_peer, expert_service, asks).await?;
+    if quic_client.link.local_stats().opened != 0 {
+        bail!("the QUIC-only service asks took a same-host stream");
+    }
+    quic_client.link.shutdown().await;
+    f.insert("ask_service_quic_p50_us".into(), qp50);
+    f.insert("ask_service_quic_p99_us".into(), qp99);
+    f.insert("ask_service_quic_p50_over_udp_rtt".into(), qp50 / udp);
     let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
     f.insert("tell_cross_process_per_s".into(), tells);
     f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
@@ -372,10 +400,14 @@ async fn tcp_goodput(addr: SocketAddr, payload: &[u8], count: usize) -> Result<f
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
 }
 
+/// An identity with the scheduler role: the expert's service method admits schedulers only.
+fn scheduler_identity(ca: &ClusterCa, name: &str) -> Result<troupe_transport::NodeIdentity> {
+    Ok(ca.issue(name, &IssueOptions::new(RoleSet::only(Role::Scheduler))?)?)
+}
+
 fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr) -> Result<NodeSpec> {
     Ok(NodeSpec {
-        // the scheduler role: the expert's service method admits schedulers only
-        identity: ca.issue(name, &IssueOptions::new(RoleSet::only(Role::Scheduler))?)?,
+        identity: scheduler_identity(ca, name)?,
         quic: QuicConfig::default(),
         peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer }],
         membership: MembershipConfig::default(),
@@ -429,11 +461,7 @@ async fn remote_ask(asks: usize) -> Result<(f64, f64)> {
 /// The same question as [`remote_ask`] through the role-checked service path (a
 /// [`FrameKind::Service`] request on the data channel, answered by the expert's handler, found
 /// by its service announcement); p50 and p99 in microseconds.
-async fn service_ask(services: &Services, asks: usize) -> Result<(f64, f64)> {
-    let experts = find_experts(services, 1, Duration::from_secs(20))
-        .await
-        .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
-    let (peer, service) = &experts[0];
+async fn service_ask(services: &Services, peer: &NodeId, service: &str, asks: usize) -> Result<(f64, f64)> {
     let body = to_body(&"ping".to_string()).map_err(anyhow::Error::msg)?;
     let mut samples = Vec::with_capacity(asks);
     for i in 0..asks + 50 {
