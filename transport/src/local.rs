@@ -36,8 +36,35 @@ use crate::link::Channel;
 
 /// First bytes of a local stream's hello.
 pub const HELLO_MAGIC: [u8; 8] = *b"TRPLOC01";
-/// Length of the hello: magic, token, channel byte.
+/// Length of the hello: magic, token, purpose byte.
 pub const HELLO_LEN: usize = HELLO_MAGIC.len() + 32 + 1;
+/// Purpose byte of a stream that pulls one blob (a channel's stream carries the channel's byte).
+pub const PURPOSE_BLOB_PULL: u8 = 0x42;
+
+/// What a local stream is for, from its hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Every frame of one channel from the dialer, for the connection's life.
+    Channel(Channel),
+    /// One blob pull: a request frame from the dialer, one answer frame back.
+    BlobPull,
+}
+
+impl Purpose {
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Channel(c) => c as u8,
+            Self::BlobPull => PURPOSE_BLOB_PULL,
+        }
+    }
+
+    fn from_u8(b: u8) -> Option<Self> {
+        match b {
+            PURPOSE_BLOB_PULL => Some(Self::BlobPull),
+            b => Channel::from_u8(b).map(Self::Channel),
+        }
+    }
+}
 /// Every listener name starts with this.
 const NAME_PREFIX: &str = "troupe-";
 /// Longest name accepted (prefix, up to 10 pid digits, a dash, 32 hex characters).
@@ -104,12 +131,12 @@ pub(crate) fn listen() -> Result<(UnixListener, String), LocalError> {
     Ok((UnixListener::from_std(std_listener).map_err(io_err("register listener"))?, name))
 }
 
-/// The hello a sender writes first on a stream for `channel`.
-fn hello_bytes(token: &[u8; 32], channel: Channel) -> [u8; HELLO_LEN] {
+/// The hello a dialer writes first on a stream for `purpose`.
+fn hello_bytes(token: &[u8; 32], purpose: Purpose) -> [u8; HELLO_LEN] {
     let mut h = [0u8; HELLO_LEN];
     h[..8].copy_from_slice(&HELLO_MAGIC);
     h[8..40].copy_from_slice(token);
-    h[40] = channel as u8;
+    h[40] = purpose.to_u8();
     h
 }
 
@@ -123,8 +150,8 @@ fn check_uid(stream: &UnixStream) -> Result<(), LocalError> {
 }
 
 /// Dials the listener `name` (as a peer's same-host answer gave it) and writes the hello for
-/// `channel` with the `token` that peer issued us.
-pub(crate) async fn dial(name: &str, token: &[u8; 32], channel: Channel) -> Result<UnixStream, LocalError> {
+/// `purpose` with the `token` that peer issued us.
+pub(crate) async fn dial(name: &str, token: &[u8; 32], purpose: Purpose) -> Result<UnixStream, LocalError> {
     validate_name(name)?;
     let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(io_err("abstract name"))?;
     // connecting to a local listener does not block: it succeeds or fails at once
@@ -132,27 +159,27 @@ pub(crate) async fn dial(name: &str, token: &[u8; 32], channel: Channel) -> Resu
     std_stream.set_nonblocking(true).map_err(io_err("non-blocking"))?;
     let mut stream = UnixStream::from_std(std_stream).map_err(io_err("register stream"))?;
     check_uid(&stream)?;
-    stream.write_all(&hello_bytes(token, channel)).await.map_err(io_err("write hello"))?;
+    stream.write_all(&hello_bytes(token, purpose)).await.map_err(io_err("write hello"))?;
     Ok(stream)
 }
 
 /// Reads and checks an accepted stream's hello: who may speak on it is decided by `token_owner`
-/// (the peer a token was issued to). Returns that peer's answer and the channel.
+/// (the peer a token was issued to). Returns that peer's answer and the stream's purpose.
 pub(crate) async fn read_hello<P>(
     stream: &mut UnixStream,
     token_owner: impl FnOnce(&[u8; 32]) -> Option<P>,
-) -> Result<(P, Channel), LocalError> {
+) -> Result<(P, Purpose), LocalError> {
     check_uid(stream)?;
     let mut h = [0u8; HELLO_LEN];
     stream.read_exact(&mut h).await.map_err(io_err("read hello"))?;
     if h[..8] != HELLO_MAGIC {
         return Err(LocalError::Hello("wrong magic"));
     }
-    let channel = Channel::from_u8(h[40]).ok_or(LocalError::Hello("unknown channel"))?;
+    let purpose = Purpose::from_u8(h[40]).ok_or(LocalError::Hello("unknown purpose"))?;
     let mut token = [0u8; 32];
     token.copy_from_slice(&h[8..40]);
     let peer = token_owner(&token).ok_or(LocalError::Hello("the token was issued to no connected peer"))?;
-    Ok((peer, channel))
+    Ok((peer, purpose))
 }
 
 /// Compares two tokens in time independent of where they differ.
@@ -171,6 +198,8 @@ pub struct LocalStats {
     pub refused: u64,
     /// Frames received on accepted streams.
     pub frames_received: u64,
+    /// Blob pulls this node made over local streams.
+    pub blob_pulls: u64,
 }
 
 /// The live counters behind [`LocalStats`].
@@ -180,6 +209,7 @@ pub(crate) struct LocalCounters {
     pub(crate) accepted: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) frames_received: AtomicU64,
+    pub(crate) blob_pulls: AtomicU64,
 }
 
 impl LocalCounters {
@@ -189,6 +219,7 @@ impl LocalCounters {
             accepted: self.accepted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
+            blob_pulls: self.blob_pulls.load(Ordering::Relaxed),
         }
     }
 }
@@ -228,15 +259,15 @@ mod tests {
         let dialer = tokio::spawn({
             let name = name.clone();
             async move {
-                let a = dial(&name, &token, Channel::Data).await.expect("dial");
-                let b = dial(&name, &[1u8; 32], Channel::Data).await.expect("dial");
+                let a = dial(&name, &token, Purpose::Channel(Channel::Data)).await.expect("dial");
+                let b = dial(&name, &[1u8; 32], Purpose::BlobPull).await.expect("dial");
                 (a, b)
             }
         });
         let owner = |t: &[u8; 32]| same_token(t, &token).then_some("peer-a");
         let (mut first, _) = listener.accept().await.expect("accept");
-        let (peer, channel) = read_hello(&mut first, owner).await.expect("hello");
-        assert_eq!((peer, channel), ("peer-a", Channel::Data));
+        let (peer, purpose) = read_hello(&mut first, owner).await.expect("hello");
+        assert_eq!((peer, purpose), ("peer-a", Purpose::Channel(Channel::Data)));
         let (mut second, _) = listener.accept().await.expect("accept");
         let refused = read_hello(&mut second, owner).await.expect_err("a token nobody was issued");
         assert!(refused.to_string().contains("issued to no connected peer"), "{refused}");

@@ -689,22 +689,42 @@ impl QuicNode {
     /// received within the peer's connection budget (a pull that does not fit fails, naming it).
     pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
         let stream_err = |e: String| QuicError::Stream(e);
-        let (conn, budget) = self
+        let (conn, budget, target) = self
             .inner
             .peers
             .get(peer)
-            .map(|p| (p.conn.clone(), p.state.budget.clone()))
+            .map(|p| (p.conn.clone(), p.state.budget.clone(), p.local.get().cloned().flatten()))
             .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| stream_err(e.to_string()))?;
-        send.write_all(&[TAG_BLOB]).await.map_err(|e| stream_err(e.to_string()))?;
         let request = blob::request_frame(BlobId(id)).map_err(|e| stream_err(e.to_string()))?;
-        write_frame(&mut send, &request).await?;
-        let _ = send.finish();
         let overhead = u32::try_from(blob::BLOB_DATA_OVERHEAD).unwrap_or(u32::MAX);
-        let cap = max_len.saturating_add(overhead).min(self.inner.config.limits.max_body);
-        let (frame, _held) = read_frame_budgeted(&mut recv, &FrameLimits { max_body: cap }, &budget)
-            .await?
-            .ok_or_else(|| stream_err(format!("{peer} closed the blob stream")))?;
+        let limits =
+            FrameLimits { max_body: max_len.saturating_add(overhead).min(self.inner.config.limits.max_body) };
+        // a same-host peer answers on a local stream of its own (no encryption, no QUIC hops)
+        let local = match target {
+            Some(target) => match local::dial(&target.name, &target.token, local::Purpose::BlobPull).await {
+                Ok(stream) => Some(stream),
+                Err(e) => {
+                    debug!(node = %self.inner.id, %peer, error = %e, "local blob pull not opened; pulling over QUIC");
+                    None
+                }
+            },
+            None => None,
+        };
+        let answer = match local {
+            Some(mut stream) => {
+                self.inner.local.blob_pulls.fetch_add(1, Ordering::Relaxed);
+                write_frame(&mut stream, &request).await?;
+                read_frame_budgeted(&mut stream, &limits, &budget).await?
+            }
+            None => {
+                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| stream_err(e.to_string()))?;
+                send.write_all(&[TAG_BLOB]).await.map_err(|e| stream_err(e.to_string()))?;
+                write_frame(&mut send, &request).await?;
+                let _ = send.finish();
+                read_frame_budgeted(&mut recv, &limits, &budget).await?
+            }
+        };
+        let (frame, _held) = answer.ok_or_else(|| stream_err(format!("{peer} closed the blob stream")))?;
         if frame.kind == FrameKind::Error {
             return Err(stream_err(format!("{peer}: {}", String::from_utf8_lossy(&frame.body))));
         }
@@ -1119,43 +1139,13 @@ impl QuicNode {
             TAG_CONTROL => self.emit_wait(PeerEvent::ControlStream { peer, send, recv }).await,
             TAG_SHM => self.inner.shm.answer(&peer, send, recv).await,
             TAG_BLOB => {
-                let limits = FrameLimits { max_body: 256 };
-                // the reply this peer makes us build counts against its connection until sent
-                let mut charge = state.budget.frame();
-                let reply = match read_frame(&mut recv, &limits).await {
-                    Ok(Some(f)) => match blob::parse_request(&f) {
-                        Ok(id) => {
-                            let server = self.inner.blobs.read().map(|g| g.clone()).ok();
-                            match server.and_then(|s| s.blob(&id.0)) {
-                                Some(bytes) => {
-                                    match charge.grow_to(bytes.len() as u64 + blob::BLOB_DATA_OVERHEAD) {
-                                        Ok(()) => blob::data_frame(id, &bytes).unwrap_or_else(|e| {
-                                            Frame::from_bytes(FrameKind::Error, 0, e.to_string().as_bytes())
-                                        }),
-                                        Err(e) => Frame::from_bytes(
-                                            FrameKind::Error,
-                                            0,
-                                            format!("blob {id} not served now: {e}").as_bytes(),
-                                        ),
-                                    }
-                                }
-                                None => {
-                                    Frame::from_bytes(FrameKind::Error, 0, format!("no blob {id}").as_bytes())
-                                }
-                            }
-                        }
-                        Err(e) => Frame::from_bytes(
-                            FrameKind::Error,
-                            0,
-                            format!("malformed blob request: {e}").as_bytes(),
-                        ),
-                    },
-                    Ok(None) => return,
-                    Err(e) => {
-                        warn!(node = %self.inner.id, %peer, error = %e, "bad blob request; stopping the stream");
+                let request = read_frame(&mut recv, &FrameLimits { max_body: 256 }).await;
+                let bad = request.is_err();
+                let Some((reply, charge)) = self.blob_reply(&peer, &state, request) else {
+                    if bad {
                         let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-                        return;
                     }
+                    return;
                 };
                 if write_frame(&mut send, &reply).await.is_ok() {
                     let _ = send.finish();
@@ -1168,6 +1158,41 @@ impl QuicNode {
                 let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
             }
         }
+    }
+
+    /// The answer to one blob pull `request` from `peer`, with the charge that holds its bytes
+    /// against the peer's connection until it is sent; `None` when there is nothing to answer
+    /// (the stream ended, or the request was not a frame: logged here).
+    fn blob_reply(
+        &self,
+        peer: &NodeId,
+        state: &ConnState,
+        request: Result<Option<Frame>, FrameError>,
+    ) -> Option<(Frame, crate::budget::FrameCharge)> {
+        // the reply this peer makes us build counts against its connection until sent
+        let mut charge = state.budget.frame();
+        let error = |text: String| Frame::from_bytes(FrameKind::Error, 0, text.as_bytes());
+        let reply = match request {
+            Ok(Some(f)) => match blob::parse_request(&f) {
+                Ok(id) => {
+                    let server = self.inner.blobs.read().map(|g| g.clone()).ok();
+                    match server.and_then(|s| s.blob(&id.0)) {
+                        Some(bytes) => match charge.grow_to(bytes.len() as u64 + blob::BLOB_DATA_OVERHEAD) {
+                            Ok(()) => blob::data_frame(id, &bytes).unwrap_or_else(|e| error(e.to_string())),
+                            Err(e) => error(format!("blob {id} not served now: {e}")),
+                        },
+                        None => error(format!("no blob {id}")),
+                    }
+                }
+                Err(e) => error(format!("malformed blob request: {e}")),
+            },
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(node = %self.inner.id, %peer, error = %e, "bad blob request; stopping the stream");
+                return None;
+            }
+        };
+        Some((reply, charge))
     }
 
     /// Writes `frame` on the channel's stream: a local stream to a same-host peer, else QUIC
@@ -1205,7 +1230,7 @@ impl QuicNode {
         let target =
             tokio::time::timeout(LOCAL_DECISION_WAIT, peer.local.wait()).await.ok().cloned().flatten();
         if let Some(target) = target {
-            match local::dial(&target.name, &target.token, channel).await {
+            match local::dial(&target.name, &target.token, local::Purpose::Channel(channel)).await {
                 Ok(stream) => {
                     self.inner.local.opened.fetch_add(1, Ordering::Relaxed);
                     debug!(node = %self.inner.id, peer = %to, ?channel, "local stream open");
@@ -1224,9 +1249,9 @@ impl QuicNode {
         Ok(ChannelSender::Quic(s))
     }
 
-    /// Serves a local stream `peer` opened for `channel` (its hello passed), until it ends or
+    /// Serves a local stream `peer` opened for `purpose` (its hello passed), until it ends or
     /// the peer's connection does.
-    fn serve_local(&self, peer: NodeId, channel: Channel, mut stream: tokio::net::UnixStream) {
+    fn serve_local(&self, peer: NodeId, purpose: local::Purpose, mut stream: tokio::net::UnixStream) {
         let Some(entry) = self.inner.peers.get(&peer).map(|p| p.clone()) else {
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
             return;
@@ -1245,8 +1270,21 @@ impl QuicNode {
         let reader = tokio::spawn({
             let (conn, state) = (conn.clone(), state.clone());
             async move {
-                let counted = Some(&node.inner.local.frames_received);
-                node.serve_frames(&peer, &conn, &state, channel, &mut stream, counted).await;
+                match purpose {
+                    local::Purpose::Channel(channel) => {
+                        let counted = Some(&node.inner.local.frames_received);
+                        node.serve_frames(&peer, &conn, &state, channel, &mut stream, counted).await;
+                    }
+                    local::Purpose::BlobPull => {
+                        let limits = FrameLimits { max_body: 256 };
+                        let request = read_frame(&mut stream, &limits).await;
+                        let Some((reply, charge)) = node.blob_reply(&peer, &state, request) else { return };
+                        if write_frame(&mut stream, &reply).await.is_ok() {
+                            let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+                        }
+                        drop(charge);
+                    }
+                }
             }
         });
         // the stream lives no longer than the connection that vouched for it
@@ -1344,7 +1382,7 @@ async fn local_accept_loop(
             let hello = tokio::time::timeout(wait, local::read_hello(&mut stream, owner)).await;
             drop(permit);
             match hello {
-                Ok(Ok((peer, channel))) => node.serve_local(peer, channel, stream),
+                Ok(Ok((peer, purpose))) => node.serve_local(peer, purpose, stream),
                 Ok(Err(e)) => {
                     node.inner.local.refused.fetch_add(1, Ordering::Relaxed);
                     warn!(node = %node.inner.id, error = %e, "refused a local stream");

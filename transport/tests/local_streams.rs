@@ -163,3 +163,34 @@ async fn streams_off_on_either_side_keep_frames_on_quic() {
         b.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blob_pulls_between_same_host_peers_take_a_local_stream_within_the_budget() {
+    use std::sync::{Arc, Mutex};
+    use troupe_transport::BlobStore;
+    let ca = ClusterCa::generate("t").unwrap();
+    let small = QuicConfig { conn_budget: 8 << 20, ..QuicConfig::default() };
+    let (a, b, peer) = pair(&ca, small, QuicConfig::default()).await;
+    let store = Arc::new(Mutex::new(BlobStore::in_memory(64 << 20)));
+    let blob: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let big: Vec<u8> = (0..(12u32 << 20)).map(|i| (i % 241) as u8).collect();
+    let id = store.lock().unwrap().put(blob.clone()).unwrap();
+    let big_id = store.lock().unwrap().put(big).unwrap();
+    b.set_blob_server(store);
+    // a first frame waits for the same-host handshake, so the pulls below know the local road
+    a.send(&peer, Channel::Data, numbered(1)).await.unwrap();
+    recv(&b).await;
+    assert_eq!(a.fetch_blob(&peer, id.0, 8 << 20).await.unwrap(), blob);
+    let e = a.fetch_blob(&peer, [7u8; 32], 8 << 20).await.unwrap_err();
+    assert!(e.to_string().contains("no blob"), "{e}");
+    let e = a.fetch_blob(&peer, id.0, 1 << 20).await.unwrap_err();
+    assert!(e.to_string().contains("exceeds the cap"), "{e}");
+    // a reply past the puller's own budget for the server's connection fails, naming the cap
+    let e = a.fetch_blob(&peer, big_id.0, 16 << 20).await.unwrap_err();
+    assert!(e.to_string().contains("per-connection cap of 8388608"), "{e}");
+    assert_eq!(a.local_stats().blob_pulls, 4, "{:?}", a.local_stats());
+    // the connection keeps serving
+    assert_eq!(a.fetch_blob(&peer, id.0, 8 << 20).await.unwrap(), blob);
+    a.shutdown().await;
+    b.shutdown().await;
+}
