@@ -80,6 +80,9 @@ const LOCAL_DECISION_WAIT: Duration = Duration::from_secs(2);
 /// Frames up to this size are written to a local stream in one call (header and body copied
 /// together); larger ones in two.
 const LOCAL_ONE_WRITE: usize = 16 << 10;
+/// Most bidirectional streams (blob pulls among them) a peer may have open at once over QUIC, and
+/// most local blob-pull streams it may have open at once.
+const MAX_BIDI_STREAMS: u32 = 256;
 
 /// Settings of a QUIC node.
 #[derive(Clone, Debug)]
@@ -299,8 +302,10 @@ struct ConnState {
     /// Set by every frame read from the peer, cleared by [`QuicNode::take_heard`] (liveness
     /// without a message per frame).
     heard: AtomicBool,
-    /// Local streams the peer has open to us (capped like its QUIC streams).
+    /// Local channel streams the peer has open to us (capped like its QUIC unidirectional streams).
     local_streams: AtomicUsize,
+    /// Local blob-pull streams the peer has open to us (capped like its QUIC bidirectional ones).
+    local_pulls: AtomicUsize,
 }
 
 /// Takes frames straight from a stream's reader (see [`QuicNode::set_service_sink`]).
@@ -370,7 +375,7 @@ fn transport_config(cfg: &QuicConfig) -> Result<Arc<quinn::TransportConfig>, Qui
     t.receive_window(VarInt::from_u32(64 << 20));
     t.send_window(64 << 20);
     t.max_concurrent_uni_streams(VarInt::from_u32(cfg.max_uni_streams));
-    t.max_concurrent_bidi_streams(VarInt::from_u32(256));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_BIDI_STREAMS));
     t.keep_alive_interval(Some(cfg.keep_alive));
     let idle = quinn::IdleTimeout::try_from(cfg.idle_timeout)
         .map_err(|e| QuicError::Stream(format!("idle timeout: {e}")))?;
@@ -932,6 +937,7 @@ impl QuicNode {
             control_opened: AtomicBool::new(false),
             heard: AtomicBool::new(false),
             local_streams: AtomicUsize::new(0),
+            local_pulls: AtomicUsize::new(0),
         });
         let local = Arc::new(tokio::sync::SetOnce::new());
         let entry = Arc::new(Peer {
@@ -1214,7 +1220,7 @@ impl QuicNode {
                     [bytes::Bytes::copy_from_slice(&header), bytes::Bytes::from_owner(frame.body)];
                 stream.write_all_chunks(&mut chunks).await.map_err(|e| e.to_string())
             }
-            Some(ChannelSender::Local(stream)) => write_local(stream, &header, &frame.body).await,
+            Some(ChannelSender::Local(stream)) => write_local(stream, &header, &frame).await,
         };
         if let Err(e) = written {
             *guard = None;
@@ -1256,9 +1262,14 @@ impl QuicNode {
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let cap = self.inner.config.max_uni_streams as usize;
-        if entry.state.local_streams.fetch_add(1, Ordering::AcqRel) >= cap {
-            entry.state.local_streams.fetch_sub(1, Ordering::AcqRel);
+        // channel streams and pulls have their own caps, as QUIC's uni and bidi streams do
+        let (open, cap) = match purpose {
+            local::Purpose::Channel(_) => (&entry.state.local_streams, self.inner.config.max_uni_streams),
+            local::Purpose::BlobPull => (&entry.state.local_pulls, MAX_BIDI_STREAMS),
+        };
+        let cap = cap as usize;
+        if open.fetch_add(1, Ordering::AcqRel) >= cap {
+            open.fetch_sub(1, Ordering::AcqRel);
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
             warn!(node = %self.inner.id, %peer, cap, "local stream over the peer's stream cap; dropped");
             self.emit(PeerEvent::BadStream { peer, detail: format!("more than {cap} local streams open") });
@@ -1294,7 +1305,11 @@ impl QuicNode {
                 _ = conn.closed() => abort.abort(),
                 _ = reader => {}
             }
-            state.local_streams.fetch_sub(1, Ordering::AcqRel);
+            let open = match purpose {
+                local::Purpose::Channel(_) => &state.local_streams,
+                local::Purpose::BlobPull => &state.local_pulls,
+            };
+            open.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
@@ -1329,21 +1344,20 @@ impl QuicNode {
     }
 }
 
-/// Writes one frame on a local stream: small frames in one call, larger ones header then body.
-async fn write_local(stream: &mut tokio::net::UnixStream, header: &[u8], body: &[u8]) -> Result<(), String> {
-    use tokio::io::AsyncWriteExt as _;
-    let result = if body.len() <= LOCAL_ONE_WRITE {
-        let mut buf = Vec::with_capacity(header.len() + body.len());
-        buf.extend_from_slice(header);
-        buf.extend_from_slice(body);
-        stream.write_all(&buf).await
-    } else {
-        match stream.write_all(header).await {
-            Ok(()) => stream.write_all(body).await,
-            Err(e) => Err(e),
-        }
-    };
-    result.map_err(|e| format!("local stream: {e}"))
+/// Writes one frame (its `header` already encoded) on a local stream: a small frame in one call,
+/// a larger one as [`write_frame`] does, header then body.
+async fn write_local(
+    stream: &mut tokio::net::UnixStream,
+    header: &[u8],
+    frame: &Frame,
+) -> Result<(), String> {
+    if frame.body.len() > LOCAL_ONE_WRITE {
+        return write_frame(stream, frame).await.map_err(|e| format!("local stream: {e}"));
+    }
+    let mut buf = Vec::with_capacity(header.len() + frame.body.len());
+    buf.extend_from_slice(header);
+    buf.extend_from_slice(&frame.body);
+    tokio::io::AsyncWriteExt::write_all(stream, &buf).await.map_err(|e| format!("local stream: {e}"))
 }
 
 /// Accepts the local streams peers open to this node ([`crate::local`]): each must come from our
