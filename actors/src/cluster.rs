@@ -1,32 +1,32 @@
-//! The control plane: ractor_cluster node sessions carried over one QUIC bidirectional stream
-//! per peer (isolated mode). Identity comes from mutual TLS; the cluster cookie (a per-cluster
-//! secret from `troupe keys init`) is a second check on top.
+//! The control plane: ractor_cluster node sessions carried over one control stream per peer
+//! (isolated mode): a QUIC bidirectional stream, or a same-host stream between two nodes of one
+//! host. Identity comes from mutual TLS; the cluster cookie (a per-cluster secret from
+//! `troupe keys init`) is a second check on top.
 
-use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeConnectionMode;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
+use troupe_transport::ControlStream;
 
 /// Largest control-plane frame (remote actor messages); tensors travel on data streams.
 pub const MAX_CONTROL_FRAME: u64 = 16 << 20;
 
-/// A QUIC bidirectional stream as a ractor_cluster transport.
-pub struct QuicBidi {
-    send: SendStream,
-    recv: RecvStream,
+/// A control stream (either road) as a ractor_cluster transport.
+pub struct ControlBidi {
+    stream: ControlStream,
     label: String,
 }
 
-impl QuicBidi {
-    /// Wraps the two halves of a control stream to `label` (the peer's name).
-    pub fn new(send: SendStream, recv: RecvStream, label: impl Into<String>) -> Self {
-        Self { send, recv, label: label.into() }
+impl ControlBidi {
+    /// Wraps a control stream to `label` (the peer's name).
+    pub fn new(stream: ControlStream, label: impl Into<String>) -> Self {
+        Self { stream, label: label.into() }
     }
 }
 
-impl ClusterBidiStream for QuicBidi {
+impl ClusterBidiStream for ControlBidi {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
-        (Box::new(self.recv), Box::new(self.send))
+        self.stream.into_split()
     }
 
     fn peer_label(&self) -> Option<String> {
@@ -57,7 +57,7 @@ pub async fn start_node_server(
 /// Hands a control stream to the node server (`outbound` when this node dialed).
 pub fn open_session(
     server: &ActorRef<NodeServerMessage>,
-    stream: QuicBidi,
+    stream: ControlBidi,
     outbound: bool,
 ) -> Result<(), ractor::MessagingErr<NodeServerMessage>> {
     server

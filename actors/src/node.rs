@@ -16,7 +16,7 @@ use troupe_transport::{
     QuicNode,
 };
 
-use crate::cluster::{QuicBidi, open_session, start_node_server};
+use crate::cluster::{ControlBidi, open_session, start_node_server};
 use crate::kinds::device::DeviceMsg;
 use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
 use crate::service::{ServiceConfig, Services};
@@ -336,9 +336,9 @@ async fn peer_events(
                 services.peer_joined(&peer);
                 if outbound {
                     match link.open_control(&peer).await {
-                        Ok((send, recv)) => {
+                        Ok(stream) => {
                             if let Err(e) =
-                                open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), true)
+                                open_session(&cluster, ControlBidi::new(stream, peer.as_str()), true)
                             {
                                 warn!(%peer, error = %e, "could not open the control-plane session");
                             }
@@ -347,8 +347,8 @@ async fn peer_events(
                     }
                 }
             }
-            PeerEvent::ControlStream { peer, send, recv } => {
-                if let Err(e) = open_session(&cluster, QuicBidi::new(send, recv, peer.as_str()), false) {
+            PeerEvent::ControlStream { peer, stream } => {
+                if let Err(e) = open_session(&cluster, ControlBidi::new(stream, peer.as_str()), false) {
                     warn!(%peer, error = %e, "could not accept the control-plane session");
                 }
             }

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod blob;
 pub mod budget;
 pub mod codec;
+pub mod control;
 pub mod cookie;
 pub mod datagram;
 pub mod frame;
@@ -29,6 +30,7 @@ pub use codec::{
     CodecError, Compression, DecodeBudget, DecodedTensor, EncodeReport, Encoding, TensorDecoder,
     TensorEncodeOptions, TensorEncoder, TensorLimits, WireDtype, WireTensor, decode_tensor, encode_tensor,
 };
+pub use control::ControlStream;
 pub use frame::{Body, Frame, FrameError, FrameKind, FrameLimits};
 pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentity, Validity};
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};

@@ -40,6 +40,8 @@ pub const HELLO_MAGIC: [u8; 8] = *b"TRPLOC01";
 pub const HELLO_LEN: usize = HELLO_MAGIC.len() + 32 + 1;
 /// Purpose byte of a stream that pulls one blob (a channel's stream carries the channel's byte).
 pub const PURPOSE_BLOB_PULL: u8 = 0x42;
+/// Purpose byte of the control-plane stream (ractor_cluster's session; one per connection).
+pub const PURPOSE_CONTROL: u8 = 0x43;
 
 /// What a local stream is for, from its hello.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub enum Purpose {
     Channel(Channel),
     /// One blob pull: a request frame from the dialer, one answer frame back.
     BlobPull,
+    /// The control-plane session, both ways, for the connection's life.
+    Control,
 }
 
 impl Purpose {
@@ -55,12 +59,14 @@ impl Purpose {
         match self {
             Self::Channel(c) => c as u8,
             Self::BlobPull => PURPOSE_BLOB_PULL,
+            Self::Control => PURPOSE_CONTROL,
         }
     }
 
     fn from_u8(b: u8) -> Option<Self> {
         match b {
             PURPOSE_BLOB_PULL => Some(Self::BlobPull),
+            PURPOSE_CONTROL => Some(Self::Control),
             b => Channel::from_u8(b).map(Self::Channel),
         }
     }
@@ -200,6 +206,8 @@ pub struct LocalStats {
     pub frames_received: u64,
     /// Blob pulls this node made over local streams.
     pub blob_pulls: u64,
+    /// Control-plane streams (ractor_cluster sessions) opened or accepted on this road.
+    pub control: u64,
 }
 
 /// The live counters behind [`LocalStats`].
@@ -210,6 +218,7 @@ pub(crate) struct LocalCounters {
     pub(crate) refused: AtomicU64,
     pub(crate) frames_received: AtomicU64,
     pub(crate) blob_pulls: AtomicU64,
+    pub(crate) control: AtomicU64,
 }
 
 impl LocalCounters {
@@ -220,6 +229,7 @@ impl LocalCounters {
             refused: self.refused.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
             blob_pulls: self.blob_pulls.load(Ordering::Relaxed),
+            control: self.control.load(Ordering::Relaxed),
         }
     }
 }

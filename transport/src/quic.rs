@@ -29,6 +29,7 @@ use crate::traffic::Traffic;
 use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
 use crate::budget::{ConnBudget, DEFAULT_CONN_BUDGET};
+use crate::control::{ControlStream, TiedStream};
 use crate::frame::{
     Frame, FrameError, FrameKind, FrameLimits, PROTOCOL_VERSION, read_frame, read_frame_budgeted,
     read_frame_budgeted_reusing, write_frame,
@@ -234,10 +235,8 @@ pub enum PeerEvent {
     ControlStream {
         /// The peer.
         peer: NodeId,
-        /// Our sending half.
-        send: SendStream,
-        /// Our receiving half.
-        recv: RecvStream,
+        /// The stream, on QUIC or (a same-host peer) on a local stream.
+        stream: ControlStream,
     },
 }
 
@@ -306,6 +305,16 @@ struct ConnState {
     local_streams: AtomicUsize,
     /// Local blob-pull streams the peer has open to us (capped like its QUIC bidirectional ones).
     local_pulls: AtomicUsize,
+}
+
+/// What a local stream served by its own reader carries (the control stream is handed to the
+/// runtime instead).
+#[derive(Clone, Copy, Debug)]
+enum LocalServed {
+    /// Every frame of one channel.
+    Channel(Channel),
+    /// One blob pull.
+    BlobPull,
 }
 
 /// Takes frames straight from a stream's reader (see [`QuicNode::set_service_sink`]).
@@ -681,12 +690,35 @@ impl QuicNode {
         Ok(peer)
     }
 
-    /// Opens the control-plane stream to a joined peer (the dialing side of ractor_cluster).
-    pub async fn open_control(&self, peer: &NodeId) -> Result<(SendStream, RecvStream), QuicError> {
-        let conn = self.connection(peer)?;
+    /// Opens the control-plane stream to a joined peer (the dialing side of ractor_cluster):
+    /// a local stream when the same-host handshake gave one (waiting for it to decide, at most
+    /// [`LOCAL_DECISION_WAIT`]), else a QUIC bidirectional stream.
+    pub async fn open_control(&self, peer: &NodeId) -> Result<ControlStream, QuicError> {
+        let (conn, local) = self
+            .inner
+            .peers
+            .get(peer)
+            .map(|p| (p.conn.clone(), p.local.clone()))
+            .ok_or_else(|| LinkError::UnknownPeer(peer.clone()))?;
+        let target = tokio::time::timeout(LOCAL_DECISION_WAIT, local.wait()).await.ok().cloned().flatten();
+        if let Some(target) = target {
+            let tied = match local::dial(&target.name, &target.token, local::Purpose::Control).await {
+                Ok(stream) => TiedStream::new(stream, conn.clone()).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match tied {
+                Ok(tied) => {
+                    self.inner.local.control.fetch_add(1, Ordering::Relaxed);
+                    debug!(node = %self.inner.id, %peer, "local control stream open");
+                    return Ok(ControlStream::Local(tied));
+                }
+                Err(e) => debug!(node = %self.inner.id, %peer, error = %e,
+                    "local control stream not opened; the control plane uses QUIC"),
+            }
+        }
         let (mut send, recv) = conn.open_bi().await.map_err(|e| QuicError::Stream(e.to_string()))?;
         send.write_all(&[TAG_CONTROL]).await.map_err(|e| QuicError::Stream(e.to_string()))?;
-        Ok((send, recv))
+        Ok(ControlStream::Quic { send, recv })
     }
 
     /// Pulls blob `id` from `peer` on its own stream ([`blob::request_frame`] answered by a
@@ -1135,14 +1167,13 @@ impl QuicNode {
         match tag[0] {
             // one control-plane session per connection: each buffers frames of its own
             TAG_CONTROL if state.control_opened.swap(true, Ordering::AcqRel) => {
-                warn!(node = %self.inner.id, %peer, "second control stream on one connection; stopping it");
                 let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-                self.emit(PeerEvent::BadStream {
-                    peer,
-                    detail: "second control stream on one connection".into(),
-                });
+                self.refuse_second_control(peer);
             }
-            TAG_CONTROL => self.emit_wait(PeerEvent::ControlStream { peer, send, recv }).await,
+            TAG_CONTROL => {
+                self.emit_wait(PeerEvent::ControlStream { peer, stream: ControlStream::Quic { send, recv } })
+                    .await
+            }
             TAG_SHM => self.inner.shm.answer(&peer, send, recv).await,
             TAG_BLOB => {
                 let request = read_frame(&mut recv, &FrameLimits { max_body: 256 }).await;
@@ -1255,17 +1286,48 @@ impl QuicNode {
         Ok(ChannelSender::Quic(s))
     }
 
-    /// Serves a local stream `peer` opened for `purpose` (its hello passed), until it ends or
-    /// the peer's connection does.
-    fn serve_local(&self, peer: NodeId, purpose: local::Purpose, mut stream: tokio::net::UnixStream) {
+    /// Refuses a control stream after the connection's first, on either road (each session
+    /// buffers control-plane frames of its own).
+    fn refuse_second_control(&self, peer: NodeId) {
+        warn!(node = %self.inner.id, %peer, "second control stream on one connection; stopping it");
+        self.emit(PeerEvent::BadStream { peer, detail: "second control stream on one connection".into() });
+    }
+
+    /// Hands a local control stream `peer` opened to the runtime, tied to the peer's connection
+    /// (one control stream per connection, whichever road).
+    async fn serve_local_control(&self, peer: NodeId, stream: tokio::net::UnixStream) {
+        let Some((conn, state)) = self.inner.peers.get(&peer).map(|p| (p.conn.clone(), p.state.clone()))
+        else {
+            self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if state.control_opened.swap(true, Ordering::AcqRel) {
+            self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
+            self.refuse_second_control(peer);
+            return;
+        }
+        match TiedStream::new(stream, conn) {
+            Ok(tied) => {
+                self.inner.local.control.fetch_add(1, Ordering::Relaxed);
+                self.emit_wait(PeerEvent::ControlStream { peer, stream: ControlStream::Local(tied) }).await;
+            }
+            Err(e) => {
+                warn!(node = %self.inner.id, %peer, error = %e, "could not keep a local control stream")
+            }
+        }
+    }
+
+    /// Serves a local channel or blob-pull stream `peer` opened (its hello passed), until it ends
+    /// or the peer's connection does.
+    fn serve_local(&self, peer: NodeId, purpose: LocalServed, mut stream: tokio::net::UnixStream) {
         let Some(entry) = self.inner.peers.get(&peer).map(|p| p.clone()) else {
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
         // channel streams and pulls have their own caps, as QUIC's uni and bidi streams do
         let (open, cap) = match purpose {
-            local::Purpose::Channel(_) => (&entry.state.local_streams, self.inner.config.max_uni_streams),
-            local::Purpose::BlobPull => (&entry.state.local_pulls, MAX_BIDI_STREAMS),
+            LocalServed::Channel(_) => (&entry.state.local_streams, self.inner.config.max_uni_streams),
+            LocalServed::BlobPull => (&entry.state.local_pulls, MAX_BIDI_STREAMS),
         };
         let cap = cap as usize;
         if open.fetch_add(1, Ordering::AcqRel) >= cap {
@@ -1282,11 +1344,11 @@ impl QuicNode {
             let (conn, state) = (conn.clone(), state.clone());
             async move {
                 match purpose {
-                    local::Purpose::Channel(channel) => {
+                    LocalServed::Channel(channel) => {
                         let counted = Some(&node.inner.local.frames_received);
                         node.serve_frames(&peer, &conn, &state, channel, &mut stream, counted).await;
                     }
-                    local::Purpose::BlobPull => {
+                    LocalServed::BlobPull => {
                         let limits = FrameLimits { max_body: 256 };
                         let request = read_frame(&mut stream, &limits).await;
                         let Some((reply, charge)) = node.blob_reply(&peer, &state, request) else { return };
@@ -1306,8 +1368,8 @@ impl QuicNode {
                 _ = reader => {}
             }
             let open = match purpose {
-                local::Purpose::Channel(_) => &state.local_streams,
-                local::Purpose::BlobPull => &state.local_pulls,
+                LocalServed::Channel(_) => &state.local_streams,
+                LocalServed::BlobPull => &state.local_pulls,
             };
             open.fetch_sub(1, Ordering::AcqRel);
         });
@@ -1396,7 +1458,13 @@ async fn local_accept_loop(
             let hello = tokio::time::timeout(wait, local::read_hello(&mut stream, owner)).await;
             drop(permit);
             match hello {
-                Ok(Ok((peer, purpose))) => node.serve_local(peer, purpose, stream),
+                Ok(Ok((peer, local::Purpose::Control))) => node.serve_local_control(peer, stream).await,
+                Ok(Ok((peer, local::Purpose::Channel(channel)))) => {
+                    node.serve_local(peer, LocalServed::Channel(channel), stream)
+                }
+                Ok(Ok((peer, local::Purpose::BlobPull))) => {
+                    node.serve_local(peer, LocalServed::BlobPull, stream)
+                }
                 Ok(Err(e)) => {
                     node.inner.local.refused.fetch_add(1, Ordering::Relaxed);
                     warn!(node = %node.inner.id, error = %e, "refused a local stream");

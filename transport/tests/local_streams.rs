@@ -1,7 +1,8 @@
 //! Same-host streams between two real QUIC endpoints of this host: every channel's frames go over
 //! a Unix-domain stream once the same-host handshake passed, in order and alongside shared-memory
 //! segments; a stream without the issued token is refused while the peer keeps being served; a
-//! peer over its budget on a local stream is cut off by name; and the path can be turned off.
+//! peer over its budget on a local stream is cut off by name; the control-plane stream takes the
+//! same road, once per connection, and ends with it; and the path can be turned off.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -148,6 +149,68 @@ async fn a_peer_over_its_budget_on_a_local_stream_is_cut_off_by_name() {
     b.shutdown().await;
 }
 
+/// Waits (at most 10 s) for the first event `pick` takes.
+async fn event<T>(
+    events: &mut tokio::sync::mpsc::Receiver<PeerEvent>,
+    mut pick: impl FnMut(PeerEvent) -> Option<T>,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(t) = pick(events.recv().await.expect("event stream ended")) {
+                break t;
+            }
+        }
+    })
+    .await
+    .expect("no such event within 10 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_stream_goes_local_once_and_ends_with_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = ClusterCa::generate("t").unwrap();
+    let (a, b, peer) = pair(&ca, QuicConfig::default(), QuicConfig::default()).await;
+    let mut events = b.events().unwrap();
+    let opened = a.open_control(&peer).await.unwrap();
+    assert!(opened.is_local(), "the control stream to a same-host peer took QUIC");
+    let (mut a_read, mut a_write) = opened.into_split();
+    a_write.write_all(b"session").await.unwrap();
+    let (from, accepted) = event(&mut events, |e| match e {
+        PeerEvent::ControlStream { peer, stream } => Some((peer, stream)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(from.as_str(), "local-a");
+    assert!(accepted.is_local());
+    assert_eq!((a.local_stats().control, b.local_stats().control), (1, 1));
+    let (mut b_read, mut b_write) = accepted.into_split();
+    let mut got = [0u8; 7];
+    b_read.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"session");
+    b_write.write_all(b"answer").await.unwrap();
+    let mut back = [0u8; 6];
+    a_read.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"answer");
+    // one control session per connection, whichever road the second one tries
+    let (_second_read, mut second) = a.open_control(&peer).await.unwrap().into_split();
+    let _ = second.write_all(b"again").await; // the refusal may already have closed it
+    let detail = event(&mut events, |e| match e {
+        PeerEvent::BadStream { detail, .. } => Some(detail),
+        PeerEvent::ControlStream { .. } => panic!("a second control stream was accepted"),
+        _ => None,
+    })
+    .await;
+    assert!(detail.contains("second control stream"), "{detail}");
+    // the stream lives no longer than the QUIC connection that vouched for it
+    a.disconnect(&peer, "test over");
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(10), b_read.read_to_end(&mut rest)).await;
+    assert!(end.is_ok(), "the local control stream outlived its connection");
+    assert!(rest.is_empty(), "{rest:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_off_on_either_side_keep_frames_on_quic() {
     let ca = ClusterCa::generate("t").unwrap();
@@ -157,7 +220,8 @@ async fn streams_off_on_either_side_keep_frames_on_quic() {
         let (a, b, peer) = pair(&ca, a_config, b_config).await;
         a.send(&peer, Channel::Data, numbered(5)).await.unwrap();
         assert_eq!(&recv(&b).await.frame.body[..], &5u32.to_le_bytes());
-        assert_eq!(a.local_stats().opened, 0);
+        assert!(!a.open_control(&peer).await.unwrap().is_local(), "the control stream took a local road");
+        assert_eq!((a.local_stats().opened, a.local_stats().control), (0, 0));
         assert_eq!(b.local_stats().frames_received, 0);
         a.shutdown().await;
         b.shutdown().await;

@@ -521,16 +521,24 @@ async fn a_peer_cannot_grow_the_event_channel() {
 
 #[tokio::test]
 async fn one_control_stream_per_connection() {
+    use tokio::io::AsyncWriteExt;
     let ca = ClusterCa::generate("t").unwrap();
     let server = node(&ca, "server").await;
     let mut events = server.events().unwrap();
-    let a = node(&ca, "a").await;
+    // same-host streams off: this is the QUIC road (tests/local_streams.rs has the other)
+    let quic_only = QuicConfig {
+        shm: troupe_transport::ShmConfig { streams: false, ..Default::default() },
+        ..QuicConfig::default()
+    };
+    let a = QuicNode::bind(&ca.issue_node("a").unwrap(), quic_only).await.unwrap();
     let s = a.connect(server.local_addr().unwrap(), &NodeId::new("server")).await.unwrap();
-    let (mut first, _first_recv) = a.open_control(&s).await.unwrap();
+    let first = a.open_control(&s).await.unwrap();
+    assert!(!first.is_local());
+    let (_first_recv, mut first) = first.into_split();
     first.write_all(b"session").await.unwrap();
     wait_event(&mut events, |e| matches!(e, PeerEvent::ControlStream { .. })).await;
     // a second session would buffer control-plane frames of its own: refused, connection kept
-    let (mut second, _second_recv) = a.open_control(&s).await.unwrap();
+    let (_second_recv, mut second) = a.open_control(&s).await.unwrap().into_split();
     second.write_all(b"again").await.unwrap();
     let ev = wait_event(&mut events, |e| {
         matches!(e, PeerEvent::BadStream { .. } | PeerEvent::ControlStream { .. })

@@ -9,7 +9,8 @@
 //!   each acknowledged by the receiving node; the median of five rounds that interleave the
 //!   three (the ratios are medians of each round's pair, so drift between rounds cancels),
 //!   against an in-process memcpy of the same size;
-//! - remote ask: a ractor_cluster RPC to an actor of the other process vs a raw UDP round trip
+//! - remote ask: a ractor_cluster RPC to an actor of the other process (its session on the
+//!   same-host control stream, which the benchmark checks) vs a raw UDP round trip
 //!   to that process, and the same question through the role-checked service path
 //!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler),
 //!   once on the road the runtime picks between two processes of one host (the same-host
@@ -189,6 +190,9 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     let client = NodeRuntime::start(bench_spec(&ca, "bench-client", peer.quic)?).await?;
     let asks = if quick { 200 } else { 2000 };
     let (p50, p99) = remote_ask(asks).await?;
+    if client.link.local_stats().control == 0 {
+        bail!("the ractor_cluster asks did not take the same-host control stream to the peer process");
+    }
     let udp = udp_rtt_p50(peer.udp, asks)?;
     f.insert("ask_p50_us".into(), p50);
     f.insert("ask_p99_us".into(), p99);

@@ -198,10 +198,16 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(e) => {
+    // the command runs on a worker, beside the actors it talks to: from `block_on`'s own thread
+    // every reply would cost a cross-thread wake-up
+    match runtime.block_on(runtime.spawn(run(cli))) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
             eprintln!("troupe: error: {e:#}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("troupe: the command's task failed: {e}");
             ExitCode::FAILURE
         }
     }
