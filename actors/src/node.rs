@@ -136,24 +136,12 @@ impl NodeRuntime {
         .await
         .map_err(spawn_err("membership"))?;
         let services = Services::new(link.clone(), ServiceConfig::default());
-        let children = (spec.children)(&link, &services, &membership_events)
-            .map_err(|detail| RuntimeError::Spawn { what: "node actors", detail })?;
-        let (supervisor_events, root_events) = broadcast::channel(1024);
-        let (supervisor, supervisor_handle) = Actor::spawn(
-            None,
-            Supervisor,
-            SupervisorArgs {
-                name: ROOT.to_string(),
-                children,
-                intensity: spec.intensity,
-                events: supervisor_events.clone(),
-            },
-        )
-        .await
-        .map_err(spawn_err("root supervisor"))?;
         let handler: Arc<std::sync::RwLock<Option<FrameHandler>>> = Arc::default();
         let mut tasks = Vec::new();
         let events = link.events().ok_or(RuntimeError::Status("link events already taken".into()))?;
+        // peers' frames and events are taken from here on, before the node's actors start: an
+        // actor with a long first start (training a model zoo) must not leave the inbox full,
+        // which would stall the stream readers that mark peers as heard
         tasks.push(tokio::spawn(peer_events(
             events,
             link.clone(),
@@ -167,6 +155,33 @@ impl NodeRuntime {
             handler.clone(),
             services.clone(),
         )));
+        let abort_tasks = |tasks: &[tokio::task::JoinHandle<()>]| tasks.iter().for_each(|t| t.abort());
+        let children = match (spec.children)(&link, &services, &membership_events) {
+            Ok(c) => c,
+            Err(detail) => {
+                abort_tasks(&tasks);
+                return Err(RuntimeError::Spawn { what: "node actors", detail });
+            }
+        };
+        let (supervisor_events, root_events) = broadcast::channel(1024);
+        let spawned = Actor::spawn(
+            None,
+            Supervisor,
+            SupervisorArgs {
+                name: ROOT.to_string(),
+                children,
+                intensity: spec.intensity,
+                events: supervisor_events.clone(),
+            },
+        )
+        .await;
+        let (supervisor, supervisor_handle) = match spawned {
+            Ok(s) => s,
+            Err(e) => {
+                abort_tasks(&tasks);
+                return Err(spawn_err("root supervisor")(e));
+            }
+        };
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
@@ -335,16 +350,21 @@ async fn peer_events(
                 let _ = membership.cast(MembershipMsg::Heard(peer.clone()));
                 services.peer_joined(&peer);
                 if outbound {
-                    match link.open_control(&peer).await {
-                        Ok(stream) => {
-                            if let Err(e) =
-                                open_session(&cluster, ControlBidi::new(stream, peer.as_str()), true)
-                            {
-                                warn!(%peer, error = %e, "could not open the control-plane session");
+                    // opening may wait (at most 2 s) for the same-host handshake to pick the
+                    // road: the other peers' events go on meanwhile
+                    let (link, cluster) = (link.clone(), cluster.clone());
+                    tokio::spawn(async move {
+                        match link.open_control(&peer).await {
+                            Ok(stream) => {
+                                if let Err(e) =
+                                    open_session(&cluster, ControlBidi::new(stream, peer.as_str()), true)
+                                {
+                                    warn!(%peer, error = %e, "could not open the control-plane session");
+                                }
                             }
+                            Err(e) => warn!(%peer, error = %e, "could not open the control stream"),
                         }
-                        Err(e) => warn!(%peer, error = %e, "could not open the control stream"),
-                    }
+                    });
                 }
             }
             PeerEvent::ControlStream { peer, stream } => {

@@ -89,7 +89,7 @@ use ractor_cluster::RactorMessage;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use troupe_actors::hello::{ASK, HelloExpertMsg, find_experts, remote_experts};
+use troupe_actors::hello::{ASK, EXPERTS_GROUP, HelloExpertMsg, find_experts};
 use troupe_actors::service::{ServiceClient, Services, to_body};
 use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr};
 use troupe_transport::frame::{read_frame, write_frame};
@@ -188,29 +188,12 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     shm.shutdown().await;
 
     let client = NodeRuntime::start(bench_spec(&ca, "bench-client", peer.quic)?).await?;
-    let asks = if quick { 200 } else { 2000 };
-    let (p50, p99) = remote_ask(asks).await?;
-    if client.link.local_stats().control == 0 {
-        bail!("the ractor_cluster asks did not take the same-host control stream to the peer process");
-    }
-    let udp = udp_rtt_p50(peer.udp, asks)?;
-    f.insert("ask_p50_us".into(), p50);
-    f.insert("ask_p99_us".into(), p99);
-    f.insert("udp_rtt_p50_us".into(), udp);
-    f.insert("ask_p50_over_udp_rtt".into(), p50 / udp);
-    f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
+    let expert: ActorRef<HelloExpertMsg> = remote_member(EXPERTS_GROUP, None).await?.into();
     let experts = find_experts(&client.services, 1, Duration::from_secs(20))
         .await
         .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
     let (expert_peer, expert_service) = &experts[0];
-    let (sp50, sp99) = service_ask(&client.services, expert_peer, expert_service, asks).await?;
-    if client.link.local_stats().opened == 0 {
-        bail!("the service asks did not take the same-host streams to the peer process");
-    }
-    f.insert("ask_service_p50_us".into(), sp50);
-    f.insert("ask_service_p99_us".into(), sp99);
-    f.insert("ask_service_p50_over_udp_rtt".into(), sp50 / udp);
-    // the same asks over encrypted QUIC: a client with the same-host streams off
+    // the same service asks over encrypted QUIC: a client with the same-host streams off
     let quic_only =
         QuicConfig { shm: ShmConfig { streams: false, ..ShmConfig::default() }, ..QuicConfig::default() };
     let quic_client = ServiceClient::connect_with(
@@ -220,14 +203,49 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
         quic_only,
     )
     .await?;
-    let (qp50, qp99) = service_ask(&quic_client.services, expert_peer, expert_service, asks).await?;
+    // rounds interleave the four kinds of round trip, and each ratio is the median of its rounds'
+    // ratios, so a stretch of a busy machine lands on both sides of a ratio
+    let (asks, rounds) = if quick { (200, 1) } else { (2000, 5) };
+    let per_round = asks / rounds;
+    let [mut udp, mut ractor, mut service, mut service_quic] = [(); 4].map(|_| Vec::with_capacity(asks));
+    let [mut ractor_ratio, mut service_ratio, mut service_quic_ratio] = [(); 3].map(|_| Vec::new());
+    for _ in 0..rounds {
+        let mut u = udp_rtt_samples(peer.udp, per_round)?;
+        let mut r = ractor_ask_samples(&expert, per_round).await?;
+        let mut sv = service_ask_samples(&client.services, expert_peer, expert_service, per_round).await?;
+        let mut q =
+            service_ask_samples(&quic_client.services, expert_peer, expert_service, per_round).await?;
+        let u50 = median(&mut u);
+        ractor_ratio.push(median(&mut r) / u50);
+        service_ratio.push(median(&mut sv) / u50);
+        service_quic_ratio.push(median(&mut q) / u50);
+        udp.extend(u);
+        ractor.extend(r);
+        service.extend(sv);
+        service_quic.extend(q);
+    }
+    if client.link.local_stats().control == 0 {
+        bail!("the ractor_cluster asks did not take the same-host control stream to the peer process");
+    }
+    if client.link.local_stats().opened == 0 {
+        bail!("the service asks did not take the same-host streams to the peer process");
+    }
     if quic_client.link.local_stats().opened != 0 {
         bail!("the QUIC-only service asks took a same-host stream");
     }
     quic_client.link.shutdown().await;
-    f.insert("ask_service_quic_p50_us".into(), qp50);
-    f.insert("ask_service_quic_p99_us".into(), qp99);
-    f.insert("ask_service_quic_p50_over_udp_rtt".into(), qp50 / udp);
+    let p50 = quantile(&mut ractor, 0.5);
+    f.insert("udp_rtt_p50_us".into(), median(&mut udp));
+    f.insert("ask_p50_us".into(), p50);
+    f.insert("ask_p99_us".into(), quantile(&mut ractor, 0.99));
+    f.insert("ask_p50_over_udp_rtt".into(), median(&mut ractor_ratio));
+    f.insert("ray_call_p50_over_ask_p50".into(), RAY_CALL_P50_US / p50);
+    f.insert("ask_service_p50_us".into(), quantile(&mut service, 0.5));
+    f.insert("ask_service_p99_us".into(), quantile(&mut service, 0.99));
+    f.insert("ask_service_p50_over_udp_rtt".into(), median(&mut service_ratio));
+    f.insert("ask_service_quic_p50_us".into(), quantile(&mut service_quic, 0.5));
+    f.insert("ask_service_quic_p99_us".into(), quantile(&mut service_quic, 0.99));
+    f.insert("ask_service_quic_p50_over_udp_rtt".into(), median(&mut service_quic_ratio));
     let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
     f.insert("tell_cross_process_per_s".into(), tells);
     f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
@@ -439,43 +457,41 @@ async fn remote_member(group: &str, not: Option<&ActorCell>) -> Result<ActorCell
     }
 }
 
-async fn remote_ask(asks: usize) -> Result<(f64, f64)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let cell = loop {
-        if let Some(c) = remote_experts().into_iter().next() {
-            break c;
-        }
-        if Instant::now() > deadline {
-            bail!("the remote expert did not appear within 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let expert: ActorRef<HelloExpertMsg> = cell.into();
+/// Round trips made before each batch of samples each batch of samples (connections, caches, the scheduler settle).
+const WARM_UP: usize = 50;
+
+/// `asks` round trips of a ractor_cluster RPC to the remote expert, in microseconds each.
+async fn ractor_ask_samples(expert: &ActorRef<HelloExpertMsg>, asks: usize) -> Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(asks);
-    for i in 0..asks + 50 {
+    for i in 0..asks + WARM_UP {
         let t = Instant::now();
         ractor::call_t!(expert, HelloExpertMsg::Ask, 5000, "ping".to_string())?;
-        if i >= 50 {
+        if i >= WARM_UP {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    Ok((quantile(&mut samples, 0.5), quantile(&mut samples, 0.99)))
+    Ok(samples)
 }
 
-/// The same question as [`remote_ask`] through the role-checked service path (a
+/// The same question as [`ractor_ask_samples`] through the role-checked service path (a
 /// [`FrameKind::Service`] request on the data channel, answered by the expert's handler, found
-/// by its service announcement); p50 and p99 in microseconds.
-async fn service_ask(services: &Services, peer: &NodeId, service: &str, asks: usize) -> Result<(f64, f64)> {
+/// by its service announcement); microseconds each.
+async fn service_ask_samples(
+    services: &Services,
+    peer: &NodeId,
+    service: &str,
+    asks: usize,
+) -> Result<Vec<f64>> {
     let body = to_body(&"ping".to_string()).map_err(anyhow::Error::msg)?;
     let mut samples = Vec::with_capacity(asks);
-    for i in 0..asks + 50 {
+    for i in 0..asks + WARM_UP {
         let t = Instant::now();
         services.call(peer, service, ASK, body.clone(), Duration::from_secs(5)).await?;
-        if i >= 50 {
+        if i >= WARM_UP {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    Ok((quantile(&mut samples, 0.5), quantile(&mut samples, 0.99)))
+    Ok(samples)
 }
 
 /// Casts `n` messages to the peer's sink and waits until it counted them all; casts per second.
@@ -563,23 +579,23 @@ async fn restart_to_service(rounds: usize) -> Result<f64> {
     Ok(median(&mut samples))
 }
 
-/// Raw 64 B UDP round trips to the peer process's echo; the median in microseconds.
-fn udp_rtt_p50(echo: SocketAddr, rounds: usize) -> Result<f64> {
+/// `rounds` raw 64 B UDP round trips to the peer process's echo, in microseconds each.
+fn udp_rtt_samples(echo: SocketAddr, rounds: usize) -> Result<Vec<f64>> {
     let a = UdpSocket::bind("127.0.0.1:0")?;
     a.connect(echo)?;
     a.set_read_timeout(Some(Duration::from_secs(2)))?;
     let msg = [7u8; 64];
     let mut buf = [0u8; 64];
     let mut samples = Vec::with_capacity(rounds);
-    for i in 0..rounds + 50 {
+    for i in 0..rounds + WARM_UP {
         let t = Instant::now();
         a.send(&msg)?;
         a.recv(&mut buf)?;
-        if i >= 50 {
+        if i >= WARM_UP {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    Ok(median(&mut samples))
+    Ok(samples)
 }
 
 /// Counts casts; answers the count.
