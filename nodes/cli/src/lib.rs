@@ -206,6 +206,8 @@ pub fn main() -> ExitCode {
             eprintln!("troupe: error: {e:#}");
             ExitCode::FAILURE
         }
+        // a panic ends the process as it did from `block_on` (its message is already printed)
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => {
             eprintln!("troupe: the command's task failed: {e}");
             ExitCode::FAILURE
