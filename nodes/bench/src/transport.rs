@@ -15,7 +15,9 @@
 //!   (`ask_service_*`: a `Service` frame on the data channel, answered by the expert's handler),
 //!   once on the road the runtime picks between two processes of one host (the same-host
 //!   streams of `troupe_transport::local`) and once from a client with those streams off, so
-//!   over encrypted QUIC (`ask_service_quic_*`);
+//!   over encrypted QUIC (`ask_service_quic_*`; the ractor ask has no QUIC twin here: a second
+//!   ractor_cluster node server in one process numbers its sessions from 0 too, so its remote
+//!   actors would share ids with the first one's);
 //! - remote tell: casts to an actor of the other process, until it has counted them all;
 //! - restart: an actor of the other process under its `Supervisor` panics; time from the crash
 //!   order to the first reply from its new incarnation (median of rounds);
