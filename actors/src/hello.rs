@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use troupe_transport::{NodeId, Role};
 
@@ -99,16 +99,6 @@ impl Actor for HelloExpert {
         }
         Ok(())
     }
-}
-
-/// Remote expert members currently known in the process group.
-pub fn remote_experts() -> Vec<ActorCell> {
-    let mut v: Vec<ActorCell> = ractor::pg::get_members(&EXPERTS_GROUP.to_string())
-        .into_iter()
-        .filter(|c| !c.get_id().is_local())
-        .collect();
-    v.sort_by_key(|c| c.get_id().to_string());
-    v
 }
 
 /// Waits (woken by service announcements, at most `timeout`) until `count` hello experts are

@@ -1165,10 +1165,8 @@ impl QuicNode {
             return;
         }
         match tag[0] {
-            // one control-plane session per connection: each buffers frames of its own
-            TAG_CONTROL if state.control_opened.swap(true, Ordering::AcqRel) => {
+            TAG_CONTROL if !self.admit_control(&peer, &state) => {
                 let _ = recv.stop(VarInt::from_u32(CODE_BAD_FRAME));
-                self.refuse_second_control(peer);
             }
             TAG_CONTROL => {
                 self.emit_wait(PeerEvent::ControlStream { peer, stream: ControlStream::Quic { send, recv } })
@@ -1286,11 +1284,22 @@ impl QuicNode {
         Ok(ChannelSender::Quic(s))
     }
 
-    /// Refuses a control stream after the connection's first, on either road (each session
-    /// buffers control-plane frames of its own).
-    fn refuse_second_control(&self, peer: NodeId) {
-        warn!(node = %self.inner.id, %peer, "second control stream on one connection; stopping it");
-        self.emit(PeerEvent::BadStream { peer, detail: "second control stream on one connection".into() });
+    /// Whether `peer` may open a control-plane stream now, on either road: only a member's
+    /// connection (a tool such as `troupe status` never joins ractor_cluster's cluster), and only
+    /// once per connection (each session buffers control-plane frames of its own). A refusal is
+    /// logged and reported as [`PeerEvent::BadStream`], naming why.
+    fn admit_control(&self, peer: &NodeId, state: &ConnState) -> bool {
+        let member = self.inner.peers.get(peer).is_some_and(|p| p.member);
+        let refusal = if !member {
+            "control stream from a connection that is not a member"
+        } else if state.control_opened.swap(true, Ordering::AcqRel) {
+            "second control stream on one connection"
+        } else {
+            return true;
+        };
+        warn!(node = %self.inner.id, %peer, reason = refusal, "refused a control stream");
+        self.emit(PeerEvent::BadStream { peer: peer.clone(), detail: refusal.into() });
+        false
     }
 
     /// Hands a local control stream `peer` opened to the runtime, tied to the peer's connection
@@ -1301,9 +1310,8 @@ impl QuicNode {
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if state.control_opened.swap(true, Ordering::AcqRel) {
+        if !self.admit_control(&peer, &state) {
             self.inner.local.refused.fetch_add(1, Ordering::Relaxed);
-            self.refuse_second_control(peer);
             return;
         }
         match TiedStream::new(stream, conn) {

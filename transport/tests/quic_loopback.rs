@@ -554,6 +554,33 @@ async fn one_control_stream_per_connection() {
     assert_eq!(&d.frame.body[..], b"still up");
 }
 
+/// A tool's connection (`member: false`, as `troupe status` dials) is served but never joins
+/// the control plane: its control stream is refused by name.
+#[tokio::test]
+async fn a_connection_that_is_not_a_member_cannot_open_a_control_stream() {
+    let ca = ClusterCa::generate("t").unwrap();
+    let server = node(&ca, "server").await;
+    let mut events = server.events().unwrap();
+    let tool = QuicNode::bind(
+        &ca.issue_node("tool").unwrap(),
+        QuicConfig { member: false, ..QuicConfig::default() },
+    )
+    .await
+    .unwrap();
+    let s = tool.connect(server.local_addr().unwrap(), &NodeId::new("server")).await.unwrap();
+    let (mut send, _recv) = tool.open_raw_bi(&s, 0x43).await.unwrap();
+    let _ = send.write_all(b"session").await; // the refusal may already have stopped it
+    let ev = wait_event(&mut events, |e| {
+        matches!(e, PeerEvent::BadStream { .. } | PeerEvent::ControlStream { .. })
+    })
+    .await;
+    let PeerEvent::BadStream { peer, detail } = ev else {
+        panic!("a control stream from a non-member was accepted: {ev:?}")
+    };
+    assert_eq!(peer.as_str(), "tool");
+    assert!(detail.contains("not a member"), "{detail}");
+}
+
 #[tokio::test]
 async fn service_frames_reach_the_sink_in_order_and_every_frame_marks_the_peer_heard() {
     let ca = ClusterCa::generate("t").unwrap();
