@@ -36,6 +36,10 @@ pub enum BenchCommand {
         /// Folder on the disk under test for the disk figures (default .cache/bench).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Leave out the ONNX session figure, which needs scripts/setup's MiniLM (a GPU machine
+        /// that was sent only the binary has no models).
+        #[arg(long)]
+        no_onnx: bool,
     },
     /// CoE serving: FCFS+LRU vs ours and each mechanism alone, on one trace.
     Coe {
@@ -132,9 +136,9 @@ pub enum BenchCommand {
 pub async fn run(cmd: BenchCommand) -> Result<()> {
     let (title, figures, json) = match cmd {
         BenchCommand::Transport { json, quick } => ("transport", transport::run(quick).await?, json),
-        BenchCommand::Kernels { json, dir } => {
+        BenchCommand::Kernels { json, dir, no_onnx } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
-            ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir)).await??, json)
+            ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir, !no_onnx)).await??, json)
         }
         BenchCommand::Coe { json, scale, dir, svg, real, sweep, knobs, cpu_threads, cpu_mlp } => {
             let run = move || {
