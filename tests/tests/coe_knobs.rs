@@ -109,3 +109,20 @@ fn a_budget_fraction_outside_zero_one_is_refused() {
     }
     assert!(!dir.exists(), "nothing generated on a refusal");
 }
+
+#[test]
+fn requests_is_refused_by_gen_naming_the_bench() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("app");
+    let out = std::process::Command::new(EXE)
+        .args(["coe", "gen", "--dir", dir.to_str().unwrap(), "--requests", "100"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--requests applies to `troupe bench coe`") && err.contains("300 requests"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing generated on a refusal");
+}

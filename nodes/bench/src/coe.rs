@@ -350,7 +350,11 @@ fn reshaped(
 ) -> Result<(troupe_policy::coe::Trace, Profile, f64)> {
     let (z0, h0, r0) = recorded(app);
     let cfg = app.manifest.scale.config();
-    let trace = if zipf.is_none() && knobs.host_budget.is_none() && knobs.rate.is_none() {
+    let trace = if zipf.is_none()
+        && knobs.host_budget.is_none()
+        && knobs.rate.is_none()
+        && knobs.requests.is_none()
+    {
         app.trace.clone()
     } else {
         let point = Point {
@@ -361,7 +365,7 @@ fn reshaped(
                 burst_prob: cfg.burst_prob,
                 burst_max: cfg.burst_max,
             },
-            requests: app.trace.requests.len(),
+            requests: knobs.requests.map_or(app.trace.requests.len(), |n| n as usize),
             seed: 1,
         };
         sweep::reshape(&app.trace, &point)?

@@ -333,6 +333,11 @@ mod tests {
         let e =
             Cli::try_parse_from(["troupe", "bench", "coe", "--device-budget", "0"]).unwrap_err().to_string();
         assert!(e.contains("(0, 1]"), "{e}");
+        let e = Cli::try_parse_from(["troupe", "bench", "coe", "--requests", "0"]).unwrap_err().to_string();
+        assert!(e.contains("--requests"), "{e}");
+        let cli = Cli::try_parse_from(["troupe", "bench", "coe", "--scale", "paper", "--requests", "5000"])
+            .unwrap();
+        assert!(matches!(cli.command, Command::Bench { .. }), "{cli:?}");
         let cli = Cli::try_parse_from(["troupe", "bench-peer", "--keys", "k"]).unwrap();
         assert!(matches!(cli.command, Command::BenchPeer { .. }), "{cli:?}");
     }

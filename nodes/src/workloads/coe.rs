@@ -39,6 +39,11 @@ pub struct KnobArgs {
     /// Skip the single-model baseline's training (generation only; its accuracy is then NaN).
     #[arg(long)]
     pub no_single_model: bool,
+    /// Serve a trace of this many requests, redrawn (seeded) from the app's recorded walks
+    /// (bench only; a generated app keeps its scale's count). Paper scale's 20,000 requests
+    /// take FCFS+LRU hours for real; a shorter trace measures it in minutes.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub requests: Option<u64>,
 }
 
 impl KnobArgs {
@@ -387,6 +392,12 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
     match cmd {
         CoeCommand::Gen { scale: s, dir, seed, knobs } => {
             let s = scale(&s)?;
+            if knobs.requests.is_some() {
+                bail!(
+                    "--requests applies to `troupe bench coe` (the trace it serves); `coe gen` draws the scale's {} requests",
+                    s.config().requests
+                );
+            }
             gen_app(&app_dir(s, dir), s, seed, &knobs.gen_knobs())
         }
         CoeCommand::Profile { scale: s, dir, out } => {
