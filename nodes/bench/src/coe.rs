@@ -394,16 +394,34 @@ fn with_trace(app: &App, trace: troupe_policy::coe::Trace) -> App {
     }
 }
 
+/// How `bench coe` serves: real or simulated, the CPU executor's engine, which combinations.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Serve for real even at paper scale (ci always is).
+    pub force_real: bool,
+    /// ONNX Runtime intra-op threads of the CPU executor's sessions.
+    pub cpu_threads: usize,
+    /// The CPU executor's experts in the kernels' MLP engine instead of ONNX Runtime.
+    pub cpu_mlp: bool,
+    /// Leave out the two one-mechanism ablations (sched-only, evict-only).
+    pub skip_ablation: bool,
+}
+
+/// The combinations `options` serves, baseline first.
+fn served(options: &ServeOptions) -> Vec<SchedulerConfig> {
+    let ablations = [SchedulerConfig::combinations()[1], SchedulerConfig::combinations()[2]];
+    compared().into_iter().filter(|c| !(options.skip_ablation && ablations.contains(c))).collect()
+}
+
 /// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
 pub fn run(
     scale_name: &str,
     dir: Option<PathBuf>,
     svg: &Path,
-    force_real: bool,
     knobs: &KnobArgs,
-    cpu_threads: usize,
-    cpu_mlp: bool,
+    options: &ServeOptions,
 ) -> Result<BTreeMap<String, f64>> {
+    let ServeOptions { force_real, cpu_threads, cpu_mlp, .. } = *options;
     let scale = cmd::scale(scale_name)?;
     let (app, profile) = prepare(scale, dir, knobs)?;
     let (trace, profile, effective) = reshaped(&app, &profile, knobs.device_budget, knobs.zipf, knobs)?;
@@ -413,10 +431,13 @@ pub fn run(
     let mut rows = Vec::new();
     let mut digests: Option<Vec<u64>> = None;
     let mut identical = true;
+    // Requests whose outputs differ from the first combination's, worst over the combinations.
+    let mut differing = 0usize;
     // What each kind of executor ran on (the last real run's executors; the profile's otherwise).
     let mut engines = profiled_engines(&latency);
-    let bar = troupe::progress::bar(compared().len() as u64, "bench coe policies");
-    for config in compared() {
+    let configs = served(options);
+    let bar = troupe::progress::bar(configs.len() as u64, "bench coe policies");
+    for config in configs {
         bar.inc(1);
         let row = if real {
             // The executors' host tiers get the --host-budget share of all expert bytes.
@@ -436,7 +457,10 @@ pub fn run(
             troupe::progress::println(format!("{}\n{}", cmd::run_line(&r), TierFigures::of(&r).line()));
             match &digests {
                 None => digests = Some(r.digests.clone()),
-                Some(d) => identical &= *d == r.digests,
+                Some(d) => {
+                    identical &= *d == r.digests;
+                    differing = differing.max(d.iter().zip(&r.digests).filter(|(a, b)| a != b).count());
+                }
             }
             Row {
                 label: r.label,
@@ -481,10 +505,23 @@ pub fn run(
         rows.push(row);
     }
     bar.finish_and_clear();
-    if !identical {
+    // A CUDA executor agrees with the CPU's only to float tolerance (cuBLAS picks its kernels by
+    // batch shape, and outputs are compared quantised to 1e-4 steps), so which executor served a
+    // request, and in what batch, can flip a digit: reported, not refused. Without CUDA every
+    // engine computes the same bits and any difference is a bug.
+    let cuda = engines.0.is_some_and(|g| g.on_cuda());
+    if !identical && !cuda {
         bail!("request outputs differ between policies");
     }
+    if !identical {
+        println!(
+            "outputs: {differing} of {} requests differ in some digit between combinations (the GPU executor runs on CUDA: outputs agree to float tolerance, checked by actors/tests/coe_engines.rs)",
+            app.trace.requests.len()
+        );
+    }
     let mut f = policy_figures(&rows, real);
+    f.insert(format!("{}outputs_identical", prefix(real)), if identical { 1.0 } else { 0.0 });
+    f.insert(format!("{}outputs_differing_requests", prefix(real)), differing as f64);
     f.insert("requests".into(), app.trace.requests.len() as f64);
     f.insert("experts".into(), app.trace.model.len() as f64);
     f.insert("expert_bytes_total".into(), app.trace.model.total_bytes() as f64);
@@ -714,6 +751,16 @@ pub fn svg_plot(title: &str, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skipping_the_ablation_serves_the_baseline_the_paper_and_ours() {
+        let options =
+            ServeOptions { force_real: false, cpu_threads: 1, cpu_mlp: false, skip_ablation: false };
+        let labels = |o: &ServeOptions| served(o).iter().map(|c| c.label()).collect::<Vec<_>>();
+        assert_eq!(labels(&options), ["fcfs+lru", "sched-only", "evict-only", "paper-two-stage", "ours"]);
+        let skip = ServeOptions { skip_ablation: true, ..options };
+        assert_eq!(labels(&skip), ["fcfs+lru", "paper-two-stage", "ours"]);
+    }
 
     fn row(label: &'static str, throughput: f64) -> Row {
         Row {

@@ -71,6 +71,10 @@ pub enum BenchCommand {
         /// Run the CPU executor's experts in the kernels' MLP engine instead of ONNX Runtime.
         #[arg(long)]
         cpu_mlp: bool,
+        /// Serve FCFS+LRU, the paper's two-stage and ours only, not the two one-mechanism
+        /// ablations (sched-only, evict-only: minutes each at paper scale).
+        #[arg(long, conflicts_with = "sweep")]
+        skip_ablation: bool,
     },
     /// Pipeline (CROWDio): worker peak RSS vs whole model, streaming vs barrier, loads, wire bytes.
     Pipeline {
@@ -140,12 +144,29 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             let dir = dir.unwrap_or_else(|| PathBuf::from(".cache/bench"));
             ("kernels", tokio::task::spawn_blocking(move || kernels::run(&dir, !no_onnx)).await??, json)
         }
-        BenchCommand::Coe { json, scale, dir, svg, real, sweep, knobs, cpu_threads, cpu_mlp } => {
+        BenchCommand::Coe {
+            json,
+            scale,
+            dir,
+            svg,
+            real,
+            sweep,
+            knobs,
+            cpu_threads,
+            cpu_mlp,
+            skip_ablation,
+        } => {
             let run = move || {
                 if sweep {
                     coe::run_sweep(&scale, dir, real, &knobs)
                 } else {
-                    coe::run(&scale, dir, &svg, real, &knobs, usize::from(cpu_threads), cpu_mlp)
+                    let options = coe::ServeOptions {
+                        force_real: real,
+                        cpu_threads: usize::from(cpu_threads),
+                        cpu_mlp,
+                        skip_ablation,
+                    };
+                    coe::run(&scale, dir, &svg, &knobs, &options)
                 }
             };
             ("coe", tokio::task::spawn_blocking(run).await??, json)

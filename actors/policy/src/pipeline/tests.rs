@@ -928,18 +928,34 @@ proptest! {
             }
         }
     }
+}
 
-    /// Same crowd, same job: streaming is never slower than barrier. The crowd has one speed and
-    /// no transfer cost (telemetry still differs, so ranking matters). With heterogeneous speeds or
-    /// transfer costs greedy online dispatch has list-scheduling anomalies; see
-    /// `streaming_vs_barrier_anomalies_are_rare_and_small`.
-    #[test]
-    fn streaming_never_slower_than_barrier(
-        sizes in sizes_strategy(),
-        speed in 0.25f64..2.0,
-        workers in 1usize..6,
-        inputs in 1usize..10,
-    ) {
+/// One speed and no transfer cost (telemetry still differs, so ranking matters): streaming is
+/// rarely slower than barrier and never by much, and neither beats the ideal bounds. It is not
+/// "never slower": with one stage per worker, streaming can move a worker to another stage (one
+/// more load) where barrier would not; a random-seed property test asserting "never slower"
+/// failed now and then (cases in proptest-regressions: 2.3% and 7.2% slower). Seeded, so it fails
+/// only if a policy change makes this worse; the figures it prints are the measured ones.
+#[test]
+fn equal_speed_streaming_is_rarely_and_slightly_slower_than_barrier() {
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let mut rng = SmallRng::seed_from_u64(11);
+    let trials = 400;
+    let (mut slower, mut worst, mut sum_ratio) = (0, 1.0f64, 0.0);
+    // The counterexamples the old property test shrank to (sizes, speed, workers, inputs), then
+    // seeded random instances.
+    let found: [(Vec<u64>, f64, usize, usize); 2] = [
+        (vec![49_255_700, 28_728_000, 28_730_500], 0.574_945_500_969_450_6, 5, 9),
+        (vec![39_118_700, 44_765_600, 1_000], 0.25, 2, 5),
+    ];
+    let drawn = (0..trials).map(|_| {
+        let sizes: Vec<u64> =
+            (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+        (sizes, rng.random_range(0.25..2.0), rng.random_range(1..6), rng.random_range(1..10))
+    });
+    let cases: Vec<_> = found.into_iter().chain(drawn).collect();
+    let trials = cases.len();
+    for (sizes, speed, workers, inputs) in cases {
         let speeds = vec![speed; workers];
         let run = |mode| {
             let mut s = setup(&sizes, &speeds, inputs, mode);
@@ -947,11 +963,23 @@ proptest! {
             simulate(&s).unwrap().makespan.unwrap()
         };
         let (ms, mb) = (run(Mode::Streaming), run(Mode::Barrier));
-        prop_assert!(ms <= mb, "streaming {} > barrier {}", ms, mb);
-        prop_assert!(ms >= ideal_pipeline_bound(&costs_for(&sizes), &speeds, inputs));
+        assert!(ms >= ideal_pipeline_bound(&costs_for(&sizes), &speeds, inputs));
         let with_loads = ideal_pipeline_bound_with_loads(&costs_for(&sizes), &crowd(&speeds, &[]), inputs);
-        prop_assert!(ms.min(mb) >= with_loads, "makespan below the bound with loads {}", with_loads);
+        assert!(ms.min(mb) >= with_loads, "makespan below the bound with loads {with_loads}");
+        let ratio = ms.as_secs_f64() / mb.as_secs_f64();
+        sum_ratio += ratio;
+        if ms > mb {
+            slower += 1;
+            worst = worst.max(ratio);
+        }
     }
+    println!(
+        "equal speeds: streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {:.3}",
+        sum_ratio / trials as f64
+    );
+    assert!(slower * 20 <= trials, "streaming slower in {slower}/{trials}");
+    assert!(worst < 1.15, "worst streaming/barrier {worst}");
+    assert!(sum_ratio / (trials as f64) < 1.0);
 }
 
 /// Heterogeneous speeds and 10 ms transfers: streaming can lose to barrier (the fastest worker
