@@ -930,31 +930,56 @@ proptest! {
     }
 }
 
+/// A random job shape: stage sizes (as cost bytes), input count.
+fn random_job(rng: &mut rand::rngs::SmallRng) -> (Vec<u64>, usize) {
+    use rand::Rng;
+    let sizes = (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+    (sizes, rng.random_range(1..10))
+}
+
+/// Streaming against barrier over `makespans` (streaming, barrier) pairs: prints how often and
+/// by how much streaming was slower, and fails past `max_share_slower` of the cases, a worst
+/// ratio of `max_worst`, or a mean ratio of 1.
+fn assert_anomalies_bounded(
+    what: &str,
+    makespans: &[(Micros, Micros)],
+    max_share_slower: f64,
+    max_worst: f64,
+) {
+    let trials = makespans.len();
+    let ratios: Vec<f64> = makespans.iter().map(|(ms, mb)| ms.as_secs_f64() / mb.as_secs_f64()).collect();
+    let slower = makespans.iter().filter(|(ms, mb)| ms > mb).count();
+    let worst = ratios.iter().copied().fold(1.0, f64::max);
+    let mean = ratios.iter().sum::<f64>() / trials as f64;
+    println!(
+        "{what}: streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {mean:.3}"
+    );
+    assert!(slower as f64 <= max_share_slower * trials as f64, "streaming slower in {slower}/{trials}");
+    assert!(worst < max_worst, "worst streaming/barrier {worst}");
+    assert!(mean < 1.0, "mean streaming/barrier {mean}");
+}
+
 /// One speed and no transfer cost (telemetry still differs, so ranking matters): streaming is
 /// rarely slower than barrier and never by much, and neither beats the ideal bounds. It is not
 /// "never slower": with one stage per worker, streaming can move a worker to another stage (one
 /// more load) where barrier would not; a random-seed property test asserting "never slower"
-/// failed now and then (cases in proptest-regressions: 2.3% and 7.2% slower). Seeded, so it fails
-/// only if a policy change makes this worse; the figures it prints are the measured ones.
+/// failed now and then (found: 0.0005%, 2.3% and 7.2% slower). Seeded, so it fails only if a
+/// policy change makes this worse; the figures it prints are the measured ones.
 #[test]
 fn equal_speed_streaming_is_rarely_and_slightly_slower_than_barrier() {
     use rand::{Rng, SeedableRng, rngs::SmallRng};
     let mut rng = SmallRng::seed_from_u64(11);
-    let trials = 400;
-    let (mut slower, mut worst, mut sum_ratio) = (0, 1.0f64, 0.0);
     // The counterexamples the old property test shrank to (sizes, speed, workers, inputs), then
     // seeded random instances.
-    let found: [(Vec<u64>, f64, usize, usize); 2] = [
+    let mut cases: Vec<(Vec<u64>, f64, usize, usize)> = vec![
         (vec![49_255_700, 28_728_000, 28_730_500], 0.574_945_500_969_450_6, 5, 9),
         (vec![39_118_700, 44_765_600, 1_000], 0.25, 2, 5),
     ];
-    let drawn = (0..trials).map(|_| {
-        let sizes: Vec<u64> =
-            (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
-        (sizes, rng.random_range(0.25..2.0), rng.random_range(1..6), rng.random_range(1..10))
-    });
-    let cases: Vec<_> = found.into_iter().chain(drawn).collect();
-    let trials = cases.len();
+    for _ in 0..400 {
+        let (sizes, inputs) = random_job(&mut rng);
+        cases.push((sizes, rng.random_range(0.25..2.0), rng.random_range(1..6), inputs));
+    }
+    let mut makespans = Vec::new();
     for (sizes, speed, workers, inputs) in cases {
         let speeds = vec![speed; workers];
         let run = |mode| {
@@ -966,20 +991,9 @@ fn equal_speed_streaming_is_rarely_and_slightly_slower_than_barrier() {
         assert!(ms >= ideal_pipeline_bound(&costs_for(&sizes), &speeds, inputs));
         let with_loads = ideal_pipeline_bound_with_loads(&costs_for(&sizes), &crowd(&speeds, &[]), inputs);
         assert!(ms.min(mb) >= with_loads, "makespan below the bound with loads {with_loads}");
-        let ratio = ms.as_secs_f64() / mb.as_secs_f64();
-        sum_ratio += ratio;
-        if ms > mb {
-            slower += 1;
-            worst = worst.max(ratio);
-        }
+        makespans.push((ms, mb));
     }
-    println!(
-        "equal speeds: streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {:.3}",
-        sum_ratio / trials as f64
-    );
-    assert!(slower * 20 <= trials, "streaming slower in {slower}/{trials}");
-    assert!(worst < 1.15, "worst streaming/barrier {worst}");
-    assert!(sum_ratio / (trials as f64) < 1.0);
+    assert_anomalies_bounded("equal speeds", &makespans, 0.05, 1.15);
 }
 
 /// Heterogeneous speeds and 10 ms transfers: streaming can lose to barrier (the fastest worker
@@ -990,29 +1004,15 @@ fn equal_speed_streaming_is_rarely_and_slightly_slower_than_barrier() {
 fn streaming_vs_barrier_anomalies_are_rare_and_small() {
     use rand::{Rng, SeedableRng, rngs::SmallRng};
     let mut rng = SmallRng::seed_from_u64(7);
-    let trials = 400;
-    let (mut slower, mut worst, mut sum_ratio) = (0, 1.0f64, 0.0);
-    for _ in 0..trials {
-        let sizes: Vec<u64> =
-            (0..rng.random_range(1..4)).map(|_| rng.random_range(1_000..80_000_000)).collect();
+    let mut makespans = Vec::new();
+    for _ in 0..400 {
+        let (sizes, n) = random_job(&mut rng);
         let speeds: Vec<f64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0.25..2.0)).collect();
-        let n = rng.random_range(1..10);
         let ms = simulate(&setup(&sizes, &speeds, n, Mode::Streaming)).unwrap().makespan.unwrap();
         let mb = simulate(&setup(&sizes, &speeds, n, Mode::Barrier)).unwrap().makespan.unwrap();
-        let ratio = ms.as_secs_f64() / mb.as_secs_f64();
-        sum_ratio += ratio;
-        if ms > mb {
-            slower += 1;
-            worst = worst.max(ratio);
-        }
+        makespans.push((ms, mb));
     }
-    println!(
-        "streaming slower than barrier in {slower}/{trials}, worst {worst:.3}, mean streaming/barrier {:.3}",
-        sum_ratio / trials as f64
-    );
-    assert!(slower * 20 <= trials, "streaming slower in {slower}/{trials}");
-    assert!(worst < 1.5, "worst streaming/barrier {worst}");
-    assert!(sum_ratio / (trials as f64) < 1.0);
+    assert_anomalies_bounded("mixed speeds", &makespans, 0.05, 1.5);
 }
 
 /// The Gantt timeline is physically consistent: a worker does one thing at a time, and each
