@@ -409,8 +409,11 @@ pub struct ServeOptions {
 
 /// The combinations `options` serves, baseline first.
 fn served(options: &ServeOptions) -> Vec<SchedulerConfig> {
-    let ablations = [SchedulerConfig::combinations()[1], SchedulerConfig::combinations()[2]];
-    compared().into_iter().filter(|c| !(options.skip_ablation && ablations.contains(c))).collect()
+    let [_, sched_only, evict_only, _] = SchedulerConfig::combinations();
+    compared()
+        .into_iter()
+        .filter(|c| !(options.skip_ablation && [sched_only, evict_only].contains(c)))
+        .collect()
 }
 
 /// Run the benchmark; returns the flat figures. Writes the SVG to `svg`.
