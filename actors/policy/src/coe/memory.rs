@@ -9,8 +9,13 @@
 //!   stage 2 evicts the rest in ascending usage probability. Queue hints are ignored.
 //! - **Two-stage with lookahead** (ours): the same two stages, except that experts queued work
 //!   still needs ([`EvictionContext::next_use`]) are kept until last and then evicted
-//!   farthest-next-use first. Without hints it decides exactly as the plain two stages.
+//!   farthest-next-use first, and within stage 2 an expert another executor also holds
+//!   ([`EvictionContext::resident_elsewhere`]) goes before a sole copy. Without hints and with
+//!   one executor it decides exactly as the plain two stages.
 //! - **LRU** (the Samba-CoE baseline): least recently used first; stages and hints are ignored.
+//!
+//! Every policy takes victims in its order until the expert fits, then spares those the later,
+//! larger ones made unnecessary (a small victim taken before one that alone makes room).
 //!
 //! [`belady_min_loads`] replays a served order under Belady's MIN, the yardstick for load counts.
 
@@ -25,7 +30,8 @@ pub enum EvictionPolicy {
     /// then ascending usage probability. Ignores what queued work needs.
     TwoStage,
     /// Two-stage eviction that also looks ahead in the queue: experts queued work needs are kept
-    /// to the last, farthest next use first among them (ours).
+    /// to the last, farthest next use first among them; copies another executor also holds go
+    /// before sole copies (ours).
     TwoStageLookahead,
     /// Least recently used (baseline).
     Lru,
@@ -118,6 +124,9 @@ pub struct EvictionContext<'a> {
     pub model: &'a CoeModel,
     /// Whether an expert is resident (anywhere the caller considers close enough to run soon).
     pub is_resident: &'a dyn Fn(ExpertId) -> bool,
+    /// Whether an expert is also resident on another executor, which can serve it without a
+    /// load. Only [`EvictionPolicy::TwoStageLookahead`] consults it.
+    pub resident_elsewhere: &'a dyn Fn(ExpertId) -> bool,
     /// Position of an expert's next queued use (smaller = sooner), `None` when no queued work
     /// needs it. Only [`EvictionPolicy::TwoStageLookahead`] consults it.
     pub next_use: &'a dyn Fn(ExpertId) -> Option<u64>,
@@ -212,13 +221,24 @@ impl ExpertManager {
             if free >= size {
                 break;
             }
-            victims.push(id);
+            victims.push((id, victim_size));
             free += victim_size;
         }
         if free < size {
             return Err(MemoryError::NoRoom { expert, size, free: self.free_bytes() });
         }
-        Ok(victims)
+        // The greedy pass may have taken a small victim before a large one that alone makes
+        // room: spare, most valuable first, every victim the others make room without.
+        let mut kept = Vec::with_capacity(victims.len());
+        for &(id, victim_size) in victims.iter().rev() {
+            if free - victim_size >= size {
+                free -= victim_size;
+                continue;
+            }
+            kept.push(id);
+        }
+        kept.reverse();
+        Ok(kept)
     }
 
     /// Rank of a victim: smaller keys are evicted first.
@@ -231,11 +251,16 @@ impl ExpertManager {
                 let next_use = if self.policy.uses_queue_hints() { (ctx.next_use)(id) } else { None };
                 match next_use {
                     // Needed by queued work: keep to the last, then farthest next use first.
-                    Some(pos) => VictimKey { stage: 3, primary: u64::MAX - pos, prob_bits: usage.to_bits() },
+                    Some(pos) => VictimKey { stage: 4, primary: u64::MAX - pos, prob_bits: usage.to_bits() },
                     None => {
                         let stranded =
                             expert.and_then(|e| e.preliminary()).is_some_and(|p| !(ctx.is_resident)(p));
-                        let stage = if stranded { 1 } else { 2 };
+                        let duplicate = self.policy.uses_queue_hints() && (ctx.resident_elsewhere)(id);
+                        let stage = match (stranded, duplicate) {
+                            (true, _) => 1,
+                            (false, true) => 2,
+                            (false, false) => 3,
+                        };
                         VictimKey { stage, primary: 0, prob_bits: usage.to_bits() }
                     }
                 }
@@ -363,7 +388,7 @@ pub fn lru_loads(
 
 /// Replays `served` through a cache of `budget` bytes starting empty and counts the loads. Each
 /// resident expert carries `(stamp(i) of its latest use, size)`; on a miss, `victim` picks what
-/// to evict until the expert fits.
+/// to evict until the expert fits, and the victims the later ones made unnecessary stay.
 fn replay_loads(
     served: &[ExpertId],
     size_of: impl Fn(ExpertId) -> u64,
@@ -383,10 +408,20 @@ fn replay_loads(
             slot.0 = stamp(i);
             continue;
         }
+        let mut evicted = Vec::new();
         while used + size > budget {
             let Some((id, s)) = victim(&resident) else { break };
-            resident.remove(&id);
+            if let Some(slot) = resident.remove(&id) {
+                evicted.push((id, slot));
+            }
             used -= s;
+        }
+        // As `plan_eviction` does: spare the victims the others already made room without.
+        for (id, slot) in evicted.into_iter().rev() {
+            if used + slot.1 + size <= budget {
+                resident.insert(id, slot);
+                used += slot.1;
+            }
         }
         resident.insert(e, (stamp(i), size));
         used += size;
@@ -415,7 +450,12 @@ mod tests {
     fn plan(m: &ExpertManager, model: &CoeModel, e: u32) -> Result<Vec<ExpertId>, MemoryError> {
         let resident = |x: ExpertId| m.is_resident(x);
         let none = |_: ExpertId| None;
-        let ctx = EvictionContext { model, is_resident: &resident, next_use: &none };
+        let ctx = EvictionContext {
+            model,
+            is_resident: &resident,
+            resident_elsewhere: &|_| false,
+            next_use: &none,
+        };
         m.plan_eviction(ExpertId(e), 10, &ctx)
     }
 
@@ -445,7 +485,12 @@ mod tests {
         }
         let resident = |x: ExpertId| m.is_resident(x);
         let next_use = |x: ExpertId| queued.iter().find(|q| q.0 == x.0).map(|q| q.1);
-        let ctx = EvictionContext { model: &model, is_resident: &resident, next_use: &next_use };
+        let ctx = EvictionContext {
+            model: &model,
+            is_resident: &resident,
+            resident_elsewhere: &|_| false,
+            next_use: &next_use,
+        };
         m.plan_eviction(ExpertId(2), 10, &ctx).unwrap()
     }
 
@@ -485,6 +530,63 @@ mod tests {
         }
         assert!(err.contains("\"fifo\""), "{err:?}");
         assert!("Two-Stage".parse::<EvictionPolicy>().is_err(), "names are exact");
+    }
+
+    #[test]
+    fn a_small_victim_taken_before_a_large_one_that_alone_makes_room_is_spared() {
+        // LRU order: e0 (10 bytes) then e1 (30 bytes); a 30-byte expert needs e1 gone, and e1
+        // alone makes room, so e0 stays.
+        let model = model();
+        let mut m = ExpertManager::new(40, EvictionPolicy::Lru);
+        m.admit(ExpertId(0), 10).unwrap();
+        m.admit(ExpertId(1), 30).unwrap();
+        let resident = |x: ExpertId| m.is_resident(x);
+        let none = |_: ExpertId| None;
+        let ctx = EvictionContext {
+            model: &model,
+            is_resident: &resident,
+            resident_elsewhere: &|_| false,
+            next_use: &none,
+        };
+        assert_eq!(m.plan_eviction(ExpertId(2), 30, &ctx).unwrap(), vec![ExpertId(1)]);
+        // Needing 35 bytes takes both.
+        assert_eq!(m.plan_eviction(ExpertId(2), 35, &ctx).unwrap(), vec![ExpertId(0), ExpertId(1)]);
+    }
+
+    #[test]
+    fn lookahead_evicts_a_copy_another_executor_holds_before_a_sole_copy() {
+        // e0 (.6), e1 (.4) and e3 (.06) resident, nobody stranded; e0 is also held elsewhere.
+        let model = model();
+        let mut m = ExpertManager::new(30, EvictionPolicy::TwoStageLookahead);
+        for e in [0, 1, 3] {
+            m.admit(ExpertId(e), 10).unwrap();
+        }
+        let resident = |x: ExpertId| m.is_resident(x);
+        let elsewhere = |x: ExpertId| x == ExpertId(0);
+        let none = |_: ExpertId| None;
+        let ctx = EvictionContext {
+            model: &model,
+            is_resident: &resident,
+            resident_elsewhere: &elsewhere,
+            next_use: &none,
+        };
+        assert_eq!(m.plan_eviction(ExpertId(2), 10, &ctx).unwrap(), vec![ExpertId(0)]);
+        // The paper's two stages ignore other executors: lowest usage (e3) goes.
+        let mut paper = ExpertManager::new(30, EvictionPolicy::TwoStage);
+        for e in [0, 1, 3] {
+            paper.admit(ExpertId(e), 10).unwrap();
+        }
+        assert_eq!(paper.plan_eviction(ExpertId(2), 10, &ctx).unwrap(), vec![ExpertId(3)]);
+    }
+
+    #[test]
+    fn belady_spares_a_small_victim_a_large_one_made_unnecessary() {
+        // Budget 40: a (10) and b (30) resident when c (30) arrives. a's next use is the
+        // farther, so greedy takes a, then b; b alone makes room, so a stays.
+        let size = |x: ExpertId| if x.0 == 0 { 10 } else { 30 };
+        let order = [0, 1, 2, 1, 0].map(ExpertId);
+        // a b c(b goes, a stays) b(c goes) a(hit): 4 loads; evicting a as well would cost 5.
+        assert_eq!(belady_min_loads(&order, size, 40).unwrap(), 4);
     }
 
     #[test]

@@ -980,7 +980,14 @@ impl RequestScheduler {
         let executors = &self.executors;
         let is_resident = |x: ExpertId| executors.iter().any(|ex| ex.memory.is_resident(x));
         let next_use = |x: ExpertId| next.get(&x).copied();
-        let ctx = EvictionContext { model: &self.model, is_resident: &is_resident, next_use: &next_use };
+        let resident_elsewhere =
+            |x: ExpertId| executors.iter().enumerate().any(|(i, ex)| i != e && ex.memory.is_resident(x));
+        let ctx = EvictionContext {
+            model: &self.model,
+            is_resident: &is_resident,
+            resident_elsewhere: &resident_elsewhere,
+            next_use: &next_use,
+        };
         self.executors[e].memory.plan_eviction(expert, self.size(expert), &ctx)
     }
 

@@ -168,7 +168,12 @@ impl EvictionScript {
                     let is_resident = |x: ExpertId| m.is_resident(x);
                     let queued = &self.queued;
                     let next_use = |x: ExpertId| queued.iter().find(|q| q.0 == x).map(|q| q.1);
-                    let ctx = EvictionContext { model, is_resident: &is_resident, next_use: &next_use };
+                    let ctx = EvictionContext {
+                        model,
+                        is_resident: &is_resident,
+                        resident_elsewhere: &|_| false,
+                        next_use: &next_use,
+                    };
                     m.plan_eviction(expert, size, &ctx)
                 };
                 match victims {

@@ -53,8 +53,8 @@ fn small_model(sizes: &[u64; 8]) -> CoeModel {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// Whatever the sequence: the budget holds, pinned experts are never chosen or evicted, and
-    /// the byte count matches the resident set.
+    /// Whatever the sequence: the budget holds, pinned experts are never chosen or evicted, no
+    /// victim is evicted needlessly, and the byte count matches the resident set.
     #[test]
     fn manager_never_exceeds_budget_nor_evicts_pinned(
         sizes in prop::array::uniform8(10u64..=40),
@@ -73,10 +73,17 @@ proptest! {
                     let plan = {
                         let is_resident = |y: ExpertId| m.is_resident(y);
                         let next_use = |y: ExpertId| y.0.is_multiple_of(3).then_some(u64::from(y.0));
-                        let ctx = EvictionContext { model: &model, is_resident: &is_resident, next_use: &next_use };
+                        let elsewhere = |y: ExpertId| y.0.is_multiple_of(2);
+                        let ctx = EvictionContext { model: &model, is_resident: &is_resident, resident_elsewhere: &elsewhere, next_use: &next_use };
                         m.plan_eviction(x, sizes[e as usize], &ctx)
                     };
                     if let Ok(victims) = plan {
+                        // Minimal: without any one victim the expert would not fit.
+                        let freed: u64 = victims.iter().map(|v| sizes[v.index()]).sum();
+                        let room = budget - m.used_bytes() + freed;
+                        for v in &victims {
+                            prop_assert!(room - sizes[v.index()] < sizes[e as usize], "{} evicted needlessly", v);
+                        }
                         for v in victims {
                             prop_assert_eq!(pins[v.0 as usize], 0, "planned to evict pinned {}", v);
                             m.evict(v).unwrap();
