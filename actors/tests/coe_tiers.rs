@@ -179,40 +179,50 @@ fn fragmenting(app: &App, slack: u64) -> Option<[ExpertId; 4]> {
 
 /// A load that fits the budget but no free range of the device arena compacts the arena; the
 /// moved device copies stay intact (a demotion reads them back and verifies their checksums).
+/// Under ONNX Runtime (its own copy of the weights) and the MLP engine reading them in place,
+/// where a moved expert must be read at its new offset.
 #[test]
 fn fragmented_device_arena_is_compacted_and_bytes_survive() {
-    let shared = APP.with(std::rc::Rc::clone);
-    let app = &shared.1;
-    let model = &app.trace.model;
-    // Generous slack bound: the executor's is (experts resident at once + 1) alignment units.
-    let slack = (model.len() as u64 + 1) * DEVICE_ALIGN;
-    let [a, b, c, d] = fragmenting(app, slack).expect("the ci app has experts that fragment the arena");
-    let budget = model.size_of(a) + model.size_of(b) + model.size_of(c);
-    let options = ExecutorOptions { host_budget: Some(model.total_bytes()), ..ExecutorOptions::new(budget) };
-    let mut exec =
-        ExpertExecutor::open_with("cpu0", &app.store_dir(), &app.manifest, model, options).unwrap();
-    let expected = exec.run_batch(b, &[app.input(1)]).err().map(|e| e.to_string());
-    assert!(expected.is_some_and(|e| e.contains("not loaded")), "running before loading is refused");
-    for e in [a, b, c] {
-        exec.load(e).unwrap();
+    for mlp_on_cpu in [false, true] {
+        let shared = APP.with(std::rc::Rc::clone);
+        let app = &shared.1;
+        let model = &app.trace.model;
+        // Generous slack bound: the executor's is (experts resident at once + 1) alignment units.
+        let slack = (model.len() as u64 + 1) * DEVICE_ALIGN;
+        let [a, b, c, d] = fragmenting(app, slack).expect("the ci app has experts that fragment the arena");
+        let budget = model.size_of(a) + model.size_of(b) + model.size_of(c);
+        let options = ExecutorOptions {
+            host_budget: Some(model.total_bytes()),
+            mlp_on_cpu,
+            ..ExecutorOptions::new(budget)
+        };
+        let mut exec =
+            ExpertExecutor::open_with("cpu0", &app.store_dir(), &app.manifest, model, options).unwrap();
+        let expected = exec.run_batch(b, &[app.input(1)]).err().map(|e| e.to_string());
+        assert!(expected.is_some_and(|e| e.contains("not loaded")), "running before loading is refused");
+        for e in [a, b, c] {
+            exec.load(e).unwrap();
+        }
+        let before = exec.run_batch(b, &[app.input(1)]).unwrap();
+        exec.evict(a).unwrap();
+        exec.evict(c).unwrap();
+        let pool = exec.device_pool();
+        assert!(pool.free_blocks >= 2, "{pool:?}");
+        assert!(pool.largest_free_block < model.size_of(d), "{pool:?}");
+        exec.load(d).unwrap();
+        assert_eq!(exec.counters().compactions, 1);
+        assert_eq!(exec.device_pool().free_blocks, 1);
+        exec.check_accounting().unwrap();
+        // b moved: its session still runs the same, and its device copy still checks out.
+        assert_eq!(exec.run_batch(b, &[app.input(1)]).unwrap(), before);
+        exec.evict(b).unwrap();
+        assert_eq!(exec.source_tier(b).unwrap(), StoreTier::Host, "demoted, checksum verified");
+        exec.load(b).unwrap();
+        assert_eq!(exec.run_batch(b, &[app.input(1)]).unwrap(), before);
+        exec.check_accounting().unwrap();
+        let c = exec.counters();
+        assert_eq!(c.in_arena_loads, if mlp_on_cpu { c.loads } else { 0 }, "{c:?}");
     }
-    let before = exec.run_batch(b, &[app.input(1)]).unwrap();
-    exec.evict(a).unwrap();
-    exec.evict(c).unwrap();
-    let pool = exec.device_pool();
-    assert!(pool.free_blocks >= 2, "{pool:?}");
-    assert!(pool.largest_free_block < model.size_of(d), "{pool:?}");
-    exec.load(d).unwrap();
-    assert_eq!(exec.counters().compactions, 1);
-    assert_eq!(exec.device_pool().free_blocks, 1);
-    exec.check_accounting().unwrap();
-    // b moved: its session still runs the same, and its device copy still checks out.
-    assert_eq!(exec.run_batch(b, &[app.input(1)]).unwrap(), before);
-    exec.evict(b).unwrap();
-    assert_eq!(exec.source_tier(b).unwrap(), StoreTier::Host, "demoted, checksum verified");
-    exec.load(b).unwrap();
-    assert_eq!(exec.run_batch(b, &[app.input(1)]).unwrap(), before);
-    exec.check_accounting().unwrap();
 }
 
 /// The CPU executor's sessions get the CPU thread count, the GPU stand-in's its own, and the

@@ -9,12 +9,14 @@
 //! sent, while an expert is only dense + bias + ReLU layers. [`crate::onnx::mlp_graph`] refuses
 //! every other graph, so the engine never computes something ONNX Runtime would not.
 
-use crate::cuda::{CudaDense, CudaDevice, mlp_forward_device};
+use cudarc::driver::CudaSlice;
+
+use crate::cuda::{CudaDense, CudaDevice, DenseAt, mlp_forward_arena, mlp_forward_device};
 use crate::device::Device;
 use crate::error::{KernelError, Result};
 use crate::onnx::mlp_graph::{MlpGraph, MlpGraphError, MlpLimits, parse_mlp};
 use crate::onnx::writer::DenseLayer;
-use crate::ops::{BiasAdd, Matmul, Op, Relu, Softmax};
+use crate::ops::{BiasAdd, Gemm, Matmul, Op, Relu, Softmax};
 use crate::tensor::Tensor;
 
 /// Why an engine could not be built: the model is not an MLP it runs, or the device failed.
@@ -174,5 +176,162 @@ impl MlpEngine {
             cur = Softmax.cpu(&cur)?;
         }
         Ok(cur.to_vec_f32())
+    }
+}
+
+/// An MLP run where its ONNX file's bytes lie (a weight-store arena allocation, in GPU or host
+/// memory): only the layout is kept, so the arena's copy, the one the pool accounts, is the only
+/// copy of the weights. Built only when every parameter is aligned inline `raw_data`, as
+/// [`mlp_model`](crate::onnx::writer::mlp_model) writes it; other files need [`MlpEngine`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArenaMlp {
+    layers: Vec<DenseAt>,
+    softmax: bool,
+    inputs: usize,
+    outputs: usize,
+    len: usize,
+}
+
+impl ArenaMlp {
+    /// The layout of the ONNX `bytes` (parsed under `limits`); `Ok(None)` when its parameters
+    /// cannot be read in place (not inline, or not 4-byte aligned).
+    pub fn from_onnx(bytes: &[u8], limits: &MlpLimits) -> std::result::Result<Option<Self>, MlpEngineError> {
+        let graph = parse_mlp(bytes, limits)?;
+        let Some(ranges) = graph.ranges else { return Ok(None) };
+        let n = graph.layers.len();
+        let layers: Vec<DenseAt> = graph
+            .layers
+            .iter()
+            .zip(ranges)
+            .enumerate()
+            .map(|(i, (l, r))| DenseAt {
+                inputs: l.inputs,
+                outputs: l.outputs,
+                weights: r.weights,
+                bias: r.bias,
+                relu: i + 1 < n,
+            })
+            .collect();
+        let (inputs, outputs) = match (layers.first(), layers.last()) {
+            (Some(f), Some(l)) => (f.inputs, l.outputs),
+            _ => return Err(KernelError::invalid("ArenaMlp", "an MLP needs at least one layer").into()),
+        };
+        Ok(Some(Self { layers, softmax: graph.softmax, inputs, outputs, len: bytes.len() }))
+    }
+
+    /// Bytes of the file the layout was read from (what the allocation must hold).
+    pub fn file_len(&self) -> usize {
+        self.len
+    }
+
+    /// Input width.
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    /// Output width.
+    pub fn outputs(&self) -> usize {
+        self.outputs
+    }
+
+    /// Run a batch (`x` `[batch, inputs]`) with the parameters read from `file`, the model's
+    /// bytes in host memory; the CPU reference ops compute it.
+    pub fn run_host(&self, file: &[u8], x: &[f32], batch: usize) -> Result<Vec<f32>> {
+        if file.len() != self.len {
+            return Err(KernelError::invalid(
+                "ArenaMlp",
+                format!("{} bytes, the model has {}", file.len(), self.len),
+            ));
+        }
+        if batch.checked_mul(self.inputs) != Some(x.len()) {
+            return Err(KernelError::shape(
+                "ArenaMlp::run_host",
+                format!("{} inputs for a batch of {batch} rows of {}", x.len(), self.inputs),
+            ));
+        }
+        let floats = |r: &std::ops::Range<usize>| -> Result<&[f32]> {
+            // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned middle.
+            let (pre, mid, post) = unsafe { file[r.clone()].align_to::<f32>() };
+            if pre.is_empty() && post.is_empty() {
+                Ok(mid)
+            } else {
+                Err(KernelError::invalid(
+                    "ArenaMlp",
+                    format!("parameters at {r:?} are not 4-byte aligned in memory"),
+                ))
+            }
+        };
+        let mut cur = Tensor::from_f32(&[batch, self.inputs], x.to_vec())?;
+        for l in &self.layers {
+            l.check(file.as_ptr() as usize, file.len())?;
+            let mut y = vec![0f32; batch * l.outputs];
+            Gemm::new(batch, l.inputs, l.outputs).run_cpu(&cur.to_vec_f32(), floats(&l.weights)?, &mut y)?;
+            let bias = Tensor::from_f32(&[l.outputs], floats(&l.bias)?.to_vec())?;
+            cur = BiasAdd.cpu((&Tensor::from_f32(&[batch, l.outputs], y)?, &bias))?;
+            if l.relu {
+                cur = Relu.cpu(&cur)?;
+            }
+        }
+        if self.softmax {
+            cur = Softmax.cpu(&cur)?;
+        }
+        Ok(cur.to_vec_f32())
+    }
+
+    /// Run a batch on the GPU with the parameters read in place from `arena[base..]` (the
+    /// allocation holding the model's bytes).
+    pub fn run_cuda(
+        &self,
+        dev: &CudaDevice,
+        arena: &CudaSlice<u8>,
+        base: usize,
+        x: &[f32],
+        batch: usize,
+    ) -> Result<Vec<f32>> {
+        mlp_forward_arena(dev, arena, base, self.len, &self.layers, self.softmax, x, batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::onnx::proto::ModelProto;
+    use crate::onnx::writer::{mlp_model, tests::layer};
+
+    #[test]
+    fn in_place_run_equals_the_engine_with_its_own_copy() {
+        let layers = vec![layer(16, 24, 1), layer(24, 8, 2), layer(8, 5, 3)];
+        let bytes = mlp_model(&layers, "x", "y").unwrap();
+        let own = MlpEngine::from_onnx(&bytes, &MlpLimits::default(), &Device::Cpu).unwrap();
+        let arena = ArenaMlp::from_onnx(&bytes, &MlpLimits::default()).unwrap().expect("the writer aligns");
+        assert_eq!((arena.inputs(), arena.outputs(), arena.file_len()), (16, 5, bytes.len()));
+        let x: Vec<f32> = (0..3 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+        // The file at a 4-byte aligned address, as an arena allocation is.
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        let file = &mut bytemuck_bytes(&mut words)[..bytes.len()];
+        file.copy_from_slice(&bytes);
+        assert_eq!(arena.run_host(file, &x, 3).unwrap(), own.run(&x, 3).unwrap());
+        // A wrong length or batch is refused, not read past.
+        assert!(arena.run_host(&file[..bytes.len() - 1], &x, 3).is_err());
+        assert!(arena.run_host(file, &x[..47], 3).is_err());
+    }
+
+    #[test]
+    fn a_file_whose_parameters_are_not_aligned_needs_its_own_copy() {
+        let bytes = mlp_model(&[layer(4, 3, 1)], "x", "y").unwrap();
+        let mut m = ModelProto::decode(bytes.as_slice()).unwrap();
+        // One more byte in the graph's name shifts every initializer off its alignment.
+        m.graph.as_mut().unwrap().name.as_mut().unwrap().push('!');
+        let shifted = m.encode_to_vec();
+        assert_eq!(ArenaMlp::from_onnx(&shifted, &MlpLimits::default()).unwrap(), None);
+        assert!(MlpEngine::from_onnx(&shifted, &MlpLimits::default(), &Device::Cpu).is_ok());
+    }
+
+    /// `words` as bytes (4-byte aligned).
+    fn bytemuck_bytes(words: &mut [u32]) -> &mut [u8] {
+        // SAFETY: u8 has no alignment or validity requirement; the length covers the words.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 4) }
     }
 }

@@ -139,6 +139,21 @@ struct Entry {
     device: Option<Allocation>,
 }
 
+/// A device-resident blob's bytes in the arena (see [`WeightStore::device_bytes`]).
+pub enum DeviceBytes<'a> {
+    /// A host-memory arena: the bytes themselves.
+    Host(&'a [u8]),
+    /// A GPU arena: the buffer, and the blob's offset and length in it.
+    Cuda {
+        /// The arena's buffer.
+        arena: &'a CudaSlice<u8>,
+        /// Offset of the blob's first byte.
+        offset: usize,
+        /// The blob's length.
+        len: usize,
+    },
+}
+
 enum Arena {
     Host(Vec<u8>),
     Cuda(CudaDevice, CudaSlice<u8>),
@@ -352,6 +367,20 @@ impl WeightStore {
     /// The blob's range in the device arena, when it is on the device.
     pub fn device_allocation(&self, id: &BlobId) -> Result<Option<Allocation>> {
         Ok(self.entry(id)?.device)
+    }
+
+    /// Where the device-resident blob's bytes lie now (they move when the arena is compacted, so
+    /// ask again after any load). Errors when the blob is not in the device tier.
+    pub fn device_bytes(&self, id: &BlobId) -> Result<DeviceBytes<'_>> {
+        let e = self.entry(id)?;
+        let a = e
+            .device
+            .ok_or_else(|| KernelError::invalid("device bytes", format!("blob {id} is not on the device")))?;
+        let (offset, len) = (a.offset as usize, e.len as usize);
+        match &self.arena {
+            Arena::Host(buf) => Ok(DeviceBytes::Host(&buf[offset..offset + len])),
+            Arena::Cuda(_, buf) => Ok(DeviceBytes::Cuda { arena: buf, offset, len }),
+        }
     }
 
     /// The device arena's GPU buffer (None on a CPU device); blobs live at their allocation offsets.

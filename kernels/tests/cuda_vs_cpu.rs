@@ -2,14 +2,14 @@
 //! NVRTC), so each is `#[ignore]`d with that reason and run by `scripts/gpu-check`
 //! (`--include-ignored`) on a GPU machine; run there without one, a test fails naming why.
 
-use troupe_kernels::mlp_engine::MlpEngine;
+use troupe_kernels::mlp_engine::{ArenaMlp, MlpEngine};
 use troupe_kernels::onnx::mlp_graph::MlpLimits;
 use troupe_kernels::onnx::writer::{DenseLayer, mlp_model};
 use troupe_kernels::ops::{
     BiasAdd, ExpertParams, Gelu, Matmul, MoeFfn, MoeFfnBackward, Op, Relu, Softmax, moe_ffn_backward,
     moe_ffn_forward, top_k_route,
 };
-use troupe_kernels::{CudaDevice, Device, KernelError, Tensor, Tier, WeightStore};
+use troupe_kernels::{CudaDevice, Device, DeviceBytes, KernelError, Tensor, Tier, WeightStore};
 
 /// The GPU these tests need; fails the test naming why there is none.
 fn gpu() -> CudaDevice {
@@ -156,6 +156,42 @@ fn store_device_tier_round_trips_through_gpu_memory() {
     assert_eq!(s.read(&id).unwrap(), data);
     assert_eq!(s.evict(&id).unwrap(), Tier::Host);
     assert_eq!(s.read(&id).unwrap(), data);
+}
+
+/// The MLP engine reading an expert in place from a GPU store arena answers as the CPU engine,
+/// also after a compaction moved the expert's bytes.
+#[test]
+#[ignore = "needs a CUDA device: run by scripts/gpu-check"]
+fn mlp_read_in_place_from_the_gpu_arena_matches_the_cpu_engine() {
+    let gpu = gpu();
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = if base.is_dir() { tempfile::tempdir_in(base).unwrap() } else { tempfile::tempdir().unwrap() };
+    let mut s = WeightStore::open(dir.path(), &Device::Cuda(gpu.clone()), 4 << 20, 4 << 20).unwrap();
+    let spacer = s.put("spacer", &vec![7u8; 300_001]).unwrap();
+    let bytes = mlp_model(&[dense(64, 128, 1), dense(128, 64, 2), dense(64, 10, 3)], "x", "probs").unwrap();
+    let id = s.put("expert", &bytes).unwrap();
+    s.promote_to_device(&spacer).unwrap();
+    s.promote_to_device(&id).unwrap();
+    let limits = MlpLimits::default();
+    let layout = ArenaMlp::from_onnx(&bytes, &limits).unwrap().expect("the writer aligns the weights");
+    let cpu = MlpEngine::from_onnx(&bytes, &limits, &Device::Cpu).unwrap();
+    let run = |s: &WeightStore, x: &[f32], batch: usize| match s.device_bytes(&id).unwrap() {
+        DeviceBytes::Cuda { arena, offset, len } => {
+            assert_eq!(len, layout.file_len());
+            (offset, layout.run_cuda(&gpu, arena, offset, x, batch).unwrap())
+        }
+        DeviceBytes::Host(_) => panic!("a CUDA store's arena is GPU memory"),
+    };
+    let x: Vec<f32> = values(11, 5 * 64);
+    let want = cpu.run(&x, 5).unwrap();
+    let (before, got) = run(&s, &x, 5);
+    assert_close("in place", &got, &want, 1e-5);
+    // The spacer leaves; compaction moves the expert to offset 0.
+    s.evict(&spacer).unwrap();
+    s.compact_device().unwrap();
+    let (after, got) = run(&s, &x, 5);
+    assert!(after < before, "moved from {before} to {after}");
+    assert_close("in place after compaction", &got, &want, 1e-5);
 }
 
 #[test]

@@ -13,9 +13,10 @@
 //! - **device**: the store's device arena, a kernels `MemoryPool` with one allocation per
 //!   resident expert (sized to its bytes, 256-byte aligned), in GPU memory on a CUDA executor.
 //!   The ONNX session or MLP engine is built from the arena's bytes (checksummed); the arena copy
-//!   is what the budget accounts. The engine's own copy of the weights (ONNX Runtime's session,
-//!   or the MLP engine's f32 tensors, on the GPU for a CUDA executor, at most the blob's bytes)
-//!   is not in the pool. The byte budget
+//!   is what the budget accounts. The MLP engine runs the weights in place there ([`ArenaMlp`],
+//!   at the expert's current offset) when the file lays them out aligned, as the app writer
+//!   does; otherwise it keeps its own f32 copy, outside the pool, as ONNX Runtime's session
+//!   always does (at most the blob's bytes). The byte budget
 //!   the scheduler plans with is checked on the raw sizes; the pool gets one alignment unit of
 //!   slack per expert that could be resident at once, so alignment never refuses what the
 //!   budget allows. Fragmentation is handled by compaction: when a load fits in the free bytes
@@ -43,10 +44,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use troupe_kernels::mlp_engine::MlpEngine;
+use troupe_kernels::mlp_engine::{ArenaMlp, MlpEngine};
 use troupe_kernels::onnx::mlp_graph::MlpLimits;
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
-use troupe_kernels::{BlobId, Device, Tier as StoreTier, WeightStore};
+use troupe_kernels::{BlobId, Device, DeviceBytes, Tier as StoreTier, WeightStore};
 use troupe_policy::coe::{
     CoeModel, Demotion, ExecutorKind, ExpertEngine, ExpertId, HostCandidate, HostTier, choose_engine,
     plan_demotion,
@@ -122,6 +123,9 @@ pub struct ExecutorCounters {
     pub management_seconds: f64,
     /// Highest host-tier bytes seen.
     pub peak_host_bytes: u64,
+    /// Loads whose MLP engine reads the weights in place from the device arena (no copy of its
+    /// own outside the pool; see [`ArenaMlp`]).
+    pub in_arena_loads: u64,
 }
 
 /// How an executor is set up.
@@ -150,8 +154,10 @@ impl ExecutorOptions {
 enum Loaded {
     /// ONNX Runtime (the CPU executor's default, the GPU stand-in).
     Onnx(OnnxSession),
-    /// The kernels' MLP engine.
+    /// The kernels' MLP engine with its own copy of the weights (a file it cannot read in place).
     Mlp(MlpEngine),
+    /// The kernels' MLP engine reading the weights where the device arena holds the file.
+    InArena(ArenaMlp),
 }
 
 /// The device of `kind`'s engine: CUDA device 0 for a GPU executor when it opens (else the
@@ -478,6 +484,7 @@ impl ExpertExecutor {
             }
         };
         let session_s = session_start.elapsed().as_secs_f64();
+        self.counters.in_arena_loads += u64::from(matches!(session, Loaded::InArena(_)));
         self.sessions.insert(expert, session);
         self.resident += size;
         let c = &mut self.counters;
@@ -508,9 +515,15 @@ impl ExpertExecutor {
         if self.engine.uses_onnx_runtime() {
             return Ok(Loaded::Onnx(OnnxSession::from_bytes(bytes, id.as_str(), &self.session_config)?));
         }
-        MlpEngine::from_onnx(bytes, &MlpLimits::default(), &self.device).map(Loaded::Mlp).map_err(|e| {
+        let refused = |e: &dyn std::fmt::Display| {
             self.fail(format!("{expert} ({id}) in the MLP engine on {}: {e}", self.device.name()))
-        })
+        };
+        match ArenaMlp::from_onnx(bytes, &MlpLimits::default()).map_err(|e| refused(&e))? {
+            Some(layout) => Ok(Loaded::InArena(layout)),
+            None => MlpEngine::from_onnx(bytes, &MlpLimits::default(), &self.device)
+                .map(Loaded::Mlp)
+                .map_err(|e| refused(&e)),
+        }
     }
 
     /// Evict `expert` from the device budget: drop its session, then demote its device copy
@@ -604,6 +617,28 @@ impl ExpertExecutor {
                 ran = engine
                     .run(&x, inputs.len())
                     .map_err(|e| self.fail(format!("{expert} in the MLP engine: {e}")))?;
+                &ran
+            }
+            Loaded::InArena(layout) => {
+                let id = &self.blobs[expert.index()];
+                let result = match (self.store.device_bytes(id), &self.device) {
+                    (Ok(DeviceBytes::Host(file)), _) => layout.run_host(file, &x, inputs.len()),
+                    (Ok(DeviceBytes::Cuda { arena, offset, len }), Device::Cuda(dev))
+                        if len == layout.file_len() =>
+                    {
+                        layout.run_cuda(dev, arena, offset, &x, inputs.len())
+                    }
+                    (Ok(DeviceBytes::Cuda { len, .. }), _) => Err(troupe_kernels::KernelError::invalid(
+                        "coe executor",
+                        format!(
+                            "a GPU arena blob of {len} bytes for a layout of {} on {}",
+                            layout.file_len(),
+                            self.device.name()
+                        ),
+                    )),
+                    (Err(e), _) => Err(e),
+                };
+                ran = result.map_err(|e| self.fail(format!("{expert} in the MLP engine, in place: {e}")))?;
                 &ran
             }
         };

@@ -1,7 +1,7 @@
 //! Elementwise ops on device buffers (row bias add, ReLU, row softmax) through the NVRTC kernels
 //! of [`super::kernels`], and their host-tensor forms behind the ops' [`crate::Op::cuda`].
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
 use super::CudaDevice;
 use super::kernels::{MODULE, SRC};
@@ -31,7 +31,7 @@ fn check_matrix(op: &'static str, len: usize, rows: usize, cols: usize) -> Resul
 pub fn bias_add_rows_device(
     dev: &CudaDevice,
     y: &mut CudaSlice<f32>,
-    bias: &CudaSlice<f32>,
+    bias: &CudaView<'_, f32>,
     rows: usize,
     cols: usize,
 ) -> Result<()> {
@@ -88,7 +88,7 @@ pub fn bias_add(dev: &CudaDevice, x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let (rows, cols) = crate::ops::rows_cols("bias_add", x)?;
     let mut y = dev.upload(&x.f32_cow())?;
     let b = dev.upload(&bias.f32_cow())?;
-    bias_add_rows_device(dev, &mut y, &b, rows, cols)?;
+    bias_add_rows_device(dev, &mut y, &b.as_view(), rows, cols)?;
     Tensor::from_f32(x.shape(), dev.download(&y)?)
 }
 

@@ -4,7 +4,7 @@
 use cudarc::cublas::Gemm as _;
 use cudarc::cublas::GemmConfig;
 use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::CudaDevice;
 use crate::error::{KernelError, Result};
@@ -38,13 +38,14 @@ pub(crate) fn cublas_config(g: &Gemm) -> Result<GemmConfig<f32>> {
     })
 }
 
-/// Run `g` on device buffers (same row-major conventions as [`Gemm::run_cpu`]).
-pub fn gemm_device(
+/// Run `g` on device buffers or views of them (same row-major conventions as
+/// [`Gemm::run_cpu`]).
+pub fn gemm_device<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
     dev: &CudaDevice,
     g: &Gemm,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    c: &mut CudaSlice<f32>,
+    a: &A,
+    b: &B,
+    c: &mut C,
 ) -> Result<()> {
     g.check(a.len(), b.len(), c.len())?;
     if g.m == 0 || g.n == 0 {

@@ -2,7 +2,9 @@
 //! between layers, an optional row softmax at the end. Weights stay resident on the device
 //! ([`CudaDense`]); a batch costs one upload of the inputs and one download of the outputs.
 
-use cudarc::driver::CudaSlice;
+use std::ops::Range;
+
+use cudarc::driver::{CudaSlice, CudaView};
 
 use super::CudaDevice;
 use super::elementwise::{bias_add_rows_device, relu_device, softmax_rows_device};
@@ -53,34 +55,122 @@ pub fn mlp_forward_device(
     x: &[f32],
     batch: usize,
 ) -> Result<Vec<f32>> {
+    let views = layers.iter().map(|l| (l.inputs, l.outputs, l.w.as_view(), l.b.as_view(), l.relu)).collect();
+    forward(dev, views, softmax, x, batch)
+}
+
+/// One layer as the forward pass reads it: widths, weights, biases, ReLU after it.
+type LayerView<'a> = (usize, usize, CudaView<'a, f32>, CudaView<'a, f32>, bool);
+
+/// The forward pass over `layers` (see [`mlp_forward_device`]).
+fn forward(
+    dev: &CudaDevice,
+    layers: Vec<LayerView<'_>>,
+    softmax: bool,
+    x: &[f32],
+    batch: usize,
+) -> Result<Vec<f32>> {
     let first = layers.first().ok_or_else(|| KernelError::invalid("mlp forward", "no layers"))?;
-    if batch.checked_mul(first.inputs) != Some(x.len()) {
+    if batch.checked_mul(first.0) != Some(x.len()) {
         return Err(KernelError::shape(
             "mlp forward",
-            format!("{} inputs for a batch of {batch} rows of {}", x.len(), first.inputs),
+            format!("{} inputs for a batch of {batch} rows of {}", x.len(), first.0),
         ));
     }
     let mut cur = dev.upload(x)?;
-    let mut width = first.inputs;
-    for l in layers {
-        if l.inputs != width {
+    let mut width = first.0;
+    for (inputs, outputs, w, b, relu) in &layers {
+        if *inputs != width {
             return Err(KernelError::shape(
                 "mlp forward",
-                format!("layer takes {} inputs, previous gives {width}", l.inputs),
+                format!("layer takes {inputs} inputs, previous gives {width}"),
             ));
         }
-        let g = Gemm::new(batch, l.inputs, l.outputs);
-        let mut y = dev.zeros(batch * l.outputs)?;
-        gemm_device(dev, &g, &cur, &l.w, &mut y)?;
-        bias_add_rows_device(dev, &mut y, &l.b, batch, l.outputs)?;
-        if l.relu {
+        let g = Gemm::new(batch, *inputs, *outputs);
+        let mut y = dev.zeros(batch * outputs)?;
+        gemm_device(dev, &g, &cur, w, &mut y)?;
+        bias_add_rows_device(dev, &mut y, b, batch, *outputs)?;
+        if *relu {
             relu_device(dev, &mut y)?;
         }
         cur = y;
-        width = l.outputs;
+        width = *outputs;
     }
     if softmax {
         softmax_rows_device(dev, &mut cur, batch, width)?;
     }
     dev.download(&cur)
+}
+
+/// One dense layer whose parameters lie in a byte buffer (a weight-store arena allocation
+/// holding the expert's ONNX file): `weights` (`[inputs, outputs]` row-major f32) and `bias`
+/// (`[outputs]`) are byte ranges of that allocation, each starting at a multiple of 4.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenseAt {
+    /// Input width.
+    pub inputs: usize,
+    /// Output width.
+    pub outputs: usize,
+    /// Byte range of the weights in the allocation.
+    pub weights: Range<usize>,
+    /// Byte range of the biases in the allocation.
+    pub bias: Range<usize>,
+    /// Whether ReLU follows this layer.
+    pub relu: bool,
+}
+
+impl DenseAt {
+    /// Checks the ranges against an allocation of `len` bytes at `base` (alignment included).
+    pub fn check(&self, base: usize, len: usize) -> Result<()> {
+        for (what, r, floats) in
+            [("weights", &self.weights, self.inputs * self.outputs), ("bias", &self.bias, self.outputs)]
+        {
+            if r.end > len || r.start > r.end || r.len() != 4 * floats || !(base + r.start).is_multiple_of(4)
+            {
+                return Err(KernelError::invalid(
+                    "mlp in arena",
+                    format!(
+                        "{what} at {r:?} of an allocation of {len} bytes at {base} ({floats} aligned floats expected)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`mlp_forward_device`] with the parameters read in place from `arena[base..base + len]`
+/// (see [`DenseAt`]): no copy of the weights exists besides the arena's.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_forward_arena(
+    dev: &CudaDevice,
+    arena: &CudaSlice<u8>,
+    base: usize,
+    len: usize,
+    layers: &[DenseAt],
+    softmax: bool,
+    x: &[f32],
+    batch: usize,
+) -> Result<Vec<f32>> {
+    if base.checked_add(len).is_none_or(|end| end > arena.len()) {
+        return Err(KernelError::invalid(
+            "mlp in arena",
+            format!("allocation {base}+{len} outside an arena of {} bytes", arena.len()),
+        ));
+    }
+    let blob = arena.slice(base..base + len);
+    let floats = |r: &Range<usize>| -> Result<CudaView<'_, f32>> {
+        // SAFETY: `DenseAt::check` proved the range lies in the allocation, starts 4-byte
+        // aligned and holds exactly `len / 4` f32s, which any bit pattern is.
+        unsafe { blob.slice(r.clone()).transmute::<f32>(r.len() / 4) }
+            .ok_or_else(|| KernelError::invalid("mlp in arena", format!("range {r:?} too short")))
+    };
+    let views = layers
+        .iter()
+        .map(|l| {
+            l.check(base, len)?;
+            Ok((l.inputs, l.outputs, floats(&l.weights)?, floats(&l.bias)?, l.relu))
+        })
+        .collect::<Result<_>>()?;
+    forward(dev, views, softmax, x, batch)
 }

@@ -14,5 +14,5 @@ mod moe;
 pub use device::{CudaDevice, cuda_available, driver_library_present, ffn_kernels_ptx};
 pub use elementwise::{bias_add, bias_add_rows_device, relu, relu_device, softmax, softmax_rows_device};
 pub use gemm::{gemm_device, matmul};
-pub use mlp::{CudaDense, mlp_forward_device};
+pub use mlp::{CudaDense, DenseAt, mlp_forward_arena, mlp_forward_device};
 pub use moe::{moe_ffn_backward, moe_ffn_forward};

@@ -6,8 +6,10 @@
 //! before anything is allocated from them.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use prost::Message;
+use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
 
 use super::proto::{GraphProto, ModelProto, NodeProto, TensorProto, tensor_proto};
 use super::writer::{DenseLayer, FLOAT};
@@ -41,6 +43,19 @@ pub struct MlpGraph {
     pub layers: Vec<DenseLayer>,
     /// Whether a row softmax ends the graph (else the output is the last layer's logits).
     pub softmax: bool,
+    /// Where each layer's weights and biases lie in the model's bytes, when every one is inline
+    /// little-endian `raw_data` starting at a multiple of 4 (so an engine can read them in place,
+    /// see [`crate::mlp_engine::ArenaMlp`]); `None` otherwise.
+    pub ranges: Option<Vec<LayerRanges>>,
+}
+
+/// Byte ranges of one dense layer's parameters inside the model file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerRanges {
+    /// The `[inputs, outputs]` weights.
+    pub weights: Range<usize>,
+    /// The `[outputs]` biases.
+    pub bias: Range<usize>,
 }
 
 /// Why a model is not an MLP the engine runs.
@@ -143,10 +158,92 @@ pub fn parse_mlp(bytes: &[u8], limits: &MlpLimits) -> Result<MlpGraph, MlpGraphE
     }
     let model = ModelProto::decode(bytes)?;
     let graph = model.graph.ok_or_else(|| not_mlp("the model has no graph"))?;
-    read_graph(&graph, limits)
+    let (mut mlp, names) = read_graph(&graph, limits)?;
+    mlp.ranges = layer_ranges(bytes, &mlp.layers, &names)?;
+    Ok(mlp)
 }
 
-fn read_graph(g: &GraphProto, limits: &MlpLimits) -> Result<MlpGraph, MlpGraphError> {
+/// Each layer's parameter ranges (see [`MlpGraph::ranges`]), `None` unless every one is an
+/// inline `raw_data` of exactly the decoded length at a 4-byte aligned offset.
+fn layer_ranges(
+    bytes: &[u8],
+    layers: &[DenseLayer],
+    names: &[(String, String)],
+) -> Result<Option<Vec<LayerRanges>>, MlpGraphError> {
+    let raw = raw_data_ranges(bytes)?;
+    let place = |name: &str, floats: usize| {
+        raw.get(name).filter(|r| r.len() == 4 * floats && r.start.is_multiple_of(4)).cloned()
+    };
+    Ok(layers
+        .iter()
+        .zip(names)
+        .map(|(l, (w, b))| {
+            Some(LayerRanges { weights: place(w, l.weights.len())?, bias: place(b, l.bias.len())? })
+        })
+        .collect())
+}
+
+/// Initializer name -> byte range of its `raw_data` in `bytes` (a serialised `ModelProto`),
+/// with protobuf's rules: a later graph's initializers are appended, a later `raw_data` or name
+/// in one tensor replaces the earlier, and a later tensor of the same name wins.
+pub fn raw_data_ranges(bytes: &[u8]) -> Result<HashMap<String, Range<usize>>, MlpGraphError> {
+    const MODEL_GRAPH: u32 = 7;
+    const GRAPH_INITIALIZER: u32 = 5;
+    const TENSOR_NAME: u32 = 8;
+    const TENSOR_RAW_DATA: u32 = 9;
+    let mut out = HashMap::new();
+    for (tag, graph) in fields(bytes, 0)? {
+        if tag != MODEL_GRAPH {
+            continue;
+        }
+        for (tag, tensor) in fields(&bytes[graph.clone()], graph.start)? {
+            if tag != GRAPH_INITIALIZER {
+                continue;
+            }
+            let (mut name, mut raw) = (None, None);
+            for (tag, field) in fields(&bytes[tensor.clone()], tensor.start)? {
+                match tag {
+                    TENSOR_NAME => name = Some(String::from_utf8_lossy(&bytes[field]).into_owned()),
+                    TENSOR_RAW_DATA => raw = Some(field),
+                    _ => {}
+                }
+            }
+            if let (Some(name), Some(raw)) = (name, raw) {
+                out.insert(name, raw);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The length-delimited fields of the message `msg` (which starts at `base` in the file): tag
+/// and payload range in the file. Other wire types are skipped.
+fn fields(msg: &[u8], base: usize) -> Result<Vec<(u32, Range<usize>)>, MlpGraphError> {
+    let mut buf = msg;
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        let (tag, wire) = decode_key(&mut buf)?;
+        if wire != WireType::LengthDelimited {
+            skip_field(wire, tag, &mut buf, DecodeContext::default())?;
+            continue;
+        }
+        let len = usize::try_from(decode_varint(&mut buf)?).unwrap_or(usize::MAX);
+        if len > buf.len() {
+            return Err(not_mlp(format!("a field of {len} bytes at byte {base} runs past its message")));
+        }
+        let start = base + (msg.len() - buf.len());
+        out.push((tag, start..start + len));
+        buf = &buf[len..];
+    }
+    Ok(out)
+}
+
+/// The MLP chain of `g` (ranges not yet filled), with each layer's weight and bias names.
+#[allow(clippy::type_complexity)]
+fn read_graph(
+    g: &GraphProto,
+    limits: &MlpLimits,
+) -> Result<(MlpGraph, Vec<(String, String)>), MlpGraphError> {
     if !g.sparse_initializer.is_empty() {
         return Err(not_mlp("the graph has sparse initializers"));
     }
@@ -171,6 +268,7 @@ fn read_graph(g: &GraphProto, limits: &MlpLimits) -> Result<MlpGraph, MlpGraphEr
     let op = |n: &NodeProto| n.op_type.clone().unwrap_or_default();
 
     let mut layers: Vec<DenseLayer> = Vec::new();
+    let mut names: Vec<(String, String)> = Vec::new();
     let mut relu_after: Vec<bool> = Vec::new();
     let mut softmax = false;
     let mut cur = (*input).to_string();
@@ -229,6 +327,7 @@ fn read_graph(g: &GraphProto, limits: &MlpLimits) -> Result<MlpGraph, MlpGraphEr
                     return Err(not_mlp(format!("bias {bias_name:?} has dims {bd:?}, not [{outputs}]")));
                 }
                 layers.push(DenseLayer { inputs: inputs_w, outputs, weights, bias });
+                names.push((n.input[1].clone(), bias_name.clone()));
                 relu_after.push(false);
                 cur = add.output[0].clone();
             }
@@ -274,7 +373,7 @@ fn read_graph(g: &GraphProto, limits: &MlpLimits) -> Result<MlpGraph, MlpGraphEr
     if cur != output {
         return Err(not_mlp(format!("the chain ends at {cur:?}, the graph output is {output:?}")));
     }
-    Ok(MlpGraph { input: (*input).to_string(), output, layers, softmax })
+    Ok((MlpGraph { input: (*input).to_string(), output, layers, softmax, ranges: None }, names))
 }
 
 #[cfg(test)]

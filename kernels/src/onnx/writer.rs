@@ -5,6 +5,8 @@
 
 use prost::Message;
 
+use super::mlp_graph::raw_data_ranges;
+
 use super::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
     TypeProto, ValueInfoProto, attribute_proto, tensor_shape_proto, type_proto,
@@ -152,12 +154,44 @@ fn check_layers(layers: &[DenseLayer]) -> Result<(), WriterError> {
 
 /// Serialise an MLP as an ONNX model: `input [batch, in]` -> dense layers with ReLU between
 /// them -> softmax -> `output [batch, out]`.
+///
+/// Every initializer's `raw_data` starts at a multiple of 4 bytes in the file, so an engine can
+/// run the weights where the file's bytes lie ([`crate::mlp_engine::ArenaMlp`]) instead of
+/// copying them. The padding that does it is meaningless text: the graph's name aligns the first
+/// initializer, and each initializer's `doc_string` (encoded after its data) aligns the next.
 pub fn mlp_model(layers: &[DenseLayer], input: &str, output: &str) -> Result<Vec<u8>, WriterError> {
     check_layers(layers)?;
+    // Each pass aligns the first misaligned initializer with the padding just before it; a
+    // longer pad can lengthen a varint ahead of the others, so every pass re-checks them all.
+    let mut pads = vec![0usize; 2 * layers.len()];
+    let mut bytes = mlp_model_padded(layers, input, output, &pads);
+    for _ in 0..4 * pads.len() + 8 {
+        // Our own encoding always walks; were it not to, the model stays valid, just unaligned.
+        let Ok(ranges) = raw_data_ranges(&bytes) else { break };
+        let misaligned = (0..pads.len()).find_map(|j| {
+            let start = ranges.get(&initializer_name(j))?.start;
+            (!start.is_multiple_of(4)).then_some((j, 4 - start % 4))
+        });
+        let Some((j, add)) = misaligned else { break };
+        pads[j] += add;
+        bytes = mlp_model_padded(layers, input, output, &pads);
+    }
+    Ok(bytes)
+}
+
+/// Initializer `j` of an MLP: `w{i}` for even `j`, `b{i}` for odd.
+fn initializer_name(j: usize) -> String {
+    format!("{}{}", if j.is_multiple_of(2) { 'w' } else { 'b' }, j / 2)
+}
+
+/// The MLP model with `pads[j]` bytes of padding before initializer `j`'s data (see
+/// [`mlp_model`]).
+fn mlp_model_padded(layers: &[DenseLayer], input: &str, output: &str, pads: &[usize]) -> Vec<u8> {
     let mut nodes = Vec::with_capacity(3 * layers.len());
     let mut x = input.to_string();
     for i in 0..layers.len() {
-        let (w, b, mm, y) = (format!("w{i}"), format!("b{i}"), format!("mm{i}"), format!("y{i}"));
+        let (w, b) = (initializer_name(2 * i), initializer_name(2 * i + 1));
+        let (mm, y) = (format!("mm{i}"), format!("y{i}"));
         nodes.push(node("MatMul", &[&x, &w], &[&mm], vec![]));
         nodes.push(node("Add", &[&mm, &b], &[&y], vec![]));
         x = y;
@@ -168,26 +202,30 @@ pub fn mlp_model(layers: &[DenseLayer], input: &str, output: &str) -> Result<Vec
         }
     }
     nodes.push(node("Softmax", &[&x], &[output], vec![int_attribute("axis", -1)]));
-    let initializer = layers
+    let mut initializer: Vec<TensorProto> = layers
         .iter()
         .enumerate()
         .flat_map(|(i, l)| {
             [
-                float_tensor(&format!("w{i}"), &[l.inputs, l.outputs], &l.weights),
-                float_tensor(&format!("b{i}"), &[l.outputs], &l.bias),
+                float_tensor(&initializer_name(2 * i), &[l.inputs, l.outputs], &l.weights),
+                float_tensor(&initializer_name(2 * i + 1), &[l.outputs], &l.bias),
             ]
         })
         .collect();
+    // Initializer j's doc_string comes after its raw_data: it pads initializer j + 1.
+    for (j, t) in initializer.iter_mut().enumerate() {
+        t.doc_string = Some(" ".repeat(pads.get(j + 1).copied().unwrap_or(0)));
+    }
     let width = |w: usize| [Err("batch"), Ok(w as i64)];
     let graph = GraphProto {
         node: nodes,
-        name: Some("troupe_mlp".into()),
+        name: Some(format!("troupe_mlp{}", "_".repeat(pads[0]))),
         initializer,
         input: vec![value_info(input, FLOAT, &width(layers[0].inputs))],
         output: vec![value_info(output, FLOAT, &width(layers[layers.len() - 1].outputs))],
         ..Default::default()
     };
-    Ok(model(graph).encode_to_vec())
+    model(graph).encode_to_vec()
 }
 
 /// The same forward pass in plain Rust (the reference the writer is tested against): `x` is
@@ -242,6 +280,35 @@ pub(crate) mod tests {
             outputs,
             weights: (0..inputs * outputs).map(|i| val(i) * 0.3).collect(),
             bias: (0..outputs).map(|i| val(i + 7) * 0.1).collect(),
+        }
+    }
+
+    #[test]
+    fn every_initializer_starts_4_byte_aligned_and_ranges_hold_its_values() {
+        // Widths that put the data at every residue mod 4 before padding, up to 3 layers.
+        for (a, b, c) in [(1, 1, 1), (3, 5, 2), (64, 96, 10), (7, 130, 3), (200, 33, 129)] {
+            for depth in 1..=3 {
+                let layers: Vec<DenseLayer> = [(a, b), (b, c), (c, a)]
+                    .iter()
+                    .take(depth)
+                    .enumerate()
+                    .map(|(i, &(x, y))| layer(x, y, i as u32))
+                    .collect();
+                let bytes = mlp_model(&layers, "x", "y").unwrap();
+                let g = crate::onnx::mlp_graph::parse_mlp(&bytes, &Default::default()).unwrap();
+                let ranges = g.ranges.unwrap_or_else(|| panic!("{a} {b} {c} x{depth}: not aligned"));
+                for (l, r) in layers.iter().zip(&ranges) {
+                    assert!(r.weights.start % 4 == 0 && r.bias.start % 4 == 0);
+                    let floats = |r: &std::ops::Range<usize>| -> Vec<f32> {
+                        bytes[r.clone()]
+                            .chunks_exact(4)
+                            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                            .collect()
+                    };
+                    assert_eq!(floats(&r.weights), l.weights);
+                    assert_eq!(floats(&r.bias), l.bias);
+                }
+            }
         }
     }
 

@@ -223,6 +223,8 @@ pub struct TierFigures {
     pub host_evictions: u64,
     /// Device-arena compactions.
     pub compactions: u64,
+    /// Loads whose MLP engine read the weights in place from the device arena.
+    pub in_arena_loads: u64,
     /// Highest host-tier bytes of any executor.
     pub peak_host_bytes: u64,
 }
@@ -244,6 +246,7 @@ impl TierFigures {
             drops: sum(|c| c.drops),
             host_evictions: sum(|c| c.host_evictions),
             compactions: sum(|c| c.compactions),
+            in_arena_loads: sum(|c| c.in_arena_loads),
             peak_host_bytes: r.executors.iter().map(|(_, c)| c.peak_host_bytes).max().unwrap_or(0),
         }
     }
@@ -699,6 +702,7 @@ fn tier_figures(f: &mut BTreeMap<String, f64>, pre: &str, t: &TierFigures) {
         ("drops_to_disk", t.drops),
         ("host_evictions", t.host_evictions),
         ("compactions", t.compactions),
+        ("engine_in_arena_loads", t.in_arena_loads),
         ("peak_host_bytes", t.peak_host_bytes),
     ] {
         f.insert(format!("{pre}{k}"), v as f64);
@@ -809,6 +813,7 @@ mod tests {
             drops: 1,
             host_evictions: 2,
             compactions: 1,
+            in_arena_loads: 6,
             peak_host_bytes: 100,
         };
         let mut rs = rows();
@@ -819,6 +824,7 @@ mod tests {
         assert_eq!(f["scheduling_overhead_share"], 0.02);
         assert_eq!(f["ours_management_overhead_share"], 0.001);
         assert_eq!(f["fcfs_lru_host_evictions"], 2.0);
+        assert_eq!(f["engine_in_arena_loads"], 6.0);
         assert_eq!(f["paper_two_stage_demotions"], 5.0);
         assert!(!f.contains_key("host_promotion_over_disk_load"), "a NaN ratio is left out");
         rs[4].tiers = Some(TierFigures { promotion_over_disk: 0.25, ..t });
