@@ -16,6 +16,14 @@ fn gpu() -> CudaDevice {
     CudaDevice::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))
 }
 
+/// A weight store's folder: in the target directory when it exists here (a real disk), else in
+/// the system's temp dir (a GPU machine that runs a carried test binary).
+fn store_dir() -> tempfile::TempDir {
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = if base.is_dir() { tempfile::tempdir_in(base) } else { tempfile::tempdir() };
+    dir.unwrap_or_else(|e| panic!("a temporary store folder: {e}"))
+}
+
 fn values(seed: u32, n: usize) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.37).sin()).collect()
 }
@@ -143,10 +151,7 @@ fn mlp_expert_on_the_gpu_matches_the_cpu_engine() {
 #[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn store_device_tier_round_trips_through_gpu_memory() {
     let gpu = gpu();
-    // The target directory when it exists here (a real disk); the system's temp dir on a GPU
-    // machine that runs a carried test binary.
-    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let dir = if base.is_dir() { tempfile::tempdir_in(base).unwrap() } else { tempfile::tempdir().unwrap() };
+    let dir = store_dir();
     let mut s = WeightStore::open(dir.path(), &Device::Cuda(gpu), 1 << 20, 1 << 20).unwrap();
     let data: Vec<u8> = (0..200_003u32).map(|i| (i % 253) as u8).collect();
     let id = s.put("gpu-blob", &data).unwrap();
@@ -164,8 +169,7 @@ fn store_device_tier_round_trips_through_gpu_memory() {
 #[ignore = "needs a CUDA device: run by scripts/gpu-check"]
 fn mlp_read_in_place_from_the_gpu_arena_matches_the_cpu_engine() {
     let gpu = gpu();
-    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let dir = if base.is_dir() { tempfile::tempdir_in(base).unwrap() } else { tempfile::tempdir().unwrap() };
+    let dir = store_dir();
     let mut s = WeightStore::open(dir.path(), &Device::Cuda(gpu.clone()), 4 << 20, 4 << 20).unwrap();
     let spacer = s.put("spacer", &vec![7u8; 300_001]).unwrap();
     let bytes = mlp_model(&[dense(64, 128, 1), dense(128, 64, 2), dense(64, 10, 3)], "x", "probs").unwrap();
