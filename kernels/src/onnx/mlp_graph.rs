@@ -192,35 +192,41 @@ pub fn raw_data_ranges(bytes: &[u8]) -> Result<HashMap<String, Range<usize>>, Ml
     const TENSOR_NAME: u32 = 8;
     const TENSOR_RAW_DATA: u32 = 9;
     let mut out = HashMap::new();
-    for (tag, graph) in fields(bytes, 0)? {
+    each_field(bytes, 0, |tag, graph| {
         if tag != MODEL_GRAPH {
-            continue;
+            return Ok(());
         }
-        for (tag, tensor) in fields(&bytes[graph.clone()], graph.start)? {
+        each_field(&bytes[graph.clone()], graph.start, |tag, tensor| {
             if tag != GRAPH_INITIALIZER {
-                continue;
+                return Ok(());
             }
             let (mut name, mut raw) = (None, None);
-            for (tag, field) in fields(&bytes[tensor.clone()], tensor.start)? {
+            each_field(&bytes[tensor.clone()], tensor.start, |tag, field| {
                 match tag {
-                    TENSOR_NAME => name = Some(String::from_utf8_lossy(&bytes[field]).into_owned()),
+                    TENSOR_NAME => name = Some(field),
                     TENSOR_RAW_DATA => raw = Some(field),
                     _ => {}
                 }
-            }
+                Ok(())
+            })?;
             if let (Some(name), Some(raw)) = (name, raw) {
-                out.insert(name, raw);
+                out.insert(String::from_utf8_lossy(&bytes[name]).into_owned(), raw);
             }
-        }
-    }
+            Ok(())
+        })
+    })?;
     Ok(out)
 }
 
-/// The length-delimited fields of the message `msg` (which starts at `base` in the file): tag
-/// and payload range in the file. Other wire types are skipped.
-fn fields(msg: &[u8], base: usize) -> Result<Vec<(u32, Range<usize>)>, MlpGraphError> {
+/// Calls `visit` with the tag and the payload's range in the file of each length-delimited field
+/// of the message `msg` (which starts at `base` in the file), in order; other wire types are
+/// skipped. Nothing is allocated per field, so a file of many tiny fields costs no memory.
+fn each_field(
+    msg: &[u8],
+    base: usize,
+    mut visit: impl FnMut(u32, Range<usize>) -> Result<(), MlpGraphError>,
+) -> Result<(), MlpGraphError> {
     let mut buf = msg;
-    let mut out = Vec::new();
     while !buf.is_empty() {
         let (tag, wire) = decode_key(&mut buf)?;
         if wire != WireType::LengthDelimited {
@@ -232,10 +238,10 @@ fn fields(msg: &[u8], base: usize) -> Result<Vec<(u32, Range<usize>)>, MlpGraphE
             return Err(not_mlp(format!("a field of {len} bytes at byte {base} runs past its message")));
         }
         let start = base + (msg.len() - buf.len());
-        out.push((tag, start..start + len));
+        visit(tag, start..start + len)?;
         buf = &buf[len..];
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The MLP chain of `g` (ranges not yet filled), with each layer's weight and bias names.
@@ -444,6 +450,16 @@ mod tests {
 
         // Not a model at all.
         assert!(matches!(parse_mlp(b"\xff\xff\xff", &MlpLimits::default()), Err(MlpGraphError::Decode(_))));
+    }
+
+    #[test]
+    fn raw_data_walk_refuses_a_field_past_its_message_and_skips_the_rest() {
+        // Field 7 (the graph), length-delimited, claims 5 bytes where 1 follows.
+        let e = raw_data_ranges(&[0x3a, 0x05, 0x01]).unwrap_err().to_string();
+        assert!(e.contains("5 bytes") && e.contains("runs past its message"), "{e}");
+        // Many tiny fields of other kinds (varint field 1): nothing found, nothing refused.
+        let tiny: Vec<u8> = (0..10_000).flat_map(|_| [0x08, 0x01]).collect();
+        assert!(raw_data_ranges(&tiny).unwrap().is_empty());
     }
 
     #[test]
