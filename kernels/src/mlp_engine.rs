@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::error::{KernelError, Result};
 use crate::onnx::mlp_graph::{MlpGraph, MlpGraphError, MlpLimits, parse_mlp};
 use crate::onnx::writer::DenseLayer;
-use crate::ops::{BiasAdd, Gemm, Matmul, Op, Relu, Softmax};
+use crate::ops::{BiasAdd, Gemm, Op, Relu, Softmax};
 use crate::tensor::Tensor;
 
 /// Why an engine could not be built: the model is not an MLP it runs, or the device failed.
@@ -165,18 +165,42 @@ impl MlpEngine {
     }
 
     fn run_cpu(&self, layers: &[CpuDense], x: &[f32], batch: usize) -> Result<Vec<f32>> {
-        let mut cur = Tensor::from_f32(&[batch, self.inputs], x.to_vec())?;
-        for l in layers {
-            cur = BiasAdd.cpu((&Matmul::default().cpu((&cur, &l.w))?, &l.b))?;
-            if l.relu {
-                cur = Relu.cpu(&cur)?;
-            }
-        }
-        if self.softmax {
-            cur = Softmax.cpu(&cur)?;
-        }
-        Ok(cur.to_vec_f32())
+        let params = layers.iter().map(|l| Ok((l.w.as_f32()?, l.b.as_f32()?, l.relu)));
+        forward_cpu(params, self.softmax, x, (batch, self.inputs))
     }
+}
+
+/// One layer for [`forward_cpu`]: weights (`[inputs, outputs]` row-major), biases, ReLU after.
+type CpuLayer<'a> = (&'a [f32], &'a [f32], bool);
+
+/// `x` (`[batch, inputs]`) through dense layers on the CPU reference ops (GEMM, bias add,
+/// ReLU), then a row softmax when `softmax`; each layer's width comes from its bias (the GEMM
+/// checks the weights against it).
+fn forward_cpu<'a>(
+    layers: impl Iterator<Item = Result<CpuLayer<'a>>>,
+    softmax: bool,
+    x: &[f32],
+    (batch, inputs): (usize, usize),
+) -> Result<Vec<f32>> {
+    let mut cur = x.to_vec();
+    let mut width = inputs;
+    for layer in layers {
+        let (w, b, relu) = layer?;
+        let outputs = b.len();
+        let mut y = vec![0f32; batch * outputs];
+        Gemm::new(batch, width, outputs).run_cpu(&cur, w, &mut y)?;
+        let mut t = BiasAdd
+            .cpu((&Tensor::from_f32(&[batch, outputs], y)?, &Tensor::from_f32(&[outputs], b.to_vec())?))?;
+        if relu {
+            t = Relu.cpu(&t)?;
+        }
+        cur = t.to_vec_f32();
+        width = outputs;
+    }
+    if softmax {
+        cur = Softmax.cpu(&Tensor::from_f32(&[batch, width], cur)?)?.to_vec_f32();
+    }
+    Ok(cur)
 }
 
 /// An MLP run where its ONNX file's bytes lie (a weight-store arena allocation, in GPU or host
@@ -261,21 +285,11 @@ impl ArenaMlp {
                 ))
             }
         };
-        let mut cur = Tensor::from_f32(&[batch, self.inputs], x.to_vec())?;
-        for l in &self.layers {
+        let params = self.layers.iter().map(|l| {
             l.check(file.as_ptr() as usize, file.len())?;
-            let mut y = vec![0f32; batch * l.outputs];
-            Gemm::new(batch, l.inputs, l.outputs).run_cpu(&cur.to_vec_f32(), floats(&l.weights)?, &mut y)?;
-            let bias = Tensor::from_f32(&[l.outputs], floats(&l.bias)?.to_vec())?;
-            cur = BiasAdd.cpu((&Tensor::from_f32(&[batch, l.outputs], y)?, &bias))?;
-            if l.relu {
-                cur = Relu.cpu(&cur)?;
-            }
-        }
-        if self.softmax {
-            cur = Softmax.cpu(&cur)?;
-        }
-        Ok(cur.to_vec_f32())
+            Ok((floats(&l.weights)?, floats(&l.bias)?, l.relu))
+        });
+        forward_cpu(params, self.softmax, x, (batch, self.inputs))
     }
 
     /// Run a batch on the GPU with the parameters read in place from `arena[base..]` (the
