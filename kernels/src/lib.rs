@@ -36,5 +36,5 @@ pub use device::Device;
 pub use error::{KernelError, Result};
 pub use ops::Op;
 pub use pool::{Allocation, MemoryPool, PoolStats};
-pub use store::{BlobId, DeviceBytes, StoreStats, Tier, Transfer, WeightStore};
+pub use store::{BlobId, DeviceBytes, DeviceTraffic, StoreStats, Tier, Transfer, WeightStore};
 pub use tensor::{DType, Tensor, bf16_to_f32, f32_to_bf16};

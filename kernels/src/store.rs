@@ -124,6 +124,18 @@ pub struct StoreStats {
     pub spare_bytes: u64,
 }
 
+/// The device tier's traffic so far: [`StoreStats`]'s three device paths, read without the rest
+/// (a load or eviction reads them before and after each move, so they must cost next to nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceTraffic {
+    /// Host -> device promotions.
+    pub host_to_device: Transfer,
+    /// Disk -> device loads.
+    pub disk_to_device: Transfer,
+    /// Device -> host demotions.
+    pub device_to_host: Transfer,
+}
+
 impl StoreStats {
     /// Whether any disk read had to fall back to the page cache.
     pub fn odirect_refused(&self) -> bool {
@@ -671,6 +683,20 @@ impl WeightStore {
     /// Byte offset of the data inside each blob file.
     pub fn data_offset() -> u64 {
         HEADER as u64
+    }
+
+    /// The device tier's traffic so far, without [`Self::stats`]'s walk of the arena's free ranges.
+    pub fn device_traffic(&self) -> DeviceTraffic {
+        DeviceTraffic {
+            host_to_device: self.stats.host_to_device,
+            disk_to_device: self.stats.disk_to_device,
+            device_to_host: self.stats.device_to_host,
+        }
+    }
+
+    /// Bytes of the host tier in use now (what [`Self::stats`] reports as `host_used`).
+    pub fn host_used(&self) -> u64 {
+        self.host_used
     }
 
     /// Traffic and occupancy per tier.

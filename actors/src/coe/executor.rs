@@ -192,6 +192,8 @@ pub struct ExpertExecutor {
     /// call that moves it (so a demotion's plan needs no lookups); checked against the store by
     /// [`ExpertExecutor::check_accounting`].
     in_host: Vec<bool>,
+    /// The host tier's candidates for a demotion's plan, reused from one eviction to the next.
+    host_scratch: Vec<HostCandidate>,
     budget: u64,
     host_budget: u64,
     resident: u64,
@@ -284,7 +286,7 @@ impl ExpertExecutor {
         }
         let counters = ExecutorCounters {
             engine: Some(engine),
-            peak_host_bytes: store.stats().host_used,
+            peak_host_bytes: store.host_used(),
             ..Default::default()
         };
         Ok(ExpertExecutor {
@@ -298,6 +300,7 @@ impl ExpertExecutor {
             device,
             sessions: HashMap::new(),
             in_host,
+            host_scratch: Vec::new(),
             budget,
             host_budget,
             resident: 0,
@@ -355,7 +358,7 @@ impl ExpertExecutor {
 
     /// Bytes the host tier holds (the store's own accounting).
     pub fn store_host_bytes(&self) -> u64 {
-        self.store.stats().host_used
+        self.store.host_used()
     }
 
     /// Experts in the host tier now, in id order (as tracked; [`Self::check_accounting`]
@@ -446,7 +449,9 @@ impl ExpertExecutor {
     /// MLP engine from the device copy. Returns the time it took.
     pub fn load(&mut self, expert: ExpertId) -> Result<Duration, CoeError> {
         let start = Instant::now();
-        let id = self.blob(expert)?.clone();
+        // The blob id is borrowed from its own field (no clone), beside the store's `&mut`.
+        let id =
+            self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
         if self.sessions.contains_key(&expert) {
             return Err(self.fail(format!("{expert} is already loaded")));
         }
@@ -465,20 +470,20 @@ impl ExpertExecutor {
             compact_s = compact_start.elapsed().as_secs_f64();
             self.counters.compaction_seconds += compact_s;
         }
-        let from = self.store.tier(&id)?;
-        let before = self.store.stats();
-        self.store.promote_to_device(&id)?;
+        let from = self.store.tier(id)?;
+        let before = self.store.device_traffic();
+        self.store.promote_to_device(id)?;
         // a promotion releases the host copy
         self.in_host[expert.index()] = false;
-        let after = self.store.stats();
+        let after = self.store.device_traffic();
         let session_start = Instant::now();
         let built =
-            self.store.read(&id).map_err(CoeError::from).and_then(|bytes| self.build(expert, &id, &bytes));
+            self.store.read(id).map_err(CoeError::from).and_then(|bytes| self.build(expert, id, &bytes));
         let session = match built {
             Ok(s) => s,
             Err(e) => {
                 // The device copy goes down again (to the host tier if it has room).
-                let landed = self.store.evict(&id)?;
+                let landed = self.store.evict(id)?;
                 self.in_host[expert.index()] = landed == StoreTier::Host;
                 return Err(e);
             }
@@ -530,7 +535,6 @@ impl ExpertExecutor {
     /// to the host tier or drop it to disk, as [`plan_demotion`] decides.
     pub fn evict(&mut self, expert: ExpertId) -> Result<(), CoeError> {
         let start = Instant::now();
-        let id = self.blob(expert)?.clone();
         let Some(session) = self.sessions.remove(&expert) else {
             return Err(self.fail(format!("evicting {expert}, which is not loaded")));
         };
@@ -543,22 +547,25 @@ impl ExpertExecutor {
             size_bytes: self.sizes[expert.index()],
             usage_prob: self.usage[expert.index()],
         };
-        let resident: Vec<HostCandidate> = self
-            .host_resident()
-            .into_iter()
-            .map(|e| HostCandidate {
-                id: e,
-                size_bytes: self.sizes[e.index()],
-                usage_prob: self.usage[e.index()],
-            })
-            .collect();
-        let plan = plan_demotion(&leaving, &resident, self.host_budget, self.store_host_bytes());
-        let before = self.store.stats().device_to_host.seconds;
+        // The host tier's experts, into a buffer kept between evictions (no allocation per call).
+        let mut resident = std::mem::take(&mut self.host_scratch);
+        resident.clear();
+        resident.extend(self.in_host.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| HostCandidate {
+            id: ExpertId(i as u32),
+            size_bytes: self.sizes[i],
+            usage_prob: self.usage[i],
+        }));
+        let plan = plan_demotion(&leaving, &resident, self.host_budget, self.store.host_used());
+        self.host_scratch = resident;
+        let before = self.store.device_traffic().device_to_host.seconds;
         let want = match plan {
             Demotion::ToHost { evict } => {
                 for victim in evict {
-                    let blob = self.blob(victim)?.clone();
-                    self.store.evict(&blob)?;
+                    let blob = self
+                        .blobs
+                        .get(victim.index())
+                        .ok_or_else(|| self.fail(format!("unknown expert {victim}")))?;
+                    self.store.evict(blob)?;
                     self.in_host[victim.index()] = false;
                     self.counters.host_evictions += 1;
                 }
@@ -566,12 +573,14 @@ impl ExpertExecutor {
             }
             Demotion::Drop => StoreTier::Disk,
         };
-        let landed = self.store.evict(&id)?;
+        let id =
+            self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
+        let landed = self.store.evict(id)?;
         self.in_host[expert.index()] = landed == StoreTier::Host;
         if landed != want {
             return Err(self.fail(format!("{expert} went to the {landed:?} tier, the plan said {want:?}")));
         }
-        let moved_s = self.store.stats().device_to_host.seconds - before;
+        let moved_s = self.store.device_traffic().device_to_host.seconds - before;
         let c = &mut self.counters;
         if landed == StoreTier::Host {
             c.demotions += 1;
@@ -580,7 +589,7 @@ impl ExpertExecutor {
         } else {
             c.drops += 1;
         }
-        c.peak_host_bytes = c.peak_host_bytes.max(self.store.stats().host_used);
+        c.peak_host_bytes = c.peak_host_bytes.max(self.store.host_used());
         c.session_seconds += session_s;
         c.management_seconds += (start.elapsed().as_secs_f64() - moved_s - session_s).max(0.0);
         tracing::trace!(executor = %self.name, %expert, ?landed, "evicted");
