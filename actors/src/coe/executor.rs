@@ -98,8 +98,8 @@ pub struct ExecutorCounters {
     pub disk_load_bytes: u64,
     /// Seconds of the disk -> device reads (verify included, session creation excluded).
     pub disk_load_seconds: f64,
-    /// Seconds creating sessions from the device copy (its read-back and checksum included)
-    /// and dropping them on eviction.
+    /// Seconds creating sessions from the device copy (read in place from a host-memory arena;
+    /// from a GPU arena, its read-back and checksum included) and dropping them on eviction.
     pub session_seconds: f64,
     /// Evicted experts kept in the host tier.
     pub demotions: u64,
@@ -477,8 +477,12 @@ impl ExpertExecutor {
         self.in_host[expert.index()] = false;
         let after = self.store.device_traffic();
         let session_start = Instant::now();
-        let built =
-            self.store.read(id).map_err(CoeError::from).and_then(|bytes| self.build(expert, id, &bytes));
+        // A host-memory arena's copy was checksummed on its way in (disk read or promotion), so
+        // the session is built from it in place; a GPU arena's is read back and checked again.
+        let built = match self.store.device_bytes(id) {
+            Ok(DeviceBytes::Host(bytes)) => self.build(expert, id, bytes),
+            _ => self.store.read(id).map_err(CoeError::from).and_then(|bytes| self.build(expert, id, &bytes)),
+        };
         let session = match built {
             Ok(s) => s,
             Err(e) => {
