@@ -25,6 +25,7 @@ pub mod mlp_engine;
 pub mod onnx;
 pub mod ops;
 pub mod pool;
+pub mod reclaimer;
 pub mod spare_buffers;
 pub mod store;
 pub mod tensor;

@@ -4,67 +4,11 @@
 //! promotion and fault fresh pages in on every demotion. Both costs landed in the executors'
 //! expert-management time, and both grow with the expert's size. The spares are bounded by the
 //! room the host tier leaves unused, so the tier's memory stays within its budget. A spare that
-//! must go is unmapped on a reclaimer thread: unmapping megabytes costs tens to hundreds of
-//! microseconds (page frees and TLB shootdowns across the process's threads), which an executor
-//! between two experts should not wait for. The reclaimer runs under `SCHED_IDLE`.
-
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+//! must go is unmapped on the reclaimer thread ([`crate::reclaimer`]).
 
 use crate::direct_io::{AlignedBuf, DIRECT_ALIGN};
 use crate::error::Result;
-
-/// Buffers queued for the reclaimer at most; past that a buffer is freed where it is dropped.
-const RECLAIM_QUEUE: usize = 64;
-/// Bytes queued for the reclaimer at most (a starved `SCHED_IDLE` thread must not hold memory
-/// past the budgets that freed it); past that a buffer is freed where it is dropped.
-pub const RECLAIM_QUEUE_BYTES: u64 = 32 << 20;
-
-/// Bytes handed to the reclaimer and not yet freed.
-static QUEUED_BYTES: AtomicU64 = AtomicU64::new(0);
-
-/// Run the calling thread under `SCHED_IDLE`, so that it takes only cores nothing else wants
-/// (on two cores a woken reclaimer would otherwise preempt the executor that woke it).
-fn lowest_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter block.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "reclaimer keeps the normal priority");
-    }
-}
-
-/// Free `buf` on the process's reclaimer thread (started on first use), or here when its queue
-/// is full (by count or by [`RECLAIM_QUEUE_BYTES`]) or the thread could not start.
-pub fn free_later(buf: AlignedBuf) {
-    static RECLAIMER: OnceLock<Option<SyncSender<AlignedBuf>>> = OnceLock::new();
-    let sender = RECLAIMER.get_or_init(|| {
-        let (tx, rx) = sync_channel::<AlignedBuf>(RECLAIM_QUEUE);
-        std::thread::Builder::new()
-            .name("troupe-reclaim".into())
-            .spawn(move || {
-                lowest_priority();
-                for buf in rx {
-                    let bytes = buf.capacity() as u64;
-                    drop(buf);
-                    QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
-                }
-            })
-            .map_err(|e| tracing::warn!(error = %e, "no reclaimer thread: host buffers are freed inline"))
-            .ok()
-            .map(|_| tx)
-    });
-    let bytes = buf.capacity() as u64;
-    let Some(tx) = sender else { return drop(buf) };
-    if QUEUED_BYTES.fetch_add(bytes, Ordering::AcqRel) + bytes > RECLAIM_QUEUE_BYTES {
-        QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
-        return drop(buf);
-    }
-    if let Err(TrySendError::Full(buf) | TrySendError::Disconnected(buf)) = tx.try_send(buf) {
-        QUEUED_BYTES.fetch_sub(bytes, Ordering::AcqRel);
-        drop(buf);
-    }
-}
+use crate::reclaimer::free_later;
 
 /// A spare is reused for a request only if at most this share of its capacity would go unused.
 const MAX_WASTE_DIVISOR: usize = 8;

@@ -24,7 +24,8 @@ use crate::device::Device;
 use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, open_direct, read_range_with};
 use crate::error::{KernelError, Result};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
-use crate::spare_buffers::{SpareBuffers, free_later};
+use crate::reclaimer::free_later;
+use crate::spare_buffers::SpareBuffers;
 
 const MAGIC: &[u8; 8] = b"TRPBLOB1";
 const HEADER: usize = DIRECT_ALIGN;
