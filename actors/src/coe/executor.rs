@@ -177,6 +177,15 @@ fn engine_device(kind: ExecutorKind, mlp_on_cpu: bool) -> (ExpertEngine, Device)
     }
 }
 
+/// `expert`'s blob id in `blobs` (a field-level borrow, so the caller may use the store's `&mut`
+/// beside it), or an error naming executor `name` and the expert.
+fn blob_of<'a>(blobs: &'a [BlobId], name: &str, expert: ExpertId) -> Result<&'a BlobId, CoeError> {
+    blobs.get(expert.index()).ok_or_else(|| CoeError::Executor {
+        executor: name.to_string(),
+        problem: format!("unknown expert {expert}"),
+    })
+}
+
 /// One executor (see the module docs).
 pub struct ExpertExecutor {
     name: String,
@@ -441,7 +450,7 @@ impl ExpertExecutor {
     }
 
     fn blob(&self, expert: ExpertId) -> Result<&BlobId, CoeError> {
-        self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))
+        blob_of(&self.blobs, &self.name, expert)
     }
 
     /// Load `expert`: into the device tier (a promotion from the host tier or an `O_DIRECT`
@@ -450,8 +459,7 @@ impl ExpertExecutor {
     pub fn load(&mut self, expert: ExpertId) -> Result<Duration, CoeError> {
         let start = Instant::now();
         // The blob id is borrowed from its own field (no clone), beside the store's `&mut`.
-        let id =
-            self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
+        let id = blob_of(&self.blobs, &self.name, expert)?;
         if self.sessions.contains_key(&expert) {
             return Err(self.fail(format!("{expert} is already loaded")));
         }
@@ -565,10 +573,7 @@ impl ExpertExecutor {
         let want = match plan {
             Demotion::ToHost { evict } => {
                 for victim in evict {
-                    let blob = self
-                        .blobs
-                        .get(victim.index())
-                        .ok_or_else(|| self.fail(format!("unknown expert {victim}")))?;
+                    let blob = blob_of(&self.blobs, &self.name, victim)?;
                     self.store.evict(blob)?;
                     self.in_host[victim.index()] = false;
                     self.counters.host_evictions += 1;
@@ -577,8 +582,7 @@ impl ExpertExecutor {
             }
             Demotion::Drop => StoreTier::Disk,
         };
-        let id =
-            self.blobs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
+        let id = blob_of(&self.blobs, &self.name, expert)?;
         let landed = self.store.evict(id)?;
         self.in_host[expert.index()] = landed == StoreTier::Host;
         if landed != want {
