@@ -88,6 +88,11 @@ fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
     assert_eq!((s.prefetched, s.bad_reads, s.hits), (4, 4, 0), "{s:?}");
+    // The four bad files are removed (the two entries not read keep theirs), so the policy's
+    // copies and the files agree and a later demotion writes good ones.
+    cache.flush().unwrap();
+    assert_eq!(blob_files(cache.dir()).len(), 2);
+    assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
     // The recomputed tokens fill the slots the policy gave them: the next sight hits them.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     assert_eq!(cache.stats().hits, 4);

@@ -135,18 +135,11 @@ fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), Kern
             }
             DiskCmd::Read(ids, reply) => {
                 let started = Instant::now();
-                // A prefetched entry leaves the disk tier (the policy counts it in memory now), so
-                // the files on disk are exactly the policy's disk tier.
+                // A prefetched entry keeps its file: the policy counts its clean disk copy until it
+                // says `Evict { tier: Disk }`, so the files on disk are exactly the policy's copies.
                 let data = ids
                     .into_iter()
-                    .map(|(k, id)| {
-                        let read = BlobId::new(&id).and_then(|b| {
-                            let bytes = store.read(&b);
-                            let _ = store.remove(&b);
-                            bytes
-                        });
-                        (k, read)
-                    })
+                    .map(|(k, id)| (k, BlobId::new(&id).and_then(|b| store.read(&b))))
                     .collect();
                 let _ = reply.send(ReadDone { data, started, ended: Instant::now() });
             }
@@ -343,13 +336,17 @@ impl StemCache {
             for (key, bytes) in done.data {
                 match bytes.ok().and_then(|b| decode(&b, floats)) {
                     Some(v) => self.insert_memory(key, v)?,
-                    // Recomputed by the step (the policy already counts it in memory).
-                    None => self.stats.bad_reads += 1,
+                    // Recomputed by the step (the policy already counts it in memory); the bad
+                    // file is removed so the next demotion writes a good copy.
+                    None => {
+                        self.stats.bad_reads += 1;
+                        self.policy.disk_copy_lost(&key);
+                    }
                 }
             }
         }
         self.compute_spans.clear();
-        Ok(())
+        self.execute(&BTreeMap::new())
     }
 
     fn insert_memory(&mut self, key: TokenKey, v: Vec<f32>) -> Result<(), VMoeError> {

@@ -324,8 +324,9 @@ fn golden_reuse() {
     let r = golden_text("reuse.txt");
     assert!(r.contains("t=2 plan computed=1 reused=2 prefetched_bytes=20"));
     assert!(r.contains("t=3 Relocate 0/2 -> dram@0\nt=3 Store 0/3 Dram { offset: 10 }"));
-    assert!(r.contains("t=1 state dram=20 disk=10 layout=[1/2@0 0/1@10]"));
-    assert!(r.contains("t=3 Evict 0/1 Dram\nt=3 Store 0/1 Disk"));
+    assert!(r.contains("t=1 state dram=20 disk=20 layout=[1/2@0 0/1@10]"));
+    // A prefetched entry keeps its disk copy, so demoting it writes nothing.
+    assert!(r.contains("t=3 Evict 0/1 Dram\nt=3 Relocate 0/2 -> dram@0"));
 }
 
 fn twin_case(c: &Case) -> String {

@@ -9,6 +9,9 @@
 //!   DRAM to the disk tier.
 //! * Idle eviction (§5.4.2 "Extreme case"): entries idle for `idle_after` leave DRAM, and disk
 //!   entries idle for `disk_idle_after` are dropped.
+//! * Clean disk copies: cached outputs never change, so a prefetch leaves the disk copy in place
+//!   and demoting that entry again only drops it from DRAM. Each output is written to disk at most
+//!   once while it stays cached; the disk budget counts every copy on disk, DRAM residents' included.
 //! * Placement (§3.3.2): DRAM residents form one logical contiguous buffer laid out from low to
 //!   high addresses by the execution order of their last expert, so entries that retire first
 //!   sit together at the boundary and leave no holes.
@@ -60,7 +63,8 @@ pub enum Placement {
 /// A decision for the executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReuseAction {
-    /// Read a cached output from disk into DRAM at `offset` (issued before compute starts).
+    /// Read a cached output from disk into DRAM at `offset` (issued before compute starts). The
+    /// disk copy stays: it is still valid, and a later demotion reuses it instead of writing.
     Prefetch {
         /// Output to read.
         key: TokenKey,
@@ -176,7 +180,10 @@ pub struct BatchPlan {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     bytes: u64,
+    /// Where it is served from: DRAM when resident there, else disk.
     tier: Tier,
+    /// A copy is on disk (always for a `Disk` entry; for a DRAM one, left by its prefetch).
+    on_disk: bool,
     last_use: Micros,
     last_order: u32,
     importance: f64,
@@ -221,7 +228,7 @@ impl ReuseCache {
         self.dram_used
     }
 
-    /// Bytes held on disk.
+    /// Bytes held on disk (every copy there, DRAM residents' clean copies included).
     pub fn disk_used(&self) -> u64 {
         self.disk_used
     }
@@ -263,11 +270,11 @@ impl ReuseCache {
                         true
                     }
                     Some(e) if self.dram_used + e.bytes <= self.cfg.dram_budget => {
+                        // The disk copy stays (clean), still counted on disk.
                         e.tier = Tier::Dram;
                         e.last_use = now;
                         e.last_order = pos;
                         e.offset = self.dram_used;
-                        self.disk_used -= e.bytes;
                         self.dram_used += e.bytes;
                         plan.prefetched_bytes += e.bytes;
                         prefetches.push(ReuseAction::Prefetch { key, bytes: e.bytes, offset: e.offset });
@@ -339,15 +346,21 @@ impl ReuseCache {
             .collect();
         for (key, tier) in idle {
             match tier {
-                Tier::Dram => {
-                    if let Some(e) = self.entries.get(&key).copied() {
-                        self.demote(now, key, e);
-                    }
-                }
+                Tier::Dram => self.demote(now, key),
                 Tier::Disk => self.drop_entry(key),
             }
         }
         self.place();
+    }
+
+    /// The executor found the disk copy of `key` unreadable or corrupt: it is dropped (an
+    /// `Evict { tier: Disk }` follows), so the next demotion writes a good one.
+    pub fn disk_copy_lost(&mut self, key: &TokenKey) {
+        match self.entries.get(key).map(|e| e.tier) {
+            Some(Tier::Dram) => self.drop_disk_copy(*key),
+            Some(Tier::Disk) => self.drop_entry(*key),
+            None => {}
+        }
     }
 
     /// Next decision, if any.
@@ -378,12 +391,19 @@ impl ReuseCache {
                 e.last_order = order;
                 return;
             }
-            Some(_) => self.drop_entry(out.key),
+            // On disk in another size: that copy is stale.
+            Some(e) if e.bytes != out.bytes => self.drop_entry(out.key),
+            // On disk only: it stays there unless DRAM takes it below.
+            Some(_) if out.bytes > self.cfg.dram_budget => {
+                self.send_to_disk(now, out, order);
+                return;
+            }
+            Some(_) => {}
+            None if out.bytes > self.cfg.dram_budget => {
+                self.send_to_disk(now, out, order);
+                return;
+            }
             None => {}
-        }
-        if out.bytes > self.cfg.dram_budget {
-            self.send_to_disk(now, out, order);
-            return;
         }
         // Make room by evicting strictly less important residents, least important first.
         let mut victims: Vec<(f64, TokenKey)> = self
@@ -407,16 +427,17 @@ impl ReuseCache {
             return;
         }
         for k in chosen {
-            if let Some(e) = self.entries.get(&k).copied() {
-                self.demote(now, k, e);
-            }
+            self.demote(now, k);
         }
+        // A disk copy of it (if demoting made no room by dropping it) stays, clean.
+        let on_disk = self.entries.get(&out.key).is_some_and(|e| e.on_disk);
         self.dram_used += out.bytes;
         self.entries.insert(
             out.key,
             Entry {
                 bytes: out.bytes,
                 tier: Tier::Dram,
+                on_disk,
                 last_use: now,
                 last_order: order,
                 importance: imp,
@@ -428,7 +449,7 @@ impl ReuseCache {
 
     fn send_to_disk(&mut self, now: Micros, out: &OutputCandidate, order: u32) {
         match self.entries.get(&out.key).copied() {
-            Some(e) if e.tier == Tier::Dram => self.demote(now, out.key, e),
+            Some(e) if e.tier == Tier::Dram => self.demote(now, out.key),
             Some(_) => {
                 if let Some(e) = self.entries.get_mut(&out.key) {
                     e.last_use = now;
@@ -443,6 +464,7 @@ impl ReuseCache {
                         Entry {
                             bytes: out.bytes,
                             tier: Tier::Disk,
+                            on_disk: true,
                             last_use: now,
                             last_order: order,
                             importance: 0.0,
@@ -459,22 +481,31 @@ impl ReuseCache {
         }
     }
 
-    /// Moves a DRAM entry to disk (or drops it if disk has no room).
-    fn demote(&mut self, now: Micros, key: TokenKey, e: Entry) {
-        self.entries.remove(&key);
+    /// Moves a DRAM entry to disk: its clean disk copy when it has one (nothing written), else a
+    /// write, or it is dropped if the disk has no room.
+    fn demote(&mut self, now: Micros, key: TokenKey) {
+        let Some(e) = self.entries.get(&key).copied().filter(|e| e.tier == Tier::Dram) else {
+            return;
+        };
         self.dram_used -= e.bytes;
         if !self.fresh.remove(&key) {
             self.actions.push_back(ReuseAction::Evict { key, tier: Tier::Dram });
         }
+        let last_use = e.last_use.min(now);
+        if e.on_disk {
+            self.entries.insert(key, Entry { tier: Tier::Disk, last_use, offset: 0, ..e });
+            return;
+        }
+        self.entries.remove(&key);
         if self.make_disk_room(e.bytes) {
             self.disk_used += e.bytes;
-            self.entries
-                .insert(key, Entry { tier: Tier::Disk, last_use: e.last_use.min(now), offset: 0, ..e });
+            self.entries.insert(key, Entry { tier: Tier::Disk, on_disk: true, last_use, offset: 0, ..e });
             self.actions.push_back(ReuseAction::Store { key, bytes: e.bytes, at: Placement::Disk });
         }
     }
 
-    /// Drops least recently used disk entries until `bytes` fit; false if they never can.
+    /// Drops least recently used disk copies until `bytes` fit (a DRAM resident keeps its DRAM
+    /// copy); false if they never can.
     fn make_disk_room(&mut self, bytes: u64) -> bool {
         if bytes > self.cfg.disk_budget {
             return false;
@@ -483,25 +514,38 @@ impl ReuseCache {
             let lru = self
                 .entries
                 .iter()
-                .filter(|(_, e)| e.tier == Tier::Disk)
+                .filter(|(_, e)| e.on_disk)
                 .min_by_key(|(k, e)| (e.last_use, **k))
-                .map(|(k, _)| *k);
+                .map(|(k, e)| (*k, e.tier));
             match lru {
-                Some(k) => self.drop_entry(k),
+                Some((k, Tier::Disk)) => self.drop_entry(k),
+                Some((k, Tier::Dram)) => self.drop_disk_copy(k),
                 None => return false,
             }
         }
         true
     }
 
+    /// Removes the disk copy of a DRAM resident.
+    fn drop_disk_copy(&mut self, key: TokenKey) {
+        if let Some(e) = self.entries.get_mut(&key).filter(|e| e.on_disk) {
+            e.on_disk = false;
+            self.disk_used -= e.bytes;
+            self.actions.push_back(ReuseAction::Evict { key, tier: Tier::Disk });
+        }
+    }
+
     fn drop_entry(&mut self, key: TokenKey) {
         if let Some(e) = self.entries.remove(&key) {
-            match e.tier {
-                Tier::Dram => self.dram_used -= e.bytes,
-                Tier::Disk => self.disk_used -= e.bytes,
+            if e.tier == Tier::Dram {
+                self.dram_used -= e.bytes;
+                if !self.fresh.remove(&key) {
+                    self.actions.push_back(ReuseAction::Evict { key, tier: Tier::Dram });
+                }
             }
-            if !(e.tier == Tier::Dram && self.fresh.remove(&key)) {
-                self.actions.push_back(ReuseAction::Evict { key, tier: e.tier });
+            if e.on_disk {
+                self.disk_used -= e.bytes;
+                self.actions.push_back(ReuseAction::Evict { key, tier: Tier::Disk });
             }
         }
     }
@@ -632,6 +676,53 @@ mod tests {
         assert_eq!(c.disk_used(), 0);
     }
 
+    #[test]
+    fn a_prefetched_entry_is_demoted_without_a_second_write() {
+        let mut c = ReuseCache::new(cfg(10, 100));
+        let start = |c: &mut ReuseCache, t: u64, sig: u64| {
+            let b = ExpertBatch { expert: ExpertId(0), tokens: vec![TokenRequest { sig, bytes: 10 }] };
+            c.handle_batch_start(Micros(t), &[b])
+        };
+        // Computed, not reused: I = 0, so it is written to disk once.
+        let _ = start(&mut c, 0, 1);
+        drain(&mut c);
+        c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9)]);
+        assert!(drain(&mut c).contains(&ReuseAction::Store {
+            key: key(0, 1),
+            bytes: 10,
+            at: Placement::Disk
+        }));
+        // Prefetched back: DRAM holds it, the disk copy stays counted.
+        assert_eq!(start(&mut c, 1, 1).prefetched_bytes, 10);
+        drain(&mut c);
+        assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Dram), 10, 10));
+        // A more important newcomer displaces it: it leaves DRAM with no write.
+        let _ = start(&mut c, 2, 2);
+        drain(&mut c);
+        c.handle_batch_done(Micros(2), &[cand(0, 1, 10, 0.0)]);
+        let acts = drain(&mut c);
+        assert_eq!(acts, vec![ReuseAction::Evict { key: key(0, 1), tier: Tier::Dram }]);
+        assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Disk), 0, 10));
+    }
+
+    #[test]
+    fn a_full_disk_drops_a_dram_residents_copy_before_refusing() {
+        let mut c = ReuseCache::new(cfg(10, 10));
+        let b = |sig| ExpertBatch { expert: ExpertId(0), tokens: vec![TokenRequest { sig, bytes: 10 }] };
+        let _ = c.handle_batch_start(Micros(0), &[b(1)]);
+        c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9)]);
+        drain(&mut c);
+        let _ = c.handle_batch_start(Micros(1), &[b(1)]);
+        drain(&mut c);
+        // Token 1 is in DRAM with its copy filling the disk; token 2 goes to disk in its place.
+        c.handle_batch_done(Micros(2), &[cand(0, 2, 10, 0.0)]);
+        let acts = drain(&mut c);
+        assert!(acts.contains(&ReuseAction::Evict { key: key(0, 1), tier: Tier::Disk }), "{acts:?}");
+        assert!(acts.contains(&ReuseAction::Store { key: key(0, 2), bytes: 10, at: Placement::Disk }));
+        assert_eq!((c.tier_of(&key(0, 1)), c.tier_of(&key(0, 2))), (Some(Tier::Dram), Some(Tier::Disk)));
+        assert_eq!((c.dram_used(), c.disk_used()), (10, 10));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Batch(Vec<(u32, u64, u64)>),
@@ -676,14 +767,18 @@ mod tests {
                 while let Some(a) = c.poll_action() {
                     match a {
                         ReuseAction::Prefetch { key, bytes, .. } => {
-                            prop_assert_eq!(disk_bytes.remove(&key), Some(bytes));
-                            dram_bytes.insert(key, bytes);
+                            // The disk copy stays.
+                            prop_assert_eq!(disk_bytes.get(&key), Some(&bytes));
+                            prop_assert!(dram_bytes.insert(key, bytes).is_none());
                         }
                         ReuseAction::Store { key, bytes, at: Placement::Dram { offset } } => {
                             prop_assert!(offset + bytes <= dram);
                             dram_bytes.insert(key, bytes);
                         }
-                        ReuseAction::Store { key, bytes, at: Placement::Disk } => { disk_bytes.insert(key, bytes); }
+                        ReuseAction::Store { key, bytes, at: Placement::Disk } => {
+                            // Never a second write of a copy already on disk.
+                            prop_assert!(disk_bytes.insert(key, bytes).is_none());
+                        }
                         ReuseAction::Evict { key, tier: Tier::Dram } => { prop_assert!(dram_bytes.remove(&key).is_some()); }
                         ReuseAction::Evict { key, tier: Tier::Disk } => { prop_assert!(disk_bytes.remove(&key).is_some()); }
                         ReuseAction::Compute { .. } | ReuseAction::Reuse { .. } | ReuseAction::Relocate { .. } => {}
