@@ -293,6 +293,14 @@ struct LiveTask {
     epochs: u32,
     arrived: Micros,
     last_cycle: u64,
+    /// Draws this task's validation split and batches: seeded by the engine seed and the task's
+    /// admission order, so a task trains on the same batches whichever scheduler runs it.
+    rng: SmallRng,
+}
+
+/// The random stream of the `nth` task admitted by an engine seeded with `seed`.
+fn task_rng(seed: u64, nth: u32) -> SmallRng {
+    SmallRng::seed_from_u64(seed ^ u64::from(nth).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// The executor (see the module doc).
@@ -305,7 +313,6 @@ pub struct EdgeEngine {
     finished: Vec<Finished>,
     next_id: u32,
     cycle: u64,
-    rng: SmallRng,
     steps: u64,
     evictions: u64,
     estimator: Option<MemoryModel>,
@@ -404,7 +411,6 @@ impl EdgeEngine {
             finished: Vec::new(),
             next_id: 0,
             cycle: 0,
-            rng: SmallRng::seed_from_u64(cfg.seed),
             steps: 0,
             evictions: 0,
             estimator: None,
@@ -505,8 +511,9 @@ impl EdgeEngine {
         if n < 2 * self.cfg.batch.min(8) {
             return Err(EngineError::Invalid(format!("{}: {n} samples are too few", job.name)));
         }
+        let mut rng = task_rng(self.cfg.seed, self.next_id);
         let mut idx: Vec<usize> = (0..n).collect();
-        idx.shuffle(&mut self.rng);
+        idx.shuffle(&mut rng);
         let val = job.samples.subset(&idx[..n_val])?;
         let train = job.samples.subset(&idx[n_val..])?;
         let before = exact_match(&predict_all(&job.model, &val)?, &val.labels);
@@ -538,6 +545,7 @@ impl EdgeEngine {
                 epochs: 0,
                 arrived: now,
                 last_cycle: 0,
+                rng,
             },
         );
         self.sched.handle_arrival(now, spec);
@@ -611,12 +619,12 @@ impl EdgeEngine {
         // A cycle member may have been unloaded to let another one step (fragmentation).
         self.ensure_resident(t, keep)?;
         let (images, labels, id) = {
-            let Some(task) = self.tasks.get(&t) else { return Ok(()) };
+            let Some(task) = self.tasks.get_mut(&t) else { return Ok(()) };
             let Some(id) = task.resident else {
                 return Err(EngineError::Invalid(format!("task {} is not resident", t.0)));
             };
             let n = task.train.len();
-            let idx = sample(&mut self.rng, n, self.cfg.batch.min(n)).into_vec();
+            let idx = sample(&mut task.rng, n, self.cfg.batch.min(n)).into_vec();
             let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
             (task.train.batch(&idx)?, labels, id)
         };

@@ -115,10 +115,10 @@ impl EdgeEngine {
         let mut experts = Vec::new();
         let mut workspace = 0u64;
         for t in runs {
-            let Some(task) = self.tasks.get(t) else { continue };
+            let Some(task) = self.tasks.get_mut(t) else { continue };
             let n = task.train.len();
             let b = self.cfg.batch.min(n);
-            let idx = sample(&mut self.rng, n, b).into_vec();
+            let idx = sample(&mut task.rng, n, b).into_vec();
             let labels: Vec<usize> = idx.iter().map(|&i| task.train.labels[i]).collect();
             batches.insert(*t, (task.train.batch(&idx)?, labels));
             let c = task.config;
