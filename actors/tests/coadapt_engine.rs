@@ -58,6 +58,7 @@ fn every_scheduler_finishes_within_the_budget_and_ours_gains() {
                     model: student.clone(),
                     samples: d.clone(),
                     target_gain: None,
+                    slo_within: None,
                 },
             )
             .unwrap();
@@ -136,6 +137,7 @@ fn jobs_past_the_task_cap_are_refused_back_to_the_sender() {
         model: student.clone(),
         samples: samples.clone(),
         target_gain: None,
+        slo_within: None,
     };
     for i in 0..2 {
         eng.submit(Micros(0), job(i)).unwrap();

@@ -49,6 +49,7 @@ fn isolated_run_to_completion_counts_each_tasks_own_copy() {
             model: student.clone(),
             samples: d.clone(),
             target_gain: None,
+            slo_within: None,
         };
         eng.submit(Micros(0), job).unwrap();
     }

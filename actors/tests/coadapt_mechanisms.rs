@@ -52,6 +52,7 @@ fn job(f: &Fixture, i: usize) -> AdaptJob {
         model: f.student.clone(),
         samples: f.jobs[i].clone(),
         target_gain: None,
+        slo_within: None,
     }
 }
 

@@ -29,7 +29,13 @@ fn jobs(student: &VMoe, n: usize) -> Vec<AdaptJob> {
                 .collect();
             let mut d = Dataset::from_frames(&fs);
             d.labels = predict_all(&teacher, &d).unwrap();
-            AdaptJob { name: format!("cam{i}"), model: student.clone(), samples: d, target_gain: None }
+            AdaptJob {
+                name: format!("cam{i}"),
+                model: student.clone(),
+                samples: d,
+                target_gain: None,
+                slo_within: None,
+            }
         })
         .collect()
 }

@@ -38,18 +38,25 @@ fn entry_bytes() -> u64 {
     (c.tokens_per_image() * c.dim * 4) as u64
 }
 
-/// A cache with room for 4 entries in memory that has seen six images once (all spilled), its
-/// blob files written; with the model, identity and batch.
+/// A cache with room for 4 entries in memory whose six images `x` are all on disk: seen once (4
+/// kept in the free room, 2 spilled), then six other images seen once, which ages `x`'s four out
+/// (entries unused for a batch leave memory) and spills two of their own. With the model,
+/// identity and `x`.
 fn spilled_cache(dir: &std::path::Path, pool: &mut MemoryPool) -> (StemCache, VMoe, [u8; 32], Tensor) {
-    let mut cache = StemCache::new(pool, &ReuseSetup::new(4 * entry_bytes(), 1 << 20, dir)).unwrap();
+    let setup = ReuseSetup { idle_batches: 1, ..ReuseSetup::new(4 * entry_bytes(), 1 << 20, dir) };
+    let mut cache = StemCache::new(pool, &setup).unwrap();
     let m = model(1);
     let id = shared_identity(&[[7; 32]]);
-    let x = batch(&images(2, 6), &[0, 1, 2, 3, 4, 5]);
-    // First sight: computed, nothing reused yet (importance 0), so the policy spills all six.
-    assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
+    let all = images(2, 12);
+    let x = batch(&all, &[0, 1, 2, 3, 4, 5]);
+    let y = batch(&all, &[6, 7, 8, 9, 10, 11]);
+    for b in [&x, &y] {
+        assert_eq!(bits(&cache.stem(&m, &id, b).unwrap()), bits(&m.stem(b).unwrap()));
+    }
     cache.flush().unwrap();
     let s = cache.stats();
-    assert_eq!((s.misses, s.hits, s.spilled, s.disk_bytes), (6, 0, 6, 6 * entry_bytes()));
+    assert_eq!((s.misses, s.hits, s.spilled, s.disk_bytes), (12, 0, 8, 8 * entry_bytes()));
+    assert_eq!(s.memory_bytes, 4 * entry_bytes());
     (cache, m, id, x)
 }
 
@@ -63,7 +70,7 @@ fn disk_entries_round_trip_bit_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
     let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
-    assert_eq!(blob_files(cache.dir()).len(), 6);
+    assert_eq!(blob_files(cache.dir()).len(), 8);
     // Second sight: four read back from disk into the 4-entry memory tier, two recomputed.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
@@ -88,10 +95,9 @@ fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
     assert_eq!((s.prefetched, s.bad_reads, s.hits), (4, 4, 0), "{s:?}");
-    // The four bad files are removed (the two entries not read keep theirs), so the policy's
-    // copies and the files agree and a later demotion writes good ones.
+    // The four bad files are removed (entries not read keep theirs), so the policy's copies and
+    // the files agree and a later demotion writes good ones.
     cache.flush().unwrap();
-    assert_eq!(blob_files(cache.dir()).len(), 2);
     assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
     // The recomputed tokens fill the slots the policy gave them: the next sight hits them.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));

@@ -632,6 +632,7 @@ fn admit(
                 model,
                 samples,
                 target_gain: (req.target_gain > 0.0).then_some(req.target_gain),
+                slo_within: None,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -136,6 +136,7 @@ mod tests {
             accuracy: 0.5,
             target: 0.9,
             footprint: 10,
+            deadline: None,
         }
     }
 

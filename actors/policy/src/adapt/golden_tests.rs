@@ -322,11 +322,13 @@ fn reuse_case(c: &Case) -> String {
 fn golden_reuse() {
     run("reuse.txt", reuse_case);
     let r = golden_text("reuse.txt");
-    assert!(r.contains("t=2 plan computed=1 reused=2 prefetched_bytes=20"));
-    assert!(r.contains("t=3 Relocate 0/2 -> dram@0\nt=3 Store 0/3 Dram { offset: 10 }"));
-    assert!(r.contains("t=1 state dram=20 disk=20 layout=[1/2@0 0/1@10]"));
+    assert!(r.contains("t=1 state dram=20 disk=0 layout=[0/1@0 0/2@10]"), "free room keeps I = 0");
+    assert!(r.contains("t=13 plan computed=1 reused=2 prefetched_bytes=20"));
+    assert!(r.contains("t=14 Relocate 0/2 -> dram@0\nt=14 Store 0/3 Dram { offset: 10 }"));
+    assert!(r.contains("t=1 state dram=20 disk=10 layout=[1/2@0 0/1@10]"));
     // A prefetched entry keeps its disk copy, so demoting it writes nothing.
-    assert!(r.contains("t=3 Evict 0/1 Dram\nt=3 Relocate 0/2 -> dram@0"));
+    assert!(r.contains("t=14 Evict 0/1 Dram\nt=14 Relocate 0/2 -> dram@0"));
+    assert!(r.contains("t=30 Evict 0/2 Dram\nt=30 Evict 0/3 Dram\nt=30 Store 0/3 Disk"));
 }
 
 fn twin_case(c: &Case) -> String {
@@ -357,6 +359,7 @@ fn twin_case(c: &Case) -> String {
                     accuracy: a["acc"].parse().unwrap(),
                     target: a["target"].parse().unwrap(),
                     footprint: a["fp"].parse().unwrap(),
+                    deadline: None,
                 },
             ),
             "done" => s.handle_epoch_done(now, TaskId(a["id"].parse().unwrap()), a["acc"].parse().unwrap()),

@@ -10,6 +10,7 @@
 //! * [`reuse`] and [`predictor`]: budgeted disk-backed reuse cache with I/O-hiding token order
 //!   and importance-aware residency (§3.3);
 //! * [`age`], [`nnls`] and [`twin`]: twin-buffer scheduler driven by accuracy gain per epoch (§3.4);
+//! * [`slo`]: Moore–Hodgson ordering and cycle sizing for tasks that carry an SLO deadline;
 //! * [`baselines`]: isolated, AMS-like, RECL-like and MoE-SE schedulers (§5.1);
 //! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
 //! * [`drift`] and [`online`]: a camera's drift detection, re-arming after each update, its
@@ -32,6 +33,7 @@ pub mod replay;
 pub mod reuse;
 pub mod sched;
 pub mod sim;
+pub mod slo;
 pub mod threads;
 pub mod twin;
 

@@ -5,8 +5,10 @@
 //!   `Reuse`s, so storage reads overlap GPU work instead of blocking it.
 //! * Importance-aware residency (§3.3.2): after backprop each output token gets
 //!   `I = P_reuse × n_reuse / n_compute` (for tokens shared by several experts, the max over
-//!   them) and stays in DRAM iff `I > λ` (λ = 0.55 by default, §5.5.1); others are evicted from
-//!   DRAM to the disk tier.
+//!   them); under memory pressure it stays in DRAM iff `I > λ` (λ = 0.55 by default, §5.5.1),
+//!   displacing less important residents, and the others go to the disk tier. An output below λ
+//!   still takes free DRAM room (or keeps its place) while nothing needs it: a write to disk is
+//!   paid only when the room is wanted, and low-importance residents are the first to leave.
 //! * Idle eviction (§5.4.2 "Extreme case"): entries idle for `idle_after` leave DRAM, and disk
 //!   entries idle for `disk_idle_after` are dropped.
 //! * Clean disk copies: cached outputs never change, so a prefetch leaves the disk copy in place
@@ -324,7 +326,10 @@ impl ReuseCache {
         for (imp, i) in scored {
             let out = &outputs[i];
             let order = self.batch.get(&out.key.expert).map(|c| c.2).unwrap_or(u32::MAX);
-            if imp > self.cfg.lambda {
+            let in_dram = self.entries.get(&out.key).is_some_and(|e| e.tier == Tier::Dram);
+            let free = self.dram_used + out.bytes <= self.cfg.dram_budget;
+            if imp > self.cfg.lambda || in_dram || free {
+                // Below λ it only takes free room (or keeps its place) and is the first to leave.
                 self.keep_in_dram(now, out, imp, order);
             } else {
                 self.send_to_disk(now, out, order);
@@ -630,12 +635,16 @@ mod tests {
         );
         drain(&mut c);
         c.handle_batch_done(Micros(1), &[cand(0, 1, 10, 0.9), cand(0, 2, 10, 0.9)]);
-        // Nothing was reused in that batch, so I = 0 for both: both go to disk.
-        assert_eq!(c.tier_of(&key(0, 1)), Some(Tier::Disk));
-        assert_eq!(c.disk_used(), 20);
+        // Nothing was reused in that batch, so I = 0 for both, but DRAM has room: both stay.
+        assert_eq!(c.tier_of(&key(0, 1)), Some(Tier::Dram));
+        assert_eq!((c.dram_used(), c.disk_used()), (20, 0));
+        drain(&mut c);
+        // Idle for 10 s they leave DRAM for disk.
+        c.handle_timeout(Micros::from_secs(11));
+        assert_eq!((c.tier_of(&key(0, 2)), c.dram_used(), c.disk_used()), (Some(Tier::Disk), 0, 20));
         drain(&mut c);
         let plan = c.handle_batch_start(
-            Micros(2),
+            Micros::from_secs(12),
             &[ExpertBatch {
                 expert: ExpertId(0),
                 tokens: vec![
@@ -657,11 +666,31 @@ mod tests {
                 ReuseAction::Reuse { key: key(0, 2) },
             ]
         );
-        // Now n_reuse = 2, n_compute = 1: token 3 with p 0.3 -> I = 0.6 keep; p 0.2 -> 0.4 evict.
-        c.handle_batch_done(Micros(3), &[cand(0, 3, 10, 0.3), cand(0, 1, 10, 0.2)]);
+        // Now n_reuse = 2, n_compute = 1: token 3 with p 0.3 -> I = 0.6 keep; token 1 with p 0.2
+        // -> 0.4 < λ, but nothing needs its room: it keeps its place.
+        c.handle_batch_done(Micros::from_secs(13), &[cand(0, 3, 10, 0.3), cand(0, 1, 10, 0.2)]);
         assert_eq!(c.tier_of(&key(0, 3)), Some(Tier::Dram));
-        assert_eq!(c.tier_of(&key(0, 1)), Some(Tier::Disk));
-        assert_eq!(c.dram_used(), 20); // tokens 2 and 3
+        assert_eq!(c.tier_of(&key(0, 1)), Some(Tier::Dram));
+        assert_eq!(c.dram_used(), 30);
+    }
+
+    #[test]
+    fn below_lambda_goes_to_disk_only_when_dram_is_full() {
+        let mut c = ReuseCache::new(cfg(10, 100));
+        let b = |sigs: &[u64]| ExpertBatch {
+            expert: ExpertId(0),
+            tokens: sigs.iter().map(|&sig| TokenRequest { sig, bytes: 10 }).collect(),
+        };
+        let _ = c.handle_batch_start(Micros(0), &[b(&[1, 2])]);
+        drain(&mut c);
+        // Both at I = 0: the first takes the free room, the second finds none and is written.
+        c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9), cand(0, 2, 10, 0.9)]);
+        assert_eq!((c.tier_of(&key(0, 1)), c.tier_of(&key(0, 2))), (Some(Tier::Dram), Some(Tier::Disk)));
+        assert!(drain(&mut c).contains(&ReuseAction::Store {
+            key: key(0, 2),
+            bytes: 10,
+            at: Placement::Disk
+        }));
     }
 
     #[test]
@@ -669,6 +698,9 @@ mod tests {
         let mut c = ReuseCache::new(cfg(100, 100));
         let _ = c.handle_batch_start(Micros(0), &[ExpertBatch { expert: ExpertId(1), tokens: vec![] }]);
         c.handle_batch_done(Micros(0), &[cand(1, 9, 40, 0.9)]);
+        assert_eq!(c.tier_of(&key(1, 9)), Some(Tier::Dram));
+        assert_eq!(c.poll_timeout(), Some(Micros::from_secs(10)));
+        c.handle_timeout(Micros::from_secs(10));
         assert_eq!(c.tier_of(&key(1, 9)), Some(Tier::Disk));
         assert_eq!(c.poll_timeout(), Some(Micros::from_secs(100)));
         c.handle_timeout(Micros::from_secs(100));
@@ -683,26 +715,40 @@ mod tests {
             let b = ExpertBatch { expert: ExpertId(0), tokens: vec![TokenRequest { sig, bytes: 10 }] };
             c.handle_batch_start(Micros(t), &[b])
         };
-        // Computed, not reused: I = 0, so it is written to disk once.
+        // Computed, not reused (I = 0); idle for 10 s it is written to disk, once.
         let _ = start(&mut c, 0, 1);
         drain(&mut c);
         c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9)]);
+        drain(&mut c);
+        c.handle_timeout(Micros::from_secs(10));
         assert!(drain(&mut c).contains(&ReuseAction::Store {
             key: key(0, 1),
             bytes: 10,
             at: Placement::Disk
         }));
         // Prefetched back: DRAM holds it, the disk copy stays counted.
-        assert_eq!(start(&mut c, 1, 1).prefetched_bytes, 10);
+        let s = Micros::from_secs(10).0;
+        assert_eq!(start(&mut c, s + 1, 1).prefetched_bytes, 10);
         drain(&mut c);
         assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Dram), 10, 10));
-        // A more important newcomer displaces it: it leaves DRAM with no write.
-        let _ = start(&mut c, 2, 2);
+        // A more important newcomer (reused 1, computed 1: I = 0.9) displaces it: it leaves DRAM
+        // with no write.
+        let both = ExpertBatch {
+            expert: ExpertId(0),
+            tokens: vec![TokenRequest { sig: 1, bytes: 10 }, TokenRequest { sig: 2, bytes: 10 }],
+        };
+        let _ = c.handle_batch_start(Micros(s + 2), &[both]);
         drain(&mut c);
-        c.handle_batch_done(Micros(2), &[cand(0, 1, 10, 0.0)]);
+        c.handle_batch_done(Micros(s + 2), &[cand(0, 2, 10, 0.9)]);
         let acts = drain(&mut c);
-        assert_eq!(acts, vec![ReuseAction::Evict { key: key(0, 1), tier: Tier::Dram }]);
-        assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Disk), 0, 10));
+        assert_eq!(
+            acts,
+            vec![
+                ReuseAction::Evict { key: key(0, 1), tier: Tier::Dram },
+                ReuseAction::Store { key: key(0, 2), bytes: 10, at: Placement::Dram { offset: 0 } },
+            ]
+        );
+        assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Disk), 10, 10));
     }
 
     #[test]
@@ -712,10 +758,13 @@ mod tests {
         let _ = c.handle_batch_start(Micros(0), &[b(1)]);
         c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9)]);
         drain(&mut c);
-        let _ = c.handle_batch_start(Micros(1), &[b(1)]);
+        // Idle, it is written to disk; prefetched back, its copy stays there.
+        c.handle_timeout(Micros::from_secs(10));
+        let s = Micros::from_secs(10).0;
+        let _ = c.handle_batch_start(Micros(s + 1), &[b(1)]);
         drain(&mut c);
         // Token 1 is in DRAM with its copy filling the disk; token 2 goes to disk in its place.
-        c.handle_batch_done(Micros(2), &[cand(0, 2, 10, 0.0)]);
+        c.handle_batch_done(Micros(s + 2), &[cand(0, 2, 10, 0.0)]);
         let acts = drain(&mut c);
         assert!(acts.contains(&ReuseAction::Evict { key: key(0, 1), tier: Tier::Disk }), "{acts:?}");
         assert!(acts.contains(&ReuseAction::Store { key: key(0, 2), bytes: 10, at: Placement::Disk }));

@@ -30,6 +30,9 @@ pub struct TaskSpec {
     /// Bytes the task must hold resident while it trains (experts and optimizer state in the
     /// co-adaptation pool; a whole model copy under isolated adaptation).
     pub footprint: u64,
+    /// Latest completion that meets the task's SLO (`None`: no SLO). The twin-buffer scheduler
+    /// orders tasks that carry one by [`super::slo`]; the baselines ignore it, as published.
+    pub deadline: Option<Micros>,
 }
 
 /// A scheduling decision.
@@ -233,6 +236,7 @@ mod tests {
             accuracy: acc,
             target,
             footprint,
+            deadline: None,
         }
     }
 

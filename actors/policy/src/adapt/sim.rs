@@ -705,6 +705,7 @@ pub fn simulate(strategy: &Strategy, k: usize, cfg: &SimConfig) -> SimReport {
                     accuracy: task.accuracy(cfg, 0),
                     target: task.accuracy(cfg, 0) + cfg.slo_gain,
                     footprint: task.state_bytes(strategy.exec, cfg),
+                    deadline: None,
                 },
             );
         } else if cycle_t == Some(t) {

@@ -11,6 +11,12 @@
 //!   next cycle are preloaded: their inactive experts loaded, experts nobody needs dropped.
 //! * Fallback: when the smoothed relative AGE error exceeds `age_error_threshold`, β is served
 //!   round-robin and α by remaining accuracy gap (approximate SJF), until the error recovers.
+//! * SLO deadlines (an extension; the paper's scheduler has none): when tasks carry a deadline
+//!   and a cycle has been timed, the tasks that can still meet theirs go first, in Moore–Hodgson
+//!   order ([`super::slo`]), then the twin-buffer order above for the rest; a cycle holds only as
+//!   many of them as stay on time sharing it ([`super::slo::cycle_size`]). A task's remaining
+//!   work is its AGE-predicted epochs to target (the mean of finished tasks' epochs before its
+//!   curve is fitted) times the measured processor time of one task-epoch.
 //!
 //! The calling protocol is the one in [`super::sched`].
 
@@ -18,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::age::AgeModel;
 use super::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec, TaskTable};
+use super::slo::{SloTask, cycle_size, moore_hodgson};
 use super::{ExpertId, TaskId};
 use crate::Micros;
 
@@ -82,6 +89,12 @@ pub struct TwinBufferScheduler {
     extra: BTreeMap<TaskId, TwinTask>,
     err_ewma: Option<f64>,
     cycle_ewma: Option<Micros>,
+    /// Processor time of one task-epoch (a cycle's duration over its members), smoothed.
+    epoch_ewma: Option<Micros>,
+    /// Epochs of the tasks that reached their target: (sum, count), the prior for new ones.
+    reached_epochs: (u64, u64),
+    /// The latest time a `handle_*` call brought.
+    now: Micros,
     preload_at: Option<Micros>,
     current: Vec<TaskId>,
     preloaded: BTreeSet<TaskId>,
@@ -97,6 +110,9 @@ impl TwinBufferScheduler {
             extra: BTreeMap::new(),
             err_ewma: None,
             cycle_ewma: None,
+            epoch_ewma: None,
+            reached_epochs: (0, 0),
+            now: Micros(0),
             preload_at: None,
             current: Vec::new(),
             preloaded: BTreeSet::new(),
@@ -127,8 +143,59 @@ impl TwinBufferScheduler {
         self.extra.get(&task)?.age.predicted_age()
     }
 
-    /// The service order for the next cycle: β and α interleaved, β first.
+    /// The service order for the next cycle: with SLO deadlines, the tasks that can meet theirs
+    /// first (see the module doc); then β and α interleaved, β first.
     pub fn service_order(&self) -> Vec<TaskId> {
+        let twin = self.twin_order();
+        match self.slo_tasks(&twin) {
+            Some(slo) => {
+                let (on_time, late) = moore_hodgson(self.now, &slo);
+                on_time.into_iter().chain(late).collect()
+            }
+            None => twin,
+        }
+    }
+
+    /// `order` as the SLO order sees it; `None` when no task has a deadline or no cycle has been
+    /// timed yet (then the twin-buffer order stands alone).
+    fn slo_tasks(&self, order: &[TaskId]) -> Option<Vec<SloTask>> {
+        let epoch = self.epoch_ewma?;
+        if !self.table.tasks.values().any(|t| t.spec.deadline.is_some()) {
+            return None;
+        }
+        let slo = order
+            .iter()
+            .filter_map(|id| {
+                let t = self.table.tasks.get(id)?;
+                let epochs = u64::from(self.remaining_epochs(*id));
+                Some(SloTask {
+                    id: *id,
+                    deadline: t.spec.deadline,
+                    work: Micros(epoch.0.saturating_mul(epochs)),
+                })
+            })
+            .collect();
+        Some(slo)
+    }
+
+    /// Predicted epochs a live task still needs to reach its target (at least 1, at most its
+    /// epoch budget): its AGE curve's, else the mean of the tasks that reached theirs, else 1.
+    pub fn remaining_epochs(&self, id: TaskId) -> u32 {
+        let Some(t) = self.table.tasks.get(&id) else { return 0 };
+        let budget = self.cfg.limits.max_epochs.saturating_sub(t.epochs).max(1);
+        let age = self.extra.get(&id).map(|x| &x.age);
+        let predicted = match age {
+            Some(a) if a.curve().is_some() => a.epochs_to(t.spec.target, budget).unwrap_or(budget),
+            _ => match self.reached_epochs {
+                (_, 0) => 1,
+                (sum, n) => u32::try_from(sum.div_ceil(n)).unwrap_or(u32::MAX).saturating_sub(t.epochs),
+            },
+        };
+        predicted.clamp(1, budget)
+    }
+
+    /// The twin-buffer order alone: β and α interleaved, β first.
+    fn twin_order(&self) -> Vec<TaskId> {
         let fallback = self.in_fallback();
         let (mut beta, mut alpha): (Vec<TaskId>, Vec<TaskId>) =
             self.table.tasks.keys().partition(|id| self.buffer_of(**id) == Some(Buffer::Beta));
@@ -179,10 +246,15 @@ impl TwinBufferScheduler {
         }
     }
 
-    /// The tasks of the next cycle: the service order filled into memory, at most `seats`.
+    /// The tasks of the next cycle: the service order filled into memory, at most `seats` (with
+    /// SLO deadlines, at most as many as stay on time sharing the cycle).
     pub fn next_set(&self) -> Vec<TaskId> {
         let mut set = self.table.fill(&self.service_order());
-        set.truncate(self.cfg.seats.max(1));
+        let seats = match self.slo_tasks(&set) {
+            Some(slo) => cycle_size(self.now, &slo, self.cfg.seats.max(1)),
+            None => self.cfg.seats.max(1),
+        };
+        set.truncate(seats);
         set
     }
 
@@ -264,6 +336,7 @@ impl AdaptScheduler for TwinBufferScheduler {
     }
 
     fn handle_arrival(&mut self, now: Micros, task: TaskSpec) {
+        self.now = self.now.max(now);
         let (id, acc) = (task.id, task.accuracy);
         if self.table.admit(now, task) {
             let mut x = TwinTask::default();
@@ -274,6 +347,8 @@ impl AdaptScheduler for TwinBufferScheduler {
     }
 
     fn handle_epoch_done(&mut self, now: Micros, task: TaskId, accuracy: f64) {
+        self.now = self.now.max(now);
+        let epochs_before = self.table.tasks.get(&task).map(|t| t.epochs);
         let live = self.table.record_epoch(task, accuracy).map(|t| (t.epochs, t.accuracy, t.spec.target));
         match live {
             Some((epochs, acc, target)) => {
@@ -301,6 +376,16 @@ impl AdaptScheduler for TwinBufferScheduler {
             // in the current cycle is ignored and changes nothing.
             None if !self.table.tasks.contains_key(&task) => {
                 self.extra.remove(&task);
+                let reached = self
+                    .table
+                    .actions
+                    .iter()
+                    .rev()
+                    .any(|a| matches!(a, SchedAction::Complete { task: t, reached: true } if *t == task));
+                if let (Some(e), true) = (epochs_before, reached) {
+                    self.reached_epochs.0 += u64::from(e) + 1;
+                    self.reached_epochs.1 += 1;
+                }
             }
             None => {}
         }
@@ -310,11 +395,17 @@ impl AdaptScheduler for TwinBufferScheduler {
                 Some(p) => Micros((p.0 + dur.0) / 2),
                 None => dur,
             });
+            let per_epoch = Micros(dur.0 / self.current.len().max(1) as u64);
+            self.epoch_ewma = Some(match self.epoch_ewma {
+                Some(p) => Micros((p.0 + per_epoch.0) / 2),
+                None => per_epoch,
+            });
             self.plan(now);
         }
     }
 
     fn handle_timeout(&mut self, now: Micros) {
+        self.now = self.now.max(now);
         if self.preload_at.is_some_and(|t| t <= now) {
             self.preload_at = None;
             self.preload_next();
@@ -343,6 +434,7 @@ mod tests {
             accuracy: acc,
             target: acc + 0.2,
             footprint,
+            deadline: None,
         }
     }
 
@@ -414,6 +506,39 @@ mod tests {
         );
         s.handle_epoch_done(Micros::from_secs(20), TaskId(2), 0.52);
         assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(3) }]);
+    }
+
+    #[test]
+    fn with_deadlines_the_tasks_that_can_meet_them_go_first_and_alone_when_tight() {
+        let mut s = TwinBufferScheduler::new(cfg(100));
+        let deadlines = [None, Some(25), Some(28)];
+        for (i, d) in deadlines.iter().enumerate() {
+            let spec = TaskSpec { deadline: d.map(Micros::from_secs), ..spec(i as u32 + 1, 0.5, 10) };
+            s.handle_arrival(Micros(0), spec);
+        }
+        // Task 1 arrived to an idle scheduler: it runs alone, which times one task-epoch (10 s).
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
+        s.handle_epoch_done(Micros::from_secs(10), TaskId(1), 0.52);
+        // One epoch left each for 2 and 3 (no curve, no finished task yet). From 10 s: 2 ends at
+        // 20 <= 25, 3 at 30 > 28 leaves for the end; 1 has no deadline: after the on-time ones.
+        assert_eq!(s.remaining_epochs(TaskId(3)), 1);
+        assert_eq!(s.service_order(), vec![TaskId(2), TaskId(1), TaskId(3)]);
+        // Sharing the cycle would end task 2 near 30 > 25: it runs alone.
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(2) }]);
+    }
+
+    #[test]
+    fn tasks_without_a_curve_are_expected_to_need_what_finished_ones_needed() {
+        let mut s = TwinBufferScheduler::new(TwinConfig { seats: 1, ..cfg(100) });
+        s.handle_arrival(Micros(0), spec(1, 0.5, 10));
+        assert_eq!(s.remaining_epochs(TaskId(1)), 1, "nothing finished yet");
+        for (t, acc) in [(10, 0.55), (20, 0.71)] {
+            let _ = drain(&mut s);
+            s.handle_epoch_done(Micros::from_secs(t), TaskId(1), acc);
+        }
+        assert!(drain(&mut s).contains(&SchedAction::Complete { task: TaskId(1), reached: true }));
+        s.handle_arrival(Micros::from_secs(20), spec(2, 0.5, 10));
+        assert_eq!(s.remaining_epochs(TaskId(2)), 2);
     }
 
     #[test]

@@ -20,6 +20,14 @@
 //! models them the same way (AMS/RECL `Execution::Isolated`). No baseline runs AdaSprite's
 //! mechanisms (they are all switched off for it); none preloads.
 //!
+//! **Where ours puts the bytes merging saves**: the budget holds `budget_isolated_tasks` copies of
+//! the frozen parts; merged, ours keeps one, and gives the others' bytes to the reuse cache's
+//! memory tier ([`reuse_budget`]), so stem tokens stay in memory instead of going to disk.
+//!
+//! **SLO deadlines**: every job carries its SLO (`l_solo` solo times from its arrival); only the
+//! twin-buffer scheduler reads it (`troupe_policy::adapt::slo`), as the baselines have no such
+//! input in their papers.
+//!
 //! **Time** is the bench process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`): every step, load,
 //! unload and validation, on the executor thread and on the threads the `threads` mechanism
 //! (experts of a block on scoped threads) and `preload` (a background thread) use, so other load on
@@ -50,8 +58,8 @@ use anyhow::{Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use troupe_actors::coadapt::engine::{
-    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, shared_bytes,
-    task_footprint,
+    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, reuse_default_bytes,
+    shared_bytes, task_footprint,
 };
 use troupe_kernels::vmoe::VMoe;
 use troupe_kernels::vmoe::train::Dataset;
@@ -163,6 +171,17 @@ pub fn pool_budget(student: &VMoe, batch: usize, tasks: u64) -> u64 {
     reserved_bytes(&[c], batch) + tasks * (task_footprint(&c) + shared_bytes(&c))
 }
 
+/// The reuse cache's memory tier for strategy `s` (bytes, 0: the engine's default): with merging
+/// and reuse on, the default plus the frozen-part copies the budget holds room for and merging
+/// does not need (see the module doc).
+pub fn reuse_budget(s: &RealStrategy, student: &VMoe, batch: usize, isolated_tasks: u64) -> u64 {
+    if !(s.share_backbone && s.mechanisms.reuse) {
+        return 0;
+    }
+    let c = student.config;
+    reuse_default_bytes(&[c], batch) + isolated_tasks.saturating_sub(1) * shared_bytes(&c)
+}
+
 /// `k` arrival times (microseconds, ascending) of a Poisson process with mean gap `mean_gap_us`.
 pub fn poisson_arrivals(k: usize, mean_gap_us: f64, seed: u64) -> Vec<u64> {
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -234,12 +253,14 @@ impl RunOutcome {
     }
 }
 
-/// Serves `jobs` arriving at `arrivals_us` (same length) with `cfg` on a fresh engine.
+/// Serves `jobs` arriving at `arrivals_us` (same length) with `cfg` on a fresh engine; each job
+/// carries the SLO `slo_within` of its arrival (which only the twin-buffer scheduler reads).
 pub fn run_once(
     cfg: EngineConfig,
     student: &VMoe,
     jobs: &[Dataset],
     arrivals_us: &[u64],
+    slo_within: Option<Micros>,
 ) -> Result<RunOutcome> {
     anyhow::ensure!(jobs.len() == arrivals_us.len(), "one arrival per job");
     let cfg = EngineConfig { max_tasks: cfg.max_tasks.max(jobs.len()), ..cfg };
@@ -256,6 +277,7 @@ pub fn run_once(
                 model: student.clone(),
                 samples: jobs[next].clone(),
                 target_gain: None,
+                slo_within,
             };
             eng.submit(Micros(arrivals_us[next]), job).with_context(|| format!("submitting task {next}"))?;
             next += 1;
@@ -389,9 +411,11 @@ pub fn sweep(
                     scheduler: s.scheduler,
                     share_backbone: s.share_backbone,
                     mechanisms: s.mechanisms,
+                    reuse_budget: reuse_budget(s, student, sc.engine.batch, sc.budget_isolated_tasks),
                     ..sc.engine
                 };
-                let o = run_once(cfg, student, k_jobs, &arrivals)
+                let slo = Micros((l_s * 1e6) as u64);
+                let o = run_once(cfg, student, k_jobs, &arrivals, Some(slo))
                     .with_context(|| format!("{name} at K = {k}, seed {seed}"))?;
                 bar.inc(1);
                 let met = o.met(sc.gain, l_s);
@@ -426,7 +450,7 @@ pub fn solo_time(sc: &SweepConfig, student: &VMoe, jobs: &[Dataset], n: usize) -
     };
     let (mut reached, mut all) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for j in jobs.iter().take(n.max(1)) {
-        let o = run_once(cfg, student, std::slice::from_ref(j), &[0])?;
+        let o = run_once(cfg, student, std::slice::from_ref(j), &[0], None)?;
         for ((t, g), e) in o.tasks.iter().zip(&o.epochs) {
             all.0.push(*t);
             all.1.push(f64::from(*e));
