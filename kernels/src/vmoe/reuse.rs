@@ -393,15 +393,25 @@ impl StemCache {
         let _ = self.policy.handle_batch_start(now, &[ExpertBatch { expert, tokens }]);
         let mut hits = BTreeSet::new();
         let mut reads = Vec::new();
-        while let Some(a) = self.policy.poll_action() {
+        // Residents the policy moves out to make room for a prefetch come first. One of them may
+        // be a prefetch still in flight: those reads land in memory before anything leaves it.
+        let actions: Vec<ReuseAction> = std::iter::from_fn(|| self.policy.poll_action()).collect();
+        if actions.iter().any(|a| matches!(a, ReuseAction::Evict { .. } | ReuseAction::Store { .. })) {
+            self.join_prefetches(floats)?;
+        }
+        let mut evicted = BTreeMap::new();
+        for a in actions {
             match a {
                 ReuseAction::Prefetch { key, .. } => reads.push((key, blob_name(&key))),
                 ReuseAction::Reuse { key } => {
                     hits.insert(key);
                 }
                 ReuseAction::Compute { .. } | ReuseAction::Relocate { .. } => {}
-                ReuseAction::Store { .. } | ReuseAction::Evict { .. } => {
+                ReuseAction::Store { at: Placement::Dram { .. }, .. } => {
                     return Err(VMoeError::Config(format!("unexpected reuse action at batch start: {a:?}")));
+                }
+                ReuseAction::Store { .. } | ReuseAction::Evict { .. } => {
+                    self.apply(a, &BTreeMap::new(), &mut evicted)?
                 }
             }
         }
@@ -491,34 +501,44 @@ impl StemCache {
     fn execute(&mut self, fresh: &BTreeMap<TokenKey, Vec<f32>>) -> Result<(), VMoeError> {
         let mut evicted: BTreeMap<TokenKey, Vec<f32>> = BTreeMap::new();
         while let Some(a) = self.policy.poll_action() {
-            match a {
-                ReuseAction::Store { key, at: Placement::Dram { .. }, .. } => {
-                    let v = fresh.get(&key).cloned().or_else(|| evicted.remove(&key));
-                    if let Some(v) = v {
-                        self.insert_memory(key, v)?;
-                    }
+            self.apply(a, fresh, &mut evicted)?;
+        }
+        Ok(())
+    }
+
+    /// Carries out one storage action; `evicted` holds what left memory earlier in the same run
+    /// of actions (a demotion's write follows its eviction).
+    fn apply(
+        &mut self,
+        a: ReuseAction,
+        fresh: &BTreeMap<TokenKey, Vec<f32>>,
+        evicted: &mut BTreeMap<TokenKey, Vec<f32>>,
+    ) -> Result<(), VMoeError> {
+        match a {
+            ReuseAction::Store { key, at: Placement::Dram { .. }, .. } => {
+                let v = fresh.get(&key).cloned().or_else(|| evicted.remove(&key));
+                if let Some(v) = v {
+                    self.insert_memory(key, v)?;
                 }
-                ReuseAction::Store { key, at: Placement::Disk, .. } => {
-                    let v = fresh.get(&key).or_else(|| evicted.get(&key)).or_else(|| self.memory.get(&key));
-                    if let Some(v) = v {
-                        let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
-                        self.send(DiskCmd::Put(blob_name(&key), bytes))?;
-                        self.stats.spilled += 1;
-                    }
-                }
-                ReuseAction::Evict { key, tier: Tier::Dram } => {
-                    if let Some(v) = self.take_memory(&key) {
-                        evicted.insert(key, v);
-                    }
-                }
-                ReuseAction::Evict { key, tier: Tier::Disk } => {
-                    self.send(DiskCmd::Remove(blob_name(&key)))?
-                }
-                ReuseAction::Relocate { .. }
-                | ReuseAction::Prefetch { .. }
-                | ReuseAction::Compute { .. }
-                | ReuseAction::Reuse { .. } => {}
             }
+            ReuseAction::Store { key, at: Placement::Disk, .. } => {
+                let v = fresh.get(&key).or_else(|| evicted.get(&key)).or_else(|| self.memory.get(&key));
+                if let Some(v) = v {
+                    let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                    self.send(DiskCmd::Put(blob_name(&key), bytes))?;
+                    self.stats.spilled += 1;
+                }
+            }
+            ReuseAction::Evict { key, tier: Tier::Dram } => {
+                if let Some(v) = self.take_memory(&key) {
+                    evicted.insert(key, v);
+                }
+            }
+            ReuseAction::Evict { key, tier: Tier::Disk } => self.send(DiskCmd::Remove(blob_name(&key)))?,
+            ReuseAction::Relocate { .. }
+            | ReuseAction::Prefetch { .. }
+            | ReuseAction::Compute { .. }
+            | ReuseAction::Reuse { .. } => {}
         }
         Ok(())
     }

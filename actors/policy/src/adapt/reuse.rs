@@ -203,6 +203,8 @@ pub struct ReuseCache {
     batch: BTreeMap<ExpertId, (u64, u64, u32)>,
     /// DRAM entries admitted this round, announced (with their offset) by `place`.
     fresh: BTreeSet<TokenKey>,
+    /// Keys of the batch being planned: their disk copies are never dropped to make room.
+    pinned: BTreeSet<TokenKey>,
     actions: VecDeque<ReuseAction>,
 }
 
@@ -221,6 +223,7 @@ impl ReuseCache {
             disk_used: 0,
             batch: BTreeMap::new(),
             fresh: BTreeSet::new(),
+            pinned: BTreeSet::new(),
             actions: VecDeque::new(),
         }
     }
@@ -258,6 +261,10 @@ impl ReuseCache {
         let mut plan = BatchPlan::default();
         let mut prefetches = Vec::new();
         let mut per_expert: Vec<(Vec<ReuseAction>, Vec<ReuseAction>)> = Vec::new();
+        self.pinned = experts
+            .iter()
+            .flat_map(|eb| eb.tokens.iter().map(|t| TokenKey { expert: eb.expert, sig: t.sig }))
+            .collect();
         for (pos, eb) in experts.iter().enumerate() {
             let pos = pos as u32;
             let (mut computes, mut reuses) = (Vec::new(), Vec::new());
@@ -265,6 +272,12 @@ impl ReuseCache {
             counters.2 = pos;
             for t in &eb.tokens {
                 let key = TokenKey { expert: eb.expert, sig: t.sig };
+                if let Some(e) = self.entries.get(&key).copied()
+                    && e.tier == Tier::Disk
+                    && self.dram_used + e.bytes > self.cfg.dram_budget
+                {
+                    self.make_room_for_prefetch(now, e.bytes);
+                }
                 let hit = match self.entries.get_mut(&key) {
                     Some(e) if e.tier == Tier::Dram => {
                         e.last_use = now;
@@ -297,6 +310,19 @@ impl ReuseCache {
             }
             per_expert.push((computes, reuses));
         }
+        self.pinned.clear();
+        // A prefetch's offset as laid out after any room made for a later one.
+        let prefetches: Vec<ReuseAction> = prefetches
+            .into_iter()
+            .map(|a| match a {
+                ReuseAction::Prefetch { key, bytes, offset } => ReuseAction::Prefetch {
+                    key,
+                    bytes,
+                    offset: self.entries.get(&key).map_or(offset, |e| e.offset),
+                },
+                other => other,
+            })
+            .collect();
         self.actions.extend(prefetches);
         for (computes, reuses) in per_expert {
             self.actions.extend(computes);
@@ -334,6 +360,32 @@ impl ReuseCache {
             } else {
                 self.send_to_disk(now, out, order);
             }
+        }
+        self.place();
+    }
+
+    /// Frees `bytes` of DRAM for a prefetch by demoting residents below λ that this batch does not
+    /// use, least important and least recently used first, then compacts the layout; nothing when
+    /// they cannot free enough (the token is computed instead).
+    fn make_room_for_prefetch(&mut self, now: Micros, bytes: u64) {
+        let mut victims: Vec<(f64, Micros, TokenKey, u64)> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| {
+                e.tier == Tier::Dram && e.importance <= self.cfg.lambda && !self.pinned.contains(k)
+            })
+            .map(|(k, e)| (e.importance, e.last_use, *k, e.bytes))
+            .collect();
+        let free = self.cfg.dram_budget - self.dram_used;
+        if free + victims.iter().map(|v| v.3).sum::<u64>() < bytes {
+            return;
+        }
+        victims.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        for (_, _, k, _) in victims {
+            if self.cfg.dram_budget - self.dram_used >= bytes {
+                break;
+            }
+            self.demote(now, k);
         }
         self.place();
     }
@@ -519,7 +571,7 @@ impl ReuseCache {
             let lru = self
                 .entries
                 .iter()
-                .filter(|(_, e)| e.on_disk)
+                .filter(|(k, e)| e.on_disk && !self.pinned.contains(k))
                 .min_by_key(|(k, e)| (e.last_use, **k))
                 .map(|(k, e)| (*k, e.tier));
             match lru {
@@ -749,6 +801,34 @@ mod tests {
             ]
         );
         assert_eq!((c.tier_of(&key(0, 1)), c.dram_used(), c.disk_used()), (Some(Tier::Disk), 10, 10));
+    }
+
+    #[test]
+    fn a_prefetch_displaces_an_idle_resident_below_lambda() {
+        let mut c = ReuseCache::new(cfg(10, 100));
+        let b = |sig| ExpertBatch { expert: ExpertId(0), tokens: vec![TokenRequest { sig, bytes: 10 }] };
+        // Token 1 goes to disk (idle), token 2 takes the free room at I = 0.
+        let _ = c.handle_batch_start(Micros(0), &[b(1)]);
+        c.handle_batch_done(Micros(0), &[cand(0, 1, 10, 0.9)]);
+        c.handle_timeout(Micros::from_secs(10));
+        let s = Micros::from_secs(10).0;
+        let _ = c.handle_batch_start(Micros(s + 1), &[b(2)]);
+        c.handle_batch_done(Micros(s + 1), &[cand(0, 2, 10, 0.9)]);
+        drain(&mut c);
+        assert_eq!((c.tier_of(&key(0, 1)), c.tier_of(&key(0, 2))), (Some(Tier::Disk), Some(Tier::Dram)));
+        // Token 1 is wanted again: token 2 (unused by this batch, I = 0) is written out for it.
+        let plan = c.handle_batch_start(Micros(s + 2), &[b(1)]);
+        assert_eq!(plan.prefetched_bytes, 10);
+        assert_eq!(
+            drain(&mut c),
+            vec![
+                ReuseAction::Evict { key: key(0, 2), tier: Tier::Dram },
+                ReuseAction::Store { key: key(0, 2), bytes: 10, at: Placement::Disk },
+                ReuseAction::Prefetch { key: key(0, 1), bytes: 10, offset: 0 },
+                ReuseAction::Reuse { key: key(0, 1) },
+            ]
+        );
+        assert_eq!((c.dram_used(), c.disk_used()), (10, 20));
     }
 
     #[test]
