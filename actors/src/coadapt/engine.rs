@@ -343,15 +343,6 @@ pub fn shared_bytes(c: &VMoeConfig) -> u64 {
     (c.shared_params() * 4 + 256 * (3 + 3 * c.blocks + 2)) as u64
 }
 
-/// Batches a stem entry may go unused before it leaves the reuse cache's memory tier of `budget`
-/// bytes, where one batch of stems takes `batch_bytes`: at least 4, and at least as many batches
-/// as the tier takes to fill. A task's images come back once per epoch, after the other tasks'
-/// turns, so a clock shorter than the tier's turnover writes to disk what the next epoch reads
-/// back; importance decides who leaves when the room is wanted.
-pub fn reuse_idle_batches(budget: u64, batch_bytes: u64) -> u64 {
-    (budget / batch_bytes.max(1)).max(4)
-}
-
 /// The reuse cache's default memory tier ([`EngineConfig::reuse_budget`] 0): one batch of stem
 /// tokens of the widest expected config (`batch * tokens * dim` f32), 256-byte aligned.
 pub fn reuse_default_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
@@ -399,7 +390,7 @@ impl EdgeEngine {
             let default = reuse_default_bytes(expected, cfg.batch);
             let budget = if cfg.reuse_budget == 0 { default } else { cfg.reuse_budget.div_ceil(256) * 256 };
             let setup = ReuseSetup {
-                idle_batches: reuse_idle_batches(budget, default),
+                idle_batches: troupe_policy::adapt::reuse::idle_batches(budget, default),
                 ..ReuseSetup::new(budget, cfg.reuse_disk_budget, reuse_parent)
             };
             pool.enable_reuse(&setup)?;

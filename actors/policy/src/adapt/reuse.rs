@@ -208,6 +208,15 @@ pub struct ReuseCache {
     actions: VecDeque<ReuseAction>,
 }
 
+/// Batches a stem entry may go unused before it leaves the reuse cache's memory tier of `budget`
+/// bytes, where one batch of stems takes `batch_bytes`: at least 4, and at least as many batches
+/// as the tier takes to fill. A task's images come back once per epoch, after the other tasks'
+/// turns, so a clock shorter than the tier's turnover writes to disk what the next epoch reads
+/// back; importance decides who leaves when the room is wanted.
+pub fn idle_batches(budget: u64, batch_bytes: u64) -> u64 {
+    (budget / batch_bytes.max(1)).max(4)
+}
+
 /// `I = P_reuse × max_j n_reuse_j / n_compute_j` (paper §3.3.2; `n_compute` floored at 1).
 pub fn importance(p_reuse: f64, ratios: &[(u64, u64)]) -> f64 {
     ratios.iter().map(|&(r, c)| p_reuse * r as f64 / c.max(1) as f64).fold(0.0, f64::max)
@@ -663,6 +672,13 @@ mod tests {
 
     fn cand(e: u32, sig: u64, bytes: u64, p: f64) -> OutputCandidate {
         OutputCandidate { key: key(e, sig), bytes, p_reuse: p, sharers: Vec::new() }
+    }
+
+    #[test]
+    fn the_idle_clock_covers_the_memory_tiers_turnover() {
+        assert_eq!(idle_batches(100, 10), 10);
+        assert_eq!(idle_batches(10, 10), 4);
+        assert_eq!(idle_batches(10, 0), 10);
     }
 
     #[test]
