@@ -303,9 +303,11 @@ impl WeightStore {
         self.put_with(id, data, true)
     }
 
-    /// [`Self::put`] without the fsync: for blobs that need not survive a crash (a cache's spill
-    /// tier, removed with its directory), so a write costs a copy into the page cache rather than a
-    /// round trip to the device. Reads are the same (checksum verified).
+    /// [`Self::put`] without the fsync and in place: for blobs that need not survive a crash (a
+    /// cache's spill tier, removed with its directory), so a write costs a copy into the page cache
+    /// rather than a round trip to the device. A blob of the same id is overwritten in its own file
+    /// (no temporary file, no rename), so rewriting an id allocates no new inode; a write cut short
+    /// leaves no entry, and reads are the same (checksum verified).
     pub fn put_volatile(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
         self.put_with(id, data, false)
     }
@@ -313,7 +315,16 @@ impl WeightStore {
     fn put_with(&mut self, id: &str, data: &[u8], durable: bool) -> Result<BlobId> {
         let id = BlobId::new(id)?;
         if self.entries.contains_key(&id) {
-            self.remove(&id)?;
+            if durable {
+                self.remove(&id)?;
+            } else {
+                // Its file is rewritten below: drop the copies and the entry, keep the file.
+                self.release_host(&id)?;
+                if let Some(a) = self.entries.get_mut(&id).and_then(|e| e.device.take()) {
+                    self.pool.free(a)?;
+                }
+                self.entries.remove(&id);
+            }
         }
         let start = Instant::now();
         let hash = blake3::hash(data);
@@ -327,14 +338,16 @@ impl WeightStore {
         header[50..50 + id.0.len()].copy_from_slice(id.0.as_bytes());
         let pad = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - data.len();
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let target = if durable { &tmp } else { &path };
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(target)?;
             f.write_all(&header)?;
             f.write_all(data)?;
             f.write_all(&vec![0u8; pad])?;
             if durable {
                 f.sync_all()?;
+                fs::rename(&tmp, &path)?;
             }
-            fs::rename(&tmp, &path)
+            Ok(())
         };
         write().map_err(|e| KernelError::io("writing blob", &path, e))?;
         self.stats.disk_writes.record(data.len(), start);

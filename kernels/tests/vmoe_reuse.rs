@@ -71,6 +71,7 @@ fn disk_entries_round_trip_bit_exact() {
     let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
     let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
     assert_eq!(blob_files(cache.dir()).len(), 8);
+    assert_eq!(cache.disk_slots(), (8, 8));
     // Second sight: four read back from disk into the 4-entry memory tier, two recomputed.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
@@ -95,10 +96,13 @@ fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
     assert_eq!((s.prefetched, s.bad_reads, s.hits), (4, 4, 0), "{s:?}");
-    // The four bad files are removed (entries not read keep theirs), so the policy's copies and
-    // the files agree and a later demotion writes good ones.
+    // The four bad copies are dropped (entries not read keep theirs) and their slots freed for a
+    // later demotion to rewrite, so the policy's copies and the live slots agree. (Making room
+    // for the reads first demoted the four memory residents into four new slots.)
     cache.flush().unwrap();
-    assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
+    assert_eq!(cache.disk_slots(), (8, 12));
+    assert_eq!(8 * entry_bytes(), cache.stats().disk_bytes);
+    assert_eq!(blob_files(cache.dir()).len(), 12, "freed slots keep their files");
     // The recomputed tokens fill the slots the policy gave them: the next sight hits them.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     assert_eq!(cache.stats().hits, 4);
@@ -135,9 +139,13 @@ fn second_epoch_hits_and_budgets_hold_in_seeded_loops() {
                 assert!(s.memory_bytes <= budget && cache.memory_held() <= budget, "{s:?}");
                 assert!(s.disk_bytes <= disk_budget, "{s:?}");
                 assert!(pool.stats().used <= pool.budget());
-                // The files on disk are exactly the policy's disk tier.
+                // The live slots are exactly the policy's disk tier, and freed slots are rewritten
+                // rather than new files made: the directory never holds more than the budget.
                 cache.flush().unwrap();
-                assert_eq!(blob_files(cache.dir()).len() as u64 * entry_bytes(), cache.stats().disk_bytes);
+                let (live, created) = cache.disk_slots();
+                assert_eq!(live as u64 * entry_bytes(), cache.stats().disk_bytes);
+                assert_eq!(blob_files(cache.dir()).len(), created);
+                assert!(created as u64 * entry_bytes() <= disk_budget, "{created} slot files");
             }
             if epoch == 0 {
                 misses_first = cache.stats().misses;

@@ -106,8 +106,47 @@ pub struct ReuseStats {
 /// Work for the disk thread, run in order.
 enum DiskCmd {
     Put(String, Vec<u8>),
-    Remove(String),
-    Read(Vec<(TokenKey, String)>, Sender<ReadDone>),
+    /// Reads of slots (`None`: the key has no copy on disk, answered as a failed read).
+    Read(Vec<(TokenKey, Option<String>)>, Sender<ReadDone>),
+}
+
+/// Which slot file holds each disk copy. A copy the policy drops frees its slot, and the next
+/// spill rewrites that slot's file in place ([`WeightStore::put_volatile`]) instead of deleting
+/// one file and creating another: creating files by the thousand is kernel work (ext4 scans
+/// recently deleted inodes on every create) that the process pays in CPU time. So the directory
+/// holds as many files as disk copies were ever live at once, freed ones holding stale bytes
+/// that nothing reads.
+#[derive(Debug, Default)]
+struct DiskSlots {
+    of: BTreeMap<TokenKey, u32>,
+    free: Vec<u32>,
+    created: u32,
+}
+
+impl DiskSlots {
+    /// The slot of `key`'s copy, assigning a free (or new) one.
+    fn assign(&mut self, key: TokenKey) -> u32 {
+        if let Some(&s) = self.of.get(&key) {
+            return s;
+        }
+        let s = self.free.pop().unwrap_or_else(|| {
+            self.created += 1;
+            self.created - 1
+        });
+        self.of.insert(key, s);
+        s
+    }
+
+    /// Frees `key`'s slot (its file stays for the next spill).
+    fn release(&mut self, key: &TokenKey) {
+        if let Some(s) = self.of.remove(key) {
+            self.free.push(s);
+        }
+    }
+
+    fn name(&self, key: &TokenKey) -> Option<String> {
+        self.of.get(key).map(|&s| slot_name(s))
+    }
 }
 
 /// A finished batch of reads.
@@ -127,19 +166,17 @@ fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), Kern
                     first_err.get_or_insert(e);
                 }
             }
-            DiskCmd::Remove(id) => {
-                let r = BlobId::new(&id).and_then(|b| store.remove(&b));
-                if let Err(e) = r {
-                    first_err.get_or_insert(e);
-                }
-            }
             DiskCmd::Read(ids, reply) => {
                 let started = Instant::now();
-                // A prefetched entry keeps its file: the policy counts its clean disk copy until it
-                // says `Evict { tier: Disk }`, so the files on disk are exactly the policy's copies.
+                // A prefetched entry keeps its slot: the policy counts its clean disk copy until it
+                // says `Evict { tier: Disk }`.
                 let data = ids
                     .into_iter()
-                    .map(|(k, id)| (k, BlobId::new(&id).and_then(|b| store.read(&b))))
+                    .map(|(k, id)| {
+                        let id =
+                            id.ok_or_else(|| KernelError::UnknownBlob(format!("no disk slot for {k:?}")));
+                        (k, id.and_then(|id| BlobId::new(&id)).and_then(|b| store.read(&b)))
+                    })
                     .collect();
                 let _ = reply.send(ReadDone { data, started, ended: Instant::now() });
             }
@@ -161,6 +198,7 @@ pub struct StemCache {
     arena: Allocation,
     memory: BTreeMap<TokenKey, Vec<f32>>,
     memory_bytes: u64,
+    slots: DiskSlots,
     dir: PathBuf,
     disk: Option<Sender<DiskCmd>>,
     worker: Option<JoinHandle<Result<(), KernelError>>>,
@@ -202,8 +240,8 @@ pub fn token_key(identity: &[u8; 32], image: &[f32]) -> TokenKey {
     TokenKey { expert, sig: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) }
 }
 
-fn blob_name(key: &TokenKey) -> String {
-    format!("stem-{:08x}-{:016x}", key.expert.0, key.sig)
+fn slot_name(slot: u32) -> String {
+    format!("slot-{slot:08}")
 }
 
 /// Microseconds from `a` to `b` (0 if `b` is earlier).
@@ -252,6 +290,7 @@ impl StemCache {
             arena,
             memory: BTreeMap::new(),
             memory_bytes: 0,
+            slots: DiskSlots::default(),
             dir,
             disk: Some(tx),
             worker: Some(worker),
@@ -275,6 +314,11 @@ impl StemCache {
     /// The disk tier's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Slot files: `(holding a disk copy now, created so far)`; the directory holds the latter.
+    pub fn disk_slots(&self) -> (usize, usize) {
+        (self.slots.of.len(), self.slots.created as usize)
     }
 
     /// Figures so far.
@@ -336,8 +380,8 @@ impl StemCache {
             for (key, bytes) in done.data {
                 match bytes.ok().and_then(|b| decode(&b, floats)) {
                     Some(v) => self.insert_memory(key, v)?,
-                    // Recomputed by the step (the policy already counts it in memory); the bad
-                    // file is removed so the next demotion writes a good copy.
+                    // Recomputed by the step (the policy already counts it in memory); the policy
+                    // drops the bad copy, which frees its slot for the next demotion to rewrite.
                     None => {
                         self.stats.bad_reads += 1;
                         self.policy.disk_copy_lost(&key);
@@ -402,7 +446,7 @@ impl StemCache {
         let mut evicted = BTreeMap::new();
         for a in actions {
             match a {
-                ReuseAction::Prefetch { key, .. } => reads.push((key, blob_name(&key))),
+                ReuseAction::Prefetch { key, .. } => reads.push((key, self.slots.name(&key))),
                 ReuseAction::Reuse { key } => {
                     hits.insert(key);
                 }
@@ -525,7 +569,8 @@ impl StemCache {
                 let v = fresh.get(&key).or_else(|| evicted.get(&key)).or_else(|| self.memory.get(&key));
                 if let Some(v) = v {
                     let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
-                    self.send(DiskCmd::Put(blob_name(&key), bytes))?;
+                    let slot = self.slots.assign(key);
+                    self.send(DiskCmd::Put(slot_name(slot), bytes))?;
                     self.stats.spilled += 1;
                 }
             }
@@ -534,7 +579,7 @@ impl StemCache {
                     evicted.insert(key, v);
                 }
             }
-            ReuseAction::Evict { key, tier: Tier::Disk } => self.send(DiskCmd::Remove(blob_name(&key)))?,
+            ReuseAction::Evict { key, tier: Tier::Disk } => self.slots.release(&key),
             ReuseAction::Relocate { .. }
             | ReuseAction::Prefetch { .. }
             | ReuseAction::Compute { .. }
