@@ -382,6 +382,43 @@ fn chunks(n: usize, k: usize) -> Vec<(usize, usize)> {
 /// One expert's forward outputs `(h, a, o)`, as in [`ExpertCache`].
 type ExpertOutputs = (Vec<f32>, Vec<f32>, Vec<f32>);
 
+/// The process's expert threads: one pool sized to the machine's cores, built on first use, whose
+/// idle workers park. Spawning threads per block instead costs a clone, a fresh stack and its page
+/// faults every call, which dominated small experts' work. `None` when the pool cannot be built:
+/// the experts then run in turn on the caller's thread.
+fn expert_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("troupe-expert-{i}"))
+            .build()
+            .map_err(|e| tracing::warn!("expert thread pool not built ({e}); experts run in turn"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Runs every job (one per chunk of an expert's rows) at once on the expert pool, or in turn
+/// without one; a job that panics is reported as an error, as the ops report their own failures.
+fn run_chunks<T: Send>(jobs: Vec<Box<dyn FnOnce() -> Result<T> + Send + '_>>) -> Result<Vec<T>> {
+    let run = |job: Box<dyn FnOnce() -> Result<T> + Send + '_>| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+            .unwrap_or_else(|_| Err(KernelError::shape("moe expert", "an expert thread panicked")))
+    };
+    let Some(pool) = expert_pool() else { return jobs.into_iter().map(run).collect() };
+    let mut out: Vec<Option<Result<T>>> = jobs.iter().map(|_| None).collect();
+    pool.scope(|scope| {
+        for (job, slot) in jobs.into_iter().zip(out.iter_mut()) {
+            scope.spawn(move |_| *slot = Some(run(job)));
+        }
+    });
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(KernelError::shape("moe expert", "a chunk did not run"))))
+        .collect()
+}
+
 /// The CPU expert forward of every expert, each on its planned threads: `(h, a, o)` per expert.
 fn experts_forward_threaded(
     experts: &[ExpertParams],
@@ -390,37 +427,27 @@ fn experts_forward_threaded(
     threads: &[usize],
     d: usize,
 ) -> Result<Vec<ExpertOutputs>> {
+    type Job<'a> = Box<dyn FnOnce() -> Result<ExpertOutputs> + Send + 'a>;
     let hd: Vec<usize> = experts.iter().map(|p| p.dims().map(|(_, h)| h)).collect::<Result<_>>()?;
-    std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(experts.len());
-        for (e, p) in experts.iter().enumerate() {
-            let parts: Vec<_> = chunks(rows[e], threads[e])
-                .into_iter()
-                .filter(|(_, len)| *len > 0)
-                .map(|(start, len)| {
-                    let x = &gathered[e][start * d..(start + len) * d];
-                    scope.spawn(move || CpuExpert.forward(p, x, len))
-                })
-                .collect();
-            handles.push(parts);
+    let mut owner = Vec::new();
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    for (e, p) in experts.iter().enumerate() {
+        for (start, len) in chunks(rows[e], threads[e]).into_iter().filter(|(_, len)| *len > 0) {
+            let x = &gathered[e][start * d..(start + len) * d];
+            owner.push(e);
+            jobs.push(Box::new(move || CpuExpert.forward(p, x, len)));
         }
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(e, parts)| {
-                let (mut h, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
-                for part in parts {
-                    let (ph, pa, po) =
-                        part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
-                    h.extend(ph);
-                    a.extend(pa);
-                    o.extend(po);
-                }
-                debug_assert_eq!(h.len(), rows[e] * hd[e]);
-                Ok((h, a, o))
-            })
-            .collect()
-    })
+    }
+    let mut out: Vec<ExpertOutputs> = experts.iter().map(|_| Default::default()).collect();
+    // Chunks come back in order, so each expert's rows are concatenated as they were split.
+    for (e, (ph, pa, po)) in owner.into_iter().zip(run_chunks(jobs)?) {
+        let (h, a, o) = &mut out[e];
+        h.extend(ph);
+        a.extend(pa);
+        o.extend(po);
+    }
+    debug_assert!(out.iter().enumerate().all(|(e, (h, _, _))| h.len() == rows[e] * hd[e]));
+    Ok(out)
 }
 
 /// The CPU expert backward of every expert, each on its planned threads: per expert the weight
@@ -432,55 +459,54 @@ fn experts_backward_threaded(
     threads: &[usize],
     d: usize,
 ) -> Result<Vec<(ExpertGrads, Vec<f32>)>> {
-    std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(experts.len());
-        for (e, p) in experts.iter().enumerate() {
-            let c = &caches[e];
-            let (_, hd) = p.dims()?;
-            let parts: Vec<_> = chunks(c.tokens.len(), threads[e])
-                .into_iter()
-                .filter(|(_, len)| *len > 0)
-                .map(|(s, len)| {
-                    let sub = ExpertCache {
-                        tokens: c.tokens[s..s + len].to_vec(),
-                        gates: c.gates[s..s + len].to_vec(),
-                        x: c.x[s * d..(s + len) * d].to_vec(),
-                        h: c.h[s * hd..(s + len) * hd].to_vec(),
-                        a: c.a[s * hd..(s + len) * hd].to_vec(),
-                        o: c.o[s * d..(s + len) * d].to_vec(),
-                    };
-                    let d_o = &d_os[e][s * d..(s + len) * d];
-                    scope.spawn(move || CpuExpert.backward(p, &sub, d_o))
-                })
-                .collect();
-            handles.push((hd, parts));
+    type Job<'a> = Box<dyn FnOnce() -> Result<(ExpertGrads, Vec<f32>)> + Send + 'a>;
+    let mut owner = Vec::new();
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    let mut hds = Vec::with_capacity(experts.len());
+    for (e, p) in experts.iter().enumerate() {
+        let c = &caches[e];
+        let (_, hd) = p.dims()?;
+        hds.push(hd);
+        for (s, len) in chunks(c.tokens.len(), threads[e]).into_iter().filter(|(_, len)| *len > 0) {
+            let sub = ExpertCache {
+                tokens: c.tokens[s..s + len].to_vec(),
+                gates: c.gates[s..s + len].to_vec(),
+                x: c.x[s * d..(s + len) * d].to_vec(),
+                h: c.h[s * hd..(s + len) * hd].to_vec(),
+                a: c.a[s * hd..(s + len) * hd].to_vec(),
+                o: c.o[s * d..(s + len) * d].to_vec(),
+            };
+            let d_o = &d_os[e][s * d..(s + len) * d];
+            owner.push(e);
+            jobs.push(Box::new(move || CpuExpert.backward(p, &sub, d_o)));
         }
-        handles
-            .into_iter()
-            .map(|(hd, parts)| {
-                let (mut w1, mut b1, mut w2, mut b2) =
-                    (vec![0f32; d * hd], vec![0f32; hd], vec![0f32; hd * d], vec![0f32; d]);
-                let mut dx = Vec::new();
-                for part in parts {
-                    let (g, pdx) =
-                        part.join().map_err(|_| KernelError::shape("moe expert", "a thread panicked"))??;
-                    for (acc, t) in [(&mut w1, &g.w1), (&mut b1, &g.b1), (&mut w2, &g.w2), (&mut b2, &g.b2)] {
-                        acc.iter_mut().zip(t.f32_cow().iter()).for_each(|(a, &v)| *a += v);
-                    }
-                    dx.extend(pdx);
-                }
-                Ok((
-                    ExpertGrads {
-                        w1: Tensor::from_f32(&[d, hd], w1)?,
-                        b1: Tensor::from_f32(&[hd], b1)?,
-                        w2: Tensor::from_f32(&[hd, d], w2)?,
-                        b2: Tensor::from_f32(&[d], b2)?,
-                    },
-                    dx,
-                ))
-            })
-            .collect()
-    })
+    }
+    let mut sums: Vec<_> = hds
+        .iter()
+        .map(|&hd| (vec![0f32; d * hd], vec![0f32; hd], vec![0f32; hd * d], vec![0f32; d], Vec::new()))
+        .collect();
+    // Chunks come back in order: partial gradients are summed, and d x concatenated, in chunk order.
+    for (e, (g, pdx)) in owner.into_iter().zip(run_chunks(jobs)?) {
+        let (w1, b1, w2, b2, dx) = &mut sums[e];
+        for (acc, t) in [(w1, &g.w1), (b1, &g.b1), (w2, &g.w2), (b2, &g.b2)] {
+            acc.iter_mut().zip(t.f32_cow().iter()).for_each(|(a, &v)| *a += v);
+        }
+        dx.extend(pdx);
+    }
+    sums.into_iter()
+        .zip(hds)
+        .map(|((w1, b1, w2, b2, dx), hd)| {
+            Ok((
+                ExpertGrads {
+                    w1: Tensor::from_f32(&[d, hd], w1)?,
+                    b1: Tensor::from_f32(&[hd], b1)?,
+                    w2: Tensor::from_f32(&[hd, d], w2)?,
+                    b2: Tensor::from_f32(&[d], b2)?,
+                },
+                dx,
+            ))
+        })
+        .collect()
 }
 
 /// The MoE expert FFN forward: `(y, cache)`.
@@ -540,6 +566,32 @@ mod tests {
     use crate::ops::routing::top_k_route;
 
     const T: usize = 6;
+
+    #[test]
+    fn chunks_run_on_the_persistent_pool_in_order_and_a_panic_is_an_error() {
+        let names = || -> Vec<String> {
+            let jobs: Vec<Box<dyn FnOnce() -> Result<String> + Send>> = (0..3)
+                .map(|i| -> Box<dyn FnOnce() -> Result<String> + Send> {
+                    Box::new(move || Ok(format!("{i}:{}", std::thread::current().name().unwrap_or(""))))
+                })
+                .collect();
+            run_chunks(jobs).unwrap()
+        };
+        let first = names();
+        assert!(expert_pool().is_some(), "the pool builds here");
+        for (i, n) in first.iter().enumerate() {
+            assert!(n.starts_with(&format!("{i}:troupe-expert-")), "{first:?}");
+        }
+        // A second call reuses the same workers: no thread outside the pool's names appears.
+        let pool_size = expert_pool().map_or(0, rayon::ThreadPool::current_num_threads);
+        for n in names() {
+            let idx: usize = n.rsplit('-').next().unwrap().parse().unwrap();
+            assert!(idx < pool_size, "{n}");
+        }
+        let bad: Vec<Box<dyn FnOnce() -> Result<u8> + Send>> =
+            vec![Box::new(|| Ok(1)), Box::new(|| panic!("boom"))];
+        assert!(run_chunks(bad).is_err());
+    }
     const D: usize = 4;
     const H: usize = 5;
     const E: usize = 3;

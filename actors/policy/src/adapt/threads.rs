@@ -150,9 +150,9 @@ pub fn block_profiles(rows: &[usize], per_token_us: f64) -> Vec<ExpertProfile> {
         .collect()
 }
 
-/// Least multiply-adds one spawned expert thread should carry to pay for itself: spawning and
-/// joining a scoped thread and chunking an expert's cache cost about as much as 10^5 multiply-adds
-/// of the expert's own work, so at 2^20 per thread the overhead stays a few percent.
+/// Least multiply-adds one expert thread should carry to pay for itself: handing a chunk to the
+/// kernels' expert pool and back, and chunking an expert's cache, cost about as much as 10^5
+/// multiply-adds of the expert's own work, so at 2^20 per thread the overhead stays a few percent.
 pub const MIN_MACS_PER_THREAD: u64 = 1 << 20;
 
 /// Whether running a block's experts concurrently on threads pays: the block's expert work

@@ -30,7 +30,7 @@
 //!
 //! **Time** is the bench process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`): every step, load,
 //! unload and validation, on the executor thread and on the threads the `threads` mechanism
-//! (experts of a block on scoped threads) and `preload` (a background thread) use, so other load on
+//! (experts of a block on the kernels' expert pool) and `preload` (a background thread) use, so other load on
 //! the machine does not stretch it and work moved to another thread is still counted. It is
 //! conservative for ours: threads running at once are charged their sum, so parallelism earns
 //! nothing here. While the engine is idle and the next task has not arrived, the clock jumps
