@@ -67,6 +67,25 @@ pub struct ExpertGrads {
     pub b2: Tensor,
 }
 
+impl ExpertGrads {
+    /// The gradients of a `d -> hd -> d` expert from their row-major values.
+    fn from_parts(
+        d: usize,
+        hd: usize,
+        w1: Vec<f32>,
+        b1: Vec<f32>,
+        w2: Vec<f32>,
+        b2: Vec<f32>,
+    ) -> Result<Self> {
+        Ok(Self {
+            w1: Tensor::from_f32(&[d, hd], w1)?,
+            b1: Tensor::from_f32(&[hd], b1)?,
+            w2: Tensor::from_f32(&[hd, d], w2)?,
+            b2: Tensor::from_f32(&[d], b2)?,
+        })
+    }
+}
+
 /// What one expert's forward pass keeps for the backward pass (row-major, one row per assignment).
 #[derive(Clone, Debug, Default)]
 pub struct ExpertCache {
@@ -167,15 +186,7 @@ impl ExpertKernels for CpuExpert {
         let db1 = col_sums(&dh, hd);
         let mut dx = vec![0.0; n * d];
         Gemm::new(n, hd, d).transposed(false, true).run_cpu(&dh, &p.w1.f32_cow(), &mut dx)?;
-        Ok((
-            ExpertGrads {
-                w1: Tensor::from_f32(&[d, hd], dw1)?,
-                b1: Tensor::from_f32(&[hd], db1)?,
-                w2: Tensor::from_f32(&[hd, d], dw2)?,
-                b2: Tensor::from_f32(&[d], db2)?,
-            },
-            dx,
-        ))
+        Ok((ExpertGrads::from_parts(d, hd, dw1, db1, dw2, db2)?, dx))
     }
 }
 
@@ -495,17 +506,7 @@ fn experts_backward_threaded(
     }
     sums.into_iter()
         .zip(hds)
-        .map(|((w1, b1, w2, b2, dx), hd)| {
-            Ok((
-                ExpertGrads {
-                    w1: Tensor::from_f32(&[d, hd], w1)?,
-                    b1: Tensor::from_f32(&[hd], b1)?,
-                    w2: Tensor::from_f32(&[hd, d], w2)?,
-                    b2: Tensor::from_f32(&[d], b2)?,
-                },
-                dx,
-            ))
-        })
+        .map(|((w1, b1, w2, b2, dx), hd)| Ok((ExpertGrads::from_parts(d, hd, w1, b1, w2, b2)?, dx)))
         .collect()
 }
 
