@@ -6,7 +6,8 @@
 //! - [`ops`]: CPU references for every op (GEMM through `matrixmultiply`), CUDA versions of GEMM,
 //!   bias add, ReLU, softmax and the MoE expert FFN, finite-difference-checked backward passes, SGD and AdamW.
 //! - [`MemoryPool`]: a budgeted offset allocator with fragmentation figures.
-//! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`.
+//! - [`WeightStore`]: blobs across device / host / disk tiers, checksummed, read with `O_DIRECT`;
+//!   [`slot_file`]: fixed-size slots in one file, rewritten in place (a cache's spill tier).
 //! - [`mlp_engine`]: the writer's MLP experts run on the ops, on the CPU or the GPU (no ONNX Runtime).
 //! - [`onnx`]: ONNX Runtime sessions (load-dynamic), MiniLM embeddings; [`tokenizer`]: BERT WordPiece.
 //! - [`assets`]: models and data made by `scripts/setup`, checksummed; [`cpu_time`]: this thread's CPU clock.
@@ -26,6 +27,7 @@ pub mod onnx;
 pub mod ops;
 pub mod pool;
 pub mod reclaimer;
+pub mod slot_file;
 pub mod spare_buffers;
 pub mod store;
 pub mod tensor;

@@ -60,9 +60,30 @@ fn spilled_cache(dir: &std::path::Path, pool: &mut MemoryPool) -> (StemCache, VM
     (cache, m, id, x)
 }
 
-fn blob_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let all = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
-    all.filter(|p| p.extension().is_some_and(|e| e == "blob")).collect()
+/// Bytes from one disk slot to the next (an entry rounded up to the 4 KiB `O_DIRECT` alignment).
+fn stride() -> u64 {
+    entry_bytes().next_multiple_of(4096)
+}
+
+/// Every file in the disk directory with its length.
+fn disk_files(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// What the disk directory holds once `slots` slots were written: one slot file for the tiny
+/// student's entry size spanning them (none before the first).
+fn one_slot_file(slots: usize) -> Vec<(String, u64)> {
+    if slots == 0 {
+        return Vec::new();
+    }
+    let len = (slots as u64 - 1) * stride() + entry_bytes();
+    vec![(troupe_kernels::vmoe::reuse::slot_file_name(entry_bytes() as usize), len)]
 }
 
 #[test]
@@ -70,7 +91,7 @@ fn disk_entries_round_trip_bit_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
     let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
-    assert_eq!(blob_files(cache.dir()).len(), 8);
+    assert_eq!(disk_files(cache.dir()), one_slot_file(8));
     assert_eq!(cache.disk_slots(), (8, 8));
     // Second sight: four read back from disk into the 4-entry memory tier, two recomputed.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
@@ -88,11 +109,13 @@ fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
     let tmp = tempfile::tempdir().unwrap();
     let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
     let (mut cache, m, id, x) = spilled_cache(tmp.path(), &mut pool);
-    for p in blob_files(cache.dir()) {
-        let mut b = std::fs::read(&p).unwrap();
-        b[4096] ^= 0xff; // first data byte (after the 4 KiB header)
-        std::fs::write(&p, b).unwrap();
+    let (name, _) = disk_files(cache.dir()).pop().unwrap();
+    let path = cache.dir().join(name);
+    let mut b = std::fs::read(&path).unwrap();
+    for slot in 0..8 {
+        b[slot * stride() as usize] ^= 0xff; // each slot's first byte
     }
+    std::fs::write(&path, b).unwrap();
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     let s = cache.stats();
     assert_eq!((s.prefetched, s.bad_reads, s.hits), (4, 4, 0), "{s:?}");
@@ -102,7 +125,7 @@ fn a_corrupt_disk_entry_is_recomputed_not_trusted() {
     cache.flush().unwrap();
     assert_eq!(cache.disk_slots(), (8, 12));
     assert_eq!(8 * entry_bytes(), cache.stats().disk_bytes);
-    assert_eq!(blob_files(cache.dir()).len(), 12, "freed slots keep their files");
+    assert_eq!(disk_files(cache.dir()), one_slot_file(12), "freed slots stay in the file");
     // The recomputed tokens fill the slots the policy gave them: the next sight hits them.
     assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()));
     assert_eq!(cache.stats().hits, 4);
@@ -140,12 +163,12 @@ fn second_epoch_hits_and_budgets_hold_in_seeded_loops() {
                 assert!(s.disk_bytes <= disk_budget, "{s:?}");
                 assert!(pool.stats().used <= pool.budget());
                 // The live slots are exactly the policy's disk tier, and freed slots are rewritten
-                // rather than new files made: the directory never holds more than the budget.
+                // rather than new ones spanned: the slot file never spans more than the budget.
                 cache.flush().unwrap();
                 let (live, created) = cache.disk_slots();
                 assert_eq!(live as u64 * entry_bytes(), cache.stats().disk_bytes);
-                assert_eq!(blob_files(cache.dir()).len(), created);
-                assert!(created as u64 * entry_bytes() <= disk_budget, "{created} slot files");
+                assert_eq!(disk_files(cache.dir()), one_slot_file(created));
+                assert!(created as u64 * entry_bytes() <= disk_budget, "{created} slots");
             }
             if epoch == 0 {
                 misses_first = cache.stats().misses;

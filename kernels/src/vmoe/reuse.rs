@@ -9,11 +9,11 @@
 //! - **Memory tier**: one arena of `budget` bytes allocated in the pool's [`crate::MemoryPool`] when
 //!   the cache is enabled, so every cached byte is accounted and the pool budget holds; entries live
 //!   inside it (the policy's DRAM budget is the arena's length, checked again here).
-//! - **Disk tier**: a [`WeightStore`] in a directory of its own (created fresh, removed on drop;
-//!   written without fsync, [`WeightStore::put_volatile`], as nothing in it must survive a crash),
-//!   owned by one background thread that runs writes, removals and reads in submission order, so
-//!   a read always sees the write before it. Bytes read back are checked (length, checksum by the
-//!   store); a bad entry is recomputed, never trusted.
+//! - **Disk tier**: [`SlotFile`]s (one per entry size) in a directory of its own (created fresh,
+//!   removed on drop; written without fsync, as nothing in it must survive a crash), owned by one
+//!   background thread that runs writes and reads in submission order, so a read always sees the
+//!   write before it. Reads bypass the page cache; bytes read back are checked (length, BLAKE3 of
+//!   the write); a bad entry is recomputed, never trusted.
 //! - **Prefetch**: once a batch's stem is settled, the next batch's plan is made and its disk reads
 //!   start on the background thread while the current step computes; the share of prefetch wall
 //!   time that overlapped compute is measured ([`ReuseStats::prefetch_hidden_share`]).
@@ -34,10 +34,9 @@ use troupe_policy::adapt::reuse::{
 use super::VMoeError;
 use super::config::IMAGE_PIXELS;
 use super::model::VMoe;
-use crate::device::Device;
 use crate::error::KernelError;
 use crate::pool::{Allocation, MemoryPool};
-use crate::store::{BlobId, WeightStore};
+use crate::slot_file::SlotFile;
 use crate::tensor::Tensor;
 
 /// How to set the cache up.
@@ -105,47 +104,61 @@ pub struct ReuseStats {
 
 /// Work for the disk thread, run in order.
 enum DiskCmd {
-    Put(String, Vec<u8>),
+    Put(Slot, Vec<u8>),
     /// Reads of slots (`None`: the key has no copy on disk, answered as a failed read).
-    Read(Vec<(TokenKey, Option<String>)>, Sender<ReadDone>),
+    Read(Vec<(TokenKey, Option<Slot>)>, Sender<ReadDone>),
 }
 
-/// Which slot file holds each disk copy. A copy the policy drops frees its slot, and the next
-/// spill rewrites that slot's file in place ([`WeightStore::put_volatile`]) instead of deleting
-/// one file and creating another: creating files by the thousand is kernel work (ext4 scans
-/// recently deleted inodes on every create) that the process pays in CPU time. So the directory
-/// holds as many files as disk copies were ever live at once, freed ones holding stale bytes
-/// that nothing reads.
+/// Where a disk copy lives: slot `index` of the slot file for entries of `len` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    len: usize,
+    index: u32,
+}
+
+/// Which slot holds each disk copy. A copy the policy drops frees its slot, and the next spill of
+/// the same size rewrites it in place, so the slot files span as many slots as copies were ever
+/// live at once (freed ones holding stale bytes that nothing reads).
 #[derive(Debug, Default)]
 struct DiskSlots {
-    of: BTreeMap<TokenKey, u32>,
-    free: Vec<u32>,
-    created: u32,
+    of: BTreeMap<TokenKey, Slot>,
+    /// Free slot indices per entry length.
+    free: BTreeMap<usize, Vec<u32>>,
+    /// Slots spanned per entry length.
+    created: BTreeMap<usize, u32>,
 }
 
 impl DiskSlots {
-    /// The slot of `key`'s copy, assigning a free (or new) one.
-    fn assign(&mut self, key: TokenKey) -> u32 {
-        if let Some(&s) = self.of.get(&key) {
+    /// The slot of `key`'s copy of `len` bytes, assigning a free (or new) one.
+    fn assign(&mut self, key: TokenKey, len: usize) -> Slot {
+        if let Some(&s) = self.of.get(&key).filter(|s| s.len == len) {
             return s;
         }
-        let s = self.free.pop().unwrap_or_else(|| {
-            self.created += 1;
-            self.created - 1
+        self.release(&key);
+        let index = self.free.get_mut(&len).and_then(Vec::pop).unwrap_or_else(|| {
+            let n = self.created.entry(len).or_default();
+            *n += 1;
+            *n - 1
         });
-        self.of.insert(key, s);
-        s
+        let slot = Slot { len, index };
+        self.of.insert(key, slot);
+        slot
     }
 
-    /// Frees `key`'s slot (its file stays for the next spill).
+    /// Frees `key`'s slot (its bytes stay for the next spill to overwrite).
     fn release(&mut self, key: &TokenKey) {
         if let Some(s) = self.of.remove(key) {
-            self.free.push(s);
+            self.free.entry(s.len).or_default().push(s.index);
         }
     }
 
-    fn name(&self, key: &TokenKey) -> Option<String> {
-        self.of.get(key).map(|&s| slot_name(s))
+    fn get(&self, key: &TokenKey) -> Option<Slot> {
+        self.of.get(key).copied()
+    }
+
+    /// Slots spanned, over every entry length.
+    fn spanned(&self) -> usize {
+        self.created.values().map(|&n| n as usize).sum()
     }
 }
 
@@ -156,26 +169,45 @@ struct ReadDone {
     ended: Instant,
 }
 
-/// The disk thread: owns the store; a failed write or removal is kept for the owner to report.
-fn disk_worker(mut store: WeightStore, rx: Receiver<DiskCmd>) -> Result<(), KernelError> {
+/// The name of the slot file for entries of `len` bytes.
+pub fn slot_file_name(len: usize) -> String {
+    format!("slots-{len}.bin")
+}
+
+/// The disk thread: owns the slot files (created in `dir` on first use); a failed write is kept
+/// for the owner to report (the slot then reads as missing).
+fn disk_worker(dir: PathBuf, rx: Receiver<DiskCmd>) -> Result<(), KernelError> {
+    let mut files: BTreeMap<usize, SlotFile> = BTreeMap::new();
     let mut first_err = None;
     for cmd in rx {
         match cmd {
-            DiskCmd::Put(id, bytes) => {
-                if let Err(e) = store.put_volatile(&id, &bytes) {
+            DiskCmd::Put(slot, bytes) => {
+                let file = match files.entry(slot.len) {
+                    std::collections::btree_map::Entry::Occupied(o) => Ok(o.into_mut()),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        SlotFile::create(&dir.join(slot_file_name(slot.len)), slot.len).map(|f| v.insert(f))
+                    }
+                };
+                if let Err(e) = file.and_then(|f| f.write(slot.index, &bytes)) {
                     first_err.get_or_insert(e);
                 }
             }
-            DiskCmd::Read(ids, reply) => {
+            DiskCmd::Read(slots, reply) => {
                 let started = Instant::now();
                 // A prefetched entry keeps its slot: the policy counts its clean disk copy until it
                 // says `Evict { tier: Disk }`.
-                let data = ids
+                let data = slots
                     .into_iter()
-                    .map(|(k, id)| {
-                        let id =
-                            id.ok_or_else(|| KernelError::UnknownBlob(format!("no disk slot for {k:?}")));
-                        (k, id.and_then(|id| BlobId::new(&id)).and_then(|b| store.read(&b)))
+                    .map(|(k, slot)| {
+                        let read = slot
+                            .ok_or_else(|| KernelError::UnknownBlob(format!("no disk slot for {k:?}")))
+                            .and_then(|s| {
+                                files
+                                    .get(&s.len)
+                                    .ok_or_else(|| KernelError::UnknownBlob(slot_file_name(s.len)))?
+                                    .read(s.index)
+                            });
+                        (k, read)
                     })
                     .collect();
                 let _ = reply.send(ReadDone { data, started, ended: Instant::now() });
@@ -240,10 +272,6 @@ pub fn token_key(identity: &[u8; 32], image: &[f32]) -> TokenKey {
     TokenKey { expert, sig: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) }
 }
 
-fn slot_name(slot: u32) -> String {
-    format!("slot-{slot:08}")
-}
-
 /// Microseconds from `a` to `b` (0 if `b` is earlier).
 fn span_us(a: Instant, b: Instant) -> u64 {
     u64::try_from(b.saturating_duration_since(a).as_micros()).unwrap_or(u64::MAX)
@@ -267,7 +295,9 @@ impl StemCache {
         if dir.exists() {
             return Err(VMoeError::Config(format!("reuse directory {} already exists", dir.display())));
         }
-        let store = WeightStore::open(&dir, &Device::Cpu, 256, 0)?;
+        std::fs::create_dir_all(&setup.disk_parent)
+            .and_then(|()| std::fs::create_dir(&dir))
+            .map_err(|source| VMoeError::Io { context: "creating", path: dir.clone(), source })?;
         let arena = match pool.alloc(setup.budget.max(1)) {
             Ok(a) => a,
             Err(e) => {
@@ -276,7 +306,8 @@ impl StemCache {
             }
         };
         let (tx, rx) = channel();
-        let worker = std::thread::spawn(move || disk_worker(store, rx));
+        let worker_dir = dir.clone();
+        let worker = std::thread::spawn(move || disk_worker(worker_dir, rx));
         let policy = ReuseCache::new(ReuseConfig {
             dram_budget: setup.budget,
             disk_budget: setup.disk_budget,
@@ -316,9 +347,9 @@ impl StemCache {
         &self.dir
     }
 
-    /// Slot files: `(holding a disk copy now, created so far)`; the directory holds the latter.
+    /// Disk slots: `(holding a disk copy now, spanned so far)`; the slot files span the latter.
     pub fn disk_slots(&self) -> (usize, usize) {
-        (self.slots.of.len(), self.slots.created as usize)
+        (self.slots.of.len(), self.slots.spanned())
     }
 
     /// Figures so far.
@@ -446,7 +477,7 @@ impl StemCache {
         let mut evicted = BTreeMap::new();
         for a in actions {
             match a {
-                ReuseAction::Prefetch { key, .. } => reads.push((key, self.slots.name(&key))),
+                ReuseAction::Prefetch { key, .. } => reads.push((key, self.slots.get(&key))),
                 ReuseAction::Reuse { key } => {
                     hits.insert(key);
                 }
@@ -569,8 +600,8 @@ impl StemCache {
                 let v = fresh.get(&key).or_else(|| evicted.get(&key)).or_else(|| self.memory.get(&key));
                 if let Some(v) = v {
                     let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
-                    let slot = self.slots.assign(key);
-                    self.send(DiskCmd::Put(slot_name(slot), bytes))?;
+                    let slot = self.slots.assign(key, bytes.len());
+                    self.send(DiskCmd::Put(slot, bytes))?;
                     self.stats.spilled += 1;
                 }
             }
