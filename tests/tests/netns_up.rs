@@ -284,12 +284,30 @@ async fn a_killed_run_is_refused_then_netns_clean_removes_what_it_left() {
     let err = String::from_utf8_lossy(&again.stderr);
     assert!(!again.status.success(), "a second run started over the first one's namespaces");
     assert!(err.contains("exist already") && err.contains("--netns-clean"), "{err}");
+    // The killed run's nodes may or may not outlive it (a node whose log pipe closed can exit on
+    // its own), so plant a process of our own in namespace a, one that stays until it is killed,
+    // and wait until it runs there: --netns-clean must kill it before removing the namespace.
+    let mut planted = Command::new("ip")
+        .args(["netns", "exec", &format!("{prefix}a"), "sh", "-c", "echo in-namespace; exec cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("running ip netns exec");
+    let planted_pid = planted.id().expect("planted process has a pid");
+    let mut planted_out = BufReader::new(planted.stdout.take().unwrap()).lines();
+    assert_eq!(
+        planted_out.next_line().await.unwrap().as_deref(),
+        Some("in-namespace"),
+        "the planted process did not start in {prefix}a"
+    );
     let clean = Command::new(EXE).args(["up", "--netns-clean", t]).output().await.unwrap();
     let said = String::from_utf8_lossy(&clean.stdout);
     assert!(clean.status.success(), "{said} {}", String::from_utf8_lossy(&clean.stderr));
-    assert!(
-        said.contains(&format!("removed namespace {prefix}a")) && said.contains("removed process"),
-        "{said}"
-    );
+    assert!(said.contains(&format!("removed namespace {prefix}a")), "{said}");
+    assert!(said.contains(&format!("removed process {planted_pid} in {prefix}a")), "{said}");
+    let status = planted.wait().await.unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the planted process was not killed: {status}");
     assert_eq!(namespaces(&prefix), Vec::<String>::new(), "namespaces left after --netns-clean");
 }
