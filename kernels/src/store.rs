@@ -300,31 +300,9 @@ impl WeightStore {
 
     /// Write `data` as blob `id` (replacing any blob of that id) and fsync it. Returns the id.
     pub fn put(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
-        self.put_with(id, data, true)
-    }
-
-    /// [`Self::put`] without the fsync and in place: for blobs that need not survive a crash (a
-    /// cache's spill tier, removed with its directory), so a write costs a copy into the page cache
-    /// rather than a round trip to the device. A blob of the same id is overwritten in its own file
-    /// (no temporary file, no rename), so rewriting an id allocates no new inode; a write cut short
-    /// leaves no entry, and reads are the same (checksum verified).
-    pub fn put_volatile(&mut self, id: &str, data: &[u8]) -> Result<BlobId> {
-        self.put_with(id, data, false)
-    }
-
-    fn put_with(&mut self, id: &str, data: &[u8], durable: bool) -> Result<BlobId> {
         let id = BlobId::new(id)?;
         if self.entries.contains_key(&id) {
-            if durable {
-                self.remove(&id)?;
-            } else {
-                // Its file is rewritten below: drop the copies and the entry, keep the file.
-                self.release_host(&id)?;
-                if let Some(a) = self.entries.get_mut(&id).and_then(|e| e.device.take()) {
-                    self.pool.free(a)?;
-                }
-                self.entries.remove(&id);
-            }
+            self.remove(&id)?;
         }
         let start = Instant::now();
         let hash = blake3::hash(data);
@@ -338,16 +316,12 @@ impl WeightStore {
         header[50..50 + id.0.len()].copy_from_slice(id.0.as_bytes());
         let pad = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN - data.len();
         let write = || -> std::io::Result<()> {
-            let target = if durable { &tmp } else { &path };
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(target)?;
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
             f.write_all(&header)?;
             f.write_all(data)?;
             f.write_all(&vec![0u8; pad])?;
-            if durable {
-                f.sync_all()?;
-                fs::rename(&tmp, &path)?;
-            }
-            Ok(())
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
         };
         write().map_err(|e| KernelError::io("writing blob", &path, e))?;
         self.stats.disk_writes.record(data.len(), start);

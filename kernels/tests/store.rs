@@ -151,22 +151,3 @@ fn reopen_indexes_blobs_and_rejects_bad_headers() {
     assert!(err.to_string().contains("junk.blob"));
     assert!(s.put("../escape", &data).is_err(), "ids cannot name other paths");
 }
-
-#[test]
-fn a_volatile_blob_is_rewritten_in_its_own_file() {
-    use std::os::unix::fs::MetadataExt;
-    let dir = tmpdir();
-    let mut s = WeightStore::open(dir.path(), &Device::Cpu, 1 << 20, 1 << 20).unwrap();
-    let first = pattern(10_000, 1);
-    let id = s.put_volatile("slot-0", &first).unwrap();
-    s.load_to_host(&id).unwrap();
-    let path = dir.path().join("slot-0.blob");
-    let inode = std::fs::metadata(&path).unwrap().ino();
-    let second = pattern(4_000, 2);
-    s.put_volatile("slot-0", &second).unwrap();
-    assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "rewritten in place, no new file");
-    assert_eq!(s.stats().host_used, 0, "the old host copy went with the old bytes");
-    assert_eq!(s.read(&id).unwrap(), second, "the shorter rewrite reads back whole");
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, vec![std::ffi::OsString::from("slot-0.blob")], "no temporary file left");
-}
