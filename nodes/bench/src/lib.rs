@@ -130,7 +130,7 @@ pub enum BenchCommand {
         /// Concurrency levels of the real sweep, comma-separated (default 1,2,4,8,12; 1,2,4 with --quick).
         #[arg(long, value_delimiter = ',')]
         ks: Option<Vec<usize>>,
-        /// Seeds of the real sweep, 1 to 3 (default 1).
+        /// Seeds of the real sweep, 1 to 3 (default 3; 1 with --quick).
         #[arg(long)]
         seeds: Option<usize>,
     },
