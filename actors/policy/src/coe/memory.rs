@@ -9,9 +9,12 @@
 //!   stage 2 evicts the rest in ascending usage probability. Queue hints are ignored.
 //! - **Two-stage with lookahead** (ours): the same two stages, except that experts queued work
 //!   still needs ([`EvictionContext::next_use`]) are kept until last and then evicted
-//!   farthest-next-use first, and within stage 2 an expert another executor also holds
-//!   ([`EvictionContext::resident_elsewhere`]) goes before a sole copy. Without hints and with
-//!   one executor it decides exactly as the plain two stages.
+//!   farthest-next-use first, within stage 2 an expert another executor also holds
+//!   ([`EvictionContext::resident_elsewhere`]) goes before a sole copy, and within each stage
+//!   the lowest usage probability *per byte* goes first: what is counted is loads, and one
+//!   large, rarely used expert frees the room of several small ones (the density order of the
+//!   knapsack that maximises the chance a request finds its expert resident). Without hints,
+//!   with one executor and with experts of one size it decides exactly as the plain two stages.
 //! - **LRU** (the Samba-CoE baseline): least recently used first; stages and hints are ignored.
 //!
 //! Every policy takes victims in its order until the expert fits, then spares those the later,
@@ -31,7 +34,7 @@ pub enum EvictionPolicy {
     TwoStage,
     /// Two-stage eviction that also looks ahead in the queue: experts queued work needs are kept
     /// to the last, farthest next use first among them; copies another executor also holds go
-    /// before sole copies (ours).
+    /// before sole copies; within a stage, lowest usage probability per byte first (ours).
     TwoStageLookahead,
     /// Least recently used (baseline).
     Lru,
@@ -244,14 +247,18 @@ impl ExpertManager {
     /// Rank of a victim: smaller keys are evicted first.
     fn victim_key(&self, id: ExpertId, slot: &Slot, ctx: &EvictionContext<'_>) -> VictimKey {
         match self.policy {
-            EvictionPolicy::Lru => VictimKey { stage: 0, primary: slot.last_use, prob_bits: 0 },
+            EvictionPolicy::Lru => VictimKey { stage: 0, primary: slot.last_use, value_bits: 0 },
             EvictionPolicy::TwoStage | EvictionPolicy::TwoStageLookahead => {
                 let expert = ctx.model.expert(id);
                 let usage = expert.map_or(0.0, |e| e.usage_prob);
+                // Ours ranks by usage per byte held (loads are counted, not bytes); the paper's
+                // stage 2 by usage alone.
+                let value =
+                    if self.policy.uses_queue_hints() { usage / slot.size.max(1) as f64 } else { usage };
                 let next_use = if self.policy.uses_queue_hints() { (ctx.next_use)(id) } else { None };
                 match next_use {
                     // Needed by queued work: keep to the last, then farthest next use first.
-                    Some(pos) => VictimKey { stage: 4, primary: u64::MAX - pos, prob_bits: usage.to_bits() },
+                    Some(pos) => VictimKey { stage: 4, primary: u64::MAX - pos, value_bits: value.to_bits() },
                     None => {
                         let stranded =
                             expert.and_then(|e| e.preliminary()).is_some_and(|p| !(ctx.is_resident)(p));
@@ -261,7 +268,7 @@ impl ExpertManager {
                             (false, true) => 2,
                             (false, false) => 3,
                         };
-                        VictimKey { stage, primary: 0, prob_bits: usage.to_bits() }
+                        VictimKey { stage, primary: 0, value_bits: value.to_bits() }
                     }
                 }
             }
@@ -324,13 +331,14 @@ impl ExpertManager {
 }
 
 /// Eviction order key (smaller goes first): stage, then primary (LRU tick or reversed next use),
-/// then usage probability ascending. The probability is kept as its IEEE bits, which order like
-/// the numbers for the non-negative finite values the model guarantees.
+/// then value ascending (usage probability, or for ours usage per byte). The value is kept as
+/// its IEEE bits, which order like the numbers for the non-negative finite values the model
+/// guarantees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct VictimKey {
     stage: u8,
     primary: u64,
-    prob_bits: u64,
+    value_bits: u64,
 }
 
 /// Loads Belady's MIN needs to serve `served` (expert uses in order) within `budget` bytes,
@@ -510,6 +518,32 @@ mod tests {
     fn lookahead_without_hints_decides_as_plain_two_stage() {
         assert_eq!(victim(EvictionPolicy::TwoStageLookahead, &[]), vec![ExpertId(4)]);
         assert_eq!(victim(EvictionPolicy::TwoStage, &[]), vec![ExpertId(4)]);
+    }
+
+    #[test]
+    fn lookahead_ranks_by_usage_per_byte_where_plain_two_stage_ranks_by_usage() {
+        // e0 (.6, 10 bytes), e1 (.4, 40 bytes) and e3 (.06, 4 bytes) resident, nobody stranded;
+        // e2 needs 10 bytes and 6 are free. Per byte: e0 .06, e1 .01, e3 .015.
+        let model = model();
+        let none = |_: ExpertId| None;
+        let victims = |policy| {
+            let mut m = ExpertManager::new(60, policy);
+            for (e, size) in [(0, 10), (1, 40), (3, 4)] {
+                m.admit(ExpertId(e), size).unwrap();
+            }
+            let resident = |x: ExpertId| m.is_resident(x);
+            let ctx = EvictionContext {
+                model: &model,
+                is_resident: &resident,
+                resident_elsewhere: &|_| false,
+                next_use: &none,
+            };
+            m.plan_eviction(ExpertId(2), 10, &ctx).unwrap()
+        };
+        // Ours frees the large, rarely used e1: the small e3 stays for its next request.
+        assert_eq!(victims(EvictionPolicy::TwoStageLookahead), vec![ExpertId(1)]);
+        // The paper's stage 2 takes the lowest usage, e3, whatever its size.
+        assert_eq!(victims(EvictionPolicy::TwoStage), vec![ExpertId(3)]);
     }
 
     #[test]
