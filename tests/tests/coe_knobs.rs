@@ -126,3 +126,17 @@ fn requests_is_refused_by_gen_naming_the_bench() {
     );
     assert!(!dir.exists(), "nothing generated on a refusal");
 }
+
+#[test]
+fn trace_seed_is_refused_by_gen_naming_the_bench_and_the_generator_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("app");
+    let out = std::process::Command::new(EXE)
+        .args(["coe", "gen", "--dir", dir.to_str().unwrap(), "--trace-seed", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--trace-seed applies to `troupe bench coe`") && err.contains("--seed"), "{err}");
+    assert!(!dir.exists(), "nothing generated on a refusal");
+}

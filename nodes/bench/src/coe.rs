@@ -357,6 +357,7 @@ fn reshaped(
         && knobs.host_budget.is_none()
         && knobs.rate.is_none()
         && knobs.requests.is_none()
+        && knobs.trace_seed.is_none()
     {
         app.trace.clone()
     } else {
@@ -369,7 +370,7 @@ fn reshaped(
                 burst_max: cfg.burst_max,
             },
             requests: knobs.requests.map_or(app.trace.requests.len(), |n| n as usize),
-            seed: 1,
+            seed: knobs.trace_seed.unwrap_or(1),
         };
         sweep::reshape(&app.trace, &point)?
     };

@@ -44,6 +44,10 @@ pub struct KnobArgs {
     /// take FCFS+LRU hours for real; a shorter trace measures it in minutes.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub requests: Option<u64>,
+    /// Seed of the redrawn trace (bench only; default 1): another seed draws other requests
+    /// from the same recorded walks, to see how a figure varies from trace to trace.
+    #[arg(long)]
+    pub trace_seed: Option<u64>,
 }
 
 impl KnobArgs {
@@ -396,6 +400,11 @@ pub fn run(cmd: CoeCommand) -> Result<()> {
                 bail!(
                     "--requests applies to `troupe bench coe` (the trace it serves); `coe gen` draws the scale's {} requests",
                     s.config().requests
+                );
+            }
+            if knobs.trace_seed.is_some() {
+                bail!(
+                    "--trace-seed applies to `troupe bench coe` (the trace it redraws); `coe gen` takes --seed"
                 );
             }
             gen_app(&app_dir(s, dir), s, seed, &knobs.gen_knobs())
