@@ -53,6 +53,7 @@ async fn main() -> Result<()> {
             (ExpertActor::<Scaler>::default(), Scaler { factor: 2.0, loaded: false })
         })]),
         redial: Duration::from_millis(200),
+        placement: Default::default(),
     };
     let node = NodeRuntime::start(spec).await?;
     let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> =

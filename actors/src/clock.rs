@@ -27,3 +27,10 @@ impl Default for Clock {
         Self::start()
     }
 }
+
+/// Microseconds since the Unix epoch: for numbers that must grow across processes and restarts
+/// (placement generations), never for measuring time.
+pub fn wall_micros() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+}

@@ -19,6 +19,7 @@ pub mod node;
 pub mod pipeline;
 pub mod service;
 pub mod supervisor;
+pub mod typed;
 pub mod wire;
 pub mod work;
 
@@ -29,3 +30,4 @@ pub use membership::{Membership, MembershipConfig, MembershipMsg};
 pub use node::{Children, MembershipEvents, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};
 pub use service::{Allow, CallError, Caller, ServiceConfig, ServiceSpec, Services};
 pub use supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
+pub use typed::{ActorError, ActorHandle, Actors, Handles, RemoteMessage, TypedActor};

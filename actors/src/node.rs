@@ -21,6 +21,9 @@ use crate::kinds::device::DeviceMsg;
 use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
 use crate::service::{ServiceConfig, Services};
 use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
+use crate::typed::{
+    Actors, PlacementRules, RemoteChild, RemoteSupervisor, RemoteSupervisorArgs, RemoteSupervisorMsg,
+};
 use crate::wire::{ArchivedControlMsg, ControlMsg, DeviceView, Heartbeat, MemberView, NodeStatus};
 
 /// Name of every node's root supervisor in events.
@@ -67,6 +70,8 @@ pub struct NodeSpec {
     pub children: Children,
     /// Pause between dial attempts to a missing peer.
     pub redial: Duration,
+    /// Which kinds supervisors elsewhere may place on this node, and how many.
+    pub placement: PlacementRules,
 }
 
 /// Why the runtime failed.
@@ -108,6 +113,8 @@ pub struct NodeRuntime {
     pub cluster: ActorRef<NodeServerMessage>,
     /// Role-checked service calls on the data plane (serving and calling).
     pub services: Services,
+    /// Typed actors: spawn by name here, reach any member's by name.
+    pub actors: Actors,
     membership_events: broadcast::Sender<MembershipEvent<NodeId>>,
     supervisor_events: broadcast::Sender<SupervisorEvent>,
     root_events: broadcast::Receiver<SupervisorEvent>,
@@ -136,6 +143,7 @@ impl NodeRuntime {
         .await
         .map_err(spawn_err("membership"))?;
         let services = Services::new(link.clone(), ServiceConfig::default());
+        let actors = Actors::new(link.clone(), services.clone(), spec.placement);
         let handler: Arc<std::sync::RwLock<Option<FrameHandler>>> = Arc::default();
         let mut tasks = Vec::new();
         let events = link.events().ok_or(RuntimeError::Status("link events already taken".into()))?;
@@ -155,6 +163,7 @@ impl NodeRuntime {
             handler.clone(),
             services.clone(),
         )));
+        tasks.push(actors.follow_membership(&membership_events));
         let abort_tasks = |tasks: &[tokio::task::JoinHandle<()>]| tasks.iter().for_each(|t| t.abort());
         let children = match (spec.children)(&link, &services, &membership_events) {
             Ok(c) => c,
@@ -182,6 +191,7 @@ impl NodeRuntime {
                 return Err(spawn_err("root supervisor")(e));
             }
         };
+        actors.set_supervisor(supervisor.clone());
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
@@ -193,6 +203,7 @@ impl NodeRuntime {
             supervisor,
             cluster,
             services,
+            actors,
             membership_events,
             supervisor_events,
             root_events,
@@ -215,6 +226,29 @@ impl NodeRuntime {
     /// Supervision events (restarts, escalations) from now on.
     pub fn subscribe_supervision(&self) -> broadcast::Receiver<SupervisorEvent> {
         self.supervisor_events.subscribe()
+    }
+
+    /// Starts a supervisor named `name` owning `children` placed on members (or here) by role
+    /// and declared capacity, restarted on another node when theirs is declared down, within
+    /// `intensity`. Its events go where [`NodeRuntime::subscribe_supervision`] listens.
+    pub async fn supervise_remote(
+        &self,
+        name: &str,
+        children: Vec<RemoteChild>,
+        intensity: Intensity,
+    ) -> Result<ActorRef<RemoteSupervisorMsg>, RuntimeError> {
+        let args = RemoteSupervisorArgs {
+            name: name.to_string(),
+            actors: self.actors.clone(),
+            children,
+            intensity,
+            events: self.supervisor_events.clone(),
+            membership: self.membership_events.clone(),
+        };
+        let (sup, _) = Actor::spawn(None, RemoteSupervisor, args)
+            .await
+            .map_err(|e| RuntimeError::Spawn { what: "remote supervisor", detail: e.to_string() })?;
+        Ok(sup)
     }
 
     /// Installs the handler for application frames.

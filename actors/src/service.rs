@@ -38,7 +38,7 @@ use rkyv::util::AlignedVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, oneshot};
 use tracing::{debug, warn};
 use troupe_transport::service::{
-    self, Envelope, Fault, FaultKind, Outcome, Request, Response, ServiceLimits, ServiceWireError,
+    self, Envelope, Fault, FaultKind, ONE_WAY, Outcome, Request, Response, ServiceLimits, ServiceWireError,
 };
 use troupe_transport::{Channel, Delivery, FrameKind, Link, NodeId, QuicNode, Role, RoleSet};
 
@@ -100,6 +100,9 @@ pub struct Caller {
     pub node: NodeId,
     /// The roles in its certificate.
     pub roles: RoleSet,
+    /// True for a one-way request: nobody waits for the answer, so a handler may return as
+    /// soon as the work is queued.
+    pub one_way: bool,
 }
 
 /// A handler's future: the answer body, or a message naming what failed.
@@ -108,6 +111,11 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + 
 /// the caller's stream (an answer ready at once goes back without a task switch), so work of more
 /// than a few microseconds belongs after an `.await` (an actor call, `spawn_blocking`).
 pub type Handler = Arc<dyn Fn(Caller, String, Vec<u8>) -> HandlerFuture + Send + Sync>;
+/// A handler's future that classes its own failures ([`FaultKind::BadRequest`],
+/// [`FaultKind::Busy`], [`FaultKind::Gone`], [`FaultKind::Failed`]), as the typed actor layer does.
+pub type FaultFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, (FaultKind, String)>> + Send>>;
+/// A [`Handler`] whose failures carry their class (see [`Services::register_classed`]).
+pub type ClassedHandler = Arc<dyn Fn(Caller, String, Vec<u8>) -> FaultFuture + Send + Sync>;
 
 /// Limits of a node's service router.
 #[derive(Clone, Copy, Debug)]
@@ -221,7 +229,7 @@ struct Pending {
 
 struct Registered {
     spec: ServiceSpec,
-    handler: Handler,
+    handler: ClassedHandler,
 }
 
 struct Inner {
@@ -287,6 +295,15 @@ impl Services {
     /// Serves `name` with `handler` under `spec` (replacing a service of that name, e.g. after
     /// its actor restarted) and announces it to every member.
     pub fn register(&self, name: &str, spec: ServiceSpec, handler: Handler) {
+        let classed: ClassedHandler = Arc::new(move |caller, method, body| {
+            let answer = handler(caller, method, body);
+            Box::pin(async move { answer.await.map_err(|e| (FaultKind::Failed, e)) })
+        });
+        self.register_classed(name, spec, classed);
+    }
+
+    /// [`Services::register`] with a handler that classes its own failures.
+    pub fn register_classed(&self, name: &str, spec: ServiceSpec, handler: ClassedHandler) {
         if let Ok(mut g) = self.inner.services.write() {
             g.insert(name.to_string(), Arc::new(Registered { spec, handler }));
         }
@@ -372,6 +389,12 @@ impl Services {
         self.fail_pending(peer, reason);
     }
 
+    /// The membership view declared `peer` down: the calls waiting on it fail now (its
+    /// connection may stay open far longer; its announcements stay until it leaves).
+    pub fn peer_down(&self, peer: &NodeId) {
+        self.fail_pending(peer, "the peer was declared down");
+    }
+
     /// A peer came back as a new process: the calls the old one never answered fail now (the
     /// new one announces its services itself, so the directory is left to it).
     pub fn peer_restarted(&self, peer: &NodeId) {
@@ -449,6 +472,30 @@ impl Services {
         }
     }
 
+    /// Sends `service.method` to `peer` with `body`, wanting no answer (a tell): the callee runs
+    /// it under the same role check and admission as a call, and logs what it refuses. `Ok`
+    /// means handed to the link, not handled.
+    pub async fn send_one_way(
+        &self,
+        peer: &NodeId,
+        service: &str,
+        method: &str,
+        body: Vec<u8>,
+    ) -> Result<(), CallError> {
+        let frame = service::encode(&Envelope::Request(Request {
+            id: ONE_WAY,
+            service: service.to_string(),
+            method: method.to_string(),
+            body,
+        }))?;
+        self.inner.link.send(peer, Channel::Data, frame).await.map_err(|e| CallError::Send {
+            peer: peer.clone(),
+            service: service.to_string(),
+            method: method.to_string(),
+            detail: e.to_string(),
+        })
+    }
+
     /// Takes a [`FrameKind::Service`] frame from the link (called on the stream's reader): a
     /// response completes its call, a request is checked and run on its own task. Never blocks;
     /// bad frames are logged.
@@ -512,8 +559,20 @@ impl Services {
             let Request { id, service, method, body } = req;
             let reply = match permit {
                 Err(why) => Err((FaultKind::Busy, why)),
-                Ok(_permits) => this.run(&from, &service, &method, body).await,
+                Ok(_permits) => this.run(&from, &service, &method, body, id == ONE_WAY).await,
             };
+            if id == ONE_WAY {
+                match reply {
+                    Err((kind @ (FaultKind::Busy | FaultKind::Gone), message)) => {
+                        debug!(peer = %from, %service, %method, ?kind, reason = %message, "one-way request not carried out")
+                    }
+                    Err((kind, message)) => {
+                        warn!(peer = %from, %service, %method, ?kind, reason = %message, "one-way request refused")
+                    }
+                    Ok(_) => {}
+                }
+                return;
+            }
             let outcome = match reply {
                 Ok(b) => Outcome::Ok(b),
                 Err((kind, message)) => {
@@ -543,7 +602,7 @@ impl Services {
         }
     }
 
-    async fn run(&self, from: &NodeId, service: &str, method: &str, body: Vec<u8>) -> Reply {
+    async fn run(&self, from: &NodeId, service: &str, method: &str, body: Vec<u8>, one_way: bool) -> Reply {
         let me = self.inner.link.local_id().clone();
         let roles = self.inner.link.peer_roles(from).unwrap_or_default();
         let member = self.inner.link.is_member(from);
@@ -587,8 +646,8 @@ impl Services {
                 format!("role {roles} of {from} may not call {service}.{method} (it needs {needs})"),
             ));
         }
-        let caller = Caller { node: from.clone(), roles };
-        (registered.handler)(caller, method.to_string(), body).await.map_err(|e| (FaultKind::Failed, e))
+        let caller = Caller { node: from.clone(), roles, one_way };
+        (registered.handler)(caller, method.to_string(), body).await
     }
 
     fn announced(&self, from: &NodeId, body: &[u8]) -> Reply {

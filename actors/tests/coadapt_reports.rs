@@ -31,6 +31,7 @@ fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, childr
         cookie: "0123456789abcdef0123456789abcdef".into(),
         children,
         redial: Duration::from_millis(100),
+        placement: Default::default(),
     }
 }
 

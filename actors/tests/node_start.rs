@@ -59,6 +59,7 @@ async fn a_node_answers_its_peers_while_its_actors_are_still_starting() {
         cookie: "0123456789abcdef0123456789abcdef".into(),
         children,
         redial: Duration::from_millis(100),
+        placement: Default::default(),
     };
     let starting = tokio::spawn(NodeRuntime::start(spec));
     let addr = addr_rx.await.expect("the node never built its children");

@@ -68,6 +68,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
         cookie,
         children,
         redial: Duration::from_millis(cfg.membership.heartbeat_ms.max(50)),
+        placement: Default::default(),
     })
 }
 

@@ -31,6 +31,7 @@ fn spec(ca: &ClusterCa, name: &str, peers: Vec<PeerAddr>) -> NodeSpec {
         cookie: "t".into(),
         children: fixed_children(Vec::new()),
         redial: Duration::from_millis(100),
+        placement: Default::default(),
     }
 }
 

@@ -328,6 +328,8 @@ struct Inbox {
 
 struct Inner {
     id: NodeId,
+    /// The roles in this node's own certificate.
+    roles: RoleSet,
     /// Random per endpoint (so per node process), sent in every hello (see [`PeerEvent::Restarted`]).
     incarnation: u64,
     endpoint: Endpoint,
@@ -460,6 +462,7 @@ impl QuicNode {
         let node = Self {
             inner: Arc::new(Inner {
                 id: NodeId::new(identity.name.clone()),
+                roles: identity.roles(),
                 incarnation: fresh_incarnation(),
                 endpoint,
                 client_config,
@@ -549,6 +552,11 @@ impl QuicNode {
     /// Whether `peer` is joined as a cluster member.
     pub fn is_member(&self, peer: &NodeId) -> bool {
         self.inner.peers.get(peer).is_some_and(|p| p.member)
+    }
+
+    /// The roles in this node's own certificate.
+    pub fn local_roles(&self) -> RoleSet {
+        self.inner.roles
     }
 
     /// The roles in the certificate `peer` presented (`None` if it is not connected).

@@ -16,6 +16,8 @@ use crate::frame::{Frame, FrameKind};
 
 /// Longest service or method name accepted.
 pub const MAX_NAME: usize = 64;
+/// The correlation id of a one-way request: the callee runs it and sends no response.
+pub const ONE_WAY: u64 = 0;
 /// Default cap on one envelope (encoded, so also on what decoding it allocates).
 pub const DEFAULT_MAX_MESSAGE: usize = 16 << 20;
 
@@ -31,7 +33,8 @@ pub enum Envelope {
 /// A call.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Request {
-    /// Correlation id, unique among the caller's outstanding calls.
+    /// Correlation id, unique among the caller's outstanding calls; [`ONE_WAY`] for a request
+    /// that wants no answer (a tell).
     pub id: u64,
     /// Service name (an actor kind, possibly with an instance: `coe-executor/cpu0`).
     pub service: String,
@@ -84,6 +87,9 @@ pub enum FaultKind {
     BadRequest,
     /// The handler failed.
     Failed,
+    /// The addressed incarnation of an actor is gone (it restarted or moved): the caller
+    /// resolves the name again and re-sends if it wants to.
+    Gone,
 }
 
 /// Limits applied to every envelope decoded.

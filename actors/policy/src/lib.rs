@@ -13,6 +13,7 @@ pub mod fault;
 pub mod impair;
 pub mod membership;
 pub mod pipeline;
+pub mod placement;
 pub mod restart;
 pub mod stats;
 pub mod time;

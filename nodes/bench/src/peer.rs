@@ -130,6 +130,7 @@ pub async fn run(keys: &Path) -> Result<()> {
         cookie: "bench".into(),
         children,
         redial: Duration::from_millis(200),
+        placement: Default::default(),
     })
     .await?;
     let link = node.link.clone();

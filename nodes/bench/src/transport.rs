@@ -439,6 +439,7 @@ fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr) -> Result<NodeSpec> 
         cookie: "bench".into(),
         children: troupe_actors::fixed_children(Vec::new()),
         redial: Duration::from_millis(200),
+        placement: Default::default(),
     })
 }
 

@@ -1,0 +1,279 @@
+//! Typed remote actors over real QUIC on loopback, nodes in one process: a counter called by
+//! name from another node, roles checked per message, every error class a caller can match on,
+//! a crashed incarnation replaced, and a child supervised across nodes moving when its node
+//! goes away.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use troupe_actors::service::Allow;
+use troupe_actors::supervisor::{Intensity, SupervisorEvent};
+use troupe_actors::typed::{
+    ActorContext, ActorError, ActorFailure, Handles, PlacementRules, Protocol, RemoteChild, RemoteMessage,
+    RemoteSupervisorMsg, TypedActor,
+};
+use troupe_actors::{MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
+use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
+
+const T: Duration = Duration::from_secs(10);
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Add(u64);
+impl RemoteMessage for Add {
+    const NAME: &'static str = "add";
+    type Reply = u64;
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Get;
+impl RemoteMessage for Get {
+    const NAME: &'static str = "get";
+    type Reply = u64;
+}
+
+/// Fails (the handler's own failure) or panics (a crash).
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Break {
+    panic: bool,
+}
+impl RemoteMessage for Break {
+    const NAME: &'static str = "break";
+    type Reply = ();
+}
+
+struct Counter(u64);
+
+impl TypedActor for Counter {
+    const KIND: &'static str = "test-counter";
+    type Args = u64;
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Add>(Allow::role(Role::Scheduler))
+            .request::<Get>(Allow::AnyMember)
+            .request::<Break>(Allow::AnyMember);
+    }
+    async fn start(start: u64, _: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Counter(start))
+    }
+}
+
+impl Handles<Add> for Counter {
+    async fn handle(&mut self, Add(n): Add, _: &ActorContext) -> Result<u64, ActorFailure> {
+        self.0 = self.0.checked_add(n).ok_or_else(|| ActorFailure::msg("the total would overflow"))?;
+        Ok(self.0)
+    }
+}
+
+impl Handles<Get> for Counter {
+    async fn handle(&mut self, _: Get, _: &ActorContext) -> Result<u64, ActorFailure> {
+        Ok(self.0)
+    }
+}
+
+impl Handles<Break> for Counter {
+    async fn handle(&mut self, b: Break, _: &ActorContext) -> Result<(), ActorFailure> {
+        if b.panic {
+            panic!("asked to crash");
+        }
+        Err(ActorFailure::msg("asked to fail"))
+    }
+}
+
+/// Another kind, to look a counter up as.
+struct Other;
+impl TypedActor for Other {
+    const KIND: &'static str = "test-other";
+    type Args = ();
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Get>(Allow::AnyMember);
+    }
+    async fn start(_: (), _: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Other)
+    }
+}
+impl Handles<Get> for Other {
+    async fn handle(&mut self, _: Get, _: &ActorContext) -> Result<u64, ActorFailure> {
+        Ok(0)
+    }
+}
+
+fn spec(ca: &ClusterCa, name: &str, role: Role, peers: Vec<PeerAddr>, placement: PlacementRules) -> NodeSpec {
+    NodeSpec {
+        identity: ca.issue(name, &IssueOptions::new(RoleSet::only(role)).unwrap()).unwrap(),
+        quic: Default::default(),
+        peers,
+        membership: MembershipConfig {
+            heartbeat: Duration::from_millis(100),
+            timeout: Duration::from_millis(1000),
+        },
+        intensity: Default::default(),
+        cookie: "0123456789abcdef0123456789abcdef".into(),
+        children: fixed_children(vec![]),
+        redial: Duration::from_millis(100),
+        placement,
+    }
+}
+
+fn at(node: &NodeRuntime) -> PeerAddr {
+    PeerAddr { name: node.name.clone(), addr: node.link.local_addr().unwrap() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_is_called_by_name_from_another_node_with_roles_checked_per_message() {
+    let ca = ClusterCa::generate("typed").unwrap();
+    let host = NodeRuntime::start(spec(&ca, "host", Role::Executor, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let sched =
+        NodeRuntime::start(spec(&ca, "sched", Role::Scheduler, vec![at(&host)], PlacementRules::default()))
+            .await
+            .unwrap();
+    let cam = NodeRuntime::start(spec(&ca, "cam", Role::Camera, vec![at(&host)], PlacementRules::default()))
+        .await
+        .unwrap();
+
+    let local = host.actors.spawn::<Counter>("total", 10).await.unwrap();
+    assert_eq!(local.node(), Some(NodeId::new("host")));
+    assert_eq!(local.call(Add(1), T).await.unwrap(), 11, "a local call");
+
+    let remote = sched.actors.wait_for::<Counter>("total", T).await.unwrap();
+    assert_eq!(remote.node(), Some(NodeId::new("host")));
+    assert_eq!(remote.incarnation(), local.incarnation());
+    assert_eq!(remote.call(Add(2), T).await.unwrap(), 13);
+    // a tell, then a call from the same handle: the call sees the tell (one ordered road)
+    remote.tell(Add(5)).await.unwrap();
+    assert_eq!(remote.call(Get, T).await.unwrap(), 18);
+
+    let from_cam = cam.actors.wait_for::<Counter>("total", T).await.unwrap();
+    assert_eq!(from_cam.call(Get, T).await.unwrap(), 18, "any member may read");
+    match from_cam.call(Add(1), T).await {
+        Err(ActorError::Forbidden { actor, message, detail }) => {
+            assert_eq!((actor.as_str(), message), ("total", "add"));
+            assert!(detail.contains("camera") && detail.contains("scheduler"), "{detail}");
+        }
+        other => panic!("a camera adding: {other:?}"),
+    }
+    assert_eq!(remote.call(Get, T).await.unwrap(), 18, "the refused add changed nothing");
+
+    match remote.call(Break { panic: false }, T).await {
+        Err(ActorError::Failed { message: "break", detail, .. }) => assert!(detail.contains("asked to fail")),
+        other => panic!("a handler failure: {other:?}"),
+    }
+    match remote.call(Add(u64::MAX), T).await {
+        Err(ActorError::Failed { detail, .. }) => assert!(detail.contains("overflow"), "{detail}"),
+        other => panic!("an overflow: {other:?}"),
+    }
+    match sched.actors.lookup::<Counter>("nobody").await {
+        Err(ActorError::UnknownActor { name, within: None }) => assert_eq!(name, "nobody"),
+        other => panic!("an unknown name: {other:?}"),
+    }
+    match sched.actors.wait_for::<Counter>("nobody", Duration::from_millis(300)).await {
+        Err(ActorError::UnknownActor { within: Some(_), .. }) => {}
+        other => panic!("waiting for an unknown name: {other:?}"),
+    }
+    match sched.actors.lookup::<Other>("total").await {
+        Err(ActorError::WrongKind { expected: "test-other", found, .. }) => assert_eq!(found, "test-counter"),
+        other => panic!("the wrong kind remotely: {other:?}"),
+    }
+    assert!(matches!(host.actors.lookup::<Other>("total").await, Err(ActorError::WrongKind { .. })));
+    assert!(host.actors.spawn::<Counter>("total", 0).await.is_err(), "a second actor of one name");
+    assert!(host.actors.spawn::<Counter>("bad name!", 0).await.is_err(), "an invalid name");
+
+    for n in [cam, sched, host] {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_incarnation_is_restarted_and_calls_to_the_old_one_fail_as_peer_lost() {
+    let ca = ClusterCa::generate("typed-crash").unwrap();
+    let host = NodeRuntime::start(spec(&ca, "host2", Role::Executor, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let sched =
+        NodeRuntime::start(spec(&ca, "sched2", Role::Scheduler, vec![at(&host)], PlacementRules::default()))
+            .await
+            .unwrap();
+    let mut restarts = host.subscribe_supervision();
+    host.actors.spawn::<Counter>("crashy", 1).await.unwrap();
+    let h = sched.actors.wait_for::<Counter>("crashy", T).await.unwrap();
+    let first = h.incarnation().unwrap();
+    assert_eq!(h.call(Add(1), T).await.unwrap(), 2);
+    match h.call(Break { panic: true }, T).await {
+        Err(ActorError::PeerLost { actor, .. }) => assert_eq!(actor, "crashy"),
+        other => panic!("a crash while handling: {other:?}"),
+    }
+    let ev = tokio::time::timeout(T, restarts.recv()).await.unwrap().unwrap();
+    assert!(
+        matches!(ev, SupervisorEvent::Restarted { ref child, .. } if child.starts_with("crashy@")),
+        "{ev:?}"
+    );
+    // the handle resolves the name again: the new incarnation starts from its arguments
+    assert_eq!(h.call(Get, T).await.unwrap(), 1);
+    assert_ne!(h.incarnation(), Some(first));
+    sched.shutdown().await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervised_child_moves_to_another_node_when_its_node_goes_away() {
+    let ca = ClusterCa::generate("typed-move").unwrap();
+    let rules = || PlacementRules::default().capacity(1).allow(Counter::KIND, Allow::role(Role::Scheduler));
+    let sup = NodeRuntime::start(spec(&ca, "sup", Role::Scheduler, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let w1 = NodeRuntime::start(spec(&ca, "w1", Role::Executor, vec![at(&sup)], rules())).await.unwrap();
+    let w2 =
+        NodeRuntime::start(spec(&ca, "w2", Role::Executor, vec![at(&sup), at(&w1)], rules())).await.unwrap();
+    // a node that does not let anyone place counters
+    let w3 = NodeRuntime::start(spec(
+        &ca,
+        "w3",
+        Role::Executor,
+        vec![at(&sup)],
+        PlacementRules::default().capacity(5),
+    ))
+    .await
+    .unwrap();
+    for w in [&w1, &w2, &w3] {
+        w.actors.register_kind::<Counter>();
+    }
+    for n in ["w1", "w2", "w3"] {
+        sup.services
+            .wait_for(T, |s| {
+                s.providers(troupe_actors::typed::PLACEMENT).iter().any(|p| p.as_str() == n).then_some(())
+            })
+            .await
+            .unwrap();
+    }
+    let children = vec![RemoteChild::new::<Counter>("moving", &7).unwrap()];
+    let mut events = sup.subscribe_supervision();
+    let rs = sup.supervise_remote("movers", children, Intensity::default()).await.unwrap();
+    let placed = ractor::call!(rs, RemoteSupervisorMsg::Children).unwrap();
+    let first = placed[0].1.clone().expect("placed");
+    assert!(
+        first.as_str() == "w1" || first.as_str() == "w2",
+        "placed on {first}: only w1 and w2 allow counters"
+    );
+
+    let h = sup.actors.wait_for::<Counter>("moving", T).await.unwrap();
+    assert_eq!(h.call(Add(1), T).await.unwrap(), 8);
+    let (gone, stays) = if first.as_str() == "w1" { (w1, w2) } else { (w2, w1) };
+    gone.shutdown().await;
+    let ev = tokio::time::timeout(T * 2, events.recv()).await.unwrap().unwrap();
+    assert!(matches!(ev, SupervisorEvent::Restarted { ref child, .. } if child == "moving"), "{ev:?}");
+    let placed = ractor::call!(rs, RemoteSupervisorMsg::Children).unwrap();
+    assert_eq!(placed[0].1.as_ref(), Some(&stays.name), "moved to the other eligible node");
+    // one typed peer-lost (or none, if the handle learned first), then the replacement answers
+    let answer = match h.call(Get, T).await {
+        Err(ActorError::PeerLost { .. }) => h.call(Get, T).await,
+        other => other,
+    };
+    assert_eq!(answer.unwrap(), 7, "the replacement starts from the child's arguments");
+    assert_eq!(h.node(), Some(stays.name.clone()));
+    assert_eq!(stays.actors.placed_children().len(), 1);
+    rs.stop(None);
+    for n in [w3, stays, sup] {
+        n.shutdown().await;
+    }
+}
