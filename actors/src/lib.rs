@@ -24,7 +24,6 @@ pub mod wire;
 pub mod work;
 
 pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
-pub use kinds::expert::{Expert, ExpertActor, ExpertMsg};
 pub use kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};
 pub use node::{Children, MembershipEvents, NodeRuntime, NodeSpec, PeerAddr, RuntimeError, fixed_children};

@@ -8,6 +8,21 @@ pub use troupe_actors as actors;
 pub use troupe_kernels as kernels;
 pub use troupe_policy as policy;
 pub use troupe_transport as transport;
+/// The actor library troupe's runtime is built on, at the version it uses.
+pub use ractor;
+/// The zero-copy serialisation typed messages use, at the version the runtime checks with.
+pub use rkyv;
+
+/// What a service embedding troupe usually needs: the node runtime and typed actors.
+pub mod prelude {
+    pub use troupe_actors::service::Allow;
+    pub use troupe_actors::typed::{
+        ActorContext, ActorError, ActorFailure, ActorHandle, Actors, Handles, PlacementRules, Protocol,
+        RemoteChild, RemoteMessage, TypedActor,
+    };
+    pub use troupe_actors::{MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
+    pub use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
+}
 
 pub mod chaos;
 pub mod chart;
