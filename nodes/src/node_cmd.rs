@@ -161,10 +161,10 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
         services: runtime.services.clone(),
         membership: runtime.membership_events(),
     };
-    // one SIGINT listener for the node's whole life: a ctrl-c that arrives between the job's end
-    // and the linger loop (as `troupe up` sends it on reading the job's end) is kept, not missed
-    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("listening for SIGINT")?;
+    // one SIGINT and SIGTERM listener for the node's whole life: a ctrl-c that arrives between the
+    // job's end and the linger loop (as `troupe up` sends it on reading the job's end) is kept,
+    // not missed; SIGTERM (what systemd and docker send) stops the node the same graceful way
+    let mut interrupt = Stop::listen()?;
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {
@@ -196,18 +196,42 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
 async fn serve_until_stopped(
     cfg: &NodeConfig,
     runtime: NodeRuntime,
-    interrupt: &mut tokio::signal::unix::Signal,
+    interrupt: &mut Stop,
 ) -> Result<()> {
     let mut supervision = runtime.subscribe_supervision();
     tokio::select! {
-        _ = interrupt.recv() => {
-            tracing::info!(node = %cfg.name, "ctrl-c: shutting down");
+        signal = interrupt.recv() => {
+            tracing::info!(node = %cfg.name, %signal, "shutting down: leaving the cluster");
             runtime.shutdown().await;
             Ok(())
         }
         ev = wait_escalation(&mut supervision) => {
             runtime.shutdown().await;
             bail!("root supervisor escalated: {ev}")
+        }
+    }
+}
+
+/// SIGINT or SIGTERM: either asks the node to leave gracefully.
+struct Stop {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn listen() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+        })
+    }
+
+    /// The next stop signal's name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
         }
     }
 }

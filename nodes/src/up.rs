@@ -628,6 +628,11 @@ impl JobTracker {
         Self { job_nodes: job_nodes.to_vec(), ended: Vec::new(), bar }
     }
 
+    /// The job nodes whose job has not ended yet.
+    pub fn pending(&self) -> Vec<&str> {
+        self.job_nodes.iter().filter(|n| !self.ended.iter().any(|(e, _)| e == *n)).map(String::as_str).collect()
+    }
+
     /// Records that the job on `name` ended (the first report counts).
     pub fn job_ended(&mut self, name: String, ok: bool) {
         if !self.ended.iter().any(|(n, _)| *n == name) {
@@ -682,6 +687,9 @@ impl JobTracker {
     }
 }
 
+/// Exit code of a run interrupted before its jobs ended (128 + SIGINT, as shells report it).
+pub const INTERRUPTED: u8 = 130;
+
 /// Waits for ctrl-c, for every job to end (success only if every job succeeded; a job node that
 /// exits before reporting its job's end counts as a failed job), or for every node to end.
 async fn supervise(
@@ -693,8 +701,17 @@ async fn supervise(
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {
-                crate::progress::println("[up] ctrl-c: stopping every node");
-                return ExitCode::SUCCESS;
+                let pending = tracker.pending();
+                if pending.is_empty() {
+                    crate::progress::println("[up] ctrl-c: stopping every node");
+                    return ExitCode::SUCCESS;
+                }
+                // interrupted before its jobs ended: not a success (130, as shells report SIGINT)
+                crate::progress::println(format!(
+                    "[up] ctrl-c before the jobs on {} ended: stopping every node",
+                    pending.join(", ")
+                ));
+                return ExitCode::from(INTERRUPTED);
             }
             Some((name, ok)) = jobs.recv() => tracker.job_ended(name, ok),
             _ = ticker.tick() => {}

@@ -186,6 +186,9 @@ pub enum KeysCommand {
     },
 }
 
+/// Exit code of `troupe node` when its config cannot be used (a runtime failure exits 1).
+pub const CONFIG_ERROR: u8 = 2;
+
 /// Parses arguments, sets up logging and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -233,7 +236,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
         Command::Node { config, linger } => {
-            let cfg = NodeConfig::load(&config)?;
+            // a config that cannot be used exits 2, a node that failed while running 1
+            let cfg = match NodeConfig::load(&config) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    eprintln!("troupe: config error: {e:#}");
+                    return Ok(ExitCode::from(CONFIG_ERROR));
+                }
+            };
             troupe::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Up { topology, workdir, netns, netns_clean } => {
