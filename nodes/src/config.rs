@@ -320,6 +320,26 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// Parses `text`: on failure the full path of the field the parser stopped at (from
+/// serde's own path, never cut out of the message; `file` for a syntax error) and the parser's
+/// message with its snippet of the file.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
+    let with_snippet = |mut e: toml::de::Error| {
+        e.set_input(Some(text));
+        e.to_string().trim_end().to_string()
+    };
+    let de = toml::Deserializer::parse(text).map_err(|e| ("file".to_string(), with_snippet(e)))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = field_path(e.path());
+        (field.unwrap_or_else(|| "file".into()), with_snippet(e.into_inner()))
+    })
+}
+
+/// A serde path as a config field (`actors[0].params.ram_budget_mb`); `None` at the root.
+pub fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
+    (path.iter().count() > 0).then(|| path.to_string())
+}
+
 impl NodeConfig {
     /// Reads, parses and validates a config file; relative paths resolve against its folder.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -334,10 +354,7 @@ impl NodeConfig {
             ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| err("file", e.to_string()))?;
-        let mut cfg: NodeConfig = toml::from_str(&text).map_err(|e| {
-            let field = e.message().split('`').nth(1).unwrap_or("file").to_string();
-            err(&field, e.to_string().trim().replace('\n', " "))
-        })?;
+        let mut cfg: NodeConfig = parse_toml(&text).map_err(|(field, problem)| err(&field, problem))?;
         let base = path.parent().unwrap_or(Path::new("."));
         if cfg.keys.is_relative() {
             cfg.keys = base.join(&cfg.keys);
@@ -565,5 +582,25 @@ mod tests {
         ))
         .unwrap();
         assert_eq!((c.transport.peer_buffer_bytes(), c.transport.max_peer_streams), (64 << 20, 8));
+    }
+
+    #[test]
+    fn a_bad_value_is_named_by_its_full_path_with_the_parsers_snippet() {
+        let d = tempfile::tempdir().unwrap();
+        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = \"fast\"\n")))
+            .unwrap_err();
+        assert_eq!(e.field, "membership.heartbeat_ms", "{e}");
+        assert!(
+            e.problem.contains('\n') && e.problem.contains("heartbeat_ms = \"fast\""),
+            "keeps the snippet: {e}"
+        );
+        let e = NodeConfig::load(&write(
+            d.path(),
+            &format!(
+                "{GOOD}[[actors]]\nkind = \"pipeline-worker\"\n[actors.params]\nram_budget_mb = \"lots\"\n"
+            ),
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "actors[0].params.ram_budget_mb", "{e}");
     }
 }

@@ -52,12 +52,14 @@ pub fn roles_for(actors: &[ActorConfig], job: Option<&JobConfig>) -> troupe_tran
     roles
 }
 
-/// Parses a `params` table into the workload's own settings type, naming the bad field.
+/// Parses a `params` table into the workload's own settings type, naming the bad field by its
+/// path (from serde's path, not the message text).
 pub fn params<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (String, String)> {
-    toml::Value::Table(table.clone()).try_into::<T>().map_err(|e| {
-        let field =
-            e.message().split('`').nth(1).map(|f| format!("params.{f}")).unwrap_or_else(|| "params".into());
-        (field, e.to_string().trim().replace('\n', " "))
+    serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+        let field = crate::config::field_path(e.path())
+            .map(|f| format!("params.{f}"))
+            .unwrap_or_else(|| "params".into());
+        (field, e.into_inner().message().trim().to_string())
     })
 }
 
