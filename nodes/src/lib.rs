@@ -4,14 +4,14 @@
 //! dashboard, workloads) and the facade an embedding service uses: the crates below are re-exported
 //! whole. The command line is `troupe-cli` (nodes/cli), the benchmarks `troupe-bench` (nodes/bench).
 
-pub use troupe_actors as actors;
-pub use troupe_kernels as kernels;
-pub use troupe_policy as policy;
-pub use troupe_transport as transport;
 /// The actor library troupe's runtime is built on, at the version it uses.
 pub use ractor;
 /// The zero-copy serialisation typed messages use, at the version the runtime checks with.
 pub use rkyv;
+pub use troupe_actors as actors;
+pub use troupe_kernels as kernels;
+pub use troupe_policy as policy;
+pub use troupe_transport as transport;
 
 /// What a service embedding troupe usually needs: the node runtime and typed actors.
 pub mod prelude {

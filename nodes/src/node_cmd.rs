@@ -193,11 +193,7 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
 }
 
 /// Serves the node's actors until ctrl-c (SIGINT) or until its root supervisor escalates.
-async fn serve_until_stopped(
-    cfg: &NodeConfig,
-    runtime: NodeRuntime,
-    interrupt: &mut Stop,
-) -> Result<()> {
+async fn serve_until_stopped(cfg: &NodeConfig, runtime: NodeRuntime, interrupt: &mut Stop) -> Result<()> {
     let mut supervision = runtime.subscribe_supervision();
     tokio::select! {
         signal = interrupt.recv() => {

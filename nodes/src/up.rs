@@ -630,7 +630,11 @@ impl JobTracker {
 
     /// The job nodes whose job has not ended yet.
     pub fn pending(&self) -> Vec<&str> {
-        self.job_nodes.iter().filter(|n| !self.ended.iter().any(|(e, _)| e == *n)).map(String::as_str).collect()
+        self.job_nodes
+            .iter()
+            .filter(|n| !self.ended.iter().any(|(e, _)| e == *n))
+            .map(String::as_str)
+            .collect()
     }
 
     /// Records that the job on `name` ended (the first report counts).
