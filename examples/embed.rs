@@ -1,67 +1,68 @@
-//! Embedding troupe in your own service: start a node runtime in-process with your own actor
-//! under its root supervisor, then talk to the actor.
+//! Embedding troupe in your own service: start a node in-process, spawn your own typed actor on
+//! it, and call it through a handle. The same handle type reaches the actor from any other node
+//! by name (see remote_counter.rs); here the call stays in-process and nothing is encoded.
 //!
-//!     cargo run -p troupe-examples --example embed
+//!     cargo run -p troupe-examples --bin embed
 
 use std::time::Duration;
 
 use anyhow::Result;
-use ractor::{ActorProcessingErr, ActorRef};
-use troupe::actors::supervisor::ChildSpec;
-use troupe::actors::{
-    Expert, ExpertActor, ExpertMsg, MembershipConfig, NodeRuntime, NodeSpec, fixed_children,
-};
-use troupe::transport::{ClusterCa, QuicConfig};
+use troupe::prelude::*;
 
-/// Your model: here a tiny "expert" that scales its inputs; a real one would hold an ONNX session.
-struct Scaler {
-    factor: f32,
-    loaded: bool,
+/// Multiplies each value by the actor's factor.
+#[derive(troupe::rkyv::Archive, troupe::rkyv::Serialize, troupe::rkyv::Deserialize)]
+#[rkyv(crate = troupe::rkyv)]
+pub struct Scale(pub Vec<f32>);
+
+impl RemoteMessage for Scale {
+    const NAME: &'static str = "scale";
+    type Reply = Vec<f32>;
 }
 
-impl Expert for Scaler {
-    type Input = Vec<f32>;
-    type Output = Vec<f32>;
+/// Your model: here a scaler; a real one would hold an ONNX session (see own_expert.rs).
+pub struct Scaler {
+    factor: f32,
+}
 
-    fn load(&mut self) -> Result<(), ActorProcessingErr> {
-        self.loaded = true;
-        Ok(())
+impl TypedActor for Scaler {
+    const KIND: &'static str = "scaler";
+    type Args = f32;
+
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Scale>(Allow::AnyMember);
     }
-    fn unload(&mut self) {
-        self.loaded = false;
+
+    async fn start(factor: f32, _: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Scaler { factor })
     }
-    fn resident(&self) -> bool {
-        self.loaded
-    }
-    fn execute(&mut self, batch: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, ActorProcessingErr> {
-        Ok(batch.into_iter().map(|x| x.into_iter().map(|v| v * self.factor).collect()).collect())
+}
+
+impl Handles<Scale> for Scaler {
+    async fn handle(&mut self, Scale(x): Scale, _: &ActorContext) -> Result<Vec<f32>, ActorFailure> {
+        Ok(x.into_iter().map(|v| v * self.factor).collect())
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    // In production the identity comes from `troupe keys`; here a throwaway CA.
+    // In production the identity and the cookie come from `troupe keys`; here a throwaway CA.
     let ca = ClusterCa::generate("embedded")?;
-    let spec = NodeSpec {
+    let node = NodeRuntime::start(NodeSpec {
         identity: ca.issue_node("my-service")?,
-        quic: QuicConfig::default(), // 127.0.0.1, any port
+        quic: Default::default(), // 127.0.0.1, any free port
         peers: Vec::new(),
         membership: MembershipConfig::default(),
         intensity: Default::default(),
-        cookie: "embedded".into(),
-        children: fixed_children(vec![ChildSpec::new("scaler", || {
-            (ExpertActor::<Scaler>::default(), Scaler { factor: 2.0, loaded: false })
-        })]),
+        cookie: "embedded-demo-cookie-00000000000".into(),
+        children: fixed_children(vec![]),
         redial: Duration::from_millis(200),
-        placement: Default::default(),
-    };
-    let node = NodeRuntime::start(spec).await?;
-    let scaler: ActorRef<ExpertMsg<Vec<f32>, Vec<f32>>> =
-        ractor::registry::where_is("scaler").ok_or_else(|| anyhow::anyhow!("scaler not running"))?.into();
-    let out = ractor::call_t!(scaler, ExpertMsg::Execute, 2000, vec![vec![1.0, 2.0, 3.0]])?
-        .map_err(anyhow::Error::msg)?;
+        placement: PlacementRules::default(),
+    })
+    .await?;
+    // started under the node's supervisor: restarted from its arguments if it crashes
+    let scaler = node.actors.spawn::<Scaler>("scaler", 2.0).await?;
+    let out = scaler.call(Scale(vec![1.0, 2.0, 3.0]), Duration::from_secs(2)).await?;
     println!("my-service at {}: scaler answered {out:?}", node.link.local_addr()?);
-    println!("status: {:?}", node.status().await?);
     node.shutdown().await;
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! Why these rules: what scripts and tests read is on stdout, and logs are files or pipes, so a
 //! bar must never land in either. A hidden bar costs nothing and prints nothing, so callers
 //! make bars unconditionally; piped, `--json` and `troupe up`'s node processes (whose stderr is
-//! a pipe) get none. Lines printed while bars are shown go through [`println`] (stdout) and the
+//! a pipe) get none. Lines printed while bars are shown go through [`println()`] (stdout) and the
 //! log writer [`log_writer`] (stderr), which lift the bars off the terminal for the line, so
 //! bars never garble output. The job progress lines other code parses (`coe: completed K of N`,
 //! `pipeline: K of N inputs answered`) are printed as before: a bar is an addition, never a

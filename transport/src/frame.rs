@@ -543,8 +543,8 @@ where
 /// byte lands in it: profiled (perf, 2026-12-02) that was ~48% of the receiving process's work
 /// for 1 MiB QUIC frames. A delivered body read from a stream goes back here when its last
 /// owner drops it ([`Body::into_aligned`] takes it out for good), and the next frame of about
-/// its size is read into it. The pool is process-wide and bounded ([`MAX_BYTES`],
-/// [`MAX_BUFFERS`]); the oldest buffers are freed first. Only complete frames' buffers return,
+/// its size is read into it. The pool is process-wide and bounded (`MAX_BYTES`,
+/// `MAX_BUFFERS`); the oldest buffers are freed first. Only complete frames' buffers return,
 /// so a peer that never finishes its frames puts nothing here, and a frame read into a pooled
 /// buffer charges the buffer's whole capacity to its connection's budget.
 pub mod recv_pool {

@@ -107,7 +107,7 @@ fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> LocalError {
     move |source| LocalError::Io { op, source }
 }
 
-/// Checks a listener name received from a peer: the one form [`listen`] makes, nothing else.
+/// Checks a listener name received from a peer: the one form `listen` makes, nothing else.
 pub fn validate_name(name: &str) -> Result<(), LocalError> {
     let bad = |reason| LocalError::BadName { name: name.chars().take(80).collect(), reason };
     if name.len() > MAX_NAME_LEN {

@@ -700,7 +700,7 @@ impl QuicNode {
 
     /// Opens the control-plane stream to a joined peer (the dialing side of ractor_cluster):
     /// a local stream when the same-host handshake gave one (waiting for it to decide, at most
-    /// [`LOCAL_DECISION_WAIT`]), else a QUIC bidirectional stream.
+    /// `LOCAL_DECISION_WAIT`), else a QUIC bidirectional stream.
     pub async fn open_control(&self, peer: &NodeId) -> Result<ControlStream, QuicError> {
         let (conn, local) = self
             .inner

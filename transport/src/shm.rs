@@ -26,7 +26,7 @@
 //!    `O_NOFOLLOW`, requires a regular file owned by its own uid with no group/other permission
 //!    and exactly header + length bytes (pooled: at least), checks the header's magic, token and
 //!    length (and, pooled, that it is marked ready), then maps it **read-only** and delivers a
-//!    frame whose [`Body`](crate::frame::Body) is that mapping: the bytes are never copied on
+//!    frame whose [`Body`] is that mapping: the bytes are never copied on
 //!    this side. A one-shot segment is unlinked at open (only its mapping keeps its pages) and
 //!    unmapped when the body is dropped. A pooled segment stays in place and is marked free
 //!    (token checked again) only when the last holder of its body drops it; the budget charge

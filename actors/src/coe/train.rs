@@ -97,7 +97,7 @@ const MAX_SEARCHED_CLASSES: usize = 12;
 
 /// Cut `classes` into `k` groups of sizes differing by at most one (larger ones last) that keep
 /// the most [`Affinity`] inside groups, so what a preliminary must tell apart is what differs
-/// most. Exhaustive over the partitions (at most [`MAX_SEARCHED_CLASSES`] classes; ties go to
+/// most. Exhaustive over the partitions (at most `MAX_SEARCHED_CLASSES` classes; ties go to
 /// the first found in `classes`' order); past that, contiguous runs of `classes`.
 pub fn partition(classes: &[u8], k: usize, affinity: &Affinity) -> Vec<Vec<u8>> {
     let n = classes.len();
