@@ -16,13 +16,19 @@ pub use troupe_transport as transport;
 /// What a service embedding troupe usually needs: the node runtime and typed actors.
 pub mod prelude {
     pub use troupe_actors::service::Allow;
+    pub use troupe_actors::supervisor::{Intensity, SupervisorEvent};
     pub use troupe_actors::typed::{
         ActorContext, ActorError, ActorFailure, ActorHandle, Actors, Handles, PlacementRules, Protocol,
         RemoteChild, RemoteMessage, TypedActor,
     };
     pub use troupe_actors::{MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
-    pub use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
+    pub use troupe_transport::{ClusterCa, IssueOptions, NodeId, NodeIdentity, Role, RoleSet};
 }
+
+/// The README's embedding snippet, compiled by `cargo test --doc` so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 pub mod chaos;
 pub mod chart;
