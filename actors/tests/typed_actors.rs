@@ -277,3 +277,51 @@ async fn a_supervised_child_moves_to_another_node_when_its_node_goes_away() {
         n.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_run_calls_in_order_and_a_lost_incarnation_ends_its_generation() {
+    use troupe_actors::typed::{Links, NotQueued, Outcome};
+    let ca = ClusterCa::generate("typed-links").unwrap();
+    let host = NodeRuntime::start(spec(&ca, "host3", Role::Executor, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let sched =
+        NodeRuntime::start(spec(&ca, "sched3", Role::Scheduler, vec![at(&host)], PlacementRules::default()))
+            .await
+            .unwrap();
+    host.actors.spawn::<Counter>("linked", 0).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let links: Links<usize, Counter, u64> =
+        Links::new(std::sync::Arc::new(move |key, generation, outcome| {
+            let _ = tx.send((key, generation, outcome));
+        }));
+    let h = sched.actors.wait_for::<Counter>("linked", T).await.unwrap();
+    assert_eq!(links.attach(7, h.clone()), 1);
+    for n in 1..=5u64 {
+        links.call(&7, Add(n), T, |total| total).unwrap();
+    }
+    let mut totals = Vec::new();
+    for _ in 0..5 {
+        match rx.recv().await.unwrap() {
+            (7, 1, Outcome::Done(t)) => totals.push(t),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(totals, [1, 3, 6, 10, 15], "one at a time, in the order submitted");
+    links.call(&7, Break { panic: true }, T, |()| 0).unwrap();
+    match rx.recv().await.unwrap() {
+        (7, 1, Outcome::Lost(ActorError::PeerLost { .. })) => {}
+        other => panic!("a crash mid-call: {other:?}"),
+    }
+    assert!(!links.is_live(&7));
+    assert_eq!(links.call(&7, Get, T, |t| t), Err(NotQueued::NoLink(1)));
+    assert_eq!(links.attach(7, h), 2, "a new link, a new generation");
+    assert!(!links.is_current(&7, 1) && links.is_current(&7, 2));
+    links.call(&7, Get, T, |t| t).unwrap();
+    match rx.recv().await.unwrap() {
+        (7, 2, Outcome::Done(0)) => {}
+        other => panic!("the restarted incarnation starts from its arguments: {other:?}"),
+    }
+    sched.shutdown().await;
+    host.shutdown().await;
+}

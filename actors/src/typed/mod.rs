@@ -14,6 +14,8 @@
 //!   lost, busy, bad message, the actor's own failure.
 //! - [`RemoteSupervisor`] places children on other nodes by role and declared capacity and
 //!   restarts them elsewhere when their node is declared down; see [`placement`].
+//! - [`Links`] is the one ordered call queue per peer, with one generation rule, that scheduler
+//!   shells drive their executors and workers through; see [`queue`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -58,6 +60,7 @@ mod actor;
 mod error;
 mod handle;
 pub mod placement;
+pub mod queue;
 mod registry;
 mod wire;
 
@@ -68,5 +71,6 @@ pub use placement::{
     PLACEMENT, Placed, PlacementRules, RemoteChild, RemoteSupervisor, RemoteSupervisorArgs,
     RemoteSupervisorMsg,
 };
+pub use queue::{Links, NotQueued, Outcome, Sink};
 pub use registry::{Actors, DESCRIBE, Described, MAX_ACTOR_NAME, SpawnError, service_name, validate_name};
 pub use wire::{RemoteMessage, Wire};

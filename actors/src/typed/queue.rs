@@ -1,0 +1,174 @@
+//! Ordered calls to peers, with one generation rule: the one way a scheduler shell drives the
+//! actors it schedules on (coe executors, pipeline workers).
+//!
+//! [`Links`] keeps one queue per key (an executor's index, a worker's). [`Links::attach`] gives
+//! the key a handle and a new generation; calls submitted for the key run one at a time, in the
+//! order submitted, and each outcome reaches the shell's sink tagged with its key and
+//! generation. When a call finds the incarnation gone ([`ActorError::PeerLost`]), the queue
+//! reports [`Outcome::Lost`] once and ends: the calls behind it are dropped, unsent. The rule
+//! is [`Links::is_current`]: the shell acts on an outcome only while its generation is the
+//! key's current one, so nothing from a link it replaced (or detached) is ever taken for news.
+//! The queues are tokio tasks: no thread per link, and no call awaits inside the shell.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::actor::{Handles, TypedActor};
+use super::error::ActorError;
+use super::handle::ActorHandle;
+use super::wire::RemoteMessage;
+
+/// What one queued call produced.
+#[derive(Debug)]
+pub enum Outcome<E> {
+    /// The call's result, as the submitter mapped it.
+    Done(E),
+    /// The call failed, but the incarnation is still there (refused, busy, timed out, the
+    /// actor's own failure): the queue goes on.
+    Failed(ActorError),
+    /// The incarnation is gone: the queue ended and dropped the calls behind this one.
+    Lost(ActorError),
+}
+
+type CallFuture<E> = Pin<Box<dyn Future<Output = Result<E, ActorError>> + Send>>;
+/// One queued call: what to send through the handle, and how to map its reply.
+type Call<A, E> = Box<dyn FnOnce(ActorHandle<A>) -> CallFuture<E> + Send>;
+/// Where outcomes go: `(key, generation, outcome)`.
+pub type Sink<K, E> = Arc<dyn Fn(K, u64, Outcome<E>) + Send + Sync>;
+
+struct Slot<A, E> {
+    generation: u64,
+    tx: Option<mpsc::UnboundedSender<Call<A, E>>>,
+}
+
+/// Per-key ordered call queues with generations (see the module doc). Cheap to clone.
+pub struct Links<K, A, E> {
+    slots: Arc<Mutex<HashMap<K, Slot<A, E>>>>,
+    sink: Sink<K, E>,
+}
+
+impl<K, A, E> Clone for Links<K, A, E> {
+    fn clone(&self) -> Self {
+        Self { slots: self.slots.clone(), sink: self.sink.clone() }
+    }
+}
+
+/// Why a call was not queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotQueued {
+    /// The key has no live link (never attached, detached, or its incarnation was lost).
+    #[error("no live link for this peer (generation {0})")]
+    NoLink(u64),
+}
+
+impl<K, A, E> Links<K, A, E>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    A: TypedActor,
+    E: Send + 'static,
+{
+    /// Queues whose outcomes go to `sink`.
+    pub fn new(sink: Sink<K, E>) -> Self {
+        Self { slots: Arc::new(Mutex::new(HashMap::new())), sink }
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<K, Slot<A, E>>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives `key` a new link through `handle` (ending the previous one, whose queued calls are
+    /// dropped); the new generation.
+    pub fn attach(&self, key: K, handle: ActorHandle<A>) -> u64 {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Call<A, E>>();
+        let generation = {
+            let mut slots = self.slots();
+            let slot = slots.entry(key.clone()).or_insert(Slot { generation: 0, tx: None });
+            slot.generation += 1;
+            slot.tx = Some(tx);
+            slot.generation
+        };
+        let (sink, slots) = (self.sink.clone(), self.slots.clone());
+        tokio::spawn(async move {
+            while let Some(call) = rx.recv().await {
+                match call(handle.clone()).await {
+                    Ok(e) => sink(key.clone(), generation, Outcome::Done(e)),
+                    Err(e) if e.is_lost() => {
+                        // end this link (unless a newer one replaced it already), then report
+                        if let Some(slot) = slots.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&key)
+                            && slot.generation == generation
+                        {
+                            slot.tx = None;
+                        }
+                        sink(key, generation, Outcome::Lost(e));
+                        return;
+                    }
+                    Err(e) => sink(key.clone(), generation, Outcome::Failed(e)),
+                }
+            }
+        });
+        generation
+    }
+
+    /// Ends `key`'s link: queued calls are dropped; outcomes of its generation are no longer
+    /// current.
+    pub fn detach(&self, key: &K) {
+        if let Some(slot) = self.slots().get_mut(key) {
+            slot.generation += 1;
+            slot.tx = None;
+        }
+    }
+
+    /// `key`'s current generation (0: never attached).
+    pub fn generation(&self, key: &K) -> u64 {
+        self.slots().get(key).map_or(0, |s| s.generation)
+    }
+
+    /// The one generation rule: whether an outcome of `generation` for `key` is still news.
+    pub fn is_current(&self, key: &K, generation: u64) -> bool {
+        self.generation(key) == generation
+    }
+
+    /// Whether `key` has a live link.
+    pub fn is_live(&self, key: &K) -> bool {
+        self.slots().get(key).is_some_and(|s| s.tx.is_some())
+    }
+
+    /// Queues `msg` for `key` behind the calls already queued; `map` turns its reply into the
+    /// sink's event. Returns the generation it was queued on.
+    pub fn call<M>(
+        &self,
+        key: &K,
+        msg: M,
+        timeout: Duration,
+        map: impl FnOnce(M::Reply) -> E + Send + 'static,
+    ) -> Result<u64, NotQueued>
+    where
+        M: RemoteMessage,
+        A: Handles<M>,
+    {
+        self.submit(key, move |h: ActorHandle<A>| -> CallFuture<E> {
+            Box::pin(async move { h.call(msg, timeout).await.map(map) })
+        })
+    }
+
+    /// Queues any call through the handle (several messages, a tell then a call) as one step.
+    pub fn submit(
+        &self,
+        key: &K,
+        call: impl FnOnce(ActorHandle<A>) -> CallFuture<E> + Send + 'static,
+    ) -> Result<u64, NotQueued> {
+        let slots = self.slots();
+        let slot = slots.get(key);
+        let generation = slot.map_or(0, |s| s.generation);
+        match slot.and_then(|s| s.tx.as_ref()) {
+            Some(tx) if tx.send(Box::new(call)).is_ok() => Ok(generation),
+            _ => Err(NotQueued::NoLink(generation)),
+        }
+    }
+}
