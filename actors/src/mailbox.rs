@@ -87,7 +87,10 @@ pub struct Queued(Option<Arc<Slot>>);
 
 impl Queued {
     fn enter(actor: &str) -> Self {
-        let slot = slot(actor);
+        Self::in_slot(slot(actor))
+    }
+
+    fn in_slot(slot: Option<Arc<Slot>>) -> Self {
         if let Some(s) = &slot {
             let now = s.depth.fetch_add(1, Ordering::Relaxed) + 1;
             s.max_depth.fetch_max(now, Ordering::Relaxed);
@@ -154,6 +157,23 @@ impl<M: Message> CountedSend<M> for ActorRef<M> {
                 other => Err(RactorErr::from(other)),
             }
         }
+    }
+}
+
+/// The counted mailbox of a typed actor, keyed by its name ([`crate::typed`]): listed from
+/// when it is made, as long as it (or a message in it) lives.
+#[derive(Clone)]
+pub struct Mailbox(Option<Arc<Slot>>);
+
+impl Mailbox {
+    /// The mailbox of the actor named `name`.
+    pub fn named(name: &str) -> Self {
+        Mailbox(slot(name))
+    }
+
+    /// A token for one message entering it.
+    pub fn enter(&self) -> Queued {
+        Queued::in_slot(self.0.clone())
     }
 }
 

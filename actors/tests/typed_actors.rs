@@ -291,7 +291,7 @@ async fn links_run_calls_in_order_and_a_lost_incarnation_ends_its_generation() {
             .unwrap();
     host.actors.spawn::<Counter>("linked", 0).await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let links: Links<usize, Counter, u64> =
+    let links: Links<usize, troupe_actors::typed::ActorHandle<Counter>, u64> =
         Links::new(std::sync::Arc::new(move |key, generation, outcome| {
             let _ = tx.send((key, generation, outcome));
         }));

@@ -196,6 +196,7 @@ impl Drop for Ticket {
 pub struct HostMsg<A> {
     job: Job<A>,
     _ticket: Ticket,
+    _queued: crate::mailbox::Queued,
 }
 
 impl<A: TypedActor> ractor::Message for HostMsg<A> {}
@@ -208,6 +209,8 @@ pub(crate) struct Binding<A> {
     pub actor: ActorRef<HostMsg<A>>,
     pub protocol: Arc<Protocol<A>>,
     depth: Arc<AtomicUsize>,
+    /// Its depth as node status and metrics show it ([`crate::mailbox`]).
+    mailbox: crate::mailbox::Mailbox,
 }
 
 impl<A: TypedActor> Binding<A> {
@@ -221,7 +224,7 @@ impl<A: TypedActor> Binding<A> {
                 detail: format!("{bound} messages queued, the bound of its mailbox"),
             });
         }
-        let msg = HostMsg { job, _ticket: Ticket(self.depth.clone()) };
+        let msg = HostMsg { job, _ticket: Ticket(self.depth.clone()), _queued: self.mailbox.enter() };
         self.actor.cast(msg).map_err(|_| ActorError::PeerLost {
             actor: self.name.clone(),
             reason: format!("incarnation {:016x} stopped", self.incarnation),
@@ -272,6 +275,7 @@ impl<A: TypedActor> Actor for Host<A> {
             actor: me,
             protocol: Arc::new(Protocol::of()),
             depth: Arc::new(AtomicUsize::new(0)),
+            mailbox: crate::mailbox::Mailbox::named(&ctx.name),
         };
         args.actors.bind(Arc::new(binding));
         Ok((actor, ctx))
@@ -283,8 +287,8 @@ impl<A: TypedActor> Actor for Host<A> {
         msg: Self::Msg,
         (actor, ctx): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let HostMsg { job, _ticket } = msg;
-        drop(_ticket);
+        let HostMsg { job, _ticket, _queued } = msg;
+        drop((_ticket, _queued));
         job(actor, ctx).await;
         Ok(())
     }

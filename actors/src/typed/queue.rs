@@ -2,7 +2,8 @@
 //! actors it schedules on (coe executors, pipeline workers).
 //!
 //! [`Links`] keeps one queue per key (an executor's index, a worker's). [`Links::attach`] gives
-//! the key a handle and a new generation; calls submitted for the key run one at a time, in the
+//! the key a handle (an [`ActorHandle`], or any handle a shell calls through, such as an
+//! in-process executor's) and a new generation; calls submitted for the key run one at a time, in the
 //! order submitted, and each outcome reaches the shell's sink tagged with its key and
 //! generation. When a call finds the incarnation gone ([`ActorError::PeerLost`]), the queue
 //! reports [`Outcome::Lost`] once and ends: the calls behind it are dropped, unsent. The rule
@@ -36,24 +37,26 @@ pub enum Outcome<E> {
     Lost(ActorError),
 }
 
-type CallFuture<E> = Pin<Box<dyn Future<Output = Result<E, ActorError>> + Send>>;
+/// What a queued call runs to.
+pub type CallFuture<E> = Pin<Box<dyn Future<Output = Result<E, ActorError>> + Send>>;
 /// One queued call: what to send through the handle, and how to map its reply.
-type Call<A, E> = Box<dyn FnOnce(ActorHandle<A>) -> CallFuture<E> + Send>;
+type Call<H, E> = Box<dyn FnOnce(H) -> CallFuture<E> + Send>;
 /// Where outcomes go: `(key, generation, outcome)`.
 pub type Sink<K, E> = Arc<dyn Fn(K, u64, Outcome<E>) + Send + Sync>;
 
-struct Slot<A, E> {
+struct Slot<H, E> {
     generation: u64,
-    tx: Option<mpsc::UnboundedSender<Call<A, E>>>,
+    tx: Option<mpsc::UnboundedSender<Call<H, E>>>,
 }
 
-/// Per-key ordered call queues with generations (see the module doc). Cheap to clone.
-pub struct Links<K, A, E> {
-    slots: Arc<Mutex<HashMap<K, Slot<A, E>>>>,
+/// Per-key ordered call queues with generations (see the module doc), calling through handles
+/// of type `H`. Cheap to clone.
+pub struct Links<K, H, E> {
+    slots: Arc<Mutex<HashMap<K, Slot<H, E>>>>,
     sink: Sink<K, E>,
 }
 
-impl<K, A, E> Clone for Links<K, A, E> {
+impl<K, H, E> Clone for Links<K, H, E> {
     fn clone(&self) -> Self {
         Self { slots: self.slots.clone(), sink: self.sink.clone() }
     }
@@ -67,10 +70,10 @@ pub enum NotQueued {
     NoLink(u64),
 }
 
-impl<K, A, E> Links<K, A, E>
+impl<K, H, E> Links<K, H, E>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
-    A: TypedActor,
+    H: Clone + Send + 'static,
     E: Send + 'static,
 {
     /// Queues whose outcomes go to `sink`.
@@ -78,14 +81,14 @@ where
         Self { slots: Arc::new(Mutex::new(HashMap::new())), sink }
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<K, Slot<A, E>>> {
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<K, Slot<H, E>>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Gives `key` a new link through `handle` (ending the previous one, whose queued calls are
     /// dropped); the new generation.
-    pub fn attach(&self, key: K, handle: ActorHandle<A>) -> u64 {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Call<A, E>>();
+    pub fn attach(&self, key: K, handle: H) -> u64 {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Call<H, E>>();
         let generation = {
             let mut slots = self.slots();
             let slot = slots.entry(key.clone()).or_insert(Slot { generation: 0, tx: None });
@@ -139,6 +142,28 @@ where
         self.slots().get(key).is_some_and(|s| s.tx.is_some())
     }
 
+    /// Queues any call through the handle (several messages, a tell then a call) as one step.
+    pub fn submit(
+        &self,
+        key: &K,
+        call: impl FnOnce(H) -> CallFuture<E> + Send + 'static,
+    ) -> Result<u64, NotQueued> {
+        let slots = self.slots();
+        let slot = slots.get(key);
+        let generation = slot.map_or(0, |s| s.generation);
+        match slot.and_then(|s| s.tx.as_ref()) {
+            Some(tx) if tx.send(Box::new(call)).is_ok() => Ok(generation),
+            _ => Err(NotQueued::NoLink(generation)),
+        }
+    }
+}
+
+impl<K, A, E> Links<K, ActorHandle<A>, E>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    A: TypedActor,
+    E: Send + 'static,
+{
     /// Queues `msg` for `key` behind the calls already queued; `map` turns its reply into the
     /// sink's event. Returns the generation it was queued on.
     pub fn call<M>(
@@ -155,20 +180,5 @@ where
         self.submit(key, move |h: ActorHandle<A>| -> CallFuture<E> {
             Box::pin(async move { h.call(msg, timeout).await.map(map) })
         })
-    }
-
-    /// Queues any call through the handle (several messages, a tell then a call) as one step.
-    pub fn submit(
-        &self,
-        key: &K,
-        call: impl FnOnce(ActorHandle<A>) -> CallFuture<E> + Send + 'static,
-    ) -> Result<u64, NotQueued> {
-        let slots = self.slots();
-        let slot = slots.get(key);
-        let generation = slot.map_or(0, |s| s.generation);
-        match slot.and_then(|s| s.tx.as_ref()) {
-            Some(tx) if tx.send(Box::new(call)).is_ok() => Ok(generation),
-            _ => Err(NotQueued::NoLink(generation)),
-        }
     }
 }
