@@ -67,7 +67,7 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
     let ca = ClusterCa::generate("coadapt-reports").unwrap();
     let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: vec!["tiny".into()] });
     let served = edge.clone();
-    let children: Children = Box::new(move |_link, services, _membership| {
+    let children: Children = Box::new(move |_link, services, _membership, _actors| {
         served.serve(services);
         Ok(vec![served.child_spec("coadapt-edge")])
     });

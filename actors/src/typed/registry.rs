@@ -222,25 +222,40 @@ impl Actors {
         args: A::Args,
         generation: u64,
     ) -> Result<(), SpawnError> {
+        if self.inner.local.contains_key(name) {
+            return Err(SpawnError::Duplicate(name.to_string()));
+        }
+        let spec = self.child_spec_generation::<A>(name, args, generation)?;
+        let sup = self.inner.supervisor.get().ok_or(SpawnError::NoSupervisor)?.clone();
+        let started = ractor::call!(sup, SupervisorMsg::StartChild, spec)
+            .map_err(|e| SpawnError::Start { name: name.into(), detail: e.to_string() })?;
+        started.map_err(|detail| SpawnError::Start { name: name.into(), detail })?;
+        Ok(())
+    }
+
+    /// The child spec that runs an `A` named `name` under a supervisor of this node (for the
+    /// children a node starts with; [`Actors::spawn`] starts one later).
+    pub fn child_spec<A: TypedActor>(&self, name: &str, args: A::Args) -> Result<ChildSpec, SpawnError> {
+        self.child_spec_generation::<A>(name, args, 0)
+    }
+
+    fn child_spec_generation<A: TypedActor>(
+        &self,
+        name: &str,
+        args: A::Args,
+        generation: u64,
+    ) -> Result<ChildSpec, SpawnError> {
         validate_name(name)?;
         let protocol = Protocol::<A>::of();
         if let Some(problem) = protocol.problems().first() {
             return Err(SpawnError::Protocol { kind: A::KIND, problem: problem.clone() });
         }
-        if self.inner.local.contains_key(name) {
-            return Err(SpawnError::Duplicate(name.to_string()));
-        }
-        let sup = self.inner.supervisor.get().ok_or(SpawnError::NoSupervisor)?.clone();
         let (actors, owned) = (self.clone(), name.to_string());
-        let spec = ChildSpec::new(self.registry_name(name), move || {
+        Ok(ChildSpec::new(self.registry_name(name), move || {
             let args =
                 HostArgs::<A> { args: args.clone(), name: owned.clone(), generation, actors: actors.clone() };
             (Host::<A>::default(), args)
-        });
-        let started = ractor::call!(sup, SupervisorMsg::StartChild, spec)
-            .map_err(|e| SpawnError::Start { name: name.into(), detail: e.to_string() })?;
-        started.map_err(|detail| SpawnError::Start { name: name.into(), detail })?;
-        Ok(())
+        }))
     }
 
     /// Called by a starting incarnation: serve it as `@NAME` and tell waiters.

@@ -27,6 +27,8 @@ pub struct NodeContext {
     pub services: troupe_actors::Services,
     /// The node's membership events (subscribe for members up and down).
     pub membership: troupe_actors::MembershipEvents,
+    /// The node's typed actors: spawn, look up by name.
+    pub actors: troupe_actors::Actors,
 }
 
 /// The certificate roles a node needs for the actors and the job it runs (`troupe up` issues
