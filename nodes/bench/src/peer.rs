@@ -3,6 +3,11 @@
 //! length (and answers a data-channel message with the blake3 hash of its body, for tests), a
 //! TCP frame sink for the baseline and a UDP echo. It prints one `READY` line and runs until its stdin
 //! closes, so it never outlives the benchmark.
+//!
+//! The bench's typed actor kind, [`BenchEcho`], is defined here: the peer runs one named [`ECHO`].
+//! Started with [`HOST_ENV`] set to a node name, the process is instead a placement host of that
+//! name (no other actors, no sinks): it lets schedulers place one [`BenchEcho`] on it, for the
+//! cross-node restart figure.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,11 +19,15 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use troupe_actors::hello::HelloExpert;
+use troupe_actors::hello::{HelloExpert, MAX_QUESTION, answer};
+use troupe_actors::service::Allow;
 use troupe_actors::supervisor::ChildSpec;
-use troupe_actors::{Intensity, MembershipConfig, NodeRuntime, NodeSpec};
+use troupe_actors::typed::{
+    ActorContext, ActorFailure, Handles, PlacementRules, Protocol, RemoteMessage, TypedActor,
+};
+use troupe_actors::{Children, Intensity, MembershipConfig, NodeRuntime, NodeSpec};
 use troupe_transport::frame::{read_frame_reusing, write_frame};
-use troupe_transport::{Channel, Frame, FrameKind, FrameLimits, Link, NodeIdentity, QuicConfig};
+use troupe_transport::{Channel, Frame, FrameKind, FrameLimits, Link, NodeIdentity, QuicConfig, Role};
 
 /// Name of the peer node (its certificate is issued by the benchmark).
 pub const PEER_NAME: &str = "bench-peer";
@@ -26,6 +35,77 @@ pub const PEER_NAME: &str = "bench-peer";
 pub const SINK_GROUP: &str = "bench-sink";
 /// Process group of the [`Crashy`] actor (it joins on every start).
 pub const CRASHY_GROUP: &str = "bench-crashy";
+/// Name of the [`BenchEcho`] the peer runs.
+pub const ECHO: &str = "bench-echo";
+/// Set to a node name, `troupe bench-peer` runs as a placement host of that name (see the
+/// module doc); its identity must be in the keys folder under that name.
+pub const HOST_ENV: &str = "TROUPE_BENCH_HOST";
+
+/// A question to a [`BenchEcho`]; it answers as the hello expert does on the service path
+/// ([`answer`]), so a typed call and a service ask do the same work.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Ask(pub String);
+impl RemoteMessage for Ask {
+    const NAME: &'static str = "ask";
+    type Reply = String;
+}
+
+/// Adds to a [`BenchEcho`]'s count (sent as a tell).
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Tell(pub u64);
+impl RemoteMessage for Tell {
+    const NAME: &'static str = "tell";
+    type Reply = ();
+}
+
+/// What a [`BenchEcho`] has been told so far.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Count;
+impl RemoteMessage for Count {
+    const NAME: &'static str = "count";
+    type Reply = u64;
+}
+
+/// The bench's typed actor kind: answers [`Ask`] and counts [`Tell`]s ([`Count`]). Schedulers
+/// may send it everything (the hello expert's service method admits schedulers too).
+pub struct BenchEcho {
+    node: String,
+    told: u64,
+}
+
+impl TypedActor for BenchEcho {
+    const KIND: &'static str = "bench-echo";
+    type Args = ();
+    fn protocol(p: &mut Protocol<Self>) {
+        let scheduler = Allow::role(Role::Scheduler);
+        p.request::<Ask>(scheduler).request::<Tell>(scheduler).request::<Count>(scheduler);
+    }
+    async fn start((): (), ctx: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Self { node: ctx.actors.node().as_str().to_string(), told: 0 })
+    }
+}
+
+impl Handles<Ask> for BenchEcho {
+    async fn handle(&mut self, Ask(q): Ask, _: &ActorContext) -> Result<String, ActorFailure> {
+        if q.len() > MAX_QUESTION {
+            return Err(ActorFailure::msg(format!("a question of {} bytes exceeds {MAX_QUESTION}", q.len())));
+        }
+        Ok(answer(&self.node, &q))
+    }
+}
+
+impl Handles<Tell> for BenchEcho {
+    async fn handle(&mut self, Tell(n): Tell, _: &ActorContext) -> Result<(), ActorFailure> {
+        self.told += n;
+        Ok(())
+    }
+}
+
+impl Handles<Count> for BenchEcho {
+    async fn handle(&mut self, _: Count, _: &ActorContext) -> Result<u64, ActorFailure> {
+        Ok(self.told)
+    }
+}
 
 /// Messages of the tell sink.
 #[derive(RactorClusterMessage)]
@@ -105,13 +185,60 @@ impl Actor for Crashy {
     }
 }
 
-/// Runs the peer until stdin closes.
+/// The spec of the peer's node and of every placement host: the bench's membership config
+/// ([`MembershipConfig::default`]) and cookie.
+fn spec(
+    identity: NodeIdentity,
+    children: Children,
+    intensity: Intensity,
+    placement: PlacementRules,
+) -> NodeSpec {
+    NodeSpec {
+        identity,
+        quic: QuicConfig::default(),
+        peers: Vec::new(),
+        membership: MembershipConfig::default(),
+        intensity,
+        cookie: "bench".into(),
+        children,
+        redial: Duration::from_millis(200),
+        placement,
+    }
+}
+
+/// Waits until stdin closes (the benchmark ended or dropped this process).
+async fn until_stdin_closes() {
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    while stdin.read_line(&mut line).await.unwrap_or(0) > 0 {
+        line.clear();
+    }
+}
+
+/// A placement host named `name`: schedulers may place one [`BenchEcho`] on it. Prints `READY`
+/// and its QUIC address.
+async fn host(keys: &Path, name: &str) -> Result<()> {
+    let identity = NodeIdentity::load(keys, name).with_context(|| format!("loading {name}"))?;
+    let rules = PlacementRules::default().capacity(1).allow(BenchEcho::KIND, Allow::role(Role::Scheduler));
+    let children = troupe_actors::fixed_children(Vec::new());
+    let node = NodeRuntime::start(spec(identity, children, Intensity::default(), rules)).await?;
+    node.actors.register_kind::<BenchEcho>();
+    println!("READY {}", node.link.local_addr()?);
+    until_stdin_closes().await;
+    node.shutdown().await;
+    Ok(())
+}
+
+/// Runs the peer (or, with [`HOST_ENV`] set, a placement host) until stdin closes.
 pub async fn run(keys: &Path) -> Result<()> {
+    if let Ok(name) = std::env::var(HOST_ENV) {
+        return host(keys, &name).await;
+    }
     // one line per panic instead of a captured backtrace: the crash is the benchmark's, on purpose
     std::panic::set_hook(Box::new(|info| eprintln!("bench-peer: {info}")));
     let identity = NodeIdentity::load(keys, PEER_NAME).with_context(|| format!("loading {PEER_NAME}"))?;
     // the expert answers both as a ractor_cluster actor and on the role-checked service path
-    let children: troupe_actors::Children = Box::new(|_, services, _| {
+    let children: Children = Box::new(|_, services, _, _| {
         let args =
             troupe_actors::hello::HelloArgs { node: PEER_NAME.to_string(), services: Some(services.clone()) };
         Ok(vec![
@@ -120,19 +247,10 @@ pub async fn run(keys: &Path) -> Result<()> {
             ChildSpec::new("bench-crashy", || (Crashy, ())),
         ])
     });
-    let node = NodeRuntime::start(NodeSpec {
-        identity,
-        quic: QuicConfig::default(),
-        peers: Vec::new(),
-        membership: MembershipConfig::default(),
-        // the benchmark crashes one child many times in a row
-        intensity: Intensity { max_restarts: 10_000, period: Duration::from_secs(1) },
-        cookie: "bench".into(),
-        children,
-        redial: Duration::from_millis(200),
-        placement: Default::default(),
-    })
-    .await?;
+    // the benchmark crashes one child many times in a row
+    let intensity = Intensity { max_restarts: 10_000, period: Duration::from_secs(1) };
+    let node = NodeRuntime::start(spec(identity, children, intensity, PlacementRules::default())).await?;
+    node.actors.spawn::<BenchEcho>(ECHO, ()).await?;
     let link = node.link.clone();
     node.set_frame_handler(Arc::new(move |d| {
         if d.channel == Channel::Data && d.frame.kind == FrameKind::Message {
@@ -162,11 +280,7 @@ pub async fn run(keys: &Path) -> Result<()> {
     tokio::spawn(tcp_sink(tcp));
     let udp_addr = udp_echo()?;
     println!("READY {} {tcp_addr} {udp_addr}", node.link.local_addr()?);
-    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    let mut line = String::new();
-    while stdin.read_line(&mut line).await.unwrap_or(0) > 0 {
-        line.clear();
-    }
+    until_stdin_closes().await;
     node.shutdown().await;
     Ok(())
 }
