@@ -8,12 +8,10 @@
 use std::time::{Duration, Instant};
 
 use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
-use troupe_actors::coe::exec_wire::{self, LOAD, WireExpert};
+use troupe_actors::coe::exec_wire::{self, LOAD, Load};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
-use troupe_actors::coe::remote::{CoeExecutorActor, ExecutorArgs, RemoteExecutor, find_executors};
-use troupe_actors::coe::runner::{Cmd, Event};
-use troupe_actors::service::to_body;
-use troupe_actors::supervisor::ChildSpec;
+use troupe_actors::coe::remote::{CoeExecutor, ExecutorSpec, RemoteExecutor, find_executors};
+use troupe_actors::typed::{ActorError, service_name};
 use troupe_actors::{Children, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
 use troupe_policy::coe::LatencyModel;
 use troupe_transport::service::FaultKind;
@@ -50,16 +48,10 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let expert = app.trace.model.roots().next().unwrap().id;
 
     let ca = ClusterCa::generate("roles").unwrap();
-    let dir = tmp.path().to_path_buf();
-    let exec_name = executor.clone();
-    let children: Children = Box::new(move |_link, services, _membership, _actors| {
-        let args = ExecutorArgs {
-            dir: dir.clone(),
-            executor: exec_name.clone(),
-            node: "exec-node".into(),
-            services: services.clone(),
-        };
-        Ok(vec![ChildSpec::new("coe-executor", move || (CoeExecutorActor, args.clone()))])
+    let spec_args = ExecutorSpec { dir: tmp.path().display().to_string(), executor: executor.clone() };
+    let name = exec_wire::actor_name(&executor);
+    let children: Children = Box::new(move |_link, _services, _membership, actors| {
+        Ok(vec![actors.child_spec::<CoeExecutor>(&name, spec_args).map_err(|e| e.to_string())?])
     });
     let exec_node =
         NodeRuntime::start(spec(&ca, "exec-node", RoleSet::only(Role::Executor), Vec::new(), children))
@@ -84,44 +76,41 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     // discovery by announcement; hello is open to any member, so the camera finds it too
     let deadline = Instant::now() + Duration::from_secs(60);
     let names = vec![executor.clone()];
-    let seen_by_camera: Vec<RemoteExecutor> =
-        find_executors(&camera.services, &names, deadline).await.unwrap();
-    let found = find_executors(&scheduler.services, &names, deadline).await.unwrap();
+    let seen_by_camera: Vec<RemoteExecutor> = find_executors(&camera.actors, &names, deadline).await.unwrap();
+    let found = find_executors(&scheduler.actors, &names, deadline).await.unwrap();
     assert_eq!((found[0].node.as_str(), seen_by_camera[0].node.as_str()), ("exec-node", "exec-node"));
-    let service = exec_wire::service_name(&executor);
-    let body = to_body(&WireExpert { expert: expert.0 }).unwrap();
+    let service = service_name(&exec_wire::actor_name(&executor));
     let timeout = Duration::from_secs(30);
+    let load = Load { expert: expert.0 };
 
-    let err = camera.services.call(&found[0].peer, &service, LOAD, body.clone(), timeout).await.unwrap_err();
-    assert_eq!(err.fault(), Some(FaultKind::Forbidden), "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("role camera of cam-1 may not call") && msg.contains(&format!("{service}.{LOAD}")),
-        "the refusal must name the role and the method: {msg}"
-    );
-    assert!(msg.contains("needs role scheduler"), "{msg}");
-
-    let answer =
-        scheduler.services.call(&found[0].peer, &service, LOAD, body.clone(), timeout).await.unwrap();
-    match exec_wire::decode_outcome(0, &Cmd::Load(expert), &answer).unwrap() {
-        Some(Event::Loaded { resident, .. }) => assert!(resident > 0),
-        other => panic!("expected a load, got {other:?}"),
+    match seen_by_camera[0].handle.call(load, timeout).await {
+        Err(ActorError::Forbidden { message, detail, .. }) => {
+            assert_eq!(message, LOAD);
+            assert!(
+                detail.contains("role camera of cam-1 may not call")
+                    && detail.contains(&format!("{service}.{LOAD}")),
+                "the refusal must name the role and the method: {detail}"
+            );
+            assert!(detail.contains("needs role scheduler"), "{detail}");
+        }
+        other => panic!("a camera loading an expert: {other:?}"),
     }
 
-    let err = scheduler
-        .services
-        .call(&found[0].peer, &service, "explode", body.clone(), timeout)
-        .await
-        .unwrap_err();
+    let loaded = found[0].handle.call(load, timeout).await.unwrap();
+    assert!(loaded.resident > 0, "the scheduler's load ran: {loaded:?}");
+
+    let peer = NodeId::new("exec-node");
+    let err = scheduler.services.call(&peer, &service, "explode", vec![0; 8], timeout).await.unwrap_err();
     assert_eq!(err.fault(), Some(FaultKind::UnknownMethod), "{err}");
     assert!(err.to_string().contains("no method \"explode\""), "{err}");
-    let err = scheduler
-        .services
-        .call(&found[0].peer, "coe-executor/nobody", LOAD, body, timeout)
-        .await
-        .unwrap_err();
+    let err =
+        scheduler.services.call(&peer, "@coe-executor/nobody", LOAD, vec![0; 8], timeout).await.unwrap_err();
     assert_eq!(err.fault(), Some(FaultKind::UnknownService), "{err}");
     assert!(err.to_string().contains("coe-executor/nobody"), "{err}");
+    match scheduler.actors.lookup::<CoeExecutor>("coe-executor/nobody").await {
+        Err(ActorError::UnknownActor { name, .. }) => assert_eq!(name, "coe-executor/nobody"),
+        other => panic!("an executor nobody runs: {other:?}"),
+    }
 
     for n in [camera, scheduler, exec_node] {
         n.shutdown().await;

@@ -296,9 +296,11 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         );
         let _ = value(&format!("troupe_pool_fragmentation{pool}"));
         device_experts += experts;
-        // the executor actor's mailbox: listed from its start; the request's commands went through
-        let _ = value("troupe_mailbox_depth{actor=\"coe-executor\"}");
-        executor_mailbox_max += value("troupe_mailbox_depth_max{actor=\"coe-executor\"}");
+        // the executor actor's mailbox (a typed actor, counted under its name): listed from its
+        // start; the request's commands went through
+        let actor = format!("coe-executor/{executor}");
+        let _ = value(&format!("troupe_mailbox_depth{{actor=\"{actor}\"}}"));
+        executor_mailbox_max += value(&format!("troupe_mailbox_depth_max{{actor=\"{actor}\"}}"));
 
         // `troupe status --json` reports the same residency
         let out = run_ok(EXE.as_ref(), &["status", "--node", &node_addr(node), "--keys", keys_s, "--json"])
@@ -307,7 +309,7 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
         let r = v["residency"].as_array().unwrap_or_else(|| panic!("no residency in {v}"));
         assert!(r.iter().any(|r| r["executor"] == executor), "{node}: {v}");
         let m = v["mailboxes"].as_array().unwrap_or_else(|| panic!("no mailboxes in {v}"));
-        assert!(m.iter().any(|m| m["actor"] == "coe-executor" && m["depth"].is_u64()), "{node}: {v}");
+        assert!(m.iter().any(|m| m["actor"] == actor.as_str() && m["depth"].is_u64()), "{node}: {v}");
     }
     assert!(device_experts >= 1.0, "no expert resident on any executor after a request");
     assert!(executor_mailbox_max >= 1.0, "no command counted in any executor's mailbox");

@@ -1,6 +1,6 @@
-//! The wire form of the CoE executor service: its name, methods, who may call them, and the
-//! rkyv types of command bodies and outcomes (checked access, bounds checked on the archived
-//! form before anything is copied out).
+//! The wire form of the CoE executor actor: its messages, who may send them, and the rkyv
+//! types of commands and replies, with the bounds a receiver checks on each (see
+//! [`check_run`], [`event_of`]).
 
 use troupe_policy::coe::{BatchId, ExpertId, RequestId};
 use troupe_transport::Role;
@@ -8,19 +8,20 @@ use troupe_transport::Role;
 use super::CoeError;
 use super::app::INPUT_WIDTH;
 use super::runner::{Cmd, Event};
-use crate::service::{Allow, ServiceSpec, to_body, with_archived};
+use crate::service::Allow;
+use crate::typed::RemoteMessage;
 
-/// Service names of executors are this prefix plus the executor's profile name.
-pub const SERVICE_PREFIX: &str = "coe-executor/";
-/// Method: load an expert (body [`WireExpert`]).
+/// Executors are named this prefix plus their profile name.
+pub const NAME_PREFIX: &str = "coe-executor/";
+/// Message name: load an expert.
 pub const LOAD: &str = "load";
-/// Method: evict an expert (body [`WireExpert`]).
+/// Message name: evict an expert.
 pub const EVICT: &str = "evict";
-/// Method: run a batch (body [`WireRun`]).
+/// Message name: run a batch.
 pub const RUN: &str = "run";
-/// Method: evict everything (empty body; answers [`WireOutcome::Reset`]).
+/// Message name: evict everything.
 pub const RESET: &str = "reset";
-/// Method: who are you (empty body, answers [`HelloReply`]).
+/// Message name: who are you.
 pub const HELLO: &str = "hello";
 /// Most requests one batch may carry.
 pub const MAX_BATCH_WIRE: usize = 65_536;
@@ -29,27 +30,62 @@ pub const MAX_HOST_WIRE: usize = 65_536;
 /// Widest output row accepted back.
 pub const MAX_ROW_WIRE: usize = 65_536;
 
-/// The service name of executor `executor`.
-pub fn service_name(executor: &str) -> String {
-    format!("{SERVICE_PREFIX}{executor}")
+/// The actor name of executor `executor`.
+pub fn actor_name(executor: &str) -> String {
+    format!("{NAME_PREFIX}{executor}")
 }
 
-/// Who may call what: load, evict and run only the `scheduler` role; hello any member.
-pub fn spec() -> ServiceSpec {
-    let scheduler = Allow::role(Role::Scheduler);
-    ServiceSpec::new()
-        .method(LOAD, scheduler)
-        .method(EVICT, scheduler)
-        .method(RUN, scheduler)
-        .method(RESET, scheduler)
-        .method(HELLO, Allow::AnyMember)
+/// Who may send what: load, evict, run and reset only the `scheduler` role; hello any member.
+pub fn allow(message: &str) -> Allow {
+    if message == HELLO { Allow::AnyMember } else { Allow::role(Role::Scheduler) }
 }
 
-/// Body of [`LOAD`] and [`EVICT`].
+/// Loads an expert; answered with [`WireLoaded`].
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WireExpert {
+pub struct Load {
     /// The expert.
     pub expert: u32,
+}
+
+impl RemoteMessage for Load {
+    const NAME: &'static str = LOAD;
+    type Reply = WireLoaded;
+}
+
+/// Evicts an expert.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evict {
+    /// The expert.
+    pub expert: u32,
+}
+
+impl RemoteMessage for Evict {
+    const NAME: &'static str = EVICT;
+    type Reply = ();
+}
+
+/// Evicts everything (a restarted scheduler starts from empty executors); answered with
+/// [`WireReset`].
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reset;
+
+impl RemoteMessage for Reset {
+    const NAME: &'static str = RESET;
+    type Reply = WireReset;
+}
+
+/// Asks an executor who it is; answered with [`HelloReply`].
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello;
+
+impl RemoteMessage for Hello {
+    const NAME: &'static str = HELLO;
+    type Reply = HelloReply;
+}
+
+impl RemoteMessage for WireRun {
+    const NAME: &'static str = RUN;
+    type Reply = WireRan;
 }
 
 /// One request of a batch.
@@ -61,7 +97,7 @@ pub struct WireRequest {
     pub pixels: Vec<f32>,
 }
 
-/// Body of [`RUN`].
+/// Runs a batch; answered with [`WireRan`].
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub struct WireRun {
     /// The batch.
@@ -99,19 +135,6 @@ pub struct WireRan {
     pub rows: Vec<WireRow>,
 }
 
-/// What a command did.
-#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
-pub enum WireOutcome {
-    /// An eviction finished.
-    Done,
-    /// A load finished.
-    Loaded(WireLoaded),
-    /// A batch finished.
-    Ran(WireRan),
-    /// A reset finished.
-    Reset(WireReset),
-}
-
 /// What a reset left: how many experts it evicted and what the host tier holds now.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct WireReset {
@@ -132,119 +155,82 @@ pub struct HelloReply {
     pub node: String,
 }
 
-/// The method and body that carry `cmd`.
-pub fn request(cmd: &Cmd) -> Result<(&'static str, Vec<u8>), String> {
-    Ok(match cmd {
-        Cmd::Load(e) => (LOAD, to_body(&WireExpert { expert: e.0 })?),
-        Cmd::Evict(e) => (EVICT, to_body(&WireExpert { expert: e.0 })?),
-        Cmd::Reset => (RESET, Vec::new()),
-        Cmd::Run { batch, expert, requests } => {
-            let requests =
-                requests.iter().map(|(r, px)| WireRequest { request: r.0, pixels: px.clone() }).collect();
-            (RUN, to_body(&WireRun { batch: batch.0, expert: expert.0, requests })?)
-        }
+/// Checks a batch from a peer against the caps and the input width; the command it asks for.
+pub fn check_run(run: WireRun) -> Result<Cmd, String> {
+    if run.requests.len() > MAX_BATCH_WIRE {
+        return Err(format!("batch of {} requests exceeds the cap of {MAX_BATCH_WIRE}", run.requests.len()));
+    }
+    if let Some(r) = run.requests.iter().find(|r| r.pixels.len() != INPUT_WIDTH) {
+        return Err(format!(
+            "request {} carries {} input floats, not {INPUT_WIDTH}",
+            r.request,
+            r.pixels.len()
+        ));
+    }
+    Ok(Cmd::Run {
+        batch: BatchId(run.batch),
+        expert: ExpertId(run.expert),
+        requests: run.requests.into_iter().map(|r| (RequestId(r.request), r.pixels)).collect(),
     })
 }
 
-/// The command `method` with `body` asks for (untrusted bytes).
-pub fn decode_cmd(method: &str, body: &[u8]) -> Result<Cmd, String> {
-    match method {
-        LOAD => with_archived::<WireExpert, _>(body, |a| Ok(Cmd::Load(ExpertId(a.expert.to_native())))),
-        EVICT => with_archived::<WireExpert, _>(body, |a| Ok(Cmd::Evict(ExpertId(a.expert.to_native())))),
-        RESET if body.is_empty() => Ok(Cmd::Reset),
-        RESET => Err(format!("a reset carries no body, got {} bytes", body.len())),
-        RUN => with_archived::<WireRun, _>(body, |a| {
-            if a.requests.len() > MAX_BATCH_WIRE {
-                return Err(format!(
-                    "batch of {} requests exceeds the cap of {MAX_BATCH_WIRE}",
-                    a.requests.len()
-                ));
-            }
-            if let Some(r) = a.requests.iter().find(|r| r.pixels.len() != INPUT_WIDTH) {
-                return Err(format!(
-                    "request {} carries {} input floats, not {INPUT_WIDTH}",
-                    r.request.to_native(),
-                    r.pixels.len()
-                ));
-            }
-            Ok(Cmd::Run {
-                batch: BatchId(a.batch.to_native()),
-                expert: ExpertId(a.expert.to_native()),
-                requests: a
-                    .requests
-                    .iter()
-                    .map(|r| {
-                        (RequestId(r.request.to_native()), r.pixels.iter().map(|v| v.to_native()).collect())
-                    })
-                    .collect(),
-            })
-        }),
-        other => Err(format!("{other:?} is not an executor command")),
+/// The batch that carries `cmd`'s requests.
+pub fn run_of(batch: BatchId, expert: ExpertId, requests: &[(RequestId, Vec<f32>)]) -> WireRun {
+    WireRun {
+        batch: batch.0,
+        expert: expert.0,
+        requests: requests.iter().map(|(r, px)| WireRequest { request: r.0, pixels: px.clone() }).collect(),
     }
 }
 
-/// The outcome an executor reports for an event (none for an eviction).
-pub fn outcome(event: Option<Event>) -> WireOutcome {
-    match event {
-        None | Some(Event::Lost { .. } | Event::Failed(_)) => WireOutcome::Done,
-        Some(Event::Loaded { seconds, resident, .. }) => {
-            WireOutcome::Loaded(WireLoaded { seconds, resident })
-        }
-        Some(Event::Reset { evicted, host_budget, host, .. }) => WireOutcome::Reset(WireReset {
-            evicted: evicted as u64,
-            host_budget,
-            host: host.iter().map(|e| e.0).collect(),
-        }),
-        Some(Event::Ran { rows, seconds, .. }) => WireOutcome::Ran(WireRan {
-            seconds,
-            rows: rows.into_iter().map(|(r, values)| WireRow { request: r.0, values }).collect(),
-        }),
-    }
-}
-
-/// The event an outcome for `cmd`, sent to executor `exec`, stands for (untrusted bytes): the
-/// answer must fit the question.
-pub fn decode_outcome(exec: usize, cmd: &Cmd, body: &[u8]) -> Result<Option<Event>, CoeError> {
+/// A reply from executor `exec` (untrusted) as the event it stands for: the answer must fit the
+/// question and the caps.
+pub fn event_of(exec: usize, cmd: &Cmd, reply: Reply) -> Result<Option<Event>, CoeError> {
     let bad = |e: String| CoeError::Invalid(format!("remote executor {exec}: {e}"));
-    with_archived::<WireOutcome, _>(body, |a| match (a, cmd) {
-        (ArchivedWireOutcome::Done, Cmd::Evict(_)) => Ok(None),
-        (ArchivedWireOutcome::Reset(r), Cmd::Reset) => {
+    match (reply, cmd) {
+        (Reply::Evicted, Cmd::Evict(_)) => Ok(None),
+        (Reply::Reset(r), Cmd::Reset) => {
             if r.host.len() > MAX_HOST_WIRE {
-                return Err(format!(
+                return Err(bad(format!(
                     "a reset reports {} host experts, over the cap of {MAX_HOST_WIRE}",
                     r.host.len()
-                ));
+                )));
             }
             Ok(Some(Event::Reset {
                 exec,
-                evicted: usize::try_from(r.evicted.to_native()).unwrap_or(usize::MAX),
-                host_budget: r.host_budget.to_native(),
-                host: r.host.iter().map(|e| ExpertId(e.to_native())).collect(),
+                evicted: usize::try_from(r.evicted).unwrap_or(usize::MAX),
+                host_budget: r.host_budget,
+                host: r.host.into_iter().map(ExpertId).collect(),
             }))
         }
-        (ArchivedWireOutcome::Loaded(l), Cmd::Load(expert)) => Ok(Some(Event::Loaded {
-            exec,
-            expert: *expert,
-            seconds: l.seconds.to_native(),
-            resident: l.resident.to_native(),
-        })),
-        (ArchivedWireOutcome::Ran(ran), Cmd::Run { batch, expert, requests }) => {
-            let (seconds, rows) = (&ran.seconds, &ran.rows);
-            if rows.len() != requests.len() {
-                return Err(format!("{} rows for {} requests", rows.len(), requests.len()));
-            }
-            if let Some(w) = rows.iter().map(|r| r.values.len()).find(|w| *w > MAX_ROW_WIRE) {
-                return Err(format!("row of width {w} exceeds the cap of {MAX_ROW_WIRE}"));
-            }
-            let rows = rows
-                .iter()
-                .map(|r| (RequestId(r.request.to_native()), r.values.iter().map(|v| v.to_native()).collect()))
-                .collect();
-            Ok(Some(Event::Ran { exec, batch: *batch, expert: *expert, rows, seconds: seconds.to_native() }))
+        (Reply::Loaded(l), Cmd::Load(expert)) => {
+            Ok(Some(Event::Loaded { exec, expert: *expert, seconds: l.seconds, resident: l.resident }))
         }
-        (_, cmd) => Err(format!("the outcome does not answer {cmd:?}")),
-    })
-    .map_err(bad)
+        (Reply::Ran(ran), Cmd::Run { batch, expert, requests }) => {
+            if ran.rows.len() != requests.len() {
+                return Err(bad(format!("{} rows for {} requests", ran.rows.len(), requests.len())));
+            }
+            if let Some(w) = ran.rows.iter().map(|r| r.values.len()).find(|w| *w > MAX_ROW_WIRE) {
+                return Err(bad(format!("row of width {w} exceeds the cap of {MAX_ROW_WIRE}")));
+            }
+            let rows = ran.rows.into_iter().map(|r| (RequestId(r.request), r.values)).collect();
+            Ok(Some(Event::Ran { exec, batch: *batch, expert: *expert, rows, seconds: ran.seconds }))
+        }
+        (_, cmd) => Err(bad(format!("the reply does not answer {cmd:?}"))),
+    }
+}
+
+/// A reply of any of the executor's commands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// To [`Evict`].
+    Evicted,
+    /// To [`Load`].
+    Loaded(WireLoaded),
+    /// To a [`WireRun`].
+    Ran(WireRan),
+    /// To [`Reset`].
+    Reset(WireReset),
 }
 
 #[cfg(test)]
@@ -252,71 +238,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn commands_round_trip_and_garbage_is_refused() {
-        let cmds = [
-            Cmd::Load(ExpertId(7)),
-            Cmd::Evict(ExpertId(0)),
-            Cmd::Reset,
-            Cmd::Run {
-                batch: BatchId(9),
-                expert: ExpertId(3),
-                requests: vec![
-                    (RequestId(1), vec![0.5; INPUT_WIDTH]),
-                    (RequestId(2), vec![0.25; INPUT_WIDTH]),
-                ],
-            },
-        ];
-        for c in &cmds {
-            let (method, body) = request(c).unwrap();
-            assert_eq!(&decode_cmd(method, &body).unwrap(), c);
-        }
-        let (_, body) = request(&cmds[3]).unwrap();
-        let err = decode_cmd(RUN, &body[..body.len() - 3]).unwrap_err();
-        assert!(err.contains("invalid"), "{err}");
-        let err = decode_cmd("explode", &body).unwrap_err();
-        assert!(err.contains("explode"), "{err}");
+    fn a_batch_is_checked_against_its_caps_and_the_input_width() {
+        let ok = run_of(BatchId(9), ExpertId(3), &[(RequestId(1), vec![0.5; INPUT_WIDTH])]);
+        assert!(matches!(check_run(ok), Ok(Cmd::Run { batch: BatchId(9), .. })));
         let huge = WireRun {
             batch: 1,
             expert: 1,
             requests: vec![WireRequest { request: 0, pixels: Vec::new() }; MAX_BATCH_WIRE + 1],
         };
-        let err = decode_cmd(RUN, &to_body(&huge).unwrap()).unwrap_err();
-        assert!(err.contains("exceeds the cap"), "{err}");
+        assert!(check_run(huge).unwrap_err().contains("exceeds the cap"));
         let narrow = WireRun {
             batch: 1,
             expert: 1,
             requests: vec![WireRequest { request: 3, pixels: vec![0.0; 63] }],
         };
-        let err = decode_cmd(RUN, &to_body(&narrow).unwrap()).unwrap_err();
+        let err = check_run(narrow).unwrap_err();
         assert!(err.contains("request 3 carries 63 input floats, not 64"), "{err}");
     }
 
     #[test]
     fn only_the_scheduler_role_may_command_an_executor() {
-        let s = spec();
-        for m in [LOAD, EVICT, RUN] {
-            assert_eq!(s.allow(m), Some(Allow::role(Role::Scheduler)), "{m}");
+        for m in [LOAD, EVICT, RUN, RESET] {
+            assert_eq!(allow(m), Allow::role(Role::Scheduler), "{m}");
         }
-        assert_eq!(s.allow(HELLO), Some(Allow::AnyMember));
-        assert_eq!(s.allow("explode"), None);
+        assert_eq!(allow(HELLO), Allow::AnyMember);
     }
 
     #[test]
-    fn outcomes_must_answer_their_command() {
+    fn replies_must_answer_their_command() {
         let run = Cmd::Run {
             batch: BatchId(4),
             expert: ExpertId(2),
             requests: vec![(RequestId(8), vec![0.0; INPUT_WIDTH])],
         };
-        let ev = Event::Ran {
-            exec: 1,
-            batch: BatchId(4),
-            expert: ExpertId(2),
-            rows: vec![(RequestId(8), vec![0.25, 0.75])],
+        let ran = Reply::Ran(WireRan {
             seconds: 0.5,
-        };
-        let body = to_body(&outcome(Some(ev))).unwrap();
-        match decode_outcome(1, &run, &body).unwrap() {
+            rows: vec![WireRow { request: 8, values: vec![0.25, 0.75] }],
+        });
+        match event_of(1, &run, ran).unwrap() {
             Some(Event::Ran { rows, seconds, .. }) => {
                 assert_eq!(rows, vec![(RequestId(8), vec![0.25, 0.75])]);
                 assert_eq!(seconds, 0.5);
@@ -324,26 +283,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let load = Cmd::Load(ExpertId(2));
-        let loaded = to_body(&WireOutcome::Loaded(WireLoaded { seconds: 0.1, resident: 4096 })).unwrap();
+        let loaded = Reply::Loaded(WireLoaded { seconds: 0.1, resident: 4096 });
         assert!(matches!(
-            decode_outcome(0, &load, &loaded).unwrap(),
+            event_of(0, &load, loaded.clone()).unwrap(),
             Some(Event::Loaded { resident: 4096, .. })
         ));
-        let err = decode_outcome(0, &run, &loaded).unwrap_err().to_string();
+        let err = event_of(0, &run, loaded).unwrap_err().to_string();
         assert!(err.contains("does not answer"), "{err}");
-        let reset =
-            Event::Reset { exec: 2, evicted: 3, host_budget: 77, host: vec![ExpertId(4), ExpertId(9)] };
-        let body = to_body(&outcome(Some(reset))).unwrap();
-        match decode_outcome(2, &Cmd::Reset, &body).unwrap() {
+        let two_rows = Reply::Ran(WireRan { seconds: 0.1, rows: vec![] });
+        assert!(event_of(0, &run, two_rows).unwrap_err().to_string().contains("0 rows for 1 requests"));
+        let reset = Reply::Reset(WireReset { evicted: 3, host_budget: 77, host: vec![4, 9] });
+        match event_of(2, &Cmd::Reset, reset).unwrap() {
             Some(Event::Reset { exec: 2, evicted: 3, host_budget: 77, host }) => {
                 assert_eq!(host, vec![ExpertId(4), ExpertId(9)])
             }
             other => panic!("{other:?}"),
         }
-        let flood =
-            WireOutcome::Reset(WireReset { evicted: 0, host_budget: 0, host: vec![0; MAX_HOST_WIRE + 1] });
-        let err = decode_outcome(2, &Cmd::Reset, &to_body(&flood).unwrap()).unwrap_err().to_string();
-        assert!(err.contains("over the cap"), "{err}");
-        assert!(decode_outcome(0, &load, &[1, 2, 3]).is_err());
+        let flood = Reply::Reset(WireReset { evicted: 0, host_budget: 0, host: vec![0; MAX_HOST_WIRE + 1] });
+        assert!(event_of(2, &Cmd::Reset, flood).unwrap_err().to_string().contains("over the cap"));
     }
 }

@@ -25,6 +25,7 @@ pub mod app;
 pub mod appfile;
 pub mod exec_wire;
 pub mod executor;
+pub mod link;
 pub mod profiler;
 pub mod remote;
 pub mod requests;

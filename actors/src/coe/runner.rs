@@ -11,7 +11,7 @@
 //! runs under different policies can be compared.
 
 use std::fmt::Write as _;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use troupe_policy::coe::{
 use super::CoeError;
 use super::app::App;
 use super::executor::{ExecutorCounters, ExecutorOptions, ExpertExecutor};
+use super::link::{ExecLink, LocalCall};
 use super::serve::{CoeShared, serve_trace};
 use crate::supervisor::{Intensity, Supervisor, SupervisorArgs};
 
@@ -297,21 +298,15 @@ fn publish(executor: &ExpertExecutor) {
 fn executor_thread(
     exec: usize,
     mut executor: ExpertExecutor,
-    mut cmds: tokio::sync::mpsc::UnboundedReceiver<Cmd>,
-    events: mpsc::Sender<Event>,
+    mut cmds: tokio::sync::mpsc::UnboundedReceiver<LocalCall>,
 ) -> ExecutorCounters {
-    while let Some(cmd) = cmds.blocking_recv() {
-        match execute(exec, &mut executor, cmd) {
-            Ok(Some(ev)) => {
-                if events.send(ev).is_err() {
-                    break;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let _ = events.send(Event::Failed(e));
-                break;
-            }
+    while let Some((cmd, reply)) = cmds.blocking_recv() {
+        let outcome = execute(exec, &mut executor, cmd);
+        let failed = outcome.is_err();
+        let _ = reply.send(outcome);
+        if failed {
+            // a failed executor takes no more commands: its link then finds it gone
+            break;
         }
     }
     executor.counters()
@@ -344,16 +339,14 @@ pub fn start_local_executors_with(
             &app.trace.model,
             tiers.executor(latency, e, &app.trace.model),
         )?;
-        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
-        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel::<LocalCall>();
         handles.push(
             thread::Builder::new()
                 .name(format!("coe-{}", latency.name(e)))
-                .spawn(move || executor_thread(e, executor, cmd_rx, ev_tx))
+                .spawn(move || executor_thread(e, executor, cmd_rx))
                 .map_err(|err| CoeError::Invalid(format!("spawning executor thread: {err}")))?,
         );
-        let generation = shared.install_link(e, cmd_tx);
-        shared.forward_events(e, generation, ev_rx);
+        shared.install_link(e, ExecLink::Local(cmd_tx));
     }
     Ok(handles)
 }

@@ -10,9 +10,10 @@
 //!   every event an executor sends before its reset's answer belongs to the dead incarnation and
 //!   is dropped; after it, the executor is empty, as the fresh policy believes.
 //! - **Restoration.** A link is (re)installed with [`CoeShared::install_link`] under a new
-//!   generation; the scheduler puts that executor back in service (reset first), so an executor
-//!   node that comes back under its name serves again within the same job. Events carry the
-//!   generation of the link they came from; older ones are dropped.
+//!   generation (the runtime's [`Links`]: one ordered queue per executor, one generation rule);
+//!   the scheduler puts that executor back in service (reset first), so an executor node that
+//!   comes back under its name serves again within the same job. Events carry the generation of
+//!   the link they came from; older ones are dropped.
 //!
 //! - **Client requests.** Beside the trace's requests, [`CoeShared::submit`] accepts a client's
 //!   own (an entry expert and [`INPUT_WIDTH`] floats): journaled with its input, so a restarted
@@ -53,10 +54,13 @@ use troupe_policy::stats::quantile;
 use super::CoeError;
 use super::app::{App, INPUT_WIDTH, output_digest, quantise, select_children};
 use super::executor::ExecutorCounters;
+use super::link::ExecLink;
 use super::runner::{Cmd, Event, RunReport};
 use crate::journal::{Journal, TailDamage};
 use crate::kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 use crate::supervisor::ChildSpec;
+use crate::typed::queue::CallFuture;
+use crate::typed::{Links, Outcome, Sink};
 
 /// Name of the coe scheduler actor under a node's root supervisor.
 pub const SCHEDULER: &str = "coe-scheduler";
@@ -144,11 +148,9 @@ pub enum CoeInput {
 
 type SchedulerRef = ActorRef<SchedulerMsg<CoeInput>>;
 
-/// One executor's link as installed.
-struct LinkSlot {
-    sender: Option<tokio::sync::mpsc::UnboundedSender<Cmd>>,
-    generation: u64,
-}
+/// The job's links to its executors: one ordered queue each, with the runtime's one generation
+/// rule ([`Links`]).
+type ExecLinks = Links<usize, ExecLink, Option<Event>>;
 
 /// Most answer latencies kept for the report's quantiles (8 MiB of samples).
 pub const MAX_LATENCY_SAMPLES: usize = 1 << 20;
@@ -210,7 +212,7 @@ pub struct CoeShared {
     latency: LatencyModel,
     config: SchedulerConfig,
     store: Mutex<Store>,
-    links: Mutex<Vec<LinkSlot>>,
+    links: ExecLinks,
     answered_tx: watch::Sender<usize>,
     started: Instant,
 }
@@ -449,15 +451,28 @@ impl CoeShared {
         }
         let answered = store.answered_count();
         publish_queues(&store);
-        let links = (0..latency.executors()).map(|_| LinkSlot { sender: None, generation: 0 }).collect();
-        let shared = Arc::new(Self {
-            app,
-            latency,
-            config,
-            store: Mutex::new(store),
-            links: Mutex::new(links),
-            answered_tx: watch::channel(answered).0,
-            started: Instant::now(),
+        let shared = Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
+            let me = me.clone();
+            // a link's outcomes go to the scheduler tagged with the link's generation
+            let sink: Sink<usize, Option<Event>> = Arc::new(move |exec, generation, outcome| {
+                let Some(shared) = me.upgrade() else { return };
+                let event = match outcome {
+                    Outcome::Done(None) => return,
+                    Outcome::Done(Some(event)) => event,
+                    Outcome::Failed(e) => Event::Failed(CoeError::Invalid(format!("executor {exec}: {e}"))),
+                    Outcome::Lost(e) => Event::Lost { exec, why: format!("call failed: {e}") },
+                };
+                shared.tell(CoeInput::Exec { exec, generation, event });
+            });
+            Self {
+                app,
+                latency,
+                config,
+                store: Mutex::new(store),
+                links: Links::new(sink),
+                answered_tx: watch::channel(answered).0,
+                started: Instant::now(),
+            }
         });
         Ok((shared, damage))
     }
@@ -576,23 +591,20 @@ impl CoeShared {
         self.app.trace.model.roots().next().map(|e| e.id)
     }
 
-    /// Installs a (new) link to executor `exec` and tells the scheduler; events the link sends
-    /// must be tagged with the returned generation.
-    pub fn install_link(&self, exec: usize, sender: tokio::sync::mpsc::UnboundedSender<Cmd>) -> u64 {
-        let generation = {
-            let mut links = lock(&self.links);
-            let Some(slot) = links.get_mut(exec) else { return 0 };
-            slot.generation += 1;
-            slot.sender = Some(sender);
-            slot.generation
-        };
+    /// Installs a (new) link to executor `exec` through `handle` and tells the scheduler; the
+    /// link's outcomes carry the returned generation.
+    pub fn install_link(&self, exec: usize, handle: ExecLink) -> u64 {
+        if exec >= self.latency.executors() {
+            return 0;
+        }
+        let generation = self.links.attach(exec, handle);
         self.tell(CoeInput::Restored { exec });
         generation
     }
 
     /// Current generation of executor `exec`'s link.
     pub fn link_generation(&self, exec: usize) -> u64 {
-        lock(&self.links).get(exec).map_or(0, |s| s.generation)
+        self.links.generation(&exec)
     }
 
     /// Sends an input to the current scheduler incarnation (dropped while none is running:
@@ -601,25 +613,6 @@ impl CoeShared {
         let scheduler = lock(&self.store).scheduler.clone();
         if let Some(s) = scheduler {
             let _ = SchedulerMsg::tell(&s, input);
-        }
-    }
-
-    /// Forwards the events of one link (made for executor `exec` at `generation`) to the
-    /// scheduler, on a thread of its own, until the link closes.
-    pub fn forward_events(
-        self: &Arc<Self>,
-        exec: usize,
-        generation: u64,
-        events: std::sync::mpsc::Receiver<Event>,
-    ) {
-        let shared = self.clone();
-        let spawned = std::thread::Builder::new().name(format!("coe-link-{exec}")).spawn(move || {
-            for event in events {
-                shared.tell(CoeInput::Exec { exec, generation, event });
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::error!(exec, "cannot start the event forwarder: {e}");
         }
     }
 
@@ -654,8 +647,8 @@ impl CoeShared {
 
     /// Drops every link (local executor threads then end).
     pub fn close_links(&self) {
-        for slot in lock(&self.links).iter_mut() {
-            slot.sender = None;
+        for exec in 0..self.latency.executors() {
+            self.links.detach(&exec);
         }
     }
 
@@ -758,13 +751,10 @@ fn fail(e: impl std::fmt::Display) -> ActorProcessingErr {
 }
 
 impl Live {
+    /// Queues `cmd` on `x`'s link, only if that link is the one this incarnation believes in.
     fn send(&mut self, shared: &CoeShared, x: usize, cmd: Cmd) -> bool {
-        let links = lock(&shared.links);
-        let ok = links.get(x).is_some_and(|s| {
-            s.generation == self.views[x].generation && s.sender.as_ref().is_some_and(|t| t.send(cmd).is_ok())
-        });
-        drop(links);
-        ok
+        let call = move |link: ExecLink| -> CallFuture<Option<Event>> { Box::pin(link.run(x, cmd)) };
+        shared.links.submit_on(&x, self.views[x].generation, call).is_ok()
     }
 
     fn lose(&mut self, now: Micros, x: usize, why: &str) -> Result<(), ActorProcessingErr> {

@@ -289,7 +289,7 @@ pub enum RemoteSupervisorMsg {
     /// A member was declared down.
     Down(NodeId),
     /// A member came (back) up: children waiting for room are placed again.
-    Up,
+    Up(NodeId),
     /// Where each child runs now (`None`: waiting for an eligible node).
     Children(RpcReplyPort<Vec<(String, Option<NodeId>)>>),
 }
@@ -320,7 +320,7 @@ impl RemoteSupervisorState {
         for node in
             actors.link().peers().into_iter().filter(|p| actors.link().is_member(p)).chain([me.clone()])
         {
-            if self.down.contains(&node) {
+            if self.down.contains(&node) || actors.is_down(&node) {
                 continue;
             }
             let room = if node == me {
@@ -412,9 +412,8 @@ impl Actor for RemoteSupervisor {
             loop {
                 let msg = match events.recv().await {
                     Ok(MembershipEvent::Down { member, .. }) => RemoteSupervisorMsg::Down(member),
-                    Ok(MembershipEvent::Up { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        RemoteSupervisorMsg::Up
-                    }
+                    Ok(MembershipEvent::Up { member, .. }) => RemoteSupervisorMsg::Up(member),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 if me.cast(msg).is_err() {
@@ -491,9 +490,10 @@ impl Actor for RemoteSupervisor {
                     }
                 }
             }
-            RemoteSupervisorMsg::Up => {
-                let up: Vec<NodeId> = st.args.actors.link().peers();
-                st.down.retain(|n| !up.contains(n));
+            RemoteSupervisorMsg::Up(member) => {
+                // only the member heard again: a killed node stays connected (so listed among the
+                // link's peers) until its connection times out, and must stay excluded till then
+                st.down.retain(|n| *n != member);
                 st.place_waiting().await?;
             }
             RemoteSupervisorMsg::Children(reply) => {

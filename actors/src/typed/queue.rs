@@ -47,6 +47,12 @@ pub type Sink<K, E> = Arc<dyn Fn(K, u64, Outcome<E>) + Send + Sync>;
 struct Slot<H, E> {
     generation: u64,
     tx: Option<mpsc::UnboundedSender<Call<H, E>>>,
+    /// The link's handle: held here, not by its task, so a detach lets go of it at once (an
+    /// in-process executor's thread ends when the last handle to it goes).
+    handle: Option<H>,
+    /// The queue's task, when it was attached outside a tokio runtime: started by the first
+    /// call queued (which runs inside one).
+    unstarted: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 /// Per-key ordered call queues with generations (see the module doc), calling through handles
@@ -68,6 +74,14 @@ pub enum NotQueued {
     /// The key has no live link (never attached, detached, or its incarnation was lost).
     #[error("no live link for this peer (generation {0})")]
     NoLink(u64),
+    /// The link was replaced since the generation the caller asked for.
+    #[error("the link of generation {wanted} was replaced (now {current})")]
+    Stale {
+        /// The generation asked for.
+        wanted: u64,
+        /// The key's generation now.
+        current: u64,
+    },
 }
 
 impl<K, H, E> Links<K, H, E>
@@ -91,15 +105,30 @@ where
         let (tx, mut rx) = mpsc::unbounded_channel::<Call<H, E>>();
         let generation = {
             let mut slots = self.slots();
-            let slot = slots.entry(key.clone()).or_insert(Slot { generation: 0, tx: None });
+            let slot = slots.entry(key.clone()).or_insert(Slot {
+                generation: 0,
+                tx: None,
+                handle: None,
+                unstarted: None,
+            });
             slot.generation += 1;
             slot.tx = Some(tx);
+            slot.handle = Some(handle);
+            slot.unstarted = None;
             slot.generation
         };
         let (sink, slots) = (self.sink.clone(), self.slots.clone());
-        tokio::spawn(async move {
+        let task_key = key.clone();
+        let task = Box::pin(async move {
+            let key = task_key;
             while let Some(call) = rx.recv().await {
-                match call(handle.clone()).await {
+                let handle = {
+                    let slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+                    slots.get(&key).filter(|s| s.generation == generation).and_then(|s| s.handle.clone())
+                };
+                // detached or replaced meanwhile: what is queued behind is dropped, unsent
+                let Some(handle) = handle else { return };
+                match call(handle).await {
                     Ok(e) => sink(key.clone(), generation, Outcome::Done(e)),
                     Err(e) if e.is_lost() => {
                         // end this link (unless a newer one replaced it already), then report
@@ -107,6 +136,7 @@ where
                             && slot.generation == generation
                         {
                             slot.tx = None;
+                            slot.handle = None;
                         }
                         sink(key, generation, Outcome::Lost(e));
                         return;
@@ -115,6 +145,18 @@ where
                 }
             }
         });
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(task);
+            }
+            Err(_) => {
+                if let Some(slot) = self.slots().get_mut(&key)
+                    && slot.generation == generation
+                {
+                    slot.unstarted = Some(task);
+                }
+            }
+        }
         generation
     }
 
@@ -124,6 +166,8 @@ where
         if let Some(slot) = self.slots().get_mut(key) {
             slot.generation += 1;
             slot.tx = None;
+            slot.handle = None;
+            slot.unstarted = None;
         }
     }
 
@@ -148,10 +192,38 @@ where
         key: &K,
         call: impl FnOnce(H) -> CallFuture<E> + Send + 'static,
     ) -> Result<u64, NotQueued> {
-        let slots = self.slots();
-        let slot = slots.get(key);
-        let generation = slot.map_or(0, |s| s.generation);
-        match slot.and_then(|s| s.tx.as_ref()) {
+        self.submit_if(key, None, call)
+    }
+
+    /// [`Links::submit`] only while `key`'s link is still of `generation` (the one a shell
+    /// believes in): a command meant for a link that was replaced never reaches its successor.
+    pub fn submit_on(
+        &self,
+        key: &K,
+        generation: u64,
+        call: impl FnOnce(H) -> CallFuture<E> + Send + 'static,
+    ) -> Result<u64, NotQueued> {
+        self.submit_if(key, Some(generation), call)
+    }
+
+    fn submit_if(
+        &self,
+        key: &K,
+        want: Option<u64>,
+        call: impl FnOnce(H) -> CallFuture<E> + Send + 'static,
+    ) -> Result<u64, NotQueued> {
+        let mut slots = self.slots();
+        let slot = slots.get_mut(key);
+        let generation = slot.as_ref().map_or(0, |s| s.generation);
+        if want.is_some_and(|g| g != generation) {
+            return Err(NotQueued::Stale { wanted: want.unwrap_or_default(), current: generation });
+        }
+        let Some(slot) = slot else { return Err(NotQueued::NoLink(generation)) };
+        if let Some(task) = slot.unstarted.take() {
+            // queued calls run on the caller's runtime from here on
+            tokio::spawn(task);
+        }
+        match slot.tx.as_ref() {
             Some(tx) if tx.send(Box::new(call)).is_ok() => Ok(generation),
             _ => Err(NotQueued::NoLink(generation)),
         }

@@ -190,6 +190,11 @@ impl Actors {
         &self.inner.node
     }
 
+    /// Whether the membership view has `node` down now.
+    pub fn is_down(&self, node: &NodeId) -> bool {
+        self.inner.down.contains_key(node)
+    }
+
     /// The node's service router.
     pub fn services(&self) -> &Services {
         &self.inner.services

@@ -591,22 +591,16 @@ pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)
     Ok(())
 }
 
-/// The `coe-executor` actor of this node.
+/// The `coe-executor` typed actor of this node, named `coe-executor/EXECUTOR`.
 pub fn actor(
     ctx: &super::NodeContext,
     a: &crate::config::ActorConfig,
 ) -> Result<troupe_actors::supervisor::ChildSpec> {
+    use troupe_actors::coe::remote::{CoeExecutor, ExecutorSpec};
     let p: ExecutorParams = super::params(&a.params).map_err(|(f, e)| anyhow::anyhow!("{f}: {e}"))?;
-    let args = troupe_actors::coe::remote::ExecutorArgs {
-        dir: PathBuf::from(p.dir),
-        executor: p.executor,
-        node: ctx.config.name.clone(),
-        services: ctx.services.clone(),
-    };
-    Ok(troupe_actors::supervisor::ChildSpec::new(
-        a.name.clone().unwrap_or_else(|| a.kind.clone()),
-        move || (troupe_actors::coe::remote::CoeExecutorActor, args.clone()),
-    ))
+    let name = troupe_actors::coe::exec_wire::actor_name(&p.executor);
+    let spec = ExecutorSpec { dir: p.dir, executor: p.executor };
+    Ok(ctx.actors.child_spec::<CoeExecutor>(&name, spec)?)
 }
 
 /// The scheduler: find the executors, start the scheduler actor under the root supervisor, feed
@@ -654,7 +648,7 @@ pub async fn run_job(
     }
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
-    let found = find_executors(&runtime.services, &names, deadline).await?;
+    let found = find_executors(&runtime.actors, &names, deadline).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
         shared.total(),
@@ -668,7 +662,7 @@ pub async fn run_job(
     );
     let call_timeout = std::time::Duration::from_secs(p.call_timeout_s.max(1));
     for (exec, x) in found.iter().enumerate() {
-        connect_executor(&runtime.services, &shared, exec, x, call_timeout);
+        connect_executor(&shared, exec, x, call_timeout);
     }
     let failures = runtime.subscribe_supervision();
     let started = ractor::call!(runtime.supervisor, SupervisorMsg::StartChild, shared.child_spec())
@@ -680,7 +674,7 @@ pub async fn run_job(
     let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
     let lost = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
     let watcher = {
-        let (shared, lost, services) = (shared.clone(), lost.clone(), runtime.services.clone());
+        let (shared, lost, actors) = (shared.clone(), lost.clone(), runtime.actors.clone());
         tokio::spawn(async move {
             loop {
                 let event = match members.recv().await {
@@ -708,10 +702,10 @@ pub async fn run_job(
                         MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
                             let name = shared.executor_name(exec).to_string();
                             let until = std::time::Instant::now() + call_timeout;
-                            match find_executors(&services, std::slice::from_ref(&name), until).await {
+                            match find_executors(&actors, std::slice::from_ref(&name), until).await {
                                 Ok(found) => {
                                     if let Some(x) = found.first() {
-                                        connect_executor(&services, &shared, exec, x, call_timeout);
+                                        connect_executor(&shared, exec, x, call_timeout);
                                         crate::progress::println(format!(
                                             "coe: executor {name} rejoined on {node}; back in service"
                                         ));
@@ -829,25 +823,16 @@ async fn until_escalation(
     }
 }
 
-/// Links executor `exec` (found on the cluster) to the job: commands go out as RPCs, its events
-/// come back tagged with the new link's generation.
+/// Links executor `exec` (found on the cluster) to the job: commands go out in order through
+/// its typed handle, its events come back tagged with the new link's generation.
 fn connect_executor(
-    services: &troupe_actors::service::Services,
     shared: &std::sync::Arc<troupe_actors::coe::serve::CoeShared>,
     exec: usize,
     x: &troupe_actors::coe::remote::RemoteExecutor,
     call_timeout: std::time::Duration,
 ) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let Some(sender) =
-        troupe_actors::coe::remote::spawn_links(services, std::slice::from_ref(x), tx, call_timeout)
-            .into_iter()
-            .next()
-    else {
-        return;
-    };
-    let generation = shared.install_link(exec, sender);
-    shared.forward_events(exec, generation, rx);
+    let link = troupe_actors::coe::link::ExecLink::Remote { handle: x.handle.clone(), timeout: call_timeout };
+    shared.install_link(exec, link);
 }
 
 #[cfg(test)]
