@@ -38,17 +38,19 @@ pub struct PeerAddr {
     pub addr: SocketAddr,
 }
 
-/// Builds the root supervisor's children from the node's link, service router and membership
-/// events (subscribe for up/down of members).
-pub type Children =
-    Box<dyn FnOnce(&QuicNode, &Services, &MembershipEvents) -> Result<Vec<ChildSpec>, String> + Send>;
+/// Builds the root supervisor's children from the node's link, service router, membership
+/// events (subscribe for up/down of members) and typed-actor registry (typed actors among the
+/// children: [`Actors::child_spec`]).
+pub type Children = Box<
+    dyn FnOnce(&QuicNode, &Services, &MembershipEvents, &Actors) -> Result<Vec<ChildSpec>, String> + Send,
+>;
 
 /// Where a node's membership events are published (subscribe for up, down, rejoined).
 pub type MembershipEvents = broadcast::Sender<MembershipEvent<NodeId>>;
 
 /// Children that need nothing from the link.
 pub fn fixed_children(children: Vec<ChildSpec>) -> Children {
-    Box::new(move |_, _, _| Ok(children))
+    Box::new(move |_, _, _, _| Ok(children))
 }
 
 /// Everything a node runtime needs to start.
@@ -165,7 +167,7 @@ impl NodeRuntime {
         )));
         tasks.push(actors.follow_membership(&membership_events));
         let abort_tasks = |tasks: &[tokio::task::JoinHandle<()>]| tasks.iter().for_each(|t| t.abort());
-        let children = match (spec.children)(&link, &services, &membership_events) {
+        let children = match (spec.children)(&link, &services, &membership_events, &actors) {
             Ok(c) => c,
             Err(detail) => {
                 abort_tasks(&tasks);

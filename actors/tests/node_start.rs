@@ -43,7 +43,7 @@ async fn a_node_answers_its_peers_while_its_actors_are_still_starting() {
     let gate = Arc::new(Semaphore::new(0));
     let (addr_tx, addr_rx) = oneshot::channel();
     let held = gate.clone();
-    let children: Children = Box::new(move |link, _services, _membership| {
+    let children: Children = Box::new(move |link, _services, _membership, _actors| {
         let _ = addr_tx.send(link.local_addr().map_err(|e| e.to_string())?);
         Ok(vec![ChildSpec::new("slow-start", move || (SlowStart, held.clone()))])
     });

@@ -52,7 +52,7 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let ca = ClusterCa::generate("roles").unwrap();
     let dir = tmp.path().to_path_buf();
     let exec_name = executor.clone();
-    let children: Children = Box::new(move |_link, services, _membership| {
+    let children: Children = Box::new(move |_link, services, _membership, _actors| {
         let args = ExecutorArgs {
             dir: dir.clone(),
             executor: exec_name.clone(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::sync::broadcast;
 use troupe_actors::supervisor::ChildSpec;
+use troupe_actors::typed::Actors;
 use troupe_actors::{
     Children, DeviceActor, DeviceArgs, Intensity, MembershipConfig, MembershipEvents, NodeRuntime, NodeSpec,
     PeerAddr, Services,
@@ -22,23 +23,25 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
     let cookie = cfg.cookie().context("reading the cluster cookie")?;
     let admission = cfg.admission().context("reading [security]")?;
     let config = cfg.clone();
-    let children: Children =
-        Box::new(move |link: &QuicNode, services: &Services, membership: &MembershipEvents| {
+    let children: Children = Box::new(
+        move |link: &QuicNode, services: &Services, membership: &MembershipEvents, actors: &Actors| {
             let ctx = NodeContext {
                 config: config.clone(),
                 link: link.clone(),
                 services: services.clone(),
                 membership: membership.clone(),
+                actors: actors.clone(),
             };
             let mut children = Vec::new();
             for d in &config.devices {
                 children.push(device_child(d, config.heartbeat()));
             }
             for a in &config.actors {
-                children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+                children.extend(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
             }
             Ok(children)
-        });
+        },
+    );
     Ok(NodeSpec {
         identity,
         quic: QuicConfig {
@@ -160,6 +163,7 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
         link: runtime.link.clone(),
         services: runtime.services.clone(),
         membership: runtime.membership_events(),
+        actors: runtime.actors.clone(),
     };
     // one SIGINT and SIGTERM listener for the node's whole life: a ctrl-c that arrives between the
     // job's end and the linger loop (as `troupe up` sends it on reading the job's end) is kept,

@@ -222,25 +222,41 @@ impl Actors {
         args: A::Args,
         generation: u64,
     ) -> Result<(), SpawnError> {
+        let spec = self.child_spec_generation::<A>(name, args, generation)?;
+        if self.inner.local.contains_key(name) {
+            return Err(SpawnError::Duplicate(name.to_string()));
+        }
+        let sup = self.inner.supervisor.get().ok_or(SpawnError::NoSupervisor)?.clone();
+        let started = ractor::call!(sup, SupervisorMsg::StartChild, spec)
+            .map_err(|e| SpawnError::Start { name: name.into(), detail: e.to_string() })?;
+        started.map_err(|detail| SpawnError::Start { name: name.into(), detail })?;
+        Ok(())
+    }
+
+    /// The child spec of an `A` named `name` on this node, for a supervisor of the caller's to
+    /// start (and restart, with a new incarnation), e.g. among a node's children before its
+    /// root supervisor exists. Once started it is served and found by name as a spawned one is.
+    pub fn child_spec<A: TypedActor>(&self, name: &str, args: A::Args) -> Result<ChildSpec, SpawnError> {
+        self.child_spec_generation::<A>(name, args, 0)
+    }
+
+    fn child_spec_generation<A: TypedActor>(
+        &self,
+        name: &str,
+        args: A::Args,
+        generation: u64,
+    ) -> Result<ChildSpec, SpawnError> {
         validate_name(name)?;
         let protocol = Protocol::<A>::of();
         if let Some(problem) = protocol.problems().first() {
             return Err(SpawnError::Protocol { kind: A::KIND, problem: problem.clone() });
         }
-        if self.inner.local.contains_key(name) {
-            return Err(SpawnError::Duplicate(name.to_string()));
-        }
-        let sup = self.inner.supervisor.get().ok_or(SpawnError::NoSupervisor)?.clone();
         let (actors, owned) = (self.clone(), name.to_string());
-        let spec = ChildSpec::new(self.registry_name(name), move || {
+        Ok(ChildSpec::new(self.registry_name(name), move || {
             let args =
                 HostArgs::<A> { args: args.clone(), name: owned.clone(), generation, actors: actors.clone() };
             (Host::<A>::default(), args)
-        });
-        let started = ractor::call!(sup, SupervisorMsg::StartChild, spec)
-            .map_err(|e| SpawnError::Start { name: name.into(), detail: e.to_string() })?;
-        started.map_err(|detail| SpawnError::Start { name: name.into(), detail })?;
-        Ok(())
+        }))
     }
 
     /// Called by a starting incarnation: serve it as `@NAME` and tell waiters.
@@ -416,7 +432,7 @@ fn serve_binding<A: TypedActor>(binding: Arc<Binding<A>>, described: Described) 
             let d = described.clone().map_err(|e| (FaultKind::Failed, e));
             return Box::pin(async move { d });
         }
-        let queued = queue(&binding, &method, &body, caller.one_way);
+        let queued = queue(&binding, &method, &body, caller.one_way, caller.node);
         Box::pin(async move {
             match queued? {
                 None => Ok(Vec::new()),
@@ -433,6 +449,7 @@ fn queue<A: TypedActor>(
     method: &str,
     body: &[u8],
     one_way: bool,
+    sender: NodeId,
 ) -> Result<Option<oneshot::Receiver<WireReply>>, (FaultKind, String)> {
     let (head, rest) = body.split_at_checked(INCARNATION_PREFIX).ok_or_else(|| {
         (FaultKind::BadRequest, format!("a message of {} bytes has no incarnation header", body.len()))
@@ -455,7 +472,7 @@ fn queue<A: TypedActor>(
         let (t, r) = oneshot::channel();
         (Some(t), Some(r))
     };
-    let job = binding.protocol.dispatch(method, rest, tx)?;
+    let job = binding.protocol.dispatch(method, rest, tx, sender)?;
     binding.enqueue(job).map_err(|e| match e {
         ActorError::Busy { detail, .. } => (FaultKind::Busy, detail),
         e => (FaultKind::Gone, e.to_string()),

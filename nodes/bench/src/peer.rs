@@ -111,7 +111,7 @@ pub async fn run(keys: &Path) -> Result<()> {
     std::panic::set_hook(Box::new(|info| eprintln!("bench-peer: {info}")));
     let identity = NodeIdentity::load(keys, PEER_NAME).with_context(|| format!("loading {PEER_NAME}"))?;
     // the expert answers both as a ractor_cluster actor and on the role-checked service path
-    let children: troupe_actors::Children = Box::new(|_, services, _| {
+    let children: troupe_actors::Children = Box::new(|_, services, _, _| {
         let args =
             troupe_actors::hello::HelloArgs { node: PEER_NAME.to_string(), services: Some(services.clone()) };
         Ok(vec![

@@ -27,6 +27,8 @@ pub struct NodeContext {
     pub services: troupe_actors::Services,
     /// The node's membership events (subscribe for members up and down).
     pub membership: troupe_actors::MembershipEvents,
+    /// The node's typed actors (spawn, find and call actors by name).
+    pub actors: troupe_actors::typed::Actors,
 }
 
 /// The certificate roles a node needs for the actors and the job it runs (`troupe up` issues
@@ -98,13 +100,13 @@ pub const ACTOR_KINDS: &[&str] = &[
 /// Job kinds known to this build.
 pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
 
-/// The child spec for one `[[actors]]` entry.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+/// The child specs for one `[[actors]]` entry, in start order.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
     match a.kind.as_str() {
-        "hello-expert" => hello::actor(ctx, a),
-        "coe-executor" => coe::actor(ctx, a),
-        "pipeline-worker" => pipeline::actor(ctx, a),
-        "pipeline-foreman" => pipeline::foreman_actor(ctx, a),
+        "hello-expert" => hello::actor(ctx, a).map(|c| vec![c]),
+        "coe-executor" => coe::actor(ctx, a).map(|c| vec![c]),
+        "pipeline-worker" => pipeline::actor(ctx, a).map(|c| vec![c]),
+        "pipeline-foreman" => pipeline::foreman_actor(ctx, a).map(|c| vec![c]),
         "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }
