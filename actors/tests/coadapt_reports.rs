@@ -8,13 +8,14 @@
 
 use std::time::Duration;
 
-use troupe_actors::coadapt::EDGE_SERVICE;
-use troupe_actors::coadapt::edge::{ADAPT, AdaptOutcome, EdgeArgs, EdgeShared, REPORT};
+use troupe_actors::coadapt::EDGE_ACTOR;
+use troupe_actors::coadapt::edge::{AdaptOutcome, EdgeActor, EdgeArgs, EdgeShared, Report, Upload};
 use troupe_actors::coadapt::engine::EngineConfig;
 use troupe_actors::coadapt::wire::{
     AccuracySample, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, MAX_SAMPLES, PIXELS,
-    StreamReport, UploadRequest, decode, encode,
+    StreamReport, UploadRequest, decode,
 };
+use troupe_actors::typed::{RemoteMessage, service_name};
 use troupe_actors::{Children, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
 use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
 
@@ -67,9 +68,8 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
     let ca = ClusterCa::generate("coadapt-reports").unwrap();
     let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: vec!["tiny".into()] });
     let served = edge.clone();
-    let children: Children = Box::new(move |_link, services, _membership, _actors| {
-        served.serve(services);
-        Ok(vec![served.child_spec("coadapt-edge")])
+    let children: Children = Box::new(move |_link, _services, _membership, actors| {
+        served.children(actors, "coadapt-edge").map_err(|e| e.to_string())
     });
     let edge_node =
         NodeRuntime::start(spec(&ca, "edge", RoleSet::only(Role::Edge), Vec::new(), children)).await.unwrap();
@@ -83,24 +83,32 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
     ))
     .await
     .unwrap();
-    let peer = camera
-        .services
-        .wait_for(Duration::from_secs(60), |s| s.providers(EDGE_SERVICE).into_iter().next())
+    let edge_actor = camera
+        .actors
+        .wait_for::<EdgeActor>(EDGE_ACTOR, Duration::from_secs(60))
         .await
         .expect("the edge is announced");
     let timeout = Duration::from_secs(30);
-    let call = |body: Vec<u8>| camera.services.call(&peer, EDGE_SERVICE, REPORT, body, timeout);
+    let call = |r: StreamReport| edge_actor.call(Report(r), timeout);
 
-    // hostile bytes, a list past its cap, another camera's name: refused, naming why
-    let e = call(vec![0xff; 40]).await.unwrap_err().to_string();
-    assert!(e.contains("stream report"), "{e}");
+    // hostile bytes (on the typed actor's wire path, addressed to any incarnation), a list past
+    // its cap, another camera's name: refused, naming why
+    let peer = edge_actor.node().expect("resolved");
+    let hostile = [vec![0; 8], vec![0xff; 40]].concat();
+    let e = camera
+        .services
+        .call(&peer, &service_name(EDGE_ACTOR), Report::NAME, hostile, timeout)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("invalid report"), "{e}");
     let big = StreamReport {
         samples: vec![report("cam-1", false, 0, 0).samples[0]; MAX_SAMPLES + 1],
         ..report("cam-1", false, 0, 0)
     };
-    let e = call(encode(&big)).await.unwrap_err().to_string();
+    let e = call(big).await.unwrap_err().to_string();
     assert!(e.contains("samples") && e.contains(&MAX_SAMPLES.to_string()), "{e}");
-    let e = call(encode(&report("cam-2", true, 0, 0))).await.unwrap_err().to_string();
+    let e = call(report("cam-2", true, 0, 0)).await.unwrap_err().to_string();
     assert!(e.contains("may not report for camera \"cam-2\""), "{e}");
     assert_eq!(edge.progress(1).missing, ["1 of 1 cameras not heard from yet"], "nothing was kept");
 
@@ -115,9 +123,7 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
         drift_frame: 1,
         target_gain: 0.1,
     };
-    let answer = camera.services.call(&peer, EDGE_SERVICE, ADAPT, encode(&upload), timeout).await.unwrap();
-    let outcome: AdaptOutcome =
-        decode("adapt outcome", &answer, &mut DecodeBudget::new(MAX_DECODED_BYTES)).unwrap();
+    let outcome = edge_actor.call(Upload(upload), timeout).await.unwrap();
     match outcome {
         AdaptOutcome::Refused(why) => assert!(why.contains("may not upload for camera \"cam-2\""), "{why}"),
         other => panic!("an upload for another camera was not refused: {other:?}"),
@@ -128,10 +134,10 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
     edge.wait_summary(1, tx.into()).unwrap();
 
     // streaming, one adaptation out: heard from, not done
-    call(encode(&report("cam-1", false, 1, 0))).await.unwrap();
+    call(report("cam-1", false, 1, 0)).await.unwrap();
     assert_eq!(edge.progress(1).missing, ["cam-1: 1 of 1 adaptations not back, stream at frame 128"]);
     // ended with its adaptation back: the snapshot replaces the last one, the job is answered
-    call(encode(&report("cam-1", true, 1, 1))).await.unwrap();
+    call(report("cam-1", true, 1, 1)).await.unwrap();
     assert!(edge.progress(1).done);
     let bytes = tokio::time::timeout(Duration::from_secs(120), &mut rx).await.expect("answered").unwrap();
     let s: EdgeSummary = decode("edge summary", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)).unwrap();

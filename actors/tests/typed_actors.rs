@@ -11,7 +11,7 @@ use troupe_actors::service::Allow;
 use troupe_actors::supervisor::{Intensity, SupervisorEvent};
 use troupe_actors::typed::{
     ActorContext, ActorError, ActorFailure, Handles, PlacementRules, Protocol, RemoteChild, RemoteMessage,
-    RemoteSupervisorMsg, TypedActor,
+    RemoteSupervisorMsg, Reply, TypedActor,
 };
 use troupe_actors::{MembershipConfig, NodeRuntime, NodeSpec, PeerAddr, fixed_children};
 use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
@@ -324,4 +324,96 @@ async fn links_run_calls_in_order_and_a_lost_incarnation_ends_its_generation() {
     }
     sched.shutdown().await;
     host.shutdown().await;
+}
+
+/// Waits for a `Release` (its reply is given later), then answers who sent it.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Hold;
+impl RemoteMessage for Hold {
+    const NAME: &'static str = "hold";
+    type Reply = String;
+}
+
+/// Releases the held calls; answers who sent it.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Release;
+impl RemoteMessage for Release {
+    const NAME: &'static str = "release";
+    type Reply = String;
+}
+
+/// Holds calls' replies until released: its mailbox goes on meanwhile.
+struct Gate(tokio::sync::watch::Sender<bool>);
+
+/// How many holds a gate has turned (taken from its mailbox, reply not given yet).
+static HOLDS: std::sync::LazyLock<tokio::sync::watch::Sender<u32>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::channel(0).0);
+
+impl TypedActor for Gate {
+    const KIND: &'static str = "test-gate";
+    type Args = ();
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Hold>(Allow::AnyMember).request::<Release>(Allow::AnyMember);
+    }
+    async fn start(_: (), _: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Gate(tokio::sync::watch::channel(false).0))
+    }
+}
+
+fn sender(ctx: &ActorContext) -> String {
+    ctx.sender.as_ref().map(|n| n.0.clone()).unwrap_or_default()
+}
+
+impl Handles<Hold> for Gate {
+    async fn handle(&mut self, msg: Hold, ctx: &ActorContext) -> Result<String, ActorFailure> {
+        self.turn(msg, ctx).await?.wait().await
+    }
+    async fn turn(&mut self, _: Hold, ctx: &ActorContext) -> Result<Reply<String>, ActorFailure> {
+        let (mut open, who) = (self.0.subscribe(), sender(ctx));
+        HOLDS.send_modify(|n| *n += 1);
+        Ok(Reply::Later(Box::pin(async move {
+            open.wait_for(|o| *o).await.map_err(|_| ActorFailure::msg("the gate went away"))?;
+            Ok(who)
+        })))
+    }
+}
+
+impl Handles<Release> for Gate {
+    async fn handle(&mut self, _: Release, ctx: &ActorContext) -> Result<String, ActorFailure> {
+        self.0.send_replace(true);
+        Ok(sender(ctx))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_given_later_lets_the_mailbox_go_on_and_handlers_see_the_sender() {
+    let ca = ClusterCa::generate("typed-later").unwrap();
+    let host = NodeRuntime::start(spec(&ca, "host4", Role::Executor, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let other =
+        NodeRuntime::start(spec(&ca, "other4", Role::Scheduler, vec![at(&host)], PlacementRules::default()))
+            .await
+            .unwrap();
+    let local = host.actors.spawn::<Gate>("gate", ()).await.unwrap();
+    let remote = other.actors.wait_for::<Gate>("gate", T).await.unwrap();
+    // two held calls (one local, one remote) are outstanding; the release behind them is handled
+    let held_local = tokio::spawn({
+        let h = local.clone();
+        async move { h.call(Hold, T).await }
+    });
+    let held_remote = tokio::spawn({
+        let h = remote.clone();
+        async move { h.call(Hold, T).await }
+    });
+    // both holds were taken from the mailbox, their replies not given: the release behind them
+    // is handled (were the mailbox held by a reply, this would never answer)
+    HOLDS.subscribe().wait_for(|n| *n >= 2).await.unwrap();
+    assert!(!held_local.is_finished() && !held_remote.is_finished());
+    assert_eq!(remote.call(Release, T).await.unwrap(), "other4", "the remote sender");
+    assert_eq!(held_local.await.unwrap().unwrap(), "host4", "a local handle's sender is this node");
+    assert_eq!(held_remote.await.unwrap().unwrap(), "other4");
+    for n in [other, host] {
+        n.shutdown().await;
+    }
 }

@@ -36,7 +36,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
                 children.push(device_child(d, config.heartbeat()));
             }
             for a in &config.actors {
-                children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+                children.extend(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
             }
             Ok(children)
         },

@@ -27,16 +27,11 @@ use troupe_policy::adapt::online::{
 };
 
 use super::detect::{DetectorConfig, mean_top1_confidence};
-use super::edge::{ADAPT, AdaptOutcome, REPORT};
+use super::edge::{AdaptOutcome, EdgeActor, Report, Upload};
 use super::params::{install_trainable, trainable_params};
-use super::wire::{
-    AccuracySample, CameraReport, DecodeBudget, MAX_DECODED_BYTES, MAX_SAMPLES, PhaseMark, StreamReport,
-    UploadRequest, decode, encode,
-};
-use super::{EDGE_SERVICE, digits, zoo_student};
-use crate::service::{CallError, Services};
-use troupe_transport::NodeId;
-use troupe_transport::service::FaultKind;
+use super::wire::{AccuracySample, CameraReport, MAX_SAMPLES, PhaseMark, StreamReport, UploadRequest};
+use super::{EDGE_ACTOR, digits, zoo_student};
+use crate::typed::{ActorError, ActorHandle, Actors, Handles, RemoteMessage};
 
 /// Frames per inference batch (and per detector observation and accuracy sample).
 pub const FRAME_BATCH: usize = 64;
@@ -70,8 +65,8 @@ pub struct CameraArgs {
     pub edge_timeout: Duration,
     /// The objective sent with the upload: exact-match gain to reach (0 = the edge's default).
     pub target_gain: f64,
-    /// The node's service router (the edge is called through it).
-    pub services: Services,
+    /// The node's typed actors (the edge, [`EDGE_ACTOR`], is found and called through them).
+    pub actors: Actors,
 }
 
 /// Messages of a camera (local only).
@@ -85,39 +80,48 @@ impl ractor::Message for CameraMsg {}
 /// The camera actor.
 pub struct CameraActor;
 
-/// Finds a node serving the edge, waiting up to `timeout` (woken by service announcements).
-async fn find_edge(services: &Services, timeout: Duration) -> Option<NodeId> {
-    services.wait_for(timeout, |s| s.providers(EDGE_SERVICE).into_iter().next()).await
+/// A handle to the edge, waiting up to `edge_timeout` for it to appear (woken by
+/// announcements). When none appeared, a handle that resolves the name on its first call (each
+/// call waits up to `edge_timeout` for it), so the camera goes on and says so per call.
+async fn find_edge(args: &CameraArgs) -> ActorHandle<EdgeActor> {
+    match args.actors.wait_for::<EdgeActor>(EDGE_ACTOR, args.edge_timeout).await {
+        Ok(edge) => edge,
+        Err(e) => {
+            tracing::error!(camera = %args.name, error = %e, "no edge yet");
+            ActorHandle::by_name(&args.actors, EDGE_ACTOR)
+        }
+    }
 }
 
-/// Calls the edge's `method` with `body` (finding the edge first). A call lost with the edge
-/// (its node died or restarted before answering, or restarted and does not serve the edge
-/// yet) is made again, as
-/// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout`: a restarted edge
-/// resumes from its journal and answers the repeat once.
-fn call_edge(args: &CameraArgs, rt: &Handle, method: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
-    rt.block_on(async {
-        let start = std::time::Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let edge = find_edge(&args.services, args.edge_timeout)
-                .await
-                .ok_or_else(|| format!("no node announced the {EDGE_SERVICE} service"))?;
-            let lost = match args.services.call(&edge, EDGE_SERVICE, method, body.clone(), args.edge_timeout).await {
-                Ok(bytes) => return Ok(bytes),
-                Err(e @ (CallError::PeerLeft { .. } | CallError::Send { .. })) => e.to_string(),
-                // a restarted edge node that does not serve the edge yet
-                Err(e) if e.fault() == Some(FaultKind::UnknownService) => e.to_string(),
-                Err(e) => return Err(e.to_string()),
-            };
-            let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {
-                return Err(lost);
-            };
-            tracing::warn!(camera = %args.name, method, error = %lost, "the call to the edge was lost; asking again");
-            tokio::time::sleep(wait).await;
-            attempt = attempt.saturating_add(1);
-        }
-    })
+/// Calls the edge with `msg` through the camera's one handle (calls are made one at a time, in
+/// order). A call lost with the edge (its node died or restarted before answering, or the
+/// handle's incarnation is gone, or no answer came within `edge_timeout`) is made again, as
+/// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout`: the handle resolves
+/// the name again (waiting for a restarted edge), which resumes from its journal and answers the
+/// repeat once. The edge's own failure and a refused request are not asked again.
+async fn call_edge<M>(args: &CameraArgs, edge: &ActorHandle<EdgeActor>, msg: M) -> Result<M::Reply, String>
+where
+    M: RemoteMessage + Clone,
+    EdgeActor: Handles<M>,
+{
+    let start = std::time::Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        let lost = match edge.call(msg.clone(), args.edge_timeout).await {
+            Ok(reply) => return Ok(reply),
+            Err(e @ (ActorError::PeerLost { .. } | ActorError::Timeout { .. })) => format!("edge lost: {e}"),
+            Err(e @ (ActorError::Forbidden { .. } | ActorError::BadMessage { .. })) => {
+                return Err(format!("the edge refused the request: {e}"));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {
+            return Err(lost);
+        };
+        tracing::warn!(camera = %args.name, message = M::NAME, error = %lost, "the call to the edge was lost; asking again");
+        tokio::time::sleep(wait).await;
+        attempt = attempt.saturating_add(1);
+    }
 }
 
 /// Predicted class of each row of `logits` (`rows x classes`).
@@ -136,6 +140,8 @@ fn argmax_rows(logits: &[f32], classes: usize) -> Vec<usize> {
 /// The camera's whole run: its model, stream position, online policy and what it reports.
 struct Run<'a> {
     args: &'a CameraArgs,
+    /// The edge, called one call at a time (the stream waits for each).
+    edge: ActorHandle<EdgeActor>,
     model: VMoe,
     test: &'a Dataset,
     online: OnlineDrift,
@@ -183,7 +189,7 @@ impl Run<'_> {
     }
 
     fn send_report(&self, rt: &Handle, ended: bool) {
-        if let Err(e) = call_edge(self.args, rt, REPORT, encode(&self.report(ended))) {
+        if let Err(e) = rt.block_on(call_edge(self.args, &self.edge, Report(self.report(ended)))) {
             tracing::error!(camera = %self.args.name, error = %e, ended, "the progress report did not reach the edge");
         }
     }
@@ -235,13 +241,13 @@ impl Run<'_> {
             drift_frame: c.drift_frame,
             target_gain: a.target_gain,
         };
-        let bytes = call_edge(a, rt, ADAPT, encode(&req)).map_err(|e| format!("asking the edge: {e}"))?;
-        let reply =
-            match decode::<AdaptOutcome>("adapt reply", &bytes, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
-                Ok(AdaptOutcome::Adapted(r)) => r,
-                Ok(AdaptOutcome::Refused(why)) => return Err(format!("edge refused: {why}")),
-                Err(e) => return Err(e.to_string()),
-            };
+        let outcome = rt
+            .block_on(call_edge(a, &self.edge, Upload(req)))
+            .map_err(|e| format!("asking the edge: {e}"))?;
+        let reply = match outcome {
+            AdaptOutcome::Adapted(r) => r,
+            AdaptOutcome::Refused(why) => return Err(format!("edge refused: {why}")),
+        };
         if reply.eval_teacher_labels.len() != eval.len() {
             return Err(format!(
                 "{} teacher labels for {} evaluation frames",
@@ -282,6 +288,7 @@ fn stream(args: &CameraArgs, rt: &Handle) -> Result<(), String> {
     });
     let mut run = Run {
         args,
+        edge: rt.block_on(find_edge(args)),
         model,
         test: &test,
         online,
@@ -368,12 +375,8 @@ async fn stopped(args: &CameraArgs, error: String) {
         adaptations: Vec::new(),
         error,
     };
-    let Some(edge) = find_edge(&args.services, args.edge_timeout).await else {
-        tracing::error!(camera = %args.name, "no edge to report to");
-        return;
-    };
-    let sent = args.services.call(&edge, EDGE_SERVICE, REPORT, encode(&report), args.edge_timeout).await;
-    if let Err(e) = sent {
+    let edge = find_edge(args).await;
+    if let Err(e) = edge.call(Report(report), args.edge_timeout).await {
         tracing::error!(camera = %args.name, error = %e, "the report did not reach the edge");
     }
 }

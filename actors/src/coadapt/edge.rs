@@ -1,6 +1,6 @@
-//! The edge: receives uploads from cameras (role-checked service calls on the data plane:
-//! `adapt` and `report` for the `camera` role only), labels them with the teacher, co-adapts in
-//! the [`EdgeEngine`] cycle by cycle on a blocking thread, and answers each camera with its
+//! The edge: receives uploads from cameras (typed messages to its front, the [`EdgeActor`]
+//! named [`EDGE_ACTOR`]: [`Upload`] and [`Report`], for the `camera` role only), labels them
+//! with the teacher, co-adapts in the [`EdgeEngine`] cycle by cycle on a blocking thread, and answers each camera with its
 //! adapted parameters. Uploads are admitted as they arrive, between cycles (an upload's
 //! `Accepted` input queues behind the cycle running, the next `Cycle` behind it), so a camera
 //! that drifts late or joins late joins the tasks already adapting rather than waiting for a
@@ -8,7 +8,10 @@
 //! per camera for the job, which is answered once every camera it expects is done.
 //!
 //! The scheduler runs in the runtime's one [`SchedulerActor`] shell under the node's supervisor,
-//! and the work it has accepted lives apart from it in [`EdgeShared`]: an upload is accepted
+//! and the work it has accepted lives apart from it in [`EdgeShared`], which the front holds
+//! (so the front outlives scheduler restarts, and a restarted front holds the same store). The
+//! front accepts an upload in its turn and answers it later ([`Reply::Later`]): its mailbox goes
+//! on to the next camera's upload or report while the adaptation runs: an upload is accepted
 //! into the store (with the camera's reply channel) before the scheduler hears of it, camera
 //! reports and summary waiters are kept there too. A restarted scheduler rebuilds its engine
 //! and admits every accepted upload not yet answered again, so a panic loses no adaptation and
@@ -31,7 +34,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -49,19 +53,17 @@ use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
 use super::wire::{
     AdaptReply, DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, MAX_DECODED_BYTES, StreamReport, UploadRequest,
-    encode,
+    decode, encode,
 };
-use super::{EDGE_SERVICE, digits, student_config, zoo_student, zoo_teacher};
+use super::{EDGE_ACTOR, digits, student_config, zoo_student, zoo_teacher};
 use crate::clock::Clock;
 use crate::kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
-use crate::service::{Allow, Handler, ServiceSpec, Services};
+use crate::service::Allow;
 use crate::supervisor::ChildSpec;
+use crate::typed::{
+    ActorContext, ActorFailure, Actors, Handles, Protocol, RemoteMessage, Reply, SpawnError, TypedActor,
+};
 
-/// Method of [`EDGE_SERVICE`]: an [`UploadRequest`], answered with an [`AdaptOutcome`].
-pub const ADAPT: &str = "adapt";
-/// Method of [`EDGE_SERVICE`]: a [`StreamReport`] (a camera's progress so far, replacing its
-/// previous one), answered with an empty body.
-pub const REPORT: &str = "report";
 /// Fault-switch site hit once per edge scheduler input.
 pub const FAULT_SITE: &str = "coadapt.scheduler";
 /// Most cameras the edge keeps progress for; reports of further cameras are refused (logged).
@@ -82,11 +84,6 @@ pub const MAX_CALLERS_PER_PHASE: usize = 4;
 /// uploads); past it new phases are refused until the job ends.
 pub const MAX_KEPT_BYTES: usize = 64 << 20;
 
-/// Who may call the edge: cameras only.
-pub fn spec() -> ServiceSpec {
-    ServiceSpec::new().method(ADAPT, Allow::role(Role::Camera)).method(REPORT, Allow::role(Role::Camera))
-}
-
 /// What the edge answers an upload with.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum AdaptOutcome {
@@ -94,6 +91,116 @@ pub enum AdaptOutcome {
     Adapted(AdaptReply),
     /// Refused, with the reason.
     Refused(String),
+}
+
+/// A camera's upload to the edge ([`EDGE_ACTOR`]): adapt its model to the frames it sent,
+/// answered with the [`AdaptOutcome`] once adapted (or refused). Cameras only.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Upload(pub UploadRequest);
+
+impl RemoteMessage for Upload {
+    const NAME: &'static str = "upload";
+    type Reply = AdaptOutcome;
+}
+
+/// A camera's progress so far ([`StreamReport`], replacing its previous one), to the edge.
+/// Cameras only.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Report(pub StreamReport);
+
+impl RemoteMessage for Report {
+    const NAME: &'static str = "report";
+    type Reply = ();
+}
+
+/// The edge's front: the typed actor cameras reach by name ([`EDGE_ACTOR`]), holding the
+/// edge's [`EdgeShared`] store. Started by [`EdgeShared::children`].
+pub struct EdgeActor {
+    shared: Arc<EdgeShared>,
+}
+
+/// The edges of this process by key ([`EdgeActor`]'s start arguments: its store stays in this
+/// process, so it is named, not sent).
+static EDGES: Mutex<BTreeMap<u64, Weak<EdgeShared>>> = Mutex::new(BTreeMap::new());
+/// The next key in [`EDGES`].
+static NEXT_EDGE: AtomicU64 = AtomicU64::new(1);
+
+impl TypedActor for EdgeActor {
+    const KIND: &'static str = "coadapt-edge";
+    /// The key of its [`EdgeShared`] in this process.
+    type Args = u64;
+
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Upload>(Allow::role(Role::Camera)).request::<Report>(Allow::role(Role::Camera));
+    }
+
+    async fn start(key: u64, _: &ActorContext) -> Result<Self, ActorFailure> {
+        let edges = EDGES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shared = edges.get(&key).and_then(Weak::upgrade);
+        shared
+            .map(|shared| Self { shared })
+            .ok_or_else(|| ActorFailure::msg(format!("no coadapt edge {key} in this process")))
+    }
+}
+
+/// The node that sent the message being handled, by name.
+fn sender(ctx: &ActorContext) -> &str {
+    ctx.sender.as_ref().map_or("", |n| n.0.as_str())
+}
+
+impl Handles<Upload> for EdgeActor {
+    async fn handle(&mut self, msg: Upload, ctx: &ActorContext) -> Result<AdaptOutcome, ActorFailure> {
+        self.turn(msg, ctx).await?.wait().await
+    }
+
+    /// Checks and accepts the upload in the actor's turn; its answer comes once adapted.
+    async fn turn(
+        &mut self,
+        Upload(request): Upload,
+        ctx: &ActorContext,
+    ) -> Result<Reply<AdaptOutcome>, ActorFailure> {
+        if let Err(e) = request.check() {
+            tracing::warn!(error = %e, "refusing an upload");
+            return Ok(Reply::Now(AdaptOutcome::Refused(e.to_string())));
+        }
+        let camera = request.camera.clone();
+        // an upload is charged to the camera that sent it: a node uploads only for itself
+        if camera != sender(ctx) {
+            let why = format!("node {} may not upload for camera {camera:?}", sender(ctx));
+            tracing::warn!(%why, "refusing an upload");
+            return Ok(Reply::Now(AdaptOutcome::Refused(why)));
+        }
+        match self.shared.accept(request) {
+            Ok(rx) => Ok(Reply::Later(Box::pin(async move {
+                let bytes = rx.await.map_err(|_| ActorFailure::msg("the edge dropped the upload"))?;
+                Ok(decode::<AdaptOutcome>(
+                    "adapt outcome",
+                    &bytes,
+                    &mut DecodeBudget::new(MAX_DECODED_BYTES),
+                )?)
+            }))),
+            Err(why) => {
+                tracing::warn!(%camera, %why, "refusing an upload");
+                Ok(Reply::Now(AdaptOutcome::Refused(why)))
+            }
+        }
+    }
+}
+
+impl Handles<Report> for EdgeActor {
+    async fn handle(&mut self, Report(r): Report, ctx: &ActorContext) -> Result<(), ActorFailure> {
+        if let Err(e) = r.check() {
+            tracing::warn!(error = %e, "ignoring a camera report");
+            return Err(e.into());
+        }
+        // a report replaces its camera's progress: a node reports only for itself
+        if r.camera != sender(ctx) {
+            let why = format!("node {} may not report for camera {:?}", sender(ctx), r.camera);
+            tracing::warn!(%why, "ignoring a camera report");
+            return Err(ActorFailure::msg(why));
+        }
+        self.shared.report(r).map_err(ActorFailure::msg)
+    }
 }
 
 /// What the edge scheduler is told.
@@ -242,7 +349,7 @@ impl Store {
     }
 }
 
-/// The edge's accepted work, shared by the service handler and every scheduler incarnation.
+/// The edge's accepted work, shared by its front ([`EdgeActor`]) and every scheduler incarnation.
 pub struct EdgeShared {
     args: EdgeArgs,
     store: Mutex<Store>,
@@ -257,7 +364,7 @@ fn refused(why: impl Into<String>) -> Vec<u8> {
 }
 
 impl EdgeShared {
-    /// The edge's shared state; call [`EdgeShared::serve`] and start [`EdgeShared::child_spec`].
+    /// The edge's shared state; start its [`EdgeShared::children`].
     pub fn new(args: EdgeArgs) -> Arc<Self> {
         Arc::new(Self { args, store: Mutex::new(Store::default()) })
     }
@@ -287,9 +394,17 @@ impl EdgeShared {
         lock(&self.store).journal.take().map(|j| j.path())
     }
 
-    /// Serves [`EDGE_SERVICE`] on `services` (once: the handler outlives scheduler restarts).
-    pub fn serve(self: &Arc<Self>, services: &Services) {
-        services.register(EDGE_SERVICE, spec(), self.handler());
+    /// The edge's children, in start order: its front, the [`EdgeActor`] named [`EDGE_ACTOR`]
+    /// on `actors` (it outlives scheduler restarts), and its scheduler named `name`
+    /// ([`EdgeShared::child_spec`]).
+    pub fn children(self: &Arc<Self>, actors: &Actors, name: &str) -> Result<Vec<ChildSpec>, SpawnError> {
+        let key = NEXT_EDGE.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut edges = EDGES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            edges.retain(|_, e| e.strong_count() > 0);
+            edges.insert(key, Arc::downgrade(self));
+        }
+        Ok(vec![actors.child_spec::<EdgeActor>(EDGE_ACTOR, key)?, self.child_spec(name)])
     }
 
     /// The child spec running the edge scheduler under a supervisor.
@@ -491,61 +606,6 @@ impl EdgeShared {
         for reply in taken.into_iter().flat_map(|a| a.replies) {
             let _ = reply.send(bytes.clone());
         }
-    }
-
-    fn handler(self: &Arc<Self>) -> Handler {
-        let shared = self.clone();
-        Arc::new(move |caller, method, body| {
-            let shared = shared.clone();
-            Box::pin(async move {
-                match method.as_str() {
-                    ADAPT => {
-                        let request =
-                            match UploadRequest::decode(&body, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
-                                Ok(r) => r,
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "refusing an upload");
-                                    return Ok(refused(e.to_string()));
-                                }
-                            };
-                        let camera = request.camera.clone();
-                        // an upload is charged to the camera that sent it: a node uploads only for itself
-                        if camera != caller.node.0 {
-                            let why = format!("node {} may not upload for camera {camera:?}", caller.node.0);
-                            tracing::warn!(%why, "refusing an upload");
-                            return Ok(refused(why));
-                        }
-                        match shared.accept(request) {
-                            Ok(rx) => rx.await.map_err(|_| "the edge dropped the upload".to_string()),
-                            Err(why) => {
-                                tracing::warn!(%camera, %why, "refusing an upload");
-                                Ok(refused(why))
-                            }
-                        }
-                    }
-                    REPORT => {
-                        match StreamReport::decode(&body, &mut DecodeBudget::new(MAX_DECODED_BYTES)) {
-                            // a report replaces its camera's progress: a node reports only for itself
-                            Ok(r) if r.camera != caller.node.0 => {
-                                let why = format!(
-                                    "node {} may not report for camera {:?}",
-                                    caller.node.0, r.camera
-                                );
-                                tracing::warn!(%why, "ignoring a camera report");
-                                return Err(why);
-                            }
-                            Ok(r) => shared.report(r)?,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "ignoring a camera report");
-                                return Err(e.to_string());
-                            }
-                        }
-                        Ok(Vec::new())
-                    }
-                    other => Err(format!("{other:?} is not an edge method")),
-                }
-            })
-        })
     }
 }
 

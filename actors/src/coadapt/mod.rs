@@ -24,8 +24,9 @@ pub mod wire;
 use troupe_kernels::vmoe::train::{Dataset, digits_split, teacher_data};
 use troupe_kernels::vmoe::{ModelZoo, Recipe, VMoe, VMoeConfig, VMoeError};
 
-/// The service the edge actor serves on the data plane (cameras call it; see `edge::spec`).
-pub const EDGE_SERVICE: &str = "coadapt-edge";
+/// The name the edge's front ([`edge::EdgeActor`]) is registered by: cameras find it with
+/// `actors.wait_for::<EdgeActor>(EDGE_ACTOR, ..)` and call it through the typed handle.
+pub const EDGE_ACTOR: &str = "coadapt-edge";
 
 /// Seed of the cached students and teacher (the kernels' tests use the same models).
 pub const MODEL_SEED: u64 = 1;

@@ -169,9 +169,19 @@ impl StreamReport {
     /// Decodes and checks a camera's report: charged to `budget`, lists within their caps, names
     /// short, figures finite, adaptations no more than requested.
     pub fn decode(bytes: &[u8], budget: &mut DecodeBudget) -> Result<Self, WireError> {
-        const WHAT: &str = "stream report";
-        let r: Self = decode(WHAT, bytes, budget)?;
-        let bad = |detail: String| Err(WireError::Invalid { what: WHAT, detail });
+        let r: Self = decode(Self::WHAT, bytes, budget)?;
+        r.check()?;
+        Ok(r)
+    }
+
+    const WHAT: &str = "stream report";
+
+    /// Checks a report decoded from a peer (by [`StreamReport::decode`] or the typed actors'
+    /// checked path): lists within their caps, names short, figures finite, adaptations no more
+    /// than requested.
+    pub fn check(&self) -> Result<(), WireError> {
+        let r = self;
+        let bad = |detail: String| Err(WireError::Invalid { what: Self::WHAT, detail });
         if r.camera.is_empty() || r.camera.len() > MAX_NAME_BYTES {
             return bad(format!("camera name of {} bytes", r.camera.len()));
         }
@@ -208,7 +218,7 @@ impl StreamReport {
                 return bad(format!("adaptation {}: a figure is not finite", a.adaptation));
             }
         }
-        Ok(r)
+        Ok(())
     }
 }
 
@@ -260,9 +270,18 @@ impl UploadRequest {
     /// Decodes and checks an upload: charged to `budget`, image buffers whole and within caps,
     /// pixels finite.
     pub fn decode(bytes: &[u8], budget: &mut DecodeBudget) -> Result<Self, WireError> {
-        const WHAT: &str = "upload request";
-        let r: Self = decode(WHAT, bytes, budget)?;
-        let bad = |detail: String| Err(WireError::Invalid { what: WHAT, detail });
+        let r: Self = decode(Self::WHAT, bytes, budget)?;
+        r.check()?;
+        Ok(r)
+    }
+
+    const WHAT: &str = "upload request";
+
+    /// Checks an upload decoded from a peer (by [`UploadRequest::decode`] or the typed actors'
+    /// checked path): image buffers whole and within caps, pixels finite.
+    pub fn check(&self) -> Result<(), WireError> {
+        let r = self;
+        let bad = |detail: String| Err(WireError::Invalid { what: Self::WHAT, detail });
         for (name, px) in [("train_images", &r.train_images), ("eval_images", &r.eval_images)] {
             if px.is_empty() || !px.len().is_multiple_of(PIXELS) {
                 return bad(format!("{name}: {} pixels is not a positive multiple of {PIXELS}", px.len()));
@@ -283,7 +302,7 @@ impl UploadRequest {
         if r.adaptation as usize >= MAX_ADAPTATIONS {
             return bad(format!("adaptation {} is not below {MAX_ADAPTATIONS}", r.adaptation));
         }
-        Ok(r)
+        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
+use troupe_transport::NodeId;
 use troupe_transport::service::FaultKind;
 
 use super::error::{ActorError, ActorFailure};
@@ -49,6 +50,41 @@ pub trait Handles<M: RemoteMessage>: TypedActor {
         msg: M,
         ctx: &ActorContext,
     ) -> impl Future<Output = Result<M::Reply, ActorFailure>> + Send;
+
+    /// What the runtime runs in the actor's turn for `msg`: by default [`Handles::handle`], its
+    /// reply given now. A kind whose reply waits on work done elsewhere (a scheduler, another
+    /// actor) overrides it to return [`Reply::Later`], so its mailbox goes on to the next
+    /// message while that reply is awaited outside the actor; its `handle` is then this turn
+    /// and the awaited reply ([`Reply::wait`]).
+    fn turn(
+        &mut self,
+        msg: M,
+        ctx: &ActorContext,
+    ) -> impl Future<Output = Result<Reply<M::Reply>, ActorFailure>> + Send {
+        async move { self.handle(msg, ctx).await.map(Reply::Now) }
+    }
+}
+
+/// The future of a reply given later ([`Reply::Later`]).
+pub type LaterReply<R> = Pin<Box<dyn Future<Output = Result<R, ActorFailure>> + Send>>;
+
+/// What a handler's turn ([`Handles::turn`]) ends with.
+pub enum Reply<R> {
+    /// The reply, now.
+    Now(R),
+    /// The reply once this future resolves; it runs outside the actor, which goes on with its
+    /// mailbox (and is awaited even if the incarnation stops meanwhile).
+    Later(LaterReply<R>),
+}
+
+impl<R> Reply<R> {
+    /// The reply, awaited if it comes later.
+    pub async fn wait(self) -> Result<R, ActorFailure> {
+        match self {
+            Reply::Now(r) => Ok(r),
+            Reply::Later(f) => f.await,
+        }
+    }
 }
 
 /// What a running incarnation knows about itself and reaches others through.
@@ -62,6 +98,16 @@ pub struct ActorContext {
     pub generation: u64,
     /// The node's actor registry: look up other actors by name.
     pub actors: Actors,
+    /// The node that sent the message being handled (its certificate's name; this node's for a
+    /// message from a local handle); `None` in [`TypedActor::start`].
+    pub sender: Option<NodeId>,
+}
+
+impl ActorContext {
+    /// This context while handling a message from `sender`.
+    fn with_sender(&self, sender: NodeId) -> Self {
+        Self { sender: Some(sender), ..self.clone() }
+    }
 }
 
 type JobFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -69,7 +115,8 @@ type JobFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 pub(crate) type Job<A> = Box<dyn for<'a> FnOnce(&'a mut A, &'a ActorContext) -> JobFuture<'a> + Send>;
 /// A remote call's reply: the archived reply, or the failure's class and message.
 pub(crate) type WireReply = Result<Vec<u8>, (FaultKind, String)>;
-type Dispatch<A> = fn(&[u8], Option<oneshot::Sender<WireReply>>) -> Result<Job<A>, (FaultKind, String)>;
+type Dispatch<A> =
+    fn(&[u8], Option<oneshot::Sender<WireReply>>, NodeId) -> Result<Job<A>, (FaultKind, String)>;
 
 struct Entry<A> {
     allow: Allow,
@@ -127,11 +174,12 @@ impl<A: TypedActor> Protocol<A> {
         method: &str,
         body: &[u8],
         reply: Option<oneshot::Sender<WireReply>>,
+        sender: NodeId,
     ) -> Result<Job<A>, (FaultKind, String)> {
         let entry = self.entries.get(method).ok_or_else(|| {
             (FaultKind::UnknownMethod, format!("a {} takes no message {method:?}", A::KIND))
         })?;
-        (entry.dispatch)(body, reply)
+        (entry.dispatch)(body, reply, sender)
     }
 }
 
@@ -140,20 +188,31 @@ impl<A: TypedActor> Protocol<A> {
 fn remote_job<A: Handles<M>, M: RemoteMessage>(
     body: &[u8],
     reply: Option<oneshot::Sender<WireReply>>,
+    sender: NodeId,
 ) -> Result<Job<A>, (FaultKind, String)> {
     let msg = M::from_wire(M::NAME, body).map_err(|e| (FaultKind::BadRequest, e.to_string()))?;
     Ok(Box::new(move |actor: &mut A, ctx: &ActorContext| {
         Box::pin(async move {
-            let out = actor.handle(msg, ctx).await;
-            let wire = match out {
-                Ok(r) => r.to_wire().map_err(|e| (FaultKind::Failed, format!("encoding the reply: {e}"))),
-                Err(f) => Err((FaultKind::Failed, f.to_string())),
-            };
-            match reply {
-                Some(tx) => {
-                    let _ = tx.send(wire);
+            let ctx = ctx.with_sender(sender);
+            let name = ctx.name.clone();
+            let finish = move |out: Result<M::Reply, ActorFailure>| {
+                let wire = match out {
+                    Ok(r) => r.to_wire().map_err(|e| (FaultKind::Failed, format!("encoding the reply: {e}"))),
+                    Err(f) => Err((FaultKind::Failed, f.to_string())),
+                };
+                match reply {
+                    Some(tx) => {
+                        let _ = tx.send(wire);
+                    }
+                    None => log_told_failure(&name, M::NAME, wire.err()),
                 }
-                None => log_told_failure(ctx, M::NAME, wire.err()),
+            };
+            match actor.turn(msg, &ctx).await {
+                Ok(Reply::Later(later)) => {
+                    tokio::spawn(async move { finish(later.await) });
+                }
+                Ok(Reply::Now(r)) => finish(Ok(r)),
+                Err(f) => finish(Err(f)),
             }
         }) as JobFuture<'_>
     }))
@@ -166,20 +225,30 @@ pub(crate) fn local_job<A: Handles<M>, M: RemoteMessage>(
 ) -> Job<A> {
     Box::new(move |actor: &mut A, ctx: &ActorContext| {
         Box::pin(async move {
-            let out = actor.handle(msg, ctx).await;
-            match reply {
+            let ctx = ctx.with_sender(ctx.actors.node().clone());
+            let name = ctx.name.clone();
+            let finish = move |out: Result<M::Reply, ActorFailure>| match reply {
                 Some(tx) => {
                     let _ = tx.send(out);
                 }
-                None => log_told_failure(ctx, M::NAME, out.err().map(|f| (FaultKind::Failed, f.to_string()))),
+                None => {
+                    log_told_failure(&name, M::NAME, out.err().map(|f| (FaultKind::Failed, f.to_string())))
+                }
+            };
+            match actor.turn(msg, &ctx).await {
+                Ok(Reply::Later(later)) => {
+                    tokio::spawn(async move { finish(later.await) });
+                }
+                Ok(Reply::Now(r)) => finish(Ok(r)),
+                Err(f) => finish(Err(f)),
             }
         }) as JobFuture<'_>
     })
 }
 
-fn log_told_failure(ctx: &ActorContext, message: &str, failure: Option<(FaultKind, String)>) {
+fn log_told_failure(actor: &str, message: &str, failure: Option<(FaultKind, String)>) {
     if let Some((_, why)) = failure {
-        tracing::warn!(actor = %ctx.name, message, %why, "a told message failed (nobody waits for its reply)");
+        tracing::warn!(actor, message, %why, "a told message failed (nobody waits for its reply)");
     }
 }
 
@@ -264,6 +333,7 @@ impl<A: TypedActor> Actor for Host<A> {
             incarnation: super::registry::fresh_incarnation(),
             generation: args.generation,
             actors: args.actors.clone(),
+            sender: None,
         };
         let actor = A::start(args.args, &ctx)
             .await

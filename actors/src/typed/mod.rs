@@ -3,8 +3,11 @@
 //!
 //! - A kind implements [`TypedActor`] (its name, start arguments, and a [`Protocol`] listing
 //!   each [`RemoteMessage`] it accepts with the roles that may send it) and [`Handles<M>`] per
-//!   message. Messages and replies are rkyv values ([`Wire`]).
-//! - [`Actors::spawn`] starts one by name under the node's supervisor; [`Actors::lookup`] and
+//!   message. Messages and replies are rkyv values ([`Wire`]). A handler whose reply waits on
+//!   work done elsewhere overrides [`Handles::turn`] to give it later ([`Reply::Later`]), so
+//!   the actor's mailbox goes on meanwhile; [`ActorContext::sender`] names who sent a message.
+//! - [`Actors::spawn`] starts one by name under the node's supervisor ([`Actors::child_spec`]
+//!   under a supervisor of the caller's, e.g. among a node's children); [`Actors::lookup`] and
 //!   [`Actors::wait_for`] (woken by announcements, never polling) give an [`ActorHandle`] on any
 //!   node, with [`ActorHandle::call`] and [`ActorHandle::tell`].
 //! - Every remote message rides the one wire path: the service router's role check and
@@ -64,7 +67,9 @@ pub mod queue;
 mod registry;
 mod wire;
 
-pub use actor::{ActorContext, DEFAULT_MAILBOX, Handles, Host, HostMsg, Protocol, TypedActor};
+pub use actor::{
+    ActorContext, DEFAULT_MAILBOX, Handles, Host, HostMsg, LaterReply, Protocol, Reply, TypedActor,
+};
 pub use error::{ActorError, ActorFailure};
 pub use handle::ActorHandle;
 pub use placement::{

@@ -436,7 +436,7 @@ fn serve_binding<A: TypedActor>(binding: Arc<Binding<A>>, described: Described) 
             let d = described.clone().map_err(|e| (FaultKind::Failed, e));
             return Box::pin(async move { d });
         }
-        let queued = queue(&binding, &method, &body, caller.one_way);
+        let queued = queue(&binding, &method, &body, caller.one_way, caller.node);
         Box::pin(async move {
             match queued? {
                 None => Ok(Vec::new()),
@@ -453,6 +453,7 @@ fn queue<A: TypedActor>(
     method: &str,
     body: &[u8],
     one_way: bool,
+    sender: NodeId,
 ) -> Result<Option<oneshot::Receiver<WireReply>>, (FaultKind, String)> {
     let (head, rest) = body.split_at_checked(INCARNATION_PREFIX).ok_or_else(|| {
         (FaultKind::BadRequest, format!("a message of {} bytes has no incarnation header", body.len()))
@@ -475,7 +476,7 @@ fn queue<A: TypedActor>(
         let (t, r) = oneshot::channel();
         (Some(t), Some(r))
     };
-    let job = binding.protocol.dispatch(method, rest, tx)?;
+    let job = binding.protocol.dispatch(method, rest, tx, sender)?;
     binding.enqueue(job).map_err(|e| match e {
         ActorError::Busy { detail, .. } => (FaultKind::Busy, detail),
         e => (FaultKind::Gone, e.to_string()),

@@ -232,8 +232,8 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
 /// The edges this node runs (set when its actors are built, read by its job).
 static LOCAL_EDGES: std::sync::Mutex<Vec<std::sync::Arc<EdgeShared>>> = std::sync::Mutex::new(Vec::new());
 
-/// The child spec of a `coadapt-edge` or `coadapt-camera` entry.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+/// The child specs of a `coadapt-edge` (its front and its scheduler) or `coadapt-camera` entry.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
     let name = a.name.clone().unwrap_or_else(|| a.kind.clone());
     let err = |(f, m): (String, String)| anyhow::anyhow!("{f}: {m}");
     if a.kind == "coadapt-edge" {
@@ -264,11 +264,11 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
                 resumed.cameras
             );
         }
-        edge.serve(&ctx.services);
+        let children = edge.children(&ctx.actors, &name).map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
         if let Ok(mut edges) = LOCAL_EDGES.lock() {
             edges.push(edge.clone());
         }
-        return Ok(edge.child_spec(&name));
+        return Ok(children);
     }
     let (p, schedule) = camera_params(a).map_err(err)?;
     let args = CameraArgs {
@@ -285,9 +285,9 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         report_every: p.report_every,
         edge_timeout: Duration::from_secs(p.edge_timeout_s),
         target_gain: p.target_gain,
-        services: ctx.services.clone(),
+        actors: ctx.actors.clone(),
     };
-    Ok(ChildSpec::new(name, move || (CameraActor, args.clone())))
+    Ok(vec![ChildSpec::new(name, move || (CameraActor, args.clone()))])
 }
 
 /// Waits until every camera is done (see [`CoadaptJob::cameras`]), prints the results, writes the

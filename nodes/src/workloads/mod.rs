@@ -100,13 +100,13 @@ pub const ACTOR_KINDS: &[&str] = &[
 /// Job kinds known to this build.
 pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
 
-/// The child spec for one `[[actors]]` entry.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+/// The child specs for one `[[actors]]` entry, in start order.
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
     match a.kind.as_str() {
-        "hello-expert" => hello::actor(ctx, a),
-        "coe-executor" => coe::actor(ctx, a),
-        "pipeline-worker" => pipeline::actor(ctx, a),
-        "pipeline-foreman" => pipeline::foreman_actor(ctx, a),
+        "hello-expert" => hello::actor(ctx, a).map(|c| vec![c]),
+        "coe-executor" => coe::actor(ctx, a).map(|c| vec![c]),
+        "pipeline-worker" => pipeline::actor(ctx, a).map(|c| vec![c]),
+        "pipeline-foreman" => pipeline::foreman_actor(ctx, a).map(|c| vec![c]),
         "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
         other => bail!("unknown actor kind {other:?}"),
     }
