@@ -7,7 +7,12 @@
 //! generation. When a call finds the incarnation gone ([`ActorError::PeerLost`]), the queue
 //! reports [`Outcome::Lost`] once and ends: the calls behind it are dropped, unsent. The rule
 //! is [`Links::is_current`]: the shell acts on an outcome only while its generation is the
-//! key's current one, so nothing from a link it replaced (or detached) is ever taken for news.
+//! key's current one, so nothing from a link it replaced (or detached) is ever taken for news,
+//! and a replaced or detached link sends nothing more (what was queued on it is dropped).
+//! Calls to one incarnation never overlap across generations: a link attached again to the
+//! incarnation it had (a restarted shell taking its peers over) waits for the call of the old
+//! generation still in flight before its first; a link to another incarnation does not wait
+//! for calls to a dead one.
 //! The queues are tokio tasks: no thread per link, and no call awaits inside the shell.
 
 use std::collections::HashMap;
@@ -45,6 +50,14 @@ pub type Sink<K, E> = Arc<dyn Fn(K, u64, Outcome<E>) + Send + Sync>;
 struct Slot<A, E> {
     generation: u64,
     tx: Option<mpsc::UnboundedSender<Call<A, E>>>,
+    /// The incarnation the last link addressed, and the turn its calls take: held during each
+    /// call, shared by every generation linked to that incarnation.
+    incarnation: Option<u64>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+fn fresh_slot<A, E>() -> Slot<A, E> {
+    Slot { generation: 0, tx: None, incarnation: None, turn: Arc::default() }
 }
 
 /// Per-key ordered call queues with generations (see the module doc). Cheap to clone.
@@ -83,19 +96,35 @@ where
     }
 
     /// Gives `key` a new link through `handle` (ending the previous one, whose queued calls are
-    /// dropped); the new generation.
+    /// dropped); the new generation. When `handle` addresses the incarnation the previous link
+    /// did, the previous link's call in flight finishes before the new link's first call.
     pub fn attach(&self, key: K, handle: ActorHandle<A>) -> u64 {
         let (tx, mut rx) = mpsc::unbounded_channel::<Call<A, E>>();
-        let generation = {
+        let incarnation = handle.incarnation();
+        let (generation, turn) = {
             let mut slots = self.slots();
-            let slot = slots.entry(key.clone()).or_insert(Slot { generation: 0, tx: None });
+            let slot = slots.entry(key.clone()).or_insert_with(fresh_slot);
+            if incarnation.is_none() || slot.incarnation != incarnation {
+                slot.turn = Arc::default();
+            }
+            slot.incarnation = incarnation;
             slot.generation += 1;
             slot.tx = Some(tx);
-            slot.generation
+            (slot.generation, slot.turn.clone())
         };
         let (sink, slots) = (self.sink.clone(), self.slots.clone());
         tokio::spawn(async move {
             while let Some(call) = rx.recv().await {
+                let _turn = turn.lock().await;
+                // replaced or detached while this call waited: it and the rest are dropped
+                let current = slots
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                    .is_some_and(|s| s.generation == generation);
+                if !current {
+                    return;
+                }
                 match call(handle.clone()).await {
                     Ok(e) => sink(key.clone(), generation, Outcome::Done(e)),
                     Err(e) if e.is_lost() => {
@@ -121,6 +150,19 @@ where
         if let Some(slot) = self.slots().get_mut(key) {
             slot.generation += 1;
             slot.tx = None;
+        }
+    }
+
+    /// Ends `key`'s link if `generation` is still its current one (a shell ending its own links
+    /// never ends a newer shell's); true when it did.
+    pub fn detach_generation(&self, key: &K, generation: u64) -> bool {
+        match self.slots().get_mut(key) {
+            Some(slot) if slot.generation == generation => {
+                slot.generation += 1;
+                slot.tx = None;
+                true
+            }
+            _ => false,
         }
     }
 
