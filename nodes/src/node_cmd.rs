@@ -35,7 +35,10 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
                 children.push(device_child(d, config.heartbeat()));
             }
             for a in &config.actors {
-                children.push(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+                // the kinds that need the typed-actor registry start once the runtime is up
+                if let Some(child) = workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))? {
+                    children.push(child);
+                }
             }
             Ok(children)
         });
@@ -104,6 +107,10 @@ pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("listening for SIGHUP (revocation list reloads)")?;
     let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
+    if let Err(e) = workloads::start_with_runtime(&runtime, &context(&cfg, &runtime)).await {
+        runtime.shutdown().await;
+        return Err(e);
+    }
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
     let _metrics = match cfg.metrics.listen {
         Some(addr) => {
@@ -154,13 +161,18 @@ async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signa
     }
 }
 
-async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
-    let ctx = NodeContext {
+/// What a workload gets from the running node.
+fn context(cfg: &NodeConfig, runtime: &NodeRuntime) -> NodeContext {
+    NodeContext {
         config: cfg.clone(),
         link: runtime.link.clone(),
         services: runtime.services.clone(),
         membership: runtime.membership_events(),
-    };
+    }
+}
+
+async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
+    let ctx = context(cfg, &runtime);
     // one SIGINT and SIGTERM listener for the node's whole life: a ctrl-c that arrives between the
     // job's end and the linger loop (as `troupe up` sends it on reading the job's end) is kept,
     // not missed; SIGTERM (what systemd and docker send) stops the node the same graceful way

@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use serde::de::DeserializeOwned;
 use troupe_actors::NodeRuntime;
-use troupe_actors::supervisor::ChildSpec;
+use troupe_actors::supervisor::{ChildSpec, SupervisorMsg};
 use troupe_transport::QuicNode;
 
 use crate::config::{ActorConfig, JobConfig, NodeConfig};
@@ -98,16 +98,38 @@ pub const ACTOR_KINDS: &[&str] = &[
 /// Job kinds known to this build.
 pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
 
-/// The child spec for one `[[actors]]` entry.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
-    match a.kind.as_str() {
-        "hello-expert" => hello::actor(ctx, a),
-        "coe-executor" => coe::actor(ctx, a),
-        "pipeline-worker" => pipeline::actor(ctx, a),
-        "pipeline-foreman" => pipeline::foreman_actor(ctx, a),
-        "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
+/// Actor kinds started once the runtime is up ([`start_with_runtime`]) rather than among the
+/// root supervisor's first children: they need the node's typed-actor registry.
+pub const RUNTIME_KINDS: &[&str] = &["pipeline-worker", "pipeline-foreman"];
+
+/// The child spec for one `[[actors]]` entry; `None` for the kinds in [`RUNTIME_KINDS`].
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Option<ChildSpec>> {
+    Ok(Some(match a.kind.as_str() {
+        "hello-expert" => hello::actor(ctx, a)?,
+        "coe-executor" => coe::actor(ctx, a)?,
+        "pipeline-worker" | "pipeline-foreman" => return Ok(None),
+        "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a)?,
         other => bail!("unknown actor kind {other:?}"),
+    }))
+}
+
+/// Starts the `[[actors]]` entries of the kinds in [`RUNTIME_KINDS`] under the node's root
+/// supervisor: the pipeline worker (a typed actor, spawned by name) and the pipeline foreman
+/// service (it reaches the workers through typed handles).
+pub async fn start_with_runtime(runtime: &NodeRuntime, ctx: &NodeContext) -> Result<()> {
+    for a in &ctx.config.actors {
+        match a.kind.as_str() {
+            "pipeline-worker" => pipeline::spawn_worker(runtime, ctx, a).await?,
+            "pipeline-foreman" => {
+                let spec = pipeline::foreman_actor(ctx, &runtime.actors, a)?;
+                let started = ractor::call!(runtime.supervisor, SupervisorMsg::StartChild, spec)
+                    .map_err(|e| anyhow::anyhow!("starting the pipeline foreman: {e}"))?;
+                started.map_err(|e| anyhow::anyhow!("starting the pipeline foreman: {e}"))?;
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 /// Runs the node's job to completion.
