@@ -15,7 +15,8 @@
 //!
 //! Actors covered: the scheduler shell ([`crate::kinds::scheduler::SchedulerActor`]: the coe
 //! scheduler, the pipeline foreman, the coadapt edge; its inputs, not its timer ticks), the coe
-//! executor actor and the pipeline worker actor. The service router and its per-connection
+//! executor actor. (Typed actors, the pipeline worker among them, bound their mailbox with
+//! [`crate::typed::Protocol::mailbox`] instead.) The service router and its per-connection
 //! handlers are tokio tasks, not actors; their queue is the admission count the request service
 //! publishes in [`crate::live`].
 //!

@@ -322,6 +322,37 @@ async fn links_run_calls_in_order_and_a_lost_incarnation_ends_its_generation() {
         (7, 2, Outcome::Done(0)) => {}
         other => panic!("the restarted incarnation starts from its arguments: {other:?}"),
     }
+    // a link replaced while a call is in flight: what was queued behind that call is dropped,
+    // and the new link to the same incarnation waits for the call before its first
+    let resolved = sched.actors.lookup::<Counter>("linked").await.unwrap();
+    assert_eq!(links.attach(7, resolved.clone()), 3);
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let (release, held) = tokio::sync::oneshot::channel::<()>();
+    links
+        .submit(&7, move |h| {
+            Box::pin(async move {
+                let _ = started_tx.send(());
+                let _ = held.await;
+                h.call(Get, T).await
+            })
+        })
+        .unwrap();
+    started.await.unwrap();
+    links.call(&7, Add(5), T, |t| t).unwrap();
+    links.call(&7, Add(6), T, |t| t).unwrap();
+    assert_eq!(links.attach(7, resolved), 4);
+    links.call(&7, Get, T, |t| t).unwrap();
+    release.send(()).unwrap();
+    match rx.recv().await.unwrap() {
+        (7, 3, Outcome::Done(0)) => {}
+        other => panic!("the call in flight finishes first: {other:?}"),
+    }
+    match rx.recv().await.unwrap() {
+        (7, 4, Outcome::Done(0)) => {}
+        other => panic!("the adds queued on the replaced link were never sent: {other:?}"),
+    }
+    assert!(!links.detach_generation(&7, 3), "an old generation ends nothing");
+    assert!(links.detach_generation(&7, 4) && !links.is_live(&7));
     sched.shutdown().await;
     host.shutdown().await;
 }

@@ -156,14 +156,19 @@ async fn reload_on_sighup(cfg: NodeConfig, link: QuicNode, mut hup: tokio::signa
     }
 }
 
-async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
-    let ctx = NodeContext {
+/// What a workload gets from the running node.
+fn context(cfg: &NodeConfig, runtime: &NodeRuntime) -> NodeContext {
+    NodeContext {
         config: cfg.clone(),
         link: runtime.link.clone(),
         services: runtime.services.clone(),
         membership: runtime.membership_events(),
         actors: runtime.actors.clone(),
-    };
+    }
+}
+
+async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
+    let ctx = context(cfg, &runtime);
     // one SIGINT and SIGTERM listener for the node's whole life: a ctrl-c that arrives between the
     // job's end and the linger loop (as `troupe up` sends it on reading the job's end) is kept,
     // not missed; SIGTERM (what systemd and docker send) stops the node the same graceful way

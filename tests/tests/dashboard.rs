@@ -214,9 +214,10 @@ fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
     assert!(dom.contains("cpu0 (cpu)") && dom.contains("64.0 MiB"), "a's device budget is shown:\n{dom}");
     // w's worker reports the stage it holds (none: no foreman has loaded one), from its node
     assert!(dom.contains("w: no stage live"), "the pipeline worker's stage is shown:\n{dom}");
-    // its worker actor's mailbox depth, counted by w's runtime (listed from the actor's start)
-    assert!(dom.contains("data-mailbox=\"w/pipeline-worker\""), "w's worker mailbox is shown:\n{dom}");
-    assert!(dom.contains("pipeline-worker: 0 queued"), "w's idle worker has no message queued:\n{dom}");
+    // its worker actor's mailbox depth, counted by w's runtime (listed from the actor's start;
+    // the worker is a typed actor, counted under its name `pipeline-worker/w`)
+    assert!(dom.contains("data-mailbox=\"w/pipeline-worker/w\""), "w's worker mailbox is shown:\n{dom}");
+    assert!(dom.contains("pipeline-worker/w: 0 queued"), "w's idle worker has no message queued:\n{dom}");
     assert!(dom.contains("device memory over time"), "what the status lacks is listed as missing:\n{dom}");
 
     // 2. An open page sees b go down: it keeps its stream until b shows down, so the browser run

@@ -30,6 +30,15 @@ pub enum ExecLink {
     },
 }
 
+impl crate::typed::queue::LinkHandle for ExecLink {
+    fn incarnation(&self) -> Option<u64> {
+        match self {
+            ExecLink::Local(_) => None,
+            ExecLink::Remote { handle, .. } => handle.incarnation(),
+        }
+    }
+}
+
 impl ExecLink {
     /// Carries out `cmd` on executor `exec`: its event (none for an eviction; `Event::Failed`
     /// for the executor's own failure or a reply that does not fit), or `PeerLost` when the

@@ -1,18 +1,23 @@
 //! The foreman shell: carries out the decisions of `troupe_policy::pipeline::Foreman` over the
 //! cluster.
 //!
-//! It finds the workers (nodes announcing a `pipeline-worker/NODE` service, see [`SERVICE_PREFIX`];
-//! calls are role-checked service calls on the data plane, for the `scheduler` role only), asks
-//! each to join, submits the job to
-//! the policy and then loops: policy actions become requests on a per-worker queue (performed in
-//! order, one RPC at a time, so a `SendStage` lands before the `Load` after it); answers,
-//! telemetry (polled every `telemetry_period`, RTT from QUIC) and membership events go back into
-//! the policy. Completed outputs are held here, so a lost worker loses only what it was doing.
-//! A worker is declared lost when membership says it is down, when an RPC to it fails at the
-//! transport level, or when its telemetry answers with another pid than the one that joined (its
-//! node was killed and started again before membership noticed: the calls out to the dead
-//! process would otherwise wait out the call timeout, as the replaced connection never reports
-//! the peer gone); its tasks are re-planned by the policy and each move is logged.
+//! It finds the workers (members announcing a typed [`PipelineWorker`] actor named
+//! [`worker_name`]`(NODE)`; each message is role-checked, for the `scheduler` role only), asks
+//! each to join, submits the job to the policy and then loops: policy actions become calls on
+//! the worker's link, one ordered queue per worker ([`crate::typed::Links`]: performed in
+//! order, one call at a time, so a `Fetch` lands before the `Load` after it); outcomes come back
+//! tagged with the link's generation (an outcome of a generation since replaced or ended is
+//! ignored), and with telemetry (polled every `telemetry_period` by a direct typed call, RTT
+//! from QUIC) and membership events they go back into the policy. Completed outputs are held
+//! here, so a lost worker loses only what it was doing. A worker is declared lost when
+//! membership says it is down, when a call to it finds its incarnation gone or gets no answer
+//! within the timeout (`ActorError::PeerLost`, `ActorError::Timeout`: its link ends), or when
+//! its telemetry answers with another pid than the one that joined (its node was killed and
+//! started again before membership noticed: the calls out to the dead process would otherwise
+//! wait out the call timeout, as the replaced connection never reports the peer gone); its
+//! tasks are re-planned by the policy and each move is logged. A refused message or a worker's
+//! own failure (`Forbidden`, `BadMessage`, `Failed`) is a problem with the request, not a lost
+//! worker.
 //!
 //! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
 //! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
@@ -27,15 +32,17 @@
 //! shelf when it made them). The foreman carries control, job inputs and the last stage's
 //! answers only; the bytes are counted as they move ([`ActivationBytes`]). Outputs kept on a
 //! worker that is lost before the next stage read them are made again (the policy's
-//! `handle_outputs_lost`). A lost worker whose node comes back (its worker service announced again)
-//! is joined again under its old id and put back in service within the same job.
+//! `handle_outputs_lost`). A lost worker whose node comes back (its worker actor announced again)
+//! is joined again under its old id and put back in service, on a new link, within the same job.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::{debug, info, warn};
 use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::coding::compress_activations;
@@ -51,15 +58,16 @@ use ractor::ActorRef;
 use super::job::PipelineJob;
 use super::ledger::{Ledger, Resumed};
 use super::wire::{
-    BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Moved, Request, Response, RunTimes, TelemetrySample,
-    TensorBody, WireNamed, WorkerStats, decode_tensors_from, encode_tensors, response_from_bytes, to_bytes,
+    BlobShelf, EncodeTally, Fetch, GetStats, GetTelemetry, Join, Joined, Load, MAX_MESSAGE_DECODED_BYTES,
+    Moved, Ran, Run, RunReply, RunTimes, TelemetrySample, TensorBody, Unload, WireNamed, WorkerStats,
+    decode_tensors_from, encode_tensors,
 };
-use super::worker::{CALL, SERVICE_PREFIX};
+use super::worker::{PipelineWorker, WORKER_PREFIX, worker_name};
 use crate::kinds::scheduler::{SchedulerActor, SchedulerArgs, SchedulerMsg};
-use crate::service::{CallError as ServiceCallError, Services};
+use crate::service::Services;
 use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent};
+use crate::typed::{ActorError, ActorHandle, Actors, Handles, Links, Outcome, RemoteMessage, service_name};
 use troupe_transport::codec::DecodeBudget;
-use troupe_transport::service::FaultKind;
 
 /// Longest a join of a lost worker's node may take before it is tried again.
 const REJOIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -315,48 +323,43 @@ pub enum Progress {
     },
 }
 
-#[derive(Debug)]
-enum CallError {
-    Transport(String),
-    Remote(String),
+/// A worker as the foreman reaches it: a typed handle to its actor.
+type WorkerHandle = ActorHandle<PipelineWorker>;
+
+/// The foreman's per-worker call queues (key: worker index), shared by every foreman
+/// incarnation of the job: one ordered queue per worker, one generation rule.
+type WorkerLinks = Links<usize, ActorHandle<PipelineWorker>, Step>;
+
+/// What one queued call produced, and when it ran (seconds from job start).
+struct Step {
+    start: f64,
+    end: f64,
+    kind: EventKind,
 }
 
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Transport(e) => write!(f, "transport: {e}"),
-            CallError::Remote(e) => write!(f, "{e}"),
-        }
+type StepFuture = Pin<Box<dyn Future<Output = Result<Step, ActorError>> + Send>>;
+
+/// A call's error as the foreman reads it: a refusal or failure the worker answered with (a
+/// problem with the request, as text), or the worker lost (gone, or silent past the timeout):
+/// the error that ends its link.
+fn refusal(actor: &str, e: ActorError) -> Result<String, ActorError> {
+    match e {
+        ActorError::Failed { detail, .. } => Ok(detail),
+        e @ (ActorError::Forbidden { .. } | ActorError::BadMessage { .. }) => Ok(e.to_string()),
+        e @ ActorError::PeerLost { .. } => Err(e),
+        e => Err(ActorError::PeerLost { actor: actor.to_owned(), reason: e.to_string() }),
     }
 }
 
-/// A worker as the foreman reaches it: its node and its service.
-#[derive(Clone)]
-struct Target {
-    services: Services,
-    peer: NodeId,
-    service: String,
-}
-
-async fn call(target: &Target, req: &Request, timeout: Duration) -> Result<Response, CallError> {
-    let bytes = to_bytes("request", req).map_err(|e| CallError::Remote(e.to_string()))?;
-    let answer = target.services.call(&target.peer, &target.service, CALL, bytes, timeout).await.map_err(
-        |e| match e {
-            // refused by the worker's router: a problem with the request, not a lost worker
-            ServiceCallError::Remote {
-                kind:
-                    FaultKind::Forbidden
-                    | FaultKind::UnknownService
-                    | FaultKind::UnknownMethod
-                    | FaultKind::BadRequest,
-                ..
-            } => CallError::Remote(e.to_string()),
-            other => CallError::Transport(other.to_string()),
-        },
-    )?;
-    match response_from_bytes(&answer).map_err(|e| CallError::Transport(e.to_string()))? {
-        Response::Error(e) => Err(CallError::Remote(e)),
-        r => Ok(r),
+/// Calls the worker: its reply, or its refusal as text; `Err` when the worker is lost.
+async fn ask<M>(h: &WorkerHandle, msg: M, timeout: Duration) -> Result<Result<M::Reply, String>, ActorError>
+where
+    M: RemoteMessage,
+    PipelineWorker: Handles<M>,
+{
+    match h.call(msg, timeout).await {
+        Ok(r) => Ok(Ok(r)),
+        Err(e) => refusal(h.name(), e).map(Err),
     }
 }
 
@@ -377,7 +380,7 @@ enum Held {
     At { worker: usize, refs: Vec<WireNamed> },
 }
 
-struct Ran {
+struct TaskRan {
     outputs: Held,
     compute_micros: u64,
     raw: u64,
@@ -395,32 +398,36 @@ struct Ran {
 enum EventKind {
     Fetched {
         stage: usize,
-        result: Result<bool, CallError>,
+        result: Result<bool, String>,
     },
     Loaded {
         stage: usize,
-        result: Result<(), CallError>,
+        result: Result<(), String>,
     },
-    Unloaded(Result<(), CallError>),
+    Unloaded,
     Ran {
         task: TaskId,
-        result: Result<Ran, CallError>,
+        result: Result<TaskRan, String>,
     },
+    /// A join through the worker's link as an incarnation starts (its answer went to `recover`).
+    Joined,
     Telemetry(TelemetrySample),
     /// A lost worker's node came back and its worker answered a join.
     Rejoined {
-        target: Target,
-        report: Box<Response>,
+        handle: WorkerHandle,
+        report: Box<Joined>,
     },
-    /// Joining a lost worker again failed (retried at the next announcement).
+    /// Joining a lost worker again failed (retried at once, and at the next announcement).
     RejoinFailed,
+    /// The worker's link ended: the worker is gone, or silent past the timeout.
+    Lost(String),
 }
 
 struct Event {
     worker: usize,
-    /// The worker's incarnation the event is about (its `rejoined` count when the executor or
-    /// poll that sent it started): events about an incarnation since replaced are stale.
-    epoch: usize,
+    /// The generation of the worker's link the event is about (for telemetry, the one current
+    /// when the poll started): events of a generation since replaced or ended are stale.
+    generation: u64,
     start: f64,
     end: f64,
     kind: EventKind,
@@ -428,14 +435,17 @@ struct Event {
 
 struct Handle {
     node: String,
-    actor: Target,
-    queue: Option<mpsc::UnboundedSender<Cmd>>,
-    lost: Arc<AtomicBool>,
+    /// The handle its link calls through (addresses the incarnation that joined).
+    actor: WorkerHandle,
+    /// Telemetry polls: by name, so a restarted worker answers with its new pid.
+    probe: WorkerHandle,
+    /// The generation of its link this incarnation of the foreman attached.
+    generation: u64,
     summary: WorkerSummary,
     pulled: Vec<bool>,
 }
 
-/// Context a worker's executor needs.
+/// Context a worker's queued calls need.
 #[derive(Clone)]
 struct ExecCtx {
     link: QuicNode,
@@ -447,127 +457,155 @@ struct ExecCtx {
     crowd: Arc<Vec<NodeId>>,
     timeout: Duration,
     t0: Instant,
+    /// Telemetry and rejoin answers (calls made outside the links).
     events: mpsc::UnboundedSender<Event>,
-    /// One lock per worker, held during each call and shared by every foreman incarnation, so
-    /// a restarted foreman's join waits for a dead incarnation's call in flight. A worker that
-    /// rejoins gets a fresh lock: calls to its dead process are nobody's business.
-    rpc_locks: RpcLocks,
 }
 
-/// Per worker, the lock its calls hold (replaced when the worker rejoins).
-type RpcLocks = Arc<Vec<std::sync::Mutex<Arc<tokio::sync::Mutex<()>>>>>;
-
-/// The lock worker `worker`'s calls hold now.
-fn rpc_lock(locks: &RpcLocks, worker: usize) -> Option<Arc<tokio::sync::Mutex<()>>> {
-    locks.get(worker).map(|l| l.lock().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone()))
-}
-
-async fn executor(
+/// The call `cmd` makes on worker `worker`'s link, timed, as one queued step.
+fn step(
     ctx: ExecCtx,
     worker: usize,
-    epoch: usize,
     node: String,
-    actor: Target,
-    lost: Arc<AtomicBool>,
-    mut queue: mpsc::UnboundedReceiver<Cmd>,
-) {
-    while let Some(cmd) = queue.recv().await {
-        if lost.load(Ordering::SeqCst) {
-            return;
-        }
-        let Some(lock) = rpc_lock(&ctx.rpc_locks, worker) else { return };
-        let _held = lock.lock().await;
-        // checked again: the incarnation that queued this may have died while it waited
-        if lost.load(Ordering::SeqCst) {
-            return;
-        }
-        let start = ctx.t0.elapsed().as_secs_f64();
-        let kind = match cmd {
-            Cmd::Fetch { stage, sha256, blob, size } => {
-                let req =
-                    Request::Fetch { stage: stage as u32, sha256, blob, size, from: ctx.foreman.clone() };
-                let result = call(&actor, &req, ctx.timeout).await.and_then(|r| match r {
-                    Response::Fetched { cached, .. } => Ok(cached),
-                    other => Err(CallError::Remote(format!("unexpected answer {other:?}"))),
-                });
-                EventKind::Fetched { stage, result }
-            }
-            Cmd::Load { stage, sha256 } => {
-                let req = Request::Load { stage: stage as u32, sha256 };
-                let result = call(&actor, &req, ctx.timeout).await.map(|_| ());
-                EventKind::Loaded { stage, result }
-            }
-            Cmd::Unload => EventKind::Unloaded(call(&actor, &Request::Unload, ctx.timeout).await.map(|_| ())),
-            Cmd::Run { task, tensors, keep_outputs } => {
-                let req = Request::Run {
-                    input: task.input as u32,
-                    stage: task.stage as u32,
-                    tensors,
-                    from: ctx.foreman.clone(),
-                    lossy_bf16: ctx.lossy_bf16,
-                    compress: compress_activations(ctx.crowd.iter().map(|p| ctx.link.same_host(p))),
-                    keep_outputs,
-                };
-                let called = Instant::now();
-                let mut answer = call(&actor, &req, ctx.timeout).await;
-                let mut relayed = 0u64;
-                if let Ok(Response::PullFailed { node: holder, detail }) = &answer {
-                    // the worker could not reach the one holding its inputs: relay them here
-                    // (counted as activation bytes through the foreman) and ask once more
-                    warn!(worker = %node, %holder, %detail, "pull between workers failed; the foreman relays");
-                    answer = match relay(&ctx, req).await {
-                        Ok((req, bytes)) => {
-                            relayed = bytes;
-                            call(&actor, &req, ctx.timeout).await
-                        }
-                        Err(e) => Err(CallError::Remote(e)),
-                    };
+    cmd: Cmd,
+) -> impl FnOnce(WorkerHandle) -> StepFuture + Send {
+    move |h| {
+        Box::pin(async move {
+            let start = ctx.t0.elapsed().as_secs_f64();
+            let timeout = ctx.timeout;
+            let kind = match cmd {
+                Cmd::Fetch { stage, sha256, blob, size } => {
+                    let msg = Fetch { stage: stage as u32, sha256, blob, size, from: ctx.foreman.clone() };
+                    EventKind::Fetched { stage, result: ask(&h, msg, timeout).await?.map(|f| f.cached) }
                 }
-                let call_s = called.elapsed().as_secs_f64();
-                let result = match answer {
-                    Ok(Response::Ran {
-                        tensors,
-                        compute_micros,
-                        raw_f32_bytes,
-                        wire_f32_bytes,
-                        max_abs_error,
-                        times,
-                        ..
-                    }) => match ran_outputs(&ctx, worker, &node, tensors, keep_outputs).await {
-                        Ok((outputs, inline, pulled)) => Ok(Ran {
-                            outputs,
-                            compute_micros,
-                            raw: raw_f32_bytes,
-                            wire: wire_f32_bytes,
-                            max_abs_error,
-                            times,
-                            call_s,
-                            activation_bytes_in: relayed + if keep_outputs { inline + pulled } else { 0 },
-                            output_bytes_in: if keep_outputs { 0 } else { inline + pulled },
-                        }),
-                        Err(e) => Err(CallError::Remote(e.to_string())),
-                    },
-                    Ok(other) => Err(CallError::Remote(format!("unexpected answer {other:?}"))),
-                    Err(e) => Err(e),
-                };
-                EventKind::Ran { task, result }
-            }
-        };
-        let end = ctx.t0.elapsed().as_secs_f64();
-        if ctx.events.send(Event { worker, epoch, start, end, kind }).is_err() {
-            return;
-        }
+                Cmd::Load { stage, sha256 } => {
+                    let msg = Load { stage: stage as u32, sha256 };
+                    EventKind::Loaded { stage, result: ask(&h, msg, timeout).await?.map(|_| ()) }
+                }
+                Cmd::Unload => {
+                    // a refused unload changes nothing the foreman tracks
+                    let _ = ask(&h, Unload, timeout).await?;
+                    EventKind::Unloaded
+                }
+                Cmd::Run { task, tensors, keep_outputs } => {
+                    run_task(&ctx, &h, worker, &node, task, tensors, keep_outputs).await?
+                }
+            };
+            Ok(Step { start, end: ctx.t0.elapsed().as_secs_f64(), kind })
+        })
     }
+}
+
+/// Unloads (when asked) and joins a worker as the first step of its link; the answer goes to
+/// `joined` (`None`: it did not join).
+fn join_step(
+    unload: bool,
+    timeout: Duration,
+    t0: Instant,
+    joined: oneshot::Sender<Option<Joined>>,
+) -> impl FnOnce(WorkerHandle) -> StepFuture + Send {
+    move |h| {
+        Box::pin(async move {
+            let start = t0.elapsed().as_secs_f64();
+            let unloaded = if unload {
+                h.call(Unload, timeout).await.map_err(|e| {
+                    warn!(error = %e, "worker did not unload; skipped");
+                    e
+                })
+            } else {
+                Ok(())
+            };
+            let answer = match unloaded {
+                Ok(()) => h.call(Join, timeout).await.map_err(|e| {
+                    warn!(error = %e, "worker did not join; skipped");
+                    e
+                }),
+                Err(e) => Err(e),
+            };
+            let step = |kind| Step { start, end: t0.elapsed().as_secs_f64(), kind };
+            match answer {
+                Ok(report) => {
+                    let _ = joined.send(Some(report));
+                    Ok(step(EventKind::Joined))
+                }
+                Err(e) => {
+                    let _ = joined.send(None);
+                    refusal(h.name(), e).map(|_| step(EventKind::Joined))
+                }
+            }
+        })
+    }
+}
+
+/// Runs `task` on the worker (relaying its inputs once if it could not pull them), and reads
+/// its outputs; `Err` when the worker is lost.
+async fn run_task(
+    ctx: &ExecCtx,
+    h: &WorkerHandle,
+    worker: usize,
+    node: &str,
+    task: TaskId,
+    tensors: Vec<WireNamed>,
+    keep_outputs: bool,
+) -> Result<EventKind, ActorError> {
+    let req = Run {
+        input: task.input as u32,
+        stage: task.stage as u32,
+        tensors,
+        from: ctx.foreman.clone(),
+        lossy_bf16: ctx.lossy_bf16,
+        compress: compress_activations(ctx.crowd.iter().map(|p| ctx.link.same_host(p))),
+        keep_outputs,
+    };
+    let called = Instant::now();
+    let mut answer = ask(h, req.clone(), ctx.timeout).await?;
+    let mut relayed = 0u64;
+    if let Ok(RunReply::PullFailed { node: holder, detail }) = &answer {
+        // the worker could not reach the one holding its inputs: relay them here
+        // (counted as activation bytes through the foreman) and ask once more
+        warn!(worker = %node, %holder, %detail, "pull between workers failed; the foreman relays");
+        answer = match relay(ctx, req).await {
+            Ok((req, bytes)) => {
+                relayed = bytes;
+                ask(h, req, ctx.timeout).await?
+            }
+            Err(e) => Err(e),
+        };
+    }
+    let call_s = called.elapsed().as_secs_f64();
+    let result = match answer {
+        Ok(RunReply::Ran(Ran {
+            tensors,
+            compute_micros,
+            raw_f32_bytes,
+            wire_f32_bytes,
+            max_abs_error,
+            times,
+            ..
+        })) => match ran_outputs(ctx, worker, node, tensors, keep_outputs).await {
+            Ok((outputs, inline, pulled)) => Ok(TaskRan {
+                outputs,
+                compute_micros,
+                raw: raw_f32_bytes,
+                wire: wire_f32_bytes,
+                max_abs_error,
+                times,
+                call_s,
+                activation_bytes_in: relayed + if keep_outputs { inline + pulled } else { 0 },
+                output_bytes_in: if keep_outputs { 0 } else { inline + pulled },
+            }),
+            Err(e) => Err(e.to_string()),
+        },
+        Ok(other) => Err(format!("unexpected answer {other:?}")),
+        Err(e) => Err(e),
+    };
+    Ok(EventKind::Ran { task, result })
 }
 
 /// `req` with its [`TensorBody::At`] inputs pulled here from the workers holding them and put on
 /// the foreman's shelf (the worker then pulls them from the foreman), and the bytes relayed.
-async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
-    let Request::Run { input, stage, mut tensors, from, lossy_bf16, compress, keep_outputs } = req else {
-        return Err("only a task's inputs are relayed".into());
-    };
+async fn relay(ctx: &ExecCtx, mut req: Run) -> Result<(Run, u64), String> {
     let mut bytes = 0u64;
-    for t in &mut tensors {
+    for t in &mut req.tensors {
         if let TensorBody::At { node, blob, len } = &t.body {
             let cap = u32::try_from(*len).map_err(|_| format!("tensor {}: {len} bytes", t.name))?;
             let got = ctx
@@ -580,7 +618,7 @@ async fn relay(ctx: &ExecCtx, req: Request) -> Result<(Request, u64), String> {
             t.body = TensorBody::ByRef { blob: id, len: *len };
         }
     }
-    Ok((Request::Run { input, stage, tensors, from, lossy_bf16, compress, keep_outputs }, bytes))
+    Ok((req, bytes))
 }
 
 /// A task's outputs from its answer: references to the worker's shelf when it kept them (an
@@ -624,26 +662,34 @@ fn policy_telemetry(t: &TelemetrySample, rtt_ms: f64) -> Telemetry {
     }
 }
 
-/// Waits for `settings.workers` remote pipeline workers (nodes that announced a worker
-/// service; woken by announcements, not polling) and returns them sorted by node name.
+/// A member's worker: its node and its typed-actor name.
+type Target = (NodeId, String);
+
+/// Waits for `settings.workers` remote pipeline workers (members that announced a worker
+/// actor; woken by announcements, not polling) and returns them sorted by node name.
 async fn discover(services: &Services, settings: &ShellSettings) -> Result<Vec<Target>, ShellError> {
-    let targets = |found: Vec<(NodeId, String)>| -> Vec<Target> {
+    let prefix = service_name(WORKER_PREFIX);
+    let at = service_name("");
+    let named = |found: Vec<(NodeId, String)>| -> Vec<Target> {
         found
             .into_iter()
-            .map(|(peer, service)| Target { services: services.clone(), peer, service })
+            .filter_map(|(peer, service)| {
+                let name = service.strip_prefix(at.as_str())?.to_owned();
+                Some((peer, name))
+            })
             .collect()
     };
     let wanted = settings.workers;
     match services
         .wait_for(settings.join_timeout, |s| {
-            let found = s.services_with_prefix(SERVICE_PREFIX);
+            let found = s.services_with_prefix(&prefix);
             (found.len() >= wanted).then_some(found)
         })
         .await
     {
-        Some(found) => Ok(targets(found)),
+        Some(found) => Ok(named(found)),
         None => Err(ShellError::TooFewWorkers {
-            found: services.services_with_prefix(SERVICE_PREFIX).len(),
+            found: services.services_with_prefix(&prefix).len(),
             wanted,
             secs: settings.join_timeout.as_secs(),
         }),
@@ -670,6 +716,7 @@ struct Shell {
     done: bool,
     failed: Option<TaskId>,
     services: Services,
+    actors: Actors,
     ctx: ExecCtx,
     /// Lost workers, put back in service when their worker service is announced again.
     rejoining: std::collections::BTreeSet<String>,
@@ -680,12 +727,12 @@ struct Shell {
     all_lost_since: Option<Instant>,
 }
 
-/// A dead or finished incarnation's executors stop before their next call: commands still
-/// queued for them were decided by a policy that no longer exists.
+/// A dead or finished incarnation's links end (unless a newer incarnation replaced them): the
+/// calls still queued on them were decided by a policy that no longer exists.
 impl Drop for Shell {
     fn drop(&mut self) {
-        for h in &self.workers {
-            h.lost.store(true, Ordering::SeqCst);
+        for (i, h) in self.workers.iter().enumerate() {
+            self.shared.links.detach_generation(&i, h.generation);
         }
     }
 }
@@ -710,10 +757,11 @@ impl Shell {
         self.workers.get(w.0 as usize).map_or_else(|| w.to_string(), |h| h.node.clone())
     }
 
+    /// Queues `cmd` on the worker's link (nothing when the worker is lost).
     fn send(&mut self, w: WorkerId, cmd: Cmd) {
-        if let Some(q) = self.workers.get(w.0 as usize).and_then(|h| h.queue.as_ref()) {
-            let _ = q.send(cmd);
-        }
+        let worker = w.0 as usize;
+        let Some(h) = self.workers.get(worker).filter(|h| !h.summary.lost) else { return };
+        let _ = self.shared.links.submit(&worker, step(self.ctx.clone(), worker, h.node.clone(), cmd));
     }
 
     fn drain(&mut self) {
@@ -851,8 +899,7 @@ impl Shell {
             return;
         }
         h.summary.lost = true;
-        h.lost.store(true, Ordering::SeqCst);
-        h.queue = None;
+        self.shared.links.detach_generation(&worker, h.generation);
         let node = h.node.clone();
         self.rejoining.insert(node.clone());
         self.log(format!("worker {node} lost ({why}); re-planning its tasks"));
@@ -894,77 +941,57 @@ impl Shell {
         }
     }
 
-    /// Joins again every rejoining worker whose service is announced (the answer arrives as an
-    /// [`EventKind::Rejoined`] event).
+    /// Joins again every rejoining worker whose actor is announced (the answer arrives as an
+    /// [`EventKind::Rejoined`] event). The join is a direct typed call, not through the links:
+    /// the worker has none until it is back, and the call goes to whichever incarnation the
+    /// name resolves to now.
     fn try_rejoin(&mut self) {
         let directory = self.services.directory();
-        let ready: Vec<(String, Target)> = self
+        let ready: Vec<(String, String)> = self
             .rejoining
             .iter()
             .filter(|node| !self.joining.contains(*node))
             .filter_map(|node| {
-                let (peer, names) = directory.iter().find(|(p, _)| p.as_str() == node)?;
-                let service = names.iter().find(|n| n.starts_with(SERVICE_PREFIX))?.clone();
-                Some((node.clone(), Target { services: self.services.clone(), peer: peer.clone(), service }))
+                let name = worker_name(node);
+                let service = service_name(&name);
+                let (_, names) = directory.iter().find(|(p, _)| p.as_str() == node)?;
+                names.contains(&service).then(|| (node.clone(), name))
             })
             .collect();
-        for (node, target) in ready {
+        for (node, name) in ready {
             let Some(&worker) = self.by_node.get(&node) else { continue };
             self.joining.insert(node.clone());
             // short: the directory may still name the dead incarnation's connection; a failed
             // try is retried at once, and then reaches the new one
-            let epoch = self.workers.get(worker).map_or(0, |h| h.summary.rejoined);
+            let handle = WorkerHandle::by_name(&self.actors, &name);
             let (events, timeout, t0) =
                 (self.ctx.events.clone(), REJOIN_TIMEOUT.min(self.settings.rpc_timeout), self.t0);
             tokio::spawn(async move {
                 let start = t0.elapsed().as_secs_f64();
-                let kind = match call(&target, &Request::Join, timeout).await {
-                    Ok(report @ Response::Joined { .. }) => {
-                        EventKind::Rejoined { target, report: Box::new(report) }
-                    }
-                    Ok(other) => {
-                        warn!(%node, answer = ?other, "rejoining worker gave an unexpected join answer");
-                        EventKind::RejoinFailed
-                    }
+                let kind = match handle.call(Join, timeout).await {
+                    Ok(report) => EventKind::Rejoined { handle, report: Box::new(report) },
                     Err(e) => {
                         warn!(%node, error = %e, "rejoining worker did not join (retried when it is announced again)");
                         EventKind::RejoinFailed
                     }
                 };
                 let end = t0.elapsed().as_secs_f64();
-                let _ = events.send(Event { worker, epoch, start, end, kind });
+                let _ = events.send(Event { worker, generation: 0, start, end, kind });
             });
         }
     }
 
-    /// Puts a lost worker back in service under its old id, with a fresh executor queue.
-    fn rejoin(&mut self, worker: usize, target: Target, report: Response) {
-        let Response::Joined { node, pid, cached, live, straggler, telemetry } = report else { return };
+    /// Puts a lost worker back in service under its old id, on a new link (a new generation).
+    fn rejoin(&mut self, worker: usize, handle: WorkerHandle, report: Joined) {
+        let Joined { node, pid, cached, live, straggler, telemetry } = report;
         let Some(h) = self.workers.get_mut(worker) else { return };
         if !h.summary.lost {
             return;
         }
         let rtt_ms = self.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        if let Some(slot) = self.ctx.rpc_locks.get(worker)
-            && let Ok(mut l) = slot.lock()
-        {
-            *l = Arc::new(tokio::sync::Mutex::new(()));
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let lost = Arc::new(AtomicBool::new(false));
-        let epoch = h.summary.rejoined + 1;
-        tokio::spawn(executor(
-            self.ctx.clone(),
-            worker,
-            epoch,
-            node.clone(),
-            target.clone(),
-            lost.clone(),
-            rx,
-        ));
-        h.actor = target;
-        h.queue = Some(tx);
-        h.lost = lost;
+        h.generation = self.shared.links.attach(worker, handle.clone());
+        h.probe = WorkerHandle::by_name(&self.actors, handle.name());
+        h.actor = handle;
         h.summary.lost = false;
         h.summary.rejoined += 1;
         self.all_lost_since = None;
@@ -989,13 +1016,13 @@ impl Shell {
         let w = WorkerId(ev.worker as u32);
         let now = micros_since(self.t0);
         match ev.kind {
-            EventKind::Rejoined { target, report } => {
+            EventKind::Rejoined { handle, report } => {
                 if let Some(h) = self.workers.get(ev.worker) {
                     let node = h.node.clone();
                     self.joining.remove(&node);
                     self.rejoining.remove(&node);
                 }
-                self.rejoin(ev.worker, target, *report);
+                self.rejoin(ev.worker, handle, *report);
                 return;
             }
             EventKind::RejoinFailed => {
@@ -1008,9 +1035,14 @@ impl Shell {
             }
             _ => {}
         }
-        // about a lost worker, or about an incarnation of it since replaced (a call to a
-        // restarted worker's dead process that timed out after the new one rejoined)
-        if self.workers.get(ev.worker).is_none_or(|h| h.summary.lost || h.summary.rejoined != ev.epoch) {
+        // about a lost worker, or about a generation of its link since replaced (a call to a
+        // restarted worker's dead process that timed out after the new one rejoined): the
+        // links' one generation rule
+        if self
+            .workers
+            .get(ev.worker)
+            .is_none_or(|h| h.summary.lost || !self.shared.links.is_current(&ev.worker, ev.generation))
+        {
             if let EventKind::Ran { task, .. } = ev.kind {
                 self.log(format!("late answer for {task} from lost worker {} ignored", self.node_of(w)));
             }
@@ -1029,10 +1061,7 @@ impl Shell {
                         });
                     }
                 }
-                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
-                Err(CallError::Remote(e)) => {
-                    self.log(format!("pull of s{stage} on {} failed: {e}", self.node_of(w)))
-                }
+                Err(e) => self.log(format!("pull of s{stage} on {} failed: {e}", self.node_of(w))),
             },
             EventKind::Loaded { stage, result } => match result {
                 Ok(()) => {
@@ -1045,16 +1074,15 @@ impl Shell {
                     });
                     self.policy.handle_stage_loaded(now, w, stage, true);
                 }
-                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
-                Err(CallError::Remote(e)) => {
+                Err(e) => {
                     self.log(format!("load of s{stage} on {} failed: {e}", self.node_of(w)));
                     self.policy.handle_stage_loaded(now, w, stage, false);
                 }
             },
-            EventKind::Unloaded(result) => {
-                if let Err(CallError::Transport(e)) = result {
-                    self.lose(ev.worker, &e);
-                }
+            EventKind::Unloaded | EventKind::Joined => {}
+            EventKind::Lost(why) => {
+                self.lose(ev.worker, &why);
+                return;
             }
             EventKind::Ran { task, result } => match result {
                 Ok(ran) => {
@@ -1100,8 +1128,7 @@ impl Shell {
                     }
                     self.policy.handle_task_done(now, w, task, true);
                 }
-                Err(CallError::Transport(e)) => self.lose(ev.worker, &e),
-                Err(CallError::Remote(e)) => {
+                Err(e) => {
                     crate::work::PIPELINE.failed();
                     self.log(format!("{task} failed on {}: {e}", self.node_of(w)));
                     self.last_error.insert(task, e);
@@ -1154,12 +1181,14 @@ enum ForemanInput {
 struct ForemanShared {
     link: QuicNode,
     services: Services,
+    actors: Actors,
+    /// One ordered call queue per worker, across foreman incarnations.
+    links: WorkerLinks,
     shelf: BlobShelf,
     job: Arc<PipelineJob>,
     settings: ShellSettings,
     progress: Option<mpsc::UnboundedSender<Progress>>,
     targets: Vec<Target>,
-    rpc_locks: RpcLocks,
     t0: Instant,
     ledger: std::sync::Mutex<Ledger>,
     finished: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Result<JobOutcome, ShellError>>>>,
@@ -1206,33 +1235,6 @@ struct ForemanScheduler {
     next_tick: Micros,
 }
 
-/// Unloads (when asked) and joins one worker, holding its call lock; `None` when it does not answer.
-async fn join_worker(
-    target: &Target,
-    lock: &tokio::sync::Mutex<()>,
-    unload: bool,
-    timeout: Duration,
-) -> Option<(String, u32, Vec<String>, Option<String>, String, TelemetrySample)> {
-    let _held = lock.lock().await;
-    if unload && let Err(e) = call(target, &Request::Unload, timeout).await {
-        warn!(error = %e, "worker did not unload; skipped");
-        return None;
-    }
-    match call(target, &Request::Join, timeout).await {
-        Ok(Response::Joined { node, pid, cached, live, straggler, telemetry }) => {
-            Some((node, pid, cached, live, straggler, telemetry))
-        }
-        Ok(other) => {
-            warn!(answer = ?other, "unexpected join answer; worker skipped");
-            None
-        }
-        Err(e) => {
-            warn!(error = %e, "worker did not join; skipped");
-            None
-        }
-    }
-}
-
 impl ForemanScheduler {
     /// Reports the end of the job once the policy says so (stats gathered from each worker).
     async fn finish_if_over(&mut self) {
@@ -1270,12 +1272,11 @@ impl ForemanScheduler {
                     if shell.workers[i].summary.lost {
                         continue;
                     }
+                    // a direct typed call, awaited here (the job is over: nothing else is queued);
+                    // a failed call (e.g. a connection re-forming) is retried a few times
                     let actor = shell.workers[i].actor.clone();
-                    // a failed call (e.g. a control-plane session re-forming) is retried a few times
                     for _ in 0..3 {
-                        if let Ok(Response::Stats(st)) =
-                            call(&actor, &Request::Stats, shell.settings.rpc_timeout).await
-                        {
+                        if let Ok(st) = actor.call(GetStats, shell.settings.rpc_timeout).await {
                             shell.workers[i].summary.stats = Some(st);
                             break;
                         }
@@ -1325,11 +1326,10 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             shelf: shared.shelf.clone(),
             foreman: shared.link.local_id().as_str().to_owned(),
             lossy_bf16: job.lossy_bf16,
-            crowd: Arc::new(shared.targets.iter().map(|t| t.peer.clone()).collect()),
+            crowd: Arc::new(shared.targets.iter().map(|(peer, _)| peer.clone()).collect()),
             timeout: settings.rpc_timeout,
             t0: shared.t0,
             events: events_tx,
-            rpc_locks: shared.rpc_locks.clone(),
         };
         let mut policy = Foreman::new(settings.policy);
         if let Some(c) = settings.prior_costs.clone() {
@@ -1339,28 +1339,44 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let mut by_node = BTreeMap::new();
         // a restarted incarnation starts from empty workers, as its fresh policy believes
         let unload = settings.fresh_start || incarnation > 0;
-        for (idx, target) in shared.targets.iter().enumerate() {
-            let Some(lock) = rpc_lock(&shared.rpc_locks, idx) else { continue };
-            let joined = join_worker(target, &lock, unload, settings.rpc_timeout).await;
-            let (tx, rx) = mpsc::unbounded_channel();
-            let lost = Arc::new(AtomicBool::new(joined.is_none()));
+        // each worker's link is attached again (this incarnation's generation) and joined as its
+        // first step: a call of a dead incarnation still in flight to the same worker finishes
+        // first, and what that incarnation had queued is dropped
+        let mut joins = Vec::new();
+        for (idx, (peer, name)) in shared.targets.iter().enumerate() {
+            let linked = match shared.actors.lookup::<PipelineWorker>(name).await {
+                Ok(handle) => {
+                    let generation = shared.links.attach(idx, handle.clone());
+                    let (tx, rx) = oneshot::channel();
+                    let join = join_step(unload, settings.rpc_timeout, shared.t0, tx);
+                    shared.links.submit(&idx, join).ok().map(|_| (handle, generation, rx))
+                }
+                Err(e) => {
+                    warn!(worker = %name, error = %e, "worker not found; skipped");
+                    None
+                }
+            };
+            joins.push((peer.clone(), name.clone(), linked));
+        }
+        for (idx, (peer, name, linked)) in joins.into_iter().enumerate() {
+            let (actor, generation, joined) = match linked {
+                Some((handle, generation, rx)) => {
+                    let joined = rx.await.ok().flatten();
+                    if joined.is_none() {
+                        shared.links.detach_generation(&idx, generation);
+                    }
+                    (handle, generation, joined)
+                }
+                None => (WorkerHandle::by_name(&shared.actors, &name), 0, None),
+            };
             let (node, summary) = match joined {
-                Some((node, pid, cached, live, straggler, telemetry)) => {
+                Some(Joined { node, pid, cached, live, straggler, telemetry }) => {
                     let rtt_ms = shared.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
                     let report =
                         WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
                     policy
                         .handle_worker_joined(micros_since(shared.t0), WorkerId(idx as u32), report)
                         .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
-                    tokio::spawn(executor(
-                        ctx.clone(),
-                        idx,
-                        0,
-                        node.clone(),
-                        target.clone(),
-                        lost.clone(),
-                        rx,
-                    ));
                     debug!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
                     let summary = WorkerSummary {
                         node: node.clone(),
@@ -1373,16 +1389,16 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
                     (node, summary)
                 }
                 None => {
-                    let node = target.peer.as_str().to_owned();
+                    let node = peer.as_str().to_owned();
                     (node.clone(), WorkerSummary { node, lost: true, ..WorkerSummary::default() })
                 }
             };
             by_node.insert(node.clone(), idx);
             workers.push(Handle {
                 node,
-                actor: target.clone(),
-                queue: (!summary.lost).then_some(tx),
-                lost,
+                probe: WorkerHandle::by_name(&shared.actors, &name),
+                actor,
+                generation,
                 summary,
                 pulled: vec![false; job.stages.len()],
             });
@@ -1417,6 +1433,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             done: n == 0,
             failed: None,
             services: shared.services.clone(),
+            actors: shared.actors.clone(),
             ctx,
             rejoining: std::collections::BTreeSet::new(),
             joining: std::collections::BTreeSet::new(),
@@ -1481,12 +1498,15 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let Some(shell) = self.live.as_ref() else { return Ok(()) };
         let (t0, timeout) = (shell.t0, shell.settings.rpc_timeout);
         for (i, h) in shell.workers.iter().enumerate().filter(|(_, h)| !h.summary.lost) {
-            let (actor, tx, epoch) = (h.actor.clone(), shell.ctx.events.clone(), h.summary.rejoined);
+            // a direct typed call, not queued on the link: telemetry must not wait behind a
+            // task, and a restarted worker answers it with its new pid
+            let (probe, tx, generation) = (h.probe.clone(), shell.ctx.events.clone(), h.generation);
             tokio::spawn(async move {
                 let start = t0.elapsed().as_secs_f64();
-                if let Ok(Response::Telemetry(t)) = call(&actor, &Request::Telemetry, timeout).await {
+                if let Ok(t) = probe.call(GetTelemetry, timeout).await {
                     let end = t0.elapsed().as_secs_f64();
-                    let _ = tx.send(Event { worker: i, epoch, start, end, kind: EventKind::Telemetry(t) });
+                    let kind = EventKind::Telemetry(t);
+                    let _ = tx.send(Event { worker: i, generation, start, end, kind });
                 }
             });
         }
@@ -1508,11 +1528,11 @@ static FOREMAN_JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// The foreman runs as a [`crate::SchedulerActor`] under a supervisor of its own (restart
 /// intensity: 3 in 60 s); what it has answered lives outside it, so a panic (for instance
 /// through the fault switch, site [`FAULT_SITE`]) restarts it and the new incarnation
-/// resubmits only the unanswered inputs. `link`, `services` and `membership` are the foreman
-/// node's; `shelf` must be installed as its blob server.
+/// resubmits only the unanswered inputs. `actors` (the typed-actor registry, through which the
+/// workers are reached) and `membership` are the foreman node's; `shelf` must be installed as
+/// its blob server.
 pub async fn run_pipeline_job(
-    link: &QuicNode,
-    services: &Services,
+    actors: &Actors,
     shelf: &BlobShelf,
     mut membership: broadcast::Receiver<MembershipEvent<NodeId>>,
     job: impl Into<AcceptedJob>,
@@ -1520,23 +1540,33 @@ pub async fn run_pipeline_job(
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
     let AcceptedJob { job, ledger } = job.into();
+    let (link, services) = (actors.link(), actors.services());
     let targets = discover(services, &settings).await?;
     for s in &job.stages {
         shelf.pin(s.bytes.clone());
     }
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let rpc_locks: RpcLocks = Arc::new(
-        targets.iter().map(|_| std::sync::Mutex::new(Arc::new(tokio::sync::Mutex::new(())))).collect(),
-    );
+    // the links' outcomes, tagged with worker and generation, go to the live incarnation
+    let (steps_tx, mut steps) = mpsc::unbounded_channel::<Event>();
+    let links: WorkerLinks = Links::new(Arc::new(move |worker, generation, outcome| {
+        let ev = match outcome {
+            Outcome::Done(Step { start, end, kind }) => Event { worker, generation, start, end, kind },
+            Outcome::Failed(e) | Outcome::Lost(e) => {
+                Event { worker, generation, start: 0.0, end: 0.0, kind: EventKind::Lost(e.to_string()) }
+            }
+        };
+        let _ = steps_tx.send(ev);
+    }));
     let shared = Arc::new(ForemanShared {
         link: link.clone(),
         services: services.clone(),
+        actors: actors.clone(),
+        links,
         shelf: shelf.clone(),
         job: Arc::new(job),
         settings,
         progress,
         targets,
-        rpc_locks,
         t0: Instant::now(),
         ledger: std::sync::Mutex::new(ledger),
         finished: std::sync::Mutex::new(Some(done_tx)),
@@ -1582,6 +1612,10 @@ pub async fn run_pipeline_job(
                         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => shared.tell(ForemanInput::Announced),
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
+                    ev = steps.recv() => match ev {
+                        Some(ev) => shared.tell(ForemanInput::Event(ev)),
+                        None => return,
+                    },
                 }
             }
         })
@@ -1605,6 +1639,10 @@ pub async fn run_pipeline_job(
     forwarder.abort();
     sup.stop(None);
     let _ = sup_handle.await;
+    // every link ends with the job (its queue task with it)
+    for i in 0..shared.targets.len() {
+        shared.links.detach(&i);
+    }
     let journal = shared.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner).finish();
     result.map(|outcome| JobOutcome { journal, ..outcome })
 }

@@ -2,11 +2,13 @@
 //! `troupe_policy::pipeline::Foreman`, and phone-class workers that run one stage at a time.
 //!
 //! - [`job`]: stage files (SHA-256, tensor signatures) and the checks that refuse a broken job.
-//! - [`wire`]: foreman <-> worker messages (rkyv in ractor_cluster RPCs), tensor encoding, blobs.
+//! - [`wire`]: foreman <-> worker messages (typed rkyv messages, one per command), tensor
+//!   encoding, blobs.
 //! - [`ledger`]: the job's accepted inputs and answers, journaled on the foreman's node.
 //! - [`service`]: the foreman as a long-lived service taking jobs from clients over QUIC.
-//! - [`worker`]: the worker actor (single live session, disk cache of stage files).
-//! - [`foreman`]: the foreman shell (discovery, per-worker queues, telemetry, failures).
+//! - [`worker`]: the worker, a typed actor (single live session, disk cache of stage files).
+//! - [`foreman`]: the foreman shell (discovery, per-worker [`crate::typed::Links`], telemetry,
+//!   failures).
 //! - [`telemetry`]: CPU/RSS from the OS, the simulated device model, real and emulated stragglers.
 
 pub mod foreman;
@@ -24,4 +26,4 @@ pub use foreman::{
 pub use job::{JobError, PipelineJob, StageFile, build_job};
 pub use ledger::{Ledger, LedgerError, Resumed, job_digest};
 pub use wire::BlobShelf;
-pub use worker::{PipelineWorker, PipelineWorkerMsg, WorkerArgs, WorkerSettings, worker_args};
+pub use worker::{PipelineWorker, WorkerSettings, worker_name};

@@ -39,6 +39,7 @@ use super::wire::{
 use super::worker::MAX_STAGE_BYTES;
 use crate::MembershipEvents;
 use crate::service::{Allow, CallError, Handler, ServiceSpec, Services};
+use crate::typed::Actors;
 
 /// The service a `pipeline-foreman` actor serves.
 pub const FOREMAN_SERVICE: &str = "pipeline-foreman";
@@ -127,7 +128,7 @@ pub struct Answer {
 /// The foreman service's state shared by its calls.
 struct Foreman {
     link: QuicNode,
-    services: Services,
+    actors: Actors,
     membership: MembershipEvents,
     shelf: BlobShelf,
     settings: ServiceSettings,
@@ -220,8 +221,7 @@ impl Foreman {
         let mut settings = self.settings.job.clone();
         settings.prior_costs = self.costs.lock().ok().and_then(|c| c.clone());
         let outcome = run_pipeline_job(
-            &self.link,
-            &self.services,
+            &self.actors,
             &self.shelf,
             self.membership.subscribe(),
             accepted,
@@ -266,10 +266,9 @@ impl Foreman {
 /// Arguments of the foreman service actor.
 #[derive(Clone)]
 pub struct ForemanServiceArgs {
-    /// The node's link.
-    pub link: QuicNode,
-    /// The node's service router.
-    pub services: Services,
+    /// The node's typed-actor registry (its link and service router with it): the workers are
+    /// reached through it.
+    pub actors: Actors,
     /// The node's membership events.
     pub membership: MembershipEvents,
     /// The service's settings.
@@ -292,10 +291,10 @@ impl Actor for ForemanServiceActor {
         args: ForemanServiceArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let shelf = BlobShelf::default();
-        args.link.set_blob_server(Arc::new(shelf.clone()));
+        args.actors.link().set_blob_server(Arc::new(shelf.clone()));
         let foreman = Arc::new(Foreman {
-            link: args.link.clone(),
-            services: args.services.clone(),
+            link: args.actors.link().clone(),
+            actors: args.actors.clone(),
             membership: args.membership.clone(),
             shelf,
             settings: args.settings.clone(),
@@ -307,7 +306,7 @@ impl Actor for ForemanServiceActor {
             let foreman = foreman.clone();
             Box::pin(async move { foreman.submit(&caller.node, &body).await })
         });
-        args.services.register(
+        args.actors.services().register(
             FOREMAN_SERVICE,
             ServiceSpec::new().method(SUBMIT, Allow::role(Role::Scheduler)),
             handler,
@@ -320,7 +319,7 @@ impl Actor for ForemanServiceActor {
         _me: ActorRef<Self::Msg>,
         args: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        args.services.unregister(FOREMAN_SERVICE);
+        args.actors.services().unregister(FOREMAN_SERVICE);
         Ok(())
     }
 }

@@ -37,7 +37,7 @@ pub const CGROUP_V2_ROOT: &str = "/sys/fs/cgroup";
 pub const CFS_PERIOD_US: u64 = 10_000;
 
 /// The simulated part of a worker's telemetry.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct DeviceModel {
     /// Battery at start, percent.
     pub battery_pct: f64,

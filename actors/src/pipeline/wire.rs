@@ -1,8 +1,8 @@
 //! Messages between the pipeline foreman and its workers, and how tensors ride in them.
 //!
-//! Every request and response is an rkyv body carried as bytes in one ractor_cluster RPC
-//! ([`super::worker::PipelineWorkerMsg::Call`]); the receiver reads it with checked access and
-//! never trusts lengths it did not check. f32 tensors travel through the transport codec
+//! Every request is a typed message to the worker actor ([`crate::typed::RemoteMessage`], one
+//! type per command with its reply type) riding the runtime's one wire path; the receiver reads
+//! it with checked access and never trusts lengths it did not check. f32 tensors travel through the transport codec
 //! (byte-shuffle + zstd, lossless unless bf16 was asked for); i64 tensors (token ids, masks) go
 //! as plain little-endian integers. A tensor whose encoded form is above
 //! [`BY_REFERENCE_ABOVE`] travels by reference: the sender keeps the bytes in its [`BlobShelf`]
@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::decode::DecodeError;
+use crate::typed::RemoteMessage;
 use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 use troupe_kernels::onnx::{NamedTensor, TensorData};
@@ -108,7 +109,159 @@ pub struct RunTimes {
 }
 
 use messages::ArchivedTensorBody;
-pub use messages::{Request, Response, TensorBody};
+pub use messages::{RunReply, TensorBody};
+
+/// Who are you: node name, pid, cached stage files, straggler mode. Answered with [`Joined`].
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Join;
+
+/// A worker's answer to [`Join`].
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Joined {
+    /// Node name.
+    pub node: String,
+    /// OS process id.
+    pub pid: u32,
+    /// SHA-256 of the stage files in its disk cache.
+    pub cached: Vec<String>,
+    /// SHA-256 of the stage file of its live session, if any.
+    pub live: Option<String>,
+    /// How it is slowed, in words ("none", "cgroup v2 cpu quota 50% of one CPU (...)", "pacing 2.0x (emulation)").
+    pub straggler: String,
+    /// First telemetry.
+    pub telemetry: TelemetrySample,
+}
+
+/// Make the stage file available on disk (pull it from `from` by its BLAKE3 unless cached).
+/// Answered with [`Fetched`].
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Fetch {
+    /// Stage index (for logs).
+    pub stage: u32,
+    /// SHA-256 of the file (hex): its name in the disk cache, checked after the pull.
+    pub sha256: String,
+    /// BLAKE3 of the file: the blob id to pull.
+    pub blob: [u8; 32],
+    /// File size in bytes.
+    pub size: u64,
+    /// The node holding the blob (the foreman).
+    pub from: String,
+}
+
+/// A worker's answer to [`Fetch`].
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fetched {
+    /// True when the file was already on disk (nothing pulled).
+    pub cached: bool,
+    /// Microseconds spent pulling and writing.
+    pub micros: u64,
+}
+
+/// Create the session of a cached stage file; refused while another session is live. Answered
+/// with [`Loaded`].
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Load {
+    /// Stage index.
+    pub stage: u32,
+    /// SHA-256 of the file.
+    pub sha256: String,
+}
+
+/// A worker's answer to [`Load`].
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loaded {
+    /// Microseconds to read, verify and create the session.
+    pub micros: u64,
+    /// Process RSS after the load, bytes.
+    pub rss_bytes: u64,
+}
+
+/// Drop the live session (answered with `()`).
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unload;
+
+/// Run the live session on these inputs. Answered with a [`RunReply`].
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Run {
+    /// Job input index.
+    pub input: u32,
+    /// Stage index.
+    pub stage: u32,
+    /// The stage's inputs.
+    pub tensors: Vec<WireNamed>,
+    /// Node holding any by-reference tensor (the foreman).
+    pub from: String,
+    /// Send f32 outputs as bf16 (lossy).
+    pub lossy_bf16: bool,
+    /// Compress f32 outputs (byte planes + zstd); false when the whole crowd shares one host
+    /// (`troupe_policy::pipeline::coding`).
+    pub compress: bool,
+    /// Keep the outputs on the worker's blob shelf and answer with references to them (an
+    /// intermediate stage: the next stage's worker pulls them from here).
+    pub keep_outputs: bool,
+}
+
+/// The outputs of a [`Run`] and what the worker measured of it.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Ran {
+    /// The stage's outputs.
+    pub tensors: Vec<WireNamed>,
+    /// Microseconds inside ONNX Runtime.
+    pub compute_micros: u64,
+    /// Microseconds of pacing added after it (emulated straggler; 0 otherwise).
+    pub paced_micros: u64,
+    /// Raw f32 bytes of the outputs.
+    pub raw_f32_bytes: u64,
+    /// Their encoded payload bytes.
+    pub wire_f32_bytes: u64,
+    /// Largest absolute error the encoding caused (0 when lossless).
+    pub max_abs_error: f32,
+    /// Where the worker's time outside the compute went, and the bytes it moved.
+    pub times: RunTimes,
+}
+
+/// Current telemetry (answered with a [`TelemetrySample`]).
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetTelemetry;
+
+/// The worker's own counters: residency, loads, peak RSS (answered with [`WorkerStats`]).
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetStats;
+
+impl RemoteMessage for Join {
+    const NAME: &'static str = "join";
+    type Reply = Joined;
+}
+
+impl RemoteMessage for Fetch {
+    const NAME: &'static str = "fetch";
+    type Reply = Fetched;
+}
+
+impl RemoteMessage for Load {
+    const NAME: &'static str = "load";
+    type Reply = Loaded;
+}
+
+impl RemoteMessage for Unload {
+    const NAME: &'static str = "unload";
+    type Reply = ();
+}
+
+impl RemoteMessage for Run {
+    const NAME: &'static str = "run";
+    type Reply = RunReply;
+}
+
+impl RemoteMessage for GetTelemetry {
+    const NAME: &'static str = "telemetry";
+    type Reply = TelemetrySample;
+}
+
+impl RemoteMessage for GetStats {
+    const NAME: &'static str = "stats";
+    type Reply = WorkerStats;
+}
 
 /// Holds the enums with fielded variants: the resolvers rkyv derives for them have undocumented
 /// fields, and the private module keeps those generated types out of the public API.
@@ -116,7 +269,7 @@ mod messages {
     use rkyv::{Archive, Deserialize, Serialize};
     use troupe_transport::codec::WireTensor;
 
-    use super::{RunTimes, TelemetrySample, WireNamed, WorkerStats};
+    use super::Ran;
 
     /// A tensor's payload as it travels.
     #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -130,16 +283,17 @@ mod messages {
             /// Elements, row-major.
             data: Vec<i64>,
         },
-        /// The serialised [`WireNamed`] is on the sender's blob shelf under this BLAKE3 hash.
+        /// The serialised [`super::WireNamed`] is on the sender's blob shelf under this BLAKE3
+        /// hash.
         ByRef {
             /// BLAKE3 of the serialised tensor.
             blob: [u8; 32],
             /// Its length in bytes.
             len: u64,
         },
-        /// The serialised [`WireNamed`] is on `node`'s blob shelf (the worker that produced it):
-        /// the receiver pulls it from there, so an activation goes from the producing worker to
-        /// the consuming one without passing through the foreman.
+        /// The serialised [`super::WireNamed`] is on `node`'s blob shelf (the worker that
+        /// produced it): the receiver pulls it from there, so an activation goes from the
+        /// producing worker to the consuming one without passing through the foreman.
         At {
             /// The node holding it.
             node: String,
@@ -150,123 +304,19 @@ mod messages {
         },
     }
 
-    /// What the foreman asks a worker.
+    /// A worker's answer to a [`super::Run`].
     #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
-    pub enum Request {
-        /// Who are you: node name, pid, cached stage files, straggler mode.
-        Join,
-        /// Make the stage file available on disk (pull it from `from` by its BLAKE3 unless cached).
-        Fetch {
-            /// Stage index (for logs).
-            stage: u32,
-            /// SHA-256 of the file (hex): its name in the disk cache, checked after the pull.
-            sha256: String,
-            /// BLAKE3 of the file: the blob id to pull.
-            blob: [u8; 32],
-            /// File size in bytes.
-            size: u64,
-            /// The node holding the blob (the foreman).
-            from: String,
-        },
-        /// Create the session of a cached stage file; refused while another session is live.
-        Load {
-            /// Stage index.
-            stage: u32,
-            /// SHA-256 of the file.
-            sha256: String,
-        },
-        /// Drop the live session.
-        Unload,
-        /// Run the live session on these inputs.
-        Run {
-            /// Job input index.
-            input: u32,
-            /// Stage index.
-            stage: u32,
-            /// The stage's inputs.
-            tensors: Vec<WireNamed>,
-            /// Node holding any by-reference tensor (the foreman).
-            from: String,
-            /// Send f32 outputs as bf16 (lossy).
-            lossy_bf16: bool,
-            /// Compress f32 outputs (byte planes + zstd); false when the whole crowd shares one
-            /// host (`troupe_policy::pipeline::coding`).
-            compress: bool,
-            /// Keep the outputs on the worker's blob shelf and answer with references to them
-            /// (an intermediate stage: the next stage's worker pulls them from here).
-            keep_outputs: bool,
-        },
-        /// Current telemetry.
-        Telemetry,
-        /// The worker's own counters (residency, loads, peak RSS).
-        Stats,
-    }
-
-    /// What a worker answers.
-    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
-    pub enum Response {
-        /// Answer to `Join`.
-        Joined {
-            /// Node name.
-            node: String,
-            /// OS process id.
-            pid: u32,
-            /// SHA-256 of the stage files in its disk cache.
-            cached: Vec<String>,
-            /// SHA-256 of the stage file of its live session, if any.
-            live: Option<String>,
-            /// How it is slowed, in words ("none", "cgroup v2 cpu quota 50% of one CPU (...)", "pacing 2.0x (emulation)").
-            straggler: String,
-            /// First telemetry.
-            telemetry: TelemetrySample,
-        },
-        /// Answer to `Fetch`.
-        Fetched {
-            /// True when the file was already on disk (nothing pulled).
-            cached: bool,
-            /// Microseconds spent pulling and writing.
-            micros: u64,
-        },
-        /// Answer to `Load`.
-        Loaded {
-            /// Microseconds to read, verify and create the session.
-            micros: u64,
-            /// Process RSS after the load, bytes.
-            rss_bytes: u64,
-        },
-        /// Answer to `Unload`.
-        Unloaded,
-        /// Answer to `Run`.
-        Ran {
-            /// The stage's outputs.
-            tensors: Vec<WireNamed>,
-            /// Microseconds inside ONNX Runtime.
-            compute_micros: u64,
-            /// Microseconds of pacing added after it (emulated straggler; 0 otherwise).
-            paced_micros: u64,
-            /// Raw f32 bytes of the outputs.
-            raw_f32_bytes: u64,
-            /// Their encoded payload bytes.
-            wire_f32_bytes: u64,
-            /// Largest absolute error the encoding caused (0 when lossless).
-            max_abs_error: f32,
-            /// Where the worker's time outside the compute went, and the bytes it moved.
-            times: RunTimes,
-        },
-        /// `Run` could not pull an input from the worker `node` that holds it (not connected to
-        /// it, say, after one of them was restarted): the foreman may relay it instead.
+    pub enum RunReply {
+        /// The task ran.
+        Ran(Ran),
+        /// The worker could not pull an input from the worker `node` that holds it (not
+        /// connected to it, say, after one of them was restarted): the foreman may relay it.
         PullFailed {
             /// The node the pull went to.
             node: String,
             /// Why it failed.
             detail: String,
         },
-        /// Answer to `Telemetry`.
-        Telemetry(TelemetrySample),
-        /// Answer to `Stats`.
-        Stats(WorkerStats),
-        /// The request failed; the text names why.
-        Error(String),
     }
 }
 
@@ -331,16 +381,6 @@ where
         return Err(WireError::TooLarge { what, got: bytes.len(), cap: MAX_MESSAGE_BYTES });
     }
     Ok(bytes.to_vec())
-}
-
-/// Reads a peer's request with checked access.
-pub fn request_from_bytes(bytes: &[u8]) -> Result<Request, WireError> {
-    from_bytes::<Request>("request", bytes)
-}
-
-/// Reads a peer's response with checked access.
-pub fn response_from_bytes(bytes: &[u8]) -> Result<Response, WireError> {
-    from_bytes::<Response>("response", bytes)
 }
 
 /// Checked decode of a message of `what` from a peer, through the runtime's one decode path
@@ -664,14 +704,14 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
-        let req = Request::Load { stage: 2, sha256: "ab".repeat(32) };
+        let req = Load { stage: 2, sha256: "ab".repeat(32) };
         let bytes = to_bytes("request", &req).unwrap();
-        assert_eq!(request_from_bytes(&bytes).unwrap(), req);
-        let err = request_from_bytes(&[0xff; 7]).unwrap_err();
+        assert_eq!(from_bytes::<Load>("request", &bytes).unwrap(), req);
+        let err = from_bytes::<Load>("request", &[0xff; 7]).unwrap_err();
         assert!(err.to_string().contains("invalid request"), "{err}");
         let mut cut = bytes.clone();
         cut.truncate(bytes.len() / 2);
-        assert!(request_from_bytes(&cut).is_err());
+        assert!(from_bytes::<Load>("request", &cut).is_err());
     }
 
     #[test]
@@ -726,7 +766,7 @@ mod tests {
             .map(|i| WireNamed { name: format!("x{i}"), body: TensorBody::F32(bomb.clone()) })
             .collect();
         // the request carrying them is well under the message cap
-        let request = Request::Run {
+        let request = Run {
             input: 0,
             stage: 0,
             tensors,
@@ -737,10 +777,10 @@ mod tests {
         };
         let bytes = to_bytes("request", &request).unwrap();
         assert!(bytes.len() < 64 << 10, "{}", bytes.len());
-        let Request::Run { tensors, .. } = request_from_bytes(&bytes).unwrap() else { unreachable!() };
+        let Run { tensors, .. } = from_bytes::<Run>("request", &bytes).unwrap();
         let ca = ClusterCa::generate("t").unwrap();
         let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
-        // the path a worker takes for Request::Run, with a 32 MiB message budget
+        // the path a worker takes for a Run, with a 32 MiB message budget
         let mut budget = DecodeBudget::new(32 << 20);
         let e = decode_tensors(tensors.clone(), &link, "f", &mut budget).await.unwrap_err();
         let text = e.to_string();

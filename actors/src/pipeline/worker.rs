@@ -1,19 +1,20 @@
 //! The pipeline worker: a phone-class stage runner holding at most one live ONNX session.
 //!
-//! It answers the foreman's [`Request`]s one at a time (one ractor_cluster RPC each): stage files
-//! are pulled by hash from the foreman and kept in a disk cache (`<sha256>.onnx`, checked against
-//! the hash on every load); a `Load` is refused while a session is live, so the foreman must
-//! `Unload` first (single-partition residency). Every session is counted process-wide
-//! ([`LiveSession`]) and the worker reports the most ever live at once, so the invariant is
-//! checked from the worker's own report, not assumed.
+//! It is a typed actor ([`PipelineWorker`], named [`worker_name`]`(NODE)` on its node) that
+//! answers the foreman's messages one at a time ([`Join`], [`Fetch`], [`Load`], [`Unload`],
+//! [`Run`], [`GetTelemetry`], [`GetStats`], each with its reply type; only the `scheduler`
+//! role may send them): stage files are pulled by hash from the foreman and kept in a disk
+//! cache (`<sha256>.onnx`, checked against the hash on every load); a `Load` is refused while a
+//! session is live, so the foreman must `Unload` first (single-partition residency). Every
+//! session is counted process-wide ([`LiveSession`]) and the worker reports the most ever live
+//! at once, so the invariant is checked from the worker's own report, not assumed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorMessage;
+use rkyv::{Archive, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
@@ -21,20 +22,27 @@ use troupe_transport::{Link, NodeId, QuicNode, Role};
 
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
-    BY_REFERENCE_ABOVE, BlobShelf, Coding, EncodeTally, MAX_MESSAGE_DECODED_BYTES, Moved, Request, Response,
-    RunTimes, TensorBody, WireError, WorkerStats, decode_tensors_from, encode_tensors_above,
-    request_from_bytes, to_bytes,
+    BY_REFERENCE_ABOVE, BlobShelf, Coding, EncodeTally, Fetch, Fetched, GetStats, GetTelemetry, Join, Joined,
+    Load, Loaded, MAX_MESSAGE_DECODED_BYTES, Moved, Ran, Run, RunReply, RunTimes, TelemetrySample,
+    TensorBody, Unload, WireError, WorkerStats, decode_tensors_from, encode_tensors_above,
 };
-use crate::mailbox::{CountedSend, Queued};
-use crate::service::{Allow, Handler, ServiceSpec, Services};
+use crate::service::Allow;
+use crate::typed::{ActorContext, ActorFailure, Handles, Protocol, TypedActor};
 use troupe_transport::codec::DecodeBudget;
 
-/// Process group every pipeline worker joins (visible cluster-wide).
-pub const WORKERS_GROUP: &str = "pipeline-workers";
 /// Largest stage file a worker accepts.
 pub const MAX_STAGE_BYTES: u64 = 1 << 30;
 /// Most cached files listed in a join report.
 pub const MAX_CACHED_LISTED: usize = 1024;
+/// Typed-actor names of workers are this prefix plus the worker's node name ([`worker_name`]).
+pub const WORKER_PREFIX: &str = "pipeline-worker/";
+/// Who may send a worker each of its messages: the `scheduler` role (the foreman) only.
+pub const SENDER: Role = Role::Scheduler;
+
+/// The typed-actor name of the worker on node `node`.
+pub fn worker_name(node: &str) -> String {
+    format!("{WORKER_PREFIX}{node}")
+}
 
 static LIVE: AtomicU32 = AtomicU32::new(0);
 static MAX_LIVE: AtomicU32 = AtomicU32::new(0);
@@ -65,38 +73,8 @@ pub fn max_live_sessions() -> u32 {
     MAX_LIVE.load(Ordering::SeqCst)
 }
 
-/// The worker's one message: an rkyv [`Request`] in, an rkyv [`Response`] out (local: the
-/// foreman reaches it through the worker's service handler).
-#[derive(RactorMessage)]
-pub enum PipelineWorkerMsg {
-    /// A request from the foreman, counted in the actor's mailbox depth ([`crate::mailbox`]).
-    Call(Vec<u8>, Queued, RpcReplyPort<Vec<u8>>),
-}
-
-/// Service names of workers are this prefix plus the worker's node name.
-pub const SERVICE_PREFIX: &str = "pipeline-worker/";
-/// The worker service's one method: an rkyv [`Request`], answered with an rkyv [`Response`].
-pub const CALL: &str = "call";
-
-/// Who may call a worker: the `scheduler` role (the foreman) only.
-pub fn spec() -> ServiceSpec {
-    ServiceSpec::new().method(CALL, Allow::role(Role::Scheduler))
-}
-
-fn handler(actor: ActorRef<PipelineWorkerMsg>) -> Handler {
-    Arc::new(move |_caller, _method, body| {
-        let actor = actor.clone();
-        Box::pin(async move {
-            actor
-                .call_counted(|queued, reply| PipelineWorkerMsg::Call(body, queued, reply))
-                .await
-                .map_err(|e| format!("the pipeline worker actor is not running: {e}"))
-        })
-    })
-}
-
-/// Settings of a worker (from its node config).
-#[derive(Clone, Debug)]
+/// Settings of a worker (from its node config); its start arguments, so they travel as rkyv.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct WorkerSettings {
     /// This node's name.
     pub node: String,
@@ -108,31 +86,23 @@ pub struct WorkerSettings {
     pub device: DeviceModel,
     /// Enforce the RAM budget with a cgroup memory limit, v2 or v1 (over it, the OS kills the worker).
     pub enforce_ram_budget: bool,
-    /// Disk cache of stage files.
-    pub cache_dir: PathBuf,
+    /// Disk cache of stage files (a path).
+    pub cache_dir: String,
     /// ONNX Runtime intra-op threads.
-    pub intra_threads: usize,
+    pub intra_threads: u32,
 }
 
-/// Start arguments: settings plus the node's link and blob shelf.
-#[derive(Clone)]
-pub struct WorkerArgs {
-    /// Settings.
-    pub settings: WorkerSettings,
-    /// The node's QUIC link (stage and tensor pulls).
-    pub link: QuicNode,
-    /// What this node serves to peers (large output tensors).
-    pub shelf: BlobShelf,
-    /// The node's service router (the worker serves `pipeline-worker/NODE` there).
-    pub services: Services,
+impl WorkerSettings {
+    fn cache_dir(&self) -> PathBuf {
+        PathBuf::from(&self.cache_dir)
+    }
 }
 
-/// The worker actor.
-pub struct PipelineWorker;
-
-/// Its state.
-pub struct WorkerState {
-    args: WorkerArgs,
+/// The worker actor: its settings, the node's link and blob shelf, and at most one live session.
+pub struct PipelineWorker {
+    settings: WorkerSettings,
+    link: QuicNode,
+    shelf: BlobShelf,
     session: Option<LiveSession>,
     straggler: Straggler,
     memory: MemoryLimit,
@@ -140,62 +110,126 @@ pub struct WorkerState {
     stats: WorkerStats,
 }
 
-impl Actor for PipelineWorker {
-    type Msg = PipelineWorkerMsg;
-    type State = WorkerState;
-    type Arguments = WorkerArgs;
+impl TypedActor for PipelineWorker {
+    const KIND: &'static str = "pipeline-worker";
+    type Args = WorkerSettings;
 
-    async fn pre_start(
-        &self,
-        me: ActorRef<Self::Msg>,
-        args: WorkerArgs,
-    ) -> Result<WorkerState, ActorProcessingErr> {
-        crate::mailbox::track(&me);
-        std::fs::create_dir_all(&args.settings.cache_dir)?;
-        crate::allocator::fix_thresholds();
-        let straggler = apply_cpu_quota(&args.settings.node, args.settings.cpu_quota_pct);
-        let memory = apply_memory_limit(
-            &args.settings.node,
-            args.settings.ram_budget_bytes,
-            args.settings.enforce_ram_budget,
-        );
-        info!(
-            node = %args.settings.node,
-            straggler = %straggler.describe(),
-            memory = %memory.describe(),
-            cache = %args.settings.cache_dir.display(),
-            "pipeline worker up"
-        );
-        let sampler = Sampler::new(args.settings.device, args.settings.ram_budget_bytes);
-        ractor::pg::join(WORKERS_GROUP.to_string(), vec![me.get_cell()]);
-        let service = format!("{SERVICE_PREFIX}{}", args.settings.node);
-        args.services.register(&service, spec(), handler(me.clone()));
-        // a (re)started worker holds no session until the foreman loads one
-        crate::live::set_stage(&args.settings.node, None);
-        Ok(WorkerState { args, session: None, straggler, memory, sampler, stats: WorkerStats::default() })
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Join>(Allow::role(SENDER))
+            .request::<Fetch>(Allow::role(SENDER))
+            .request::<Load>(Allow::role(SENDER))
+            .request::<Unload>(Allow::role(SENDER))
+            .request::<Run>(Allow::role(SENDER))
+            .request::<GetTelemetry>(Allow::role(SENDER))
+            .request::<GetStats>(Allow::role(SENDER));
     }
 
-    async fn handle(
-        &self,
-        _me: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut WorkerState,
-    ) -> Result<(), ActorProcessingErr> {
-        let PipelineWorkerMsg::Call(bytes, queued, reply) = msg;
-        queued.taken();
-        let taken = Instant::now();
-        let response = match request_from_bytes(&bytes) {
-            Ok(req) => state.serve(req, taken).await.unwrap_or_else(Response::Error),
-            Err(e) => Response::Error(e.to_string()),
-        };
-        crate::live::set_stage(&state.args.settings.node, state.session.as_ref().map(|l| l.stage));
-        if let Response::Error(e) = &response {
-            warn!(node = %state.args.settings.node, error = %e, "request failed");
+    /// Makes the cache folder, applies the CPU quota and memory limit, and installs a fresh
+    /// blob shelf as the node's blob server (a restarted worker holds nothing).
+    async fn start(settings: WorkerSettings, ctx: &ActorContext) -> Result<Self, ActorFailure> {
+        std::fs::create_dir_all(settings.cache_dir())?;
+        crate::allocator::fix_thresholds();
+        let straggler = apply_cpu_quota(&settings.node, settings.cpu_quota_pct);
+        let memory =
+            apply_memory_limit(&settings.node, settings.ram_budget_bytes, settings.enforce_ram_budget);
+        info!(
+            node = %settings.node,
+            straggler = %straggler.describe(),
+            memory = %memory.describe(),
+            cache = %settings.cache_dir,
+            "pipeline worker up"
+        );
+        let sampler = Sampler::new(settings.device, settings.ram_budget_bytes);
+        let link = ctx.actors.link().clone();
+        let shelf = BlobShelf::default();
+        link.set_blob_server(Arc::new(shelf.clone()));
+        // a (re)started worker holds no session until the foreman loads one
+        crate::live::set_stage(&settings.node, None);
+        Ok(PipelineWorker {
+            settings,
+            link,
+            shelf,
+            session: None,
+            straggler,
+            memory,
+            sampler,
+            stats: WorkerStats::default(),
+        })
+    }
+}
+
+impl PipelineWorker {
+    /// Publishes the stage held now, and logs and converts a failure.
+    fn answer<T>(&self, out: Result<T, String>) -> Result<T, ActorFailure> {
+        crate::live::set_stage(&self.settings.node, self.session.as_ref().map(|l| l.stage));
+        out.map_err(|e| {
+            warn!(node = %self.settings.node, error = %e, "request failed");
+            ActorFailure::msg(e)
+        })
+    }
+}
+
+impl Handles<Join> for PipelineWorker {
+    async fn handle(&mut self, _: Join, _: &ActorContext) -> Result<Joined, ActorFailure> {
+        let s = &self.settings;
+        Ok(Joined {
+            node: s.node.clone(),
+            pid: std::process::id(),
+            cached: list_cached(&s.cache_dir()),
+            live: self.session.as_ref().map(|l| l.sha256.clone()),
+            straggler: format!("{}; {}", self.straggler.describe(), self.memory.describe()),
+            telemetry: self.sampler.sample(),
+        })
+    }
+}
+
+impl Handles<GetTelemetry> for PipelineWorker {
+    async fn handle(&mut self, _: GetTelemetry, _: &ActorContext) -> Result<TelemetrySample, ActorFailure> {
+        Ok(self.sampler.sample())
+    }
+}
+
+impl Handles<GetStats> for PipelineWorker {
+    async fn handle(&mut self, _: GetStats, _: &ActorContext) -> Result<WorkerStats, ActorFailure> {
+        let mut stats = self.stats;
+        stats.max_live_sessions = max_live_sessions();
+        stats.peak_rss_bytes = peak_resident_bytes().unwrap_or(0);
+        Ok(stats)
+    }
+}
+
+impl Handles<Fetch> for PipelineWorker {
+    async fn handle(&mut self, m: Fetch, _: &ActorContext) -> Result<Fetched, ActorFailure> {
+        let out = self.fetch(m).await;
+        self.answer(out)
+    }
+}
+
+impl Handles<Load> for PipelineWorker {
+    async fn handle(&mut self, m: Load, _: &ActorContext) -> Result<Loaded, ActorFailure> {
+        let out = self.load(m.stage, m.sha256).await;
+        self.answer(out)
+    }
+}
+
+impl Handles<Unload> for PipelineWorker {
+    async fn handle(&mut self, _: Unload, _: &ActorContext) -> Result<(), ActorFailure> {
+        if self.session.take().is_some() {
+            self.stats.unloads += 1;
+            crate::allocator::release_free_memory();
         }
-        let encoded = to_bytes("response", &response)
-            .or_else(|e| to_bytes("response", &Response::Error(e.to_string())))?;
-        let _ = reply.send(encoded);
-        Ok(())
+        self.answer(Ok(()))
+    }
+}
+
+impl Handles<Run> for PipelineWorker {
+    async fn handle(&mut self, m: Run, _: &ActorContext) -> Result<RunReply, ActorFailure> {
+        let taken = Instant::now();
+        let Run { input, stage, tensors, from, lossy_bf16, compress, keep_outputs } = m;
+        let times = RunTimes { request_micros: micros(taken.elapsed()), ..RunTimes::default() };
+        let task = RunTask { input, stage, from, coding: Coding { lossy_bf16, compress }, keep_outputs };
+        let out = self.run(task, tensors, taken, times).await;
+        self.answer(out)
     }
 }
 
@@ -252,68 +286,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-impl WorkerState {
-    /// Answers one request, taken from the mailbox at `taken`.
-    async fn serve(&mut self, req: Request, taken: Instant) -> Result<Response, String> {
-        let s = &self.args.settings;
-        match req {
-            Request::Join => Ok(Response::Joined {
-                node: s.node.clone(),
-                pid: std::process::id(),
-                cached: list_cached(&s.cache_dir),
-                live: self.session.as_ref().map(|l| l.sha256.clone()),
-                straggler: format!("{}; {}", self.straggler.describe(), self.memory.describe()),
-                telemetry: self.sampler.sample(),
-            }),
-            Request::Telemetry => Ok(Response::Telemetry(self.sampler.sample())),
-            Request::Stats => {
-                let mut stats = self.stats;
-                stats.max_live_sessions = max_live_sessions();
-                stats.peak_rss_bytes = peak_resident_bytes().unwrap_or(0);
-                Ok(Response::Stats(stats))
-            }
-            Request::Fetch { stage, sha256, blob, size, from } => {
-                self.fetch(stage, sha256, blob, size, from).await
-            }
-            Request::Load { stage, sha256 } => self.load(stage, sha256).await,
-            Request::Unload => {
-                if self.session.take().is_some() {
-                    self.stats.unloads += 1;
-                    crate::allocator::release_free_memory();
-                }
-                Ok(Response::Unloaded)
-            }
-            Request::Run { input, stage, tensors, from, lossy_bf16, compress, keep_outputs } => {
-                let times = RunTimes { request_micros: micros(taken.elapsed()), ..RunTimes::default() };
-                let task =
-                    RunTask { input, stage, from, coding: Coding { lossy_bf16, compress }, keep_outputs };
-                self.run(task, tensors, taken, times).await
-            }
-        }
-    }
-
-    async fn fetch(
-        &mut self,
-        stage: u32,
-        sha256: String,
-        blob: [u8; 32],
-        size: u64,
-        from: String,
-    ) -> Result<Response, String> {
+impl PipelineWorker {
+    async fn fetch(&mut self, m: Fetch) -> Result<Fetched, String> {
+        let Fetch { stage, sha256, blob, size, from } = m;
         if !troupe_policy::pipeline::chain::is_sha256_hex(&sha256) {
             return Err(format!("stage {stage}: {sha256:?} is not a SHA-256"));
         }
         if size > MAX_STAGE_BYTES {
             return Err(format!("stage {stage}: {size} bytes is above the {MAX_STAGE_BYTES}-byte cap"));
         }
-        let path = cached_path(&self.args.settings.cache_dir, &sha256);
+        let path = cached_path(&self.settings.cache_dir(), &sha256);
         if path.is_file() {
-            return Ok(Response::Fetched { cached: true, micros: 0 });
+            return Ok(Fetched { cached: true, micros: 0 });
         }
         let start = Instant::now();
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
         let bytes = self
-            .args
             .link
             .fetch_blob(&NodeId::new(&from), blob, cap)
             .await
@@ -328,10 +316,10 @@ impl WorkerState {
         drop(bytes);
         crate::allocator::release_free_memory();
         self.stats.pulls += 1;
-        Ok(Response::Fetched { cached: false, micros: micros(start.elapsed()) })
+        Ok(Fetched { cached: false, micros: micros(start.elapsed()) })
     }
 
-    async fn load(&mut self, stage: u32, sha256: String) -> Result<Response, String> {
+    async fn load(&mut self, stage: u32, sha256: String) -> Result<Loaded, String> {
         if let Some(live) = &self.session {
             self.stats.refused_loads += 1;
             return Err(format!(
@@ -342,8 +330,8 @@ impl WorkerState {
         if !troupe_policy::pipeline::chain::is_sha256_hex(&sha256) {
             return Err(format!("stage {stage}: {sha256:?} is not a SHA-256"));
         }
-        let path = cached_path(&self.args.settings.cache_dir, &sha256);
-        let threads = self.args.settings.intra_threads;
+        let path = cached_path(&self.settings.cache_dir(), &sha256);
+        let threads = self.settings.intra_threads as usize;
         let start = Instant::now();
         let hash = sha256.clone();
         let session = tokio::task::spawn_blocking(move || -> Result<OnnxSession, String> {
@@ -363,7 +351,7 @@ impl WorkerState {
         .map_err(|e| format!("load task: {e}"))??;
         self.session = Some(LiveSession::new(session, stage, hash));
         self.stats.loads += 1;
-        Ok(Response::Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
+        Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
     }
 
     async fn run(
@@ -372,7 +360,7 @@ impl WorkerState {
         tensors: Vec<super::wire::WireNamed>,
         taken: Instant,
         mut times: RunTimes,
-    ) -> Result<Response, String> {
+    ) -> Result<RunReply, String> {
         let RunTask { input, stage, from, coding, keep_outputs } = task;
         let live =
             self.session.take().ok_or_else(|| format!("task i{input}/s{stage}: no session is live"))?;
@@ -384,22 +372,15 @@ impl WorkerState {
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         let mut moved = Moved::default();
         let fetched = Instant::now();
-        let decoded = decode_tensors_from(
-            tensors,
-            &self.args.link,
-            &from,
-            Some(&self.args.shelf),
-            &mut budget,
-            &mut moved,
-        )
-        .await;
+        let decoded =
+            decode_tensors_from(tensors, &self.link, &from, Some(&self.shelf), &mut budget, &mut moved).await;
         let inputs = match decoded {
             Ok(t) => t,
             Err(e) => {
                 self.session = Some(live);
                 return match e {
-                    WireError::Pull { ref from, .. } if from != self.args.link.local_id().as_str() => {
-                        Ok(Response::PullFailed { node: from.clone(), detail: e.to_string() })
+                    WireError::Pull { ref from, .. } if from != self.link.local_id().as_str() => {
+                        Ok(RunReply::PullFailed { node: from.clone(), detail: e.to_string() })
                     }
                     e => Err(e.to_string()),
                 };
@@ -428,11 +409,10 @@ impl WorkerState {
         // An intermediate stage's outputs stay here (every one by reference, with this node as
         // its holder): the next stage's worker pulls them, the foreman only passes the reference.
         let by_reference_above = if keep_outputs { 0 } else { BY_REFERENCE_ABOVE };
-        let mut tensors =
-            encode_tensors_above(&outputs, coding, &self.args.shelf, &mut tally, by_reference_above)
-                .map_err(|e| e.to_string())?;
+        let mut tensors = encode_tensors_above(&outputs, coding, &self.shelf, &mut tally, by_reference_above)
+            .map_err(|e| e.to_string())?;
         if keep_outputs {
-            let me = self.args.link.local_id().as_str().to_owned();
+            let me = self.link.local_id().as_str().to_owned();
             for t in &mut tensors {
                 if let TensorBody::ByRef { blob, len } = t.body {
                     t.body = TensorBody::At { node: me.clone(), blob, len };
@@ -442,7 +422,7 @@ impl WorkerState {
         times.encode_micros = micros(encoding.elapsed());
         self.stats.runs += 1;
         times.handled_micros = micros(taken.elapsed());
-        Ok(Response::Ran {
+        Ok(RunReply::Ran(Ran {
             tensors,
             compute_micros: micros(compute),
             paced_micros: micros(pace),
@@ -450,7 +430,7 @@ impl WorkerState {
             wire_f32_bytes: tally.wire,
             max_abs_error: tally.max_abs_error,
             times,
-        })
+        }))
     }
 }
 
@@ -463,21 +443,19 @@ struct RunTask {
     keep_outputs: bool,
 }
 
-/// Builds the start arguments and installs the shelf as the node's blob server.
-pub fn worker_args(settings: WorkerSettings, link: &QuicNode, services: &Services) -> WorkerArgs {
-    let shelf = BlobShelf::default();
-    link.set_blob_server(Arc::new(shelf.clone()));
-    WorkerArgs { settings, link: link.clone(), shelf, services: services.clone() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn only_the_scheduler_role_may_call_a_worker() {
-        assert_eq!(spec().allow(CALL), Some(Allow::role(Role::Scheduler)));
-        assert_eq!(spec().allow("load"), None);
+        let p = Protocol::<PipelineWorker>::of();
+        assert!(p.problems().is_empty(), "{:?}", p.problems());
+        let rules: Vec<_> = p.rules().collect();
+        assert_eq!(rules.len(), 7, "{rules:?}");
+        assert!(rules.iter().all(|(_, allow)| *allow == Allow::role(Role::Scheduler)), "{rules:?}");
+        assert_eq!(worker_name("w1"), "pipeline-worker/w1");
+        crate::typed::validate_name(&worker_name("w1")).unwrap();
     }
 
     #[test]

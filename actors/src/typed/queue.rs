@@ -8,7 +8,12 @@
 //! generation. When a call finds the incarnation gone ([`ActorError::PeerLost`]), the queue
 //! reports [`Outcome::Lost`] once and ends: the calls behind it are dropped, unsent. The rule
 //! is [`Links::is_current`]: the shell acts on an outcome only while its generation is the
-//! key's current one, so nothing from a link it replaced (or detached) is ever taken for news.
+//! key's current one, so nothing from a link it replaced (or detached) is ever taken for news,
+//! and a replaced or detached link sends nothing more (what was queued on it is dropped).
+//! Calls to one incarnation never overlap across generations: a link attached again to the
+//! incarnation it had (a restarted shell taking its peers over) waits for the call of the old
+//! generation still in flight before its first; a link to another incarnation does not wait
+//! for calls to a dead one.
 //! The queues are tokio tasks: no thread per link, and no call awaits inside the shell.
 
 use std::collections::HashMap;
@@ -53,6 +58,24 @@ struct Slot<H, E> {
     /// The queue's task, when it was attached outside a tokio runtime: started by the first
     /// call queued (which runs inside one).
     unstarted: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// The incarnation the last link addressed, and the turn its calls take: held during each
+    /// call, shared by every generation linked to that incarnation.
+    incarnation: Option<u64>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A handle a link calls through: says which incarnation it addresses, if it knows.
+pub trait LinkHandle: Clone + Send + 'static {
+    /// The incarnation addressed (`None`: unknown, so never shared with another link).
+    fn incarnation(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl<A: TypedActor> LinkHandle for ActorHandle<A> {
+    fn incarnation(&self) -> Option<u64> {
+        ActorHandle::incarnation(self)
+    }
 }
 
 /// Per-key ordered call queues with generations (see the module doc), calling through handles
@@ -87,7 +110,7 @@ pub enum NotQueued {
 impl<K, H, E> Links<K, H, E>
 where
     K: Clone + Eq + Hash + Send + Sync + 'static,
-    H: Clone + Send + 'static,
+    H: LinkHandle,
     E: Send + 'static,
 {
     /// Queues whose outcomes go to `sink`.
@@ -100,28 +123,38 @@ where
     }
 
     /// Gives `key` a new link through `handle` (ending the previous one, whose queued calls are
-    /// dropped); the new generation.
+    /// dropped); the new generation. When `handle` addresses the incarnation the previous link
+    /// did, the previous link's call in flight finishes before the new link's first call.
     pub fn attach(&self, key: K, handle: H) -> u64 {
         let (tx, mut rx) = mpsc::unbounded_channel::<Call<H, E>>();
-        let generation = {
+        let incarnation = handle.incarnation();
+        let (generation, turn) = {
             let mut slots = self.slots();
-            let slot = slots.entry(key.clone()).or_insert(Slot {
+            let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
                 generation: 0,
                 tx: None,
                 handle: None,
                 unstarted: None,
+                incarnation: None,
+                turn: Arc::default(),
             });
+            if incarnation.is_none() || slot.incarnation != incarnation {
+                slot.turn = Arc::default();
+            }
+            slot.incarnation = incarnation;
             slot.generation += 1;
             slot.tx = Some(tx);
             slot.handle = Some(handle);
             slot.unstarted = None;
-            slot.generation
+            (slot.generation, slot.turn.clone())
         };
         let (sink, slots) = (self.sink.clone(), self.slots.clone());
         let task_key = key.clone();
         let task = Box::pin(async move {
             let key = task_key;
             while let Some(call) = rx.recv().await {
+                let _turn = turn.lock().await;
+                // replaced or detached while this call waited: it and the rest are dropped
                 let handle = {
                     let slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
                     slots.get(&key).filter(|s| s.generation == generation).and_then(|s| s.handle.clone())
@@ -168,6 +201,21 @@ where
             slot.tx = None;
             slot.handle = None;
             slot.unstarted = None;
+        }
+    }
+
+    /// Ends `key`'s link if `generation` is still its current one (a shell ending its own links
+    /// never ends a newer shell's); true when it did.
+    pub fn detach_generation(&self, key: &K, generation: u64) -> bool {
+        match self.slots().get_mut(key) {
+            Some(slot) if slot.generation == generation => {
+                slot.generation += 1;
+                slot.tx = None;
+                slot.handle = None;
+                slot.unstarted = None;
+                true
+            }
+            _ => false,
         }
     }
 

@@ -19,7 +19,7 @@ use troupe_actors::NodeRuntime;
 use troupe_actors::pipeline::telemetry::DeviceModel;
 use troupe_actors::pipeline::{
     AcceptedJob, BlobShelf, JobOutcome, PipelineJob, PipelineWorker, ShellSettings, StageFile,
-    WorkerSettings, build_job, run_pipeline_job, worker_args,
+    WorkerSettings, build_job, run_pipeline_job, worker_name,
 };
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::assets::{self, Assets};
@@ -124,6 +124,7 @@ pub fn validate_foreman(a: &ActorConfig) -> Result<(), (String, String)> {
 /// The foreman service actor of one `pipeline-foreman` entry; installs its blob shelf on the
 /// node's link.
 pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+    let actors = &ctx.actors;
     use troupe_actors::pipeline::service::{ForemanServiceActor, ForemanServiceArgs, ServiceSettings};
     let p: ForemanParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
     let journal_dir = p
@@ -131,8 +132,7 @@ pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(".cache/pipeline/journal").join(&ctx.config.name));
     let args = ForemanServiceArgs {
-        link: ctx.link.clone(),
-        services: ctx.services.clone(),
+        actors: actors.clone(),
         membership: ctx.membership.clone(),
         settings: ServiceSettings {
             job: ShellSettings {
@@ -238,18 +238,23 @@ pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
         cpu_quota_pct: p.cpu_quota_pct,
         device: DeviceModel { battery_pct: p.battery_pct, ambient_c: p.ambient_c, ..DeviceModel::default() },
         enforce_ram_budget: p.enforce_ram_budget,
-        cache_dir: p.cache_dir.clone().unwrap_or_else(|| PathBuf::from(".cache/pipeline").join(node)),
-        intra_threads: p.intra_threads,
+        cache_dir: p
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(".cache/pipeline").join(node))
+            .to_string_lossy()
+            .into_owned(),
+        intra_threads: u32::try_from(p.intra_threads).unwrap_or(u32::MAX),
     }
 }
 
-/// The worker actor of one `pipeline-worker` entry; installs its blob shelf on the node's link.
+/// The worker of one `pipeline-worker` entry: a typed actor named `pipeline-worker/NODE`
+/// under the node's root supervisor (it installs its blob shelf on the node's link as it
+/// starts); the foreman reaches it by that name.
 pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
     let p: WorkerParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
-    let args = worker_args(worker_settings(&ctx.config.name, &p), &ctx.link, &ctx.services);
-    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
-        (PipelineWorker, args.clone())
-    }))
+    let settings = worker_settings(&ctx.config.name, &p);
+    Ok(ctx.actors.child_spec::<PipelineWorker>(&worker_name(&ctx.config.name), settings)?)
 }
 
 /// Reads an inputs file: one sentence per line (see the module doc).
@@ -551,9 +556,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) 
     let bar = inputs_bar(sentences.len());
     let (progress, printer) =
         print_progress(sentences.len(), stage_count, resumed.answered, bar.clone(), true);
-    let outcome =
-        run_pipeline_job(&runtime.link, &runtime.services, &shelf, membership, job, settings, Some(progress))
-            .await;
+    let outcome = run_pipeline_job(&runtime.actors, &shelf, membership, job, settings, Some(progress)).await;
     printer.abort();
     bar.finish_and_clear();
     let outcome = outcome?;

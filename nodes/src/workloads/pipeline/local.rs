@@ -142,16 +142,7 @@ impl LocalCluster {
         progress: Option<mpsc::UnboundedSender<Progress>>,
     ) -> Result<JobOutcome> {
         let membership = self.runtime.subscribe_membership();
-        Ok(run_pipeline_job(
-            &self.runtime.link,
-            &self.runtime.services,
-            &self.shelf,
-            membership,
-            job,
-            settings,
-            progress,
-        )
-        .await?)
+        Ok(run_pipeline_job(&self.runtime.actors, &self.shelf, membership, job, settings, progress).await?)
     }
 
     /// OS process ids of the workers, by node name.
