@@ -43,6 +43,9 @@ pub struct MembershipArgs {
 pub enum MembershipMsg {
     /// Heartbeat period elapsed: send heartbeats, check timeouts.
     Tick,
+    /// A member's timeout falls before the next tick: check then (what was heard counts first),
+    /// so a silent member is declared down at its deadline, not up to a period later.
+    Check,
     /// This peer joined (later frames are seen through [`QuicNode::take_heard`] at each tick).
     Heard(NodeId),
     /// The current view: member, status, when last heard (clock micros).
@@ -61,9 +64,34 @@ pub struct MembershipState {
     clock: Clock,
     seq: u64,
     events: broadcast::Sender<MembershipEvent<NodeId>>,
+    heartbeat: std::time::Duration,
 }
 
 impl MembershipState {
+    /// What was read from a peer since the last look counts as heard now (at most a period
+    /// late, against a timeout of several periods); then members past their timeout are down.
+    fn look(&mut self) {
+        let now = self.clock.now();
+        for peer in self.link.peers() {
+            if self.link.take_heard(&peer) {
+                self.detector.handle_heard(now, peer);
+            }
+        }
+        self.detector.handle_timeout(now);
+    }
+
+    /// Arms a [`MembershipMsg::Check`] at the detector's next deadline when it comes before the
+    /// next tick.
+    fn arm(&self, me: &ActorRef<MembershipMsg>) {
+        let now = self.clock.now();
+        if let Some(deadline) = self.detector.poll_timeout() {
+            let wait = std::time::Duration::from_micros(deadline.saturating_sub(now).0);
+            if wait < self.heartbeat {
+                ractor::time::send_after(wait, me.get_cell(), || MembershipMsg::Check);
+            }
+        }
+    }
+
     fn drain(&mut self) {
         while let Some(ev) = self.detector.poll_event() {
             match &ev {
@@ -100,12 +128,13 @@ impl Actor for Membership {
             clock: Clock::start(),
             seq: 0,
             events: args.events,
+            heartbeat: args.config.heartbeat,
         })
     }
 
     async fn handle(
         &self,
-        _me: ActorRef<Self::Msg>,
+        me: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -120,16 +149,10 @@ impl Actor for Membership {
                         let _ = link.send(&peer, Channel::Control, frame).await;
                     });
                 }
-                // what was read from a peer since the last tick counts as heard now (at most a
-                // period late, against a timeout of several periods)
-                let now = st.clock.now();
-                for peer in st.link.peers() {
-                    if st.link.take_heard(&peer) {
-                        st.detector.handle_heard(now, peer);
-                    }
-                }
-                st.detector.handle_timeout(now);
+                st.look();
+                st.arm(&me);
             }
+            MembershipMsg::Check => st.look(),
             MembershipMsg::Heard(from) => st.detector.handle_heard(st.clock.now(), from),
             MembershipMsg::Members(reply) => {
                 let v = st.detector.members().map(|(k, s, t)| (k.clone(), s, t)).collect();
