@@ -5,6 +5,8 @@
 //! closes, so it never outlives the benchmark.
 //!
 //! The bench's typed actor kind, [`BenchEcho`], is defined here: the peer runs one named [`ECHO`].
+//! It also serves [`VIA_ACTOR`], the hello expert's question through a plain ractor actor's
+//! mailbox (an [`Answerer`]), the baseline for what the typed layer adds over any actor call.
 //! Started with [`HOST_ENV`] set to a node name, the process is instead a placement host of that
 //! name (no other actors, no sinks): it lets schedulers place one [`BenchEcho`] on it, for the
 //! cross-node restart figure.
@@ -19,8 +21,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use troupe_actors::hello::{HelloExpert, MAX_QUESTION, answer};
-use troupe_actors::service::Allow;
+use troupe_actors::hello::{ASK, HelloExpert, HelloExpertMsg, MAX_QUESTION, answer};
+use troupe_actors::service::{Allow, Handler, ServiceSpec, to_body, with_archived};
 use troupe_actors::supervisor::ChildSpec;
 use troupe_actors::typed::{
     ActorContext, ActorFailure, Handles, PlacementRules, Protocol, RemoteMessage, TypedActor,
@@ -40,6 +42,9 @@ pub const ECHO: &str = "bench-echo";
 /// Set to a node name, `troupe bench-peer` runs as a placement host of that name (see the
 /// module doc); its identity must be in the keys folder under that name.
 pub const HOST_ENV: &str = "TROUPE_BENCH_HOST";
+/// The service (method [`ASK`], schedulers only) whose handler
+/// forwards the hello expert's question to the peer's [`Answerer`] and answers with its reply.
+pub const VIA_ACTOR: &str = "bench-via-actor";
 
 /// A question to a [`BenchEcho`]; it answers as the hello expert does on the service path
 /// ([`answer`]), so a typed call and a service ask do the same work.
@@ -105,6 +110,52 @@ impl Handles<Count> for BenchEcho {
     async fn handle(&mut self, _: Count, _: &ActorContext) -> Result<u64, ActorFailure> {
         Ok(self.told)
     }
+}
+
+/// A plain ractor actor that answers the hello expert's [`HelloExpertMsg::Ask`] as the expert
+/// does ([`answer`]), without joining its process group: the actor behind [`VIA_ACTOR`].
+pub struct Answerer;
+
+impl Actor for Answerer {
+    type Msg = HelloExpertMsg;
+    type State = String;
+    type Arguments = String;
+
+    async fn pre_start(&self, _: ActorRef<Self::Msg>, node: String) -> Result<String, ActorProcessingErr> {
+        Ok(node)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        node: &mut String,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HelloExpertMsg::Ask(q, reply) => {
+                let _ = reply.send(answer(node, &q));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The [`VIA_ACTOR`] handler: reads the question as the expert's handler does, asks `answerer`
+/// (a `ractor::call!` through its mailbox) and answers with its reply.
+fn via_actor(answerer: ActorRef<HelloExpertMsg>) -> Handler {
+    Arc::new(move |_caller, _method, body| {
+        let answerer = answerer.clone();
+        Box::pin(async move {
+            let question = with_archived::<String, _>(&body, |q| {
+                if q.len() > MAX_QUESTION {
+                    return Err(format!("a question of {} bytes exceeds {MAX_QUESTION}", q.len()));
+                }
+                Ok(q.as_str().to_owned())
+            })?;
+            let reply = ractor::call!(answerer, HelloExpertMsg::Ask, question).map_err(|e| e.to_string())?;
+            to_body(&reply)
+        })
+    })
 }
 
 /// Messages of the tell sink.
@@ -251,6 +302,9 @@ pub async fn run(keys: &Path) -> Result<()> {
     let intensity = Intensity { max_restarts: 10_000, period: Duration::from_secs(1) };
     let node = NodeRuntime::start(spec(identity, children, intensity, PlacementRules::default())).await?;
     node.actors.spawn::<BenchEcho>(ECHO, ()).await?;
+    let (answerer, answerer_done) = Actor::spawn(None, Answerer, PEER_NAME.to_string()).await?;
+    let spec = ServiceSpec::new().method(ASK, Allow::role(Role::Scheduler));
+    node.services.register(VIA_ACTOR, spec, via_actor(answerer.clone()));
     let link = node.link.clone();
     node.set_frame_handler(Arc::new(move |d| {
         if d.channel == Channel::Data && d.frame.kind == FrameKind::Message {
@@ -281,6 +335,9 @@ pub async fn run(keys: &Path) -> Result<()> {
     let udp_addr = udp_echo()?;
     println!("READY {} {tcp_addr} {udp_addr}", node.link.local_addr()?);
     until_stdin_closes().await;
+    node.services.unregister(VIA_ACTOR);
+    answerer.stop(None);
+    let _ = answerer_done.await;
     node.shutdown().await;
     Ok(())
 }

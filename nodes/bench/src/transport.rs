@@ -28,7 +28,13 @@
 //! `ActorHandle::call` to the peer's [`BenchEcho`] (one typed kind, in `peer.rs`), in the same
 //! paired rounds, over UDP and over the service ask on the same road (what the typed layer adds:
 //! archiving the message and reading the answer, the incarnation check, the actor's mailbox),
-//! on the same-host road and from a member node with the same-host streams off (QUIC); typed
+//! on the same-host road and from a member node with the same-host streams off (QUIC);
+//! `ask_service_via_actor_*` is the same service ask answered through a plain ractor actor's
+//! mailbox on the peer (its handler forwards the question with `ractor::call!` to an actor of
+//! `peer.rs` and answers with the reply), on the same road in the same rounds, because the
+//! service ask is answered inline on the stream reader while any actor call pays a mailbox hop
+//! there and back: `typed_call_over_service_ask_via_actor` is what the typed layer adds over
+//! that; typed
 //! tells until a `Count` from the same handle has them all; and a `RemoteSupervisor` on the
 //! client node whose child lives on one of two placement host processes: its host is SIGKILLed,
 //! and the time to the first answer of the replacement on the other host is set over the
@@ -114,6 +120,7 @@ use troupe_transport::{
 
 use super::peer::{
     Ask, BenchEcho, CRASHY_GROUP, Count, CrashyMsg, ECHO, HOST_ENV, PEER_NAME, SINK_GROUP, SinkMsg, Tell,
+    VIA_ACTOR,
 };
 use troupe_policy::stats::{median, quantile};
 
@@ -213,6 +220,11 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
         .await
         .map_err(|found| anyhow::anyhow!("{found} hello expert services announced within 20 s"))?;
     let (expert_peer, expert_service) = &experts[0];
+    client
+        .services
+        .wait_for(Duration::from_secs(20), |s| s.providers(VIA_ACTOR).contains(expert_peer).then_some(()))
+        .await
+        .with_context(|| format!("{expert_peer} did not announce {VIA_ACTOR} within 20 s"))?;
     let echo = client.actors.wait_for::<BenchEcho>(ECHO, Duration::from_secs(20)).await?;
     // the same service asks over encrypted QUIC: a client with the same-host streams off
     let quic_only =
@@ -226,12 +238,13 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     .await?;
     let (asks, rounds) = if quick { (200, 1) } else { (2000, 5) };
     let per_round = asks / rounds;
-    let (mut udp, [mut ractor, mut service, mut service_quic, mut typed]) = paired_rounds(
+    let (mut udp, [mut ractor, mut service, mut service_quic, mut via_actor, mut typed]) = paired_rounds(
         peer_udp,
         [
             RoundTrip::Ractor(&expert),
             RoundTrip::Service(&client.services, expert_peer, expert_service),
             RoundTrip::Service(&quic_client.services, expert_peer, expert_service),
+            RoundTrip::Service(&client.services, expert_peer, VIA_ACTOR),
             RoundTrip::Typed(&echo),
         ],
         rounds,
@@ -260,10 +273,13 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("ask_service_quic_p50_us".into(), service_quic.p(0.5));
     f.insert("ask_service_quic_p99_us".into(), service_quic.p(0.99));
     f.insert("ask_service_quic_p50_over_udp_rtt".into(), service_quic.over(&udp));
+    f.insert("ask_service_via_actor_p50_us".into(), via_actor.p(0.5));
+    f.insert("ask_service_via_actor_p99_us".into(), via_actor.p(0.99));
     f.insert("typed_call_p50_us".into(), typed.p(0.5));
     f.insert("typed_call_p99_us".into(), typed.p(0.99));
     f.insert("typed_call_over_udp_rtt".into(), typed.over(&udp));
     f.insert("typed_call_over_service_ask".into(), typed.over(&service));
+    f.insert("typed_call_over_service_ask_via_actor".into(), typed.over(&via_actor));
     let tells = remote_tells(if quick { 20_000 } else { 200_000 }).await?;
     f.insert("tell_cross_process_per_s".into(), tells);
     f.insert("tell_cross_process_over_ray".into(), tells / RAY_TELLS_PER_S);
