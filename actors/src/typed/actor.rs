@@ -72,8 +72,9 @@ pub type LaterReply<R> = Pin<Box<dyn Future<Output = Result<R, ActorFailure>> + 
 pub enum Reply<R> {
     /// The reply, now.
     Now(R),
-    /// The reply once this future resolves; it runs outside the actor, which goes on with its
-    /// mailbox (and is awaited even if the incarnation stops meanwhile).
+    /// The reply once this future resolves; for a call it runs outside the actor, which goes on
+    /// with its mailbox (and is awaited even if the incarnation stops meanwhile), bounded by the
+    /// router's admission of the waiting caller; for a tell it is awaited in the actor's turn.
     Later(LaterReply<R>),
 }
 
@@ -195,6 +196,7 @@ fn remote_job<A: Handles<M>, M: RemoteMessage>(
         Box::pin(async move {
             let ctx = ctx.with_sender(sender);
             let name = ctx.name.clone();
+            let told = reply.is_none();
             let finish = move |out: Result<M::Reply, ActorFailure>| {
                 let wire = match out {
                     Ok(r) => r.to_wire().map_err(|e| (FaultKind::Failed, format!("encoding the reply: {e}"))),
@@ -208,6 +210,9 @@ fn remote_job<A: Handles<M>, M: RemoteMessage>(
                 }
             };
             match actor.turn(msg, &ctx).await {
+                // a told message's later reply is awaited in the actor's own turn: nobody holds
+                // an admission slot for it, so its work must stay bounded by the mailbox
+                Ok(Reply::Later(later)) if told => finish(later.await),
                 Ok(Reply::Later(later)) => {
                     tokio::spawn(async move { finish(later.await) });
                 }
@@ -227,6 +232,7 @@ pub(crate) fn local_job<A: Handles<M>, M: RemoteMessage>(
         Box::pin(async move {
             let ctx = ctx.with_sender(ctx.actors.node().clone());
             let name = ctx.name.clone();
+            let told = reply.is_none();
             let finish = move |out: Result<M::Reply, ActorFailure>| match reply {
                 Some(tx) => {
                     let _ = tx.send(out);
@@ -236,6 +242,9 @@ pub(crate) fn local_job<A: Handles<M>, M: RemoteMessage>(
                 }
             };
             match actor.turn(msg, &ctx).await {
+                // a told message's later reply is awaited in the actor's own turn: nobody holds
+                // an admission slot for it, so its work must stay bounded by the mailbox
+                Ok(Reply::Later(later)) if told => finish(later.await),
                 Ok(Reply::Later(later)) => {
                     tokio::spawn(async move { finish(later.await) });
                 }
