@@ -17,17 +17,15 @@
 //! `own_expert serve DIR path/to/model.onnx` with certificates from `troupe keys`; the ONNX
 //! Runtime library comes from `ORT_DYLIB_PATH`, else from the setup cache.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 use troupe::kernels::assets::{Assets, TINY_MLP};
 use troupe::kernels::onnx::{IoSpec, NamedTensor, OnnxSession, SessionConfig};
 use troupe::prelude::*;
 use troupe::transport::NodeIdentity;
+use troupe_examples::demo::{Node, TempDir, WAIT, or_stdin_closed, stdin_closed};
 
 // ---- the actor: a model behind typed messages ------------------------------------------------
 
@@ -111,9 +109,6 @@ fn shapes(specs: &[IoSpec]) -> String {
 
 // ---- the node processes ----------------------------------------------------------------------
 
-/// How long a call, a lookup or a step of the demo may take.
-const WAIT: Duration = Duration::from_secs(10);
-
 /// The cluster's shared secret (in production: the one `troupe keys init` writes).
 const COOKIE: &str = "own-expert-demo-cookie-000000000";
 
@@ -171,25 +166,6 @@ async fn start_node(dir: &Path, name: &str, peers: &[&str]) -> Result<NodeRuntim
     Ok(node)
 }
 
-/// Runs `job`, unless stdin closes first (so no node outlives the demo that started it).
-async fn or_stdin_closed(job: impl Future<Output = Result<()>>) -> Result<()> {
-    tokio::select! {
-        done = job => done,
-        () = stdin_closed() => bail!("stdin closed: stopping"),
-    }
-}
-
-/// Resolves when stdin reaches its end: the demo closes it to stop a node (Ctrl-D by hand).
-async fn stdin_closed() {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    // a thread of its own: a blocking read must not hold up the runtime's shutdown
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        let _ = tx.send(());
-    });
-    let _ = rx.await;
-}
-
 // ---- the demo: a throwaway cluster of processes ------------------------------------------------
 
 async fn demo() -> Result<()> {
@@ -213,87 +189,6 @@ async fn demo() -> Result<()> {
     expert.stop().await?;
     println!("demo ok");
     Ok(())
-}
-
-/// A node process of the demo, killed if it still runs when this is dropped.
-struct Node {
-    name: String,
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl Node {
-    fn spawn(name: &str, args: &[&str]) -> Result<Self> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(args)
-            .stdin(Stdio::piped()) // the node runs until we close it
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting node {name}"))?;
-        let stdout = child.stdout.take().context("the node's stdout is piped")?;
-        Ok(Self { name: name.into(), child, lines: BufReader::new(stdout).lines() })
-    }
-
-    /// The node's next line (echoed), if it prints one within [`WAIT`].
-    async fn line(&mut self) -> Result<Option<String>> {
-        let line = tokio::time::timeout(WAIT, self.lines.next_line())
-            .await
-            .with_context(|| format!("node {} printed nothing for {WAIT:?}", self.name))??;
-        if let Some(line) = &line {
-            println!("[{}] {line}", self.name);
-        }
-        Ok(line)
-    }
-
-    /// Reads lines until one starts with `prefix`, and returns the rest of it.
-    async fn expect(&mut self, prefix: &str) -> Result<String> {
-        loop {
-            match self.line().await? {
-                Some(line) if line.starts_with(prefix) => return Ok(line[prefix.len()..].to_string()),
-                Some(_) => {}
-                None => bail!("node {} exited before printing {prefix:?}", self.name),
-            }
-        }
-    }
-
-    /// Closes the node's stdin, which stops it, then [`Node::wait`]s.
-    async fn stop(mut self) -> Result<Vec<String>> {
-        drop(self.child.stdin.take());
-        self.wait().await
-    }
-
-    /// Reads the rest of what the node prints until it exits, and checks that it succeeded.
-    /// Returns every line read here.
-    async fn wait(mut self) -> Result<Vec<String>> {
-        let mut lines = Vec::new();
-        while let Some(line) = self.line().await? {
-            lines.push(line);
-        }
-        let status = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .with_context(|| format!("node {} did not exit within {WAIT:?}", self.name))??;
-        ensure!(status.success(), "node {} failed: {status}", self.name);
-        Ok(lines)
-    }
-}
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("troupe-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir); // left by an earlier process of the same id
-        std::fs::create_dir_all(&dir)?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::main]
