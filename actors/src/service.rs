@@ -437,7 +437,20 @@ impl Services {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, CallError> {
-        let _permit = self
+        self.start_call(peer, service, method, body).await?.answer(timeout).await
+    }
+
+    /// Sends a call to `peer` now and hands back its answer to await later
+    /// ([`PendingCall::answer`]): the request keeps its place among what this node sends the
+    /// peer after it (a flow-control marker among tells).
+    pub async fn start_call(
+        &self,
+        peer: &NodeId,
+        service: &str,
+        method: &str,
+        body: Vec<u8>,
+    ) -> Result<PendingCall, CallError> {
+        let permit = self
             .inner
             .outstanding
             .clone()
@@ -452,24 +465,24 @@ impl Services {
         }))?;
         let (tx, rx) = oneshot::channel();
         self.inner.pending.insert(id, Pending { peer: peer.clone(), tx });
-        let names = || (peer.clone(), service.to_string(), method.to_string());
+        let call = PendingCall {
+            services: self.clone(),
+            id,
+            rx,
+            peer: peer.clone(),
+            service: service.to_string(),
+            method: method.to_string(),
+            _permit: permit,
+        };
         if let Err(e) = self.inner.link.send(peer, Channel::Data, frame).await {
-            self.inner.pending.remove(&id);
-            let (peer, service, method) = names();
-            return Err(CallError::Send { peer, service, method, detail: e.to_string() });
+            return Err(CallError::Send {
+                peer: call.peer.clone(),
+                service: call.service.clone(),
+                method: call.method.clone(),
+                detail: e.to_string(),
+            });
         }
-        let outcome = tokio::time::timeout(timeout, rx).await;
-        self.inner.pending.remove(&id);
-        let (peer, service, method) = names();
-        match outcome {
-            Err(_) => Err(CallError::Timeout { peer, service, method, timeout }),
-            Ok(Err(_)) => Err(CallError::PeerLeft { peer, service, method, reason: "router stopped".into() }),
-            Ok(Ok(Err(reason))) => Err(CallError::PeerLeft { peer, service, method, reason }),
-            Ok(Ok(Ok(Ok(bytes)))) => Ok(bytes),
-            Ok(Ok(Ok(Err((kind, message))))) => {
-                Err(CallError::Remote { peer, service, method, kind, message })
-            }
-        }
+        Ok(call)
     }
 
     /// Sends `service.method` to `peer` with `body`, wanting no answer (a tell): the callee runs
@@ -665,6 +678,40 @@ impl Services {
         self.inner.directory.insert(from.clone(), names);
         let _ = self.inner.announcements.send(from.clone());
         Ok(Vec::new())
+    }
+}
+
+/// A call sent and not yet answered ([`Services::start_call`]); dropping it forgets the call.
+pub struct PendingCall {
+    services: Services,
+    id: u64,
+    rx: oneshot::Receiver<Result<Reply, String>>,
+    peer: NodeId,
+    service: String,
+    method: String,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl PendingCall {
+    /// The answer body, or why there is none, waiting at most `timeout`.
+    pub async fn answer(mut self, timeout: Duration) -> Result<Vec<u8>, CallError> {
+        let outcome = tokio::time::timeout(timeout, &mut self.rx).await;
+        let (peer, service, method) = (self.peer.clone(), self.service.clone(), self.method.clone());
+        match outcome {
+            Err(_) => Err(CallError::Timeout { peer, service, method, timeout }),
+            Ok(Err(_)) => Err(CallError::PeerLeft { peer, service, method, reason: "router stopped".into() }),
+            Ok(Ok(Err(reason))) => Err(CallError::PeerLeft { peer, service, method, reason }),
+            Ok(Ok(Ok(Ok(bytes)))) => Ok(bytes),
+            Ok(Ok(Ok(Err((kind, message))))) => {
+                Err(CallError::Remote { peer, service, method, kind, message })
+            }
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.services.inner.pending.remove(&self.id);
     }
 }
 

@@ -448,3 +448,56 @@ async fn a_reply_given_later_lets_the_mailbox_go_on_and_handlers_see_the_sender(
         n.shutdown().await;
     }
 }
+
+/// A counter with a mailbox of eight messages, for tells' flow control.
+struct Narrow(u64);
+impl TypedActor for Narrow {
+    const KIND: &'static str = "test-narrow";
+    type Args = ();
+    fn protocol(p: &mut Protocol<Self>) {
+        p.request::<Add>(Allow::AnyMember).request::<Get>(Allow::AnyMember).mailbox(8);
+    }
+    async fn start(_: (), _: &ActorContext) -> Result<Self, ActorFailure> {
+        Ok(Narrow(0))
+    }
+}
+impl Handles<Add> for Narrow {
+    async fn handle(&mut self, Add(n): Add, _: &ActorContext) -> Result<u64, ActorFailure> {
+        // slower than the link: without flow control the mailbox would overflow
+        tokio::task::yield_now().await;
+        self.0 += n;
+        Ok(self.0)
+    }
+}
+impl Handles<Get> for Narrow {
+    async fn handle(&mut self, _: Get, _: &ActorContext) -> Result<u64, ActorFailure> {
+        Ok(self.0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_of_remote_tells_never_overruns_a_small_mailbox() {
+    let ca = ClusterCa::generate("typed-flow").unwrap();
+    let host = NodeRuntime::start(spec(&ca, "flow-host", Role::Executor, vec![], PlacementRules::default()))
+        .await
+        .unwrap();
+    let teller = NodeRuntime::start(spec(
+        &ca,
+        "flow-teller",
+        Role::Scheduler,
+        vec![at(&host)],
+        PlacementRules::default(),
+    ))
+    .await
+    .unwrap();
+    host.actors.spawn::<Narrow>("narrow", ()).await.unwrap();
+    let narrow = teller.actors.wait_for::<Narrow>("narrow", T).await.unwrap();
+    let n = 3_000;
+    for _ in 0..n {
+        narrow.tell(Add(1)).await.unwrap();
+    }
+    assert_eq!(narrow.call(Get, T).await.unwrap(), n, "every tell was taken, none refused as busy");
+    for node in [teller, host] {
+        node.shutdown().await;
+    }
+}

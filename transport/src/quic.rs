@@ -81,6 +81,8 @@ const LOCAL_DECISION_WAIT: Duration = Duration::from_secs(2);
 /// Frames up to this size are written to a local stream in one call (header and body copied
 /// together); larger ones in two.
 const LOCAL_ONE_WRITE: usize = 16 << 10;
+/// Read buffer of a same-host channel stream (frames that queued up are taken in one read).
+const LOCAL_READ_BUFFER: usize = 64 << 10;
 /// Most bidirectional streams (blob pulls among them) a peer may have open at once over QUIC, and
 /// most local blob-pull streams it may have open at once.
 const MAX_BIDI_STREAMS: u32 = 256;
@@ -1362,6 +1364,9 @@ impl QuicNode {
                 match purpose {
                     LocalServed::Channel(channel) => {
                         let counted = Some(&node.inner.local.frames_received);
+                        // small frames that arrive together are read with one syscall, not two
+                        // each (a large body bypasses the buffer: it is read straight into place)
+                        let mut stream = tokio::io::BufReader::with_capacity(LOCAL_READ_BUFFER, stream);
                         node.serve_frames(&peer, &conn, &state, channel, &mut stream, counted).await;
                     }
                     LocalServed::BlobPull => {

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use troupe_transport::NodeId;
 use troupe_transport::service::FaultKind;
 
-use super::actor::{Binding, Handles, TypedActor, local_job};
+use super::actor::{Binding, Handles, Protocol, TypedActor, local_job};
 use super::error::ActorError;
 use super::registry::{Actors, INCARNATION_PREFIX, service_name};
 use super::wire::{RemoteMessage, Wire};
@@ -44,6 +44,20 @@ impl<A> Clone for Target<A> {
     }
 }
 
+/// Most remote tells one handle (with its clones) sends past the last one it knows the actor
+/// has taken, in windows of at most this many: see [`ActorHandle::tell`].
+pub const MAX_TELL_WINDOW: u64 = 1024;
+/// How long a tell waits for the actor to take the window before the last one.
+pub const TELL_FLOW_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A handle's flow control of remote tells: how many it sent, and the marker of the window in
+/// flight (a tell sent as a call, answered once the actor has taken it and every tell before it).
+#[derive(Default)]
+struct TellFlow {
+    sent: u64,
+    marker: Option<tokio::task::JoinHandle<Result<(), ActorError>>>,
+}
+
 /// A handle to the actor named `name` of kind `A`. Cheap to clone; clones share what they
 /// resolved.
 pub struct ActorHandle<A> {
@@ -51,6 +65,8 @@ pub struct ActorHandle<A> {
     service: Arc<str>,
     actors: Actors,
     target: Arc<Mutex<Option<Target<A>>>>,
+    flow: Arc<Mutex<TellFlow>>,
+    window: u64,
 }
 
 impl<A> Clone for ActorHandle<A> {
@@ -60,6 +76,8 @@ impl<A> Clone for ActorHandle<A> {
             service: self.service.clone(),
             actors: self.actors.clone(),
             target: self.target.clone(),
+            flow: self.flow.clone(),
+            window: self.window,
         }
     }
 }
@@ -72,21 +90,25 @@ impl<A> std::fmt::Debug for ActorHandle<A> {
 
 impl<A: TypedActor> ActorHandle<A> {
     pub(crate) fn resolved(name: &str, actors: Actors, target: Target<A>) -> Self {
-        Self {
-            name: name.into(),
-            service: service_name(name).into(),
-            actors,
-            target: Arc::new(Mutex::new(Some(target))),
-        }
+        Self::new(name, actors, Some(target))
     }
 
     /// A handle that resolves `name` on its first use (no lookup now).
     pub fn by_name(actors: &Actors, name: &str) -> Self {
+        Self::new(name, actors.clone(), None)
+    }
+
+    fn new(name: &str, actors: Actors, target: Option<Target<A>>) -> Self {
+        // two windows in flight stay within half the kind's mailbox bound (the same code runs
+        // on both ends, so the bound is known here)
+        let bound = Protocol::<A>::of().mailbox_bound() as u64;
         Self {
             name: name.into(),
             service: service_name(name).into(),
-            actors: actors.clone(),
-            target: Arc::new(Mutex::new(None)),
+            actors,
+            target: Arc::new(Mutex::new(target)),
+            flow: Arc::default(),
+            window: (bound / 4).clamp(1, MAX_TELL_WINDOW),
         }
     }
 
@@ -188,7 +210,16 @@ impl<A: TypedActor> ActorHandle<A> {
     }
 
     /// Sends `msg` without waiting for a reply: `Ok` once it is queued (locally) or handed to
-    /// the link (remotely). A remote refusal (role, busy, gone) is logged by the callee only.
+    /// the link (remotely). A local refusal (busy, gone) is returned; a remote refusal (role,
+    /// busy, gone) is logged by the callee.
+    ///
+    /// Remote tells are flow-controlled, so a loop of tells never overruns the actor's mailbox:
+    /// every window's last tell (a window is a quarter of the kind's mailbox bound, at most
+    /// [`MAX_TELL_WINDOW`]) goes as a call, and the tell that closes the next window first waits
+    /// (up to [`TELL_FLOW_TIMEOUT`]) until the actor has taken that one, and so every tell
+    /// before it: at most two windows are in flight. An error it learns then (the incarnation
+    /// lost, the actor busy with other senders' messages, its failure on that tell) is returned
+    /// by the tell that waited.
     pub async fn tell<M>(&self, msg: M) -> Result<(), ActorError>
     where
         M: RemoteMessage,
@@ -200,7 +231,15 @@ impl<A: TypedActor> ActorHandle<A> {
                 b.enqueue(local_job::<A, M>(msg, None)).map_err(|e| self.on_local_error(&target, e))
             }
             Target::Remote { peer, incarnation } => {
+                let closes_window = {
+                    let mut flow = self.flow.lock().unwrap_or_else(PoisonError::into_inner);
+                    flow.sent += 1;
+                    flow.sent.is_multiple_of(self.window)
+                };
                 let body = self.body::<M>(&msg, *incarnation)?;
+                if closes_window {
+                    return self.tell_as_marker::<M>(&target, peer, body).await;
+                }
                 self.actors
                     .services()
                     .send_one_way(peer, &self.service, M::NAME, body)
@@ -208,6 +247,44 @@ impl<A: TypedActor> ActorHandle<A> {
                     .map_err(|e| self.remote_error::<M>(&target, e))
             }
         }
+    }
+
+    /// Sends `body` as the marker of a window (a call whose answer is awaited in the
+    /// background; the request itself goes now, in order), after waiting for the previous
+    /// window's marker.
+    async fn tell_as_marker<M>(
+        &self,
+        target: &Target<A>,
+        peer: &NodeId,
+        body: Vec<u8>,
+    ) -> Result<(), ActorError>
+    where
+        M: RemoteMessage,
+        A: Handles<M>,
+    {
+        let previous = self.flow.lock().unwrap_or_else(PoisonError::into_inner).marker.take();
+        let waited = match previous {
+            Some(marker) => marker.await.unwrap_or_else(|e| {
+                Err(ActorError::Failed {
+                    actor: self.name.to_string(),
+                    message: M::NAME,
+                    detail: format!("the flow-control marker of the previous window failed: {e}"),
+                })
+            }),
+            None => Ok(()),
+        };
+        let call = self
+            .actors
+            .services()
+            .start_call(peer, &self.service, M::NAME, body)
+            .await
+            .map_err(|e| self.remote_error::<M>(target, e))?;
+        let (handle, target) = (self.clone(), target.clone());
+        let marker = tokio::spawn(async move {
+            call.answer(TELL_FLOW_TIMEOUT).await.map(drop).map_err(|e| handle.remote_error::<M>(&target, e))
+        });
+        self.flow.lock().unwrap_or_else(PoisonError::into_inner).marker = Some(marker);
+        waited
     }
 
     fn body<M: RemoteMessage>(&self, msg: &M, incarnation: u64) -> Result<Vec<u8>, ActorError> {

@@ -71,7 +71,7 @@ pub use actor::{
     ActorContext, DEFAULT_MAILBOX, Handles, Host, HostMsg, LaterReply, Protocol, Reply, TypedActor,
 };
 pub use error::{ActorError, ActorFailure};
-pub use handle::ActorHandle;
+pub use handle::{ActorHandle, MAX_TELL_WINDOW, TELL_FLOW_TIMEOUT};
 pub use placement::{
     PLACEMENT, Placed, PlacementRules, RemoteChild, RemoteSupervisor, RemoteSupervisorArgs,
     RemoteSupervisorMsg,
