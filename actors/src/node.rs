@@ -16,6 +16,7 @@ use troupe_transport::{
     QuicNode,
 };
 
+use crate::address::HostPort;
 use crate::cluster::{ControlBidi, open_session, start_node_server};
 use crate::kinds::device::DeviceMsg;
 use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
@@ -34,8 +35,8 @@ pub const ROOT: &str = "root";
 pub struct PeerAddr {
     /// The peer's node name (checked against its certificate).
     pub name: NodeId,
-    /// Where it listens.
-    pub addr: SocketAddr,
+    /// Where it listens: `IP:port`, or `host:port` resolved again at every dial.
+    pub addr: crate::address::HostPort,
 }
 
 /// Builds the root supervisor's children from the node's link, service router, membership
@@ -123,6 +124,7 @@ pub struct NodeRuntime {
     handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
     supervisor_handle: JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    redial: Duration,
 }
 
 impl NodeRuntime {
@@ -194,6 +196,7 @@ impl NodeRuntime {
             }
         };
         actors.set_supervisor(supervisor.clone());
+        crate::join::serve_members(&services, &link);
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
@@ -212,7 +215,25 @@ impl NodeRuntime {
             handler,
             supervisor_handle,
             tasks,
+            redial: spec.redial,
         })
+    }
+
+    /// Joins the cluster through `seed` (`IP:port` or `host:port`): dials it until it answers,
+    /// then every member it lists, each kept redialed as configured peers are (see
+    /// [`crate::join`]).
+    pub fn join(&mut self, seed: HostPort) {
+        let redial = self.redial;
+        let dialer = self.link.clone();
+        let dial =
+            move |name: NodeId, addr: HostPort| dial_loop(dialer.clone(), PeerAddr { name, addr }, redial);
+        self.tasks.push(tokio::spawn(crate::join::join_loop(
+            self.link.clone(),
+            self.services.clone(),
+            seed,
+            redial,
+            dial,
+        )));
     }
 
     /// Membership events (up, down, rejoined) from now on.
@@ -465,9 +486,12 @@ async fn dispatch(
 async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
     loop {
         if !link.peers().contains(&peer.name) {
-            match link.connect(peer.addr, &peer.name).await {
-                Ok(_) => debug!(peer = %peer.name, addr = %peer.addr, "connected"),
-                Err(e) => debug!(peer = %peer.name, addr = %peer.addr, error = %e, "dial failed; will retry"),
+            match peer.addr.resolve().await {
+                Ok(addr) => match link.connect(addr, &peer.name).await {
+                    Ok(_) => debug!(peer = %peer.name, %addr, "connected"),
+                    Err(e) => debug!(peer = %peer.name, %addr, error = %e, "dial failed; will retry"),
+                },
+                Err(e) => debug!(peer = %peer.name, error = %e, "address not resolved; will retry"),
             }
         }
         tokio::time::sleep(redial).await;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use troupe_actors::HostPort;
 
 /// Largest config file read (configs are a few KiB).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -16,7 +17,8 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub struct NodeConfig {
     /// The node's name; its certificate must carry it.
     pub name: String,
-    /// UDP address to listen on.
+    /// UDP address to listen on: `IP:port` or `host:port` (resolved once, at start).
+    #[serde(deserialize_with = "troupe_actors::address::deserialize_resolved")]
     pub listen: SocketAddr,
     /// Directory with `ca.crt`, `NAME.crt`, `NAME.key` (relative to the config file).
     pub keys: PathBuf,
@@ -30,6 +32,10 @@ pub struct NodeConfig {
     /// Peers this node dials.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
+    /// A member to join through (`IP:port` or `host:port`): the node dials it and then every
+    /// member it lists, so `peers` may stay empty (`troupe node --join` sets it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<HostPort>,
     /// Heartbeats and failure detection.
     #[serde(default)]
     pub membership: MembershipSection,
@@ -159,8 +165,8 @@ pub struct SecuritySection {
 pub struct PeerConfig {
     /// Its node name.
     pub name: String,
-    /// Its address.
-    pub addr: SocketAddr,
+    /// Its address: `IP:port` or `host:port` (resolved again at every dial).
+    pub addr: HostPort,
 }
 
 /// `[membership]`.
@@ -553,6 +559,17 @@ mod tests {
     }
 
     #[test]
+    fn host_names_in_listen_peers_and_join() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\njoin = \"seed.example.org:7101\"\n\
+                    [[peers]]\nname = \"b\"\naddr = \"node-b.example.org:7102\"\n";
+        let c = NodeConfig::load(&write(d.path(), text)).unwrap();
+        assert!(c.listen.ip().is_loopback() && c.listen.port() == 7000, "{}", c.listen);
+        assert_eq!(c.peers[0].addr.to_string(), "node-b.example.org:7102");
+        assert_eq!(c.join.map(|j| j.to_string()).as_deref(), Some("seed.example.org:7101"));
+    }
+
+    #[test]
     fn errors_name_file_field_and_problem() {
         let d = tempfile::tempdir().unwrap();
         let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
@@ -570,6 +587,13 @@ mod tests {
         let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n"))
             .unwrap_err();
         assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
+        let e = NodeConfig::load(&write(
+            d.path(),
+            "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\n[[peers]]\nname = \"b\"\naddr = \"bad host:1\"\n",
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "peers[0].addr", "{e}");
+        assert!(e.problem.contains("bad host:1"), "{e}");
         let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
         let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n")))

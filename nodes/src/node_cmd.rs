@@ -57,7 +57,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
         peers: cfg
             .peers
             .iter()
-            .map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr })
+            .map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr.clone() })
             .collect(),
         membership: MembershipConfig {
             heartbeat: cfg.heartbeat(),
@@ -105,7 +105,11 @@ pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
     // listen for SIGHUP before anyone can see the node: its default action would end the process
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("listening for SIGHUP (revocation list reloads)")?;
-    let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
+    let mut runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
+    if let Some(seed) = &cfg.join {
+        tracing::info!(node = %cfg.name, %seed, "joining through the seed");
+        runtime.join(seed.clone());
+    }
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
     let _metrics = match cfg.metrics.listen {
         Some(addr) => {

@@ -134,8 +134,9 @@ impl Topology {
                 peers: self.nodes[..i]
                     .iter()
                     .zip(addrs)
-                    .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: *a })
+                    .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: (*a).into() })
                     .collect(),
+                join: None,
                 membership: self.membership,
                 supervision: self.supervision,
                 transport: self.transport,

@@ -166,3 +166,32 @@ async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
     assert!(again.status.success());
     assert_eq!(std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap(), ca_before);
 }
+
+/// Two nodes with no peers of their own join through one seed named by host (`localhost`):
+/// each learns the other from the seed's members list and they become members of each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_through_one_seed_named_by_host() {
+    let mut cluster =
+        ProcCluster::start_holding(EXE.as_ref(), &topology(false), &["expert-1", "expert-2"]).unwrap();
+    let seed_port = cluster.nodes[0].parsed.listen.port();
+    for name in ["expert-1", "expert-2"] {
+        let node = cluster.nodes.iter_mut().find(|n| n.name == name).unwrap();
+        node.parsed.peers.clear();
+        node.parsed.join = Some(format!("localhost:{seed_port}").parse().unwrap());
+        std::fs::write(&node.config, toml::to_string(&node.parsed).unwrap()).unwrap();
+    }
+    cluster.restart("expert-1").unwrap();
+    cluster
+        .wait_status("scheduler", Duration::from_secs(30), |s| member_is(s, "expert-1", "up"))
+        .await
+        .unwrap();
+    cluster.restart("expert-2").unwrap();
+    for (me, others) in [("expert-1", ["scheduler", "expert-2"]), ("expert-2", ["scheduler", "expert-1"])] {
+        cluster
+            .wait_status(me, Duration::from_secs(30), |s| others.iter().all(|o| member_is(s, o, "up")))
+            .await
+            .unwrap();
+    }
+    let log = cluster.log("expert-2");
+    assert!(log.contains("joined through the seed") && log.contains("expert-1"), "{log}");
+}

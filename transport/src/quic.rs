@@ -551,6 +551,12 @@ impl QuicNode {
         v
     }
 
+    /// The address `peer`'s connection comes from (its listening socket: a node dials from the
+    /// socket it listens on); `None` when it is not connected.
+    pub fn peer_address(&self, peer: &NodeId) -> Option<SocketAddr> {
+        self.inner.peers.get(peer).map(|p| p.conn.remote_address())
+    }
+
     /// Whether `peer` is joined as a cluster member.
     pub fn is_member(&self, peer: &NodeId) -> bool {
         self.inner.peers.get(peer).is_some_and(|p| p.member)

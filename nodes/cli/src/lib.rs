@@ -41,6 +41,10 @@ pub enum Command {
         /// not take away actors another job still uses (`troupe up` passes it to job nodes).
         #[arg(long)]
         linger: bool,
+        /// A member to join through (`IP:port` or `host:port`; overrides the config's `join`):
+        /// the node learns the other members from it.
+        #[arg(long)]
+        join: Option<troupe::actors::HostPort>,
     },
     /// Starts every node of a local topology as its own process, on loopback or (`--netns`) each
     /// in its own network namespace.
@@ -76,8 +80,8 @@ pub enum Command {
     },
     /// Asks a node for its members, actors and device budgets.
     Status {
-        /// The node's address.
-        #[arg(long)]
+        /// The node's address (`IP:port` or `host:port`).
+        #[arg(long, value_parser = troupe::actors::address::parse_resolved)]
         node: SocketAddr,
         /// Keys folder holding the identity to connect with.
         #[arg(long, default_value = "keys")]
@@ -93,7 +97,7 @@ pub enum Command {
     /// server-sent events; loopback listen addresses only (the page has no authentication).
     Dashboard {
         /// A node to ask (repeat to ask several: their actors and devices are shown too).
-        #[arg(long = "node", required = true)]
+        #[arg(long = "node", required = true, value_parser = troupe::actors::address::parse_resolved)]
         nodes: Vec<SocketAddr>,
         /// Keys folder holding the identity to connect with.
         #[arg(long, default_value = "keys")]
@@ -235,10 +239,10 @@ pub fn init_logging() {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
-        Command::Node { config, linger } => {
+        Command::Node { config, linger, join } => {
             // a config that cannot be used exits 2, a node that failed while running 1
             let cfg = match NodeConfig::load(&config) {
-                Ok(cfg) => cfg,
+                Ok(cfg) => NodeConfig { join: join.or(cfg.join), ..cfg },
                 Err(e) => {
                     eprintln!("troupe: config error: {e:#}");
                     return Ok(ExitCode::from(CONFIG_ERROR));

@@ -669,7 +669,7 @@ pub enum PipelineCommand {
     Submit {
         /// A running foreman service's node address (a node with a `pipeline-foreman` actor);
         /// without it a local crowd is started for this job.
-        #[arg(long)]
+        #[arg(long, value_parser = troupe_actors::address::parse_resolved)]
         foreman: Option<std::net::SocketAddr>,
         /// Keys folder of that cluster (with `--foreman`).
         #[arg(long, default_value = "keys")]
