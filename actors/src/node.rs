@@ -365,6 +365,7 @@ async fn local_status(
             status: match s {
                 MemberStatus::Up => "up".into(),
                 MemberStatus::Down => "down".into(),
+                MemberStatus::Left => "left".into(),
             },
             last_heard_ms_ago: now.saturating_sub(t).as_millis(),
         })
@@ -433,8 +434,11 @@ async fn peer_events(
                 info!(%peer, "peer restarted; its unanswered calls fail now");
                 services.peer_restarted(&peer);
             }
-            PeerEvent::Left { peer, reason } => {
-                debug!(%peer, %reason, "connection closed");
+            PeerEvent::Left { peer, reason, goodbye } => {
+                debug!(%peer, %reason, goodbye, "connection closed");
+                if goodbye {
+                    let _ = membership.cast(MembershipMsg::Left(peer.clone()));
+                }
                 services.peer_left(&peer, &reason);
             }
             // logged by the transport, naming the peer (and for OverBudget the cap and the bytes held)

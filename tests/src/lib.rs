@@ -207,7 +207,7 @@ impl Drop for ProcCluster {
     }
 }
 
-/// True when `status` lists `member` with state `state` ("up" or "down").
+/// True when `status` lists `member` with state `state` ("up", "down" or "left").
 pub fn member_is(status: &NodeStatus, member: &str, state: &str) -> bool {
     status.members.iter().any(|m| m.name == member && m.status == state)
 }

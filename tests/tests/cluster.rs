@@ -195,3 +195,32 @@ async fn nodes_join_through_one_seed_named_by_host() {
     let log = cluster.log("expert-2");
     assert!(log.contains("joined through the seed") && log.contains("expert-1"), "{log}");
 }
+
+/// SIGTERM (what systemd and docker send) is a graceful leave: the node exits 0 and the others
+/// report it "left", not "down", without waiting for the failure detector's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_a_leave_that_members_report_as_left() {
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(false)).unwrap();
+    for me in ["scheduler", "expert-1"] {
+        cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
+    }
+    cluster.signal("expert-2", libc::SIGTERM).unwrap();
+    for me in ["scheduler", "expert-1"] {
+        let (s, _) = cluster
+            .wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "left"))
+            .await
+            .unwrap();
+        assert!(member_is(&s, if me == "scheduler" { "expert-1" } else { "scheduler" }, "up"), "{s:?}");
+    }
+    let log = cluster.log("scheduler");
+    assert!(log.contains("member left") && !log.contains("member down"), "{log}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = cluster.exited("expert-2").unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "expert-2 did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}\n{}", cluster.log("expert-2"));
+}

@@ -72,8 +72,10 @@ pub const DEFAULT_MAX_UNI_STREAMS: u32 = 16;
 /// leaves, control streams: at most a few per connection) wait for room, which holds back only
 /// the connection that caused them.
 pub const EVENT_CAPACITY: usize = 1024;
-/// Application error code for an orderly shutdown.
+/// Application error code for a connection dropped in order (a test's or operator's disconnect).
 const CODE_SHUTDOWN: u32 = 0x00;
+/// Application error code of a node shutting down in order: it leaves the cluster.
+const CODE_GOODBYE: u32 = 0x14;
 /// How long a channel's first frame to a peer waits for the same-host handshake to decide
 /// whether the channel goes over a local stream or QUIC (it takes a round trip and two small
 /// file operations; a peer that never answers only delays its own traffic this long once).
@@ -209,6 +211,9 @@ pub enum PeerEvent {
         peer: NodeId,
         /// Why.
         reason: String,
+        /// True when the peer closed it shutting down in order ([`QuicNode::shutdown`]): it
+        /// left, rather than failed or was cut off.
+        goodbye: bool,
     },
     /// A connection attempt was refused (TLS or hello).
     Refused {
@@ -601,7 +606,7 @@ impl QuicNode {
                 let reason = why.to_string();
                 warn!(node = %self.inner.id, %peer, %reason, "disconnecting peer");
                 p.conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
-                self.emit(PeerEvent::Left { peer: peer.clone(), reason });
+                self.emit(PeerEvent::Left { peer: peer.clone(), reason, goodbye: false });
             }
         }
         refused
@@ -851,7 +856,7 @@ impl QuicNode {
     pub async fn shutdown(&self) {
         let _ = self.inner.local_stop.send(true);
         self.inner.shm.close_all();
-        self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
+        self.inner.endpoint.close(VarInt::from_u32(CODE_GOODBYE), b"goodbye: shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
@@ -1060,11 +1065,14 @@ impl QuicNode {
         };
         tokio::join!(uni, bi);
         self.inner.shm.connection_closed(&peer, generation);
-        let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
+        let close = conn.close_reason();
+        let goodbye = matches!(&close, Some(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == VarInt::from_u32(CODE_GOODBYE));
+        let reason = close.map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
             debug!(node = %self.inner.id, %peer, %reason, "peer left");
-            self.emit_wait(PeerEvent::Left { peer, reason }).await;
+            self.emit_wait(PeerEvent::Left { peer, reason, goodbye }).await;
         }
     }
 
