@@ -28,9 +28,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde::Deserialize;
-use troupe::NodeMain;
-use troupe::kinds::{JobKind, Kinds};
 use troupe::prelude::*;
+use troupe::{Kinds, NodeMain};
 use troupe_examples::demo::{Node, TempDir};
 
 // ---- the actor: what a user writes ---------------------------------------------------------
@@ -118,9 +117,10 @@ fn node_main() -> NodeMain {
         .actor_kind("my-counter", RoleSet::only(Role::Executor), |ctx, entry, p: CounterParams| {
             Ok(vec![ctx.actors.child_spec::<Counter>(entry.actor_name(), p.start)?])
         })
-        .add_job(JobKind::new("count-up", RoleSet::only(Role::Scheduler), |_, ctx, job, p: CountUp| {
+        // the job node drives the work: it needs the role `add` asks for
+        .job_kind("count-up", RoleSet::only(Role::Scheduler), |_, ctx, job, p: CountUp| {
             Box::pin(count_up(ctx.actors.clone(), Duration::from_secs(job.timeout_s), p))
-        }))
+        })
 }
 
 /// The `count-up` job: finds the counter by name (wherever it runs), reads it, adds, reads again.

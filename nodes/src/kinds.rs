@@ -221,6 +221,20 @@ impl Kinds {
         self
     }
 
+    /// Registers a job kind without extra checks: shorthand for [`JobKind::new`] and
+    /// [`Kinds::add_job`].
+    pub fn job<P: DeserializeOwned + 'static>(
+        self,
+        name: &str,
+        roles: RoleSet,
+        run: impl for<'a> Fn(&'a NodeRuntime, &'a NodeContext, &'a JobConfig, P) -> JobFuture<'a>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.add_job(JobKind::new(name, roles, run))
+    }
+
     /// Adds every kind of `other`, replacing kinds of the same names.
     pub fn extend(mut self, other: Kinds) -> Self {
         for a in other.actors {

@@ -19,11 +19,12 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use serde::de::DeserializeOwned;
+use troupe_actors::NodeRuntime;
 use troupe_actors::supervisor::ChildSpec;
 use troupe_transport::RoleSet;
 
-use crate::config::{ActorConfig, NodeConfig};
-use crate::kinds::{ActorKind, JobKind, Kinds, NodeContext};
+use crate::config::{ActorConfig, JobConfig, NodeConfig};
+use crate::kinds::{ActorKind, JobFuture, JobKind, Kinds, NodeContext};
 
 /// Exit code of a node whose config cannot be used (a runtime failure exits 1).
 pub const CONFIG_ERROR: u8 = 2;
@@ -84,7 +85,21 @@ impl NodeMain {
         self
     }
 
-    /// Adds a job kind.
+    /// Adds the job kind `name`, run by nodes whose certificates grant `roles`; `run` gets the
+    /// node, the `[job]` entry and its `params` parsed as `P`, and runs the job to its end.
+    pub fn job_kind<P: DeserializeOwned + 'static>(
+        self,
+        name: &str,
+        roles: RoleSet,
+        run: impl for<'a> Fn(&'a NodeRuntime, &'a NodeContext, &'a JobConfig, P) -> JobFuture<'a>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.add_job(JobKind::new(name, roles, run))
+    }
+
+    /// Adds a job kind (with its checks, see [`JobKind::check`]).
     pub fn add_job<P: DeserializeOwned + 'static>(mut self, kind: JobKind<P>) -> Self {
         self.kinds = self.kinds.add_job(kind);
         self
