@@ -282,7 +282,7 @@ pub struct DeviceConfig {
     pub memory_mb: u64,
 }
 
-/// `[[actors]]`: an actor the root supervisor starts (kinds: see [`crate::workloads`]).
+/// `[[actors]]`: an actor the root supervisor starts (kinds: see [`crate::kinds`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ActorConfig {
@@ -296,7 +296,14 @@ pub struct ActorConfig {
     pub params: toml::Table,
 }
 
-/// `[job]`: work this node runs once the cluster is up (kinds: see [`crate::workloads`]).
+impl ActorConfig {
+    /// The name the actor registers under: `name`, else the kind.
+    pub fn actor_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.kind)
+    }
+}
+
+/// `[job]`: work this node runs once the cluster is up (kinds: see [`crate::kinds`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobConfig {
@@ -312,6 +319,15 @@ pub struct JobConfig {
 
 fn default_job_timeout() -> u64 {
     120
+}
+
+/// What checks the kind and `params` of `[[actors]]` and `[job]` entries: the kinds a node binary
+/// knows (`crate::kinds::Kinds`). Each returns `Err((field, problem))`, the field from the entry on.
+pub trait KindCheck {
+    /// Checks one `[[actors]]` entry.
+    fn check_actor(&self, a: &ActorConfig) -> Result<(), (String, String)>;
+    /// Checks the `[job]`.
+    fn check_job(&self, j: &JobConfig) -> Result<(), (String, String)>;
 }
 
 /// A config problem, naming the file and the field.
@@ -347,8 +363,9 @@ pub fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
 }
 
 impl NodeConfig {
-    /// Reads, parses and validates a config file; relative paths resolve against its folder.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads, parses and validates a config file, its actors and job against `kinds`; relative
+    /// paths resolve against its folder.
+    pub fn load(path: &Path, kinds: &dyn KindCheck) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let err =
             |field: &str, problem: String| ConfigError { file: file.clone(), field: field.into(), problem };
@@ -370,12 +387,13 @@ impl NodeConfig {
         {
             cfg.security.revoked = Some(base.join(r));
         }
-        cfg.validate().map_err(|(field, problem)| err(&field, problem))?;
+        cfg.validate(kinds).map_err(|(field, problem)| err(&field, problem))?;
         Ok(cfg)
     }
 
-    /// Checks values that parse but make no sense: `Err((field, problem))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// Checks values that parse but make no sense, the actors and job against `kinds`:
+    /// `Err((field, problem))`.
+    pub fn validate(&self, kinds: &dyn KindCheck) -> Result<(), (String, String)> {
         let bad = |f: &str, p: String| Err((f.to_string(), p));
         if let Err(e) = troupe_transport::identity::validate_node_name(&self.name) {
             return bad("name", e.to_string());
@@ -453,10 +471,10 @@ impl NodeConfig {
             }
         }
         for (i, a) in self.actors.iter().enumerate() {
-            crate::workloads::validate_actor(a).map_err(|(f, p)| (format!("actors[{i}].{f}"), p))?;
+            kinds.check_actor(a).map_err(|(f, p)| (format!("actors[{i}].{f}"), p))?;
         }
         if let Some(j) = &self.job {
-            crate::workloads::validate_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
+            kinds.check_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
         }
         Ok(())
     }
@@ -488,6 +506,11 @@ impl NodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::Kinds;
+
+    fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        NodeConfig::load(path, &Kinds::builtin())
+    }
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let p = dir.join("node.toml");
@@ -500,24 +523,24 @@ mod tests {
     #[test]
     fn metrics_are_off_by_default_and_refuse_a_non_loopback_address() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert!(c.metrics.is_off());
         let local = format!("{GOOD}[metrics]\nlisten = \"127.0.0.1:9100\"\n");
-        let c = NodeConfig::load(&write(d.path(), &local)).unwrap();
+        let c = load(&write(d.path(), &local)).unwrap();
         assert_eq!(c.metrics.listen, Some("127.0.0.1:9100".parse().unwrap()));
         let open = format!("{GOOD}[metrics]\nlisten = \"0.0.0.0:9100\"\n");
-        let e = NodeConfig::load(&write(d.path(), &open)).unwrap_err().to_string();
+        let e = load(&write(d.path(), &open)).unwrap_err().to_string();
         assert!(e.contains("metrics.listen") && e.contains("0.0.0.0:9100") && e.contains("loopback"), "{e}");
     }
 
     #[test]
     fn links_are_off_by_default_and_out_of_range_values_are_named() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert!(c.links.is_off());
         assert_eq!(c.links.impairment().unwrap(), None);
         let on = format!("{GOOD}[links]\nrtt_ms = 40\nloss_pct = 1\n");
-        let c = NodeConfig::load(&write(d.path(), &on)).unwrap();
+        let c = load(&write(d.path(), &on)).unwrap();
         let imp = c.links.impairment().unwrap().unwrap();
         assert_eq!((imp.one_way, imp.loss_ppm), (Duration::from_millis(20), 10_000));
         for (bad, named) in [
@@ -526,7 +549,7 @@ mod tests {
             ("loss_pct = 60", "loss_pct"),
         ] {
             let text = format!("{GOOD}[links]\n{bad}\n");
-            let e = NodeConfig::load(&write(d.path(), &text)).unwrap_err().to_string();
+            let e = load(&write(d.path(), &text)).unwrap_err().to_string();
             assert!(e.contains("links") && e.contains(named), "{bad}: {e}");
         }
     }
@@ -534,7 +557,7 @@ mod tests {
     #[test]
     fn good_config_resolves_keys_next_to_the_file() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert_eq!(c.keys, d.path().join("keys"));
         assert_eq!(c.membership, MembershipSection::default());
     }
@@ -546,7 +569,7 @@ mod tests {
         let text = format!(
             "{GOOD}[security]\nrevoked = \"revoked.txt\"\npeers_only = true\n[[peers]]\nname = \"b\"\naddr = \"127.0.0.1:7001\"\n"
         );
-        let c = NodeConfig::load(&write(d.path(), &text)).unwrap();
+        let c = load(&write(d.path(), &text)).unwrap();
         assert_eq!(c.security.revoked.as_deref(), Some(d.path().join("revoked.txt").as_path()));
         let a = c.admission().unwrap();
         assert_eq!(a.allow, Some(["b".to_string()].into()));
@@ -563,7 +586,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let text = "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\njoin = \"seed.example.org:7101\"\n\
                     [[peers]]\nname = \"b\"\naddr = \"node-b.example.org:7102\"\n";
-        let c = NodeConfig::load(&write(d.path(), text)).unwrap();
+        let c = load(&write(d.path(), text)).unwrap();
         assert!(c.listen.ip().is_loopback() && c.listen.port() == 7000, "{}", c.listen);
         assert_eq!(c.peers[0].addr.to_string(), "node-b.example.org:7102");
         assert_eq!(c.join.map(|j| j.to_string()).as_deref(), Some("seed.example.org:7101"));
@@ -572,35 +595,30 @@ mod tests {
     #[test]
     fn errors_name_file_field_and_problem() {
         let d = tempfile::tempdir().unwrap();
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
         assert!(e.to_string().contains("node.toml") && e.field == "colour", "{e}");
-        let e = NodeConfig::load(&write(
-            d.path(),
-            &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n"),
-        ))
-        .unwrap_err();
+        let e =
+            load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n")))
+                .unwrap_err();
         assert_eq!(e.field, "membership.timeout_ms", "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n")))
-            .unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n"))).unwrap_err();
         assert_eq!(e.field, "actors[0].kind");
         assert!(e.problem.contains("dragon"));
-        let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n"))
-            .unwrap_err();
+        let e = load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n")).unwrap_err();
         assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
-        let e = NodeConfig::load(&write(
+        let e = load(&write(
             d.path(),
             "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\n[[peers]]\nname = \"b\"\naddr = \"bad host:1\"\n",
         ))
         .unwrap_err();
         assert_eq!(e.field, "peers[0].addr", "{e}");
         assert!(e.problem.contains("bad host:1"), "{e}");
-        let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
+        let e = load(&d.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n")))
-            .unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n"))).unwrap_err();
         assert_eq!(e.field, "transport.max_peer_buffer_mb", "{e}");
         assert!(e.problem.contains("max_frame_mb (128)"), "{e}");
-        let c = NodeConfig::load(&write(
+        let c = load(&write(
             d.path(),
             &format!("{GOOD}[transport]\nmax_frame_mb = 16\nmax_peer_buffer_mb = 64\nmax_peer_streams = 8\n"),
         ))
@@ -611,14 +629,14 @@ mod tests {
     #[test]
     fn a_bad_value_is_named_by_its_full_path_with_the_parsers_snippet() {
         let d = tempfile::tempdir().unwrap();
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = \"fast\"\n")))
-            .unwrap_err();
+        let e =
+            load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = \"fast\"\n"))).unwrap_err();
         assert_eq!(e.field, "membership.heartbeat_ms", "{e}");
         assert!(
             e.problem.contains('\n') && e.problem.contains("heartbeat_ms = \"fast\""),
             "keeps the snippet: {e}"
         );
-        let e = NodeConfig::load(&write(
+        let e = load(&write(
             d.path(),
             &format!(
                 "{GOOD}[[actors]]\nkind = \"pipeline-worker\"\n[actors.params]\nram_budget_mb = \"lots\"\n"

@@ -3,6 +3,7 @@
 //! This crate is what the `troupe` binary runs (config, nodes, topology launcher, chaos, status,
 //! dashboard, workloads) and the facade an embedding service uses: the crates below are re-exported
 //! whole. The command line is `troupe-cli` (nodes/cli), the benchmarks `troupe-bench` (nodes/bench).
+//! A node binary of your own, with your actor kinds beside troupe's, is a [`NodeMain`].
 
 /// The actor library troupe's runtime is built on, at the version it uses.
 pub use ractor;
@@ -12,6 +13,9 @@ pub use troupe_actors as actors;
 pub use troupe_kernels as kernels;
 pub use troupe_policy as policy;
 pub use troupe_transport as transport;
+
+pub use kinds::Kinds;
+pub use node_main::NodeMain;
 
 /// What a service embedding troupe usually needs: the node runtime and typed actors.
 pub mod prelude {
@@ -34,9 +38,11 @@ pub mod chaos;
 pub mod chart;
 pub mod config;
 pub mod dashboard;
+pub mod kinds;
 pub mod metrics;
 pub mod netns;
 pub mod node_cmd;
+pub mod node_main;
 pub mod progress;
 pub mod status;
 pub mod summary;

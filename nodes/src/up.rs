@@ -218,11 +218,12 @@ pub fn prepare_at(
 ) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
+    let kinds = crate::kinds::Kinds::builtin();
     let nodes: Vec<(&str, RoleSet)> = topology
         .nodes
         .iter()
         .map(|n| {
-            let r = roles(n).unwrap_or_else(|| crate::workloads::roles_for(&n.actors, n.job.as_ref()));
+            let r = roles(n).unwrap_or_else(|| kinds.roles_for(&n.actors, n.job.as_ref()));
             (n.name.as_str(), r)
         })
         .collect();
@@ -239,7 +240,7 @@ pub fn prepare_at(
             cfg.peers.clear();
             cfg.join = Some(seed.clone());
         }
-        cfg.validate().map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
+        cfg.validate(&kinds).map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
         let path = workdir.join(format!("{}.toml", cfg.name));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -69,7 +69,7 @@ impl ProcCluster {
         let admin = NodeIdentity::load(&dir.path().join("keys"), "admin")?;
         let mut nodes = Vec::new();
         for (name, config) in configs {
-            let parsed = NodeConfig::load(&config)?;
+            let parsed = NodeConfig::load(&config, &troupe::Kinds::builtin())?;
             let log = dir.path().join(format!("{name}.log"));
             nodes.push(ProcNode { name, config, parsed, child: None, log });
         }
