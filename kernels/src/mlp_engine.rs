@@ -9,9 +9,7 @@
 //! sent, while an expert is only dense + bias + ReLU layers. [`crate::onnx::mlp_graph`] refuses
 //! every other graph, so the engine never computes something ONNX Runtime would not.
 
-use cudarc::driver::CudaSlice;
-
-use crate::cuda::{CudaDense, CudaDevice, DenseAt, mlp_forward_arena, mlp_forward_device};
+use crate::cuda::{CudaDense, CudaDevice, CudaSlice, DenseAt, mlp_forward_arena, mlp_forward_device};
 use crate::device::Device;
 use crate::error::{KernelError, Result};
 use crate::onnx::mlp_graph::{MlpGraph, MlpGraphError, MlpLimits, parse_mlp};

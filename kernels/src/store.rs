@@ -17,9 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaSlice;
-
-use crate::cuda::CudaDevice;
+use crate::cuda::{CudaDevice, CudaSlice};
 use crate::device::Device;
 use crate::direct_io::{DIRECT_ALIGN, ReadBytes, ReadMode, open_direct, read_range_with};
 use crate::error::{KernelError, Result};

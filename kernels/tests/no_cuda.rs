@@ -1,5 +1,6 @@
 //! The no-GPU paths: without a driver library, and with a driver (our stub) that sees no device.
 //! Both must give a clear `CudaUnavailable` error and a CPU fallback, never a panic.
+#![cfg(feature = "cuda")]
 
 use std::path::Path;
 use std::process::Command;
