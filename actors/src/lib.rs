@@ -7,6 +7,7 @@ pub mod allocator;
 pub mod clock;
 pub mod cluster;
 pub mod coadapt;
+#[cfg(feature = "onnx")]
 pub mod coe;
 pub mod decode;
 pub mod fault;
@@ -18,6 +19,7 @@ pub mod live;
 pub mod mailbox;
 pub mod membership;
 pub mod node;
+#[cfg(feature = "onnx")]
 pub mod pipeline;
 pub mod service;
 pub mod supervisor;

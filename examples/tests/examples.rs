@@ -116,6 +116,7 @@ fn remote_counter_is_called_by_name_and_a_camera_may_not_add() {
 }
 
 #[test]
+#[cfg(feature = "onnx")]
 fn own_expert_serves_an_onnx_model_to_another_node() {
     // the model and the ONNX Runtime library come from scripts/setup: without them this fails,
     // saying so

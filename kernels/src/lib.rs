@@ -13,6 +13,10 @@
 //! - [`assets`]: models and data made by `scripts/setup`, checksummed; [`cpu_time`]: this thread's CPU clock.
 //! - [`vmoe`]: a small Vision MoE on the ops (digits), its training, and the co-adaptation pool;
 //!   [`drift`]: weather-like corruptions and per-camera drifting frame streams.
+//!
+//! Features (both default): `cuda` (cudarc; without it [`cuda`] is a stub whose devices cannot be
+//! opened: `KernelError::CudaUnavailable` naming the feature) and `onnx` (ort and prost: the
+//! `onnx`, `mlp` and `mlp_engine` modules exist only with it).
 
 pub mod assets;
 pub mod cpu_time;
@@ -21,8 +25,11 @@ pub mod device;
 pub mod direct_io;
 pub mod drift;
 pub mod error;
+#[cfg(feature = "onnx")]
 pub mod mlp;
+#[cfg(feature = "onnx")]
 pub mod mlp_engine;
+#[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod ops;
 pub mod pool;

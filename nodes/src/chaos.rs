@@ -45,7 +45,9 @@ const MILESTONES: &[(&str, &str)] = &[("pipeline-worker", "pipeline: "), ("coe-e
 /// topologies surely reaches: (job kind or actor kind, site, first hit, last hit). Measured on
 /// the campus in debug: coe.scheduler fired at hit 19 and not at 77.
 const SITES: &[(&str, &str, u64, u64)] = &[
+    #[cfg(feature = "onnx")]
     ("coe", troupe_actors::coe::serve::FAULT_SITE, 5, 25),
+    #[cfg(feature = "onnx")]
     ("pipeline", troupe_actors::pipeline::FAULT_SITE, 5, 20),
     ("coadapt-edge", troupe_actors::coadapt::edge::FAULT_SITE, 2, 5),
 ];

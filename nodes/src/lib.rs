@@ -4,6 +4,18 @@
 //! dashboard, workloads) and the facade an embedding service uses: the crates below are re-exported
 //! whole. The command line is `troupe-cli` (nodes/cli), the benchmarks `troupe-bench` (nodes/bench).
 //! A node binary of your own, with your actor kinds beside troupe's, is a [`NodeMain`].
+//!
+//! # Features
+//!
+//! - `cuda` (default): CUDA devices through cudarc, loaded at run time. Without it no cudarc is
+//!   built and asking for a CUDA device is `KernelError::CudaUnavailable`; the CPU is used.
+//! - `onnx` (default): ONNX Runtime (ort), the ONNX proto (prost) and the workloads that run ONNX
+//!   models: `kernels::onnx`, `kernels::mlp_engine`, `actors::coe`, `actors::pipeline` and the
+//!   `coe-` / `pipeline-` kinds and jobs.
+//!
+//! With `default-features = false` the node runtime, membership, services, supervision, typed
+//! actors ([`prelude`]), transport and the `hello` and `coadapt` workloads build and work as
+//! before. The `troupe` binary (troupe-cli) has both features on.
 
 /// The actor library troupe's runtime is built on, at the version it uses.
 pub use ractor;

@@ -8,9 +8,12 @@ use crate::kinds::{ActorKind, JobKind, Kinds, NoParams};
 pub use crate::kinds::{NodeContext, params};
 
 pub mod coadapt;
+#[cfg(feature = "onnx")]
 pub mod coe;
+#[cfg(feature = "onnx")]
 pub mod coe_request;
 pub mod hello;
+#[cfg(feature = "onnx")]
 pub mod pipeline;
 
 impl Kinds {
@@ -18,12 +21,16 @@ impl Kinds {
     /// `pipeline-worker` (worker), `pipeline-foreman` (scheduler: it drives workers, as a job's
     /// foreman does), `coadapt-edge` (edge), `coadapt-camera` (camera); jobs `hello`, `coe`,
     /// `pipeline`, `coadapt` (scheduler: the job node drives the workload).
+    /// The `coe-` and `pipeline-` kinds and jobs need the `onnx` feature (default on).
     pub fn builtin() -> Self {
         let scheduler = RoleSet::only(Role::Scheduler);
-        Kinds::new()
-            .actor("hello-expert", RoleSet::only(Role::Executor), |ctx, a, _: NoParams| {
+        let kinds =
+            Kinds::new().actor("hello-expert", RoleSet::only(Role::Executor), |ctx, a, _: NoParams| {
                 Ok(vec![hello::actor(ctx, a)])
-            })
+            });
+        // the ONNX workloads, in their place in the registry's order
+        #[cfg(feature = "onnx")]
+        let kinds = kinds
             .actor("coe-executor", RoleSet::only(Role::Executor), |ctx, _, p| Ok(vec![coe::actor(ctx, p)?]))
             .add_actor(
                 ActorKind::new("pipeline-worker", RoleSet::only(Role::Worker), |ctx, _, p| {
@@ -36,7 +43,8 @@ impl Kinds {
                     Ok(vec![pipeline::foreman_actor(ctx, a, p)])
                 })
                 .check(pipeline::check_foreman),
-            )
+            );
+        let kinds = kinds
             .add_actor(
                 ActorKind::new("coadapt-edge", RoleSet::only(Role::Edge), coadapt::edge_actor)
                     .check(coadapt::check_edge),
@@ -48,7 +56,9 @@ impl Kinds {
             .add_job(
                 JobKind::new("hello", scheduler, |rt, ctx, job, p| Box::pin(hello::run_job(rt, ctx, job, p)))
                     .check(hello::check_job),
-            )
+            );
+        #[cfg(feature = "onnx")]
+        let kinds = kinds
             .add_job(
                 JobKind::new("coe", scheduler, |rt, ctx, job, p| Box::pin(coe::run_job(rt, ctx, job, p)))
                     .check(coe::check_job),
@@ -58,13 +68,11 @@ impl Kinds {
                     Box::pin(pipeline::run_job(rt, ctx, job, p))
                 })
                 .check(pipeline::check_job),
-            )
-            .add_job(
-                JobKind::new("coadapt", scheduler, |rt, ctx, job, p| {
-                    Box::pin(coadapt::run_job(rt, ctx, job, p))
-                })
+            );
+        kinds.add_job(
+            JobKind::new("coadapt", scheduler, |rt, ctx, job, p| Box::pin(coadapt::run_job(rt, ctx, job, p)))
                 .check(coadapt::check_job),
-            )
+        )
     }
 }
 
@@ -74,6 +82,7 @@ mod tests {
     use crate::config::{ActorConfig, JobConfig, KindCheck};
 
     #[test]
+    #[cfg(feature = "onnx")]
     fn the_builtin_kinds_give_the_roles_troupe_up_issues() {
         let k = Kinds::builtin();
         assert_eq!(
