@@ -1,6 +1,7 @@
 //! The CoE workload on real ONNX experts at ci scale: outputs identical under every policy,
 //! the real executor's memory accounting under random operation sequences, clear errors for a
 //! corrupt expert file, a corrupt trace and a profile from other hardware.
+#![cfg(feature = "onnx")]
 
 use std::path::Path;
 use std::sync::Arc;

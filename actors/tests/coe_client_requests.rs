@@ -3,7 +3,7 @@
 //! digest from a local run; requests accepted while no scheduler runs are in the journal with
 //! their inputs, and a scheduler started over the reopened journal answers them; bad requests
 //! are refused, naming the problem.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! executor asked for the MLP engine answers as ONNX Runtime does (within 1e-5) through loads,
 //! demotions and promotions, with the same memory accounting. Needs `scripts/setup` (digits and
 //! ONNX Runtime).
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};

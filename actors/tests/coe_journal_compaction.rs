@@ -2,7 +2,7 @@
 //! executor threads): answers match a local run's, a restart resumes exactly the open requests
 //! under their ids, and answered ones are forgotten but still counted. (Its own binary: the
 //! scheduler actor's name is registered process-wide.)
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;

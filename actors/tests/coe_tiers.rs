@@ -2,6 +2,7 @@
 //! budgeted host tier, host eviction by usage probability, promotion from the host tier, the
 //! device copy in the weight store's `MemoryPool` with compaction, and a real run under a small
 //! host tier.
+#![cfg(feature = "onnx")]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -7,6 +7,7 @@
 //! answers more test images right than the same-bytes single model, trained on as many samples
 //! per model. Over seeds 1-8 it wins five and loses three (see the README's coe section), so
 //! another seed may fail this.
+#![cfg(feature = "onnx")]
 
 use troupe_actors::coe::accuracy::Accuracy;
 use troupe_actors::coe::app::{App, Scale, generate};

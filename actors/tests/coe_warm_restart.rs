@@ -4,6 +4,7 @@
 //! request is answered exactly once with the outputs of a fault-free run.
 //!
 //! Its own test binary: the fault switch is process-wide.
+#![cfg(feature = "onnx")]
 
 use std::sync::Arc;
 use std::time::Duration;

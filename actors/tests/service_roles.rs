@@ -2,7 +2,7 @@
 //! experts of a generated ci app): a camera-role certificate asking it to load an expert is
 //! refused with an error naming the role and the method, a scheduler-role one is served, and
 //! unknown services and methods are named.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

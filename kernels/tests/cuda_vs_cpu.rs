@@ -1,7 +1,7 @@
 //! CUDA implementations checked against the CPU references. Every test needs a CUDA device (or
 //! NVRTC), so each is `#[ignore]`d with that reason and run by `scripts/gpu-check`
 //! (`--include-ignored`) on a GPU machine; run there without one, a test fails naming why.
-#![cfg(feature = "cuda")]
+#![cfg(all(feature = "cuda", feature = "onnx"))]
 
 use troupe_kernels::mlp_engine::{ArenaMlp, MlpEngine};
 use troupe_kernels::onnx::mlp_graph::MlpLimits;

@@ -1,6 +1,6 @@
 //! The MLP engine on the CPU against ONNX Runtime on the same written expert, and its refusals.
 //! Needs ONNX Runtime (`scripts/setup`); the GPU side is in `cuda_vs_cpu.rs`.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_kernels::Device;

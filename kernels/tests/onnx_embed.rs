@@ -1,5 +1,5 @@
 //! Sentence embeddings from Rust: the known MiniLM similarity. Needs `scripts/setup`.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_kernels::assets::Assets;

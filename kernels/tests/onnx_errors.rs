@@ -1,7 +1,7 @@
 //! Failure paths end in clear errors naming the file, never a panic: missing or bogus ONNX Runtime
 //! library (in a child process, since the library loads once per process), missing and malformed
 //! model files, wrong inputs. Needs `scripts/setup`.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! Resident memory per session, each model measured alone in a fresh child process: a worker that
 //! holds one MiniLM stage must need less memory than one holding the whole model. Needs `scripts/setup`.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use std::process::Command;

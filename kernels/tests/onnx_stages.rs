@@ -1,6 +1,6 @@
 //! The 3 MiniLM stage files (cut by `troupe pipeline split` in setup) chained from Rust equal the whole model, and the stage IO fits together.
 //! Needs `scripts/setup` (fails with "run scripts/setup" otherwise).
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_kernels::assets::{self, Assets};

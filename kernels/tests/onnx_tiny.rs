@@ -1,6 +1,6 @@
 //! Tiny models with known weights, the digits MLP on the digits data, sessions from bytes. Needs
 //! `scripts/setup`.
-
+#![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use troupe_kernels::assets::{self, Assets};

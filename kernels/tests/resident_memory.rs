@@ -1,5 +1,6 @@
 //! The process's resident memory figures, in a test binary of their own: RSS is the whole
 //! process's, so a test running beside others (which allocate and free) could see it shrink.
+#![cfg(feature = "onnx")]
 
 use troupe_kernels::onnx::{peak_resident_bytes, resident_bytes};
 
