@@ -85,7 +85,7 @@ fn a_running_crowd_takes_jobs_in_a_row_and_at_once() {
     for client in ["client-a", "client-b"] {
         troupe_tests::run_ok(
             EXE.as_ref(),
-            &["keys", "node", client, "--role", "scheduler", "--keys", keys.to_str().unwrap()],
+            &["keys", "node", client, "--role", "client", "--keys", keys.to_str().unwrap()],
         )
         .unwrap();
     }

@@ -563,7 +563,7 @@ impl QuicNode {
 
     /// The roles in the certificate `peer` presented (`None` if it is not connected).
     pub fn peer_roles(&self, peer: &NodeId) -> Option<RoleSet> {
-        self.inner.peers.get(peer).map(|p| p.cert.roles)
+        self.inner.peers.get(peer).map(|p| p.cert.current_roles())
     }
 
     /// What the certificate `peer` presented says (`None` if it is not connected).
