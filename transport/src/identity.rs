@@ -462,9 +462,9 @@ pub struct CertInfo {
 
 impl CertInfo {
     /// Parses a DER certificate, such as a peer's (`None` if it does not parse). Its role names
-    /// are mapped to the roles this process already knows ([`Role::known`]) and the others are
-    /// dropped, never interned: a role no local rule names can grant nothing, and a peer's
-    /// certificate must not be able to fill this process's role table.
+    /// are mapped to the roles this process already knows ([`Role::known`]); the others are
+    /// never interned, only kept aside in [`CertInfo::unknown_roles`]: a role no local rule
+    /// names can grant nothing, and a peer's certificate must not fill this process's role table.
     pub fn parse(cert: &CertificateDer<'_>) -> Option<Self> {
         Self::parse_with(cert, Role::known)
     }
