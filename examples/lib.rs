@@ -5,7 +5,9 @@
 //!   per message;
 //! - `own_expert`: your own ONNX model served as an actor and called from another node process;
 //! - `failover`: a child supervised across nodes, restarted on another worker when its node is
-//!   killed, while a client's calls by name carry on.
+//!   killed, while a client's calls by name carry on;
+//! - `my_node`: your own node binary, your actor kind beside troupe's built-in ones, each node
+//!   run from a TOML config like `troupe node`.
 //!
 //! With no arguments each multi-node example runs its whole demo, starting itself as the node
 //! processes; `tests/examples.rs` runs every one.
@@ -91,6 +93,19 @@ pub mod demo {
         /// Closes the node's stdin, which stops it, then [`Node::wait`]s.
         pub async fn stop(mut self) -> Result<Vec<String>> {
             drop(self.child.stdin.take());
+            self.wait().await
+        }
+
+        /// Sends the node SIGTERM (what systemd and docker stop a service with), then
+        /// [`Node::wait`]s: a node binary leaves its cluster and exits 0.
+        pub async fn terminate(self) -> Result<Vec<String>> {
+            let pid = self.child.id().with_context(|| format!("node {} already exited", self.name))?;
+            let pid = libc::pid_t::try_from(pid).context("a process id fits pid_t")?;
+            // SAFETY: kill only sends a signal, to our own child, which has not been reaped yet
+            // (it is reaped by `wait` below), so its id cannot belong to another process.
+            if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+                bail!("signalling node {}: {}", self.name, std::io::Error::last_os_error());
+            }
             self.wait().await
         }
 

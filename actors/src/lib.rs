@@ -2,6 +2,7 @@
 //! scheduler), the journal and the fault switch. Decisions live in `troupe-policy`; these are the
 //! shells that carry them out.
 
+pub mod address;
 pub mod allocator;
 pub mod clock;
 pub mod cluster;
@@ -10,6 +11,7 @@ pub mod coe;
 pub mod decode;
 pub mod fault;
 pub mod hello;
+pub mod join;
 pub mod journal;
 pub mod kinds;
 pub mod live;
@@ -23,6 +25,7 @@ pub mod typed;
 pub mod wire;
 pub mod work;
 
+pub use address::HostPort;
 pub use kinds::device::{DeviceActor, DeviceArgs, DeviceMsg};
 pub use kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
 pub use membership::{Membership, MembershipConfig, MembershipMsg};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};
 use troupe_transport::{Channel, Frame, FrameKind, Link, NodeId, QuicNode};
 
@@ -48,6 +48,8 @@ pub enum MembershipMsg {
     Check,
     /// This peer joined (later frames are seen through [`QuicNode::take_heard`] at each tick).
     Heard(NodeId),
+    /// This peer said goodbye (closed its connections in an orderly shutdown).
+    Left(NodeId),
     /// The current view: member, status, when last heard (clock micros).
     Members(RpcReplyPort<Vec<(NodeId, MemberStatus, Micros)>>),
     /// The membership clock's current time (to interpret `Members`).
@@ -97,6 +99,11 @@ impl MembershipState {
             match &ev {
                 MembershipEvent::Up { member, rejoined, .. } => {
                     debug!(node = %self.link_id(), %member, rejoined, "member up")
+                }
+                MembershipEvent::Down { member, .. }
+                    if self.detector.status(member) == Some(troupe_policy::MemberStatus::Left) =>
+                {
+                    info!(node = %self.link_id(), %member, "member left")
                 }
                 MembershipEvent::Down { member, last_heard, at } => {
                     warn!(node = %self.link_id(), %member, silent_ms = (*at - *last_heard).as_millis(), "member down")
@@ -154,6 +161,7 @@ impl Actor for Membership {
             }
             MembershipMsg::Check => st.look(),
             MembershipMsg::Heard(from) => st.detector.handle_heard(st.clock.now(), from),
+            MembershipMsg::Left(peer) => st.detector.handle_left(st.clock.now(), &peer),
             MembershipMsg::Members(reply) => {
                 let v = st.detector.members().map(|(k, s, t)| (k.clone(), s, t)).collect();
                 let _ = reply.send(v);

@@ -16,6 +16,7 @@ use troupe_transport::{
     QuicNode,
 };
 
+use crate::address::HostPort;
 use crate::cluster::{ControlBidi, open_session, start_node_server};
 use crate::kinds::device::DeviceMsg;
 use crate::membership::{Membership, MembershipArgs, MembershipConfig, MembershipMsg};
@@ -34,8 +35,8 @@ pub const ROOT: &str = "root";
 pub struct PeerAddr {
     /// The peer's node name (checked against its certificate).
     pub name: NodeId,
-    /// Where it listens.
-    pub addr: SocketAddr,
+    /// Where it listens: `IP:port`, or `host:port` resolved again at every dial.
+    pub addr: crate::address::HostPort,
 }
 
 /// Builds the root supervisor's children from the node's link, service router, membership
@@ -74,6 +75,79 @@ pub struct NodeSpec {
     pub redial: Duration,
     /// Which kinds supervisors elsewhere may place on this node, and how many.
     pub placement: PlacementRules,
+}
+
+impl NodeSpec {
+    /// A spec with the defaults (any free port on 127.0.0.1, no peers, default
+    /// membership, intensity and placement rules, no children, redial every second), for the
+    /// builder methods below: `NodeSpec::new(id, cookie).bind(addr).peer(p).children(c)`.
+    pub fn new(identity: NodeIdentity, cookie: impl Into<String>) -> Self {
+        Self {
+            identity,
+            quic: QuicConfig::default(),
+            peers: Vec::new(),
+            membership: MembershipConfig::default(),
+            intensity: Intensity::default(),
+            cookie: cookie.into(),
+            children: fixed_children(Vec::new()),
+            redial: Duration::from_secs(1),
+            placement: PlacementRules::default(),
+        }
+    }
+
+    /// Listens on `addr` (the rest of the QUIC settings unchanged).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.quic.bind = addr;
+        self
+    }
+
+    /// These QUIC settings.
+    pub fn quic(mut self, quic: QuicConfig) -> Self {
+        self.quic = quic;
+        self
+    }
+
+    /// Dials `peer` too (and redials it when lost).
+    pub fn peer(mut self, peer: PeerAddr) -> Self {
+        self.peers.push(peer);
+        self
+    }
+
+    /// Dials each of `peers` too.
+    pub fn peers(mut self, peers: impl IntoIterator<Item = PeerAddr>) -> Self {
+        self.peers.extend(peers);
+        self
+    }
+
+    /// This heartbeat period and failure timeout.
+    pub fn membership(mut self, membership: MembershipConfig) -> Self {
+        self.membership = membership;
+        self
+    }
+
+    /// This root supervisor restart intensity.
+    pub fn intensity(mut self, intensity: Intensity) -> Self {
+        self.intensity = intensity;
+        self
+    }
+
+    /// The root supervisor's children, made once the link exists.
+    pub fn children(mut self, children: Children) -> Self {
+        self.children = children;
+        self
+    }
+
+    /// This pause between dial attempts to a missing peer.
+    pub fn redial(mut self, redial: Duration) -> Self {
+        self.redial = redial;
+        self
+    }
+
+    /// Which kinds supervisors elsewhere may place on this node, and how many.
+    pub fn placement(mut self, placement: PlacementRules) -> Self {
+        self.placement = placement;
+        self
+    }
 }
 
 /// Why the runtime failed.
@@ -123,6 +197,7 @@ pub struct NodeRuntime {
     handler: Arc<std::sync::RwLock<Option<FrameHandler>>>,
     supervisor_handle: JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    redial: Duration,
 }
 
 impl NodeRuntime {
@@ -194,6 +269,7 @@ impl NodeRuntime {
             }
         };
         actors.set_supervisor(supervisor.clone());
+        crate::join::serve_members(&services, &link);
         for peer in spec.peers {
             tasks.push(tokio::spawn(dial_loop(link.clone(), peer, spec.redial)));
         }
@@ -212,7 +288,25 @@ impl NodeRuntime {
             handler,
             supervisor_handle,
             tasks,
+            redial: spec.redial,
         })
+    }
+
+    /// Joins the cluster through `seed` (`IP:port` or `host:port`): dials it until it answers,
+    /// then every member it lists, each kept redialed as configured peers are (see
+    /// [`crate::join`]).
+    pub fn join(&mut self, seed: HostPort) {
+        let redial = self.redial;
+        let dialer = self.link.clone();
+        let dial =
+            move |name: NodeId, addr: HostPort| dial_loop(dialer.clone(), PeerAddr { name, addr }, redial);
+        self.tasks.push(tokio::spawn(crate::join::join_loop(
+            self.link.clone(),
+            self.services.clone(),
+            seed,
+            redial,
+            dial,
+        )));
     }
 
     /// Membership events (up, down, rejoined) from now on.
@@ -344,6 +438,7 @@ async fn local_status(
             status: match s {
                 MemberStatus::Up => "up".into(),
                 MemberStatus::Down => "down".into(),
+                MemberStatus::Left => "left".into(),
             },
             last_heard_ms_ago: now.saturating_sub(t).as_millis(),
         })
@@ -412,8 +507,11 @@ async fn peer_events(
                 info!(%peer, "peer restarted; its unanswered calls fail now");
                 services.peer_restarted(&peer);
             }
-            PeerEvent::Left { peer, reason } => {
-                debug!(%peer, %reason, "connection closed");
+            PeerEvent::Left { peer, reason, goodbye } => {
+                debug!(%peer, %reason, goodbye, "connection closed");
+                if goodbye {
+                    let _ = membership.cast(MembershipMsg::Left(peer.clone()));
+                }
                 services.peer_left(&peer, &reason);
             }
             // logged by the transport, naming the peer (and for OverBudget the cap and the bytes held)
@@ -465,9 +563,12 @@ async fn dispatch(
 async fn dial_loop(link: QuicNode, peer: PeerAddr, redial: Duration) {
     loop {
         if !link.peers().contains(&peer.name) {
-            match link.connect(peer.addr, &peer.name).await {
-                Ok(_) => debug!(peer = %peer.name, addr = %peer.addr, "connected"),
-                Err(e) => debug!(peer = %peer.name, addr = %peer.addr, error = %e, "dial failed; will retry"),
+            match peer.addr.resolve().await {
+                Ok(addr) => match link.connect(addr, &peer.name).await {
+                    Ok(_) => debug!(peer = %peer.name, %addr, "connected"),
+                    Err(e) => debug!(peer = %peer.name, %addr, error = %e, "dial failed; will retry"),
+                },
+                Err(e) => debug!(peer = %peer.name, error = %e, "address not resolved; will retry"),
             }
         }
         tokio::time::sleep(redial).await;

@@ -14,7 +14,7 @@ pub struct Heartbeat {
 pub struct MemberView {
     /// Node name.
     pub name: String,
-    /// "up" or "down".
+    /// "up", "down" (silent past the timeout) or "left" (said goodbye).
     pub status: String,
     /// Milliseconds since it was last heard.
     pub last_heard_ms_ago: u64,

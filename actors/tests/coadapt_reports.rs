@@ -78,7 +78,7 @@ async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_don
         &ca,
         "cam-1",
         RoleSet::only(Role::Camera),
-        vec![PeerAddr { name: NodeId::new("edge"), addr }],
+        vec![PeerAddr { name: NodeId::new("edge"), addr: addr.into() }],
         fixed_children(vec![]),
     ))
     .await

@@ -58,7 +58,7 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
             .await
             .unwrap();
     let addr = exec_node.link.local_addr().unwrap();
-    let peer = || vec![PeerAddr { name: NodeId::new("exec-node"), addr }];
+    let peer = || vec![PeerAddr { name: NodeId::new("exec-node"), addr: addr.into() }];
     let camera =
         NodeRuntime::start(spec(&ca, "cam-1", RoleSet::only(Role::Camera), peer(), fixed_children(vec![])))
             .await

@@ -115,7 +115,7 @@ fn spec(ca: &ClusterCa, name: &str, role: Role, peers: Vec<PeerAddr>, placement:
 }
 
 fn at(node: &NodeRuntime) -> PeerAddr {
-    PeerAddr { name: node.name.clone(), addr: node.link.local_addr().unwrap() }
+    PeerAddr { name: node.name.clone(), addr: node.link.local_addr().unwrap().into() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -172,3 +172,50 @@ fn failover_moves_the_counter_and_the_client_sees_one_peer_lost() {
     assert!(restarted.len() == 1 && restarted[0].contains(first), "{t}");
     assert!(run.has("demo ok"), "{t}");
 }
+
+#[test]
+fn my_node_runs_a_users_kind_beside_the_builtins_from_toml_configs() {
+    let run = run(env!("CARGO_BIN_EXE_my_node"));
+    assert!(run.status.success(), "{}", run.transcript());
+    let t = run.transcript();
+    // the host's counter starts from its config's params; the ops node's job finds it by name
+    // and calls it through a typed handle
+    for line in [
+        "[host] counter total starts at 5",
+        "[ops] found total on host",
+        "[ops] add 2 -> 7",
+        "[ops] add 3 -> 10",
+        "[ops] troupe-node: job count-up finished: ok",
+        "demo ok",
+    ] {
+        assert!(run.has(line), "no {line:?} in\n{t}");
+    }
+    assert_eq!(run.lines("[ops] get -> "), ["[ops] get -> 5", "[ops] get -> 10"], "{t}");
+}
+
+#[test]
+fn my_node_exits_2_naming_a_bad_param_by_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    let text = "name = \"host\"\nlisten = \"127.0.0.1:7000\"\nkeys = \"keys\"\n\n\
+                [[actors]]\nkind = \"my-counter\"\nparams = { start = \"x\" }\n";
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_my_node"))
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // a config error exits 2, as `troupe node`'s does, before any key is read
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr.contains("bad.toml: actors[0].params.start: "), "{stderr}");
+    assert!(stderr.contains("config error"), "{stderr}");
+    // an unknown kind names the user's kinds beside the built-in ones
+    std::fs::write(&config, text.replace("my-counter", "dragon")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_my_node")).arg("--config").arg(&config).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr.contains("actors[0].kind") && stderr.contains("\"my-counter\""), "{stderr}");
+    assert!(stderr.contains("\"hello-expert\""), "{stderr}");
+}

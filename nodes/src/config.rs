@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use troupe_actors::HostPort;
 
 /// Largest config file read (configs are a few KiB).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -16,7 +17,8 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub struct NodeConfig {
     /// The node's name; its certificate must carry it.
     pub name: String,
-    /// UDP address to listen on.
+    /// UDP address to listen on: `IP:port` or `host:port` (resolved once, at start).
+    #[serde(deserialize_with = "troupe_actors::address::deserialize_resolved")]
     pub listen: SocketAddr,
     /// Directory with `ca.crt`, `NAME.crt`, `NAME.key` (relative to the config file).
     pub keys: PathBuf,
@@ -30,6 +32,10 @@ pub struct NodeConfig {
     /// Peers this node dials.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
+    /// A member to join through (`IP:port` or `host:port`): the node dials it and then every
+    /// member it lists, so `peers` may stay empty (`troupe node --join` sets it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<HostPort>,
     /// Heartbeats and failure detection.
     #[serde(default)]
     pub membership: MembershipSection,
@@ -159,8 +165,8 @@ pub struct SecuritySection {
 pub struct PeerConfig {
     /// Its node name.
     pub name: String,
-    /// Its address.
-    pub addr: SocketAddr,
+    /// Its address: `IP:port` or `host:port` (resolved again at every dial).
+    pub addr: HostPort,
 }
 
 /// `[membership]`.
@@ -276,7 +282,7 @@ pub struct DeviceConfig {
     pub memory_mb: u64,
 }
 
-/// `[[actors]]`: an actor the root supervisor starts (kinds: see [`crate::workloads`]).
+/// `[[actors]]`: an actor the root supervisor starts (kinds: see [`crate::kinds`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ActorConfig {
@@ -290,7 +296,14 @@ pub struct ActorConfig {
     pub params: toml::Table,
 }
 
-/// `[job]`: work this node runs once the cluster is up (kinds: see [`crate::workloads`]).
+impl ActorConfig {
+    /// The name the actor registers under: `name`, else the kind.
+    pub fn actor_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.kind)
+    }
+}
+
+/// `[job]`: work this node runs once the cluster is up (kinds: see [`crate::kinds`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobConfig {
@@ -308,9 +321,18 @@ fn default_job_timeout() -> u64 {
     120
 }
 
+/// What checks the kind and `params` of `[[actors]]` and `[job]` entries: the kinds a node binary
+/// knows (`crate::kinds::Kinds`). Each returns `Err((field, problem))`, the field from the entry on.
+pub trait KindCheck {
+    /// Checks one `[[actors]]` entry.
+    fn check_actor(&self, a: &ActorConfig) -> Result<(), (String, String)>;
+    /// Checks the `[job]`.
+    fn check_job(&self, j: &JobConfig) -> Result<(), (String, String)>;
+}
+
 /// A config problem, naming the file and the field.
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {field}: {problem}")]
+#[error("{file}: {}{problem}", field_prefix(.field))]
 pub struct ConfigError {
     /// The config file.
     pub file: String,
@@ -318,6 +340,12 @@ pub struct ConfigError {
     pub field: String,
     /// What is wrong.
     pub problem: String,
+}
+
+/// `FIELD: ` before a field's problem; nothing before a problem with the whole file (it is
+/// named already).
+fn field_prefix(field: &str) -> String {
+    if field == "file" { String::new() } else { format!("{field}: ") }
 }
 
 /// Parses `text`: on failure the full path of the field the parser stopped at (from
@@ -341,8 +369,9 @@ pub fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
 }
 
 impl NodeConfig {
-    /// Reads, parses and validates a config file; relative paths resolve against its folder.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads, parses and validates a config file, its actors and job against `kinds`; relative
+    /// paths resolve against its folder.
+    pub fn load(path: &Path, kinds: &dyn KindCheck) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let err =
             |field: &str, problem: String| ConfigError { file: file.clone(), field: field.into(), problem };
@@ -364,12 +393,13 @@ impl NodeConfig {
         {
             cfg.security.revoked = Some(base.join(r));
         }
-        cfg.validate().map_err(|(field, problem)| err(&field, problem))?;
+        cfg.validate(kinds).map_err(|(field, problem)| err(&field, problem))?;
         Ok(cfg)
     }
 
-    /// Checks values that parse but make no sense: `Err((field, problem))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// Checks values that parse but make no sense, the actors and job against `kinds`:
+    /// `Err((field, problem))`.
+    pub fn validate(&self, kinds: &dyn KindCheck) -> Result<(), (String, String)> {
         let bad = |f: &str, p: String| Err((f.to_string(), p));
         if let Err(e) = troupe_transport::identity::validate_node_name(&self.name) {
             return bad("name", e.to_string());
@@ -447,10 +477,10 @@ impl NodeConfig {
             }
         }
         for (i, a) in self.actors.iter().enumerate() {
-            crate::workloads::validate_actor(a).map_err(|(f, p)| (format!("actors[{i}].{f}"), p))?;
+            kinds.check_actor(a).map_err(|(f, p)| (format!("actors[{i}].{f}"), p))?;
         }
         if let Some(j) = &self.job {
-            crate::workloads::validate_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
+            kinds.check_job(j).map_err(|(f, p)| (format!("job.{f}"), p))?;
         }
         Ok(())
     }
@@ -482,6 +512,11 @@ impl NodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::Kinds;
+
+    fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        NodeConfig::load(path, &Kinds::builtin())
+    }
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let p = dir.join("node.toml");
@@ -494,24 +529,24 @@ mod tests {
     #[test]
     fn metrics_are_off_by_default_and_refuse_a_non_loopback_address() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert!(c.metrics.is_off());
         let local = format!("{GOOD}[metrics]\nlisten = \"127.0.0.1:9100\"\n");
-        let c = NodeConfig::load(&write(d.path(), &local)).unwrap();
+        let c = load(&write(d.path(), &local)).unwrap();
         assert_eq!(c.metrics.listen, Some("127.0.0.1:9100".parse().unwrap()));
         let open = format!("{GOOD}[metrics]\nlisten = \"0.0.0.0:9100\"\n");
-        let e = NodeConfig::load(&write(d.path(), &open)).unwrap_err().to_string();
+        let e = load(&write(d.path(), &open)).unwrap_err().to_string();
         assert!(e.contains("metrics.listen") && e.contains("0.0.0.0:9100") && e.contains("loopback"), "{e}");
     }
 
     #[test]
     fn links_are_off_by_default_and_out_of_range_values_are_named() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert!(c.links.is_off());
         assert_eq!(c.links.impairment().unwrap(), None);
         let on = format!("{GOOD}[links]\nrtt_ms = 40\nloss_pct = 1\n");
-        let c = NodeConfig::load(&write(d.path(), &on)).unwrap();
+        let c = load(&write(d.path(), &on)).unwrap();
         let imp = c.links.impairment().unwrap().unwrap();
         assert_eq!((imp.one_way, imp.loss_ppm), (Duration::from_millis(20), 10_000));
         for (bad, named) in [
@@ -520,7 +555,7 @@ mod tests {
             ("loss_pct = 60", "loss_pct"),
         ] {
             let text = format!("{GOOD}[links]\n{bad}\n");
-            let e = NodeConfig::load(&write(d.path(), &text)).unwrap_err().to_string();
+            let e = load(&write(d.path(), &text)).unwrap_err().to_string();
             assert!(e.contains("links") && e.contains(named), "{bad}: {e}");
         }
     }
@@ -528,7 +563,7 @@ mod tests {
     #[test]
     fn good_config_resolves_keys_next_to_the_file() {
         let d = tempfile::tempdir().unwrap();
-        let c = NodeConfig::load(&write(d.path(), GOOD)).unwrap();
+        let c = load(&write(d.path(), GOOD)).unwrap();
         assert_eq!(c.keys, d.path().join("keys"));
         assert_eq!(c.membership, MembershipSection::default());
     }
@@ -540,7 +575,7 @@ mod tests {
         let text = format!(
             "{GOOD}[security]\nrevoked = \"revoked.txt\"\npeers_only = true\n[[peers]]\nname = \"b\"\naddr = \"127.0.0.1:7001\"\n"
         );
-        let c = NodeConfig::load(&write(d.path(), &text)).unwrap();
+        let c = load(&write(d.path(), &text)).unwrap();
         assert_eq!(c.security.revoked.as_deref(), Some(d.path().join("revoked.txt").as_path()));
         let a = c.admission().unwrap();
         assert_eq!(a.allow, Some(["b".to_string()].into()));
@@ -553,30 +588,43 @@ mod tests {
     }
 
     #[test]
+    fn host_names_in_listen_peers_and_join() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\njoin = \"seed.example.org:7101\"\n\
+                    [[peers]]\nname = \"b\"\naddr = \"node-b.example.org:7102\"\n";
+        let c = load(&write(d.path(), text)).unwrap();
+        assert!(c.listen.ip().is_loopback() && c.listen.port() == 7000, "{}", c.listen);
+        assert_eq!(c.peers[0].addr.to_string(), "node-b.example.org:7102");
+        assert_eq!(c.join.map(|j| j.to_string()).as_deref(), Some("seed.example.org:7101"));
+    }
+
+    #[test]
     fn errors_name_file_field_and_problem() {
         let d = tempfile::tempdir().unwrap();
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}colour = \"red\"\n"))).unwrap_err();
         assert!(e.to_string().contains("node.toml") && e.field == "colour", "{e}");
-        let e = NodeConfig::load(&write(
-            d.path(),
-            &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n"),
-        ))
-        .unwrap_err();
+        let e =
+            load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = 500\ntimeout_ms = 100\n")))
+                .unwrap_err();
         assert_eq!(e.field, "membership.timeout_ms", "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n")))
-            .unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}[[actors]]\nkind = \"dragon\"\n"))).unwrap_err();
         assert_eq!(e.field, "actors[0].kind");
         assert!(e.problem.contains("dragon"));
-        let e = NodeConfig::load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n"))
-            .unwrap_err();
+        let e = load(&write(d.path(), "name = \"a\"\nlisten = \"nowhere\"\nkeys = \"k\"\n")).unwrap_err();
         assert!(e.to_string().contains("listen") || e.to_string().contains("address"), "{e}");
-        let e = NodeConfig::load(&d.path().join("missing.toml")).unwrap_err();
+        let e = load(&write(
+            d.path(),
+            "name = \"a\"\nlisten = \"localhost:7000\"\nkeys = \"k\"\n[[peers]]\nname = \"b\"\naddr = \"bad host:1\"\n",
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "peers[0].addr", "{e}");
+        assert!(e.problem.contains("bad host:1"), "{e}");
+        let e = load(&d.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n")))
-            .unwrap_err();
+        let e = load(&write(d.path(), &format!("{GOOD}[transport]\nmax_peer_buffer_mb = 64\n"))).unwrap_err();
         assert_eq!(e.field, "transport.max_peer_buffer_mb", "{e}");
         assert!(e.problem.contains("max_frame_mb (128)"), "{e}");
-        let c = NodeConfig::load(&write(
+        let c = load(&write(
             d.path(),
             &format!("{GOOD}[transport]\nmax_frame_mb = 16\nmax_peer_buffer_mb = 64\nmax_peer_streams = 8\n"),
         ))
@@ -587,14 +635,14 @@ mod tests {
     #[test]
     fn a_bad_value_is_named_by_its_full_path_with_the_parsers_snippet() {
         let d = tempfile::tempdir().unwrap();
-        let e = NodeConfig::load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = \"fast\"\n")))
-            .unwrap_err();
+        let e =
+            load(&write(d.path(), &format!("{GOOD}[membership]\nheartbeat_ms = \"fast\"\n"))).unwrap_err();
         assert_eq!(e.field, "membership.heartbeat_ms", "{e}");
         assert!(
             e.problem.contains('\n') && e.problem.contains("heartbeat_ms = \"fast\""),
             "keeps the snippet: {e}"
         );
-        let e = NodeConfig::load(&write(
+        let e = load(&write(
             d.path(),
             &format!(
                 "{GOOD}[[actors]]\nkind = \"pipeline-worker\"\n[actors.params]\nram_budget_mb = \"lots\"\n"

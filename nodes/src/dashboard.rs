@@ -242,6 +242,9 @@ pub fn snapshot_json(poll: &Poll, memory: &Memory) -> String {
             }
             if m.status == "up" {
                 v.state = "up";
+            } else if m.status == "left" && v.state != "up" {
+                // said goodbye: gone on purpose, not failed
+                v.state = "left";
             }
             v.last_heard_ms_ago =
                 Some(v.last_heard_ms_ago.map_or(m.last_heard_ms_ago, |l| l.min(m.last_heard_ms_ago)));

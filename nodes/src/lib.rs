@@ -3,6 +3,7 @@
 //! This crate is what the `troupe` binary runs (config, nodes, topology launcher, chaos, status,
 //! dashboard, workloads) and the facade an embedding service uses: the crates below are re-exported
 //! whole. The command line is `troupe-cli` (nodes/cli), the benchmarks `troupe-bench` (nodes/bench).
+//! A node binary of your own, with your actor kinds beside troupe's, is a [`NodeMain`].
 
 /// The actor library troupe's runtime is built on, at the version it uses.
 pub use ractor;
@@ -12,6 +13,9 @@ pub use troupe_actors as actors;
 pub use troupe_kernels as kernels;
 pub use troupe_policy as policy;
 pub use troupe_transport as transport;
+
+pub use kinds::Kinds;
+pub use node_main::NodeMain;
 
 /// What a service embedding troupe usually needs: the node runtime and typed actors.
 pub mod prelude {
@@ -30,15 +34,30 @@ pub mod prelude {
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub mod chaos;
-pub mod chart;
 pub mod config;
-pub mod dashboard;
-pub mod metrics;
-pub mod netns;
-pub mod node_cmd;
-pub mod progress;
-pub mod status;
-pub mod summary;
-pub mod up;
+pub mod kinds;
+pub mod node_main;
 pub mod workloads;
+
+// The `troupe` binary's own machinery (launcher, chaos, status, dashboard, metrics endpoint,
+// progress bars, summaries): public for troupe's CLI, benches and tests, not an API to build on.
+#[doc(hidden)]
+pub mod chaos;
+#[doc(hidden)]
+pub mod chart;
+#[doc(hidden)]
+pub mod dashboard;
+#[doc(hidden)]
+pub mod metrics;
+#[doc(hidden)]
+pub mod netns;
+#[doc(hidden)]
+pub mod node_cmd;
+#[doc(hidden)]
+pub mod progress;
+#[doc(hidden)]
+pub mod status;
+#[doc(hidden)]
+pub mod summary;
+#[doc(hidden)]
+pub mod up;

@@ -12,7 +12,7 @@
 //!
 //! | family | labels | source |
 //! |---|---|---|
-//! | `troupe_members` (gauge) | `state` = up, down | membership, read at scrape |
+//! | `troupe_members` (gauge) | `state` = up, down, left | membership, read at scrape |
 //! | `troupe_member_up` (gauge) | `member` | 1 up, 0 down, read at scrape |
 //! | `troupe_supervisor_restarts_total` | `supervisor`, `child` | supervision events |
 //! | `troupe_supervisor_escalations_total` | `supervisor`, `child` | supervision events |
@@ -272,7 +272,7 @@ impl NodeMetrics {
                     work.get_or_create(&WorkLabels { workload: workload.into(), outcome: outcome.into() });
             }
         }
-        for state in ["up", "down"] {
+        for state in ["up", "down", "left"] {
             members.get_or_create(&StateLabels { state: state.into() }).set(0);
         }
         for ch in Channel::ALL {
@@ -327,11 +327,10 @@ impl NodeMetrics {
     pub async fn refresh(&self, status: &StatusProbe, link: &QuicNode) {
         match status.status().await {
             Ok(s) => {
-                let up = s.members.iter().filter(|m| m.status == "up").count();
-                self.members.get_or_create(&StateLabels { state: "up".into() }).set(up as i64);
-                self.members
-                    .get_or_create(&StateLabels { state: "down".into() })
-                    .set((s.members.len() - up) as i64);
+                for state in ["up", "down", "left"] {
+                    let n = s.members.iter().filter(|m| m.status == state).count();
+                    self.members.get_or_create(&StateLabels { state: state.into() }).set(n as i64);
+                }
                 for m in &s.members {
                     self.member_up
                         .get_or_create(&MemberLabels { member: m.name.clone() })

@@ -7,6 +7,10 @@
 //! bridge by a veth pair (`trpHhI` on the bridge, `trpHnI` inside) and holding `10.213.H.(I+2)`.
 //! The root namespace reaches every node through the bridge's address (`troupe status` needs no
 //! namespace of its own). Nodes listen on [`NODE_PORT`] (each namespace has its own ports).
+//! Nodes are addressed by host name, as on real hosts: each namespace gets an `/etc/hosts` of its
+//! own (`/etc/netns/NS/hosts`, which `ip netns exec` mounts over `/etc/hosts`) naming every node
+//! `NODE.troupe` ([`NsHost::hostname`]), and every node but the first joins through the first
+//! (`join = "FIRST.troupe:7400"`) instead of listing its peers.
 //!
 //! [`Namespaces::create`] refuses to start when a namespace or the bridge of the topology exists
 //! already (another run, or a killed one: [`clean`] removes them); the returned guard removes
@@ -41,6 +45,8 @@ pub struct NsHost {
     pub ns_if: String,
     /// The node's address (inside its namespace, reachable from the root one).
     pub addr: Ipv4Addr,
+    /// Its host name in every namespace's `/etc/hosts` (`NODE.troupe`, `_` written `-`).
+    pub hostname: String,
 }
 
 impl NsHost {
@@ -104,6 +110,7 @@ pub fn plan(topology: &str, nodes: &[&str]) -> Result<NetnsPlan> {
             host_if: format!("trp{h}h{i}"),
             ns_if: format!("trp{h}n{i}"),
             addr: Ipv4Addr::new(10, SUBNET_OCTET, h, last),
+            hostname: format!("{}.troupe", node.replace('_', "-")),
         });
     }
     Ok(NetnsPlan {
@@ -174,6 +181,13 @@ pub fn clean(plan: &NetnsPlan) -> Result<Vec<String>> {
         ip(&["netns", "del", &ns])?;
         removed.push(format!("namespace {ns}"));
     }
+    for h in &plan.hosts {
+        let dir = hosts_dir(&h.ns);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            removed.push(format!("hosts file {}", dir.display()));
+        }
+    }
     if link_exists(&plan.bridge) {
         ip(&["link", "del", &plan.bridge])?;
         removed.push(format!("bridge {}", plan.bridge));
@@ -188,6 +202,12 @@ pub struct Namespaces {
     pub plan: NetnsPlan,
     made_bridge: bool,
     made: Vec<String>,
+    hosts_dirs: Vec<std::path::PathBuf>,
+}
+
+/// Where `ip netns exec NS` finds the files it mounts over `/etc` (`hosts` among them).
+fn hosts_dir(ns: &str) -> std::path::PathBuf {
+    std::path::Path::new("/etc/netns").join(ns)
 }
 
 impl Namespaces {
@@ -207,7 +227,7 @@ impl Namespaces {
                 what.join(", ")
             );
         }
-        let mut made = Self { plan, made_bridge: false, made: Vec::new() };
+        let mut made = Self { plan, made_bridge: false, made: Vec::new(), hosts_dirs: Vec::new() };
         made.build()?;
         Ok(made)
     }
@@ -231,6 +251,17 @@ impl Namespaces {
             ip(&["-n", &h.ns, "link", "set", &h.ns_if, "up"])?;
             ip(&["-n", &h.ns, "link", "set", "lo", "up"])?;
         }
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        for h in &p.hosts {
+            hosts.push_str(&format!("{} {}\n", h.addr, h.hostname));
+        }
+        for h in &p.hosts {
+            let dir = hosts_dir(&h.ns);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            self.hosts_dirs.push(dir.clone());
+            std::fs::write(dir.join("hosts"), &hosts)
+                .with_context(|| format!("writing {}/hosts", dir.display()))?;
+        }
         Ok(())
     }
 
@@ -242,6 +273,11 @@ impl Namespaces {
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
+        for dir in &self.hosts_dirs {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                eprintln!("[up] removing {}: {e}", dir.display());
+            }
+        }
         for ns in self.made.iter().rev() {
             if let Err(e) = ip(&["netns", "del", ns]) {
                 eprintln!("[up] removing namespace {ns}: {e:#}");
@@ -273,6 +309,7 @@ mod tests {
         assert_eq!(p.hosts[0].addr.octets()[..3], p.bridge_addr.octets()[..3]);
         assert_eq!((p.hosts[0].addr.octets()[3], p.hosts[1].addr.octets()[3]), (2, 3));
         assert_eq!(p.hosts[0].listen().port(), NODE_PORT);
+        assert_eq!(p.hosts[1].hostname, format!("{}.troupe", p.hosts[1].node.replace('_', "-")));
         // Linux interface names hold at most 15 bytes
         assert!(p.hosts.iter().all(|h| h.host_if.len() <= 15 && h.ns_if.len() <= 15));
         assert!(p.bridge.len() <= 15);

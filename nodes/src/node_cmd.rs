@@ -13,15 +13,15 @@ use troupe_actors::{
 use troupe_transport::{FrameLimits, NodeId, NodeIdentity, QuicConfig, QuicNode};
 
 use crate::config::{DeviceConfig, NodeConfig};
-use crate::workloads::{self, NodeContext};
+use crate::kinds::{Kinds, NodeContext};
 
-/// Builds the runtime spec a config describes.
-pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
+/// Builds the runtime spec a config describes; its actors are built by their kinds in `kinds`.
+pub fn spec_from_config(cfg: &NodeConfig, kinds: &Kinds) -> Result<NodeSpec> {
     let identity = NodeIdentity::load(&cfg.keys, &cfg.name)
         .with_context(|| format!("loading the identity of node {} from {}", cfg.name, cfg.keys.display()))?;
     let cookie = cfg.cookie().context("reading the cluster cookie")?;
     let admission = cfg.admission().context("reading [security]")?;
-    let config = cfg.clone();
+    let (config, kinds) = (cfg.clone(), kinds.clone());
     let children: Children = Box::new(
         move |link: &QuicNode, services: &Services, membership: &MembershipEvents, actors: &Actors| {
             let ctx = NodeContext {
@@ -36,7 +36,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
                 children.push(device_child(d, config.heartbeat()));
             }
             for a in &config.actors {
-                children.extend(workloads::actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
+                children.extend(kinds.build_actor(&ctx, a).map_err(|e| format!("{e:#}"))?);
             }
             Ok(children)
         },
@@ -57,7 +57,7 @@ pub fn spec_from_config(cfg: &NodeConfig) -> Result<NodeSpec> {
         peers: cfg
             .peers
             .iter()
-            .map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr })
+            .map(|p| PeerAddr { name: NodeId::new(p.name.clone()), addr: p.addr.clone() })
             .collect(),
         membership: MembershipConfig {
             heartbeat: cfg.heartbeat(),
@@ -95,17 +95,22 @@ fn device_child(d: &DeviceConfig, period: Duration) -> ChildSpec {
 /// `... finished: failed: REASON`); `troupe up` reads it from lingering job nodes.
 pub const JOB_FINISHED: &str = "troupe-node: job ";
 
-/// Runs the node described by `cfg`; with `linger`, it keeps serving after its job ends.
-pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
+/// Runs the node described by `cfg`, its actors and job by their kinds in `kinds`; with
+/// `linger`, it keeps serving after its job ends.
+pub async fn run(cfg: NodeConfig, linger: bool, kinds: &Kinds) -> Result<()> {
     if !cfg.faults.is_off() {
         tracing::warn!(node = %cfg.name, sites = cfg.faults.sites.len(), "fault switch on");
         troupe_actors::fault::install(cfg.faults.plan());
     }
-    let spec = spec_from_config(&cfg)?;
+    let spec = spec_from_config(&cfg, kinds)?;
     // listen for SIGHUP before anyone can see the node: its default action would end the process
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("listening for SIGHUP (revocation list reloads)")?;
-    let runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
+    let mut runtime = NodeRuntime::start(spec).await.context("starting the node runtime")?;
+    if let Some(seed) = &cfg.join {
+        tracing::info!(node = %cfg.name, %seed, "joining through the seed");
+        runtime.join(seed.clone());
+    }
     tracing::info!(node = %cfg.name, listen = %cfg.listen, roles = %identity_roles(&cfg), "node up");
     let _metrics = match cfg.metrics.listen {
         Some(addr) => {
@@ -130,7 +135,7 @@ pub async fn run(cfg: NodeConfig, linger: bool) -> Result<()> {
         None => None,
     };
     let reload = tokio::spawn(reload_on_sighup(cfg.clone(), runtime.link.clone(), hup));
-    let outcome = run_until_done(&cfg, runtime, linger).await;
+    let outcome = run_until_done(&cfg, runtime, linger, kinds).await;
     reload.abort();
     outcome
 }
@@ -167,7 +172,7 @@ fn context(cfg: &NodeConfig, runtime: &NodeRuntime) -> NodeContext {
     }
 }
 
-async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) -> Result<()> {
+async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool, kinds: &Kinds) -> Result<()> {
     let ctx = context(cfg, &runtime);
     // one SIGINT and SIGTERM listener for the node's whole life: a ctrl-c that arrives between the
     // job's end and the linger loop (as `troupe up` sends it on reading the job's end) is kept,
@@ -176,7 +181,7 @@ async fn run_until_done(cfg: &NodeConfig, runtime: NodeRuntime, linger: bool) ->
     match &cfg.job {
         Some(job) => {
             let outcome = tokio::select! {
-                r = tokio::time::timeout(Duration::from_secs(job.timeout_s), workloads::run_job(&runtime, &ctx, job)) => {
+                r = tokio::time::timeout(Duration::from_secs(job.timeout_s), kinds.run_job(&runtime, &ctx, job)) => {
                     r.unwrap_or_else(|_| Err(anyhow::anyhow!("job {} did not finish within {} s", job.kind, job.timeout_s)))
                 }
                 _ = interrupt.recv() => {

@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use troupe_actors::HostPort;
 use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Role, RoleSet};
 
 use crate::config::{
@@ -134,8 +135,9 @@ impl Topology {
                 peers: self.nodes[..i]
                     .iter()
                     .zip(addrs)
-                    .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: *a })
+                    .map(|(p, a)| PeerConfig { name: p.name.clone(), addr: (*a).into() })
                     .collect(),
+                join: None,
                 membership: self.membership,
                 supervision: self.supervision,
                 transport: self.transport,
@@ -201,24 +203,27 @@ pub fn prepare_with(
     workdir: &Path,
     roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
 ) -> Result<Vec<(String, PathBuf)>> {
-    prepare_at(topology, workdir, roles, None)
+    prepare_at(topology, workdir, roles, None, None)
 }
 
 /// [`prepare_with`], with the nodes' listen addresses given (`--netns`: one per namespace)
-/// instead of free loopback ports.
+/// instead of free loopback ports; with `seed`, every node but the first lists no peers and
+/// joins through the seed (the first node's address by host name) instead.
 pub fn prepare_at(
     topology: &Topology,
     workdir: &Path,
     roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
     addrs: Option<Vec<SocketAddr>>,
+    seed: Option<HostPort>,
 ) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
+    let kinds = crate::kinds::Kinds::builtin();
     let nodes: Vec<(&str, RoleSet)> = topology
         .nodes
         .iter()
         .map(|n| {
-            let r = roles(n).unwrap_or_else(|| crate::workloads::roles_for(&n.actors, n.job.as_ref()));
+            let r = roles(n).unwrap_or_else(|| kinds.roles_for(&n.actors, n.job.as_ref()));
             (n.name.as_str(), r)
         })
         .collect();
@@ -230,8 +235,12 @@ pub fn prepare_at(
         None => topology.node_configs(&keys, &free_ports(topology.nodes.len())?),
     };
     let mut out = Vec::new();
-    for cfg in configs {
-        cfg.validate().map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
+    for (i, mut cfg) in configs.into_iter().enumerate() {
+        if let Some(seed) = seed.as_ref().filter(|_| i > 0) {
+            cfg.peers.clear();
+            cfg.join = Some(seed.clone());
+        }
+        cfg.validate(&kinds).map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
         let path = workdir.join(format!("{}.toml", cfg.name));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -579,7 +588,12 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) ->
     prepare_steps(&exe, &topology.prepare).await?;
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
     let addrs = namespaces.as_ref().map(|n| n.plan.hosts.iter().map(crate::netns::NsHost::listen).collect());
-    let configs = prepare_at(&topology, &workdir, |_| None, addrs)?;
+    // namespaced nodes find each other as hosts do: by name, through one seed
+    let seed = namespaces
+        .as_ref()
+        .and_then(|n| n.plan.hosts.first())
+        .map(|h| HostPort::Name { host: h.hostname.clone(), port: crate::netns::NODE_PORT });
+    let configs = prepare_at(&topology, &workdir, |_| None, addrs, seed)?;
     let placed = match &namespaces {
         None => "on loopback".to_string(),
         Some(n) => format!(
@@ -596,7 +610,7 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) ->
     let mut in_ns = Vec::new();
     if let Some(n) = &namespaces {
         for h in &n.plan.hosts {
-            println!("[up] {}: namespace {}, address {}", h.node, h.ns, h.listen());
+            println!("[up] {}: namespace {}, host {}, address {}", h.node, h.ns, h.hostname, h.listen());
             in_ns.push((h.node.clone(), h.ns.clone()));
         }
     }

@@ -69,7 +69,7 @@ impl ProcCluster {
         let admin = NodeIdentity::load(&dir.path().join("keys"), "admin")?;
         let mut nodes = Vec::new();
         for (name, config) in configs {
-            let parsed = NodeConfig::load(&config)?;
+            let parsed = NodeConfig::load(&config, &troupe::Kinds::builtin())?;
             let log = dir.path().join(format!("{name}.log"));
             nodes.push(ProcNode { name, config, parsed, child: None, log });
         }
@@ -207,7 +207,7 @@ impl Drop for ProcCluster {
     }
 }
 
-/// True when `status` lists `member` with state `state` ("up" or "down").
+/// True when `status` lists `member` with state `state` ("up", "down" or "left").
 pub fn member_is(status: &NodeStatus, member: &str, state: &str) -> bool {
     status.members.iter().any(|m| m.name == member && m.status == state)
 }

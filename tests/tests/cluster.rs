@@ -166,3 +166,61 @@ async fn up_runs_a_topology_to_its_end_and_prefixes_logs() {
     assert!(again.status.success());
     assert_eq!(std::fs::read(dir.path().join("work/keys/ca.crt")).unwrap(), ca_before);
 }
+
+/// Two nodes with no peers of their own join through one seed named by host (`localhost`):
+/// each learns the other from the seed's members list and they become members of each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_through_one_seed_named_by_host() {
+    let mut cluster =
+        ProcCluster::start_holding(EXE.as_ref(), &topology(false), &["expert-1", "expert-2"]).unwrap();
+    let seed_port = cluster.nodes[0].parsed.listen.port();
+    for name in ["expert-1", "expert-2"] {
+        let node = cluster.nodes.iter_mut().find(|n| n.name == name).unwrap();
+        node.parsed.peers.clear();
+        node.parsed.join = Some(format!("localhost:{seed_port}").parse().unwrap());
+        std::fs::write(&node.config, toml::to_string(&node.parsed).unwrap()).unwrap();
+    }
+    cluster.restart("expert-1").unwrap();
+    cluster
+        .wait_status("scheduler", Duration::from_secs(30), |s| member_is(s, "expert-1", "up"))
+        .await
+        .unwrap();
+    cluster.restart("expert-2").unwrap();
+    for (me, others) in [("expert-1", ["scheduler", "expert-2"]), ("expert-2", ["scheduler", "expert-1"])] {
+        cluster
+            .wait_status(me, Duration::from_secs(30), |s| others.iter().all(|o| member_is(s, o, "up")))
+            .await
+            .unwrap();
+    }
+    let log = cluster.log("expert-2");
+    assert!(log.contains("joined through the seed") && log.contains("expert-1"), "{log}");
+}
+
+/// SIGTERM (what systemd and docker send) is a graceful leave: the node exits 0 and the others
+/// report it "left", not "down", without waiting for the failure detector's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_a_leave_that_members_report_as_left() {
+    let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(false)).unwrap();
+    for me in ["scheduler", "expert-1"] {
+        cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
+    }
+    cluster.signal("expert-2", libc::SIGTERM).unwrap();
+    for me in ["scheduler", "expert-1"] {
+        let (s, _) = cluster
+            .wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "left"))
+            .await
+            .unwrap();
+        assert!(member_is(&s, if me == "scheduler" { "expert-1" } else { "scheduler" }, "up"), "{s:?}");
+    }
+    let log = cluster.log("scheduler");
+    assert!(log.contains("member left") && !log.contains("member down"), "{log}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = cluster.exited("expert-2").unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "expert-2 did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}\n{}", cluster.log("expert-2"));
+}

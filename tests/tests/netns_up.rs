@@ -99,7 +99,9 @@ async fn hello_job_runs_across_namespaces_with_40ms_rtt_and_1pct_loss() {
     assert!(out.status.success(), "up --netns failed: {}\n{all}", out.status);
     for node in ["scheduler", "expert-1", "expert-2"] {
         assert!(
-            stdout.contains(&format!("[up] {node}: namespace troupe-{name}-{node}, address 10.213.")),
+            stdout.contains(&format!(
+                "[up] {node}: namespace troupe-{name}-{node}, host {node}.troupe, address 10.213."
+            )),
             "{node} not placed in its namespace:\n{all}"
         );
     }
@@ -107,6 +109,17 @@ async fn hello_job_runs_across_namespaces_with_40ms_rtt_and_1pct_loss() {
     assert!(stdout.contains("hello: answer from expert-2"), "{all}");
     assert!(stdout.contains("hello: done, 2 answers"), "{all}");
     assert_eq!(namespaces(&format!("troupe-{name}-")), Vec::<String>::new(), "namespaces left after the run");
+    // the experts found the scheduler as hosts do: by its name, through it as the one seed
+    for node in ["expert-1", "expert-2"] {
+        let cfg = std::fs::read_to_string(workdir.join(format!("{node}.toml"))).unwrap();
+        assert!(cfg.contains("join = \"scheduler.troupe:7400\"") && !cfg.contains("[[peers]]"), "{cfg}");
+        let log = std::fs::read_to_string(workdir.join(format!("{node}.log"))).unwrap();
+        assert!(log.contains("joined through the seed"), "{log}");
+    }
+    for node in ["scheduler", "expert-1", "expert-2"] {
+        let hosts = Path::new("/etc/netns").join(format!("troupe-{name}-{node}"));
+        assert!(!hosts.exists(), "{} left after the run", hosts.display());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -95,7 +95,7 @@ async fn a_trickling_peer_is_cut_off_under_the_cap_and_the_others_are_served() {
     let reason = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match events.recv().await {
-                Some(PeerEvent::Left { peer, reason }) if peer == v => return reason,
+                Some(PeerEvent::Left { peer, reason, .. }) if peer == v => return reason,
                 Some(_) => {}
                 None => panic!("event stream ended"),
             }

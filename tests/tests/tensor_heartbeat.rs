@@ -40,9 +40,13 @@ async fn big_tensor_arrives_intact_while_heartbeats_flow() {
     let ca = ClusterCa::generate("t").unwrap();
     let b = NodeRuntime::start(spec(&ca, "receiver", Vec::new())).await.unwrap();
     let addr = b.link.local_addr().unwrap();
-    let a = NodeRuntime::start(spec(&ca, "sender", vec![PeerAddr { name: NodeId::new("receiver"), addr }]))
-        .await
-        .unwrap();
+    let a = NodeRuntime::start(spec(
+        &ca,
+        "sender",
+        vec![PeerAddr { name: NodeId::new("receiver"), addr: addr.into() }],
+    ))
+    .await
+    .unwrap();
     let mut a_events = a.subscribe_membership();
     let mut b_events = b.subscribe_membership();
     // both sides see each other up before the transfer (a dials from inside `start`, so the Up

@@ -72,8 +72,10 @@ pub const DEFAULT_MAX_UNI_STREAMS: u32 = 16;
 /// leaves, control streams: at most a few per connection) wait for room, which holds back only
 /// the connection that caused them.
 pub const EVENT_CAPACITY: usize = 1024;
-/// Application error code for an orderly shutdown.
+/// Application error code for a connection dropped in order (a test's or operator's disconnect).
 const CODE_SHUTDOWN: u32 = 0x00;
+/// Application error code of a node shutting down in order: it leaves the cluster.
+const CODE_GOODBYE: u32 = 0x14;
 /// How long a channel's first frame to a peer waits for the same-host handshake to decide
 /// whether the channel goes over a local stream or QUIC (it takes a round trip and two small
 /// file operations; a peer that never answers only delays its own traffic this long once).
@@ -153,9 +155,18 @@ pub enum QuicError {
     /// Identity or TLS configuration problem.
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    /// Socket or endpoint error.
+    /// Socket or endpoint error (its message carries the OS error once: no source chain
+    /// repeats it).
     #[error("endpoint: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The UDP socket could not be bound.
+    #[error("binding the UDP socket {addr}: {detail}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        detail: std::io::Error,
+    },
     /// Dialing failed.
     #[error("connect to {addr}: {detail}")]
     Connect {
@@ -181,6 +192,12 @@ pub enum QuicError {
     /// The peer is not connected.
     #[error(transparent)]
     Link(#[from] LinkError),
+}
+
+impl From<std::io::Error> for QuicError {
+    fn from(e: std::io::Error) -> Self {
+        QuicError::Io(e)
+    }
 }
 
 /// Membership-relevant connection events, delivered to whoever took [`QuicNode::events`].
@@ -209,6 +226,9 @@ pub enum PeerEvent {
         peer: NodeId,
         /// Why.
         reason: String,
+        /// True when the peer closed it shutting down in order ([`QuicNode::shutdown`]): it
+        /// left, rather than failed or was cut off.
+        goodbye: bool,
     },
     /// A connection attempt was refused (TLS or hello).
     Refused {
@@ -410,7 +430,8 @@ impl QuicNode {
         let transport = transport_config(&config)?;
         let server = identity.server_config(transport.clone())?;
         let client_config = identity.client_config(transport)?;
-        let socket = std::net::UdpSocket::bind(config.bind)?;
+        let socket = std::net::UdpSocket::bind(config.bind)
+            .map_err(|detail| QuicError::Bind { addr: config.bind, detail })?;
         let state = quinn::udp::UdpSocketState::new((&socket).into())?;
         // best effort: the kernel may clamp it (net.core.rmem_max)
         let _ = state.set_recv_buffer_size((&socket).into(), config.socket_buffer);
@@ -551,6 +572,12 @@ impl QuicNode {
         v
     }
 
+    /// The address `peer`'s connection comes from (its listening socket: a node dials from the
+    /// socket it listens on); `None` when it is not connected.
+    pub fn peer_address(&self, peer: &NodeId) -> Option<SocketAddr> {
+        self.inner.peers.get(peer).map(|p| p.conn.remote_address())
+    }
+
     /// Whether `peer` is joined as a cluster member.
     pub fn is_member(&self, peer: &NodeId) -> bool {
         self.inner.peers.get(peer).is_some_and(|p| p.member)
@@ -595,7 +622,7 @@ impl QuicNode {
                 let reason = why.to_string();
                 warn!(node = %self.inner.id, %peer, %reason, "disconnecting peer");
                 p.conn.close(VarInt::from_u32(CODE_REFUSED), reason.as_bytes());
-                self.emit(PeerEvent::Left { peer: peer.clone(), reason });
+                self.emit(PeerEvent::Left { peer: peer.clone(), reason, goodbye: false });
             }
         }
         refused
@@ -845,7 +872,7 @@ impl QuicNode {
     pub async fn shutdown(&self) {
         let _ = self.inner.local_stop.send(true);
         self.inner.shm.close_all();
-        self.inner.endpoint.close(VarInt::from_u32(CODE_SHUTDOWN), b"shutdown");
+        self.inner.endpoint.close(VarInt::from_u32(CODE_GOODBYE), b"goodbye: shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
@@ -1054,11 +1081,14 @@ impl QuicNode {
         };
         tokio::join!(uni, bi);
         self.inner.shm.connection_closed(&peer, generation);
-        let reason = conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
+        let close = conn.close_reason();
+        let goodbye = matches!(&close, Some(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == VarInt::from_u32(CODE_GOODBYE));
+        let reason = close.map(|r| r.to_string()).unwrap_or_else(|| "closed".into());
         let removed = self.inner.peers.remove_if(&peer, |_, p| p.generation == generation).is_some();
         if removed {
             debug!(node = %self.inner.id, %peer, %reason, "peer left");
-            self.emit_wait(PeerEvent::Left { peer, reason }).await;
+            self.emit_wait(PeerEvent::Left { peer, reason, goodbye }).await;
         }
     }
 

@@ -16,6 +16,8 @@ pub enum MemberStatus {
     Up,
     /// Silent for longer than the timeout.
     Down,
+    /// Said goodbye (an orderly shutdown): gone at once, without waiting for the timeout.
+    Left,
 }
 
 /// A change of membership, delivered to subscribers.
@@ -30,7 +32,8 @@ pub enum MembershipEvent<K> {
         /// True when it had been down before (a rejoin).
         rejoined: bool,
     },
-    /// Silent for longer than the timeout.
+    /// Silent for longer than the timeout, or left on purpose ([`MemberStatus::Left`]): either
+    /// way gone, and what it held must be placed elsewhere.
     Down {
         /// The member.
         member: K,
@@ -71,7 +74,7 @@ impl<K: Ord + Clone> FailureDetector<K> {
         match self.members.get_mut(&member) {
             Some(m) => {
                 m.last_heard = m.last_heard.max(now);
-                if m.status == MemberStatus::Down {
+                if m.status != MemberStatus::Up {
                     m.status = MemberStatus::Up;
                     self.events.push_back(MembershipEvent::Up { member, at: now, rejoined: true });
                 }
@@ -97,9 +100,20 @@ impl<K: Ord + Clone> FailureDetector<K> {
         }
     }
 
-    /// Forgets a member (it left on purpose); no event is emitted.
-    pub fn handle_left(&mut self, member: &K) {
-        self.members.remove(member);
+    /// Records that `member` left on purpose at `now` (it said goodbye): it is gone at once,
+    /// as if it had timed out ([`MembershipEvent::Down`]), and its status is
+    /// [`MemberStatus::Left`]. Hearing from it again is a rejoin. An unknown member is ignored.
+    pub fn handle_left(&mut self, now: Micros, member: &K) {
+        if let Some(m) = self.members.get_mut(member)
+            && m.status == MemberStatus::Up
+        {
+            m.status = MemberStatus::Left;
+            self.events.push_back(MembershipEvent::Down {
+                member: member.clone(),
+                at: now,
+                last_heard: m.last_heard,
+            });
+        }
     }
 
     /// The next membership change, if any.
@@ -168,5 +182,24 @@ mod tests {
         d.handle_heard(Micros(20), "a");
         d.handle_timeout(Micros(60));
         assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
+    }
+
+    #[test]
+    fn a_member_that_leaves_is_gone_at_once_and_may_rejoin() {
+        let mut d = FailureDetector::new(Micros(1_000_000));
+        d.handle_heard(Micros(0), "a");
+        let _ = d.poll_event();
+        d.handle_left(Micros(10), &"a");
+        assert_eq!(
+            d.poll_event(),
+            Some(MembershipEvent::Down { member: "a", at: Micros(10), last_heard: Micros(0) })
+        );
+        assert_eq!(d.status(&"a"), Some(MemberStatus::Left));
+        assert_eq!(d.poll_timeout(), None, "a member that left is not timed out again");
+        d.handle_left(Micros(20), &"a");
+        d.handle_left(Micros(20), &"stranger");
+        assert_eq!(d.poll_event(), None, "leaving twice, or unknown, changes nothing");
+        d.handle_heard(Micros(30), "a");
+        assert_eq!(d.poll_event(), Some(MembershipEvent::Up { member: "a", at: Micros(30), rejoined: true }));
     }
 }

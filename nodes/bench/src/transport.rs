@@ -497,7 +497,7 @@ fn bench_spec(ca: &ClusterCa, name: &str, peer: SocketAddr, quic: QuicConfig) ->
     Ok(NodeSpec {
         identity: scheduler_identity(ca, name)?,
         quic,
-        peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer }],
+        peers: vec![PeerAddr { name: NodeId::new(PEER_NAME), addr: peer.into() }],
         membership: MembershipConfig::default(),
         intensity: Intensity::default(),
         cookie: "bench".into(),

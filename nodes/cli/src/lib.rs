@@ -1,6 +1,5 @@
 //! Command-line interface: `troupe keys | node | up | chaos | status | dashboard | embed | bench`.
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,8 +9,6 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use troupe_transport::identity::{DEFAULT_CA_DAYS, DEFAULT_NODE_DAYS};
 use troupe_transport::{ClusterCa, IssueOptions, NodeIdentity, Revocations, Role, RoleSet, Validity};
-
-use troupe::config::NodeConfig;
 
 /// troupe: an actor runtime for edge ML.
 #[derive(Parser, Debug)]
@@ -32,16 +29,7 @@ pub enum Command {
         command: KeysCommand,
     },
     /// Runs one node from a TOML config.
-    Node {
-        /// The node's config file.
-        #[arg(long)]
-        config: PathBuf,
-        /// Once the node's job ends (reported as a `troupe-node: job KIND finished: ...` line),
-        /// keep serving its actors until ctrl-c instead of exiting, so that one job's end does
-        /// not take away actors another job still uses (`troupe up` passes it to job nodes).
-        #[arg(long)]
-        linger: bool,
-    },
+    Node(troupe::node_main::NodeArgs),
     /// Starts every node of a local topology as its own process, on loopback or (`--netns`) each
     /// in its own network namespace.
     Up {
@@ -76,8 +64,8 @@ pub enum Command {
     },
     /// Asks a node for its members, actors and device budgets.
     Status {
-        /// The node's address.
-        #[arg(long)]
+        /// The node's address (`IP:port` or `host:port`).
+        #[arg(long, value_parser = troupe::actors::address::parse_resolved)]
         node: SocketAddr,
         /// Keys folder holding the identity to connect with.
         #[arg(long, default_value = "keys")]
@@ -93,7 +81,7 @@ pub enum Command {
     /// server-sent events; loopback listen addresses only (the page has no authentication).
     Dashboard {
         /// A node to ask (repeat to ask several: their actors and devices are shown too).
-        #[arg(long = "node", required = true)]
+        #[arg(long = "node", required = true, value_parser = troupe::actors::address::parse_resolved)]
         nodes: Vec<SocketAddr>,
         /// Keys folder holding the identity to connect with.
         #[arg(long, default_value = "keys")]
@@ -188,65 +176,23 @@ pub enum KeysCommand {
 }
 
 /// Exit code of `troupe node` when its config cannot be used (a runtime failure exits 1).
-pub const CONFIG_ERROR: u8 = 2;
+pub use troupe::node_main::CONFIG_ERROR;
+/// Logs to stderr with `RUST_LOG` (shared with every node binary).
+pub use troupe::node_main::init_logging;
 
 /// Parses arguments, sets up logging and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     troupe_actors::allocator::fix_thresholds();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("troupe: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // the command runs on a worker, beside the actors it talks to: from `block_on`'s own thread
-    // every reply would cost a cross-thread wake-up
-    match runtime.block_on(runtime.spawn(run(cli))) {
-        Ok(Ok(code)) => code,
-        Ok(Err(e)) => {
-            eprintln!("troupe: error: {e:#}");
-            ExitCode::FAILURE
-        }
-        // a panic ends the process as it did from `block_on` (its message is already printed)
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => {
-            eprintln!("troupe: the command's task failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies), each line written with
-/// any progress bars lifted off the terminal (see [`troupe::progress`]).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,ractor_cluster=error,ractor=warn,quinn=warn")
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(troupe::progress::log_writer)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    troupe::node_main::block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Keys { command } => keys(command).map(|_| ExitCode::SUCCESS),
-        Command::Node { config, linger } => {
-            // a config that cannot be used exits 2, a node that failed while running 1
-            let cfg = match NodeConfig::load(&config) {
-                Ok(cfg) => cfg,
-                Err(e) => {
-                    eprintln!("troupe: config error: {e:#}");
-                    return Ok(ExitCode::from(CONFIG_ERROR));
-                }
-            };
-            troupe::node_cmd::run(cfg, linger).await.map(|_| ExitCode::SUCCESS)
-        }
+        // a config that cannot be used exits 2, a node that failed while running 1
+        Command::Node(args) => troupe::NodeMain::new().kinds(troupe::Kinds::builtin()).run_args(args).await,
         Command::Up { topology, workdir, netns, netns_clean } => {
             let placement = match (netns, netns_clean) {
                 (_, true) => troupe::up::Placement::NetnsClean,

@@ -21,7 +21,7 @@ use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, M
 use troupe_actors::supervisor::ChildSpec;
 use troupe_kernels::drift::DriftSchedule;
 
-use super::{NodeContext, params};
+use super::NodeContext;
 use crate::chart::{Curve, LineChart, Mark};
 use crate::config::{ActorConfig, JobConfig};
 
@@ -157,9 +157,9 @@ fn default_edge_timeout() -> u64 {
     300
 }
 
-fn edge_params(a: &ActorConfig) -> Result<EdgeParams, (String, String)> {
-    let p: EdgeParams = params(&a.params)?;
-    let bad = |f: &str, m: String| Err((format!("params.{f}"), m));
+/// Checks a `coadapt-edge` entry's params.
+pub fn check_edge(p: &EdgeParams) -> Result<(), (String, String)> {
+    let bad = |f: &str, m: String| Err((f.to_string(), m));
     if p.memory_mb == 0 || p.memory_mb > 1 << 20 {
         return bad("memory_mb", "must be between 1 and 1048576".into());
     }
@@ -175,12 +175,12 @@ fn edge_params(a: &ActorConfig) -> Result<EdgeParams, (String, String)> {
     if let Some(s) = p.students.iter().find(|s| student_config(s).is_err()) {
         return bad("students", format!("unknown student size {s:?} (tiny, small, base, large)"));
     }
-    Ok(p)
+    Ok(())
 }
 
-fn camera_params(a: &ActorConfig) -> Result<(CameraParams, DriftSchedule), (String, String)> {
-    let p: CameraParams = params(&a.params)?;
-    let bad = |f: &str, m: String| Err((format!("params.{f}"), m));
+/// Checks a `coadapt-camera` entry's params and returns its drift schedule.
+pub fn camera_schedule(p: &CameraParams) -> Result<DriftSchedule, (String, String)> {
+    let bad = |f: &str, m: String| Err((f.to_string(), m));
     if let Err(e) = student_config(&p.model) {
         return bad("model", e.to_string());
     }
@@ -209,22 +209,13 @@ fn camera_params(a: &ActorConfig) -> Result<(CameraParams, DriftSchedule), (Stri
     if p.report_every == 0 {
         return bad("report_every", "must be at least 1".into());
     }
-    Ok((p, schedule))
-}
-
-/// Checks a `coadapt-edge` or `coadapt-camera` entry.
-pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
-    match a.kind.as_str() {
-        "coadapt-edge" => edge_params(a).map(|_| ()),
-        _ => camera_params(a).map(|_| ()),
-    }
+    Ok(schedule)
 }
 
 /// Checks the `coadapt` job's params.
-pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
-    let p: CoadaptJob = params(&j.params)?;
+pub fn check_job(p: &CoadaptJob) -> Result<(), (String, String)> {
     if p.cameras == 0 {
-        return Err(("params.cameras".into(), "must be at least 1".into()));
+        return Err(("cameras".into(), "must be at least 1".into()));
     }
     Ok(())
 }
@@ -232,45 +223,45 @@ pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
 /// The edges this node runs (set when its actors are built, read by its job).
 static LOCAL_EDGES: std::sync::Mutex<Vec<std::sync::Arc<EdgeShared>>> = std::sync::Mutex::new(Vec::new());
 
-/// The child specs of a `coadapt-edge` (its front and its scheduler) or `coadapt-camera` entry.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
-    let name = a.name.clone().unwrap_or_else(|| a.kind.clone());
-    let err = |(f, m): (String, String)| anyhow::anyhow!("{f}: {m}");
-    if a.kind == "coadapt-edge" {
-        let p = edge_params(a).map_err(err)?;
-        let engine = EngineConfig {
-            budget: p.memory_mb << 20,
-            scheduler: SchedulerChoice::parse(&p.scheduler).context("scheduler")?,
-            steps_per_epoch: p.steps_per_epoch,
-            max_epochs: p.max_epochs,
-            target_gain: p.target_gain,
-            seed: p.seed,
-            ..EngineConfig::default()
-        };
-        let journal = p.journal.clone().unwrap_or_else(|| {
-            PathBuf::from(".cache/coadapt/journal").join(format!("{}.journal", ctx.config.name))
-        });
-        let (edge, resumed) = EdgeShared::open(EdgeArgs { engine, expected: p.students }, &journal)
-            .map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
-        for d in &resumed.damage {
-            println!("coadapt: journal {}: {d}; that record was not replayed", journal.display());
-        }
-        if resumed.pending + resumed.answered as usize + resumed.cameras > 0 {
-            println!(
-                "coadapt: resuming from journal {}: {} uploads pending, {} adaptations answered, {} cameras known",
-                journal.display(),
-                resumed.pending,
-                resumed.answered,
-                resumed.cameras
-            );
-        }
-        let children = edge.children(&ctx.actors, &name).map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
-        if let Ok(mut edges) = LOCAL_EDGES.lock() {
-            edges.push(edge.clone());
-        }
-        return Ok(children);
+/// The child specs of a `coadapt-edge` entry: its front and its scheduler.
+pub fn edge_actor(ctx: &NodeContext, a: &ActorConfig, p: EdgeParams) -> Result<Vec<ChildSpec>> {
+    let name = a.actor_name();
+    let engine = EngineConfig {
+        budget: p.memory_mb << 20,
+        scheduler: SchedulerChoice::parse(&p.scheduler).context("scheduler")?,
+        steps_per_epoch: p.steps_per_epoch,
+        max_epochs: p.max_epochs,
+        target_gain: p.target_gain,
+        seed: p.seed,
+        ..EngineConfig::default()
+    };
+    let journal = p.journal.clone().unwrap_or_else(|| {
+        PathBuf::from(".cache/coadapt/journal").join(format!("{}.journal", ctx.config.name))
+    });
+    let (edge, resumed) = EdgeShared::open(EdgeArgs { engine, expected: p.students }, &journal)
+        .map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
+    for d in &resumed.damage {
+        println!("coadapt: journal {}: {d}; that record was not replayed", journal.display());
     }
-    let (p, schedule) = camera_params(a).map_err(err)?;
+    if resumed.pending + resumed.answered as usize + resumed.cameras > 0 {
+        println!(
+            "coadapt: resuming from journal {}: {} uploads pending, {} adaptations answered, {} cameras known",
+            journal.display(),
+            resumed.pending,
+            resumed.answered,
+            resumed.cameras
+        );
+    }
+    let children = edge.children(&ctx.actors, name).map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
+    if let Ok(mut edges) = LOCAL_EDGES.lock() {
+        edges.push(edge.clone());
+    }
+    Ok(children)
+}
+
+/// The child spec of a `coadapt-camera` entry.
+pub fn camera_actor(ctx: &NodeContext, a: &ActorConfig, p: CameraParams) -> Result<Vec<ChildSpec>> {
+    let schedule = camera_schedule(&p).map_err(|(f, m)| anyhow::anyhow!("params.{f}: {m}"))?;
     let args = CameraArgs {
         name: ctx.config.name.clone(),
         model: p.model,
@@ -287,13 +278,17 @@ pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
         target_gain: p.target_gain,
         actors: ctx.actors.clone(),
     };
-    Ok(vec![ChildSpec::new(name, move || (CameraActor, args.clone()))])
+    Ok(vec![ChildSpec::new(a.actor_name(), move || (CameraActor, args.clone()))])
 }
 
 /// Waits until every camera is done (see [`CoadaptJob::cameras`]), prints the results, writes the
 /// accuracy files; fails naming what is missing when the job's timeout passes first.
-pub async fn run_job(_runtime: &NodeRuntime, _ctx: &NodeContext, job: &JobConfig) -> Result<()> {
-    let p: CoadaptJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
+pub async fn run_job(
+    _runtime: &NodeRuntime,
+    _ctx: &NodeContext,
+    job: &JobConfig,
+    p: CoadaptJob,
+) -> Result<()> {
     // a second before the node's own job timeout, so this job's failure names what is missing
     let wait = Duration::from_secs(job.timeout_s).saturating_sub(Duration::from_secs(1));
     let deadline = tokio::time::Instant::now() + wait;
@@ -550,6 +545,15 @@ pub fn accuracy_chart(s: &EdgeSummary) -> LineChart {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::KindCheck;
+
+    fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
+        crate::kinds::Kinds::builtin().check_actor(a)
+    }
+
+    fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
+        crate::kinds::Kinds::builtin().check_job(j)
+    }
 
     fn actor(kind: &str, params: &str) -> ActorConfig {
         ActorConfig { kind: kind.into(), name: None, params: toml::from_str(params).unwrap() }

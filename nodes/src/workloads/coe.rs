@@ -563,27 +563,20 @@ fn default_call_timeout() -> u64 {
     30
 }
 
-/// Checks a `coe-executor` entry.
-pub fn validate_actor(a: &crate::config::ActorConfig) -> Result<(), (String, String)> {
-    let _: ExecutorParams = super::params(&a.params)?;
-    Ok(())
-}
-
-/// Checks the `coe` job.
-pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)> {
-    let p: CoeJob = super::params(&j.params)?;
-    policy(&p.policy).map_err(|e| ("params.policy".to_string(), e.to_string()))?;
-    p.eviction().map_err(|e| ("params.eviction".to_string(), e.to_string()))?;
+/// Checks the `coe` job's params.
+pub fn check_job(p: &CoeJob) -> Result<(), (String, String)> {
+    policy(&p.policy).map_err(|e| ("policy".to_string(), e.to_string()))?;
+    p.eviction().map_err(|e| ("eviction".to_string(), e.to_string()))?;
     if !(p.arrival_scale.is_finite() && p.arrival_scale >= 0.0) {
-        return Err(("params.arrival_scale".into(), "must be a finite number >= 0".into()));
+        return Err(("arrival_scale".into(), "must be a finite number >= 0".into()));
     }
     if p.journal_compact_mib == 0 || p.journal_compact_mib > MAX_JOURNAL_COMPACT_MIB {
         return Err((
-            "params.journal_compact_mib".into(),
+            "journal_compact_mib".into(),
             format!("must be between 1 and {MAX_JOURNAL_COMPACT_MIB}, got {}", p.journal_compact_mib),
         ));
     }
-    for (field, v) in [("params.queue", p.queue), ("params.queue_per_client", p.queue_per_client)] {
+    for (field, v) in [("queue", p.queue), ("queue_per_client", p.queue_per_client)] {
         if v == 0 || v > MAX_QUEUE {
             return Err((field.into(), format!("must be between 1 and {MAX_QUEUE}, got {v}")));
         }
@@ -592,12 +585,8 @@ pub fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)
 }
 
 /// The `coe-executor` typed actor of this node, named `coe-executor/EXECUTOR`.
-pub fn actor(
-    ctx: &super::NodeContext,
-    a: &crate::config::ActorConfig,
-) -> Result<troupe_actors::supervisor::ChildSpec> {
+pub fn actor(ctx: &super::NodeContext, p: ExecutorParams) -> Result<troupe_actors::supervisor::ChildSpec> {
     use troupe_actors::coe::remote::{CoeExecutor, ExecutorSpec};
-    let p: ExecutorParams = super::params(&a.params).map_err(|(f, e)| anyhow::anyhow!("{f}: {e}"))?;
     let name = troupe_actors::coe::exec_wire::actor_name(&p.executor);
     let spec = ExecutorSpec { dir: p.dir, executor: p.executor };
     Ok(ctx.actors.child_spec::<CoeExecutor>(&name, spec)?)
@@ -610,6 +599,7 @@ pub async fn run_job(
     runtime: &troupe_actors::NodeRuntime,
     ctx: &super::NodeContext,
     job: &crate::config::JobConfig,
+    p: CoeJob,
 ) -> Result<()> {
     use std::sync::Arc;
     use troupe_actors::coe::remote::find_executors;
@@ -617,7 +607,6 @@ pub async fn run_job(
     use troupe_actors::supervisor::SupervisorMsg;
     use troupe_policy::MembershipEvent;
 
-    let p: CoeJob = super::params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
     let config = p.config()?;
     let dir = PathBuf::from(&p.dir);
     let (app, latency) = {
@@ -910,6 +899,11 @@ mod tests {
         assert_eq!(config("paper-two-stage", None).unwrap(), SchedulerConfig::paper_two_stage());
         let e = policy("best").unwrap_err().to_string();
         assert!(e.contains("paper-two-stage") && e.contains("fcfs+lru"), "{e}");
+    }
+
+    fn validate_job(j: &crate::config::JobConfig) -> Result<(), (String, String)> {
+        use crate::config::KindCheck;
+        crate::kinds::Kinds::builtin().check_job(j)
     }
 
     fn job_with(params: &str) -> crate::config::JobConfig {

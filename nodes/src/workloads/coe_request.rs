@@ -20,8 +20,8 @@ pub const MAX_COUNT: usize = 100_000;
 /// Arguments of `troupe coe request`.
 #[derive(clap::Args, Debug)]
 pub struct RequestArgs {
-    /// The serving scheduler's node address.
-    #[arg(long)]
+    /// The serving scheduler's node address (`IP:port` or `host:port`).
+    #[arg(long, value_parser = troupe_actors::address::parse_resolved)]
     pub node: std::net::SocketAddr,
     /// Keys folder of that cluster.
     #[arg(long, default_value = "keys")]

@@ -9,7 +9,7 @@ use troupe_actors::NodeRuntime;
 use troupe_actors::hello::{HelloArgs, HelloExpert, ask_each, find_experts};
 use troupe_actors::supervisor::ChildSpec;
 
-use super::{NodeContext, params};
+use super::NodeContext;
 use crate::config::{ActorConfig, JobConfig};
 
 /// `params` of the `hello` job.
@@ -32,32 +32,22 @@ fn default_question() -> String {
     "What do the experts of this troupe say?".into()
 }
 
-/// `hello-expert` takes no params.
-pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
-    if let Some(k) = a.params.keys().next() {
-        return Err((format!("params.{k}"), "hello-expert takes no params".into()));
-    }
-    Ok(())
-}
-
 /// Checks the job's params.
-pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
-    let p: HelloJob = params(&j.params)?;
+pub fn check_job(p: &HelloJob) -> Result<(), (String, String)> {
     if p.experts == 0 {
-        return Err(("params.experts".into(), "must be at least 1".into()));
+        return Err(("experts".into(), "must be at least 1".into()));
     }
     Ok(())
 }
 
-/// A hello expert answering as this node.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+/// A hello expert answering as this node (`hello-expert` takes no params).
+pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> ChildSpec {
     let args = HelloArgs { node: ctx.config.name.clone(), services: Some(ctx.services.clone()) };
-    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || (HelloExpert, args.clone())))
+    ChildSpec::new(a.actor_name(), move || (HelloExpert, args.clone()))
 }
 
 /// Waits for the experts (woken by service announcements), asks each, prints the answers.
-pub async fn run_job(_runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
-    let p: HelloJob = params(&job.params).map_err(|(f, e)| anyhow::anyhow!("job.{f}: {e}"))?;
+pub async fn run_job(_runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, p: HelloJob) -> Result<()> {
     let experts = match find_experts(&ctx.services, p.experts, Duration::from_secs(job.timeout_s)).await {
         Ok(found) => found,
         Err(found) => bail!("only {found} of {} hello experts joined within {} s", p.experts, job.timeout_s),

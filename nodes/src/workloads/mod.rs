@@ -1,14 +1,11 @@
-//! Workloads: the actor kinds and job kinds a node config can name. Each workload owns a prefix
-//! (`hello-`, `coe-`, `pipeline-`, `coadapt-`), validates its own `params`, builds its actors and
-//! runs its jobs; the node runtime underneath is shared.
+//! Workloads: the built-in actor kinds and job kinds a node config can name. Each workload owns
+//! a prefix (`hello-`, `coe-`, `pipeline-`, `coadapt-`), its typed `params` and their checks,
+//! builds its actors and runs its jobs; [`Kinds::builtin`] registers them all.
 
-use anyhow::{Result, bail};
-use serde::de::DeserializeOwned;
-use troupe_actors::NodeRuntime;
-use troupe_actors::supervisor::ChildSpec;
-use troupe_transport::QuicNode;
+use troupe_transport::{Role, RoleSet};
 
-use crate::config::{ActorConfig, JobConfig, NodeConfig};
+use crate::kinds::{ActorKind, JobKind, Kinds, NoParams};
+pub use crate::kinds::{NodeContext, params};
 
 pub mod coadapt;
 pub mod coe;
@@ -16,109 +13,88 @@ pub mod coe_request;
 pub mod hello;
 pub mod pipeline;
 
-/// What a workload's actors and jobs get from the node.
-#[derive(Clone)]
-pub struct NodeContext {
-    /// The node's full configuration.
-    pub config: NodeConfig,
-    /// The node's QUIC link (data plane).
-    pub link: QuicNode,
-    /// The node's role-checked service router (data plane RPC).
-    pub services: troupe_actors::Services,
-    /// The node's membership events (subscribe for members up and down).
-    pub membership: troupe_actors::MembershipEvents,
-    /// The node's typed actors: spawn, look up by name.
-    pub actors: troupe_actors::Actors,
-}
-
-/// The certificate roles a node needs for the actors and the job it runs (`troupe up` issues
-/// them): executors and hello experts `executor`, pipeline workers `worker`, co-adaptation
-/// `edge` / `camera`, and any job `scheduler` (the job node drives the workload).
-pub fn roles_for(actors: &[ActorConfig], job: Option<&JobConfig>) -> troupe_transport::RoleSet {
-    use troupe_transport::{Role, RoleSet};
-    let mut roles = RoleSet::EMPTY;
-    for a in actors {
-        roles = match a.kind.as_str() {
-            "hello-expert" | "coe-executor" => roles.with(Role::Executor),
-            "pipeline-worker" => roles.with(Role::Worker),
-            // it drives workers, as a job's foreman does
-            "pipeline-foreman" => roles.with(Role::Scheduler),
-            "coadapt-edge" => roles.with(Role::Edge),
-            "coadapt-camera" => roles.with(Role::Camera),
-            _ => roles,
-        };
-    }
-    if job.is_some() {
-        roles = roles.with(Role::Scheduler);
-    }
-    roles
-}
-
-/// Parses a `params` table into the workload's own settings type, naming the bad field by its
-/// path (from serde's path, not the message text).
-pub fn params<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (String, String)> {
-    serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
-        let field = crate::config::field_path(e.path())
-            .map(|f| format!("params.{f}"))
-            .unwrap_or_else(|| "params".into());
-        (field, e.into_inner().message().trim().to_string())
-    })
-}
-
-/// Checks an `[[actors]]` entry: `Err((field, problem))`.
-pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
-    match a.kind.as_str() {
-        "hello-expert" => hello::validate_actor(a),
-        "coe-executor" => coe::validate_actor(a),
-        "pipeline-worker" => pipeline::validate_actor(a),
-        "pipeline-foreman" => pipeline::validate_foreman(a),
-        "coadapt-edge" | "coadapt-camera" => coadapt::validate_actor(a),
-        other => Err(("kind".into(), format!("unknown actor kind {other:?} (known: {:?})", ACTOR_KINDS))),
+impl Kinds {
+    /// troupe's own kinds: actors `hello-expert` and `coe-executor` (role executor),
+    /// `pipeline-worker` (worker), `pipeline-foreman` (scheduler: it drives workers, as a job's
+    /// foreman does), `coadapt-edge` (edge), `coadapt-camera` (camera); jobs `hello`, `coe`,
+    /// `pipeline`, `coadapt` (scheduler: the job node drives the workload).
+    pub fn builtin() -> Self {
+        let scheduler = RoleSet::only(Role::Scheduler);
+        Kinds::new()
+            .actor("hello-expert", RoleSet::only(Role::Executor), |ctx, a, _: NoParams| {
+                Ok(vec![hello::actor(ctx, a)])
+            })
+            .actor("coe-executor", RoleSet::only(Role::Executor), |ctx, _, p| Ok(vec![coe::actor(ctx, p)?]))
+            .add_actor(
+                ActorKind::new("pipeline-worker", RoleSet::only(Role::Worker), |ctx, _, p| {
+                    Ok(vec![pipeline::actor(ctx, &p)?])
+                })
+                .check(pipeline::check_worker),
+            )
+            .add_actor(
+                ActorKind::new("pipeline-foreman", scheduler, |ctx, a, p| {
+                    Ok(vec![pipeline::foreman_actor(ctx, a, p)])
+                })
+                .check(pipeline::check_foreman),
+            )
+            .add_actor(
+                ActorKind::new("coadapt-edge", RoleSet::only(Role::Edge), coadapt::edge_actor)
+                    .check(coadapt::check_edge),
+            )
+            .add_actor(
+                ActorKind::new("coadapt-camera", RoleSet::only(Role::Camera), coadapt::camera_actor)
+                    .check(|p| coadapt::camera_schedule(p).map(drop)),
+            )
+            .add_job(
+                JobKind::new("hello", scheduler, |rt, ctx, job, p| Box::pin(hello::run_job(rt, ctx, job, p)))
+                    .check(hello::check_job),
+            )
+            .add_job(
+                JobKind::new("coe", scheduler, |rt, ctx, job, p| Box::pin(coe::run_job(rt, ctx, job, p)))
+                    .check(coe::check_job),
+            )
+            .add_job(
+                JobKind::new("pipeline", scheduler, |rt, ctx, job, p| {
+                    Box::pin(pipeline::run_job(rt, ctx, job, p))
+                })
+                .check(pipeline::check_job),
+            )
+            .add_job(
+                JobKind::new("coadapt", scheduler, |rt, ctx, job, p| {
+                    Box::pin(coadapt::run_job(rt, ctx, job, p))
+                })
+                .check(coadapt::check_job),
+            )
     }
 }
 
-/// Checks a `[job]`: `Err((field, problem))`.
-pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
-    match j.kind.as_str() {
-        "hello" => hello::validate_job(j),
-        "coe" => coe::validate_job(j),
-        "pipeline" => pipeline::validate_job(j),
-        "coadapt" => coadapt::validate_job(j),
-        other => Err(("kind".into(), format!("unknown job kind {other:?} (known: {:?})", JOB_KINDS))),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ActorConfig, JobConfig, KindCheck};
 
-/// Actor kinds known to this build.
-pub const ACTOR_KINDS: &[&str] = &[
-    "hello-expert",
-    "coe-executor",
-    "pipeline-worker",
-    "pipeline-foreman",
-    "coadapt-edge",
-    "coadapt-camera",
-];
-/// Job kinds known to this build.
-pub const JOB_KINDS: &[&str] = &["hello", "coe", "pipeline", "coadapt"];
-
-/// The child specs for one `[[actors]]` entry, in start order.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<Vec<ChildSpec>> {
-    match a.kind.as_str() {
-        "hello-expert" => hello::actor(ctx, a).map(|c| vec![c]),
-        "coe-executor" => coe::actor(ctx, a).map(|c| vec![c]),
-        "pipeline-worker" => pipeline::actor(ctx, a).map(|c| vec![c]),
-        "pipeline-foreman" => pipeline::foreman_actor(ctx, a).map(|c| vec![c]),
-        "coadapt-edge" | "coadapt-camera" => coadapt::actor(ctx, a),
-        other => bail!("unknown actor kind {other:?}"),
-    }
-}
-
-/// Runs the node's job to completion.
-pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
-    match job.kind.as_str() {
-        "hello" => hello::run_job(runtime, ctx, job).await,
-        "coe" => coe::run_job(runtime, ctx, job).await,
-        "pipeline" => pipeline::run_job(runtime, ctx, job).await,
-        "coadapt" => coadapt::run_job(runtime, ctx, job).await,
-        other => bail!("unknown job kind {other:?}"),
+    #[test]
+    fn the_builtin_kinds_give_the_roles_troupe_up_issues() {
+        let k = Kinds::builtin();
+        assert_eq!(
+            k.actor_names(),
+            [
+                "hello-expert",
+                "coe-executor",
+                "pipeline-worker",
+                "pipeline-foreman",
+                "coadapt-edge",
+                "coadapt-camera"
+            ]
+        );
+        assert_eq!(k.job_names(), ["hello", "coe", "pipeline", "coadapt"]);
+        let actor = |kind: &str| ActorConfig { kind: kind.into(), name: None, params: toml::Table::new() };
+        let job = JobConfig { kind: "hello".into(), timeout_s: 1, params: toml::Table::new() };
+        assert_eq!(k.roles_for(&[actor("hello-expert")], None), RoleSet::only(Role::Executor));
+        let both = k.roles_for(&[actor("pipeline-worker"), actor("coadapt-camera")], Some(&job));
+        assert_eq!(both, RoleSet::only(Role::Worker).with(Role::Camera).with(Role::Scheduler));
+        let mut with_param = actor("hello-expert");
+        with_param.params.insert("colour".into(), toml::Value::Integer(1));
+        assert_eq!(k.check_actor(&with_param).unwrap_err().0, "params.colour");
     }
 }

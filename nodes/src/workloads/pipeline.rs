@@ -29,7 +29,7 @@ use troupe_kernels::tokenizer::WordPiece;
 use troupe_policy::pipeline::Mode;
 use troupe_policy::pipeline::chain::{Chain, DType, TensorSig, check_chain};
 
-use super::{NodeContext, params};
+use super::NodeContext;
 use crate::config::{ActorConfig, JobConfig};
 
 pub mod local;
@@ -106,27 +106,25 @@ fn default_join_timeout() -> u64 {
     60
 }
 
-/// Checks a `pipeline-foreman` entry.
-pub fn validate_foreman(a: &ActorConfig) -> Result<(), (String, String)> {
-    let p: ForemanParams = params(&a.params)?;
+/// Checks a `pipeline-foreman` entry's params.
+pub fn check_foreman(p: &ForemanParams) -> Result<(), (String, String)> {
     if p.workers == 0 {
-        return Err(("params.workers".into(), "must be at least 1".into()));
+        return Err(("workers".into(), "must be at least 1".into()));
     }
     if p.join_timeout_s == 0 {
-        return Err(("params.join_timeout_s".into(), "must be at least 1".into()));
+        return Err(("join_timeout_s".into(), "must be at least 1".into()));
     }
     if p.telemetry_ms == 0 {
-        return Err(("params.telemetry_ms".into(), "must be at least 1".into()));
+        return Err(("telemetry_ms".into(), "must be at least 1".into()));
     }
     Ok(())
 }
 
 /// The foreman service actor of one `pipeline-foreman` entry; installs its blob shelf on the
 /// node's link.
-pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
+pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig, p: ForemanParams) -> ChildSpec {
     let actors = &ctx.actors;
     use troupe_actors::pipeline::service::{ForemanServiceActor, ForemanServiceArgs, ServiceSettings};
-    let p: ForemanParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
     let journal_dir = p
         .journal_dir
         .clone()
@@ -144,9 +142,7 @@ pub fn foreman_actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
             journal_dir,
         },
     };
-    Ok(ChildSpec::new(a.name.clone().unwrap_or_else(|| a.kind.clone()), move || {
-        (ForemanServiceActor, args.clone())
-    }))
+    ChildSpec::new(a.actor_name(), move || (ForemanServiceActor, args.clone()))
 }
 
 /// `params` of the `pipeline` job.
@@ -199,33 +195,31 @@ pub fn parse_mode(s: &str) -> Result<Mode, String> {
     }
 }
 
-/// Checks a `pipeline-worker` entry.
-pub fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
-    let p: WorkerParams = params(&a.params)?;
+/// Checks a `pipeline-worker` entry's params.
+pub fn check_worker(p: &WorkerParams) -> Result<(), (String, String)> {
     if p.ram_budget_mb == 0 {
-        return Err(("params.ram_budget_mb".into(), "must be at least 1".into()));
+        return Err(("ram_budget_mb".into(), "must be at least 1".into()));
     }
     if p.cpu_quota_pct == 0 || p.cpu_quota_pct > 100 {
-        return Err(("params.cpu_quota_pct".into(), "must be between 1 and 100".into()));
+        return Err(("cpu_quota_pct".into(), "must be between 1 and 100".into()));
     }
     if !(0.0..=100.0).contains(&p.battery_pct) {
-        return Err(("params.battery_pct".into(), "must be between 0 and 100".into()));
+        return Err(("battery_pct".into(), "must be between 0 and 100".into()));
     }
     if p.intra_threads == 0 || p.intra_threads > 64 {
-        return Err(("params.intra_threads".into(), "must be between 1 and 64".into()));
+        return Err(("intra_threads".into(), "must be between 1 and 64".into()));
     }
     Ok(())
 }
 
 /// Checks the job's params.
-pub fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
-    let p: JobParams = params(&j.params)?;
-    parse_mode(&p.mode).map_err(|e| ("params.mode".to_string(), e))?;
+pub fn check_job(p: &JobParams) -> Result<(), (String, String)> {
+    parse_mode(&p.mode).map_err(|e| ("mode".to_string(), e))?;
     if p.workers == 0 {
-        return Err(("params.workers".into(), "must be at least 1".into()));
+        return Err(("workers".into(), "must be at least 1".into()));
     }
     if p.telemetry_ms == 0 {
-        return Err(("params.telemetry_ms".into(), "must be at least 1".into()));
+        return Err(("telemetry_ms".into(), "must be at least 1".into()));
     }
     Ok(())
 }
@@ -251,9 +245,8 @@ pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
 /// The worker of one `pipeline-worker` entry: a typed actor named `pipeline-worker/NODE`
 /// under the node's root supervisor (it installs its blob shelf on the node's link as it
 /// starts); the foreman reaches it by that name.
-pub fn actor(ctx: &NodeContext, a: &ActorConfig) -> Result<ChildSpec> {
-    let p: WorkerParams = params(&a.params).map_err(|(f, e)| anyhow!("{f}: {e}"))?;
-    let settings = worker_settings(&ctx.config.name, &p);
+pub fn actor(ctx: &NodeContext, p: &WorkerParams) -> Result<ChildSpec> {
+    let settings = worker_settings(&ctx.config.name, p);
     Ok(ctx.actors.child_spec::<PipelineWorker>(&worker_name(&ctx.config.name), settings)?)
 }
 
@@ -521,8 +514,7 @@ pub fn summary(
 }
 
 /// Runs the `pipeline` job on this (foreman) node and prints the results.
-pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig) -> Result<()> {
-    let p: JobParams = params(&job.params).map_err(|(f, e)| anyhow!("job.{f}: {e}"))?;
+pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, p: JobParams) -> Result<()> {
     let mode = parse_mode(&p.mode).map_err(|e| anyhow!("job.params.mode: {e}"))?;
     let stages = if p.stages.is_empty() { minilm_stages()? } else { p.stages.clone() };
     let sentences = read_sentences(&p.inputs)?;
@@ -669,7 +661,7 @@ pub enum PipelineCommand {
     Submit {
         /// A running foreman service's node address (a node with a `pipeline-foreman` actor);
         /// without it a local crowd is started for this job.
-        #[arg(long)]
+        #[arg(long, value_parser = troupe_actors::address::parse_resolved)]
         foreman: Option<std::net::SocketAddr>,
         /// Keys folder of that cluster (with `--foreman`).
         #[arg(long, default_value = "keys")]
@@ -912,6 +904,15 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::KindCheck;
+
+    fn validate_actor(a: &ActorConfig) -> Result<(), (String, String)> {
+        crate::kinds::Kinds::builtin().check_actor(a)
+    }
+
+    fn validate_job(j: &JobConfig) -> Result<(), (String, String)> {
+        crate::kinds::Kinds::builtin().check_job(j)
+    }
 
     fn actor_with(params: &str) -> ActorConfig {
         ActorConfig { kind: "pipeline-worker".into(), name: None, params: toml::from_str(params).unwrap() }

@@ -112,8 +112,9 @@ impl LocalCluster {
             (n.name == FOREMAN).then_some(troupe_transport::RoleSet::only(troupe_transport::Role::Scheduler))
         })?;
         let (_, foreman_path) = configs.first().context("the foreman's config")?;
-        let foreman = NodeConfig::load(foreman_path)?;
-        let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman)?)
+        let kinds = crate::kinds::Kinds::builtin();
+        let foreman = NodeConfig::load(foreman_path, &kinds)?;
+        let runtime = NodeRuntime::start(crate::node_cmd::spec_from_config(&foreman, &kinds)?)
             .await
             .context("starting the foreman node")?;
         let shelf = BlobShelf::default();

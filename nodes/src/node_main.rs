@@ -1,0 +1,204 @@
+//! A node binary's `main`: `troupe node` and a user's own node binary (their actor kinds beside
+//! troupe's) share it, so both take the same command line, config, keys, supervision, metrics,
+//! status, SIGTERM handling and exit codes.
+//!
+//! ```no_run
+//! use troupe::kinds::Kinds;
+//! use troupe::node_main::NodeMain;
+//!
+//! fn main() -> std::process::ExitCode {
+//!     NodeMain::new().kinds(Kinds::builtin()).run()
+//! }
+//! ```
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use serde::de::DeserializeOwned;
+use troupe_actors::NodeRuntime;
+use troupe_actors::supervisor::ChildSpec;
+use troupe_transport::RoleSet;
+
+use crate::config::{ActorConfig, JobConfig, NodeConfig};
+use crate::kinds::{ActorKind, JobFuture, JobKind, Kinds, NodeContext};
+
+/// Exit code of a node whose config cannot be used (a runtime failure exits 1).
+pub const CONFIG_ERROR: u8 = 2;
+
+/// The command line of a node: `troupe node ARGS`, or a user's node binary's own.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// The node's config file.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Once the node's job ends (reported as a `troupe-node: job KIND finished: ...` line),
+    /// keep serving its actors until ctrl-c instead of exiting, so that one job's end does
+    /// not take away actors another job still uses (`troupe up` passes it to job nodes).
+    #[arg(long)]
+    pub linger: bool,
+    /// A member to join through (`IP:port` or `host:port`; overrides the config's `join`):
+    /// the node learns the other members from it.
+    #[arg(long)]
+    pub join: Option<troupe_actors::HostPort>,
+}
+
+/// A user's node binary's command line: [`NodeArgs`] alone.
+#[derive(Parser, Debug)]
+#[command(about = "Runs one troupe node from a TOML config.")]
+struct NodeCli {
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+/// A node binary: the kinds it knows, and a `main` that runs one node of them from a config.
+#[derive(Clone, Debug, Default)]
+pub struct NodeMain {
+    kinds: Kinds,
+}
+
+impl NodeMain {
+    /// A node binary that knows no kinds yet (add [`Kinds::builtin`] for troupe's own).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds every kind of `kinds` (a kind of the same name is replaced).
+    pub fn kinds(mut self, kinds: Kinds) -> Self {
+        self.kinds = self.kinds.extend(kinds);
+        self
+    }
+
+    /// Adds the actor kind `name`, run by nodes whose certificates grant `roles`; `build` gets
+    /// each `[[actors]]` entry's `params` parsed as `P` and returns its child specs.
+    pub fn actor_kind<P: DeserializeOwned + 'static>(
+        self,
+        name: &str,
+        roles: RoleSet,
+        build: impl Fn(&NodeContext, &ActorConfig, P) -> Result<Vec<ChildSpec>> + Send + Sync + 'static,
+    ) -> Self {
+        self.add_actor(ActorKind::new(name, roles, build))
+    }
+
+    /// Adds an actor kind (with its checks, see [`ActorKind::check`]).
+    pub fn add_actor<P: DeserializeOwned + 'static>(mut self, kind: ActorKind<P>) -> Self {
+        self.kinds = self.kinds.add_actor(kind);
+        self
+    }
+
+    /// Adds the job kind `name`, run by nodes whose certificates grant `roles`; `run` gets the
+    /// node, the `[job]` entry and its `params` parsed as `P`, and runs the job to its end.
+    pub fn job_kind<P: DeserializeOwned + 'static>(
+        self,
+        name: &str,
+        roles: RoleSet,
+        run: impl for<'a> Fn(&'a NodeRuntime, &'a NodeContext, &'a JobConfig, P) -> JobFuture<'a>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.add_job(JobKind::new(name, roles, run))
+    }
+
+    /// Adds a job kind (with its checks, see [`JobKind::check`]).
+    pub fn add_job<P: DeserializeOwned + 'static>(mut self, kind: JobKind<P>) -> Self {
+        self.kinds = self.kinds.add_job(kind);
+        self
+    }
+
+    /// The kinds this binary knows.
+    pub fn known_kinds(&self) -> &Kinds {
+        &self.kinds
+    }
+
+    /// The whole `main`: parses the command line (`--config FILE [--linger]`), sets up logging
+    /// and the async runtime, runs the node; exits 2 on a config error, 1 on a runtime failure.
+    pub fn run(self) -> ExitCode {
+        let cli = NodeCli::parse();
+        init_logging();
+        troupe_actors::allocator::fix_thresholds();
+        block_on(async move { self.run_args(cli.node).await })
+    }
+
+    /// Runs one node from `args` on the current async runtime (`troupe node` calls this).
+    pub async fn run_args(&self, args: NodeArgs) -> Result<ExitCode> {
+        let cfg = match NodeConfig::load(&args.config, &self.kinds) {
+            Ok(cfg) => NodeConfig { join: args.join.or(cfg.join), ..cfg },
+            Err(e) => {
+                eprintln!("{}: config error: {e:#}", program_name());
+                return Ok(ExitCode::from(CONFIG_ERROR));
+            }
+        };
+        crate::node_cmd::run(cfg, args.linger, &self.kinds).await.map(|_| ExitCode::SUCCESS)
+    }
+}
+
+/// This program's file name, for error lines (`troupe` when it has none).
+fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .map_or_else(|| "troupe".into(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Runs `command` on a multi-threaded runtime and turns its outcome into the process's exit code
+/// (an error is printed and exits 1).
+pub fn block_on(command: impl Future<Output = Result<ExitCode>> + Send + 'static) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: cannot start the async runtime: {e}", program_name());
+            return ExitCode::FAILURE;
+        }
+    };
+    // the command runs on a worker, beside the actors it talks to: from `block_on`'s own thread
+    // every reply would cost a cross-thread wake-up
+    match runtime.block_on(runtime.spawn(command)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
+            eprintln!("{}: error: {e:#}", program_name());
+            ExitCode::FAILURE
+        }
+        // a panic ends the process as it did from `block_on` (its message is already printed)
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => {
+            eprintln!("{}: the command's task failed: {e}", program_name());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies), each line written with
+/// any progress bars lifted off the terminal (see [`crate::progress`]).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,ractor_cluster=error,ractor=warn,quinn=warn")
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(crate::progress::log_writer)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_node_command_line_takes_a_config_and_linger() {
+        NodeCli::command().debug_assert();
+        let cli = NodeCli::try_parse_from(["my_node", "--config", "n.toml", "--linger"]).unwrap();
+        assert_eq!(cli.node.config, PathBuf::from("n.toml"));
+        assert!(cli.node.linger);
+        assert!(NodeCli::try_parse_from(["my_node"]).is_err(), "--config is required");
+    }
+}
