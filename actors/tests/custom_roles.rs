@@ -165,7 +165,7 @@ fn node_spec(ca: &ClusterCa, name: &str, roles: &str, peers: Vec<PeerAddr>) -> N
 async fn a_typed_kind_declares_its_own_role() {
     let ca = ClusterCa::generate("typed-custom").unwrap();
     let host = NodeRuntime::start(node_spec(&ca, "host", "executor", vec![])).await.unwrap();
-    let at = PeerAddr { name: host.name.clone(), addr: host.link.local_addr().unwrap() };
+    let at = PeerAddr { name: host.name.clone(), addr: host.link.local_addr().unwrap().into() };
     let app = NodeRuntime::start(node_spec(&ca, "app", "typed-app", vec![at.clone()])).await.unwrap();
     let other = NodeRuntime::start(node_spec(&ca, "other", "scheduler", vec![at])).await.unwrap();
 
