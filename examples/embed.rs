@@ -47,18 +47,10 @@ impl Handles<Scale> for Scaler {
 async fn main() -> Result<()> {
     // In production the identity and the cookie come from `troupe keys`; here a throwaway CA.
     let ca = ClusterCa::generate("embedded")?;
-    let node = NodeRuntime::start(NodeSpec {
-        identity: ca.issue_node("my-service")?,
-        quic: Default::default(), // 127.0.0.1, any free port
-        peers: Vec::new(),
-        membership: MembershipConfig::default(),
-        intensity: Default::default(),
-        cookie: "embedded-demo-cookie-00000000000".into(),
-        children: fixed_children(vec![]),
-        redial: Duration::from_millis(200),
-        placement: PlacementRules::default(),
-    })
-    .await?;
+    // 127.0.0.1, any free port, no peers: NodeSpec's defaults
+    let node =
+        NodeRuntime::start(NodeSpec::new(ca.issue_node("my-service")?, "embedded-demo-cookie-00000000000"))
+            .await?;
     // started under the node's supervisor: restarted from its arguments if it crashes
     let scaler = node.actors.spawn::<Scaler>("scaler", 2.0).await?;
     let out = scaler.call(Scale(vec![1.0, 2.0, 3.0]), Duration::from_secs(2)).await?;

@@ -166,22 +166,16 @@ async fn start_node(
             Ok(PeerAddr { name: NodeId::new(name), addr: addr.parse()? })
         })
         .collect::<Result<Vec<_>>>()?;
-    let node = NodeRuntime::start(NodeSpec {
-        identity: NodeIdentity::load(dir, name)?,
-        quic: Default::default(), // 127.0.0.1, any free port
-        peers,
+    let spec = NodeSpec::new(NodeIdentity::load(dir, name)?, COOKIE)
+        .peers(peers)
         // a member silent for a second is declared down (the default is 1.5 s)
-        membership: MembershipConfig {
+        .membership(MembershipConfig {
             heartbeat: Duration::from_millis(100),
             timeout: Duration::from_millis(1000),
-        },
-        intensity: Default::default(),
-        cookie: COOKIE.into(),
-        children: fixed_children(vec![]),
-        redial: Duration::from_millis(100),
-        placement,
-    })
-    .await?;
+        })
+        .redial(Duration::from_millis(100))
+        .placement(placement);
+    let node = NodeRuntime::start(spec).await?;
     println!("listening {}", node.link.local_addr()?);
     Ok(node)
 }

@@ -150,18 +150,9 @@ async fn start_node(dir: &Path, name: &str, peers: &[&str]) -> Result<NodeRuntim
             Ok(PeerAddr { name: NodeId::new(name), addr: addr.parse()? })
         })
         .collect::<Result<Vec<_>>>()?;
-    let node = NodeRuntime::start(NodeSpec {
-        identity: NodeIdentity::load(dir, name)?,
-        quic: Default::default(), // 127.0.0.1, any free port
-        peers,
-        membership: MembershipConfig::default(),
-        intensity: Default::default(),
-        cookie: COOKIE.into(),
-        children: fixed_children(vec![]),
-        redial: Duration::from_millis(100),
-        placement: PlacementRules::default(),
-    })
-    .await?;
+    let spec =
+        NodeSpec::new(NodeIdentity::load(dir, name)?, COOKIE).peers(peers).redial(Duration::from_millis(100));
+    let node = NodeRuntime::start(spec).await?;
     println!("listening {}", node.link.local_addr()?);
     Ok(node)
 }

@@ -77,6 +77,79 @@ pub struct NodeSpec {
     pub placement: PlacementRules,
 }
 
+impl NodeSpec {
+    /// A spec with the defaults (any free port on 127.0.0.1, no peers, default
+    /// membership, intensity and placement rules, no children, redial every second), for the
+    /// builder methods below: `NodeSpec::new(id, cookie).bind(addr).peer(p).children(c)`.
+    pub fn new(identity: NodeIdentity, cookie: impl Into<String>) -> Self {
+        Self {
+            identity,
+            quic: QuicConfig::default(),
+            peers: Vec::new(),
+            membership: MembershipConfig::default(),
+            intensity: Intensity::default(),
+            cookie: cookie.into(),
+            children: fixed_children(Vec::new()),
+            redial: Duration::from_secs(1),
+            placement: PlacementRules::default(),
+        }
+    }
+
+    /// Listens on `addr` (the rest of the QUIC settings unchanged).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.quic.bind = addr;
+        self
+    }
+
+    /// These QUIC settings.
+    pub fn quic(mut self, quic: QuicConfig) -> Self {
+        self.quic = quic;
+        self
+    }
+
+    /// Dials `peer` too (and redials it when lost).
+    pub fn peer(mut self, peer: PeerAddr) -> Self {
+        self.peers.push(peer);
+        self
+    }
+
+    /// Dials each of `peers` too.
+    pub fn peers(mut self, peers: impl IntoIterator<Item = PeerAddr>) -> Self {
+        self.peers.extend(peers);
+        self
+    }
+
+    /// This heartbeat period and failure timeout.
+    pub fn membership(mut self, membership: MembershipConfig) -> Self {
+        self.membership = membership;
+        self
+    }
+
+    /// This root supervisor restart intensity.
+    pub fn intensity(mut self, intensity: Intensity) -> Self {
+        self.intensity = intensity;
+        self
+    }
+
+    /// The root supervisor's children, made once the link exists.
+    pub fn children(mut self, children: Children) -> Self {
+        self.children = children;
+        self
+    }
+
+    /// This pause between dial attempts to a missing peer.
+    pub fn redial(mut self, redial: Duration) -> Self {
+        self.redial = redial;
+        self
+    }
+
+    /// Which kinds supervisors elsewhere may place on this node, and how many.
+    pub fn placement(mut self, placement: PlacementRules) -> Self {
+        self.placement = placement;
+        self
+    }
+}
+
 /// Why the runtime failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

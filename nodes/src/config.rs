@@ -332,7 +332,7 @@ pub trait KindCheck {
 
 /// A config problem, naming the file and the field.
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {field}: {problem}")]
+#[error("{file}: {}{problem}", field_prefix(.field))]
 pub struct ConfigError {
     /// The config file.
     pub file: String,
@@ -340,6 +340,12 @@ pub struct ConfigError {
     pub field: String,
     /// What is wrong.
     pub problem: String,
+}
+
+/// `FIELD: ` before a field's problem; nothing before a problem with the whole file (it is
+/// named already).
+fn field_prefix(field: &str) -> String {
+    if field == "file" { String::new() } else { format!("{field}: ") }
 }
 
 /// Parses `text`: on failure the full path of the field the parser stopped at (from

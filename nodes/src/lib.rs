@@ -46,17 +46,30 @@ pub mod prelude {
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub mod chaos;
-pub mod chart;
 pub mod config;
-pub mod dashboard;
 pub mod kinds;
-pub mod metrics;
-pub mod netns;
-pub mod node_cmd;
 pub mod node_main;
-pub mod progress;
-pub mod status;
-pub mod summary;
-pub mod up;
 pub mod workloads;
+
+// The `troupe` binary's own machinery (launcher, chaos, status, dashboard, metrics endpoint,
+// progress bars, summaries): public for troupe's CLI, benches and tests, not an API to build on.
+#[doc(hidden)]
+pub mod chaos;
+#[doc(hidden)]
+pub mod chart;
+#[doc(hidden)]
+pub mod dashboard;
+#[doc(hidden)]
+pub mod metrics;
+#[doc(hidden)]
+pub mod netns;
+#[doc(hidden)]
+pub mod node_cmd;
+#[doc(hidden)]
+pub mod progress;
+#[doc(hidden)]
+pub mod status;
+#[doc(hidden)]
+pub mod summary;
+#[doc(hidden)]
+pub mod up;

@@ -37,12 +37,19 @@ fn two_keys_init_runs_give_different_cookies_and_an_admin_identity() {
     assert_eq!(info.roles.to_string(), "camera,edge");
     let days = info.not_after.duration_since(std::time::SystemTime::now()).unwrap().as_secs() / 86_400;
     assert!((6..=7).contains(&days), "{days}");
+    // a role of the user's own goes in the certificate and comes back by name
+    troupe(&["keys", "node", "app-1", "--keys", a.to_str().unwrap(), "--role", "my-app,client"]);
+    let info = NodeIdentity::load(&a, "app-1").unwrap().info().unwrap();
+    assert_eq!(info.roles.to_string(), "client,my-app");
+    assert!(info.roles.contains(Role::named("my-app").unwrap()));
     let out = Command::new(EXE)
-        .args(["keys", "node", "x", "--keys", a.to_str().unwrap(), "--role", "wizard"])
+        .args(["keys", "node", "x", "--keys", a.to_str().unwrap(), "--role", "executor,My_App"])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown role \"wizard\""));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid role name \"My_App\"") && err.contains("a-z, 0-9 and '-'"), "{err}");
+    assert!(!a.join("x.crt").exists());
 }
 
 const TOPOLOGY: &str = r#"name = "ident"

@@ -329,7 +329,7 @@ async fn a_pipeline_crowd_reports_its_task_queue_and_the_stage_a_worker_holds() 
     let cluster = ProcCluster::start(EXE.as_ref(), &topology).unwrap();
     let keys = cluster.dir().join("keys");
     let keys_s = keys.to_str().unwrap();
-    run_ok(EXE.as_ref(), &["keys", "node", "client", "--role", "scheduler", "--keys", keys_s]).unwrap();
+    run_ok(EXE.as_ref(), &["keys", "node", "client", "--role", "client", "--keys", keys_s]).unwrap();
     let inputs = tmp.path().join("inputs.txt");
     std::fs::write(&inputs, "a cat sat on the mat\n").unwrap();
     let addr = |name: &str| cluster.nodes.iter().find(|n| n.name == name).unwrap().parsed.listen.to_string();

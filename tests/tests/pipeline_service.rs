@@ -1,7 +1,8 @@
 //! Jobs sent to a running crowd: a cluster of real node processes with a long-lived foreman
 //! service (`pipeline-foreman` actor) and two workers takes jobs from `troupe pipeline submit
 //! --foreman ADDR` clients: two jobs in a row, then two at once (the second queues behind the
-//! first). Every job's outputs file has one row per input, equal to the whole model's.
+//! first). Every job's outputs file has one row per input, equal to the whole model's. Clients
+//! hold the `client` role; a `scheduler` certificate is refused, naming the role it needs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,13 +83,22 @@ fn a_running_crowd_takes_jobs_in_a_row_and_at_once() {
     let cluster = ProcCluster::start(EXE.as_ref(), &topology(tmp.path())).unwrap();
     let keys = cluster.dir().join("keys");
     // one identity per client: a node name holds one connection at a time
-    for client in ["client-a", "client-b"] {
+    for (client, role) in [("client-a", "client"), ("client-b", "client"), ("sched-x", "scheduler")] {
         troupe_tests::run_ok(
             EXE.as_ref(),
-            &["keys", "node", client, "--role", "scheduler", "--keys", keys.to_str().unwrap()],
+            &["keys", "node", client, "--role", role, "--keys", keys.to_str().unwrap()],
         )
         .unwrap();
     }
+    // least privilege: submitting takes the client role, not the right to drive workers
+    let refused =
+        submit(&cluster, tmp.path(), "sched-x", "refused", &sentences()).wait_with_output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&refused.stdout), String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        !refused.status.success() && text.contains("needs role client"),
+        "a scheduler submitted:\n{text}"
+    );
     let first = sentences();
     let second: Vec<String> = sentences().into_iter().rev().chain(sentences()).collect();
     check(submit(&cluster, tmp.path(), "client-a", "first", &first), tmp.path(), "first", &first);

@@ -213,7 +213,13 @@ mod tests {
     use crate::roles::RoleSet;
 
     fn cert(serial: &str, roles: RoleSet) -> CertInfo {
-        CertInfo { names: vec![], roles, serial: serial.into(), not_after: std::time::UNIX_EPOCH }
+        CertInfo {
+            names: vec![],
+            roles,
+            unknown_roles: vec![],
+            serial: serial.into(),
+            not_after: std::time::UNIX_EPOCH,
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::roles::{ROLE_URI_PREFIX, Role, RoleSet};
+use crate::roles::{MAX_ROLES, ROLE_URI_PREFIX, Role, RoleSet, validate_role_name};
 
 /// ALPN protocol id of troupe's QUIC connections.
 pub const ALPN: &[u8] = b"troupe/1";
@@ -339,9 +339,11 @@ impl NodeIdentity {
         })
     }
 
-    /// What this node's own certificate says (roles, serial, validity).
+    /// What this node's own certificate says (roles, serial, validity). Its role names are
+    /// local input (a file this process was given), so custom ones are interned
+    /// ([`Role::named`]), unlike those of a peer's certificate ([`CertInfo::parse`]).
     pub fn info(&self) -> Option<CertInfo> {
-        CertInfo::parse(&self.cert)
+        CertInfo::parse_with(&self.cert, |name| Role::named(name).ok())
     }
 
     /// The roles in this node's certificate.
@@ -445,8 +447,13 @@ pub fn peer_certificate_names(conn: &quinn::Connection) -> Vec<String> {
 pub struct CertInfo {
     /// DNS names in the subject alternative names.
     pub names: Vec<String>,
-    /// Roles from the `troupe-role:` SAN URIs (unknown role names are ignored).
+    /// Roles from the `troupe-role:` SAN URIs that this process knew when the certificate was
+    /// parsed (see [`CertInfo::parse`]; invalid names are ignored).
     pub roles: RoleSet,
+    /// Valid role names in the certificate that this process did not know when it was parsed
+    /// (at most [`MAX_ROLES`], never interned): [`CertInfo::current_roles`] looks them up
+    /// again, so a rule that names a role after the peer connected still sees it.
+    pub unknown_roles: Vec<String>,
     /// The serial number, lowercase hex without separators or leading zero bytes.
     pub serial: String,
     /// End of the validity period.
@@ -454,20 +461,41 @@ pub struct CertInfo {
 }
 
 impl CertInfo {
-    /// Parses a DER certificate (`None` if it does not parse).
+    /// Parses a DER certificate, such as a peer's (`None` if it does not parse). Its role names
+    /// are mapped to the roles this process already knows ([`Role::known`]); the others are
+    /// never interned, only kept aside in [`CertInfo::unknown_roles`]: a role no local rule
+    /// names can grant nothing, and a peer's certificate must not fill this process's role table.
     pub fn parse(cert: &CertificateDer<'_>) -> Option<Self> {
+        Self::parse_with(cert, Role::known)
+    }
+
+    /// [`CertInfo::roles`] plus those of [`CertInfo::unknown_roles`] this process has come to
+    /// know since (by a local rule or certificate naming them).
+    pub fn current_roles(&self) -> RoleSet {
+        self.unknown_roles.iter().filter_map(|n| Role::known(n)).fold(self.roles, RoleSet::with)
+    }
+
+    /// [`CertInfo::parse`], resolving each role name with `role`.
+    fn parse_with(cert: &CertificateDer<'_>, role: impl Fn(&str) -> Option<Role>) -> Option<Self> {
         let (_, x509) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
         let mut names = Vec::new();
         let mut roles = RoleSet::EMPTY;
+        let mut unknown_roles = Vec::new();
         if let Ok(Some(san)) = x509.subject_alternative_name() {
             for n in &san.value.general_names {
                 match n {
                     x509_parser::extensions::GeneralName::DNSName(s) => names.push((*s).to_string()),
                     x509_parser::extensions::GeneralName::URI(u) => {
-                        if let Some(role) =
-                            u.strip_prefix(ROLE_URI_PREFIX).and_then(|r| r.parse::<Role>().ok())
-                        {
-                            roles = roles.with(role);
+                        let Some(name) = u.strip_prefix(ROLE_URI_PREFIX) else { continue };
+                        match role(name) {
+                            Some(r) => roles = roles.with(r),
+                            None if validate_role_name(name).is_ok()
+                                && unknown_roles.len() < MAX_ROLES
+                                && !unknown_roles.iter().any(|n| n == name) =>
+                            {
+                                unknown_roles.push(name.to_string())
+                            }
+                            None => {}
                         }
                     }
                     _ => {}
@@ -479,7 +507,13 @@ impl CertInfo {
             Ok(s) => UNIX_EPOCH + Duration::from_secs(s),
             Err(_) => UNIX_EPOCH,
         };
-        Some(Self { names, roles, serial: normalize_serial(&hex(x509.raw_serial())), not_after })
+        Some(Self {
+            names,
+            roles,
+            unknown_roles,
+            serial: normalize_serial(&hex(x509.raw_serial())),
+            not_after,
+        })
     }
 }
 
@@ -548,6 +582,40 @@ mod tests {
         assert!(Validity::days_from_now(0).is_err());
         assert_eq!(normalize_serial("00:0A:bc"), "0abc");
         assert_eq!(normalize_serial("0x0abc"), "0abc");
+    }
+
+    #[test]
+    fn custom_roles_round_trip_and_peers_cannot_add_names() {
+        let ca = ClusterCa::generate("test").unwrap();
+        let app = Role::named("identity-test-app").unwrap();
+        let opts = IssueOptions::new(RoleSet::only(app).with(Role::Client)).unwrap();
+        let node = ca.issue("app-1", &opts).unwrap();
+        let info = CertInfo::parse(&node.cert).unwrap();
+        assert_eq!(info.roles, RoleSet::only(app).with(Role::Client));
+        assert_eq!(info.roles.to_string(), "client,identity-test-app");
+        // a certificate whose roles this process never named: as a peer's, they are dropped
+        // and not interned; as this node's own (local input), they are interned
+        let dir = tempfile::tempdir().unwrap();
+        ca.write(dir.path()).unwrap();
+        let mut params = CertificateParams::new(vec!["stranger".to_string()]).unwrap();
+        for name in ["identity-test-unseen", "Not A Role", "client"] {
+            let uri: rcgen::string::Ia5String = format!("{ROLE_URI_PREFIX}{name}").try_into().unwrap();
+            params.subject_alt_names.push(SanType::URI(uri));
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &ca.issuer().unwrap()).unwrap();
+        let peer = CertInfo::parse(cert.der()).unwrap();
+        assert_eq!(peer.roles, RoleSet::only(Role::Client));
+        assert_eq!(peer.unknown_roles, vec!["identity-test-unseen".to_string()]);
+        assert_eq!(peer.current_roles(), RoleSet::only(Role::Client));
+        assert_eq!(Role::known("identity-test-unseen"), None, "a peer's certificate interned a name");
+        fs::write(dir.path().join("stranger.crt"), cert.pem()).unwrap();
+        fs::write(dir.path().join("stranger.key"), key.serialize_pem()).unwrap();
+        let own = NodeIdentity::load(dir.path(), "stranger").unwrap().roles();
+        let unseen = Role::known("identity-test-unseen").expect("own certificate's role interned");
+        assert_eq!(own, RoleSet::only(Role::Client).with(unseen));
+        // once known here, the role counts for the peer parsed before
+        assert_eq!(peer.current_roles(), RoleSet::only(Role::Client).with(unseen));
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use identity::{CertInfo, ClusterCa, IdentityError, IssueOptions, NodeIdentit
 pub use link::{Channel, Delivery, Link, LinkError, NodeId};
 pub use local::{LocalError, LocalStats};
 pub use quic::{PeerEvent, QuicConfig, QuicError, QuicNode};
-pub use roles::{Role, RoleSet};
+pub use roles::{Role, RoleError, RoleSet};
 pub use shm::{ShmConfig, ShmError, ShmStats};
 pub use sim::{DropReason, SendOutcome, SimConfig, SimHub, SimLink, SimNet, SimStats};
 pub use traffic::ChannelTraffic;

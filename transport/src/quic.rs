@@ -155,9 +155,18 @@ pub enum QuicError {
     /// Identity or TLS configuration problem.
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    /// Socket or endpoint error.
+    /// Socket or endpoint error (its message carries the OS error once: no source chain
+    /// repeats it).
     #[error("endpoint: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The UDP socket could not be bound.
+    #[error("binding the UDP socket {addr}: {detail}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        detail: std::io::Error,
+    },
     /// Dialing failed.
     #[error("connect to {addr}: {detail}")]
     Connect {
@@ -183,6 +192,12 @@ pub enum QuicError {
     /// The peer is not connected.
     #[error(transparent)]
     Link(#[from] LinkError),
+}
+
+impl From<std::io::Error> for QuicError {
+    fn from(e: std::io::Error) -> Self {
+        QuicError::Io(e)
+    }
 }
 
 /// Membership-relevant connection events, delivered to whoever took [`QuicNode::events`].
@@ -415,7 +430,8 @@ impl QuicNode {
         let transport = transport_config(&config)?;
         let server = identity.server_config(transport.clone())?;
         let client_config = identity.client_config(transport)?;
-        let socket = std::net::UdpSocket::bind(config.bind)?;
+        let socket = std::net::UdpSocket::bind(config.bind)
+            .map_err(|detail| QuicError::Bind { addr: config.bind, detail })?;
         let state = quinn::udp::UdpSocketState::new((&socket).into())?;
         // best effort: the kernel may clamp it (net.core.rmem_max)
         let _ = state.set_recv_buffer_size((&socket).into(), config.socket_buffer);
@@ -574,7 +590,7 @@ impl QuicNode {
 
     /// The roles in the certificate `peer` presented (`None` if it is not connected).
     pub fn peer_roles(&self, peer: &NodeId) -> Option<RoleSet> {
-        self.inner.peers.get(peer).map(|p| p.cert.roles)
+        self.inner.peers.get(peer).map(|p| p.cert.current_roles())
     }
 
     /// What the certificate `peer` presented says (`None` if it is not connected).

@@ -615,3 +615,30 @@ async fn service_frames_reach_the_sink_in_order_and_every_frame_marks_the_peer_h
     assert!(!b.take_heard(&from_a));
     assert!(!b.take_heard(&NodeId::new("nobody")), "a peer not joined was never heard");
 }
+
+/// A port in use is named with its address, and the OS error is said once (no source chain
+/// repeating it under `{:#}`).
+#[tokio::test]
+async fn binding_a_port_in_use_names_the_address_once() {
+    let ca = ClusterCa::generate("bind").unwrap();
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let e = QuicNode::bind(&ca.issue_node("b").unwrap(), QuicConfig { bind: addr, ..QuicConfig::default() })
+        .await
+        .err()
+        .expect("a second bind of a port in use");
+    let text = anyhow_like(&e);
+    assert!(text.contains(&addr.to_string()), "{text}");
+    assert_eq!(text.matches("os error").count(), 1, "{text}");
+}
+
+/// `{:#}` as anyhow prints it: the error, then each source.
+fn anyhow_like(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text += &format!(": {s}");
+        source = s.source();
+    }
+    text
+}

@@ -1,5 +1,5 @@
 //! The foreman as a long-lived service: a node hosting a `pipeline-foreman` actor takes jobs
-//! from clients over QUIC ([`FOREMAN_SERVICE`], method [`SUBMIT`], scheduler role only) and
+//! from clients over QUIC ([`FOREMAN_SERVICE`], method [`SUBMIT`], client role only) and
 //! answers each with its outputs.
 //!
 //! - **What travels.** A [`Submission`] names each stage file by its BLAKE3 and size; the
@@ -308,7 +308,7 @@ impl Actor for ForemanServiceActor {
         });
         args.actors.services().register(
             FOREMAN_SERVICE,
-            ServiceSpec::new().method(SUBMIT, Allow::role(Role::Scheduler)),
+            ServiceSpec::new().method(SUBMIT, Allow::role(Role::Client)),
             handler,
         );
         Ok(Arc::new(args))
@@ -335,7 +335,7 @@ pub struct ForemanClient {
 
 impl ForemanClient {
     /// Connects to the foreman's node at `addr` as `identity` (a certificate of the cluster
-    /// with the scheduler role).
+    /// with the client role: submitting a job needs no right to command workers).
     pub async fn connect(
         identity: &troupe_transport::NodeIdentity,
         addr: std::net::SocketAddr,

@@ -33,7 +33,8 @@ pub trait TypedActor: Sized + Send + 'static {
     const KIND: &'static str;
     /// What an incarnation starts from (sent to the node that hosts it).
     type Args: Wire + Clone + Sync;
-    /// Declares the messages and their senders: `p.request::<Add>(Allow::role(Role::Client))`.
+    /// Declares the messages and their senders: `p.request::<Add>(Allow::role(Role::Client))`,
+    /// or with a role of the kind's own, `p.request_from::<Add>("my-app")`.
     fn protocol(p: &mut Protocol<Self>);
     /// Makes an incarnation. A failure here is a failed start (a placement refused, a spawn
     /// error), not a crash to restart.
@@ -150,6 +151,27 @@ impl<A: TypedActor> Protocol<A> {
             self.problems.push(format!("message name {name:?} is declared twice"));
         }
         self
+    }
+
+    /// Accepts `M` from holders of any of `roles`, a comma-separated list of role names that
+    /// may be the kind's own (`p.request_from::<Add>("my-app")`, see
+    /// [`troupe_transport::Role::named`]). A bad name or an empty list is this protocol's
+    /// problem: spawning the kind fails, naming it.
+    pub fn request_from<M: RemoteMessage>(&mut self, roles: &str) -> &mut Self
+    where
+        A: Handles<M>,
+    {
+        match troupe_transport::RoleSet::parse_list(roles) {
+            Ok(set) if !set.is_empty() => self.request::<M>(Allow::Roles(set)),
+            Ok(_) => {
+                self.problems.push(format!("message {:?} names no role that may send it", M::NAME));
+                self
+            }
+            Err(e) => {
+                self.problems.push(format!("message {:?}: {e}", M::NAME));
+                self
+            }
+        }
     }
 
     /// At most `messages` queued before further ones are refused as busy.

@@ -48,7 +48,8 @@ pub enum SpawnError {
     /// The name is empty, too long, or has characters other than `A-Za-z0-9._-/`.
     #[error("actor name {0:?} is not valid: 1-{MAX_ACTOR_NAME} bytes of A-Z a-z 0-9 . _ - /")]
     InvalidName(String),
-    /// The kind's protocol is malformed (a message name declared twice, or reserved).
+    /// The kind's protocol is malformed (a message name declared twice or reserved, a bad role
+    /// name).
     #[error("actor kind {kind}: {problem}")]
     Protocol {
         /// The kind.

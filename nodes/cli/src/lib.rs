@@ -152,9 +152,10 @@ pub enum KeysCommand {
         /// Folder holding the CA.
         #[arg(long, default_value = "keys")]
         keys: PathBuf,
-        /// Roles the certificate grants, comma-separated: scheduler, executor, worker, camera,
-        /// edge, admin (an admin identity can query status but never join), client (may send
-        /// coe requests, never joins).
+        /// Roles the certificate grants, comma-separated: built in scheduler, executor, worker,
+        /// camera, edge, admin (an admin identity can query status but never join), client (may
+        /// submit pipeline jobs and send coe requests, never joins), or your own actor kinds'
+        /// roles (1-32 characters of a-z, 0-9 and '-', starting with a letter, e.g. `my-app`).
         #[arg(long, default_value = "")]
         role: String,
         /// Days the certificate is valid.
@@ -259,7 +260,7 @@ fn keys(cmd: KeysCommand) -> Result<()> {
             println!("next: troupe keys node NAME --role ROLE --keys {}", out.display());
         }
         KeysCommand::Node { name, keys, role, days } => {
-            let roles = RoleSet::parse_list(&role)?;
+            let roles = RoleSet::parse_list(&role).context("--role")?;
             let ca = ClusterCa::load(&keys)?;
             let options = IssueOptions { roles, validity: Validity::days_from_now(days)? };
             ca.issue(&name, &options)?.write(&keys)?;

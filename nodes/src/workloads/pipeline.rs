@@ -666,8 +666,8 @@ pub enum PipelineCommand {
         /// Keys folder of that cluster (with `--foreman`).
         #[arg(long, default_value = "keys")]
         keys: PathBuf,
-        /// Identity to submit as, from the keys folder: a certificate with the scheduler role
-        /// (`troupe keys node client --role scheduler --keys DIR`).
+        /// Identity to submit as, from the keys folder: a certificate with the client role
+        /// (`troupe keys node client --role client --keys DIR`).
         #[arg(long = "as", default_value = "client")]
         as_name: String,
         /// Longest the job may take, seconds (with `--foreman`).
@@ -765,7 +765,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             let job = load_job(&stages, &sentences, mode, false)?;
             let id = troupe_transport::NodeIdentity::load(&keys, &as_name).with_context(|| {
                 format!(
-                    "loading identity {as_name} from {}; make one with `troupe keys node {as_name} --role scheduler --keys {}`",
+                    "loading identity {as_name} from {}; make one with `troupe keys node {as_name} --role client --keys {}`",
                     keys.display(),
                     keys.display()
                 )
