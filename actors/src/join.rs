@@ -89,6 +89,9 @@ pub async fn join_loop<F>(
                 let new: Vec<(NodeId, SocketAddr)> = std::iter::once((seed_name, seed_addr))
                     .chain(members)
                     .filter(|(n, _)| *n != me && !dialed.contains(n))
+                    // a seed cannot grow the dialers past one list's cap by naming new members
+                    // at every refresh
+                    .take(MAX_LISTED.saturating_sub(dialed.len()))
                     .collect();
                 if !new.is_empty() {
                     info!(%seed, members = ?new.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), "joined through the seed: dialing its members");
