@@ -4,6 +4,7 @@
 //!
 //!     cargo run -p troupe-examples --bin my_node                      # the demo
 //!     cargo run -p troupe-examples --bin my_node -- --config host.toml
+//!     cargo run -p troupe-examples --bin my_node -- up examples/my_node.toml   # a local topology
 //!
 //! The binary registers an actor kind `my-counter` (a typed counter whose config entry takes
 //! `params = { start = 5 }`) and a job kind `count-up` that finds a counter by name from another
@@ -137,7 +138,8 @@ async fn count_up(actors: Actors, wait: Duration, p: CountUp) -> Result<()> {
 
 fn main() -> ExitCode {
     if std::env::args_os().len() > 1 {
-        // `my_node --config FILE [--linger]`: the same command line as `troupe node`
+        // `my_node --config FILE [--linger]`: the same command line as `troupe node`; `my_node up
+        // TOPOLOGY`: a local topology of my_node processes, like `troupe up`
         return node_main().run();
     }
     match tokio::runtime::Runtime::new().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(demo())) {

@@ -195,6 +195,28 @@ fn my_node_runs_a_users_kind_beside_the_builtins_from_toml_configs() {
 }
 
 #[test]
+fn my_node_up_runs_a_topology_of_its_own_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/my_node.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_my_node"))
+        .args(["up", topology, "--workdir"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{t}");
+    // the job on `ops` reached the counter on `host` through the kinds only my_node knows, with
+    // the roles those kinds declare (the job's scheduler role lets it send `add`)
+    for line in ["counter total starts at 5", "add 3 -> 10", "[up] every job succeeded"] {
+        assert!(t.contains(line), "no {line:?} in\n{t}");
+    }
+    // the configs `up` wrote name the user's kind as a config written by hand would
+    let host = std::fs::read_to_string(dir.path().join("host.toml")).unwrap();
+    assert!(host.contains("kind = \"my-counter\""), "{host}");
+}
+
+#[test]
 fn my_node_exits_2_naming_a_bad_param_by_its_path() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");

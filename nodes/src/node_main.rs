@@ -46,12 +46,59 @@ pub struct NodeArgs {
     pub join: Option<troupe_actors::HostPort>,
 }
 
-/// A user's node binary's command line: [`NodeArgs`] alone.
+/// A user's node binary's command line: [`NodeArgs`] to run one node, or `up TOPOLOGY` to run a
+/// local topology whose nodes are this binary.
 #[derive(Parser, Debug)]
-#[command(about = "Runs one troupe node from a TOML config.")]
+#[command(
+    about = "Runs one troupe node from a TOML config, or a local topology of them (`up`).",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct NodeCli {
     #[command(flatten)]
-    node: NodeArgs,
+    node: Option<NodeArgs>,
+    #[command(subcommand)]
+    command: Option<NodeCommand>,
+}
+
+/// What a user's node binary was asked to do.
+#[derive(Debug)]
+enum Invocation {
+    Node(NodeArgs),
+    Up { topology: PathBuf, workdir: Option<PathBuf> },
+}
+
+impl NodeCli {
+    /// Parses a command line: `up TOPOLOGY`, or a node's arguments (`--config` required).
+    fn invocation<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
+        args: I,
+    ) -> Result<Invocation, clap::Error> {
+        use clap::CommandFactory;
+        match Self::try_parse_from(args)? {
+            Self { command: Some(NodeCommand::Up { topology, workdir }), .. } => {
+                Ok(Invocation::Up { topology, workdir })
+            }
+            Self { node: Some(node), .. } => Ok(Invocation::Node(node)),
+            Self { node: None, command: None } => Err(Self::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--config FILE is required (or `up TOPOLOGY` to run a local topology)",
+            )),
+        }
+    }
+}
+
+/// What a user's node binary does besides running one node.
+#[derive(clap::Subcommand, Debug)]
+enum NodeCommand {
+    /// Runs a local topology (`troupe up`'s format) with every node a process of this binary, so
+    /// its configs may name this binary's own actor and job kinds.
+    Up {
+        /// The topology file.
+        topology: PathBuf,
+        /// Working folder for keys and generated configs (default .cache/up/NAME).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+    },
 }
 
 /// A node binary: the kinds it knows, and a `main` that runs one node of them from a config.
@@ -114,13 +161,20 @@ impl NodeMain {
         &self.kinds
     }
 
-    /// The whole `main`: parses the command line (`--config FILE [--linger]`), sets up logging
-    /// and the async runtime, runs the node; exits 2 on a config error, 1 on a runtime failure.
+    /// The whole `main`: parses the command line (`--config FILE [--linger]`, or `up TOPOLOGY`),
+    /// sets up logging and the async runtime, runs the node; exits 2 on a config error, 1 on a
+    /// runtime failure.
     pub fn run(self) -> ExitCode {
-        let cli = NodeCli::parse();
+        let invocation = NodeCli::invocation(std::env::args_os()).unwrap_or_else(|e| e.exit());
         init_logging();
         troupe_actors::allocator::fix_thresholds();
-        block_on(async move { self.run_args(cli.node).await })
+        match invocation {
+            Invocation::Up { topology, workdir } => block_on(async move {
+                let binary = crate::up::NodeBinary::this_program(self.kinds)?;
+                crate::up::run_with(&topology, workdir, crate::up::Placement::Loopback, &binary).await
+            }),
+            Invocation::Node(args) => block_on(async move { self.run_args(args).await }),
+        }
     }
 
     /// Runs one node from `args` on the current async runtime (`troupe node` calls this).
@@ -196,9 +250,23 @@ mod tests {
     #[test]
     fn the_node_command_line_takes_a_config_and_linger() {
         NodeCli::command().debug_assert();
-        let cli = NodeCli::try_parse_from(["my_node", "--config", "n.toml", "--linger"]).unwrap();
-        assert_eq!(cli.node.config, PathBuf::from("n.toml"));
-        assert!(cli.node.linger);
-        assert!(NodeCli::try_parse_from(["my_node"]).is_err(), "--config is required");
+        let Ok(Invocation::Node(node)) = NodeCli::invocation(["my_node", "--config", "n.toml", "--linger"])
+        else {
+            panic!("a node's arguments");
+        };
+        assert_eq!(node.config, PathBuf::from("n.toml"));
+        assert!(node.linger);
+        assert!(NodeCli::invocation(["my_node"]).is_err(), "--config is required");
+        assert!(NodeCli::invocation(["my_node", "--linger"]).is_err(), "--config is required");
+    }
+
+    #[test]
+    fn up_takes_a_topology_and_needs_no_config() {
+        let Ok(Invocation::Up { topology, workdir }) = NodeCli::invocation(["my_node", "up", "t.toml"])
+        else {
+            panic!("up");
+        };
+        assert_eq!((topology, workdir), (PathBuf::from("t.toml"), None));
+        assert!(NodeCli::invocation(["my_node", "--config", "n.toml", "up", "t.toml"]).is_err());
     }
 }

@@ -27,6 +27,7 @@ use crate::config::{
     ActorConfig, DeviceConfig, FaultsSection, JobConfig, LinksSection, MembershipSection, MetricsSection,
     NodeConfig, PeerConfig, SupervisionSection, TransportSection,
 };
+use crate::kinds::Kinds;
 
 /// Largest topology file read.
 const MAX_TOPOLOGY_BYTES: u64 = 1 << 20;
@@ -203,22 +204,23 @@ pub fn prepare_with(
     workdir: &Path,
     roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
 ) -> Result<Vec<(String, PathBuf)>> {
-    prepare_at(topology, workdir, roles, None, None)
+    prepare_at(topology, workdir, &Kinds::builtin(), roles, None, None)
 }
 
-/// [`prepare_with`], with the nodes' listen addresses given (`--netns`: one per namespace)
-/// instead of free loopback ports; with `seed`, every node but the first lists no peers and
-/// joins through the seed (the first node's address by host name) instead.
+/// [`prepare_with`], with the configs checked and roles issued from `kinds`, the nodes' listen
+/// addresses given (`--netns`: one per namespace) instead of free loopback ports; with `seed`,
+/// every node but the first lists no peers and joins through the seed (the first node's address
+/// by host name) instead.
 pub fn prepare_at(
     topology: &Topology,
     workdir: &Path,
+    kinds: &Kinds,
     roles: impl Fn(&TopologyNode) -> Option<RoleSet>,
     addrs: Option<Vec<SocketAddr>>,
     seed: Option<HostPort>,
 ) -> Result<Vec<(String, PathBuf)>> {
     std::fs::create_dir_all(workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let keys = workdir.join("keys");
-    let kinds = crate::kinds::Kinds::builtin();
     let nodes: Vec<(&str, RoleSet)> = topology
         .nodes
         .iter()
@@ -240,7 +242,7 @@ pub fn prepare_at(
             cfg.peers.clear();
             cfg.join = Some(seed.clone());
         }
-        cfg.validate(&kinds).map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
+        cfg.validate(kinds).map_err(|(f, p)| anyhow::anyhow!("node {}: {f}: {p}", cfg.name))?;
         let path = workdir.join(format!("{}.toml", cfg.name));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -276,7 +278,7 @@ struct NodeOutput {
 /// nodes linger after their job and report its end. `troupe up` and `troupe chaos` both run
 /// their nodes through this.
 pub struct Cluster {
-    exe: PathBuf,
+    binary: NodeBinary,
     workdir: PathBuf,
     width: usize,
     configs: Vec<(String, PathBuf)>,
@@ -302,13 +304,15 @@ impl Cluster {
         configs: Vec<(String, PathBuf)>,
         lines: Option<NodeLines>,
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
-        Self::start_in(exe, topology, workdir, configs, lines, Vec::new())
+        let binary =
+            NodeBinary { exe: exe.to_path_buf(), node_command: vec!["node".into()], kinds: Kinds::builtin() };
+        Self::start_in(&binary, topology, workdir, configs, lines, Vec::new())
     }
 
-    /// [`Cluster::start`], each node named in `namespaces` (node, namespace) started inside
-    /// that network namespace (`ip netns exec NS troupe node ...`).
+    /// [`Cluster::start`] with the nodes started by `binary`, each node named in `namespaces`
+    /// (node, namespace) started inside that network namespace (`ip netns exec NS troupe node ...`).
     pub fn start_in(
-        exe: &Path,
+        binary: &NodeBinary,
         topology: &Topology,
         workdir: &Path,
         configs: Vec<(String, PathBuf)>,
@@ -317,7 +321,7 @@ impl Cluster {
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
         let (jobs, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut cluster = Self {
-            exe: exe.to_path_buf(),
+            binary: binary.clone(),
             workdir: workdir.to_path_buf(),
             width: configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4),
             job_nodes: topology.nodes.iter().filter(|n| n.job.is_some()).map(|n| n.name.clone()).collect(),
@@ -366,16 +370,16 @@ impl Cluster {
             // `ip netns exec` execs the node in place: the child's pid is the node's
             Some((_, ns)) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns.as_str()]).arg(&self.exe);
+                c.args(["netns", "exec", ns.as_str()]).arg(&self.binary.exe);
                 c
             }
-            None => Command::new(&self.exe),
+            None => Command::new(&self.binary.exe),
         };
         let quiet_console = std::env::var_os("RUST_LOG").is_none();
         if quiet_console {
             cmd.env("RUST_LOG", NODE_LOG_FILTER);
         }
-        cmd.arg("node").arg("--config").arg(config);
+        cmd.args(&self.binary.node_command).arg("--config").arg(config);
         let job = self.job_nodes.iter().any(|n| n == name);
         if job {
             cmd.arg("--linger");
@@ -552,6 +556,45 @@ pub async fn prepare_steps(exe: &Path, steps: &[PrepareStep]) -> Result<()> {
     Ok(())
 }
 
+/// The program `up` starts each node with, and the kinds its configs are checked against:
+/// `troupe node` with the built-in kinds, or a user's own node binary ([`crate::NodeMain`]) with
+/// theirs.
+#[derive(Clone, Debug)]
+pub struct NodeBinary {
+    /// The executable.
+    pub exe: PathBuf,
+    /// What comes before `--config FILE` on its command line (`["node"]` for `troupe`).
+    pub node_command: Vec<String>,
+    /// The actor and job kinds it runs: configs are checked and roles issued from these.
+    pub kinds: Kinds,
+}
+
+impl NodeBinary {
+    /// This `troupe` binary (`troupe node`, the built-in kinds).
+    pub fn troupe() -> Result<Self> {
+        Ok(Self {
+            exe: std::env::current_exe().context("locating the troupe binary")?,
+            node_command: vec!["node".into()],
+            kinds: Kinds::builtin(),
+        })
+    }
+
+    /// This process's own binary, a user's node binary that runs a node as `BINARY --config FILE`
+    /// and knows `kinds`.
+    pub fn this_program(kinds: Kinds) -> Result<Self> {
+        Ok(Self {
+            exe: std::env::current_exe().context("locating this program's binary")?,
+            node_command: Vec::new(),
+            kinds,
+        })
+    }
+
+    /// Whether this is `troupe` itself (which alone has the subcommands set-up steps run).
+    fn is_troupe(&self) -> bool {
+        self.node_command.first().is_some_and(|c| c == "node")
+    }
+}
+
 /// Where `troupe up` puts its nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -565,6 +608,16 @@ pub enum Placement {
 
 /// Runs `troupe up`.
 pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) -> Result<ExitCode> {
+    run_with(path, workdir, placement, &NodeBinary::troupe()?).await
+}
+
+/// Runs `up` with the nodes started by `binary` (a user's node binary's `up` subcommand).
+pub async fn run_with(
+    path: &Path,
+    workdir: Option<PathBuf>,
+    placement: Placement,
+    binary: &NodeBinary,
+) -> Result<ExitCode> {
     let topology = Topology::load(path)?;
     let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
     let plan = match placement {
@@ -584,8 +637,13 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) ->
     }
     // namespaces first: where they are not permitted, fail before writing anything
     let namespaces = plan.map(crate::netns::Namespaces::create).transpose()?;
-    let exe = std::env::current_exe().context("locating the troupe binary")?;
-    prepare_steps(&exe, &topology.prepare).await?;
+    if !topology.prepare.is_empty() && !binary.is_troupe() {
+        bail!(
+            "{}: prepare: set-up steps run `troupe` subcommands; run this topology with `troupe up`, or run its steps with troupe first and remove them",
+            path.display()
+        );
+    }
+    prepare_steps(&binary.exe, &topology.prepare).await?;
     let workdir = workdir.unwrap_or_else(|| PathBuf::from(".cache/up").join(&topology.name));
     let addrs = namespaces.as_ref().map(|n| n.plan.hosts.iter().map(crate::netns::NsHost::listen).collect());
     // namespaced nodes find each other as hosts do: by name, through one seed
@@ -593,7 +651,7 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) ->
         .as_ref()
         .and_then(|n| n.plan.hosts.first())
         .map(|h| HostPort::Name { host: h.hostname.clone(), port: crate::netns::NODE_PORT });
-    let configs = prepare_at(&topology, &workdir, |_| None, addrs, seed)?;
+    let configs = prepare_at(&topology, &workdir, &binary.kinds, |_| None, addrs, seed)?;
     let placed = match &namespaces {
         None => "on loopback".to_string(),
         Some(n) => format!(
@@ -614,7 +672,7 @@ pub async fn run(path: &Path, workdir: Option<PathBuf>, placement: Placement) ->
             in_ns.push((h.node.clone(), h.ns.clone()));
         }
     }
-    let (mut cluster, mut jobs_rx) = Cluster::start_in(&exe, &topology, &workdir, configs, None, in_ns)?;
+    let (mut cluster, mut jobs_rx) = Cluster::start_in(binary, &topology, &workdir, configs, None, in_ns)?;
     let code = supervise(&mut cluster, &mut jobs_rx).await;
     cluster.stop_all().await;
     println!("[up] all nodes stopped");
