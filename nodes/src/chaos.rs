@@ -6,10 +6,11 @@
 //!    (`coe: completed 50 of`, `pipeline: 10 of`): these are the milestones kills are keyed to,
 //!    so a kill lands while the work it disturbs is under way however fast the machine is.
 //! 2. [`troupe_policy::chaos::schedule`] draws the faults from the seed (pure: the same seed and
-//!    topology give the same schedule): SIGKILLs of nodes that run no job and whose actors all
-//!    recover from a restart (pipeline workers and cameras), each restarted after a drawn delay
-//!    within the membership timeout, and fault-switch panics of the job nodes' schedulers at a
-//!    drawn hit, written into their configs' `[faults]`.
+//!    topology give the same schedule): SIGKILLs of nodes whose actors and job all recover from a
+//!    restart (pipeline workers, cameras, executors, and the job nodes of the journaled jobs: the
+//!    coe scheduler and the pipeline foreman resume from their journals), each restarted after a
+//!    drawn delay within the membership timeout, and fault-switch panics of the job nodes'
+//!    schedulers at a drawn hit, written into their configs' `[faults]`.
 //! 3. The chaos run (`WORKDIR/chaos`) performs the kills and restarts as the milestones appear.
 //! 4. The report lists each fault with the lines that show its recovery, and compares outputs.
 //!
@@ -29,17 +30,26 @@ use troupe_policy::chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, schedule};
 use crate::config::{FaultSiteConfig, FaultsSection};
 use crate::up::{Cluster, JobTracker, Topology, prepare, prepare_steps};
 
-/// Actor kinds whose nodes the chaos plan never kills: the edge journals what it accepted and
-/// a `kill -9` of its node is recovered (`tests/tests/coadapt.rs`), but the plan's milestones
-/// and kill timing are not worked out for it (it is a job's scheduler besides). A restarted
-/// camera is safe: it streams again from its first frame, and the edge answers its repeated
-/// uploads with the adaptation of that drift phase already made or under way, and its report
-/// replaces the old incarnation's (`troupe_policy::adapt::replay`).
-const RESTART_UNSAFE: &[&str] = &["coadapt-edge"];
+// Every built-in actor kind recovers from a kill. The edge journals what it accepted and answered
+// (the chaos run gives it a journal of its own), and a restarted edge resumes from it; a
+// restarted camera streams again from its first frame, and the edge answers its repeated uploads
+// with the adaptation of that drift phase already made or under way, and its report replaces the
+// old incarnation's (`troupe_policy::adapt::replay`). What decides whether a node may be killed is
+// its job.
 
-/// Which progress lines disturb an actor kind's work: killing a node with this actor when a
-/// job prints a line starting with the prefix lands mid-work.
-const MILESTONES: &[(&str, &str)] = &[("pipeline-worker", "pipeline: "), ("coe-executor", "coe: completed ")];
+/// Job kinds whose node may be killed mid-job: what they accepted and answered is journaled (the
+/// chaos run gives each a journal of its own), and a restarted node resumes the job from it.
+const JOURNALED_JOBS: &[&str] = &["coe", "pipeline", "coadapt"];
+
+/// Which progress lines disturb an actor kind's or a job kind's work: killing a node with this
+/// actor or job when a job prints a line starting with the prefix lands mid-work.
+const MILESTONES: &[(&str, &str)] = &[
+    ("pipeline-worker", "pipeline: "),
+    ("coe-executor", "coe: completed "),
+    ("pipeline", "pipeline: "),
+    ("coe", "coe: completed "),
+    ("coadapt-edge", "upload accepted camera="),
+];
 
 /// The fault-switch sites of a node, with the hit range a fault-free run of the example
 /// topologies surely reaches: (job kind or actor kind, site, first hit, last hit). Measured on
@@ -179,18 +189,22 @@ fn spec_for(topology: &Topology, lines: &[Line], seed: u64, faults: usize) -> Ch
         .nodes
         .iter()
         .map(|n| {
-            let kinds: Vec<&str> = n.actors.iter().map(|a| a.kind.as_str()).collect();
+            let job = n.job.as_ref().map(|j| j.kind.as_str());
+            let mut kinds: Vec<&str> = n.actors.iter().map(|a| a.kind.as_str()).collect();
+            kinds.extend(job);
             let prefixes: Vec<&str> =
                 MILESTONES.iter().filter(|(k, _)| kinds.contains(k)).map(|(_, p)| *p).collect();
             ChaosNode {
                 name: n.name.clone(),
-                runs_job: n.job.is_some(),
-                restart_safe: !kinds.iter().any(|k| RESTART_UNSAFE.contains(k)),
-                milestones: seen
-                    .iter()
-                    .filter(|m| prefixes.iter().any(|p| m.starts_with(p)))
-                    .cloned()
-                    .collect(),
+                restart_safe: job.is_none_or(|j| JOURNALED_JOBS.contains(&j)),
+                milestones: {
+                    let mut m: Vec<String> =
+                        seen.iter().filter(|m| prefixes.iter().any(|p| m.starts_with(p))).cloned().collect();
+                    // one order whatever order the fault-free run printed them in (cameras
+                    // upload in any order), so a seed draws the same milestone on every machine
+                    m.sort_by_key(|m| milestone_order(m));
+                    m
+                },
             }
         })
         .collect();
@@ -219,10 +233,25 @@ fn spec_for(topology: &Topology, lines: &[Line], seed: u64, faults: usize) -> Ch
     }
 }
 
-/// The milestone a progress line marks (`coe: completed 50 of`, `pipeline: 10 of`), if any.
+/// A milestone's place in a node's list: by prefix, then by count (`coe: completed 25 of` before
+/// `... 100 of`), then by name.
+fn milestone_order(m: &str) -> (String, u64, String) {
+    let digits = m.find(|c: char| c.is_ascii_digit()).unwrap_or(m.len());
+    let count: String = m[digits..].chars().take_while(char::is_ascii_digit).collect();
+    (m[..digits].to_owned(), count.parse().unwrap_or(0), m.to_owned())
+}
+
+/// The milestone a progress line marks (`coe: completed 50 of`, `pipeline: 10 of`, `upload
+/// accepted camera=phone-1`), if any.
 fn milestone_of(line: &str) -> Option<String> {
+    let line = message(line);
     let (_, p) = MILESTONES.iter().find(|(_, p)| line.starts_with(p))?;
     let rest = &line[p.len()..];
+    if p.ends_with('=') {
+        // a named event (the value after `=`): every one is a milestone
+        let value = rest.split_whitespace().next()?;
+        return Some(format!("{p}{value}"));
+    }
     let (k, rest) = rest.split_once(" of ")?;
     let total: String = rest.chars().take_while(char::is_ascii_digit).collect();
     (k.parse::<u64>().is_ok() && k != total).then(|| format!("{p}{k} of"))
@@ -243,6 +272,11 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
             let _ = std::fs::remove_file(&journal);
             job.params.insert("out".into(), toml::Value::String(out.display().to_string()));
             job.params.insert("journal".into(), toml::Value::String(journal.display().to_string()));
+        }
+        for a in n.actors.iter_mut().filter(|a| a.kind == "coadapt-edge") {
+            let journal = dir.join(format!("{}-edge.journal", n.name));
+            let _ = std::fs::remove_file(&journal);
+            a.params.insert("journal".into(), toml::Value::String(journal.display().to_string()));
         }
         let panics: Vec<FaultSiteConfig> = plan
             .iter()
@@ -289,7 +323,7 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
                     if let Fault::Kill { milestone, .. } = f
                         && !kills.contains_key(&i)
                         && !due.contains(&i)
-                        && text.starts_with(milestone.as_str())
+                        && message(&text).starts_with(milestone.as_str())
                     {
                         due.push(i);
                         seen_at.insert(i, t0.elapsed());
@@ -343,7 +377,9 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
             down.insert(node.clone(), (f, Instant::now() + Duration::from_micros(restart_after.0)));
             due.remove(i);
         }
-        if let Some(code) = tracker.check(&mut cluster.children) {
+        // a job node killed by the plan is not a failed job: it comes back and resumes
+        let killed: Vec<&str> = down.keys().map(String::as_str).collect();
+        if let Some(code) = tracker.check_except(&mut cluster.children, &killed) {
             break code;
         }
     };
@@ -389,17 +425,25 @@ fn recovery(i: usize, f: &Fault, run: &RunResult) -> (String, bool) {
             let lost = after.iter().find(|l| is_loss(&l.text, node));
             let rejoined =
                 after.iter().find(|l| l.text.contains(node.as_str()) && l.text.contains("rejoined"));
+            // a job node: its job resumed from the journal
+            let resumed = run
+                .lines
+                .iter()
+                .find(|l| l.at >= killed && l.node == *node && l.text.contains(": resuming from journal "));
             match lost {
                 Some(l) => s.push_str(&format!(
                     "; {}: {} declared it lost and re-planned its work",
                     secs(l.at),
                     l.node
                 )),
+                // the job that would notice runs on it
+                None if resumed.is_some() => {}
                 None => s.push_str("; no job noticed the loss"),
             }
-            match rejoined {
-                Some(l) => s.push_str(&format!("; {}: {}", secs(l.at), message(&l.text))),
-                None => s.push_str("; the jobs finished without it rejoining"),
+            match (rejoined, resumed) {
+                (_, Some(l)) => s.push_str(&format!("; {}: {}", secs(l.at), message(&l.text))),
+                (Some(l), None) => s.push_str(&format!("; {}: {}", secs(l.at), message(&l.text))),
+                (None, None) => s.push_str("; the jobs finished without it rejoining"),
             }
             // the pipeline job's worker line: tasks it ran after it was put back in service
             let worker = run.lines.iter().rev().find_map(|l| {
@@ -520,13 +564,27 @@ fn compare(
             let same_cams = names(&a) == names(&b);
             let same_drift = a.iter().zip(&b).all(|(x, y)| x.1 == y.1);
             let same_numbers = a.iter().zip(&b).all(|(x, y)| x.2 == y.2);
-            // the edge's own count: a restarted camera's repeated upload is not adapted again
+            // the edge's own count: a restarted camera's repeated upload is not adapted again; a
+            // restarted edge counts its own tasks, and those answered before the kill come back
+            // from its journal (`coadapt: resuming from journal ...: N adaptations answered`)
             let tasks = |r: &RunResult| -> Option<u64> {
-                r.lines.iter().filter(|l| l.node == node).find_map(|l| {
+                let done: u64 = r.lines.iter().filter(|l| l.node == node).find_map(|l| {
                     let rest = l.text.strip_prefix("coadapt: scheduler ")?;
                     let (_, n) = rest.split_once(" tasks_done ")?;
                     n.split_whitespace().next()?.parse().ok()
-                })
+                })?;
+                let resumed: u64 = r
+                    .lines
+                    .iter()
+                    .rev()
+                    .filter(|l| l.node == node)
+                    .find_map(|l| {
+                        let (_, rest) = l.text.split_once("coadapt: resuming from journal ")?;
+                        let (_, rest) = rest.split_once(" uploads pending, ")?;
+                        rest.split_whitespace().next()?.parse::<u64>().ok()
+                    })
+                    .unwrap_or(0);
+                Some(done + resumed)
             };
             let (ta, tb) = (tasks(free), tasks(chaos));
             let same_tasks = ta.is_some() && ta == tb;
@@ -592,6 +650,17 @@ mod tests {
         assert_eq!(milestone_of("coe: completed 300 of 300"), None);
         assert_eq!(milestone_of("coe: resuming from journal x"), None);
         assert_eq!(milestone_of("pipeline: results written to x"), None);
+    }
+
+    #[test]
+    fn milestones_have_one_order_and_name_camera_uploads() {
+        let mut m = vec!["coe: completed 100 of", "coe: completed 25 of", "upload accepted camera=phone-2"];
+        m.sort_by_key(|m| milestone_order(m));
+        assert_eq!(m, ["coe: completed 25 of", "coe: completed 100 of", "upload accepted camera=phone-2"]);
+        let line = "2026-12-06T11:41:20.631926Z  INFO upload accepted camera=phone-1 adaptation=0 key=0";
+        assert_eq!(milestone_of(line).as_deref(), Some("upload accepted camera=phone-1"));
+        assert_eq!(milestone_of("coe: completed 50 of 300").as_deref(), Some("coe: completed 50 of"));
+        assert_eq!(milestone_of("coe: completed 300 of 300"), None, "the last is no milestone");
     }
 
     #[test]

@@ -725,8 +725,22 @@ impl JobTracker {
     /// counts as a failed job. Returns the run's exit code once every job ended (success only
     /// if every job succeeded) or every node exited.
     pub fn check(&mut self, children: &mut [(String, Child)]) -> Option<ExitCode> {
+        self.check_except(children, &[])
+    }
+
+    /// [`JobTracker::check`], with the nodes in `restarting` (killed on purpose, to be started
+    /// again) not counted as exited.
+    pub fn check_except(
+        &mut self,
+        children: &mut [(String, Child)],
+        restarting: &[&str],
+    ) -> Option<ExitCode> {
         let mut running = 0;
         for (name, child) in children.iter_mut() {
+            if restarting.contains(&name.as_str()) {
+                running += 1;
+                continue;
+            }
             match child.try_wait() {
                 Ok(None) => running += 1,
                 Ok(Some(status))

@@ -1,11 +1,12 @@
 //! `troupe chaos`: the campus topology (coe, pipeline and coadapt at once) run fault-free and then
-//! under a short seeded schedule of kills (SIGKILL and restart of a non-job node) and
-//! fault-switch panics of schedulers. The command exits 0, every job succeeds once, every
-//! workload's outputs equal the fault-free run's, and the report lists each fault with how it
-//! was recovered. Seed 7 kills a phone that carries a camera as well as a pipeline worker: the
-//! restarted camera streams again from its first frame, and every drift phase is still adapted
-//! once (the edge's task count equals the fault-free run's). The same seed gives the same
-//! schedule.
+//! under a short seeded schedule of kills (SIGKILL and restart of any node) and fault-switch
+//! panics of schedulers. The command exits 0, every job succeeds once, every workload's outputs
+//! equal the fault-free run's, and the report lists each fault with how it was recovered. Seed 4
+//! kills the edge node (the coadapt job's node, with the coadapt edge and the coe "GPU" executor)
+//! mid-adaptation: it resumes from its journal. It also kills a phone that carries a camera as
+//! well as a pipeline worker: the restarted camera streams again from its first frame, and every
+//! drift phase is still adapted once (the edge's task count, with the tasks its journal answered
+//! before the kill, equals the fault-free run's). The same seed gives the same schedule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,7 +35,7 @@ fn schedule(log: &str) -> Vec<&str> {
 fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_free_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let (ok, log) = chaos(root, tmp.path(), "7");
+    let (ok, log) = chaos(root, tmp.path(), "4");
     assert!(ok, "troupe chaos failed:\n{log}");
     let report = std::fs::read_to_string(tmp.path().join("report.txt")).unwrap();
     assert!(log.contains(&report), "the report is printed too");
@@ -49,17 +50,25 @@ fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_fre
             // a worker killed between tasks may not be missed before the jobs end (they then
             // finish without it); either way it was killed and started again, and the outputs
             // are compared below
-            let seen = f.contains("declared it lost") || f.contains("no job noticed the loss");
+            let seen = f.contains("declared it lost")
+                || f.contains("no job noticed the loss")
+                || f.contains(": resuming from journal ");
             assert!(seen && f.contains("restarted at"), "{f}\n{log}");
         } else {
             assert!(f.contains("the supervisor restarted it"), "{f}\n{log}");
         }
     }
-    // a phone carrying a camera is killed and restarted (seed 7 draws phone-1)
+    // a job node is killed and its job resumes from its journal (seed 4 draws the edge)
+    let job_kill = faults
+        .iter()
+        .find(|f| f.contains("kill -9 edge-gpu "))
+        .unwrap_or_else(|| panic!("seed 4 kills no job node:\n{report}"));
+    assert!(job_kill.contains("coadapt: resuming from journal"), "{job_kill}\n{log}");
+    // a phone carrying a camera is killed and restarted (seed 4 draws phone-1)
     let camera_kill = faults
         .iter()
         .find(|f| ["phone-1", "phone-2", "phone-3"].iter().any(|c| f.contains(&format!("kill -9 {c} "))))
-        .unwrap_or_else(|| panic!("seed 7 kills no camera-carrying phone:\n{report}"));
+        .unwrap_or_else(|| panic!("seed 4 kills no camera-carrying phone:\n{report}"));
     assert!(camera_kill.contains("restarted at"), "{camera_kill}\n{log}");
     // a worker put back in service says how many tasks it ran since
     for f in faults.iter().filter(|f| f.contains(" rejoined (pid ")) {
@@ -89,6 +98,6 @@ fn the_campus_survives_a_seeded_chaos_schedule_with_outputs_equal_to_a_fault_fre
 
     // the same seed, the same schedule (the fault-free run alone decides the milestones)
     let tmp2 = tempfile::tempdir().unwrap();
-    let (_, again) = chaos(root, tmp2.path(), "7");
+    let (_, again) = chaos(root, tmp2.path(), "4");
     assert_eq!(schedule(&again), schedule(&log));
 }

@@ -12,8 +12,10 @@
 //! short: a second kill of a node just back would rarely land while they still run), and
 //! started again after a drawn delay.
 //!
-//! Nodes that run a job (the schedulers and foremen whose end is the run's end) are never
-//! killed, nor nodes whose actors do not recover from a restart (`restart_safe == false`).
+//! Nodes that run a job (the schedulers and foremen whose end is the run's end) are killed like
+//! any other: their jobs are journaled, and a restarted job node resumes its job from the journal.
+//! Nodes whose actors or job do not recover from a restart (`restart_safe == false`) are never
+//! killed.
 
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -26,9 +28,7 @@ use crate::time::Micros;
 pub struct ChaosNode {
     /// Node name.
     pub name: String,
-    /// Whether it runs a job (such nodes are never killed).
-    pub runs_job: bool,
-    /// Whether every actor on it recovers from a kill and a restart (others are never killed).
+    /// Whether every actor on it, and its job if it runs one, recovers from a kill and a restart (others are never killed).
     pub restart_safe: bool,
     /// The milestones (progress-line prefixes) at which killing it disturbs work under way,
     /// in the order the jobs reach them.
@@ -140,7 +140,7 @@ pub fn schedule(spec: &ChaosSpec) -> Result<Vec<Fault>, ScheduleError> {
         .nodes
         .iter()
         .enumerate()
-        .filter(|(_, n)| !n.runs_job && n.restart_safe && !n.milestones.is_empty())
+        .filter(|(_, n)| n.restart_safe && !n.milestones.is_empty())
         .map(|(i, _)| (i, 0))
         .collect();
     let mut panics: Vec<usize> = (0..spec.sites.len()).collect();
@@ -194,10 +194,9 @@ pub fn schedule(spec: &ChaosSpec) -> Result<Vec<Fault>, ScheduleError> {
 mod tests {
     use super::*;
 
-    fn node(name: &str, runs_job: bool, restart_safe: bool, milestones: &[&str]) -> ChaosNode {
+    fn node(name: &str, restart_safe: bool, milestones: &[&str]) -> ChaosNode {
         ChaosNode {
             name: name.into(),
-            runs_job,
             restart_safe,
             milestones: milestones.iter().map(|m| (*m).to_string()).collect(),
         }
@@ -208,12 +207,12 @@ mod tests {
             seed,
             faults,
             nodes: vec![
-                node("gateway", true, true, &["coe: completed 25 of", "coe: completed 50 of"]),
-                node("camera", false, false, &["pipeline: 10 of"]),
-                node("worker-1", false, true, &["pipeline: 10 of", "pipeline: 20 of", "pipeline: 30 of"]),
-                node("worker-2", false, true, &["pipeline: 10 of", "pipeline: 20 of", "pipeline: 30 of"]),
-                node("executor", false, true, &["coe: completed 25 of", "coe: completed 50 of"]),
-                node("idle", false, true, &[]),
+                node("gateway", true, &["coe: completed 25 of", "coe: completed 50 of"]),
+                node("camera", false, &["pipeline: 10 of"]),
+                node("worker-1", true, &["pipeline: 10 of", "pipeline: 20 of", "pipeline: 30 of"]),
+                node("worker-2", true, &["pipeline: 10 of", "pipeline: 20 of", "pipeline: 30 of"]),
+                node("executor", true, &["coe: completed 25 of", "coe: completed 50 of"]),
+                node("idle", true, &[]),
             ],
             sites: vec![
                 ChaosSite {
@@ -250,27 +249,30 @@ mod tests {
 
     #[test]
     fn exactly_n_faults_kills_and_panics_alternating() {
-        // three killable nodes with milestones, two sites
-        let want = [(0, 0), (1, 0), (1, 1), (2, 1), (2, 2), (3, 2)];
+        // four killable nodes with milestones (the job node among them), two sites
+        let want = [(0, 0), (1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (4, 2)];
         for (n, (kills, panics)) in want.iter().enumerate() {
             let s = schedule(&spec(9, n)).unwrap();
             assert_eq!(s.len(), n);
             let k = s.iter().filter(|f| matches!(f, Fault::Kill { .. })).count();
             assert_eq!((k, n - k), (*kills, *panics), "n = {n}: {s:?}");
         }
-        let e = schedule(&spec(9, 6)).unwrap_err();
-        assert_eq!(e, ScheduleError::TooManyFaults { asked: 6, room: 5, kills: 3, panics: 2 });
+        let e = schedule(&spec(9, 7)).unwrap_err();
+        assert_eq!(e, ScheduleError::TooManyFaults { asked: 7, room: 6, kills: 4, panics: 2 });
     }
 
     #[test]
-    fn never_kills_job_nodes_or_nodes_that_do_not_recover() {
+    fn kills_job_nodes_too_but_never_nodes_that_do_not_recover() {
+        let mut job_node_killed = false;
         for seed in 0..100 {
             for f in schedule(&spec(seed, 5)).unwrap() {
                 if let Fault::Kill { node, .. } = f {
-                    assert!(node != "gateway" && node != "camera", "seed {seed} kills {node}");
+                    assert!(node != "camera" && node != "idle", "seed {seed} kills {node}");
+                    job_node_killed |= node == "gateway";
                 }
             }
         }
+        assert!(job_node_killed, "no seed kills the job node");
     }
 
     #[test]

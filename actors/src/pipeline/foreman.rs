@@ -409,6 +409,12 @@ enum EventKind {
         task: TaskId,
         result: Result<TaskRan, String>,
     },
+    /// The task could not read its inputs: neither the worker nor the foreman could fetch them
+    /// from the worker that made them (it restarted and lost them, or cannot be reached).
+    InputsLost {
+        task: TaskId,
+        detail: String,
+    },
     /// A join through the worker's link as an incarnation starts (its answer went to `recover`).
     Joined,
     Telemetry(TelemetrySample),
@@ -568,7 +574,8 @@ async fn run_task(
                 relayed = bytes;
                 ask(h, req, ctx.timeout).await?
             }
-            Err(e) => Err(e),
+            // the holder no longer has them (or cannot be reached): they are made again
+            Err(detail) => return Ok(EventKind::InputsLost { task, detail }),
         };
     }
     let call_s = called.elapsed().as_secs_f64();
@@ -1135,6 +1142,18 @@ impl Shell {
                     self.policy.handle_task_done(now, w, task, false);
                 }
             },
+            EventKind::InputsLost { task, detail } => {
+                self.log(format!(
+                    "{task} on {} could not read its inputs ({detail}); making them again",
+                    self.node_of(w)
+                ));
+                if let Some(held) = self.outputs.get_mut(task.input)
+                    && let Some(h) = task.stage.checked_sub(1).and_then(|k| held.get_mut(k))
+                {
+                    *h = None;
+                }
+                self.policy.handle_inputs_lost(now, w, task);
+            }
             EventKind::Rejoined { .. } | EventKind::RejoinFailed => {} // handled above
             EventKind::Telemetry(t) if t.pid != 0 && t.pid != self.workers[ev.worker].summary.pid => {
                 // a new incarnation answered: the node was restarted before membership declared

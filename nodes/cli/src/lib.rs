@@ -46,9 +46,10 @@ pub enum Command {
         #[arg(long)]
         netns_clean: bool,
     },
-    /// Runs a local topology fault-free, then again while killing (SIGKILL) and restarting its
-    /// non-job nodes and panicking its schedulers on a seeded schedule; reports each fault, how
-    /// it was recovered, and whether every workload's outputs equal the fault-free run's.
+    /// Runs a local topology fault-free, then again while killing (SIGKILL) and restarting any of
+    /// its nodes (job nodes resume their jobs from their journals) and panicking its schedulers
+    /// on a seeded schedule; reports each fault, how it was recovered, and whether every
+    /// workload's outputs equal the fault-free run's.
     Chaos {
         /// The topology file (e.g. examples/campus.toml).
         topology: PathBuf,

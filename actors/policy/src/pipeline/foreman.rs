@@ -682,6 +682,41 @@ impl Foreman {
         self.dispatch();
     }
 
+    /// `task` could not read its inputs on worker `id`: the worker that made them no longer has
+    /// them (it restarted) and not even the foreman can fetch them. The producing task runs
+    /// again and `task` waits for it; the worker is not blamed. The attempt still counts against
+    /// `task`, so inputs lost again and again end the job as failures do.
+    pub fn handle_inputs_lost(&mut self, now: Micros, id: WorkerId, task: TaskId) {
+        if task.stage == 0 {
+            // the first stage's inputs come from the foreman: nothing to make again
+            self.handle_task_done(now, id, task, false);
+            return;
+        }
+        self.now = self.now.max(now);
+        let Some(job) = self.job.as_mut() else { return };
+        let Some(w) = self.workers.get_mut(&id).filter(|w| w.running == Some(task)) else {
+            let reason =
+                if self.lost.contains(&id) { IgnoreReason::WorkerLost } else { IgnoreReason::NotAssigned };
+            self.ignore(task, id, reason);
+            return;
+        };
+        w.running = None;
+        let Some(i) = job.index(task) else { return };
+        job.attempts[i] = job.attempts[i].saturating_add(1);
+        if job.attempts[i] >= self.config.max_attempts {
+            job.set(task, TaskState::Waiting);
+            if !job.finished {
+                job.finished = true;
+                self.actions.push_back(Action::JobFailed { task });
+            }
+            return;
+        }
+        job.set(task, TaskState::Waiting);
+        // the producer's outputs are gone: it runs again (and `task` becomes ready after it)
+        self.handle_outputs_lost(now, TaskId::new(task.input, task.stage - 1));
+        self.dispatch();
+    }
+
     /// A worker is gone: its tasks are re-planned onto survivors and logged.
     pub fn handle_worker_lost(&mut self, now: Micros, id: WorkerId) {
         self.now = self.now.max(now);

@@ -674,6 +674,48 @@ fn lost_outputs_are_made_again_and_the_consumer_waits_for_them() {
     assert_eq!(f.tasks_done(), 2);
 }
 
+/// A consumer that cannot read its inputs (the producing worker restarted and lost them) makes
+/// the producer run again and waits for it, without blaming the worker that could not read them:
+/// the job completes even when this happens as often as a task may fail.
+#[test]
+fn inputs_lost_are_made_again_without_failing_the_job() {
+    let config = ForemanConfig::default();
+    let mut f = Foreman::new(config);
+    let now = Micros::ZERO;
+    for id in [1, 2] {
+        f.handle_worker_joined(now, WorkerId(id), WorkerReport::default()).unwrap();
+        f.handle_telemetry(
+            now,
+            WorkerId(id),
+            Telemetry { ram_budget_bytes: 1 << 30, ..Telemetry::default() },
+        );
+    }
+    let chain = synthetic_chain(&[1000, 1000]).unwrap();
+    f.submit_job(now, Job { chain, inputs: 1, mode: Mode::Streaming }).unwrap();
+    let (s0, s1) = (TaskId::new(0, 0), TaskId::new(0, 1));
+    let mut a = settle(&mut f);
+    for _ in 0..config.max_attempts.saturating_sub(1) {
+        let &(_, w0) = a.iter().find(|(t, _)| *t == s0).expect("s0 assigned");
+        f.handle_task_done(now, w0, s0, true);
+        a = settle(&mut f);
+        let &(_, w1) = a.iter().find(|(t, _)| *t == s1).expect("s1 assigned once s0 is done");
+        f.handle_inputs_lost(now, w1, s1);
+        assert_eq!(f.tasks_done(), 0, "s0's outputs are gone: it is not done any more");
+        a = settle(&mut f);
+        assert!(a.iter().all(|(t, _)| *t != s1), "s1 assigned before its inputs exist: {a:?}");
+        let rest: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+        assert!(!rest.iter().any(|r| matches!(r, Action::JobFailed { .. })), "{rest:?}");
+    }
+    let &(_, w0) = a.iter().find(|(t, _)| *t == s0).expect("s0 assigned again");
+    f.handle_task_done(now, w0, s0, true);
+    a = settle(&mut f);
+    let &(_, w1) = a.iter().find(|(t, _)| *t == s1).expect("s1 assigned once s0 is done again");
+    f.handle_task_done(now, w1, s1, true);
+    let rest: Vec<Action> = std::iter::from_fn(|| f.poll_action()).collect();
+    assert!(rest.contains(&Action::JobDone), "{rest:?}");
+    assert_eq!(f.tasks_done(), 2);
+}
+
 // ---------- simulator ----------
 
 /// Stage sizes of a MiniLM-like 3-way cut (encoder front, encoder back, classifier head).
