@@ -49,7 +49,7 @@ pub struct CameraAccuracy {
 }
 
 /// A camera's drifted frames: `uploads` labelled by the teacher, then `eval` with true labels.
-fn camera(
+pub fn camera(
     train: &Dataset,
     teacher: &VMoe,
     weather: &str,

@@ -19,6 +19,7 @@ pub mod accuracy;
 pub mod real;
 pub mod sim;
 pub mod svg;
+pub mod transfer;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -186,6 +187,7 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
     };
     let acc = accuracy::run(&real_student, &teacher, &train, &WEATHER, &acc_cfg)?;
     accuracy::report(name, &acc_cfg, &acc, &mut fig);
+    transfer::run(&real_student, &teacher, &train, &WEATHER, &acc_cfg, &mut fig)?;
     let measured = measured(&sc, name, &real_student, &teacher, &train, &mut fig)?;
     let sims = sim::simulated(k_max, &mut fig);
     order_agreement(&sc.ks, &measured, &sims, &mut fig);
