@@ -19,7 +19,7 @@ pub struct DriftSignature {
 impl DriftSignature {
     /// The signature of `images` (`pixels` values each, in `0..=1`); zeros when there are none.
     pub fn of(images: &[f32], pixels: usize) -> Self {
-        let n = if pixels == 0 { 0 } else { images.len() / pixels };
+        let n = images.len().checked_div(pixels).unwrap_or(0);
         if n == 0 {
             return Self { mean: 0.0, contrast: 0.0 };
         }
