@@ -268,7 +268,8 @@ impl Run<'_> {
         tracing::info!(
             camera = %r.camera, adaptation = r.adaptation, drift_frame = r.drift_frame, installed_frame = r.installed_frame,
             exact_before = r.exact_before, exact_after = r.exact_after, accuracy_before = r.accuracy_before,
-            accuracy_after = r.accuracy_after, epochs = reply.epochs, "update installed"
+            accuracy_after = r.accuracy_after, teacher_accuracy = exact_match(&teacher, &eval.labels),
+            epochs = reply.epochs, "update installed"
         );
         Ok(())
     }

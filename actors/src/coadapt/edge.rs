@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::oneshot;
+use troupe_kernels::vmoe::pool::{monotonic_us, time_weighted_fragmentation};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{FragSample, VMoe};
 use troupe_policy::Micros;
@@ -707,11 +708,10 @@ impl Live {
             None => (0, 0, &[]),
         };
         let max_fragmentation = frag.iter().map(|s| s.external_fragmentation).fold(0.0, f64::max);
-        let mean_fragmentation = if frag.is_empty() {
-            0.0
-        } else {
-            frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len() as f64
-        };
+        // Over time (each state for as long as it lasted), the per-event mean when no time passed.
+        let mean_fragmentation = time_weighted_fragmentation(frag, monotonic_us()).unwrap_or_else(|| {
+            frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len().max(1) as f64
+        });
         let every = (frag.len() / 12).max(1);
         let timeline =
             frag.iter().step_by(every).map(|s| (s.event, s.used, s.external_fragmentation)).collect();

@@ -444,6 +444,11 @@ impl EdgeEngine {
         &self.pool
     }
 
+    /// The clock that stamps the pool's fragmentation samples ([`CoAdaptPool::set_clock`]).
+    pub fn set_pool_clock(&mut self, clock: fn() -> u64) {
+        self.pool.set_clock(clock);
+    }
+
     /// Whether tasks are live or finished ones wait to be collected.
     pub fn busy(&self) -> bool {
         !self.tasks.is_empty() || !self.finished.is_empty()

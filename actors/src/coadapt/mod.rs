@@ -36,18 +36,26 @@ pub fn digits() -> Result<(Dataset, Dataset), VMoeError> {
     digits_split()
 }
 
-/// A student of size `size` (`tiny`, `small`, `base`, `large`) trained on clean digits, from the
-/// model cache (trained by the fast recipe and cached on first use).
+/// The student in the paper's shape ([`VMoeConfig::sprite`]: frozen parts about 60% of its
+/// weights), the one the bench adapts.
+pub const PAPER_STUDENT: &str = "sprite";
+
+/// A student of size `size` (`tiny`, `small`, `base`, `large`, [`PAPER_STUDENT`]) trained on clean
+/// digits, from the model cache (trained on first use by the fast recipe, the paper-shaped student
+/// by [`Recipe::wide`], and cached).
 pub fn zoo_student(size: &str, train: &Dataset) -> Result<VMoe, VMoeError> {
     let config = student_config(size)?;
+    let recipe = if size == PAPER_STUDENT { Recipe::wide(MODEL_SEED) } else { Recipe::fast(MODEL_SEED) };
     let zoo = ModelZoo::in_cache()?;
-    Ok(zoo.get_or_train(size, config, &Recipe::fast(MODEL_SEED), "digits", train)?.0)
+    Ok(zoo.get_or_train(size, config, &recipe, "digits", train)?.0)
 }
 
 /// The config of student `size`, refusing the teacher and unknown names.
 pub fn student_config(size: &str) -> Result<VMoeConfig, VMoeError> {
-    if !VMoeConfig::STUDENT_SIZES.contains(&size) {
-        return Err(VMoeError::Config(format!("unknown student size {size:?} (tiny, small, base, large)")));
+    if !VMoeConfig::STUDENT_SIZES.contains(&size) && size != PAPER_STUDENT {
+        return Err(VMoeError::Config(format!(
+            "unknown student size {size:?} (tiny, small, base, large, {PAPER_STUDENT})"
+        )));
     }
     VMoeConfig::named(size).ok_or_else(|| VMoeError::Config(format!("unknown student size {size:?}")))
 }

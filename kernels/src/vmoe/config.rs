@@ -85,6 +85,32 @@ impl VMoeConfig {
         Self { blocks: 3, proj: 64, ..Self::base() }
     }
 
+    /// The paper's shape (AdaSprite §2.2, "sprite"): the frozen parts every co-adapted copy shares
+    /// (embeddings, attention, norms, routers) are about 60% of its weights and the experts are
+    /// small, 16 tokens per image (4x4 patches) so that one step of 16 images needs under a third
+    /// of a pool that holds eight tasks' state. Not one of [`Self::STUDENT_SIZES`]: the bench and
+    /// the campus adapt it; the test suites keep to the cheaper sizes.
+    pub fn sprite() -> Self {
+        Self {
+            patch: 4,
+            dim: 192,
+            heads: 4,
+            blocks: 2,
+            experts: 8,
+            top_k: 1,
+            hidden: 32,
+            proj: 64,
+            classes: 10,
+            capacity_factor: 1.25,
+        }
+    }
+
+    /// Share of the weights that are frozen in adaptation and merged across co-adapted copies
+    /// ([`Self::shared_params`] over [`Self::param_count`]).
+    pub fn frozen_share(&self) -> f64 {
+        self.shared_params() as f64 / self.param_count().max(1) as f64
+    }
+
     /// The reference model that labels uploaded samples: larger than every student (width 32,
     /// 2 blocks of 16 experts; top-1 and 2 blocks keep its training, on 3x the students' data,
     /// affordable in test builds).
@@ -103,13 +129,14 @@ impl VMoeConfig {
         }
     }
 
-    /// The config called `name` (`tiny`, `small`, `base`, `large`, `teacher`).
+    /// The config called `name` (`tiny`, `small`, `base`, `large`, `sprite`, `teacher`).
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "tiny" => Some(Self::tiny()),
             "small" => Some(Self::small()),
             "base" => Some(Self::base()),
             "large" => Some(Self::large()),
+            "sprite" => Some(Self::sprite()),
             "teacher" => Some(Self::teacher()),
             _ => None,
         }
@@ -214,6 +241,20 @@ mod tests {
         assert!(
             VMoeConfig::STUDENT_SIZES.iter().all(|n| VMoeConfig::named(n).unwrap().tokens_per_image() >= 64)
         );
+    }
+
+    #[test]
+    fn the_paper_shape_is_mostly_frozen() {
+        // sprite by hand: embed 16*192 + 192 + 16*192 = 6336; per block attention 2*192 +
+        // 4*192^2 = 147840, norm 384, router 192*8 = 1536 -> 149760 (x2); final norm 384 -> shared
+        // 306240. Expert 2*192*32 + 32 + 192 = 12512 (x16 = 200192). Projector 192*64 + 64 +
+        // 64*10 + 10 = 13002. Total 519434; frozen 306240 / 519434 = 0.590.
+        let s = VMoeConfig::named("sprite").unwrap();
+        s.validate().unwrap();
+        assert_eq!((s.shared_params(), s.expert_params(), s.projector_params()), (306_240, 12_512, 13_002));
+        assert_eq!(s.param_count(), 519_434);
+        assert!((s.frozen_share() - 0.5896).abs() < 1e-3, "{}", s.frozen_share());
+        assert!(VMoeConfig::tiny().frozen_share() < 0.1);
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! - [`mod@file`]: checksummed model files and the trained-model cache under `.cache/models/vmoe/`.
 //! - [`reuse`]: the reuse cache of stem tokens (DRAM arena carved from the pool, disk tier through
 //!   the weight store, background prefetch), its decisions from `troupe_policy::adapt::reuse`.
+//! - [`merge`]: the parallel expert set of a co-adaptation group (cross-task expert transfer).
 //! - [`pool`]: the co-adaptation pool (merged shared parts, per-model experts, memory through a
 //!   [`crate::MemoryPool`], expert-and-projector adaptation steps).
 
 pub mod config;
 pub mod file;
+pub mod merge;
 pub mod model;
 pub mod params;
 pub mod pool;

@@ -32,6 +32,8 @@ pub struct ModelId(pub u32);
 pub struct FragSample {
     /// Event number (0, 1, 2, ...).
     pub event: u64,
+    /// When, in microseconds of the pool's clock ([`CoAdaptPool::set_clock`]).
+    pub at_us: u64,
     /// What happened (`load`, `unload`, `reserve`, `release`, `refused`).
     pub what: &'static str,
     /// Bytes allocated.
@@ -42,6 +44,32 @@ pub struct FragSample {
     pub largest_free: u64,
     /// `1 - largest_free / free`.
     pub external_fragmentation: f64,
+}
+
+/// Microseconds since this process first asked (the pool's default clock: monotonic).
+pub fn monotonic_us() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(START.get_or_init(std::time::Instant::now).elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// External fragmentation weighted by how long the pool stayed in each state: each sample holds
+/// until the next one (the last until `until_us`, if later), so a state that lasts a whole step
+/// counts for that step rather than once per event. `None` without samples or without time between
+/// the first and the end.
+pub fn time_weighted_fragmentation(samples: &[FragSample], until_us: u64) -> Option<f64> {
+    let first = samples.first()?;
+    let end = until_us.max(samples.last()?.at_us);
+    let span = end.saturating_sub(first.at_us);
+    if span == 0 {
+        return None;
+    }
+    let ends = samples.iter().skip(1).map(|s| s.at_us).chain(std::iter::once(end));
+    let sum: f64 = samples
+        .iter()
+        .zip(ends)
+        .map(|(s, next)| s.external_fragmentation * next.saturating_sub(s.at_us) as f64)
+        .sum();
+    Some(sum / span as f64)
 }
 
 /// One measurement of an expert's temporary memory in an adaptation step.
@@ -317,6 +345,8 @@ pub struct CoAdaptPool {
     peak_used: u64,
     weight_decay: f32,
     share: bool,
+    /// Stamps fragmentation samples (microseconds).
+    clock: fn() -> u64,
     /// The reuse cache of stem tokens, when enabled (its memory tier is an arena in `pool`).
     reuse: Option<StemCache>,
     /// A batch the caller said comes after the current call's last step (prefetch lookahead).
@@ -347,9 +377,16 @@ impl CoAdaptPool {
             peak_used: 0,
             weight_decay: 0.0,
             share: true,
+            clock: monotonic_us,
             reuse: None,
             expected: None,
         })
+    }
+
+    /// The clock that stamps fragmentation samples (default [`monotonic_us`]; the bench gives its
+    /// process CPU time so that time weights match its clock).
+    pub fn set_clock(&mut self, clock: fn() -> u64) {
+        self.clock = clock;
     }
 
     /// Whether identical shared tensors of different models are stored once (the default, AdaSprite's
@@ -364,6 +401,7 @@ impl CoAdaptPool {
         self.peak_used = self.peak_used.max(s.used);
         self.frag.push(FragSample {
             event: self.events,
+            at_us: (self.clock)(),
             what,
             used: s.used,
             free: s.free,
@@ -847,5 +885,34 @@ impl CoAdaptPool {
     /// Sets the AdamW weight decay for optimisers created from now on (default 0).
     pub fn set_weight_decay(&mut self, wd: f32) {
         self.weight_decay = wd;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(at_us: u64, frag: f64) -> FragSample {
+        FragSample {
+            event: at_us,
+            at_us,
+            what: "reserve",
+            used: 0,
+            free: 0,
+            largest_free: 0,
+            external_fragmentation: frag,
+        }
+    }
+
+    #[test]
+    fn fragmentation_is_weighted_by_how_long_each_state_lasts() {
+        // 0.5 for 10 us, then 0.0 for 90 us: 0.05 (the per-event mean would be 0.25).
+        let s = [at(0, 0.5), at(10, 0.0), at(100, 0.0)];
+        assert!((time_weighted_fragmentation(&s, 0).unwrap() - 0.05).abs() < 1e-12);
+        // The last state holds until the end given: 0.5 x 10 + 0.2 x 30 over 40.
+        let s = [at(0, 0.5), at(10, 0.2)];
+        assert!((time_weighted_fragmentation(&s, 40).unwrap() - 0.275).abs() < 1e-12);
+        assert_eq!(time_weighted_fragmentation(&[], 10), None);
+        assert_eq!(time_weighted_fragmentation(&[at(5, 0.3)], 5), None);
     }
 }

@@ -305,6 +305,13 @@ impl Recipe {
         Self { epochs: 5, ..Self::full(seed) }
     }
 
+    /// The recipe of the paper-shaped student ([`super::VMoeConfig::sprite`], width 192): 10 epochs
+    /// at peak 1e-3. At the fast recipe's 0.01 it trains to 0.67 clean accuracy and its frozen
+    /// features do not adapt (one run here: +0.4 points mean over six drifts); at 1e-3, 0.97.
+    pub fn wide(seed: u64) -> Self {
+        Self { epochs: 10, lr: 1e-3, ..Self::full(seed) }
+    }
+
     /// A short name of the recipe's fields (part of cached model file names).
     pub fn tag(&self) -> String {
         format!("s{}-e{}-b{}-lr{}-wd{}", self.seed, self.epochs, self.batch, self.lr, self.weight_decay)

@@ -124,7 +124,7 @@ pub enum BenchCommand {
         /// Short run: two student sizes calibrated, real K swept over 1, 2, 4 with one seed.
         #[arg(long)]
         quick: bool,
-        /// Student size the real sweep adapts (tiny, small, base, large; default base, tiny with --quick).
+        /// Student size the real sweep adapts (tiny, small, base, large, sprite; default sprite, the paper's shape; tiny with --quick).
         #[arg(long)]
         student: Option<String>,
         /// Concurrency levels of the real sweep, comma-separated (default 1,2,4,8,12; 1,2,4 with --quick).

@@ -60,7 +60,7 @@ pub struct EdgeParams {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CameraParams {
-    /// Student size (`tiny`, `small`, `base`, `large`).
+    /// Student size (`tiny`, `small`, `base`, `large`, `sprite`: the paper's shape).
     #[serde(default = "default_model")]
     pub model: String,
     /// Drift schedule lines `start_frame corruption severity`.
@@ -173,7 +173,7 @@ pub fn check_edge(p: &EdgeParams) -> Result<(), (String, String)> {
         return bad("max_epochs", "max_epochs and steps_per_epoch must be at least 1".into());
     }
     if let Some(s) = p.students.iter().find(|s| student_config(s).is_err()) {
-        return bad("students", format!("unknown student size {s:?} (tiny, small, base, large)"));
+        return bad("students", format!("unknown student size {s:?} (tiny, small, base, large, sprite)"));
     }
     Ok(())
 }

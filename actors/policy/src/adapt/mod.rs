@@ -15,6 +15,8 @@
 //! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
 //! * [`drift`] and [`online`]: a camera's drift detection, re-arming after each update, its
 //!   bounded accuracy log, and when a job over streaming cameras may end;
+//! * [`transfer`]: cross-task expert transfer, whose experts in the group's parallel expert set a
+//!   member may update (§2.2);
 //! * [`replay`]: which uploads repeat a drift phase already adapted or under way (a restarted
 //!   camera), so each phase is adapted once.
 
@@ -35,6 +37,7 @@ pub mod sched;
 pub mod sim;
 pub mod slo;
 pub mod threads;
+pub mod transfer;
 pub mod twin;
 
 #[cfg(test)]

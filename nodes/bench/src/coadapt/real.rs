@@ -48,8 +48,10 @@
 //! runs' 60 epochs each.
 //! **Throughput**: tasks meeting the SLO per minute of process CPU time, from the first arrival to
 //! the last completion (the paper's "rate of tasks meeting their SLOs").
-//! **Fragmentation**: the mean of the pool's `fragmentation_samples` (external fragmentation after
-//! every pool event) over the run.
+//! **Fragmentation**: time-weighted (`troupe_kernels::vmoe::pool::time_weighted_fragmentation`,
+//! samples stamped with the process CPU time): each state of the pool's `fragmentation_samples`
+//! (external fragmentation after every pool event) counts for as long as it lasted in the run, not
+//! once per event.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -62,6 +64,7 @@ use troupe_actors::coadapt::engine::{
     shared_bytes, task_footprint,
 };
 use troupe_kernels::vmoe::VMoe;
+use troupe_kernels::vmoe::pool::time_weighted_fragmentation;
 use troupe_kernels::vmoe::train::Dataset;
 use troupe_policy::Micros;
 
@@ -236,7 +239,7 @@ pub struct RunOutcome {
     pub epochs: Vec<u32>,
     /// First arrival to last completion, s.
     pub span_s: f64,
-    /// Mean external fragmentation over the pool's samples.
+    /// External fragmentation over the run, time-weighted.
     pub fragmentation: f64,
     /// Peak pool bytes over the budget.
     pub peak_over_budget: f64,
@@ -265,6 +268,7 @@ pub fn run_once(
     anyhow::ensure!(jobs.len() == arrivals_us.len(), "one arrival per job");
     let cfg = EngineConfig { max_tasks: cfg.max_tasks.max(jobs.len()), ..cfg };
     let mut eng = EdgeEngine::new(cfg, &[student.config])?;
+    eng.set_pool_clock(process_cpu_us);
     let skipped = Cell::new(0u64);
     let start = process_cpu_us();
     let clock = || Micros(process_cpu_us().saturating_sub(start) + skipped.get());
@@ -310,7 +314,7 @@ pub fn run_once(
             .collect(),
         epochs: done.iter().map(|f| f.epochs).collect(),
         span_s: (last.saturating_sub(first) as f64 / 1e6).max(1e-9),
-        fragmentation: frag.iter().map(|s| s.external_fragmentation).sum::<f64>() / frag.len().max(1) as f64,
+        fragmentation: time_weighted_fragmentation(frag, process_cpu_us()).unwrap_or(0.0),
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
         evictions: eng.evictions(),
         prefetch_us: {
