@@ -42,13 +42,17 @@ use crate::up::{Cluster, JobTracker, Topology, prepare, prepare_steps};
 const JOURNALED_JOBS: &[&str] = &["coe", "pipeline", "coadapt"];
 
 /// Which progress lines disturb an actor kind's or a job kind's work: killing a node with this
-/// actor or job when a job prints a line starting with the prefix lands mid-work.
+/// actor or job when a job prints a line starting with the prefix lands mid-work. A node that
+/// runs a job is killed only at its own job's milestones, which come while that job is surely
+/// under way (its co-hosted actors' work may go on after its job ended, and a job node killed
+/// then would run its finished job again).
 const MILESTONES: &[(&str, &str)] = &[
     ("pipeline-worker", "pipeline: "),
     ("coe-executor", "coe: completed "),
+    ("coadapt-edge", "upload accepted camera="),
     ("pipeline", "pipeline: "),
     ("coe", "coe: completed "),
-    ("coadapt-edge", "upload accepted camera="),
+    ("coadapt", "upload accepted camera="),
 ];
 
 /// The fault-switch sites of a node, with the hit range a fault-free run of the example
@@ -190,8 +194,10 @@ fn spec_for(topology: &Topology, lines: &[Line], seed: u64, faults: usize) -> Ch
         .iter()
         .map(|n| {
             let job = n.job.as_ref().map(|j| j.kind.as_str());
-            let mut kinds: Vec<&str> = n.actors.iter().map(|a| a.kind.as_str()).collect();
-            kinds.extend(job);
+            let kinds: Vec<&str> = match job {
+                Some(j) => vec![j],
+                None => n.actors.iter().map(|a| a.kind.as_str()).collect(),
+            };
             let prefixes: Vec<&str> =
                 MILESTONES.iter().filter(|(k, _)| kinds.contains(k)).map(|(_, p)| *p).collect();
             ChaosNode {
@@ -564,27 +570,14 @@ fn compare(
             let same_cams = names(&a) == names(&b);
             let same_drift = a.iter().zip(&b).all(|(x, y)| x.1 == y.1);
             let same_numbers = a.iter().zip(&b).all(|(x, y)| x.2 == y.2);
-            // the edge's own count: a restarted camera's repeated upload is not adapted again; a
-            // restarted edge counts its own tasks, and those answered before the kill come back
-            // from its journal (`coadapt: resuming from journal ...: N adaptations answered`)
+            // the edge's own count: a restarted camera's repeated upload is not adapted again (a
+            // restarted edge counts the adaptations its journal answered before the kill too)
             let tasks = |r: &RunResult| -> Option<u64> {
-                let done: u64 = r.lines.iter().filter(|l| l.node == node).find_map(|l| {
+                r.lines.iter().filter(|l| l.node == node).find_map(|l| {
                     let rest = l.text.strip_prefix("coadapt: scheduler ")?;
                     let (_, n) = rest.split_once(" tasks_done ")?;
                     n.split_whitespace().next()?.parse().ok()
-                })?;
-                let resumed: u64 = r
-                    .lines
-                    .iter()
-                    .rev()
-                    .filter(|l| l.node == node)
-                    .find_map(|l| {
-                        let (_, rest) = l.text.split_once("coadapt: resuming from journal ")?;
-                        let (_, rest) = rest.split_once(" uploads pending, ")?;
-                        rest.split_whitespace().next()?.parse::<u64>().ok()
-                    })
-                    .unwrap_or(0);
-                Some(done + resumed)
+                })
             };
             let (ta, tb) = (tasks(free), tasks(chaos));
             let same_tasks = ta.is_some() && ta == tb;
