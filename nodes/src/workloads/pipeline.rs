@@ -33,6 +33,7 @@ use super::NodeContext;
 use crate::config::{ActorConfig, JobConfig};
 
 pub mod local;
+pub mod memory;
 
 /// Most sentences an inputs file may hold.
 pub const MAX_SENTENCES: usize = 4096;
@@ -481,11 +482,13 @@ pub fn summary(
     o: &JobOutcome,
     inputs: usize,
     resumed: Option<usize>,
+    weights: &[u64],
 ) -> crate::summary::Summary {
     let lost: Vec<&str> = o.workers.iter().filter(|w| w.lost).map(|w| w.node.as_str()).collect();
     let peak = o.workers.iter().filter_map(|w| w.stats.map(|s| s.peak_rss_bytes)).max();
     let t = &o.tally;
-    crate::summary::Summary::new(title)
+    let memory = memory::summary_rows(&memory::worker_memory(o, weights));
+    let summary = crate::summary::Summary::new(title)
         .row("inputs answered", format!("{} of {inputs}", o.outputs.len()))
         .row_if(
             "resumed from the journal",
@@ -504,7 +507,10 @@ pub fn summary(
             "workers",
             format!("{} ({} tasks)", o.workers.len(), o.workers.iter().map(|w| w.tasks).sum::<usize>()),
         )
-        .row_if("worker peak RSS", peak.map(|b| format!("{:.1} MB (largest)", b as f64 / 1e6)))
+        .row_if("worker peak RSS", peak.map(|b| format!("{:.1} MB (largest)", b as f64 / 1e6)));
+    memory
+        .into_iter()
+        .fold(summary, |s, (k, v)| s.row(k, v))
         .row_if(
             "activations on the wire",
             (t.raw > 0).then(|| format!("{:.3}x of raw", t.wire as f64 / t.raw as f64)),
@@ -521,6 +527,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, 
     let membership = runtime.subscribe_membership();
     let join_wait = Duration::from_secs(job.timeout_s.clamp(1, 60));
     let job = load_job(&stages, &sentences, mode, p.bf16)?;
+    let weights = memory::stage_weights(&job.stages);
     let journal = p.journal.clone().unwrap_or_else(|| {
         PathBuf::from(".cache/pipeline/journal").join(format!("{}.journal", ctx.config.name))
     });
@@ -553,7 +560,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, 
     bar.finish_and_clear();
     let outcome = outcome?;
     print!("{}", render_outcome(&sentences, &outcome));
-    summary("pipeline job summary", &outcome, sentences.len(), Some(resumed.answered)).print();
+    summary("pipeline job summary", &outcome, sentences.len(), Some(resumed.answered), &weights).print();
     if let Some(out) = &p.out {
         write_outputs(out, &sentences, &outcome.outputs)?;
     }
@@ -835,6 +842,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 job.stages.iter().map(|s| &s.signature.sha256[..12]).collect::<Vec<_>>().join(", "),
                 sentences.len()
             );
+            let weights = memory::stage_weights(&job.stages);
             let exe = std::env::current_exe()?;
             let quota = |i: usize| if quotas.is_empty() { 100 } else { quotas[i % quotas.len()] };
             let specs: Vec<local::WorkerSpec> = (0..workers)
@@ -851,7 +859,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             cluster.shutdown().await;
             let outcome = result?;
             print!("{}", render_outcome(&sentences, &outcome));
-            summary("pipeline submit summary", &outcome, sentences.len(), None).print();
+            summary("pipeline submit summary", &outcome, sentences.len(), None, &weights).print();
             if let Some(out) = &out {
                 write_outputs(out, &sentences, &outcome.outputs)?;
                 println!("pipeline: results written to {}", out.display());
