@@ -100,6 +100,7 @@ async fn chained_outputs_equal_the_whole_model_and_workers_never_hold_two_sessio
         &minilm_stages().unwrap().iter().map(|p| StageFile::from_path(p).unwrap()).collect::<Vec<_>>(),
     );
     for m in worker_memory(&outcome, &weights) {
+        println!("{m:?}");
         let idle = m.idle_rss.unwrap_or_else(|| panic!("{}: no idle RSS at join", m.node));
         assert!(
             idle <= IDLE_RSS_CAP_MB << 20,
