@@ -304,6 +304,7 @@ impl PipelineWorker {
         if path.is_file() {
             return Ok(Fetched { cached: true, micros: 0 });
         }
+        self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(size);
         let start = Instant::now();
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
         let tmp = path.with_extension(format!("part{}", std::process::id()));
@@ -335,6 +336,7 @@ impl PipelineWorker {
             return Err(format!("stage {stage}: {sha256:?} is not a SHA-256"));
         }
         let path = cached_path(&self.settings.cache_dir(), &sha256);
+        let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
         let threads = self.settings.intra_threads as usize;
         let start = Instant::now();
         let hash = sha256.clone();
@@ -354,6 +356,7 @@ impl PipelineWorker {
         .map_err(|e| format!("load task: {e}"))??;
         self.session = Some(LiveSession::new(session, stage, hash));
         self.stats.loads += 1;
+        self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
         Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
     }
 

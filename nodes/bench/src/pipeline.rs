@@ -638,9 +638,8 @@ pub async fn run(
         .max()
         .unwrap_or(0);
     put("worker_max_live_sessions", f64::from(max_live));
-    // each worker's idle floor and its peak over the cold run against its stage's weights
-    let weights = troupe::workloads::pipeline::memory::stage_weights(&files);
-    for (k, v) in crate::pipeline_memory::worker_figures("", &cold, &weights) {
+    // each worker's idle floor and its peak over the cold run against its largest stage
+    for (k, v) in crate::pipeline_memory::worker_figures("", &cold) {
         put(&k, v);
     }
 

@@ -1,6 +1,6 @@
 //! `troupe bench pipeline`, the worker-memory figures: each real worker process's idle floor
 //! (RSS at join: runtime and ONNX Runtime loaded, no stage) and its peak over a job against the
-//! weights of the largest stage it loaded (`troupe::workloads::pipeline::memory`), and, when
+//! largest stage file it pulled or loaded (`troupe::workloads::pipeline::memory`), and, when
 //! `scripts/setup --large` has built all-mpnet-base-v2, the same for its 4 stages on 4 workers
 //! against the whole model's RSS (goal: above the floor at most 1.3/K of it).
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
-use troupe::workloads::pipeline::memory::{WorkerMemory, largest, stage_weights, worker_memory};
+use troupe::workloads::pipeline::memory::{WorkerMemory, largest, worker_memory};
 use troupe_actors::pipeline::{JobOutcome, ShellSettings, StageFile, build_job};
 use troupe_kernels::assets::{Assets, LARGE_SETUP_HINT, MPNET_CHECK, MPNET_STAGES, MPNET_WHOLE, TINY_MLP};
 use troupe_kernels::onnx::NamedTensor;
@@ -27,8 +27,8 @@ const MAX_CHECK_BYTES: u64 = 16 << 20;
 /// The figures of one job's workers under `prefix`: `{prefix}worker_idle_rss_mb`,
 /// `{prefix}worker_peak_rss_over_floor_plus_stage` and `{prefix}worker_peak_rss_above_floor_over_stage`,
 /// each the largest over the workers; prints one line per worker.
-pub fn worker_figures(prefix: &str, outcome: &JobOutcome, weights: &[u64]) -> BTreeMap<String, f64> {
-    let workers = worker_memory(outcome, weights);
+pub fn worker_figures(prefix: &str, outcome: &JobOutcome) -> BTreeMap<String, f64> {
+    let workers = worker_memory(outcome);
     print_workers(prefix, &workers);
     let mut f = BTreeMap::new();
     let mut put = |k: &str, v: Option<f64>| {
@@ -48,12 +48,12 @@ pub fn worker_figures(prefix: &str, outcome: &JobOutcome, weights: &[u64]) -> BT
 fn print_workers(prefix: &str, workers: &[WorkerMemory]) {
     let mib = |b: Option<u64>| b.map_or_else(|| "-".to_string(), |b| format!("{:.1}", b as f64 / MIB));
     println!(
-        "{}worker memory (MiB; goal: idle <= 45, peak <= idle + 1.3 x stage weights):",
+        "{}worker memory (MiB; goal: idle <= 45 MB, peak <= idle + 1.3 x largest stage):",
         prefix.replace('_', " ")
     );
     for w in workers {
         println!(
-            "  {:<10} idle {:>6}  peak {:>6}  stage weights {:>6}  peak above idle / weights {}",
+            "  {:<10} idle {:>6}  peak {:>6}  largest stage {:>6}  peak above idle / stage {}",
             w.node,
             mib(w.idle_rss),
             mib(w.peak_rss),
@@ -69,7 +69,6 @@ fn print_workers(prefix: &str, workers: &[WorkerMemory]) {
 pub async fn run(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f64>> {
     let stages = troupe::workloads::pipeline::minilm_stages()?;
     let files = stages.iter().map(|p| StageFile::from_path(p)).collect::<Result<Vec<_>, _>>()?;
-    let weights = stage_weights(&files);
     let sentences: Vec<String> = crate::pipeline::sentences().into_iter().take(LARGE_INPUTS).collect();
     let inputs = troupe::workloads::pipeline::tokenize(&sentences)?;
     let job = build_job(files, inputs, Mode::Streaming, false)?;
@@ -88,7 +87,7 @@ pub async fn run(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f64>> {
     };
     let outcome = cluster.run(job, settings, None).await;
     cluster.shutdown().await;
-    let mut f = worker_figures("", &outcome?, &weights);
+    let mut f = worker_figures("", &outcome?);
     f.extend(large_case(exe, workdir).await?);
     Ok(f)
 }
@@ -111,7 +110,6 @@ pub async fn large_case(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f
     let floor = crate::pipeline::probe_with(exe, &assets.path(TINY_MLP)?, false)?;
     let whole_rss = crate::pipeline::probe_with(exe, &whole, false)?;
     let files = stages.iter().map(|p| StageFile::from_path(p)).collect::<Result<Vec<_>, _>>()?;
-    let weights = stage_weights(&files);
     let job = build_job(files, recorded_inputs(&check)?, Mode::Streaming, false)?;
     let dir = workdir.join("large");
     let _ = std::fs::remove_dir_all(dir.join("cache"));
@@ -123,9 +121,9 @@ pub async fn large_case(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f
     let outcome = cluster.run(job, settings, None).await;
     cluster.shutdown().await;
     let outcome = outcome?;
-    let mut f = worker_figures("large_", &outcome, &weights);
+    let mut f = worker_figures("large_", &outcome);
     let whole_above = whole_rss.saturating_sub(floor).max(1) as f64;
-    let workers = worker_memory(&outcome, &weights);
+    let workers = worker_memory(&outcome);
     let worst = largest(&workers, |w| Some(w.peak_rss?.saturating_sub(w.idle_rss?) as f64 / whole_above));
     let k = LARGE_K as f64;
     if let Some(r) = worst {

@@ -482,12 +482,11 @@ pub fn summary(
     o: &JobOutcome,
     inputs: usize,
     resumed: Option<usize>,
-    weights: &[u64],
 ) -> crate::summary::Summary {
     let lost: Vec<&str> = o.workers.iter().filter(|w| w.lost).map(|w| w.node.as_str()).collect();
     let peak = o.workers.iter().filter_map(|w| w.stats.map(|s| s.peak_rss_bytes)).max();
     let t = &o.tally;
-    let memory = memory::summary_rows(&memory::worker_memory(o, weights));
+    let memory = memory::summary_rows(&memory::worker_memory(o));
     let summary = crate::summary::Summary::new(title)
         .row("inputs answered", format!("{} of {inputs}", o.outputs.len()))
         .row_if(
@@ -527,7 +526,6 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, 
     let membership = runtime.subscribe_membership();
     let join_wait = Duration::from_secs(job.timeout_s.clamp(1, 60));
     let job = load_job(&stages, &sentences, mode, p.bf16)?;
-    let weights = memory::stage_weights(&job.stages);
     let journal = p.journal.clone().unwrap_or_else(|| {
         PathBuf::from(".cache/pipeline/journal").join(format!("{}.journal", ctx.config.name))
     });
@@ -560,7 +558,7 @@ pub async fn run_job(runtime: &NodeRuntime, ctx: &NodeContext, job: &JobConfig, 
     bar.finish_and_clear();
     let outcome = outcome?;
     print!("{}", render_outcome(&sentences, &outcome));
-    summary("pipeline job summary", &outcome, sentences.len(), Some(resumed.answered), &weights).print();
+    summary("pipeline job summary", &outcome, sentences.len(), Some(resumed.answered)).print();
     if let Some(out) = &p.out {
         write_outputs(out, &sentences, &outcome.outputs)?;
     }
@@ -842,7 +840,6 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
                 job.stages.iter().map(|s| &s.signature.sha256[..12]).collect::<Vec<_>>().join(", "),
                 sentences.len()
             );
-            let weights = memory::stage_weights(&job.stages);
             let exe = std::env::current_exe()?;
             let quota = |i: usize| if quotas.is_empty() { 100 } else { quotas[i % quotas.len()] };
             let specs: Vec<local::WorkerSpec> = (0..workers)
@@ -859,7 +856,7 @@ pub async fn command(cmd: PipelineCommand) -> Result<()> {
             cluster.shutdown().await;
             let outcome = result?;
             print!("{}", render_outcome(&sentences, &outcome));
-            summary("pipeline submit summary", &outcome, sentences.len(), None, &weights).print();
+            summary("pipeline submit summary", &outcome, sentences.len(), None).print();
             if let Some(out) = &out {
                 write_outputs(out, &sentences, &outcome.outputs)?;
                 println!("pipeline: results written to {}", out.display());

@@ -1,29 +1,15 @@
 //! What a pipeline job cost each worker in memory: its idle floor (RSS when it joined holding no
-//! session: runtime and ONNX Runtime loaded, no stage), its peak over the job (`VmHWM`, from its
-//! own final report) and the weight bytes of the largest stage it loaded, so that "peak at most
+//! session: runtime and ONNX Runtime loaded, no stage), its peak (`VmHWM`) and the size of the
+//! largest stage file it pulled or loaded, both from its own final report, so that "peak at most
 //! the floor plus 1.3x the stage's weights" can be read per worker, in the job summary and the
-//! bench alike.
+//! bench alike. A stage file is its weights plus a graph of a few KB (MiniLM's and
+//! all-mpnet-base-v2's stages: within 0.1%), so its size stands for its weight bytes.
 
-use troupe_actors::pipeline::{JobOutcome, SpanKind, StageFile};
-use troupe_kernels::onnx::split::{decode_model, tensor_bytes};
+use troupe_actors::pipeline::JobOutcome;
 
-/// The phone-weight goal: a worker's peak above its idle floor, over the weight bytes of the
-/// largest stage it pulled or loaded, at most this.
+/// The phone-weight goal: a worker's peak above its idle floor, over the size of the largest
+/// stage it pulled or loaded, at most this.
 pub const PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL: f64 = 1.3;
-
-/// Weight bytes (initializer data) of each stage file, in chain order; 0 for a file that does not
-/// decode (the job check has already opened it with ONNX Runtime, so that does not happen).
-pub fn stage_weights(stages: &[StageFile]) -> Vec<u64> {
-    stages
-        .iter()
-        .map(|s| {
-            decode_model(&s.bytes, &s.origin)
-                .ok()
-                .and_then(|m| m.graph)
-                .map_or(0, |g| g.initializer.iter().map(tensor_bytes).sum())
-        })
-        .collect()
-}
 
 /// One worker's memory over a job.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +20,7 @@ pub struct WorkerMemory {
     pub idle_rss: Option<u64>,
     /// Peak RSS over its life up to the job's end (`VmHWM`), bytes; `None` when lost.
     pub peak_rss: Option<u64>,
-    /// Weight bytes of the largest stage it pulled or loaded in the job; `None` when none.
+    /// Size of the largest stage file it pulled or loaded, bytes; `None` when none.
     pub stage_weight: Option<u64>,
 }
 
@@ -54,28 +40,16 @@ impl WorkerMemory {
     }
 }
 
-/// Each worker's memory in `outcome`, given the job's [`stage_weights`].
-pub fn worker_memory(outcome: &JobOutcome, weights: &[u64]) -> Vec<WorkerMemory> {
+/// Each worker's memory in `outcome`.
+pub fn worker_memory(outcome: &JobOutcome) -> Vec<WorkerMemory> {
     outcome
         .workers
         .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let stage_weight = outcome
-                .spans
-                .iter()
-                .filter(|s| s.worker == i)
-                .filter_map(|s| match s.kind {
-                    SpanKind::Fetch(stage) | SpanKind::Load { stage, .. } => weights.get(stage).copied(),
-                    SpanKind::Run(_) => None,
-                })
-                .max();
-            WorkerMemory {
-                node: w.node.clone(),
-                idle_rss: w.idle_rss_bytes,
-                peak_rss: w.stats.map(|s| s.peak_rss_bytes).filter(|&b| b > 0),
-                stage_weight,
-            }
+        .map(|w| WorkerMemory {
+            node: w.node.clone(),
+            idle_rss: w.idle_rss_bytes,
+            peak_rss: w.stats.map(|s| s.peak_rss_bytes).filter(|&b| b > 0),
+            stage_weight: w.stats.map(|s| s.largest_stage_bytes).filter(|&b| b > 0),
         })
         .collect()
 }
@@ -94,7 +68,7 @@ pub fn summary_rows(workers: &[WorkerMemory]) -> Vec<(String, String)> {
     if let Some(r) = largest(workers, WorkerMemory::peak_above_floor_over_stage) {
         rows.push((
             "worker peak above idle".into(),
-            format!("{r:.2}x its stage's weights (largest; goal {PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL})"),
+            format!("{r:.2}x its largest stage (largest; goal {PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL})"),
         ));
     }
     rows
@@ -103,38 +77,39 @@ pub fn summary_rows(workers: &[WorkerMemory]) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use troupe_actors::pipeline::WorkerSummary;
     use troupe_actors::pipeline::wire::WorkerStats;
-    use troupe_actors::pipeline::{Span, WorkerSummary};
-
-    fn load(worker: usize, stage: usize) -> Span {
-        Span { worker, kind: SpanKind::Load { stage, cold: true }, start: 0.0, end: 1.0 }
-    }
-
-    fn fetch(worker: usize, stage: usize) -> Span {
-        Span { worker, kind: SpanKind::Fetch(stage), start: 0.0, end: 1.0 }
-    }
 
     #[test]
-    fn each_worker_is_held_to_the_largest_stage_it_pulled_or_loaded() {
-        let worker = |node: &str, idle: Option<u64>, peak: u64| WorkerSummary {
+    fn each_worker_is_held_to_the_largest_stage_it_reported() {
+        let worker = |node: &str, idle: Option<u64>, peak: u64, stage: u64| WorkerSummary {
             node: node.into(),
             idle_rss_bytes: idle,
-            stats: Some(WorkerStats { peak_rss_bytes: peak, ..WorkerStats::default() }),
+            stats: Some(WorkerStats {
+                peak_rss_bytes: peak,
+                largest_stage_bytes: stage,
+                ..WorkerStats::default()
+            }),
             ..WorkerSummary::default()
         };
+        let lost =
+            WorkerSummary { node: "d".into(), idle_rss_bytes: Some(30), lost: true, ..Default::default() };
         let outcome = JobOutcome {
-            workers: vec![worker("a", Some(40), 140), worker("b", Some(50), 60), worker("c", None, 90)],
-            spans: vec![load(0, 0), load(0, 1), load(1, 1), fetch(2, 0)],
+            workers: vec![
+                worker("a", Some(40), 140, 100),
+                worker("b", Some(50), 60, 10),
+                worker("c", None, 90, 10),
+                lost,
+            ],
             ..JobOutcome::default()
         };
-        let m = worker_memory(&outcome, &[100, 10]);
-        assert_eq!(m[0].stage_weight, Some(100));
-        assert_eq!(m[1].stage_weight, Some(10));
+        let m = worker_memory(&outcome);
         assert_eq!(m[0].peak_above_floor_over_stage(), Some(1.0));
         assert_eq!(m[1].peak_above_floor_over_stage(), Some(1.0));
         assert_eq!(m[1].peak_over_floor_plus_stage(), Some(1.0));
-        // joined with a live session: no floor, so no ratio
+        // joined with a live session: no floor, so no ratio; lost: no peak
         assert_eq!(m[2].peak_above_floor_over_stage(), None);
+        assert_eq!(m[3].peak_above_floor_over_stage(), None);
         assert_eq!(largest(&m, |w| w.idle_rss.map(|b| b as f64)), Some(50.0));
         let rows = summary_rows(&m);
         assert_eq!(rows.len(), 2, "{rows:?}");
