@@ -122,3 +122,35 @@ fn stage_io_introspection_and_chain_check() {
     let err = check_chain_with(&all, &job[1..]).unwrap_err().to_string();
     assert!(err.contains("input_ids") && err.contains("does not provide"), "{err}");
 }
+
+/// A pipeline worker's lean sessions (no CPU arena, no memory pattern) give the default
+/// sessions' outputs bit for bit, stage by stage.
+#[test]
+fn lean_sessions_give_the_same_bits() {
+    let a = assets();
+    let r = reference(&a);
+    let shape = vec![r.batch, r.seq];
+    let inputs = vec![
+        NamedTensor::i64("input_ids", shape.clone(), r.ids.clone()),
+        NamedTensor::i64("attention_mask", shape, r.mask.clone()),
+    ];
+    let chain = |cfg: &SessionConfig| -> Vec<NamedTensor> {
+        let mut have = inputs.clone();
+        for file in assets::MINILM_STAGES {
+            let mut stage = OnnxSession::from_file(&a.path(file).unwrap(), cfg).unwrap();
+            let feed: Vec<NamedTensor> = stage
+                .inputs()
+                .iter()
+                .map(|spec| have.iter().find(|t| t.name == spec.name).cloned().unwrap())
+                .collect();
+            have.extend(stage.run(&feed).unwrap());
+        }
+        have
+    };
+    let plain = chain(&SessionConfig::default());
+    let lean = chain(&SessionConfig::lean(1));
+    assert_eq!(plain.len(), lean.len());
+    for (p, l) in plain.iter().zip(&lean) {
+        assert_eq!(p, l, "{}: lean session outputs differ", p.name);
+    }
+}

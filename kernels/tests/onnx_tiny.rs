@@ -44,8 +44,12 @@ fn tiny_mlp_matches_its_formula_from_file_and_bytes() {
     let y = from_file.run(&input).unwrap();
     assert_eq!((y[0].name.as_str(), &y[0].shape), ("y", &vec![3, 2]));
     let bytes = std::fs::read(&path).unwrap();
-    let mut from_bytes =
-        OnnxSession::from_bytes(&bytes, "tiny_mlp bytes", &SessionConfig { intra_threads: 2 }).unwrap();
+    let mut from_bytes = OnnxSession::from_bytes(
+        &bytes,
+        "tiny_mlp bytes",
+        &SessionConfig { intra_threads: 2, ..SessionConfig::default() },
+    )
+    .unwrap();
     let y2 = from_bytes.run(&input).unwrap();
     for got in [&y[0], &y2[0]] {
         for (g, w) in got.as_f32().unwrap().iter().zip(&want) {

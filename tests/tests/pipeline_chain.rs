@@ -4,6 +4,7 @@
 use troupe::actors::pipeline::{StageFile, build_job};
 use troupe::policy::pipeline::Mode;
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::memory::{PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL, worker_memory};
 use troupe::workloads::pipeline::{final_vector, load_job, minilm_stages, tokenize_batches};
 use troupe_tests::pipeline::{
     SENTENCES, max_abs_error, sentences, settings, whole_model, whole_model_on, within, workdir,
@@ -30,6 +31,10 @@ fn varied_sentences(n: usize) -> Vec<String> {
         })
         .collect()
 }
+
+/// Idle RSS cap of a worker process in this (unoptimised, larger) test build: the floor
+/// measured here plus some margin; the bench measures the release build against 45 MB.
+const IDLE_RSS_CAP_MB: u64 = 64;
 
 fn exe() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_troupe-node"))
@@ -87,6 +92,26 @@ async fn chained_outputs_equal_the_whole_model_and_workers_never_hold_two_sessio
     }
     // 3 stages need at least 3 loads; every task ran once.
     assert!(loads >= 3, "{loads} loads");
+    // A phone-weight worker, from each real worker process's own figures: its RSS when it
+    // joined (runtime and ONNX Runtime loaded, no stage) under a cap, and its peak over the
+    // job above that floor at most 1.3x the largest stage file it pulled or loaded (a stage
+    // file held twice at its pull breaks it).
+    for m in worker_memory(&outcome) {
+        let idle = m.idle_rss.unwrap_or_else(|| panic!("{}: no idle RSS at join", m.node));
+        assert!(
+            idle <= IDLE_RSS_CAP_MB << 20,
+            "{}: idle RSS {} MiB, cap {IDLE_RSS_CAP_MB}",
+            m.node,
+            idle >> 20
+        );
+        let r =
+            m.peak_above_floor_over_stage().unwrap_or_else(|| panic!("{}: no peak or stage: {m:?}", m.node));
+        assert!(
+            r <= PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL,
+            "{}: peak above idle is {r:.2}x its largest stage: {m:?}",
+            m.node
+        );
+    }
     assert_eq!(outcome.workers.iter().map(|w| w.tasks).sum::<usize>(), SENTENCES.len() * 3);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -762,6 +762,19 @@ impl QuicNode {
     /// [`blob::data_frame`]); verifies the id and the content hash of what arrived. The reply is
     /// received within the peer's connection budget (a pull that does not fit fails, naming it).
     pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
+        self.fetch_blob_with(peer, id, max_len, <[u8]>::to_vec).await
+    }
+
+    /// [`Self::fetch_blob`] handing the verified bytes to `take` where they arrived, instead of
+    /// copying them out: a worker writes a pulled stage file to disk with one copy of it in
+    /// memory, not two.
+    pub async fn fetch_blob_with<T>(
+        &self,
+        peer: &NodeId,
+        id: [u8; 32],
+        max_len: u32,
+        take: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, QuicError> {
         let stream_err = |e: String| QuicError::Stream(e);
         let (conn, budget, target) = self
             .inner
@@ -806,7 +819,7 @@ impl QuicNode {
         if data.id != id || blake3::hash(data.bytes.as_slice()).as_bytes() != &id {
             return Err(stream_err(format!("blob from {peer} does not match its hash {}", BlobId(id))));
         }
-        Ok(data.bytes.to_vec())
+        Ok(take(data.bytes.as_slice()))
     }
 
     /// Sends `frame`, by reference when the policy says so: the body goes into `store` (which

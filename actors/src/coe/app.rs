@@ -749,7 +749,11 @@ pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> R
         // Run the trained expert on every walk that reaches it.
         let walks = std::mem::take(&mut reach[e.id.index()]);
         if !walks.is_empty() {
-            let mut session = OnnxSession::from_bytes(&bytes, &blob, &SessionConfig { intra_threads: 0 })?;
+            let mut session = OnnxSession::from_bytes(
+                &bytes,
+                &blob,
+                &SessionConfig { intra_threads: 0, ..SessionConfig::default() },
+            )?;
             let imgs: Vec<usize> = walks.iter().map(|w| w.1).collect();
             let out = run_rows(&mut session, &images, &imgs, outputs, &blob)?;
             for (&(root, img, path), row) in walks.iter().zip(out.chunks(outputs)) {
@@ -918,7 +922,11 @@ fn single_model(
         seed ^ SINGLE_MODEL_SALT,
         &mut rng,
     )?;
-    let mut session = OnnxSession::from_bytes(&onnx, "single", &SessionConfig { intra_threads: 0 })?;
+    let mut session = OnnxSession::from_bytes(
+        &onnx,
+        "single",
+        &SessionConfig { intra_threads: 0, ..SessionConfig::default() },
+    )?;
     let out = run_rows(&mut session, images, &split.test, DIGIT_CLASSES, "single")?;
     let hits = split
         .test

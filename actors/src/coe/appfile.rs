@@ -421,8 +421,12 @@ pub fn open_for_serving(loaded: &LoadedApp, work: &Path, requests: &Requests) ->
             return Err(named(format!("{} bytes (1..={MAX_ONNX_BYTES} accepted)", bytes.len())));
         }
         let blob = format!("e{id}");
-        let mut session = OnnxSession::from_bytes(&bytes, &blob, &SessionConfig { intra_threads: 0 })
-            .map_err(|e| named(format!("not a loadable ONNX model: {e}")))?;
+        let mut session = OnnxSession::from_bytes(
+            &bytes,
+            &blob,
+            &SessionConfig { intra_threads: 0, ..SessionConfig::default() },
+        )
+        .map_err(|e| named(format!("not a loadable ONNX model: {e}")))?;
         let out = session
             .run(&[NamedTensor::f32(INPUT_NAME, vec![1, INPUT_WIDTH], vec![0.0; INPUT_WIDTH])])
             .map_err(|e| named(format!("does not run on `{INPUT_NAME}` [1, {INPUT_WIDTH}]: {e}")))?;

@@ -313,7 +313,7 @@ impl ExpertExecutor {
             budget,
             host_budget,
             resident: 0,
-            session_config: SessionConfig { intra_threads: options.threads },
+            session_config: SessionConfig { intra_threads: options.threads, ..SessionConfig::default() },
             counters,
         })
     }

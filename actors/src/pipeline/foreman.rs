@@ -216,6 +216,9 @@ pub struct WorkerSummary {
     pub stats: Option<WorkerStats>,
     /// Last telemetry.
     pub telemetry: TelemetrySample,
+    /// Its RSS when it joined holding no session (the idle floor: runtime and ONNX Runtime
+    /// loaded, no stage), bytes; `None` when it joined with a live session or not at all.
+    pub idle_rss_bytes: Option<u64>,
     /// Last RTT QUIC measured to it, ms.
     pub rtt_ms: f64,
     /// Times it was put back in service after being lost.
@@ -1391,6 +1394,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
             let (node, summary) = match joined {
                 Some(Joined { node, pid, cached, live, straggler, telemetry }) => {
                     let rtt_ms = shared.link.rtt(&NodeId::new(&node)).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+                    let live_none = live.is_none();
                     let report =
                         WorkerReport { telemetry: policy_telemetry(&telemetry, rtt_ms), live, cached };
                     policy
@@ -1398,6 +1402,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
                         .map_err(|e| ShellError::Refused(e.to_string()).to_string())?;
                     debug!(worker = idx, %node, pid, %straggler, "pipeline worker joined");
                     let summary = WorkerSummary {
+                        idle_rss_bytes: live_none.then_some(telemetry.rss_bytes),
                         node: node.clone(),
                         pid,
                         straggler,

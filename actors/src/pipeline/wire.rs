@@ -86,6 +86,9 @@ pub struct WorkerStats {
     pub runs: u32,
     /// Peak RSS of the worker process (VmHWM), bytes.
     pub peak_rss_bytes: u64,
+    /// Size of the largest stage file the process pulled or loaded, bytes (its weights plus a
+    /// graph of a few KB): what its peak is held against, over the same lifetime as the peak.
+    pub largest_stage_bytes: u64,
 }
 
 /// A worker's own account of one task outside the compute: where its time went (microseconds)

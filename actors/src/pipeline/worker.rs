@@ -139,6 +139,11 @@ impl TypedActor for PipelineWorker {
             cache = %settings.cache_dir,
             "pipeline worker up"
         );
+        // ONNX Runtime loaded now, not at the first stage: the idle worker (and the floor its join
+        // reports) is the one that serves, and a missing library shows at start
+        if let Err(e) = tokio::task::spawn_blocking(troupe_kernels::onnx::runtime).await? {
+            warn!(node = %settings.node, error = %e, "ONNX Runtime not loaded; stages will not load");
+        }
         let sampler = Sampler::new(settings.device, settings.ram_budget_bytes);
         let link = ctx.actors.link().clone();
         let shelf = BlobShelf::default();
@@ -299,22 +304,22 @@ impl PipelineWorker {
         if path.is_file() {
             return Ok(Fetched { cached: true, micros: 0 });
         }
+        self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(size);
         let start = Instant::now();
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
-        let bytes = self
-            .link
-            .fetch_blob(&NodeId::new(&from), blob, cap)
-            .await
-            .map_err(|e| format!("pulling stage {stage} from {from}: {e}"))?;
-        let got = sha256_hex(&bytes);
-        if got != sha256 {
-            return Err(format!("stage {stage} from {from}: SHA-256 {got} does not match {sha256}"));
-        }
         let tmp = path.with_extension(format!("part{}", std::process::id()));
-        std::fs::write(&tmp, &bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
-        drop(bytes);
+        // written from the frame it arrived in: one copy of the stage in memory, not two
+        let keep = |bytes: &[u8]| -> Result<(), String> {
+            let got = sha256_hex(bytes);
+            if got != sha256 {
+                return Err(format!("stage {stage} from {from}: SHA-256 {got} does not match {sha256}"));
+            }
+            std::fs::write(&tmp, bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))
+        };
+        let pulled = self.link.fetch_blob_with(&NodeId::new(&from), blob, cap, keep).await;
         crate::allocator::release_free_memory();
+        pulled.map_err(|e| format!("pulling stage {stage} from {from}: {e}"))??;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
         self.stats.pulls += 1;
         Ok(Fetched { cached: false, micros: micros(start.elapsed()) })
     }
@@ -331,6 +336,7 @@ impl PipelineWorker {
             return Err(format!("stage {stage}: {sha256:?} is not a SHA-256"));
         }
         let path = cached_path(&self.settings.cache_dir(), &sha256);
+        let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
         let threads = self.settings.intra_threads as usize;
         let start = Instant::now();
         let hash = sha256.clone();
@@ -344,13 +350,13 @@ impl PipelineWorker {
             }
             // Large initializers memory-mapped: a stage holding the word-embedding table keeps
             // only the rows its inputs touch resident (see `troupe_kernels::onnx::mapped`).
-            OnnxSession::from_file_mapped(&path, &SessionConfig { intra_threads: threads })
-                .map_err(|e| e.to_string())
+            OnnxSession::from_file_mapped(&path, &SessionConfig::lean(threads)).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| format!("load task: {e}"))??;
         self.session = Some(LiveSession::new(session, stage, hash));
         self.stats.loads += 1;
+        self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
         Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
     }
 

@@ -13,6 +13,7 @@ pub mod coe;
 pub mod kernels;
 pub mod peer;
 pub mod pipeline;
+pub mod pipeline_memory;
 pub mod transport;
 
 /// Which benchmark to run.
@@ -97,7 +98,8 @@ pub enum BenchCommand {
         /// Working folder (keys, worker configs, logs and disk caches).
         #[arg(long, default_value = ".cache/bench/pipeline")]
         workdir: PathBuf,
-        /// Only the memory figures (floor, whole model, stages of K = 2, 3, 4).
+        /// Only the memory figures (floor, whole model, stages of K = 2, 3, 4; the workers' idle
+        /// floor and peak over one MiniLM job; the large model's 4 workers when it is set up).
         #[arg(long)]
         memory_only: bool,
         /// Skip the memory-split figures (K = 2, 3, 4 cut and probed): a quicker run of the
@@ -183,7 +185,10 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             model,
         } => {
             if memory_only {
-                ("pipeline", pipeline::memory_split_of(&std::env::current_exe()?, model).await?, json)
+                let exe = std::env::current_exe()?;
+                let mut f = pipeline::memory_split_of(&exe, model).await?;
+                f.extend(pipeline_memory::run(&exe, &workdir).await?);
+                ("pipeline", f, json)
             } else if model != pipeline::MemoryModel::MiniLm {
                 anyhow::bail!("--model large needs --memory-only (the scheduling figures run MiniLM)");
             } else {

@@ -64,6 +64,16 @@ use troupe::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches}
 
 /// Sentences the benchmark embeds (the example's inputs file, compiled in).
 const SENTENCES: &str = include_str!("../../../examples/pipeline-sentences.txt");
+/// The sentences the benchmark embeds.
+pub(crate) fn sentences() -> Vec<String> {
+    SENTENCES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
+}
+
 /// CPU quotas of the 5 workers, percent of one CPU.
 pub const QUOTAS: [u32; 5] = [60, 40, 40, 20, 20];
 
@@ -75,7 +85,7 @@ fn probe(exe: &Path, model: &Path) -> Result<u64> {
 
 /// Peak RSS of `model` loaded and run once in a fresh process (`mapped`: as a worker loads a
 /// stage file).
-fn probe_with(exe: &Path, model: &Path, mapped: bool) -> Result<u64> {
+pub(crate) fn probe_with(exe: &Path, model: &Path, mapped: bool) -> Result<u64> {
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["pipeline", "probe-rss", "--model"]).arg(model);
     if mapped {
@@ -442,12 +452,7 @@ pub async fn run(
     let exe = std::env::current_exe()?;
     let stages = minilm_stages()?;
     let whole = troupe_kernels::assets::Assets::locate()?.path(troupe_kernels::assets::MINILM_WHOLE)?;
-    let sentences: Vec<String> = SENTENCES
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(String::from)
-        .collect();
+    let sentences = sentences();
     let mut f = BTreeMap::new();
     let mut put = |k: &str, v: f64| {
         f.insert(k.to_string(), v);
@@ -456,6 +461,9 @@ pub async fn run(
     // RSS of the whole model and of each stage, each in a fresh process.
     if memory_split_figures {
         for (k, v) in memory_split(&exe).await? {
+            put(&k, v);
+        }
+        for (k, v) in crate::pipeline_memory::large_case(&exe, workdir).await? {
             put(&k, v);
         }
     }
@@ -630,6 +638,10 @@ pub async fn run(
         .max()
         .unwrap_or(0);
     put("worker_max_live_sessions", f64::from(max_live));
+    // each worker's idle floor and its peak over the cold run against its largest stage
+    for (k, v) in crate::pipeline_memory::worker_figures("", &cold) {
+        put(&k, v);
+    }
 
     let streaming_makespan_s = streaming.makespan_s;
     let barrier_makespan_s = barrier.makespan_s;

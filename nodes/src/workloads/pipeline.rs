@@ -33,6 +33,7 @@ use super::NodeContext;
 use crate::config::{ActorConfig, JobConfig};
 
 pub mod local;
+pub mod memory;
 
 /// Most sentences an inputs file may hold.
 pub const MAX_SENTENCES: usize = 4096;
@@ -485,7 +486,8 @@ pub fn summary(
     let lost: Vec<&str> = o.workers.iter().filter(|w| w.lost).map(|w| w.node.as_str()).collect();
     let peak = o.workers.iter().filter_map(|w| w.stats.map(|s| s.peak_rss_bytes)).max();
     let t = &o.tally;
-    crate::summary::Summary::new(title)
+    let memory = memory::summary_rows(&memory::worker_memory(o));
+    let summary = crate::summary::Summary::new(title)
         .row("inputs answered", format!("{} of {inputs}", o.outputs.len()))
         .row_if(
             "resumed from the journal",
@@ -504,7 +506,10 @@ pub fn summary(
             "workers",
             format!("{} ({} tasks)", o.workers.len(), o.workers.iter().map(|w| w.tasks).sum::<usize>()),
         )
-        .row_if("worker peak RSS", peak.map(|b| format!("{:.1} MB (largest)", b as f64 / 1e6)))
+        .row_if("worker peak RSS", peak.map(|b| format!("{:.1} MB (largest)", b as f64 / 1e6)));
+    memory
+        .into_iter()
+        .fold(summary, |s, (k, v)| s.row(k, v))
         .row_if(
             "activations on the wire",
             (t.raw > 0).then(|| format!("{:.3}x of raw", t.wire as f64 / t.raw as f64)),
