@@ -50,12 +50,14 @@ const ISOLATED_JOBS: usize = 11;
 pub struct MeasuredCosts {
     /// One task of stage `k` (ONNX Runtime only), median over inputs.
     pub task_cpu_s: Vec<f64>,
-    /// One warm load of stage `k` (memory-mapped, as a worker loads it), median of 3.
+    /// One warm load of stage `k` (hash check and memory-mapped session, as a worker loads
+    /// it), median of 3.
     pub load_cpu_s: Vec<f64>,
 }
 
 /// Each stage's task and warm-load CPU on this thread's clock (ONNX Runtime runs a session on
-/// the calling thread with one intra-op thread, as the workers do).
+/// the calling thread with one intra-op thread, as the workers do). A load is what a worker's
+/// is: the cached file's SHA-256 checked, then the session made with its initializers mapped.
 pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Result<MeasuredCosts> {
     let cfg = SessionConfig::default();
     let mut sessions =
@@ -89,6 +91,7 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
         // the first load writes the mapped copy (a worker does that once per file)
         for round in 0..4 {
             let start = thread_cpu_s();
+            troupe_actors::pipeline::worker::sha256_file(&link).map_err(anyhow::Error::msg)?;
             let s = OnnxSession::from_file_mapped(&link, &cfg)?;
             let used = thread_cpu_s() - start;
             drop(s);
@@ -210,11 +213,12 @@ pub fn quota_use(m: &Metered, quotas: &BTreeMap<u32, f64>) -> (f64, f64) {
 }
 
 /// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
-/// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s_per_s` over
-/// `window_s`) and less ONNX Runtime's own time, over the tasks.
-pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, jobs: &[JobOutcome]) -> f64 {
+/// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s`) and less
+/// ONNX Runtime's own CPU (`task_cpu_s` per stage, measured on a CPU clock: the workers' own
+/// compute times are wall times, which a loaded host stretches), over the tasks.
+pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, task_cpu_s: &[f64], jobs: &[JobOutcome]) -> f64 {
     let tasks: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter()).collect();
-    let compute: f64 = tasks.iter().map(|t| t.compute_s).sum();
+    let compute: f64 = tasks.iter().map(|t| task_cpu_s.get(t.task.stage).copied().unwrap_or(0.0)).sum();
     ((cpu_s - idle_cpu_s - compute) / tasks.len().max(1) as f64).max(0.0)
 }
 
@@ -237,6 +241,7 @@ pub async fn measure_runtime_cpu(
     files: &[StageFile],
     inputs: &[Vec<NamedTensor>],
     settings: &ShellSettings,
+    task_cpu_s: &[f64],
 ) -> Result<RuntimeCpu> {
     let meters = Meters::attach(cluster, quotas);
     let resident = ShellSettings { fresh_start: false, ..settings.clone() };
@@ -264,7 +269,7 @@ pub async fn measure_runtime_cpu(
     meters.release();
     let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
     Ok(RuntimeCpu {
-        per_task_s: runtime_cpu_per_task(cpu, idle * window, &jobs),
+        per_task_s: runtime_cpu_per_task(cpu, idle * window, task_cpu_s, &jobs),
         overhead_wall_s: overhead_s(&times),
         idle_cpus: idle,
     })
@@ -559,7 +564,15 @@ pub async fn large_case(exe: &Path, workdir: &Path, repeats: usize) -> Result<Op
     let full = LocalCluster::start(exe, &full_dir, &specs(true, &full_dir)).await?;
     let runtime = async {
         full.run(job(Mode::Streaming, w)?, settings.clone(), None).await?;
-        measure_runtime_cpu(&full, &[100; 4], &files, &inputs_of(ISOLATED_JOBS)?, &settings).await
+        measure_runtime_cpu(
+            &full,
+            &[100; 4],
+            &files,
+            &inputs_of(ISOLATED_JOBS)?,
+            &settings,
+            &costs.task_cpu_s,
+        )
+        .await
     }
     .await;
     full.shutdown().await;
