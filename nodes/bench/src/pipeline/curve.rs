@@ -605,3 +605,40 @@ pub async fn large_case(exe: &Path, workdir: &Path, repeats: usize) -> Result<Op
     f.insert("large_cold_streaming_s".into(), cold.makespan_s);
     Ok(Some(f))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_actors::pipeline::{Span, WorkerSummary};
+    use troupe_policy::pipeline::TaskId;
+
+    #[test]
+    fn union_of_overlapping_spans() {
+        assert!((union_len(vec![(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) - 3.0).abs() < 1e-12);
+        assert_eq!(union_len(Vec::new()), 0.0);
+    }
+
+    /// Two workers at 50 % and 25 %, busy 2 s and 1 s of a 4 s job, used 0.9 and 0.2 s of CPU:
+    /// 1.1 / (2 x 0.5 + 1 x 0.25) of what their quotas allowed while busy, 1.1 / (4 x 0.75) over
+    /// the makespan. A fetch is not busy time (it waits on the network).
+    #[test]
+    fn quota_use_counts_busy_time_at_each_quota() {
+        let worker = |pid| WorkerSummary { pid, ..WorkerSummary::default() };
+        let span = |worker, kind, start, end| Span { worker, kind, start, end };
+        let outcome = JobOutcome {
+            makespan_s: 4.0,
+            workers: vec![worker(10), worker(11)],
+            spans: vec![
+                span(0, SpanKind::Load { stage: 0, cold: false }, 0.0, 1.0),
+                span(0, SpanKind::Run(TaskId::new(0, 0)), 0.5, 2.0),
+                span(1, SpanKind::Fetch(1), 0.0, 3.0),
+                span(1, SpanKind::Run(TaskId::new(0, 1)), 3.0, 4.0),
+            ],
+            ..JobOutcome::default()
+        };
+        let m = Metered { outcome, worker_cpu_s: BTreeMap::from([(10, 0.9), (11, 0.2)]), foreman_cpu_s: 0.1 };
+        let (busy, whole) = quota_use(&m, &BTreeMap::from([(10, 0.5), (11, 0.25)]));
+        assert!((busy - 1.1 / 1.25).abs() < 1e-9, "{busy}");
+        assert!((whole - 1.1 / 3.0).abs() < 1e-9, "{whole}");
+    }
+}
