@@ -7,7 +7,7 @@
 //!   (`worker_peak_rss_mb_max`: what single-partition residency costs).
 //! - Streaming vs barrier: the same job (MiniLM in 3 stages, `inputs` inputs of `batch`
 //!   sentences, default N = 10 W; and again with N = W inputs, the `_n_eq_w` figures) on 5 worker processes slowed for real (cgroup v1 CPU quota where available,
-//!   else pacing, which the table says) to 60/40/40/20/20% of one CPU. The ideal pipeline bound
+//!   else pacing, which the table says) to 39/26/26/13/13% of one CPU ([`QUOTAS`]). The ideal pipeline bound
 //!   comes from per-stage compute times measured here at full speed and the workers' quotas
 //!   (`troupe_policy::pipeline::sim::ideal_pipeline_bound`): compute only, no loads or transfers.
 //!   `streaming_over_ideal_with_loads` divides by the bound that also counts loads
@@ -37,6 +37,9 @@
 //!   the workers: each keeps its live stage) against off, and per run how often each tier (1-4)
 //!   served a claim (the `assign ... (Tn)` log lines), tasks and home stage per worker, loads.
 //!   Every job starts from the costs the jobs before it learned (`ShellSettings::prior_costs`).
+//!
+//! - The curve ([`curve`], issue 44): streaming, barrier and B*(N) at N = W, 2W, 5W, 10W, the
+//!   starvation check read from the workers' cgroups, and the large model as a second case.
 //!
 //! Streaming and barrier runs alternate `repeats` times on the same warm cluster; the median run
 //! of each is reported (with the spread), and drawn: the SVG is a Gantt chart of those two runs,
