@@ -106,8 +106,12 @@ pub enum BenchCommand {
         /// scheduling figures.
         #[arg(long, conflicts_with = "memory_only")]
         no_memory_split: bool,
+        /// Skip the second case (all-mpnet-base-v2 in 4 stages on 4 workers, run when
+        /// `scripts/setup --large` has put it in the cache).
+        #[arg(long, conflicts_with = "memory_only")]
+        no_large: bool,
         /// The model of the memory figures: minilm, or large (all-mpnet-base-v2, ~4.8x MiniLM,
-        /// from `scripts/setup --large`; needs --memory-only, the scheduling figures run MiniLM).
+        /// from `scripts/setup --large`; needs --memory-only; the scheduling figures run MiniLM, then the large model's curve when it is there).
         #[arg(long, default_value = "minilm")]
         model: pipeline::MemoryModel,
     },
@@ -182,6 +186,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             workdir,
             memory_only,
             no_memory_split,
+            no_large,
             model,
         } => {
             if memory_only {
@@ -193,7 +198,11 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 anyhow::bail!("--model large needs --memory-only (the scheduling figures run MiniLM)");
             } else {
                 let split = !no_memory_split;
-                ("pipeline", pipeline::run(&workdir, &svg, inputs, batch, repeats, split).await?, json)
+                (
+                    "pipeline",
+                    pipeline::run(&workdir, &svg, inputs, batch, repeats, split, !no_large).await?,
+                    json,
+                )
             }
         }
         BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds } => {

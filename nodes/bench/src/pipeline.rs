@@ -7,7 +7,7 @@
 //!   (`worker_peak_rss_mb_max`: what single-partition residency costs).
 //! - Streaming vs barrier: the same job (MiniLM in 3 stages, `inputs` inputs of `batch`
 //!   sentences, default N = 10 W; and again with N = W inputs, the `_n_eq_w` figures) on 5 worker processes slowed for real (cgroup v1 CPU quota where available,
-//!   else pacing, which the table says) to 60/40/40/20/20% of one CPU. The ideal pipeline bound
+//!   else pacing, which the table says) to 39/26/26/13/13% of one CPU ([`QUOTAS`]). The ideal pipeline bound
 //!   comes from per-stage compute times measured here at full speed and the workers' quotas
 //!   (`troupe_policy::pipeline::sim::ideal_pipeline_bound`): compute only, no loads or transfers.
 //!   `streaming_over_ideal_with_loads` divides by the bound that also counts loads
@@ -38,9 +38,15 @@
 //!   served a claim (the `assign ... (Tn)` log lines), tasks and home stage per worker, loads.
 //!   Every job starts from the costs the jobs before it learned (`ShellSettings::prior_costs`).
 //!
+//! - The curve ([`curve`], issue 44): streaming, barrier and B*(N) at N = W, 2W, 5W, 10W, the
+//!   starvation check read from the workers' cgroups, and the large model as a second case.
+//!
 //! Streaming and barrier runs alternate `repeats` times on the same warm cluster; the median run
 //! of each is reported (with the spread), and drawn: the SVG is a Gantt chart of those two runs,
 //! one row per worker.
+
+mod cpu;
+pub mod curve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,8 +80,10 @@ pub(crate) fn sentences() -> Vec<String> {
         .collect()
 }
 
-/// CPU quotas of the 5 workers, percent of one CPU.
-pub const QUOTAS: [u32; 5] = [60, 40, 40, 20, 20];
+/// CPU quotas of the 5 workers, percent of one CPU: 3:2:2:1:1, 1.17 CPUs in all, so the crowd
+/// fits a 2-core host beside the foreman (at 60/40/40/20/20, 1.8 CPUs, the workers got less than
+/// their quotas and the bound counted capacity that was not there).
+pub const QUOTAS: [u32; 5] = [39, 26, 26, 13, 13];
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -448,6 +456,7 @@ pub async fn run(
     batch: usize,
     repeats: usize,
     memory_split_figures: bool,
+    large_case: bool,
 ) -> Result<BTreeMap<String, f64>> {
     let exe = std::env::current_exe()?;
     let stages = minilm_stages()?;
@@ -488,6 +497,18 @@ pub async fn run(
     let small_inputs = tokenize_batches(&sentences, n_eq_w, batch)?;
     let job_n_eq_w = |mode: Mode| build_job(files.clone(), small_inputs.clone(), mode, false);
     let streaming_chain = job(Mode::Streaming, false)?.chain;
+    // The curve's job sizes other than N = W and N = `inputs` (run in the main loop).
+    let curve_sizes: Vec<usize> =
+        curve::MULTIPLES.iter().map(|m| m * n_eq_w).filter(|&n| n != n_eq_w && n != inputs).collect();
+    let curve_inputs = curve_sizes
+        .iter()
+        .map(|&n| tokenize_batches(&sentences, n, batch).map(|v| (n, v)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
+    let job_of_size = |mode: Mode, n: usize| -> Result<PipelineJob> {
+        let v = curve_inputs.get(&n).context("a curve size without inputs")?;
+        Ok(build_job(files.clone(), v.clone(), mode, false)?)
+    };
+    let cpu_costs = curve::measure_cpu_costs(&stages, &job_inputs)?;
 
     let _ = std::fs::remove_dir_all(workdir.join("cache"));
     let specs: Vec<WorkerSpec> = QUOTAS
@@ -500,6 +521,7 @@ pub async fn run(
         })
         .collect();
     let cluster = LocalCluster::start(&exe, workdir, &specs).await?;
+    let meters = curve::Meters::attach(&cluster, &QUOTAS);
     let settings = ShellSettings {
         workers: specs.len(),
         join_timeout: Duration::from_secs(60),
@@ -531,14 +553,27 @@ pub async fn run(
         let mut runs_eager = Vec::new();
         let mut runs_resident = Vec::new();
         let mut small_eager = Vec::new();
+        // Every streaming and barrier run of the curve, metered, by (N, streaming).
+        let mut curve_runs: BTreeMap<(usize, bool), Vec<curve::Metered>> = BTreeMap::new();
         let bar = troupe::progress::bar(repeats.max(1) as u64, "bench pipeline repeats");
         for _ in 0..repeats.max(1) {
             bar.inc(1);
             let m = &mut memory;
-            runs_s.push(run_remembering(&cluster, job(Mode::Streaming, false)?, settings.clone(), m).await?);
-            runs_b.push(run_remembering(&cluster, job(Mode::Barrier, false)?, settings.clone(), m).await?);
-            small_s.push(run_remembering(&cluster, job_n_eq_w(Mode::Streaming)?, settings.clone(), m).await?);
-            small_b.push(run_remembering(&cluster, job_n_eq_w(Mode::Barrier)?, settings.clone(), m).await?);
+            let mut metered =
+                async |n: usize, streaming: bool, job: PipelineJob, m: &mut Option<CostModel>| {
+                    let r = curve::run_metered(&cluster, &meters, job, settings.clone(), m).await?;
+                    let o = r.outcome.clone();
+                    curve_runs.entry((n, streaming)).or_default().push(r);
+                    anyhow::Ok(o)
+                };
+            runs_s.push(metered(inputs, true, job(Mode::Streaming, false)?, m).await?);
+            runs_b.push(metered(inputs, false, job(Mode::Barrier, false)?, m).await?);
+            small_s.push(metered(n_eq_w, true, job_n_eq_w(Mode::Streaming)?, m).await?);
+            small_b.push(metered(n_eq_w, false, job_n_eq_w(Mode::Barrier)?, m).await?);
+            for &n in &curve_sizes {
+                metered(n, true, job_of_size(Mode::Streaming, n)?, m).await?;
+                metered(n, false, job_of_size(Mode::Barrier, n)?, m).await?;
+            }
             small_eager
                 .push(run_remembering(&cluster, job_n_eq_w(Mode::Streaming)?, eager.clone(), m).await?);
             runs_eager.push(run_remembering(&cluster, job(Mode::Streaming, false)?, eager.clone(), m).await?);
@@ -554,12 +589,26 @@ pub async fn run(
         let ablations = (take_median(runs_eager), take_median(runs_resident), take_median(small_eager));
         let bf16 =
             run_remembering(&cluster, job(Mode::Streaming, true)?, settings.clone(), &mut memory).await?;
-        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spreads, small, ablations))
+        anyhow::Ok((cold, cold_peaks, reset, streaming, barrier, bf16, spreads, small, ablations, curve_runs))
     }
     .await;
     let peaks = cluster.peak_rss();
+    let quotas_by_pid = meters.quotas();
+    let (from_cgroups, cpu_sources) = meters.describe();
     cluster.shutdown().await;
-    let (cold, cold_peaks, reset, streaming, barrier, bf16, spreads, (small_s, small_b), ablations) = result?;
+    meters.release();
+    let (
+        cold,
+        cold_peaks,
+        reset,
+        streaming,
+        barrier,
+        bf16,
+        spreads,
+        (small_s, small_b),
+        ablations,
+        curve_runs,
+    ) = result?;
     // The runtime's own overhead per task, measured with the same workers at full speed (no
     // quota: worker-side encode, decode and pulls are not multiplied by 1/quota), their disk
     // caches warm from the runs above.
@@ -583,11 +632,81 @@ pub async fn run(
                 isolated.extend(o.task_times);
             }
         }
-        anyhow::Ok((loaded, isolated))
+        let inputs_for_runtime = tokenize_batches(&sentences, ISOLATED_JOBS, batch)?;
+        let runtime = curve::measure_runtime_cpu(
+            &full,
+            &[100; 5],
+            &files,
+            &inputs_for_runtime,
+            &settings,
+            &cpu_costs.task_cpu_s,
+        )
+        .await?;
+        anyhow::Ok((loaded, isolated, runtime))
     }
     .await;
     full.shutdown().await;
-    let (full_speed, isolated) = full_result?;
+    let (full_speed, isolated, runtime_cpu) = full_result?;
+    // The curve (issue 44, item 1): streaming, barrier and B* at N = W, 2W, 5W, 10W.
+    let mut quota_use = (f64::INFINITY, f64::INFINITY);
+    for r in curve_runs.values().flatten() {
+        let u = curve::quota_use(r, &quotas_by_pid);
+        quota_use = (quota_use.0.min(u.0), quota_use.1.min(u.1));
+    }
+    let mut curve_runs = curve_runs;
+    let points: Vec<curve::Point> = curve_runs
+        .keys()
+        .map(|k| k.0)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|n| {
+            let s = curve_runs.remove(&(n, true))?;
+            let b = curve_runs.remove(&(n, false))?;
+            Some(curve::Point {
+                n,
+                streaming: curve::take_median_metered(s),
+                barrier: curve::take_median_metered(b),
+            })
+        })
+        .collect();
+    let curve_setup = curve::CurveSetup {
+        prefix: "",
+        quotas: &QUOTAS,
+        costs: &cpu_costs,
+        runtime: runtime_cpu,
+        pulls_s: curve::pulls(&cold, stages.len()),
+        chain: streaming_chain.clone(),
+        cores: std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64),
+        quota_use,
+        from_cgroups,
+    };
+    let (curve_keys, curve_lines) = curve::curve_figures(&curve_setup, &points);
+    for (k, v) in curve_keys {
+        put(&k, v);
+    }
+    for l in curve_lines {
+        println!("{l}");
+    }
+    println!("  workers' CPU read from: {}", cpu_sources.join("; "));
+    if large_case {
+        // the second case failing does not take the first case's figures with it
+        match curve::large_case(&exe, &workdir.join("large"), repeats).await {
+            Ok(Some(large)) => {
+                for (k, v) in large {
+                    put(&k, v);
+                }
+                put("large_case_ran", 1.0);
+            }
+            Ok(None) => put("large_case_ran", 0.0),
+            Err(e) => {
+                println!("large case FAILED (its figures are left out): {e:#}");
+                put("large_case_ran", 0.0);
+            }
+        }
+    } else {
+        println!("large case skipped (--no-large)");
+        put("large_case_ran", 0.0);
+    }
     let (eager_run, resident_run, small_eager_run) = ablations;
     // Item 8, ablations (medians of `repeats` real runs each, alternated with the main runs).
     put("ablation_streaming_jit_s", streaming.makespan_s);
@@ -789,6 +908,7 @@ pub async fn run(
             // the measured overhead is paid by every task (transfer included), local or not
             hop: Micros::ZERO,
             task_overhead: us(hop),
+            loads_are_cpu: false,
             crashes: Vec::new(),
             deliver_late_completions: false,
             foreman,

@@ -1,5 +1,6 @@
 //! Pipeline workload (CROWDio): one model cut into stages, run over a crowd of phone-class workers.
 //!
+//! - [`bound`]: B*(N), the makespan bound with loads and per-task runtime CPU as CPU work.
 //! - [`chain`]: job submission check (linear DAG of stage signatures).
 //! - [`affinity`]: 4-tier residency affinity, entropy-weighted ranking, two-phase dispatch.
 //! - [`coding`]: whether activations are compressed on the wire (by where the crowd runs).
@@ -12,6 +13,7 @@
 use std::fmt;
 
 pub mod affinity;
+pub mod bound;
 pub mod chain;
 pub mod coding;
 pub mod costs;

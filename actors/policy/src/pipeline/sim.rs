@@ -90,6 +90,9 @@ pub struct SimSetup {
     /// Runtime overhead every task pays on its worker on top of compute and transfer (dispatch,
     /// reply, encode/decode), not scaled by speed: what the bench measures as `task_overhead_ms`.
     pub task_overhead: Micros,
+    /// Warm loads are CPU work on the worker: `warm_load / speed` (what a quota'd worker pays;
+    /// the bound of [`super::bound`] counts them so). False: `warm_load` on any worker.
+    pub loads_are_cpu: bool,
     /// Workers that crash, and when.
     pub crashes: Vec<(WorkerId, Micros)>,
     /// Deliver a crashed worker's in-flight completion anyway (it must be ignored).
@@ -264,7 +267,8 @@ impl Sim<'_> {
                 } else {
                     (start + c.download, true)
                 };
-                let end = from + c.warm_load;
+                let end =
+                    from + if self.setup.loads_are_cpu { scaled(c.warm_load, w.speed) } else { c.warm_load };
                 w.busy_until = end;
                 if cold {
                     self.report.loads.0 += 1;

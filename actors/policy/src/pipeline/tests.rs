@@ -763,6 +763,7 @@ fn setup(sizes: &[u64], speeds: &[f64], inputs: usize, mode: Mode) -> SimSetup {
         mode,
         hop: Micros::from_millis(10),
         task_overhead: Micros::ZERO,
+        loads_are_cpu: false,
         crashes: Vec::new(),
         deliver_late_completions: true,
         foreman: ForemanConfig::default(),
@@ -1608,4 +1609,54 @@ fn remembered_costs_plan_at_submit_and_eager_loads_start_at_once() {
     let r = simulate(&s).unwrap();
     assert!(r.log.iter().any(|(t, a)| *t == Micros::ZERO && matches!(a, Action::Load { stage: 0, .. })));
     assert!(!r.log.iter().any(|(t, a)| *t == Micros::ZERO && matches!(a, Action::Load { stage: 1 | 2, .. })));
+}
+
+/// B*(N) ([`super::bound::lower_bound`]) never exceeds a schedule the simulator produces on the
+/// same costs, with loads charged as CPU at each worker's speed (`loads_are_cpu`), in either mode,
+/// the first or the second job of a foreman (costs remembered), with transfers and per-task
+/// overhead on top; over seeded random instances. The capacity is the quotas' sum (the
+/// simulator's workers never share a core), so the capacity term is checked by hand in
+/// `bound.rs`. It also checks that the bound is not vacuous: within 40x of every makespan.
+#[test]
+fn cpu_bound_never_exceeds_a_simulated_schedule() {
+    use super::bound::{CpuCosts, lower_bound};
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let mut rng = SmallRng::seed_from_u64(44);
+    for case in 0..150 {
+        let stages = rng.random_range(1..5);
+        let sizes: Vec<u64> = (0..stages).map(|_| rng.random_range(1_000..80_000_000)).collect();
+        let speeds: Vec<f64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0.1..1.0)).collect();
+        let inputs = rng.random_range(1..40);
+        let mut costs = costs_for(&sizes);
+        for c in &mut costs {
+            c.compute = Micros(rng.random_range(500..60_000));
+            c.warm_load = Micros(rng.random_range(1_000..600_000));
+        }
+        let cached: Vec<usize> = (0..stages).filter(|_| rng.random_bool(0.7)).collect();
+        let cpu = CpuCosts {
+            task: costs.iter().map(|c| c.compute).collect(),
+            load: costs.iter().map(|c| c.warm_load).collect(),
+        };
+        let sum: f64 = speeds.iter().sum();
+        let bound = lower_bound(&cpu, &speeds, sum, inputs).unwrap();
+        for mode in [Mode::Streaming, Mode::Barrier] {
+            let mut s = setup(&sizes, &speeds, inputs, mode);
+            s.costs = costs.clone();
+            s.workers = crowd(&speeds, &cached);
+            s.loads_are_cpu = true;
+            s.hop = Micros(rng.random_range(0..5_000));
+            s.task_overhead = Micros(rng.random_range(0..2_000));
+            s.foreman.remember_costs = true;
+            let (first, f) = simulate_on(&s, Foreman::new(s.foreman)).unwrap();
+            let (second, _) = simulate_on(&s, f).unwrap();
+            for r in [first, second] {
+                let m = r.makespan.unwrap();
+                assert!(bound <= m, "case {case} {mode:?}: bound {bound} above the makespan {m}");
+                assert!(
+                    m.0 <= 40 * bound.0.max(1),
+                    "case {case} {mode:?}: bound {bound} vacuous next to {m}"
+                );
+            }
+        }
+    }
 }
