@@ -114,7 +114,7 @@ pub struct Metered {
     pub foreman_cpu_s: f64,
 }
 
-/// Each worker's CPU clock ([`CpuSource`]), by pid.
+/// Each worker's CPU clock (`CpuSource`), by pid.
 pub struct Meters(Vec<(u32, u32, CpuSource)>);
 
 impl Meters {
@@ -155,7 +155,7 @@ fn used(before: &BTreeMap<u32, f64>, after: &BTreeMap<u32, f64>) -> BTreeMap<u32
     after.iter().filter_map(|(p, a)| before.get(p).map(|b| (*p, (a - b).max(0.0)))).collect()
 }
 
-/// [`run_remembering`] with the CPU read around it.
+/// `run_remembering` with the CPU read around it.
 pub async fn run_metered(
     cluster: &LocalCluster,
     meters: &Meters,
