@@ -701,17 +701,12 @@ impl Foreman {
             return;
         };
         w.running = None;
-        let Some(i) = job.index(task) else { return };
-        job.attempts[i] = job.attempts[i].saturating_add(1);
-        if job.attempts[i] >= self.config.max_attempts {
-            job.set(task, TaskState::Waiting);
-            if !job.finished {
-                job.finished = true;
-                self.actions.push_back(Action::JobFailed { task });
-            }
+        if job.index(task).is_none() || self.out_of_attempts(task) {
             return;
         }
-        job.set(task, TaskState::Waiting);
+        if let Some(job) = self.job.as_mut() {
+            job.set(task, TaskState::Waiting);
+        }
         // the producer's outputs are gone: it runs again (and `task` becomes ready after it)
         self.handle_outputs_lost(now, TaskId::new(task.input, task.stage - 1));
         self.dispatch();
@@ -874,19 +869,29 @@ impl Foreman {
         }
     }
 
-    fn retry_or_fail(&mut self, task: TaskId) {
-        let Some(job) = self.job.as_mut() else { return };
-        let Some(i) = job.index(task) else { return };
+    /// Counts one more attempt of `task`; at `max_attempts` the task waits and the job fails
+    /// (once). Returns whether the task is out of attempts.
+    fn out_of_attempts(&mut self, task: TaskId) -> bool {
+        let Some(job) = self.job.as_mut() else { return true };
+        let Some(i) = job.index(task) else { return true };
         job.attempts[i] = job.attempts[i].saturating_add(1);
-        if job.attempts[i] >= self.config.max_attempts {
-            job.set(task, TaskState::Waiting);
-            if !job.finished {
-                job.finished = true;
-                self.actions.push_back(Action::JobFailed { task });
-            }
-        } else if task.stage > 0
-            && job.state(TaskId::new(task.input, task.stage - 1)) != Some(TaskState::Done)
-        {
+        if job.attempts[i] < self.config.max_attempts {
+            return false;
+        }
+        job.set(task, TaskState::Waiting);
+        if !job.finished {
+            job.finished = true;
+            self.actions.push_back(Action::JobFailed { task });
+        }
+        true
+    }
+
+    fn retry_or_fail(&mut self, task: TaskId) {
+        if self.out_of_attempts(task) {
+            return;
+        }
+        let Some(job) = self.job.as_mut() else { return };
+        if task.stage > 0 && job.state(TaskId::new(task.input, task.stage - 1)) != Some(TaskState::Done) {
             // its inputs are being made again (see `handle_outputs_lost`)
             job.set(task, TaskState::Waiting);
         } else {
