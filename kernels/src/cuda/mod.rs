@@ -23,6 +23,10 @@ mod mlp;
 mod moe;
 #[cfg(not(feature = "cuda"))]
 mod stub;
+#[cfg(feature = "cuda")]
+mod vmoe;
+#[cfg(feature = "cuda")]
+mod vmoe_src;
 
 /// A device buffer (cudarc's), as the weight store's arena and the MLP layers hold them.
 #[cfg(feature = "cuda")]
@@ -40,7 +44,13 @@ pub use mlp::{CudaDense, mlp_forward_arena, mlp_forward_device};
 pub use moe::{moe_ffn_backward, moe_ffn_forward};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    CudaDense, CudaDevice, CudaSlice, NOT_BUILT, bias_add, cuda_available, driver_library_present,
-    ffn_kernels_ptx, matmul, mlp_forward_arena, mlp_forward_device, moe_ffn_backward, moe_ffn_forward, relu,
-    softmax,
+    CudaAdamW, CudaDense, CudaDevice, CudaSlice, NOT_BUILT, attention_backward, attention_forward, bias_add,
+    bias_grad, cross_entropy, cuda_available, driver_library_present, ffn_kernels_ptx, gelu, gelu_backward,
+    layer_norm, layer_norm_backward, matmul, mlp_forward_arena, mlp_forward_device, moe_ffn_backward,
+    moe_ffn_forward, relu, softmax, vmoe_kernels_ptx,
+};
+#[cfg(feature = "cuda")]
+pub use vmoe::{
+    CudaAdamW, attention_backward, attention_forward, bias_grad, cross_entropy, gelu, gelu_backward,
+    layer_norm, layer_norm_backward, vmoe_kernels_ptx,
 };

@@ -5,7 +5,10 @@
 use std::marker::PhantomData;
 
 use crate::error::{KernelError, Result};
-use crate::ops::{ExpertParams, MoeCache, MoeGrads, Routing};
+use crate::ops::{
+    AdamW, AttentionCache, AttentionGrads, AttentionParams, ExpertParams, LayerNormCache, LayerNormGrads,
+    MoeCache, MoeGrads, Routing,
+};
 use crate::tensor::Tensor;
 
 /// Why CUDA is unavailable in this build (the reason in [`KernelError::CudaUnavailable`]).
@@ -154,6 +157,108 @@ pub fn moe_ffn_backward(
     _experts: &[ExpertParams],
 ) -> Result<MoeGrads> {
     match dev.0 {}
+}
+
+/// Always [`KernelError::CudaUnavailable`] ([`NOT_BUILT`]): there is no NVRTC in this build.
+pub fn vmoe_kernels_ptx() -> Result<String> {
+    Err(not_built())
+}
+
+/// Layer norm forward on the GPU.
+pub fn layer_norm(
+    dev: &CudaDevice,
+    _x: &Tensor,
+    _gamma: &Tensor,
+    _beta: &Tensor,
+    _eps: f32,
+) -> Result<(Tensor, LayerNormCache)> {
+    match dev.0 {}
+}
+
+/// Layer norm backward on the GPU.
+pub fn layer_norm_backward(
+    dev: &CudaDevice,
+    _dy: &Tensor,
+    _gamma: &Tensor,
+    _cache: &LayerNormCache,
+) -> Result<LayerNormGrads> {
+    match dev.0 {}
+}
+
+/// The bias gradient on the GPU.
+pub fn bias_grad(dev: &CudaDevice, _dy: &Tensor) -> Result<Tensor> {
+    match dev.0 {}
+}
+
+/// GELU on the GPU.
+pub fn gelu(dev: &CudaDevice, _x: &Tensor) -> Result<Tensor> {
+    match dev.0 {}
+}
+
+/// GELU backward on the GPU.
+pub fn gelu_backward(dev: &CudaDevice, _x: &Tensor, _dy: &Tensor) -> Result<Tensor> {
+    match dev.0 {}
+}
+
+/// Cross-entropy on the GPU.
+pub fn cross_entropy(dev: &CudaDevice, _logits: &Tensor, _targets: &[usize]) -> Result<(f32, Tensor)> {
+    match dev.0 {}
+}
+
+/// Attention forward on the GPU.
+pub fn attention_forward(
+    dev: &CudaDevice,
+    _x: &Tensor,
+    _p: &AttentionParams,
+    _seq_len: usize,
+    _heads: usize,
+) -> Result<(Tensor, AttentionCache)> {
+    match dev.0 {}
+}
+
+/// Attention backward on the GPU.
+pub fn attention_backward(
+    dev: &CudaDevice,
+    _dy: &Tensor,
+    _p: &AttentionParams,
+    _cache: &AttentionCache,
+) -> Result<AttentionGrads> {
+    match dev.0 {}
+}
+
+/// AdamW with its moments on the device; in this build there is none.
+#[derive(Clone, Debug)]
+pub struct CudaAdamW {
+    /// The hyper-parameters.
+    pub hyper: AdamW,
+    never: Never,
+}
+
+impl CudaAdamW {
+    /// Moments for `len` parameters on the device.
+    pub fn new(dev: &CudaDevice, _hyper: AdamW, _len: usize) -> Result<Self> {
+        match dev.0 {}
+    }
+
+    /// Bytes the moments hold on the device.
+    pub fn state_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// One step of device `params` with device `grads`.
+    pub fn step_device(
+        &mut self,
+        _dev: &CudaDevice,
+        _params: &mut CudaSlice<f32>,
+        _grads: &CudaSlice<f32>,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    /// One step of host `params` with host `grads`.
+    pub fn step(&mut self, _dev: &CudaDevice, _params: &mut [f32], _grads: &[f32]) -> Result<()> {
+        match self.never {}
+    }
 }
 
 /// One dense layer's weights on the device.

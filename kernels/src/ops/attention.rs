@@ -11,7 +11,8 @@
 //! The cache holds the attention probabilities, `seqs * heads * seq_len^2` floats: the temporary that
 //! grows with the square of the sequence length ([`AttentionCache::bytes`] measures it).
 
-use super::{matmul, rows_cols};
+use super::{Op, matmul, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -68,7 +69,7 @@ pub struct AttentionGrads {
 }
 
 /// Shapes of an attention call: `(rows, dim, seqs, dh)`.
-fn dims(
+pub(crate) fn dims(
     x: &Tensor,
     p: &AttentionParams,
     seq_len: usize,
@@ -119,7 +120,7 @@ fn softmax_in_place(row: &mut [f32]) {
 }
 
 /// `[row][head * dh + j]` (row-major `rows x dim`) to head-major `[seq][head][pos][j]`.
-fn to_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
+pub(crate) fn to_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
     let dim = heads * dh;
     let mut out = vec![0.0; m.len()];
     for (r, row) in m.chunks_exact(dim).enumerate() {
@@ -133,7 +134,7 @@ fn to_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
 }
 
 /// The inverse of [`to_heads`].
-fn from_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
+pub(crate) fn from_heads(m: &[f32], seq_len: usize, heads: usize, dh: usize) -> Vec<f32> {
     let dim = heads * dh;
     let mut out = vec![0.0; m.len()];
     for (r, row) in out.chunks_exact_mut(dim).enumerate() {
@@ -280,6 +281,47 @@ pub fn attention_backward(
         dx.iter_mut().zip(part.f32_cow().iter()).for_each(|(a, &b)| *a += b);
     }
     Ok(AttentionGrads { dx: Tensor::from_f32(&[rows, dim], dx)?, params: AttentionParams { wq, wk, wv, wo } })
+}
+
+/// Self-attention forward as an op: `(x, params)` to `(y, cache)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Attention {
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Heads.
+    pub heads: usize,
+}
+
+impl Op for Attention {
+    type Args<'a> = (&'a Tensor, &'a AttentionParams);
+    type Output = (Tensor, AttentionCache);
+    const NAME: &'static str = "attention";
+
+    fn cpu(&self, (x, p): Self::Args<'_>) -> Result<Self::Output> {
+        attention_forward(x, p, self.seq_len, self.heads)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (x, p): Self::Args<'_>) -> Result<Self::Output> {
+        crate::cuda::attention_forward(dev, x, p, self.seq_len, self.heads)
+    }
+}
+
+/// Self-attention backward as an op: `(dy, params, cache)` to the gradients.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionBackward;
+
+impl Op for AttentionBackward {
+    type Args<'a> = (&'a Tensor, &'a AttentionParams, &'a AttentionCache);
+    type Output = AttentionGrads;
+    const NAME: &'static str = "attention_backward";
+
+    fn cpu(&self, (dy, p, cache): Self::Args<'_>) -> Result<AttentionGrads> {
+        attention_backward(dy, p, cache)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (dy, p, cache): Self::Args<'_>) -> Result<AttentionGrads> {
+        crate::cuda::attention_backward(dev, dy, p, cache)
+    }
 }
 
 /// Bytes the forward pass keeps for `seqs` sequences of `seq_len` tokens of width `dim` with `heads`

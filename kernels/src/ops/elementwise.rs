@@ -79,6 +79,46 @@ impl Op for Gelu {
     fn cpu(&self, x: &Tensor) -> Result<Tensor> {
         Tensor::from_f32(x.shape(), x.f32_cow().iter().map(|&v| gelu_scalar(v)).collect())
     }
+
+    fn cuda(&self, dev: &CudaDevice, x: &Tensor) -> Result<Tensor> {
+        crate::cuda::gelu(dev, x)
+    }
+}
+
+/// GELU backward as an op: `(x, dy)` to `dy * GELU'(x)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GeluBackward;
+
+impl Op for GeluBackward {
+    type Args<'a> = (&'a Tensor, &'a Tensor);
+    type Output = Tensor;
+    const NAME: &'static str = "gelu_backward";
+
+    fn cpu(&self, (x, dy): Self::Args<'_>) -> Result<Tensor> {
+        gelu_backward(x, dy)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (x, dy): Self::Args<'_>) -> Result<Tensor> {
+        crate::cuda::gelu_backward(dev, x, dy)
+    }
+}
+
+/// The bias gradient as an op (column sums).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BiasGrad;
+
+impl Op for BiasGrad {
+    type Args<'a> = &'a Tensor;
+    type Output = Tensor;
+    const NAME: &'static str = "bias_grad";
+
+    fn cpu(&self, dy: &Tensor) -> Result<Tensor> {
+        bias_grad(dy)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, dy: &Tensor) -> Result<Tensor> {
+        crate::cuda::bias_grad(dev, dy)
+    }
 }
 
 /// `x + bias` with `bias` (length `cols`) added to every row of the `rows x cols` matrix `x`.

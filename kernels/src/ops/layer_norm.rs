@@ -1,6 +1,7 @@
 //! Layer normalisation over the last dimension, forward and backward.
 
 use super::{Op, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -63,6 +64,28 @@ impl Op for LayerNorm {
             }
         }
         Ok((Tensor::from_f32(&[rows, cols], y)?, LayerNormCache { x_hat, rstd, dims: (rows, cols) }))
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (x, gamma, beta): Self::Args<'_>) -> Result<Self::Output> {
+        crate::cuda::layer_norm(dev, x, gamma, beta, self.eps)
+    }
+}
+
+/// Layer norm backward as an op: `(dy, gamma, cache)` to the three gradients.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LayerNormBackward;
+
+impl Op for LayerNormBackward {
+    type Args<'a> = (&'a Tensor, &'a Tensor, &'a LayerNormCache);
+    type Output = LayerNormGrads;
+    const NAME: &'static str = "layer_norm_backward";
+
+    fn cpu(&self, (dy, gamma, cache): Self::Args<'_>) -> Result<LayerNormGrads> {
+        layer_norm_backward(dy, gamma, cache)
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (dy, gamma, cache): Self::Args<'_>) -> Result<LayerNormGrads> {
+        crate::cuda::layer_norm_backward(dev, dy, gamma, cache)
     }
 }
 

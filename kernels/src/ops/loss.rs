@@ -1,6 +1,7 @@
 //! Cross-entropy with logits (mean over rows), loss and gradient in one pass.
 
 use super::{Op, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -45,6 +46,10 @@ impl Op for CrossEntropy {
             }
         }
         Ok(((total * inv_rows) as f32, Tensor::from_f32(&[rows, cols], grad)?))
+    }
+
+    fn cuda(&self, dev: &CudaDevice, (logits, targets): Self::Args<'_>) -> Result<Self::Output> {
+        crate::cuda::cross_entropy(dev, logits, targets)
     }
 }
 

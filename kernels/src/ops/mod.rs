@@ -18,14 +18,21 @@ mod softmax;
 pub(crate) mod gradcheck;
 
 pub use attention::{
-    AttentionCache, AttentionGrads, AttentionParams, attention_backward, attention_backward_bytes,
-    attention_forward, attention_saved_bytes, attention_tmp_bytes,
+    Attention, AttentionBackward, AttentionCache, AttentionGrads, AttentionParams, attention_backward,
+    attention_backward_bytes, attention_forward, attention_saved_bytes, attention_tmp_bytes,
+};
+#[cfg(feature = "cuda")]
+pub(crate) use attention::{
+    dims as attention_dims, from_heads as attention_from_heads, to_heads as attention_to_heads,
 };
 pub use elementwise::{
-    BiasAdd, Gelu, Relu, bias_add, bias_grad, erf, gelu, gelu_backward, gelu_grad_scalar, gelu_scalar, relu,
+    BiasAdd, BiasGrad, Gelu, GeluBackward, Relu, bias_add, bias_grad, erf, gelu, gelu_backward,
+    gelu_grad_scalar, gelu_scalar, relu,
 };
 pub use gemm::{Gemm, Matmul, matmul};
-pub use layer_norm::{LayerNorm, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward};
+pub use layer_norm::{
+    LayerNorm, LayerNormBackward, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward,
+};
 pub use loss::{CrossEntropy, cross_entropy};
 pub use moe::{
     ExpertCache, ExpertGrads, ExpertParams, ExpertThreadPlanner, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads,

@@ -7,6 +7,7 @@
 
 use super::softmax::{softmax, softmax_backward};
 use super::{Op, rows_cols};
+use crate::cuda::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::tensor::Tensor;
 
@@ -103,14 +104,34 @@ impl Op for TopKRouting {
     const NAME: &'static str = "top_k_route";
 
     fn cpu(&self, logits: &Tensor) -> Result<Routing> {
-        let (tokens, experts) = rows_cols("top_k_route", logits)?;
+        self.check(logits)?;
+        self.route_probs(softmax(logits)?)
+    }
+
+    /// The router's softmax on the GPU; the top-k choice and the capacity slots (a few experts per
+    /// token, filled in token order) are host bookkeeping that the MoE's gather reads anyway.
+    fn cuda(&self, dev: &CudaDevice, logits: &Tensor) -> Result<Routing> {
+        self.check(logits)?;
+        self.route_probs(crate::cuda::softmax(dev, logits)?)
+    }
+}
+
+impl TopKRouting {
+    /// `k` must name between 1 and all of the experts.
+    fn check(&self, logits: &Tensor) -> Result<()> {
+        let (_, experts) = rows_cols("top_k_route", logits)?;
         if self.k == 0 || self.k > experts {
             return Err(KernelError::invalid(
                 "top_k_route",
                 format!("k = {} with {experts} experts", self.k),
             ));
         }
-        let probs = softmax(logits)?;
+        Ok(())
+    }
+
+    /// The routing decision from the router probabilities.
+    fn route_probs(&self, probs: Tensor) -> Result<Routing> {
+        let (tokens, experts) = rows_cols("top_k_route", &probs)?;
         let p = probs.to_vec_f32();
         // Per token, experts by descending probability (ties: lower index first).
         let choices: Vec<Vec<usize>> = (0..tokens)

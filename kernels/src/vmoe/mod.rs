@@ -17,6 +17,7 @@ pub mod config;
 pub mod file;
 pub mod merge;
 pub mod model;
+mod on_device;
 pub mod params;
 pub mod pool;
 pub mod reuse;

@@ -10,12 +10,10 @@ use rand::rngs::SmallRng;
 
 use super::VMoeError;
 pub use super::config::{IMAGE_PIXELS, IMAGE_SIDE, INPUT_PIXELS, INPUT_SIDE, LN_EPS, MAX_DIM, VMoeConfig};
+use super::on_device::On;
 pub use super::params::{MoeBlock, ParamGroup, VMoeParams};
-use crate::ops::{
-    AttentionCache, AttentionParams, ExpertParams, LayerNormCache, MoeCache, Routing, attention_backward,
-    attention_forward, bias_add, bias_grad, gelu, gelu_backward, layer_norm, layer_norm_backward, matmul,
-    moe_ffn_backward, moe_ffn_forward, top_k_route,
-};
+use crate::device::Device;
+use crate::ops::{AttentionCache, AttentionParams, ExpertParams, LayerNormCache, MoeCache, Routing};
 use crate::tensor::Tensor;
 
 /// Everything the backward pass needs from one block's forward pass.
@@ -260,22 +258,23 @@ impl VMoe {
     /// `i * tokens..(i + 1) * tokens`; every op up to here works row- or image-wise, so an image's
     /// rows do not depend on the rest of the batch.
     pub fn stem(&self, images: &Tensor) -> Result<Tensor, VMoeError> {
-        Ok(self.stem_with_cache(images)?.0)
+        Ok(self.stem_with_cache(On(&Device::Cpu), images)?.0)
     }
 
     /// [`Self::stem`] plus what the full backward pass needs from it.
     fn stem_with_cache(
         &self,
+        on: On<'_>,
         images: &Tensor,
     ) -> Result<(Tensor, Tensor, LayerNormCache, AttentionCache), VMoeError> {
         let c = &self.config;
         let p = &self.params;
         let blk = p.blocks.first().ok_or_else(|| VMoeError::Config("a V-MoE without blocks".into()))?;
         let patches = self.patchify(images)?;
-        let mut h = bias_add(&matmul(&patches, &p.patch_w, false, false)?, &p.patch_b)?;
+        let mut h = on.bias_add(&on.matmul(&patches, &p.patch_w, false, false)?, &p.patch_b)?;
         add_rows_cyclic(h.f32_mut()?, &p.pos.f32_cow(), c.dim);
-        let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
-        let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
+        let (a_in, attn_ln) = on.layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
+        let (a_out, attn) = on.attention(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
         add_into(&mut h, &a_out)?;
         Ok((h, patches, attn_ln, attn))
     }
@@ -283,8 +282,14 @@ impl VMoe {
     /// Logits (`batch x classes`) for `batch x 64` images with pixels in `0..=1`, and the cache for
     /// [`VMoe::backward`]. Routing capacity is computed over the whole batch, as in V-MoE.
     pub fn forward(&self, images: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
-        let (h, patches, attn_ln, attn) = self.stem_with_cache(images)?;
-        self.forward_rest(h, patches, Some((attn_ln, attn)))
+        self.forward_on(&Device::Cpu, images)
+    }
+
+    /// [`Self::forward`] with every op on `device` (the CPU references or the CUDA paths).
+    pub fn forward_on(&self, device: &Device, images: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
+        let on = On(device);
+        let (h, patches, attn_ln, attn) = self.stem_with_cache(on, images)?;
+        self.forward_rest(on, h, patches, Some((attn_ln, attn)))
     }
 
     /// The forward pass from cached [`Self::stem`] tokens (`batch * tokens x dim`, images in batch
@@ -294,6 +299,15 @@ impl VMoe {
     /// gives the same gradients for everything after the stem and zeros for the stem's (frozen)
     /// parameters, whose backward it skips.
     pub fn forward_from_stem(&self, stem: &Tensor) -> Result<(Tensor, ForwardCache), VMoeError> {
+        self.forward_from_stem_on(&Device::Cpu, stem)
+    }
+
+    /// [`Self::forward_from_stem`] with every op on `device`.
+    pub fn forward_from_stem_on(
+        &self,
+        device: &Device,
+        stem: &Tensor,
+    ) -> Result<(Tensor, ForwardCache), VMoeError> {
         let (rows, dim) = stem.dims2()?;
         let n = self.config.tokens_per_image();
         if dim != self.config.dim || rows % n != 0 || rows == 0 {
@@ -302,13 +316,14 @@ impl VMoe {
                 self.config.dim
             )));
         }
-        self.forward_rest(stem.clone(), Tensor::zeros(&[0, self.config.patch_len()])?, None)
+        self.forward_rest(On(device), stem.clone(), Tensor::zeros(&[0, self.config.patch_len()])?, None)
     }
 
     /// Block 0's MoE onwards from the residual stream `h`; `first` holds block 0's attention
     /// caches (`None`: started from cached stem tokens, no backward through the stem).
     fn forward_rest(
         &self,
+        on: On<'_>,
         mut h: Tensor,
         patches: Tensor,
         first: Option<(LayerNormCache, AttentionCache)>,
@@ -328,20 +343,20 @@ impl VMoe {
             let (attn_ln, attn) = match first.take() {
                 Some(done) => done,
                 None => {
-                    let (a_in, attn_ln) = layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
-                    let (a_out, attn) = attention_forward(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
+                    let (a_in, attn_ln) = on.layer_norm(&h, &blk.attn_gamma, &blk.attn_beta, LN_EPS)?;
+                    let (a_out, attn) = on.attention(&a_in, &blk.attn, c.tokens_per_image(), c.heads)?;
                     add_into(&mut h, &a_out)?;
                     (attn_ln, attn)
                 }
             };
-            let (normed, ln) = layer_norm(&h, &blk.ln_gamma, &blk.ln_beta, LN_EPS)?;
-            let logits = matmul(&normed, &blk.router, false, false)?;
-            let routing = top_k_route(&logits, c.top_k, capacity)?;
-            let (y, moe) = moe_ffn_forward(&normed, &routing, &blk.experts)?;
+            let (normed, ln) = on.layer_norm(&h, &blk.ln_gamma, &blk.ln_beta, LN_EPS)?;
+            let logits = on.matmul(&normed, &blk.router, false, false)?;
+            let routing = on.route(&logits, c.top_k, capacity)?;
+            let (y, moe) = on.moe(&normed, &routing, &blk.experts)?;
             add_into(&mut h, &y)?;
             blocks.push(BlockCache { attn_ln, attn, normed, ln, routing, moe });
         }
-        let (z, final_ln) = layer_norm(&h, &p.final_gamma, &p.final_beta, LN_EPS)?;
+        let (z, final_ln) = on.layer_norm(&h, &p.final_gamma, &p.final_beta, LN_EPS)?;
         let n = c.tokens_per_image();
         let zv = z.f32_cow();
         let mut pooled = vec![0.0f32; batch * c.dim];
@@ -352,9 +367,9 @@ impl VMoe {
             out.iter_mut().for_each(|o| *o /= n as f32);
         }
         let pooled = Tensor::from_f32(&[batch, c.dim], pooled)?;
-        let proj_pre = bias_add(&matmul(&pooled, &p.proj_w, false, false)?, &p.proj_b)?;
-        let proj_act = gelu(&proj_pre)?;
-        let logits = bias_add(&matmul(&proj_act, &p.head_w, false, false)?, &p.head_b)?;
+        let proj_pre = on.bias_add(&on.matmul(&pooled, &p.proj_w, false, false)?, &p.proj_b)?;
+        let proj_act = on.gelu(&proj_pre)?;
+        let logits = on.bias_add(&on.matmul(&proj_act, &p.head_w, false, false)?, &p.head_b)?;
         Ok((logits, ForwardCache { batch, from_stem, patches, blocks, final_ln, pooled, proj_pre, proj_act }))
     }
 
@@ -376,6 +391,17 @@ impl VMoe {
 
     /// Gradients of every parameter given `d loss / d logits` (`batch x classes`).
     pub fn backward(&self, cache: &ForwardCache, dlogits: &Tensor) -> Result<VMoeParams, VMoeError> {
+        self.backward_on(&Device::Cpu, cache, dlogits)
+    }
+
+    /// [`Self::backward`] with every op on `device`.
+    pub fn backward_on(
+        &self,
+        device: &Device,
+        cache: &ForwardCache,
+        dlogits: &Tensor,
+    ) -> Result<VMoeParams, VMoeError> {
+        let on = On(device);
         let c = &self.config;
         let p = &self.params;
         let batch = cache.batch;
@@ -387,13 +413,13 @@ impl VMoe {
             )));
         }
         // Head and projector.
-        let head_w = matmul(&cache.proj_act, dlogits, true, false)?;
-        let head_b = bias_grad(dlogits)?;
-        let dact = matmul(dlogits, &p.head_w, false, true)?;
-        let dpre = gelu_backward(&cache.proj_pre, &dact)?;
-        let proj_w = matmul(&cache.pooled, &dpre, true, false)?;
-        let proj_b = bias_grad(&dpre)?;
-        let dpooled = matmul(&dpre, &p.proj_w, false, true)?;
+        let head_w = on.matmul(&cache.proj_act, dlogits, true, false)?;
+        let head_b = on.bias_grad(dlogits)?;
+        let dact = on.matmul(dlogits, &p.head_w, false, true)?;
+        let dpre = on.gelu_backward(&cache.proj_pre, &dact)?;
+        let proj_w = on.matmul(&cache.pooled, &dpre, true, false)?;
+        let proj_b = on.bias_grad(&dpre)?;
+        let dpooled = on.matmul(&dpre, &p.proj_w, false, true)?;
         // Mean pooling: every token of image b gets dpooled[b] / n.
         let n = c.tokens_per_image();
         let dpv = dpooled.f32_cow();
@@ -404,17 +430,17 @@ impl VMoe {
             }
         }
         let dz = Tensor::from_f32(&[batch * n, c.dim], dz)?;
-        let fin = layer_norm_backward(&dz, &p.final_gamma, &cache.final_ln)?;
+        let fin = on.layer_norm_backward(&dz, &p.final_gamma, &cache.final_ln)?;
         let mut dh = fin.dx;
         // Blocks, last first: h_mid = h_in + Attn(LN_a(h_in)), h_out = h_mid + MoE(LN(h_mid)).
         let mut block_grads = Vec::with_capacity(c.blocks);
         for (i, (blk, bc)) in p.blocks.iter().zip(&cache.blocks).enumerate().rev() {
-            let moe = moe_ffn_backward(&dh, &bc.moe, &blk.experts)?;
+            let moe = on.moe_backward(&dh, &bc.moe, &blk.experts)?;
             let dlogits_r = bc.routing.logits_grad(&moe.dgates)?;
-            let router = matmul(&bc.normed, &dlogits_r, true, false)?;
+            let router = on.matmul(&bc.normed, &dlogits_r, true, false)?;
             let mut dnormed = moe.dx;
-            add_into(&mut dnormed, &matmul(&dlogits_r, &blk.router, false, true)?)?;
-            let ln = layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
+            add_into(&mut dnormed, &on.matmul(&dlogits_r, &blk.router, false, true)?)?;
+            let ln = on.layer_norm_backward(&dnormed, &blk.ln_gamma, &bc.ln)?;
             add_into(&mut dh, &ln.dx)?;
             let experts = moe
                 .experts
@@ -428,8 +454,8 @@ impl VMoe {
                 let d = c.dim;
                 (Tensor::zeros(&[d])?, Tensor::zeros(&[d])?, zero_attention(d)?)
             } else {
-                let attn = attention_backward(&dh, &blk.attn, &bc.attn)?;
-                let attn_ln = layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
+                let attn = on.attention_backward(&dh, &blk.attn, &bc.attn)?;
+                let attn_ln = on.layer_norm_backward(&attn.dx, &blk.attn_gamma, &bc.attn_ln)?;
                 add_into(&mut dh, &attn_ln.dx)?;
                 (attn_ln.dgamma, attn_ln.dbeta, attn.params)
             };
@@ -456,7 +482,11 @@ impl VMoe {
                 let t = i % n;
                 pos[t * c.dim..(t + 1) * c.dim].iter_mut().zip(row).for_each(|(a, &v)| *a += v);
             }
-            (matmul(&cache.patches, &dh, true, false)?, bias_grad(&dh)?, Tensor::from_f32(&[n, c.dim], pos)?)
+            (
+                on.matmul(&cache.patches, &dh, true, false)?,
+                on.bias_grad(&dh)?,
+                Tensor::from_f32(&[n, c.dim], pos)?,
+            )
         };
         Ok(VMoeParams {
             patch_w,

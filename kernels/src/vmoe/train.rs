@@ -8,9 +8,12 @@ use rand::{Rng, SeedableRng};
 
 use super::VMoeError;
 use super::model::{IMAGE_PIXELS, ParamGroup, VMoe, VMoeConfig};
+use super::on_device::On;
 use crate::assets::Digits;
+use crate::cuda::CudaAdamW;
+use crate::device::Device;
 use crate::drift::{Corruption, Frame};
-use crate::ops::{AdamW, cross_entropy};
+use crate::ops::AdamW;
 use crate::tensor::Tensor;
 
 /// Images (pixels in `0..=1`, row-major 8x8) with labels.
@@ -129,11 +132,16 @@ impl TrainScope {
     }
 }
 
-/// AdamW over a model's parameters within a [`TrainScope`]; one optimiser state per tensor.
+/// AdamW over a model's parameters within a [`TrainScope`]; one optimiser state per tensor. On a
+/// CUDA device every op of the step runs there and the moments of the trainable tensors live in
+/// device memory, allocated when the trainer is made (at load), not inside a step.
 #[derive(Clone, Debug)]
 pub struct Trainer {
     scope: TrainScope,
     opts: Vec<AdamW>,
+    device: Device,
+    /// Per tensor, its moments on the device (CUDA only; `None` outside the scope).
+    device_opts: Vec<Option<CudaAdamW>>,
     steps: u64,
 }
 
@@ -150,12 +158,46 @@ impl Trainer {
                 o
             })
             .collect();
-        Self { scope, opts, steps: 0 }
+        Self { scope, opts, device: Device::Cpu, device_opts: Vec::new(), steps: 0 }
+    }
+
+    /// [`Self::new`] running every op of a step on `device`. On CUDA the moments of each tensor in
+    /// the scope are allocated on the device now.
+    pub fn on_device(
+        model: &VMoe,
+        scope: TrainScope,
+        lr: f32,
+        weight_decay: f32,
+        device: Device,
+    ) -> Result<Self, VMoeError> {
+        let mut t = Self::new(model, scope, lr, weight_decay);
+        if let Device::Cuda(dev) = &device {
+            t.device_opts = model
+                .params
+                .tensors()
+                .iter()
+                .zip(&t.opts)
+                .map(|((group, tensor), hyper)| {
+                    scope
+                        .trains(*group)
+                        .then(|| CudaAdamW::new(dev, hyper.clone(), tensor.numel()))
+                        .transpose()
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        t.device = device;
+        Ok(t)
+    }
+
+    /// The device every op of a step runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Sets the learning rate of every parameter.
     pub fn set_lr(&mut self, lr: f32) {
         self.opts.iter_mut().for_each(|o| o.lr = lr);
+        self.device_opts.iter_mut().flatten().for_each(|o| o.hyper.lr = lr);
     }
 
     /// Steps taken.
@@ -229,15 +271,21 @@ impl Trainer {
         if matches!(input, StepInput::Stem(_)) && self.scope == TrainScope::Full {
             return Err(VMoeError::Config("a full-scope step cannot start from cached stem tokens".into()));
         }
-        let (logits, cache) = input.forward(model)?;
-        let (loss, dlogits) = cross_entropy(&logits, labels)?;
-        let grads = model.backward(&cache, &dlogits)?;
+        let device = &self.device;
+        let (logits, cache) = input.forward(model, device)?;
+        let (loss, dlogits) = On(device).cross_entropy(&logits, labels)?;
+        let grads = model.backward_on(device, &cache, &dlogits)?;
         let mut updated = Vec::new();
-        for ((opt, (group, param)), (_, grad)) in
-            self.opts.iter_mut().zip(model.params.tensors_mut()).zip(grads.tensors())
+        for (i, ((opt, (group, param)), (_, grad))) in
+            self.opts.iter_mut().zip(model.params.tensors_mut()).zip(grads.tensors()).enumerate()
         {
             if self.scope.trains(group) && trains(group) {
-                opt.step(param.f32_mut()?, &grad.f32_cow())?;
+                match (device, self.device_opts.get_mut(i)) {
+                    (Device::Cuda(dev), Some(Some(on_device))) => {
+                        on_device.step(dev, param.f32_mut()?, &grad.f32_cow())?
+                    }
+                    _ => opt.step(param.f32_mut()?, &grad.f32_cow())?,
+                }
                 if let ParamGroup::Expert { block, expert } = group
                     && updated.last() != Some(&(block, expert))
                 {
@@ -266,10 +314,14 @@ pub enum StepInput<'a> {
 }
 
 impl StepInput<'_> {
-    fn forward(self, model: &VMoe) -> Result<(Tensor, super::model::ForwardCache), VMoeError> {
+    fn forward(
+        self,
+        model: &VMoe,
+        device: &Device,
+    ) -> Result<(Tensor, super::model::ForwardCache), VMoeError> {
         match self {
-            StepInput::Images(x) => model.forward(x),
-            StepInput::Stem(s) => model.forward_from_stem(s),
+            StepInput::Images(x) => model.forward_on(device, x),
+            StepInput::Stem(s) => model.forward_from_stem_on(device, s),
         }
     }
 }
