@@ -13,7 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use troupe_tests::LineCluster;
@@ -39,7 +40,27 @@ fn app_and_reference(tmp: &Path) -> (std::path::PathBuf, Vec<(u64, String)>) {
     (app, parse_results(&std::fs::read_to_string(&reference).unwrap()))
 }
 
-fn topology(app: &Path, out: &Path, arrival_scale: f64, scheduler_faults: &str) -> String {
+/// The ci app and its fault-free results, made once for every test of this file: generating it
+/// trains the experts, the costliest step. Tests only read it; each keeps its journal, outputs and
+/// nodes' folders in its own temporary folder.
+fn shared_app() -> &'static (PathBuf, Vec<(u64, String)>) {
+    static APP: OnceLock<(PathBuf, Vec<(u64, String)>)> = OnceLock::new();
+    APP.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe_recovery");
+        // A folder of this binary's own, made afresh on each run (never an earlier run's app).
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        app_and_reference(&dir)
+    })
+}
+
+/// `shared_app` plus the journal path of a test whose folder is `tmp`.
+fn app_for(tmp: &Path) -> (&'static Path, &'static [(u64, String)], PathBuf) {
+    let (app, reference) = shared_app();
+    (app, reference, tmp.join("scheduler.journal"))
+}
+
+fn topology(app: &Path, out: &Path, journal: &Path, arrival_scale: f64, scheduler_faults: &str) -> String {
     format!(
         r#"name = "coe-recovery"
 [membership]
@@ -48,7 +69,7 @@ timeout_ms = 800
 
 [[nodes]]
 name = "scheduler"
-job = {{ kind = "coe", timeout_s = 150, params = {{ dir = "{app}", out = "{out}", arrival_scale = {arrival_scale}, call_timeout_s = 20 }} }}
+job = {{ kind = "coe", timeout_s = 150, params = {{ dir = "{app}", out = "{out}", journal = "{journal}", arrival_scale = {arrival_scale}, call_timeout_s = 20 }} }}
 {scheduler_faults}
 
 [[nodes]]
@@ -60,7 +81,8 @@ name = "cpu-executor"
 actors = [{{ kind = "coe-executor", params = {{ dir = "{app}", executor = "cpu0" }} }}]
 "#,
         app = app.display(),
-        out = out.display()
+        out = out.display(),
+        journal = journal.display()
     )
 }
 
@@ -82,29 +104,28 @@ const FINISHED: &str = "[scheduler] coe: results written to";
 #[test]
 fn a_scheduler_panicking_through_the_fault_switch_is_restarted_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let (app, reference) = app_and_reference(tmp.path());
+    let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
     let faults =
         "[nodes.faults]\nseed = 3\nsites = [{ site = \"coe.scheduler\", after = 30, every = 40, times = 2 }]";
-    let mut c = start(tmp.path(), &topology(&app, &out, 10.0, faults));
+    let mut c = start(tmp.path(), &topology(app, &out, &journal, 10.0, faults));
     let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
     let log = c.text();
     assert!(done.is_some(), "the job did not finish:\n{log}");
     assert_eq!(log.matches("fault switch: injecting a panic").count(), 2, "two injected panics:\n{log}");
-    assert_exactly_once(&out, &reference, &log);
+    assert_exactly_once(&out, reference, &log);
 }
 
 #[test]
 fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
     let tmp = tempfile::tempdir().unwrap();
-    let (app, reference) = app_and_reference(tmp.path());
+    let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
-    let mut c = start(tmp.path(), &topology(&app, &out, 40.0, ""));
+    let mut c = start(tmp.path(), &topology(app, &out, &journal, 40.0, ""));
     let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
     c.kill9("scheduler").unwrap();
     // A crash in the middle of a write leaves part of a record behind.
-    let journal = app.join("journal").join("scheduler.journal");
     let mut bytes = std::fs::read(&journal).expect("the scheduler journaled its work");
     bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
     std::fs::write(&journal, &bytes).unwrap();
@@ -121,16 +142,16 @@ fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
     let answered: usize =
         resumed.split(", ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(answered >= 50, "the journal kept the answers given before the kill: {resumed}");
-    assert_exactly_once(&out, &reference, &log);
+    assert_exactly_once(&out, reference, &log);
     assert!(!journal.exists(), "a finished job removes its journal");
 }
 
 #[test]
 fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
     let tmp = tempfile::tempdir().unwrap();
-    let (app, reference) = app_and_reference(tmp.path());
+    let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
-    let mut c = start(tmp.path(), &topology(&app, &out, 60.0, ""));
+    let mut c = start(tmp.path(), &topology(app, &out, &journal, 60.0, ""));
     let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
     c.kill9("gpu-executor").unwrap();
@@ -149,15 +170,15 @@ fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
         .unwrap_or_else(|| panic!("{log}"));
     let after: usize = line.split("; ").nth(1).and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
     assert!(after > 0, "the restored executor answered nothing: {line}");
-    assert_exactly_once(&out, &reference, &log);
+    assert_exactly_once(&out, reference, &log);
 }
 
 #[test]
 fn an_executor_node_killed_for_good_has_its_work_reassigned_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let (app, reference) = app_and_reference(tmp.path());
+    let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
-    let mut c = start(tmp.path(), &topology(&app, &out, 60.0, ""));
+    let mut c = start(tmp.path(), &topology(app, &out, &journal, 60.0, ""));
     let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
     c.kill9("gpu-executor").unwrap();
@@ -165,5 +186,5 @@ fn an_executor_node_killed_for_good_has_its_work_reassigned_and_loses_nothing() 
     let log = c.text();
     assert!(done.is_some(), "the scheduler did not finish:\n{log}");
     assert!(log.contains("lost executors [\"gpu0-standin-cpu\"]"), "the loss was not noticed:\n{log}");
-    assert_exactly_once(&out, &reference, &log);
+    assert_exactly_once(&out, reference, &log);
 }
