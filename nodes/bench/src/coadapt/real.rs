@@ -69,8 +69,7 @@ use troupe_kernels::vmoe::train::Dataset;
 use troupe_policy::Micros;
 
 /// No AdaSprite mechanism (the baselines).
-pub const NO_MECHANISMS: Mechanisms =
-    Mechanisms { grouping: false, threads: false, reuse: false, preload: false };
+pub const NO_MECHANISMS: Mechanisms = Mechanisms::NONE;
 
 /// One real configuration of the executor.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -130,7 +129,8 @@ impl RealStrategy {
     ];
 
     /// Ours with each mechanism off in turn (named by [`Mechanisms::NAMES`]), then ours without
-    /// merging (`share_backbone`).
+    /// merging (`share_backbone`), then without both the reuse tier and the region
+    /// (`reuse_region`).
     pub fn ablations() -> Vec<(&'static str, Self)> {
         let mut v: Vec<(&'static str, Self)> = Mechanisms::NAMES
             .iter()
@@ -139,6 +139,10 @@ impl RealStrategy {
             })
             .collect();
         v.push(("share_backbone", Self { share_backbone: false, sim_name: "", ..Self::OURS }));
+        // Without the reuse tier, with and without the region: the region's effect where the
+        // reuse arena is not there to sit on top.
+        let no_reuse_region = Mechanisms { reuse: false, region: false, ..Mechanisms::ALL };
+        v.push(("reuse_region", Self { mechanisms: no_reuse_region, sim_name: "", ..Self::OURS }));
         v
     }
 }
@@ -383,6 +387,25 @@ impl Tally {
     }
 }
 
+/// The engine config strategy `s` runs under in the sweep (the same budget for every strategy).
+pub fn strategy_config(sc: &SweepConfig, student: &VMoe, s: &RealStrategy) -> EngineConfig {
+    EngineConfig {
+        budget: pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks),
+        scheduler: s.scheduler,
+        share_backbone: s.share_backbone,
+        mechanisms: s.mechanisms,
+        reuse_budget: reuse_budget(s, student, sc.engine.batch, sc.budget_isolated_tasks),
+        ..sc.engine
+    }
+}
+
+/// The arrival times of the first `k` tasks of `seed` in the sweep (solo time `solo_s`): K
+/// expected within the window, seeded per (seed, K).
+pub fn arrivals(sc: &SweepConfig, seed: u64, k: usize, solo_s: f64) -> Vec<u64> {
+    let mean_gap_us = sc.window_solo * solo_s * 1e6 / k.max(1) as f64;
+    poisson_arrivals(k, mean_gap_us, seed.wrapping_mul(1000).wrapping_add(k as u64))
+}
+
 /// Every strategy's cells, indexed like [`SweepConfig::ks`].
 pub type SweepResult = BTreeMap<String, Vec<Tally>>;
 
@@ -395,7 +418,6 @@ pub fn sweep(
     jobs: &BTreeMap<u64, Vec<Dataset>>,
     solo_s: &BTreeMap<u64, f64>,
 ) -> Result<SweepResult> {
-    let budget = pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks);
     let mut out: SweepResult =
         strategies.iter().map(|(n, _)| (n.clone(), vec![Tally::default(); sc.ks.len()])).collect();
     let runs = (sc.seeds.len() * sc.ks.len() * strategies.len()) as u64;
@@ -406,18 +428,9 @@ pub fn sweep(
         let l_s = sc.l_solo * solo;
         for (i, &k) in sc.ks.iter().enumerate() {
             let k_jobs = &all[..k.min(all.len())];
-            let mean_gap_us = sc.window_solo * solo * 1e6 / k.max(1) as f64;
-            let arrivals =
-                poisson_arrivals(k_jobs.len(), mean_gap_us, seed.wrapping_mul(1000).wrapping_add(k as u64));
+            let arrivals = arrivals(sc, seed, k_jobs.len(), solo);
             for (name, s) in strategies {
-                let cfg = EngineConfig {
-                    budget,
-                    scheduler: s.scheduler,
-                    share_backbone: s.share_backbone,
-                    mechanisms: s.mechanisms,
-                    reuse_budget: reuse_budget(s, student, sc.engine.batch, sc.budget_isolated_tasks),
-                    ..sc.engine
-                };
+                let cfg = strategy_config(sc, student, s);
                 let slo = Micros((l_s * 1e6) as u64);
                 let o = run_once(cfg, student, k_jobs, &arrivals, Some(slo))
                     .with_context(|| format!("{name} at K = {k}, seed {seed}"))?;
@@ -527,7 +540,7 @@ mod tests {
             assert_eq!(b.mechanisms, NO_MECHANISMS);
         }
         let ab = RealStrategy::ablations();
-        assert_eq!(ab.len(), Mechanisms::NAMES.len() + 1);
+        assert_eq!(ab.len(), Mechanisms::NAMES.len() + 2);
         assert!(ab.iter().all(|(_, s)| s.scheduler == SchedulerChoice::Twin && *s != RealStrategy::OURS));
     }
 }
