@@ -84,12 +84,29 @@ pub fn report(
     let k_star = max_concurrency(ks, &oracle_att, super::SLO_RATIO);
     fig.insert("oracle_max_concurrency".into(), k_star as f64);
     let mut per_seed = Vec::new();
+    let mut gap_min: Option<i64> = None;
     for (seed, v) in cells {
         let a: Vec<f64> = v.iter().copied().map(share).collect();
         let k = max_concurrency(ks, &a, super::SLO_RATIO);
         fig.insert(format!("oracle_max_concurrency_seed{seed}"), k as f64);
-        per_seed.push(format!("seed {seed}: {k}"));
+        let ours_seed = res.get(&super::real::per_seed_key(super::RealStrategy::OURS.name, *seed)).map(|v| {
+            let a: Vec<f64> = v.iter().map(Tally::attainment).collect();
+            max_concurrency(ks, &a, super::SLO_RATIO)
+        });
+        if let Some(o) = ours_seed {
+            fig.insert(format!("measured_max_concurrency_ours_seed{seed}"), o as f64);
+            let gap = o as i64 - k as i64;
+            gap_min = Some(gap_min.map_or(gap, |g| g.min(gap)));
+            per_seed.push(format!("seed {seed}: K* {k}, ours {o}"));
+        } else {
+            per_seed.push(format!("seed {seed}: K* {k}"));
+        }
     }
+    // Per seed, ours' max concurrency minus K*, the lowest over seeds (goal >= -1).
+    fig.insert(
+        "measured_max_concurrency_ours_minus_oracle_min".into(),
+        gap_min.map_or(f64::NAN, |g| g as f64),
+    );
     for (k, a) in ks.iter().zip(&oracle_att) {
         fig.insert(format!("oracle_k{k}_slo_attainment"), *a);
     }
@@ -177,8 +194,13 @@ mod tests {
         cells.insert(2, vec![(1, 1), (2, 2), (0, 3)]);
         let mut res = SweepResult::new();
         res.insert("ours".into(), vec![tally(2, 2, 0.0), tally(3, 4, 0.0), tally(0, 6, 0.0)]);
+        res.insert("ours@seed1".into(), vec![tally(1, 1, 0.0), tally(2, 2, 0.0), tally(0, 3, 0.0)]);
+        res.insert("ours@seed2".into(), vec![tally(1, 1, 0.0), tally(1, 2, 0.0), tally(0, 3, 0.0)]);
         let mut fig = BTreeMap::new();
         report(&ks, &cells, &res, &mut fig);
+        // Seed 1: ours 2 = K*; seed 2: ours 1 = K* - 1.
+        assert_eq!(fig["measured_max_concurrency_ours_seed2"], 1.0);
+        assert_eq!(fig["measured_max_concurrency_ours_minus_oracle_min"], -1.0);
         assert_eq!(fig["oracle_max_concurrency"], 2.0);
         assert_eq!(fig["oracle_max_concurrency_seed1"], 2.0);
         // K = 2: 0.75 of the oracle's 1.0; K = 3 has an oracle of 0 and is left out.

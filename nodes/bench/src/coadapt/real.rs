@@ -406,11 +406,18 @@ pub fn arrivals(sc: &SweepConfig, seed: u64, k: usize, solo_s: f64) -> Vec<u64> 
     poisson_arrivals(k, mean_gap_us, seed.wrapping_mul(1000).wrapping_add(k as u64))
 }
 
+/// The key of strategy `name`'s cells on seed `seed` alone in a [`SweepResult`] (beside the
+/// cells summed over seeds under `name`).
+pub fn per_seed_key(name: &str, seed: u64) -> String {
+    format!("{name}@seed{seed}")
+}
+
 /// Every strategy's cells, indexed like [`SweepConfig::ks`].
 pub type SweepResult = BTreeMap<String, Vec<Tally>>;
 
 /// Runs every strategy of `strategies` at every K and seed. `jobs_for(seed, k)` gives the first
-/// `k` tasks' samples of the seed (the same for every strategy).
+/// `k` tasks' samples of the seed (the same for every strategy). Cells are summed over seeds under
+/// the strategy's name and kept per seed under [`per_seed_key`].
 pub fn sweep(
     sc: &SweepConfig,
     student: &VMoe,
@@ -437,6 +444,12 @@ pub fn sweep(
                 bar.inc(1);
                 let met = o.met(sc.gain, l_s);
                 if let Some(c) = out.get_mut(name.as_str()).and_then(|v| v.get_mut(i)) {
+                    c.add(&o, met, k_jobs.len());
+                }
+                let per_seed = out
+                    .entry(per_seed_key(name, seed))
+                    .or_insert_with(|| vec![Tally::default(); sc.ks.len()]);
+                if let Some(c) = per_seed.get_mut(i) {
                     c.add(&o, met, k_jobs.len());
                 }
             }
