@@ -126,6 +126,53 @@ impl MemoryPool {
         Ok(Allocation { offset, len: need })
     }
 
+    /// Reserve exactly `[offset, offset + len)` (`len` rounded up to the alignment): the placement
+    /// a caller decided (AdaSprite's lifespan-ordered layout, `troupe_policy::adapt::layout`).
+    /// Refused with [`KernelError::OutOfMemory`] when that range is not wholly inside one free
+    /// range, and with an invalid-argument error when `offset` is not aligned; nothing changes then.
+    pub fn alloc_at(&mut self, offset: u64, len: u64) -> Result<Allocation> {
+        if offset & (self.align - 1) != 0 {
+            return Err(KernelError::invalid(
+                "MemoryPool::alloc_at",
+                format!("offset {offset} is not a multiple of the alignment {}", self.align),
+            ));
+        }
+        let need = self.aligned_len(len.max(1)).unwrap_or(u64::MAX);
+        let end = offset.checked_add(need);
+        let holder = self
+            .free
+            .range(..=offset)
+            .next_back()
+            .map(|(&o, &l)| (o, l))
+            .filter(|&(o, l)| end.is_some_and(|e| e <= o + l));
+        let Some((start, block)) = holder else {
+            let s = self.stats();
+            return Err(KernelError::OutOfMemory {
+                pool: self.label.clone(),
+                requested: need,
+                free: s.free,
+                largest_free: s.largest_free_block,
+                budget: self.budget,
+            });
+        };
+        self.free.remove(&start);
+        if offset > start {
+            self.free.insert(start, offset - start);
+        }
+        let tail = (start + block) - (offset + need);
+        if tail > 0 {
+            self.free.insert(offset + need, tail);
+        }
+        self.live.insert(offset, need);
+        self.used += need;
+        Ok(Allocation { offset, len: need })
+    }
+
+    /// The free ranges `(offset, len)`, ascending by offset (coalesced: never adjacent).
+    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
+        self.free.iter().map(|(&o, &l)| (o, l)).collect()
+    }
+
     /// Return an allocation; its range is merged with free neighbours. Freeing anything that is
     /// not a live allocation (wrong length, double free) is an error and changes nothing.
     pub fn free(&mut self, a: Allocation) -> Result<()> {
@@ -201,6 +248,25 @@ mod tests {
         assert!(p.free(c).is_err(), "double free");
         let err = p.alloc(961).unwrap_err().to_string();
         assert!(err.contains("cannot allocate 1024"), "{err}");
+    }
+
+    #[test]
+    fn alloc_at_takes_exactly_the_range_asked_or_nothing() {
+        let mut p = MemoryPool::new("t", 1024, 64).unwrap();
+        let a = p.alloc_at(256, 100).unwrap();
+        assert_eq!((a.offset, a.len), (256, 128));
+        assert_eq!(p.free_ranges(), vec![(0, 256), (384, 640)]);
+        // Overlapping a live range, past the budget, or unaligned: refused, nothing changes.
+        assert!(p.alloc_at(320, 64).is_err());
+        assert!(p.alloc_at(192, 128).is_err());
+        assert!(p.alloc_at(960, 128).is_err());
+        assert!(p.alloc_at(10, 64).is_err());
+        assert_eq!(p.free_ranges(), vec![(0, 256), (384, 640)]);
+        let b = p.alloc_at(960, 64).unwrap();
+        assert_eq!(p.free_ranges(), vec![(0, 256), (384, 576)]);
+        p.free(a).unwrap();
+        p.free(b).unwrap();
+        assert_eq!(p.free_ranges(), vec![(0, 1024)]);
     }
 
     #[derive(Clone, Debug)]

@@ -121,13 +121,22 @@ pub struct Mechanisms {
     /// merged into the pool between slices and steps. Off, `Preload` actions are ignored and a model
     /// is merged synchronously when its cycle starts.
     pub preload: bool,
+    /// The lifespan-ordered pool (`troupe_policy::adapt::layout`, §3.2.1 and §3.3): models and
+    /// their optimiser state (allocated when a model is loaded) first-fit from the low end, the
+    /// reuse tier at the top, each step's temporaries in a region of contiguous slots placed low to
+    /// high by execution order just below it. Off: best fit for everything, optimiser state on a
+    /// model's first step, as the baselines run ([`CoAdaptPool::set_ordered`]).
+    pub region: bool,
 }
 
 impl Mechanisms {
     /// Every mechanism on (the default).
-    pub const ALL: Self = Self { grouping: true, threads: true, reuse: true, preload: true };
+    pub const ALL: Self = Self { grouping: true, threads: true, reuse: true, preload: true, region: true };
+    /// Every mechanism off (the baselines).
+    pub const NONE: Self =
+        Self { grouping: false, threads: false, reuse: false, preload: false, region: false };
     /// Their names, as [`Mechanisms::without`] takes them.
-    pub const NAMES: [&'static str; 4] = ["grouping", "threads", "reuse", "preload"];
+    pub const NAMES: [&'static str; 5] = ["grouping", "threads", "reuse", "preload", "region"];
 
     /// These mechanisms with `name` turned off; `None` for an unknown name.
     pub fn without(self, name: &str) -> Option<Self> {
@@ -137,6 +146,7 @@ impl Mechanisms {
             "threads" => m.threads = false,
             "reuse" => m.reuse = false,
             "preload" => m.preload = false,
+            "region" => m.region = false,
             _ => return None,
         }
         Some(m)
@@ -303,7 +313,18 @@ struct LiveTask {
 
 /// The random stream of the `nth` task admitted by an engine seeded with `seed`.
 fn task_rng(seed: u64, nth: u32) -> SmallRng {
-    SmallRng::seed_from_u64(seed ^ u64::from(nth).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    SmallRng::seed_from_u64(task_stream(seed, nth))
+}
+
+fn task_stream(seed: u64, nth: u32) -> u64 {
+    seed ^ u64::from(nth).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The engine seed under which the first task admitted draws the same validation split and
+/// batches as the `nth` task of an engine seeded `seed`: so one task can be rerun alone on exactly
+/// the work it had among others (the bench's oracle measures each task's work this way).
+pub fn seed_for_nth(seed: u64, nth: u32) -> u64 {
+    task_stream(seed, nth) ^ task_stream(0, 0)
 }
 
 /// The executor (see the module doc).
@@ -380,6 +401,7 @@ impl EdgeEngine {
     ) -> Result<Self, EngineError> {
         let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
         pool.set_sharing(cfg.share_backbone);
+        pool.set_ordered(cfg.mechanisms.region)?;
         let mut kept_out = reserved_bytes(expected, cfg.batch);
         if !cfg.share_backbone {
             // Without merging no copy of the shared parts is common to all tasks: each task's
@@ -796,5 +818,21 @@ impl EdgeEngine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_rerun_alone_draws_what_it_drew_among_others() {
+        use rand::Rng;
+        for (seed, nth) in [(7u64, 0u32), (7, 5), (u64::MAX, 11)] {
+            let mut among = task_rng(seed, nth);
+            let mut alone = task_rng(seed_for_nth(seed, nth), 0);
+            assert_eq!(among.random::<u64>(), alone.random::<u64>());
+        }
+        assert_ne!(seed_for_nth(7, 1), seed_for_nth(7, 2));
     }
 }

@@ -12,6 +12,10 @@
 //! arena carved from the same [`MemoryPool`], and every step starts from cached stem tokens where the
 //! policy has them (bit-identical results); [`CoAdaptPool::reuse_expect`] names the batch after the
 //! current call so its disk entries are prefetched while the call's last step computes.
+//!
+//! With the lifespan-ordered layout on ([`CoAdaptPool::set_ordered`], [`layout`]) long-lived
+//! buffers and the optimiser state (allocated with the model) go low, the reuse arena on top, and
+//! each step's temporaries in one region of contiguous slots placed by execution order.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,6 +26,8 @@ use super::train::{Dataset, StepInput, TrainScope, Trainer, predict_all};
 use crate::ops::{attention_backward_bytes, attention_tmp_bytes};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
+
+mod layout;
 
 /// A model loaded in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -142,6 +148,9 @@ struct Pooled {
     expert_allocs: Vec<Vec<Allocation>>,
     projector_alloc: Allocation,
     trainer: Option<(Trainer, Allocation)>,
+    /// The optimiser state's bytes, allocated with the model (lifespan-ordered layout) and taken
+    /// by its trainer on the first step.
+    state: Option<Allocation>,
 }
 
 /// Bytes of one expert's temporary memory for `tokens` routed tokens: forward activations kept for the
@@ -330,6 +339,7 @@ struct Staged {
     fresh: HashMap<[u8; 32], (Tensor, Allocation)>,
     expert_allocs: Vec<Vec<Allocation>>,
     projector_alloc: Allocation,
+    state: Option<Allocation>,
 }
 
 /// The merged models and their memory (see the module docs).
@@ -351,6 +361,10 @@ pub struct CoAdaptPool {
     reuse: Option<StemCache>,
     /// A batch the caller said comes after the current call's last step (prefetch lookahead).
     expected: Option<(ModelId, Tensor)>,
+    /// The lifespan-ordered layout ([`layout`]) is on.
+    ordered: bool,
+    /// The last temporaries region placed with it on.
+    last_region: Option<(u64, u64)>,
 }
 
 fn shared_key(t: &Tensor) -> [u8; 32] {
@@ -380,6 +394,8 @@ impl CoAdaptPool {
             clock: monotonic_us,
             reuse: None,
             expected: None,
+            ordered: false,
+            last_region: None,
         })
     }
 
@@ -409,23 +425,6 @@ impl CoAdaptPool {
             external_fragmentation: s.external_fragmentation,
         });
         self.events += 1;
-    }
-
-    fn alloc(&mut self, bytes: u64, taken: &mut Vec<Allocation>) -> Result<Allocation, VMoeError> {
-        match self.pool.alloc(bytes) {
-            Ok(a) => {
-                taken.push(a);
-                self.peak_used = self.peak_used.max(self.pool.stats().used);
-                Ok(a)
-            }
-            Err(e) => {
-                for a in taken.drain(..) {
-                    self.pool.free(a)?;
-                }
-                self.sample("refused");
-                Err(e.into())
-            }
-        }
     }
 
     /// Merges `model` into the pool under `name`: shared tensors already present are reused (refcounted,
@@ -502,12 +501,19 @@ impl CoAdaptPool {
             expert_allocs.push(row);
         }
         let projector_alloc = self.alloc((c.projector_params() * 4) as u64, &mut taken)?;
-        Ok(Staged { keys, fresh, expert_allocs, projector_alloc })
+        // Lifespan-ordered: the optimiser state lives as long as the model, so it is placed with
+        // it now rather than inside a step.
+        let state = if self.ordered {
+            Some(self.alloc(Trainer::state_bytes(&c, TrainScope::ExpertsAndProjector), &mut taken)?)
+        } else {
+            None
+        };
+        Ok(Staged { keys, fresh, expert_allocs, projector_alloc, state })
     }
 
     /// Takes references and registers a model whose buffers [`Self::commit_inner`] allocated.
     fn commit_apply(&mut self, name: String, mut model: VMoe, staged: Staged) -> ModelId {
-        let Staged { keys, fresh, expert_allocs, projector_alloc } = staged;
+        let Staged { keys, fresh, expert_allocs, projector_alloc, state } = staged;
         // Everything fits: commit.
         for (key, (tensor, alloc)) in fresh {
             self.shared.insert(key, SharedEntry { tensor, alloc, refs: 0 });
@@ -526,7 +532,7 @@ impl CoAdaptPool {
         self.next_id += 1;
         self.models.insert(
             id,
-            Pooled { name, model, shared_keys: keys, expert_allocs, projector_alloc, trainer: None },
+            Pooled { name, model, shared_keys: keys, expert_allocs, projector_alloc, trainer: None, state },
         );
         self.sample("load");
         id
@@ -541,6 +547,9 @@ impl CoAdaptPool {
         }
         self.pool.free(p.projector_alloc)?;
         if let Some((_, a)) = p.trainer {
+            self.pool.free(a)?;
+        }
+        if let Some(a) = p.state {
             self.pool.free(a)?;
         }
         for key in p.shared_keys {
@@ -561,7 +570,7 @@ impl CoAdaptPool {
 
     /// One adaptation step of model `id` on `images` (`batch x 64`) labelled by the teacher: only its
     /// experts, projector and head train (AdamW at `lr`). The optimiser state is allocated on the first
-    /// step; the step's activations, gradients and temporaries are reserved up front (bounded by expert
+    /// step (with the lifespan-ordered layout, when the model was loaded); the step's activations, gradients and temporaries are reserved up front (bounded by expert
     /// capacity) and freed after. If anything does not fit the step is refused, nothing trains, and
     /// the pool is as before (the optimiser state is kept once allocated).
     pub fn adapt_step(
@@ -576,9 +585,8 @@ impl CoAdaptPool {
         self.ensure_trainer(id, lr)?;
         let plan = step_plan(&config, batch);
         let mut taken = Vec::new();
-        for (_, bytes) in &plan {
-            self.alloc(*bytes, &mut taken)?;
-        }
+        let sizes: Vec<u64> = plan.iter().map(|(_, b)| *b).collect();
+        self.alloc_temporaries(&sizes, &mut taken)?;
         let reserved_bytes = taken.iter().map(|a| a.len).sum();
         self.sample("reserve");
         let peak_used = self.pool.stats().used;
@@ -608,9 +616,12 @@ impl CoAdaptPool {
             return Ok(());
         }
         let bytes = Trainer::state_bytes(&p.model.config, TrainScope::ExpertsAndProjector);
-        let mut taken = Vec::new();
-        let a = self.alloc(bytes, &mut taken)?;
+        let a = match p.state {
+            Some(a) => a,
+            None => self.alloc(bytes, &mut Vec::new())?,
+        };
         if let Some(p) = self.models.get_mut(&id) {
+            p.state = None;
             let mut t = Trainer::new(&p.model, TrainScope::ExpertsAndProjector, lr, self.weight_decay);
             t.set_lr(lr);
             p.trainer = Some((t, a));
@@ -646,20 +657,24 @@ impl CoAdaptPool {
         for t in tasks {
             self.ensure_trainer(t.model, lr)?;
         }
-        let mut taken = Vec::new();
-        for plan in &plans {
-            for (_, bytes) in plan.iter().filter(|(what, _)| *what == "expert tmp") {
-                self.alloc(*bytes, &mut taken)?;
-            }
-        }
         let workspace = plans
             .iter()
             .map(|p| p.iter().filter(|(what, _)| *what != "expert tmp").copied().collect::<Vec<_>>())
             .max_by_key(|p| plan_bytes(p, 256))
             .unwrap_or_default();
-        for (_, bytes) in &workspace {
-            self.alloc(*bytes, &mut taken)?;
-        }
+        // In execution order: the dense workspace every model uses in turn, then each model's
+        // experts' temporaries in the slice's order.
+        let sizes: Vec<u64> = workspace
+            .iter()
+            .map(|(_, b)| *b)
+            .chain(
+                plans
+                    .iter()
+                    .flat_map(|p| p.iter().filter(|(what, _)| *what == "expert tmp").map(|(_, b)| *b)),
+            )
+            .collect();
+        let mut taken = Vec::new();
+        self.alloc_temporaries(&sizes, &mut taken)?;
         let reserved_bytes = taken.iter().map(|a| a.len).sum();
         self.sample("reserve");
         let peak_used = self.pool.stats().used;
@@ -773,7 +788,8 @@ impl CoAdaptPool {
         if self.reuse.is_some() {
             return Err(VMoeError::Config("the reuse cache is already on".into()));
         }
-        let cache = match StemCache::new(&mut self.pool, setup) {
+        let at = self.reuse_arena_at(setup.budget.max(1));
+        let cache = match StemCache::new_at(&mut self.pool, setup, at) {
             Ok(c) => c,
             Err(e) => {
                 self.sample("refused");
@@ -844,7 +860,8 @@ impl CoAdaptPool {
     pub fn exclusive_memory_bytes(&self, id: ModelId) -> Option<u64> {
         let p = self.models.get(&id)?;
         let experts: u64 = p.expert_allocs.iter().flatten().map(|a| a.len).sum();
-        Some(experts + p.projector_alloc.len + p.trainer.as_ref().map_or(0, |(_, a)| a.len))
+        let state = p.trainer.as_ref().map_or(0, |(_, a)| a.len) + p.state.map_or(0, |a| a.len);
+        Some(experts + p.projector_alloc.len + state)
     }
 
     /// Pool bytes of shared tensors (stored once however many models use them).

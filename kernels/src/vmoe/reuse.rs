@@ -289,6 +289,12 @@ impl StemCache {
     /// Carves `setup.budget` bytes from `pool` (refused, nothing taken, when they do not fit),
     /// creates the disk directory and starts the disk thread.
     pub fn new(pool: &mut MemoryPool, setup: &ReuseSetup) -> Result<Self, VMoeError> {
+        Self::new_at(pool, setup, None)
+    }
+
+    /// [`Self::new`] with the arena at offset `at` of the pool (the lifespan-ordered layout puts it
+    /// at the top end); `None`: wherever the pool's best fit puts it.
+    pub fn new_at(pool: &mut MemoryPool, setup: &ReuseSetup, at: Option<u64>) -> Result<Self, VMoeError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = setup.disk_parent.join(format!("troupe-reuse-{}-{n}", std::process::id()));
@@ -298,7 +304,11 @@ impl StemCache {
         std::fs::create_dir_all(&setup.disk_parent)
             .and_then(|()| std::fs::create_dir(&dir))
             .map_err(|source| VMoeError::Io { context: "creating", path: dir.clone(), source })?;
-        let arena = match pool.alloc(setup.budget.max(1)) {
+        let carved = match at {
+            Some(o) => pool.alloc_at(o, setup.budget.max(1)),
+            None => pool.alloc(setup.budget.max(1)),
+        };
+        let arena = match carved {
             Ok(a) => a,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

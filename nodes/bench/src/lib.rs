@@ -136,9 +136,15 @@ pub enum BenchCommand {
         /// Concurrency levels of the real sweep, comma-separated (default 1,2,4,8,12; 1,2,4 with --quick).
         #[arg(long, value_delimiter = ',')]
         ks: Option<Vec<usize>>,
-        /// Seeds of the real sweep, 1 to 3 (default 3; 1 with --quick).
+        /// Seeds of the real sweep, 1 to 5 (default 3; 1 with --quick).
         #[arg(long)]
         seeds: Option<usize>,
+        /// Strategies of the real sweep, comma-separated (ours, isolated, ams, recl, moe_se, and
+        /// ours-MECHANISM for an ablation, e.g. ours-region; default all of them). With only ours,
+        /// e.g. `--strategies ours --ks 1,2,3,4,5,6,7,8,9,10,11,12 --seeds 5`, the oracle K* is
+        /// compared with ours alone.
+        #[arg(long, value_delimiter = ',')]
+        strategies: Option<Vec<String>>,
     },
 }
 
@@ -205,7 +211,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 )
             }
         }
-        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds } => {
+        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds, strategies } => {
             let svg = svg.unwrap_or_else(|| {
                 json.as_ref()
                     .and_then(|j| j.parent())
@@ -220,7 +226,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             (
                 "coadapt",
                 tokio::task::spawn_blocking(move || {
-                    let sweep = coadapt::RealSweep { quick, student, ks, seeds };
+                    let sweep = coadapt::RealSweep { quick, student, ks, seeds, strategies };
                     coadapt::run(k_max, &sweep, &svg)
                 })
                 .await??,

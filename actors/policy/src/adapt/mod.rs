@@ -5,6 +5,8 @@
 //! * [`memory`]: per-expert temporary-memory estimator (§3.2.1);
 //! * [`grouping`]: knapsack DP packing experts into ordered time slices (§3.2.1);
 //! * [`plan`]: the executor's per-step slice plan from the two above (§3.2.1);
+//! * [`layout`]: the lifespan-ordered pool: long-lived buffers low, the reuse tier on top, each
+//!   step's temporaries in contiguous slots placed by execution order (§3.2.1, §3.3);
 //! * [`evict`]: what the executor unloads, splits or gives up when the pool refuses memory;
 //! * [`threads`]: fill-clamp-refill compute allocation within a slice (§3.2.2);
 //! * [`reuse`] and [`predictor`]: budgeted disk-backed reuse cache with I/O-hiding token order
@@ -12,6 +14,8 @@
 //! * [`age`], [`nnls`] and [`twin`]: twin-buffer scheduler driven by accuracy gain per epoch (§3.4);
 //! * [`slo`]: Moore–Hodgson ordering and cycle sizing for tasks that carry an SLO deadline;
 //! * [`baselines`]: isolated, AMS-like, RECL-like and MoE-SE schedulers (§5.1);
+//! * [`oracle`]: the compute limit: which tasks preemptive EDF with no overhead gets done on
+//!   time from their measured CPU work (the bench's K*);
 //! * [`sim`]: a seeded discrete-event simulator comparing them (§5.3-5.4 style figures).
 //! * [`drift`] and [`online`]: a camera's drift detection, re-arming after each update, its
 //!   bounded accuracy log, and when a job over streaming cameras may end;
@@ -25,10 +29,12 @@ pub mod baselines;
 pub mod drift;
 pub mod evict;
 pub mod grouping;
+pub mod layout;
 pub(crate) mod linalg;
 pub mod memory;
 pub mod nnls;
 pub mod online;
+pub mod oracle;
 pub mod plan;
 pub mod predictor;
 pub mod replay;

@@ -17,6 +17,7 @@
 
 pub mod accuracy;
 pub mod coresident;
+pub mod oracle;
 pub mod real;
 pub mod sim;
 pub mod svg;
@@ -78,8 +79,8 @@ pub const REAL_KS: [usize; 5] = [1, 2, 4, 8, 12];
 /// Swept K (real execution), `--quick`.
 pub const REAL_KS_QUICK: [usize; 3] = [1, 2, 4];
 /// Seeds of the real sweep (camera streams and arrivals); the first [`REAL_SEEDS_DEFAULT`] by
-/// default, one with `--quick` (`--seeds` to choose).
-pub const REAL_SEEDS: [u64; 3] = [100, 200, 300];
+/// default, one with `--quick` (`--seeds` to choose; five for the oracle's sweep).
+pub const REAL_SEEDS: [u64; 5] = [100, 200, 300, 400, 500];
 /// Seeds run by default: all three, since one seed's 27 tasks per strategy leave the pooled
 /// ratios a task or two from flipping (one run gave 0.94x where three seeds gave 1.13x).
 pub const REAL_SEEDS_DEFAULT: usize = 3;
@@ -97,6 +98,8 @@ pub struct RealSweep {
     pub ks: Option<Vec<usize>>,
     /// Seeds, 1 to [`REAL_SEEDS`]'s length (`None`: [`REAL_SEEDS_DEFAULT`], one with `quick`).
     pub seeds: Option<usize>,
+    /// Strategies run, by name (`ours`, a baseline's name, `ours-MECHANISM`); `None`: all.
+    pub strategies: Option<Vec<String>>,
 }
 
 impl RealSweep {
@@ -128,6 +131,10 @@ pub fn headline_keys() -> Vec<String> {
         "measured_slo_attainment_over_best_baseline",
         "measured_throughput_over_best_baseline",
         "measured_fragmentation_reduction",
+        "measured_fragmentation_reduction_over_no_region",
+        "measured_fragmentation_worst_k",
+        "oracle_max_concurrency",
+        "measured_attainment_over_oracle_min",
         "measured_prefetch_hidden_share",
         "measured_ablation_max_concurrency_share_backbone",
         "real_sim_order_agreement",
@@ -189,7 +196,8 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
     let acc = accuracy::run(&real_student, &teacher, &train, &WEATHER, &acc_cfg)?;
     accuracy::report(name, &acc_cfg, &acc, &mut fig);
     transfer::run(&real_student, &teacher, &train, &WEATHER, &acc_cfg, &mut fig)?;
-    let measured = measured(&sc, name, &real_student, &teacher, &train, &mut fig)?;
+    let only = sweep.strategies.as_deref();
+    let measured = measured(&sc, only, name, &real_student, &teacher, &train, &mut fig)?;
     let sims = sim::simulated(k_max, &mut fig);
     order_agreement(&sc.ks, &measured, &sims, &mut fig);
     let curves = |res: &SweepResult, names: &[&'static str]| -> Vec<(&'static str, Vec<(usize, f64)>)> {
@@ -444,6 +452,7 @@ fn overheads(
 /// Measured: the sweep of real strategies and ablations over K and seeds (see [`real`]).
 fn measured(
     sc: &SweepConfig,
+    only: Option<&[String]>,
     name: &str,
     student: &VMoe,
     teacher: &VMoe,
@@ -473,6 +482,12 @@ fn measured(
     // over the seeds), not after the solo runs' generous cap: past it no task can meet the SLO.
     let sc = &SweepConfig { engine: EngineConfig { max_epochs: epochs, ..sc.engine }, ..sc.clone() };
     fig.insert("measured_epoch_cap".into(), f64::from(epochs));
+    // The oracle's input: each task's work alone under ours, with the sweep's epoch cap.
+    let ours_cfg = real::strategy_config(sc, student, &RealStrategy::OURS);
+    let mut work = BTreeMap::new();
+    for (&seed, j) in &jobs {
+        work.insert(seed, oracle::task_work(ours_cfg, student, j, sc.gain)?);
+    }
     println!(
         "\n== measured: K = {:?} real adaptation tasks ({name} V-MoEs, drifted cameras) x {} seeds, Poisson arrivals (K expected within {:.2} solo times), process CPU time ==\npool budget {budget} B for every strategy (shared reserve + one step + {} tasks' isolated state); SLO: exact-match gain >= {:.2} within L = {:.2} x solo time (solo: median of 8 tasks each alone, isolated; L and the window in solo times are the simulator's 200 s and 60 s over its isolated solo latency)",
         sc.ks,
@@ -497,6 +512,10 @@ fn measured(
         .collect();
     for (n, s) in RealStrategy::ablations() {
         strategies.push((format!("ours-{n}"), s));
+    }
+    if let Some(only) = only {
+        strategies.retain(|(n, _)| only.iter().any(|o| o == n));
+        anyhow::ensure!(!strategies.is_empty(), "--strategies names none of the sweep's strategies");
     }
     let t0 = Instant::now();
     let res = real::sweep(sc, student, &strategies, &jobs, &solo)?;
@@ -533,6 +552,12 @@ fn measured(
         }
     }
     for line in headline(&sc.ks, &res, fig) {
+        println!("{line}");
+    }
+    for line in oracle::fragmentation(&sc.ks, &res, fig) {
+        println!("{line}");
+    }
+    for line in oracle::report(&sc.ks, &oracle::oracle(sc, &work, &solo), &res, fig) {
         println!("{line}");
     }
     Ok(res)
@@ -684,6 +709,7 @@ mod tests {
         }
         let mut fig = BTreeMap::new();
         headline(&ks, &res, &mut fig);
+        oracle::fragmentation(&ks, &res, &mut fig);
         assert_eq!(fig["measured_max_concurrency_ours"], 2.0);
         assert_eq!(fig["measured_max_concurrency_best_baseline"], 1.0);
         // Pooled: ours 3 of 3 met, isolated 2 of 3; throughput 3/3 s vs 2/3 s.
@@ -692,7 +718,8 @@ mod tests {
         // Least fragmented baseline: ams (0.2); ours 0.1: halved.
         assert!((fig["measured_fragmentation_reduction"] - 0.5).abs() < 1e-12);
         assert_eq!(fig["measured_ablation_max_concurrency_preload"], 1.0);
-        for k in headline_keys().iter().filter(|k| !k.starts_with("real_sim")) {
+        // The oracle's keys come from its own report (tested in `oracle`).
+        for k in headline_keys().iter().filter(|k| !k.starts_with("real_sim") && !k.contains("oracle")) {
             assert!(fig.contains_key(k), "{k} missing");
         }
         assert!(fig.keys().all(|k| k.starts_with("measured_")));
@@ -706,6 +733,7 @@ mod tests {
         assert_eq!(RealSweep::default().ks(), REAL_KS);
         assert_eq!(RealSweep::default().seeds(), REAL_SEEDS[..REAL_SEEDS_DEFAULT]);
         let asked = RealSweep { ks: Some(vec![8, 0, 2, 8]), seeds: Some(9), ..RealSweep::default() };
+        assert_eq!(REAL_SEEDS.len(), 5, "five seeds for the oracle's sweep");
         assert_eq!(asked.ks(), [2, 8]);
         assert_eq!(asked.seeds(), REAL_SEEDS);
     }

@@ -69,8 +69,7 @@ use troupe_kernels::vmoe::train::Dataset;
 use troupe_policy::Micros;
 
 /// No AdaSprite mechanism (the baselines).
-pub const NO_MECHANISMS: Mechanisms =
-    Mechanisms { grouping: false, threads: false, reuse: false, preload: false };
+pub const NO_MECHANISMS: Mechanisms = Mechanisms::NONE;
 
 /// One real configuration of the executor.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -130,7 +129,8 @@ impl RealStrategy {
     ];
 
     /// Ours with each mechanism off in turn (named by [`Mechanisms::NAMES`]), then ours without
-    /// merging (`share_backbone`).
+    /// merging (`share_backbone`), then without both the reuse tier and the region
+    /// (`reuse_region`).
     pub fn ablations() -> Vec<(&'static str, Self)> {
         let mut v: Vec<(&'static str, Self)> = Mechanisms::NAMES
             .iter()
@@ -139,6 +139,10 @@ impl RealStrategy {
             })
             .collect();
         v.push(("share_backbone", Self { share_backbone: false, sim_name: "", ..Self::OURS }));
+        // Without the reuse tier, with and without the region: the region's effect where the
+        // reuse arena is not there to sit on top.
+        let no_reuse_region = Mechanisms { reuse: false, region: false, ..Mechanisms::ALL };
+        v.push(("reuse_region", Self { mechanisms: no_reuse_region, sim_name: "", ..Self::OURS }));
         v
     }
 }
@@ -383,11 +387,37 @@ impl Tally {
     }
 }
 
+/// The engine config strategy `s` runs under in the sweep (the same budget for every strategy).
+pub fn strategy_config(sc: &SweepConfig, student: &VMoe, s: &RealStrategy) -> EngineConfig {
+    EngineConfig {
+        budget: pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks),
+        scheduler: s.scheduler,
+        share_backbone: s.share_backbone,
+        mechanisms: s.mechanisms,
+        reuse_budget: reuse_budget(s, student, sc.engine.batch, sc.budget_isolated_tasks),
+        ..sc.engine
+    }
+}
+
+/// The arrival times of the first `k` tasks of `seed` in the sweep (solo time `solo_s`): K
+/// expected within the window, seeded per (seed, K).
+pub fn arrivals(sc: &SweepConfig, seed: u64, k: usize, solo_s: f64) -> Vec<u64> {
+    let mean_gap_us = sc.window_solo * solo_s * 1e6 / k.max(1) as f64;
+    poisson_arrivals(k, mean_gap_us, seed.wrapping_mul(1000).wrapping_add(k as u64))
+}
+
+/// The key of strategy `name`'s cells on seed `seed` alone in a [`SweepResult`] (beside the
+/// cells summed over seeds under `name`).
+pub fn per_seed_key(name: &str, seed: u64) -> String {
+    format!("{name}@seed{seed}")
+}
+
 /// Every strategy's cells, indexed like [`SweepConfig::ks`].
 pub type SweepResult = BTreeMap<String, Vec<Tally>>;
 
 /// Runs every strategy of `strategies` at every K and seed. `jobs_for(seed, k)` gives the first
-/// `k` tasks' samples of the seed (the same for every strategy).
+/// `k` tasks' samples of the seed (the same for every strategy). Cells are summed over seeds under
+/// the strategy's name and kept per seed under [`per_seed_key`].
 pub fn sweep(
     sc: &SweepConfig,
     student: &VMoe,
@@ -395,7 +425,6 @@ pub fn sweep(
     jobs: &BTreeMap<u64, Vec<Dataset>>,
     solo_s: &BTreeMap<u64, f64>,
 ) -> Result<SweepResult> {
-    let budget = pool_budget(student, sc.engine.batch, sc.budget_isolated_tasks);
     let mut out: SweepResult =
         strategies.iter().map(|(n, _)| (n.clone(), vec![Tally::default(); sc.ks.len()])).collect();
     let runs = (sc.seeds.len() * sc.ks.len() * strategies.len()) as u64;
@@ -406,24 +435,21 @@ pub fn sweep(
         let l_s = sc.l_solo * solo;
         for (i, &k) in sc.ks.iter().enumerate() {
             let k_jobs = &all[..k.min(all.len())];
-            let mean_gap_us = sc.window_solo * solo * 1e6 / k.max(1) as f64;
-            let arrivals =
-                poisson_arrivals(k_jobs.len(), mean_gap_us, seed.wrapping_mul(1000).wrapping_add(k as u64));
+            let arrivals = arrivals(sc, seed, k_jobs.len(), solo);
             for (name, s) in strategies {
-                let cfg = EngineConfig {
-                    budget,
-                    scheduler: s.scheduler,
-                    share_backbone: s.share_backbone,
-                    mechanisms: s.mechanisms,
-                    reuse_budget: reuse_budget(s, student, sc.engine.batch, sc.budget_isolated_tasks),
-                    ..sc.engine
-                };
+                let cfg = strategy_config(sc, student, s);
                 let slo = Micros((l_s * 1e6) as u64);
                 let o = run_once(cfg, student, k_jobs, &arrivals, Some(slo))
                     .with_context(|| format!("{name} at K = {k}, seed {seed}"))?;
                 bar.inc(1);
                 let met = o.met(sc.gain, l_s);
                 if let Some(c) = out.get_mut(name.as_str()).and_then(|v| v.get_mut(i)) {
+                    c.add(&o, met, k_jobs.len());
+                }
+                let per_seed = out
+                    .entry(per_seed_key(name, seed))
+                    .or_insert_with(|| vec![Tally::default(); sc.ks.len()]);
+                if let Some(c) = per_seed.get_mut(i) {
                     c.add(&o, met, k_jobs.len());
                 }
             }
@@ -527,7 +553,7 @@ mod tests {
             assert_eq!(b.mechanisms, NO_MECHANISMS);
         }
         let ab = RealStrategy::ablations();
-        assert_eq!(ab.len(), Mechanisms::NAMES.len() + 1);
+        assert_eq!(ab.len(), Mechanisms::NAMES.len() + 2);
         assert!(ab.iter().all(|(_, s)| s.scheduler == SchedulerChoice::Twin && *s != RealStrategy::OURS));
     }
 }
