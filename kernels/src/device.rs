@@ -32,17 +32,7 @@ impl Device {
 
     /// Parse `"cpu"` or `"cuda"` / `"cuda:N"` (config files) and open that device.
     pub fn from_name(name: &str) -> Result<Self> {
-        match name {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Self::cuda(0),
-            _ => match name.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Self::cuda(n),
-                _ => Err(crate::KernelError::invalid(
-                    "Device::from_name",
-                    format!("unknown device {name:?} (expected cpu, cuda or cuda:N)"),
-                )),
-            },
-        }
+        DeviceKind::parse(name)?.open()
     }
 
     /// A short name: `cpu` or `cuda:N`.
@@ -63,6 +53,49 @@ impl Device {
         match self {
             Device::Cpu => Ok(()),
             Device::Cuda(d) => d.sync(),
+        }
+    }
+}
+
+/// Which device to use, before it is opened: a plain value that configs can copy and compare.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU.
+    #[default]
+    Cpu,
+    /// CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+impl DeviceKind {
+    /// Parse `"cpu"`, `"cuda"` (device 0) or `"cuda:N"`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" => Ok(DeviceKind::Cuda(0)),
+            _ => match name.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceKind::Cuda(n)),
+                _ => Err(crate::KernelError::invalid(
+                    "device name",
+                    format!("unknown device {name:?} (expected cpu, cuda or cuda:N)"),
+                )),
+            },
+        }
+    }
+
+    /// Open it ([`crate::KernelError::CudaUnavailable`] saying why a GPU cannot be used).
+    pub fn open(self) -> Result<Device> {
+        match self {
+            DeviceKind::Cpu => Ok(Device::Cpu),
+            DeviceKind::Cuda(n) => Device::cuda(n),
+        }
+    }
+
+    /// A short name: `cpu` or `cuda:N`.
+    pub fn name(self) -> String {
+        match self {
+            DeviceKind::Cpu => "cpu".to_string(),
+            DeviceKind::Cuda(n) => format!("cuda:{n}"),
         }
     }
 }

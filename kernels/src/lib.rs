@@ -42,7 +42,7 @@ pub mod tokenizer;
 pub mod vmoe;
 
 pub use cuda::CudaDevice;
-pub use device::Device;
+pub use device::{Device, DeviceKind};
 pub use error::{KernelError, Result};
 pub use ops::Op;
 pub use pool::{Allocation, MemoryPool, PoolStats};

@@ -205,6 +205,9 @@ pub struct EngineConfig {
     /// directory under the OS temp dir (or the one given to [`EdgeEngine::with_reuse_dir`]),
     /// removed when the engine drops.
     pub reuse_disk_budget: u64,
+    /// Where the tasks' training steps run (opened when the engine is made; a GPU that cannot be
+    /// used is an error naming why).
+    pub device: troupe_kernels::DeviceKind,
 }
 
 impl Default for EngineConfig {
@@ -227,6 +230,7 @@ impl Default for EngineConfig {
             share_backbone: true,
             reuse_budget: 0,
             reuse_disk_budget: 64 << 20,
+            device: troupe_kernels::DeviceKind::Cpu,
         }
     }
 }
@@ -400,6 +404,7 @@ impl EdgeEngine {
         reuse_parent: &std::path::Path,
     ) -> Result<Self, EngineError> {
         let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
+        pool.set_device(cfg.device.open().map_err(VMoeError::from)?)?;
         pool.set_sharing(cfg.share_backbone);
         pool.set_ordered(cfg.mechanisms.region)?;
         let mut kept_out = reserved_bytes(expected, cfg.batch);

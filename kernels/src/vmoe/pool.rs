@@ -23,6 +23,7 @@ use super::VMoeError;
 use super::model::{ParamGroup, VMoe, VMoeConfig};
 use super::reuse::{ReuseSetup, ReuseStats, StemCache, shared_identity};
 use super::train::{Dataset, StepInput, TrainScope, Trainer, predict_all};
+use crate::device::Device;
 use crate::ops::{attention_backward_bytes, attention_tmp_bytes};
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
@@ -365,6 +366,8 @@ pub struct CoAdaptPool {
     ordered: bool,
     /// The last temporaries region placed with it on.
     last_region: Option<(u64, u64)>,
+    /// Where the models' training steps run ([`Self::set_device`]).
+    device: Device,
 }
 
 fn shared_key(t: &Tensor) -> [u8; 32] {
@@ -396,7 +399,27 @@ impl CoAdaptPool {
             expected: None,
             ordered: false,
             last_region: None,
+            device: Device::Cpu,
         })
+    }
+
+    /// Runs every model's training steps on `device` (default: the CPU); on CUDA each model's
+    /// optimiser moments are allocated in device memory when its trainer is made. Refused once a
+    /// trainer exists, so no model trains on two devices.
+    pub fn set_device(&mut self, device: Device) -> Result<(), VMoeError> {
+        if self.models.values().any(|p| p.trainer.is_some()) {
+            return Err(VMoeError::Config(format!(
+                "the pool's device is set before any model trains (asked for {} afterwards)",
+                device.name()
+            )));
+        }
+        self.device = device;
+        Ok(())
+    }
+
+    /// Where the models' training steps run.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The clock that stamps fragmentation samples (default [`monotonic_us`]; the bench gives its
@@ -616,14 +639,22 @@ impl CoAdaptPool {
             return Ok(());
         }
         let bytes = Trainer::state_bytes(&p.model.config, TrainScope::ExpertsAndProjector);
-        let a = match p.state {
+        let state = p.state;
+        // Made first: a device that refuses the moments leaves the pool as it was.
+        let mut t = Trainer::on_device(
+            &p.model,
+            TrainScope::ExpertsAndProjector,
+            lr,
+            self.weight_decay,
+            self.device.clone(),
+        )?;
+        t.set_lr(lr);
+        let a = match state {
             Some(a) => a,
             None => self.alloc(bytes, &mut Vec::new())?,
         };
         if let Some(p) = self.models.get_mut(&id) {
             p.state = None;
-            let mut t = Trainer::new(&p.model, TrainScope::ExpertsAndProjector, lr, self.weight_decay);
-            t.set_lr(lr);
             p.trainer = Some((t, a));
         }
         Ok(())

@@ -145,7 +145,17 @@ pub enum BenchCommand {
         /// compared with ours alone.
         #[arg(long, value_delimiter = ',')]
         strategies: Option<Vec<String>>,
+        /// Where the real sweep's training steps run: cpu (the default; timed in process CPU time)
+        /// or cuda / cuda:N (every V-MoE op on the GPU, optimiser moments in device memory; timed
+        /// in wall time). Without a usable GPU, cuda is refused naming why.
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: troupe_kernels::DeviceKind,
     },
+}
+
+/// `--device`'s value: `cpu`, `cuda` or `cuda:N`.
+fn parse_device(name: &str) -> Result<troupe_kernels::DeviceKind, String> {
+    troupe_kernels::DeviceKind::parse(name).map_err(|e| e.to_string())
 }
 
 /// Runs a benchmark command.
@@ -211,7 +221,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 )
             }
         }
-        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds, strategies } => {
+        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds, strategies, device } => {
             let svg = svg.unwrap_or_else(|| {
                 json.as_ref()
                     .and_then(|j| j.parent())
@@ -226,7 +236,7 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             (
                 "coadapt",
                 tokio::task::spawn_blocking(move || {
-                    let sweep = coadapt::RealSweep { quick, student, ks, seeds, strategies };
+                    let sweep = coadapt::RealSweep { quick, student, ks, seeds, strategies, device };
                     coadapt::run(k_max, &sweep, &svg)
                 })
                 .await??,

@@ -63,6 +63,7 @@ use troupe_actors::coadapt::engine::{
     AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, reuse_default_bytes,
     shared_bytes, task_footprint,
 };
+use troupe_kernels::DeviceKind;
 use troupe_kernels::vmoe::VMoe;
 use troupe_kernels::vmoe::pool::time_weighted_fragmentation;
 use troupe_kernels::vmoe::train::Dataset;
@@ -272,10 +273,16 @@ pub fn run_once(
     anyhow::ensure!(jobs.len() == arrivals_us.len(), "one arrival per job");
     let cfg = EngineConfig { max_tasks: cfg.max_tasks.max(jobs.len()), ..cfg };
     let mut eng = EdgeEngine::new(cfg, &[student.config])?;
-    eng.set_pool_clock(process_cpu_us);
+    // On the CPU the device's time is this process's CPU time; a GPU's work is not CPU time, so
+    // there the clock is wall time (each op waits for its results).
+    let now: fn() -> u64 = match cfg.device {
+        DeviceKind::Cpu => process_cpu_us,
+        DeviceKind::Cuda(_) => troupe_kernels::vmoe::pool::monotonic_us,
+    };
+    eng.set_pool_clock(now);
     let skipped = Cell::new(0u64);
-    let start = process_cpu_us();
-    let clock = || Micros(process_cpu_us().saturating_sub(start) + skipped.get());
+    let start = now();
+    let clock = || Micros(now().saturating_sub(start) + skipped.get());
     let mut next = 0;
     let mut done = Vec::new();
     loop {
@@ -318,7 +325,7 @@ pub fn run_once(
             .collect(),
         epochs: done.iter().map(|f| f.epochs).collect(),
         span_s: (last.saturating_sub(first) as f64 / 1e6).max(1e-9),
-        fragmentation: time_weighted_fragmentation(frag, process_cpu_us()).unwrap_or(0.0),
+        fragmentation: time_weighted_fragmentation(frag, now()).unwrap_or(0.0),
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
         evictions: eng.evictions(),
         prefetch_us: {
