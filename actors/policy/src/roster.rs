@@ -191,18 +191,18 @@ impl<W: Copy> Roster<W> {
         }
     }
 
-    /// A newer link epoch for member `m`: adopted when newer than the one in use (the member
-    /// then syncs on it), else stale.
+    /// A newer link epoch for member `m`, installed while the shell runs: adopted when newer
+    /// than the one in use (the member then syncs on it, and counts one more return to service),
+    /// else stale.
     pub fn adopt(&mut self, m: usize, epoch: u64) -> Adopted {
         let Some(member) = self.members.get(m) else { return Adopted::Stale };
         if epoch <= member.epoch {
             return Adopted::Stale;
         }
         let was_lost = member.is_lost();
-        let restored = member.epoch != 0;
         self.syncing(m, epoch);
         if let Some(member) = self.members.get_mut(m) {
-            member.rejoined += usize::from(restored);
+            member.rejoined += 1;
         }
         if was_lost { Adopted::Restored } else { Adopted::Replaced }
     }
@@ -395,7 +395,7 @@ mod tests {
     #[test]
     fn a_syncing_member_is_ready_once_synced_and_losing_it_clears_its_work() {
         let mut r: Roster<u32> = Roster::new(2);
-        assert_eq!(r.adopt(0, 1), Adopted::Restored);
+        r.syncing(0, 1);
         assert_eq!(r.member(0).map(|x| (x.health, x.rejoined)), Some((Health::Syncing, 0)));
         r.synced(0);
         r.set_busy(0, Some(7));
@@ -403,7 +403,7 @@ mod tests {
         r.lose(0);
         assert_eq!(r.busy(0), None);
         assert_eq!(r.adopt(0, 2), Adopted::Restored);
-        assert_eq!(r.member(0).map(|x| x.rejoined), Some(1), "a second epoch is a restoration");
+        assert_eq!(r.member(0).map(|x| x.rejoined), Some(1), "an adopted epoch is a restoration");
         r.synced(1);
         assert!(r.is_lost(1), "only a syncing member becomes ready by syncing");
     }
