@@ -40,6 +40,11 @@ pub fn timer_now() -> tokio::time::Instant {
     tokio::time::Instant::now()
 }
 
+/// Time left until `deadline` (zero once it has passed).
+pub fn left_until(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
 /// Microseconds since the Unix epoch: for numbers that must grow across processes and restarts
 /// (placement generations), never for measuring time.
 pub fn wall_micros() -> u64 {
