@@ -39,12 +39,14 @@
 //! Layout: `settings` and `outcome` are what a job is given and reports; `calls` are the
 //! calls made on workers (off the actor); `shell` is one incarnation's state and how it carries
 //! out decisions (who is in service is the policy's [`troupe_policy::roster::Roster`]);
-//! `incarnation` is the scheduler half (what incarnations share, joining, the timer, the end).
+//! `shared` is what a job's incarnations share; `incarnation` is the scheduler half (joining,
+//! the timer, the end).
 
 mod calls;
 mod incarnation;
 mod outcome;
 mod settings;
+mod shared;
 mod shell;
 
 use std::sync::Arc;
@@ -64,9 +66,10 @@ use crate::service::Services;
 use crate::supervisor::{ChildSpec, Intensity, Supervisor, SupervisorArgs, SupervisorEvent};
 use crate::typed::{Actors, Links, Outcome, service_name};
 use calls::{Event, EventKind, Step, WorkerLinks};
-use incarnation::{ForemanInput, ForemanScheduler, ForemanShared};
+use incarnation::ForemanScheduler;
 pub use outcome::{ActivationBytes, JobOutcome, Progress, Span, SpanKind, TaskTimes, WorkerSummary};
 pub use settings::{AcceptedJob, ShellError, ShellSettings};
+use shared::{ForemanInput, ForemanShared};
 
 /// Fault-switch site hit once per foreman input.
 pub const FAULT_SITE: &str = "pipeline.scheduler";

@@ -18,7 +18,7 @@ use super::super::job::PipelineJob;
 use super::super::wire::{BlobShelf, EncodeTally, Join, Joined, WireNamed, encode_tensors};
 use super::super::worker::worker_name;
 use super::calls::{Cmd, Event, EventKind, ExecCtx, Held, WorkerHandle, policy_telemetry, step};
-use super::incarnation::ForemanShared;
+use super::shared::ForemanShared;
 use super::{JobOutcome, Progress, ShellSettings, Span, SpanKind, TaskTimes, WorkerSummary};
 use crate::clock::Clock;
 use crate::service::Services;
