@@ -295,6 +295,10 @@ pub struct Cluster {
     namespaces: Vec<(String, String)>,
     /// Each job node's progress bar (kept across restarts).
     bars: Vec<(String, indicatif::ProgressBar)>,
+    /// Processes a [`Cluster::restart`] replaced (a node restarted while its old process still
+    /// ran keeps it running, as a second `troupe node` started by hand would): stopped with
+    /// the rest.
+    replaced: Vec<(String, Child)>,
     /// Whether the nodes' lines go to the console (false: to their log files only).
     console: bool,
 }
@@ -363,6 +367,7 @@ impl Cluster {
             lines,
             namespaces,
             bars: Vec::new(),
+            replaced: Vec::new(),
             console,
         };
         for node in topology.nodes.iter().filter(|_| console) {
@@ -477,17 +482,19 @@ impl Cluster {
     /// Starts node `name` again from its config, appending to its log.
     pub fn restart(&mut self, name: &str) -> Result<()> {
         let child = self.spawn(name, true)?;
-        *self.child_mut(name)? = child;
+        let old = std::mem::replace(self.child_mut(name)?, child);
+        self.replaced.retain_mut(|(_, c)| c.try_wait().ok().flatten().is_none());
+        self.replaced.push((name.to_owned(), old));
         Ok(())
     }
 
     /// Stops every node: all are asked first (SIGINT), so none spends its last seconds
     /// reporting the others down, then each is killed if it has not stopped within 3 s.
     pub async fn stop_all(&mut self) {
-        for (_, child) in self.children.iter() {
+        for (_, child) in self.children.iter().chain(&self.replaced) {
             interrupt(child);
         }
-        for (name, child) in self.children.iter_mut() {
+        for (name, child) in self.children.iter_mut().chain(&mut self.replaced) {
             if child.try_wait().ok().flatten().is_none() {
                 stop_child(name, child).await;
             }

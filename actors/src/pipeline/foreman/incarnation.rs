@@ -55,12 +55,15 @@ pub(super) struct Enlisting {
 /// Finds each worker and joins it through a new link (this incarnation's generation) as the
 /// link's first step, unloading first when `unload`: a call of a dead incarnation still in flight
 /// to the same worker finishes first, and what that incarnation had queued is dropped. Runs off
-/// the actor (lookups and joins are remote calls); the answers come back as one input.
-async fn enlist(shared: Arc<ForemanShared>, unload: bool) -> Vec<Enlisted> {
+/// the actor (lookups and joins are remote calls); the answers come back as one input. Once a
+/// newer incarnation has started (this one died while enlisting), it attaches nothing more: the
+/// links are the newer one's.
+async fn enlist(shared: Arc<ForemanShared>, incarnation: usize, unload: bool) -> Vec<Enlisted> {
     let timeout = shared.settings.rpc_timeout;
     let mut joins = Vec::new();
     for (idx, (_, name)) in shared.targets.iter().enumerate() {
         let linked = match shared.actors.lookup::<PipelineWorker>(name).await {
+            Ok(_) if shared.incarnations.load(Ordering::SeqCst) != incarnation + 1 => return Vec::new(),
             Ok(handle) => {
                 let generation = shared.links.attach(idx, handle.clone());
                 let (tx, rx) = oneshot::channel();
@@ -93,9 +96,12 @@ async fn enlist(shared: Arc<ForemanShared>, unload: bool) -> Vec<Enlisted> {
 }
 
 /// Gathers each worker's own counters into the outcome (a failed call, e.g. a connection
-/// re-forming, is retried a few times) and reports the job done. Runs off the actor.
+/// re-forming, is retried a few times) and reports the job done. Runs off the actor; the ended
+/// incarnation's `shell` is dropped (its links detached) only after the report, as when this
+/// ran in the handler.
 async fn report_done(
     shared: Arc<ForemanShared>,
+    shell: Shell,
     mut outcome: JobOutcome,
     actors: Vec<(usize, WorkerHandle)>,
 ) {
@@ -110,6 +116,7 @@ async fn report_done(
         }
     }
     shared.finish(Ok(outcome));
+    drop(shell);
 }
 
 impl ForemanScheduler {
@@ -151,7 +158,7 @@ impl ForemanScheduler {
                     .filter(|&i| !shell.roster.is_lost(i))
                     .map(|i| (i, shell.workers[i].actor.clone()))
                     .collect();
-                tokio::spawn(report_done(self.shared.clone(), outcome, in_service));
+                tokio::spawn(report_done(self.shared.clone(), shell, outcome, in_service));
             }
         }
     }
@@ -336,7 +343,7 @@ impl crate::kinds::scheduler::Scheduler for ForemanScheduler {
         let unload = shared.settings.fresh_start || incarnation > 0;
         let me = me.clone();
         tokio::spawn(async move {
-            let enlisted = enlist(shared, unload).await;
+            let enlisted = enlist(shared, incarnation, unload).await;
             // a dead incarnation's answers are dropped with its mailbox
             let _ = SchedulerMsg::tell(&me, ForemanInput::Enlisted(enlisted));
         });
