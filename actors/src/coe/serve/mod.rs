@@ -1,12 +1,12 @@
-//! The coe scheduler as a supervised actor: the policy's [`RequestScheduler`] inside the
+//! The coe scheduler as a supervised actor: the policy's [`troupe_policy::coe::RequestScheduler`] inside the
 //! runtime's one [`SchedulerActor`] shell, with the work it has accepted kept apart from it.
 //!
 //! - **Acceptance is durable.** A request is accepted by [`CoeShared::accept`]: it is appended to
 //!   the job's [`Journal`] (fsynced) before the scheduler hears of it. An answer (a request's
 //!   output digest) is journaled before it counts, and a request is answered at most once: a
 //!   second answer is an error naming the request.
-//! - **Warm restart.** On every start [`CoeScheduler::recover`] builds a fresh policy from the
-//!   accepted-but-unanswered requests and sends each executor [`Cmd::Reset`]. Links are FIFO, so
+//! - **Warm restart.** On every start [`CoeScheduler`]'s `recover` builds a fresh policy from the
+//!   accepted-but-unanswered requests and sends each executor [`super::runner::Cmd::Reset`]. Links are FIFO, so
 //!   every event an executor sends before its reset's answer belongs to the dead incarnation and
 //!   is dropped; after it, the executor is empty, as the fresh policy believes.
 //! - **Restoration.** A link is (re)installed with [`CoeShared::install_link`] under a new
@@ -110,9 +110,9 @@ pub struct ClientRequest {
 pub struct ClientAnswer {
     /// Its id in this job.
     pub request: u64,
-    /// Digest of its outputs, as a local run computes it ([`output_digest`]).
+    /// Digest of its outputs, as a local run computes it ([`super::app::output_digest`]).
     pub digest: u64,
-    /// Each expert it ran and that expert's quantised output ([`quantise`]).
+    /// Each expert it ran and that expert's quantised output ([`super::app::quantise`]).
     pub outputs: BTreeMap<ExpertId, Vec<i32>>,
 }
 

@@ -1,8 +1,8 @@
 //! The foreman shell: carries out the decisions of `troupe_policy::pipeline::Foreman` over the
 //! cluster.
 //!
-//! It finds the workers (members announcing a typed [`PipelineWorker`] actor named
-//! [`worker_name`]`(NODE)`; each message is role-checked, for the `scheduler` role only), asks
+//! It finds the workers (members announcing a typed [`super::PipelineWorker`] actor named
+//! [`super::worker_name`]`(NODE)`; each message is role-checked, for the `scheduler` role only), asks
 //! each to join, submits the job to the policy and then loops: policy actions become calls on
 //! the worker's link, one ordered queue per worker ([`crate::typed::Links`]: performed in
 //! order, one call at a time, so a `Fetch` lands before the `Load` after it); outcomes come back
@@ -21,13 +21,13 @@
 //!
 //! Shape, stated plainly: the foreman is a [`crate::SchedulerActor`] under a supervisor of its
 //! own in the foreman node's process (not the node's root supervisor: a job owns it), and a
-//! restart resubmits the inputs not answered yet. Answers live in the job's [`Ledger`]: with a
+//! restart resubmits the inputs not answered yet. Answers live in the job's [`super::Ledger`]: with a
 //! journal (the `pipeline` job's default), the acceptance and every answer are synced to disk
 //! before they count, so a foreman node killed with `kill -9` and started again resumes the job
 //! with the unanswered inputs only (see [`AcceptedJob::open`]); telemetry is pulled (one RPC per worker per period) rather than
 //! pushed. Activations go from the producing worker to the consuming one: a worker running an
 //! intermediate stage keeps its outputs on its blob shelf and answers with references
-//! ([`TensorBody::At`]); the foreman passes those references on in the next stage's `Run`, and
+//! ([`super::wire::TensorBody::At`]); the foreman passes those references on in the next stage's `Run`, and
 //! that worker pulls the bytes from the producer over the QUIC blob stream (or reads its own
 //! shelf when it made them). The foreman carries control, job inputs and the last stage's
 //! answers only; the bytes are counted as they move ([`ActivationBytes`]). Outputs kept on a
