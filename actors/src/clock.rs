@@ -1,6 +1,6 @@
 //! The one place actors read the wall clock: policies get time as [`Micros`] from here.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use troupe_policy::Micros;
 
@@ -20,12 +20,29 @@ impl Clock {
     pub fn now(&self) -> Micros {
         Micros::from_duration(self.origin.elapsed())
     }
+
+    /// Time since [`Clock::start`]: for measuring how long something took (a figure, never a
+    /// decision).
+    pub fn elapsed(&self) -> Duration {
+        self.origin.elapsed()
+    }
 }
 
 impl Default for Clock {
     fn default() -> Self {
         Self::start()
     }
+}
+
+/// Now on tokio's timer clock: for deadlines handed to tokio's timers (`sleep_until`, timeouts),
+/// which a paused-time test or a simulation advances by itself.
+pub fn timer_now() -> tokio::time::Instant {
+    tokio::time::Instant::now()
+}
+
+/// Time left until `deadline` (zero once it has passed).
+pub fn left_until(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
 }
 
 /// Microseconds since the Unix epoch: for numbers that must grow across processes and restarts

@@ -359,7 +359,7 @@ impl Services {
         timeout: Duration,
         mut found: impl FnMut(&Services) -> Option<T>,
     ) -> Option<T> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::clock::timer_now() + timeout;
         let mut announcements = self.subscribe_announcements();
         loop {
             if let Some(t) = found(self) {

@@ -271,12 +271,15 @@ struct NodeOutput {
     lines: Option<NodeLines>,
     /// A job node's bar, moved by the job's progress lines ([`job_progress`]).
     bar: Option<indicatif::ProgressBar>,
+    /// Whether its lines are shown on the console at all (false: its log file only).
+    console: bool,
 }
 
 /// The node processes of one topology run on loopback: started from their configs, each one's
 /// full output in `WORKDIR/NAME.log` and its lines on the console prefixed with its name; job
-/// nodes linger after their job and report its end. `troupe up` and `troupe chaos` both run
-/// their nodes through this.
+/// nodes linger after their job and report its end. `troupe up`, `troupe chaos` and the local
+/// pipeline cluster (`pipeline submit`, the pipeline benches and tests) run their nodes through
+/// this.
 pub struct Cluster {
     binary: NodeBinary,
     workdir: PathBuf,
@@ -292,6 +295,12 @@ pub struct Cluster {
     namespaces: Vec<(String, String)>,
     /// Each job node's progress bar (kept across restarts).
     bars: Vec<(String, indicatif::ProgressBar)>,
+    /// Processes a [`Cluster::restart`] replaced (a node restarted while its old process still
+    /// ran keeps it running, as a second `troupe node` started by hand would): stopped with
+    /// the rest.
+    replaced: Vec<(String, Child)>,
+    /// Whether the nodes' lines go to the console (false: to their log files only).
+    console: bool,
 }
 
 impl Cluster {
@@ -319,6 +328,33 @@ impl Cluster {
         lines: Option<NodeLines>,
         namespaces: Vec<(String, String)>,
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
+        Self::launch(binary, topology, workdir, configs, lines, namespaces, true)
+    }
+
+    /// Starts the nodes of `configs` (from [`prepare`]; a node of `topology` left out of them
+    /// runs elsewhere, such as in the launching process) with each node's output in its log file
+    /// only, nothing on the console: for a program whose own output is the point (a benchmark's
+    /// JSON, a test's report).
+    pub fn start_logged(
+        exe: &Path,
+        topology: &Topology,
+        workdir: &Path,
+        configs: Vec<(String, PathBuf)>,
+    ) -> Result<Self> {
+        let binary =
+            NodeBinary { exe: exe.to_path_buf(), node_command: vec!["node".into()], kinds: Kinds::builtin() };
+        Ok(Self::launch(&binary, topology, workdir, configs, None, Vec::new(), false)?.0)
+    }
+
+    fn launch(
+        binary: &NodeBinary,
+        topology: &Topology,
+        workdir: &Path,
+        configs: Vec<(String, PathBuf)>,
+        lines: Option<NodeLines>,
+        namespaces: Vec<(String, String)>,
+        console: bool,
+    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
         let (jobs, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut cluster = Self {
             binary: binary.clone(),
@@ -331,8 +367,10 @@ impl Cluster {
             lines,
             namespaces,
             bars: Vec::new(),
+            replaced: Vec::new(),
+            console,
         };
-        for node in topology.nodes.iter() {
+        for node in topology.nodes.iter().filter(|_| console) {
             if let Some(job) = &node.job {
                 let bar = crate::progress::spinner(&format!("{} {}", node.name, job.kind));
                 cluster.bars.push((node.name.clone(), bar));
@@ -342,10 +380,12 @@ impl Cluster {
             let name = cluster.configs[i].0.clone();
             let child = cluster.spawn(&name, false)?;
             cluster.children.push((name.clone(), child));
-            crate::progress::println(format!(
-                "[up] {name}: full log in {}",
-                cluster.log_path(&name).display()
-            ));
+            if console {
+                crate::progress::println(format!(
+                    "[up] {name}: full log in {}",
+                    cluster.log_path(&name).display()
+                ));
+            }
         }
         Ok((cluster, jobs_rx))
     }
@@ -376,7 +416,8 @@ impl Cluster {
             None => Command::new(&self.binary.exe),
         };
         let quiet_console = std::env::var_os("RUST_LOG").is_none();
-        if quiet_console {
+        // a node logged to its file only keeps its own default filter, as when run by hand
+        if quiet_console && self.console {
             cmd.env("RUST_LOG", NODE_LOG_FILTER);
         }
         cmd.args(&self.binary.node_command).arg("--config").arg(config);
@@ -399,6 +440,7 @@ impl Cluster {
             quiet_console,
             lines: self.lines.clone(),
             bar: self.bars.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()),
+            console: self.console,
         };
         if let Some(out) = child.stdout.take() {
             let jobs = job.then(|| self.jobs.clone());
@@ -418,6 +460,19 @@ impl Cluster {
             .with_context(|| format!("no node {name}"))
     }
 
+    /// The OS process id of node `name`'s latest process, while it has not been reaped.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id())
+    }
+
+    /// Sends node `name` SIGKILL without waiting for it (it is reaped later); returns its pid.
+    pub fn start_kill9(&mut self, name: &str) -> Result<u32> {
+        let child = self.child_mut(name)?;
+        let pid = child.id().with_context(|| format!("node {name} is not running"))?;
+        child.start_kill().with_context(|| format!("killing {name}"))?;
+        Ok(pid)
+    }
+
     /// Kills node `name` with SIGKILL (no chance to say goodbye) and reaps it.
     pub async fn kill9(&mut self, name: &str) -> Result<()> {
         let child = self.child_mut(name)?;
@@ -427,17 +482,19 @@ impl Cluster {
     /// Starts node `name` again from its config, appending to its log.
     pub fn restart(&mut self, name: &str) -> Result<()> {
         let child = self.spawn(name, true)?;
-        *self.child_mut(name)? = child;
+        let old = std::mem::replace(self.child_mut(name)?, child);
+        self.replaced.retain_mut(|(_, c)| c.try_wait().ok().flatten().is_none());
+        self.replaced.push((name.to_owned(), old));
         Ok(())
     }
 
     /// Stops every node: all are asked first (SIGINT), so none spends its last seconds
     /// reporting the others down, then each is killed if it has not stopped within 3 s.
     pub async fn stop_all(&mut self) {
-        for (_, child) in self.children.iter() {
+        for (_, child) in self.children.iter().chain(&self.replaced) {
             interrupt(child);
         }
-        for (name, child) in self.children.iter_mut() {
+        for (name, child) in self.children.iter_mut().chain(&mut self.replaced) {
             if child.try_wait().ok().flatten().is_none() {
                 stop_child(name, child).await;
             }
@@ -475,6 +532,9 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
         if let (Some(bar), Some((done, total))) = (&out.bar, job_progress(&line)) {
             crate::progress::set_total(bar, total);
             bar.set_position(done);
+        }
+        if !out.console {
+            continue;
         }
         let debug = is_debug_line(&line);
         if let Some(tx) = &out.lines

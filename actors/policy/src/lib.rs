@@ -15,6 +15,7 @@ pub mod membership;
 pub mod pipeline;
 pub mod placement;
 pub mod restart;
+pub mod roster;
 pub mod stats;
 pub mod time;
 
@@ -23,4 +24,5 @@ pub use fault::{FaultPlan, SiteRule};
 pub use impair::{LinkImpairment, Verdict};
 pub use membership::{FailureDetector, MemberStatus, MembershipEvent};
 pub use restart::{RestartDecision, RestartIntensity};
+pub use roster::{AllLost, Roster};
 pub use time::Micros;

@@ -689,7 +689,7 @@ fn argmax(row: &[f32]) -> usize {
 /// there); the manifest records the resolved knobs.
 pub fn generate_with(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) -> Result<GenReport, CoeError> {
     knobs.validate().map_err(|e| CoeError::Invalid(e.to_string()))?;
-    let start = std::time::Instant::now();
+    let start = crate::clock::Clock::start();
     let cfg = scale.config().with_knobs(knobs);
     let plan = cfg.train;
     let digits = Assets::locate()?.digits()?;

@@ -42,7 +42,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use troupe_kernels::mlp_engine::{ArenaMlp, MlpEngine};
 use troupe_kernels::onnx::mlp_graph::MlpLimits;
@@ -55,6 +55,7 @@ use troupe_policy::coe::{
 
 use super::CoeError;
 use super::app::{INPUT_NAME, INPUT_WIDTH, Manifest};
+use crate::clock::Clock;
 
 /// Alignment of the device arena's allocations (the weight store's pool).
 pub const DEVICE_ALIGN: u64 = 256;
@@ -457,7 +458,7 @@ impl ExpertExecutor {
     /// disk read, checksummed; compacting the arena first when fragmented), then a session or
     /// MLP engine from the device copy. Returns the time it took.
     pub fn load(&mut self, expert: ExpertId) -> Result<Duration, CoeError> {
-        let start = Instant::now();
+        let start = Clock::start();
         // The blob id is borrowed from its own field (no clone), beside the store's `&mut`.
         let id = blob_of(&self.blobs, &self.name, expert)?;
         if self.sessions.contains_key(&expert) {
@@ -472,7 +473,7 @@ impl ExpertExecutor {
         }
         let mut compact_s = 0.0;
         if !self.store.device_can_fit(size) {
-            let compact_start = Instant::now();
+            let compact_start = Clock::start();
             self.counters.compacted_bytes += self.store.compact_device()?;
             self.counters.compactions += 1;
             compact_s = compact_start.elapsed().as_secs_f64();
@@ -484,7 +485,7 @@ impl ExpertExecutor {
         // a promotion releases the host copy
         self.in_host[expert.index()] = false;
         let after = self.store.device_traffic();
-        let session_start = Instant::now();
+        let session_start = Clock::start();
         // A host-memory arena's copy was checksummed on its way in (disk read or promotion), so
         // the session is built from it in place; a GPU arena's is read back and checked again.
         let built = match self.store.device_bytes(id) {
@@ -546,11 +547,11 @@ impl ExpertExecutor {
     /// Evict `expert` from the device budget: drop its session, then demote its device copy
     /// to the host tier or drop it to disk, as [`plan_demotion`] decides.
     pub fn evict(&mut self, expert: ExpertId) -> Result<(), CoeError> {
-        let start = Instant::now();
+        let start = Clock::start();
         let Some(session) = self.sessions.remove(&expert) else {
             return Err(self.fail(format!("evicting {expert}, which is not loaded")));
         };
-        let drop_start = Instant::now();
+        let drop_start = Clock::start();
         drop(session);
         let session_s = drop_start.elapsed().as_secs_f64();
         self.resident -= self.sizes[expert.index()];
@@ -606,7 +607,7 @@ impl ExpertExecutor {
 
     /// Run one batch of `expert` on `inputs` (64 floats each); one output row per input.
     pub fn run_batch(&mut self, expert: ExpertId, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, CoeError> {
-        let start = Instant::now();
+        let start = Clock::start();
         let width =
             *self.outputs.get(expert.index()).ok_or_else(|| self.fail(format!("unknown expert {expert}")))?;
         let name = self.name.clone();

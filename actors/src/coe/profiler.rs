@@ -13,7 +13,6 @@
 //! Runtime named `gpu0-standin-cpu` in the profile and every report.
 
 use std::path::Path;
-use std::time::Instant;
 
 use troupe_policy::Micros;
 use troupe_policy::coe::{
@@ -25,6 +24,7 @@ use troupe_policy::stats::median_of;
 use super::CoeError;
 use super::app::{App, INPUT_WIDTH, read_capped};
 use super::executor::{ExecutorOptions, ExpertExecutor, gpu_name};
+use crate::clock::Clock;
 
 /// Batch sizes the profiler measures.
 pub const BATCHES: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
@@ -138,7 +138,7 @@ pub fn profile(app: &App, plan: &[ExecutorPlan]) -> Result<Profile, CoeError> {
                 let inputs = vec![input.clone(); b as usize];
                 let mut samples = Vec::with_capacity(REPS);
                 for _ in 0..REPS {
-                    let start = Instant::now();
+                    let start = Clock::start();
                     exec.run_batch(id, &inputs)?;
                     samples.push(start.elapsed().as_secs_f64());
                 }

@@ -159,7 +159,7 @@ pub async fn find_executors(
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     let mut found = Vec::with_capacity(names.len());
     for name in names {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = crate::clock::left_until(deadline);
         let missing = |e: ActorError| {
             CoeError::Invalid(format!("executor {name:?} did not join within the deadline: {e}"))
         };

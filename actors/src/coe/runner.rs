@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ractor::Actor;
 use tokio::sync::broadcast;
@@ -26,6 +26,7 @@ use super::app::App;
 use super::executor::{ExecutorCounters, ExecutorOptions, ExpertExecutor};
 use super::link::{ExecLink, LocalCall};
 use super::serve::{CoeShared, serve_trace};
+use crate::clock::Clock;
 use crate::supervisor::{Intensity, Supervisor, SupervisorArgs};
 
 /// Knobs of a real run.
@@ -262,7 +263,7 @@ pub fn execute(exec: usize, executor: &mut ExpertExecutor, cmd: Cmd) -> Result<O
             })
         }
         Cmd::Run { batch, expert, requests } => {
-            let start = Instant::now();
+            let start = Clock::start();
             let (ids, inputs): (Vec<RequestId>, Vec<Vec<f32>>) = requests.into_iter().unzip();
             executor.run_batch(expert, &inputs).map(|rows| {
                 let rows = ids.into_iter().zip(rows).collect();

@@ -49,6 +49,14 @@ pub trait Scheduler: Send + 'static {
     fn poll_timeout(&self) -> Option<Micros> {
         None
     }
+
+    /// The clock the shell reads `now` from and arms its timer on. By default a clock starting
+    /// at zero with this incarnation; a workload whose state outlives its incarnations (times
+    /// it holds across a restart) returns its job's clock, so every incarnation shares one time
+    /// base.
+    fn clock(&self) -> Clock {
+        Clock::start()
+    }
 }
 
 /// Messages of a scheduler actor.
@@ -122,10 +130,11 @@ impl<S: Scheduler> Actor for SchedulerActor<S> {
         args: SchedulerArgs<S>,
     ) -> Result<Self::State, ActorProcessingErr> {
         crate::mailbox::track(&me);
+        let clock = args.scheduler.clock();
         let mut st = SchedulerState {
             scheduler: args.scheduler,
             fault_site: args.fault_site,
-            clock: Clock::start(),
+            clock,
             timer_generation: 0,
         };
         st.scheduler.recover(&me, st.clock.now()).await?;

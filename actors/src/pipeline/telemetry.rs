@@ -16,11 +16,11 @@
 //! group with processes may not hand controllers to its children, so this needs root, as v1 does).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use troupe_kernels::onnx::{peak_resident_bytes, resident_bytes};
 
 use super::wire::TelemetrySample;
+use crate::clock::Clock;
 
 /// Where the cgroup v1 cpu controller is mounted on Linux.
 pub const CGROUP_V1_CPU: &str = "/sys/fs/cgroup/cpu";
@@ -325,7 +325,7 @@ pub struct Sampler {
     model: DeviceModel,
     ram_budget_bytes: u64,
     last_cpu_s: f64,
-    last_wall: Instant,
+    last_wall: Clock,
     cpu_used_s: f64,
 }
 
@@ -336,21 +336,20 @@ impl Sampler {
             model,
             ram_budget_bytes,
             last_cpu_s: process_cpu_seconds().unwrap_or(0.0),
-            last_wall: Instant::now(),
+            last_wall: Clock::start(),
             cpu_used_s: 0.0,
         }
     }
 
     /// One sample: CPU load since the last one, RSS now, and the device model's state.
     pub fn sample(&mut self) -> TelemetrySample {
-        let now = Instant::now();
         let cpu = process_cpu_seconds().unwrap_or(self.last_cpu_s);
-        let wall = now.duration_since(self.last_wall).as_secs_f64();
+        let wall = self.last_wall.elapsed().as_secs_f64();
         let used = (cpu - self.last_cpu_s).max(0.0);
         let load = if wall > 1e-3 { used / wall } else { 0.0 };
         self.cpu_used_s += used;
         self.last_cpu_s = cpu;
-        self.last_wall = now;
+        self.last_wall = Clock::start();
         let rss = resident_bytes().unwrap_or(0);
         TelemetrySample {
             cpu_load: load,
@@ -394,7 +393,7 @@ mod tests {
     #[test]
     fn cpu_time_grows_with_work_and_peak_rss_is_read() {
         let before = process_cpu_seconds().unwrap();
-        let start = Instant::now();
+        let start = Clock::start();
         let mut x = 1u64;
         while start.elapsed().as_millis() < 50 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -458,7 +457,7 @@ mod tests {
     fn device_model_drains_and_heats() {
         let mut s =
             Sampler::new(DeviceModel { drain_pct_per_cpu_s: 1000.0, ..DeviceModel::default() }, 1 << 30);
-        let start = Instant::now();
+        let start = Clock::start();
         let mut x = 1u64;
         while start.elapsed().as_millis() < 30 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rkyv::{Archive, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -26,6 +26,7 @@ use super::wire::{
     Load, Loaded, MAX_MESSAGE_DECODED_BYTES, Moved, Ran, Run, RunReply, RunTimes, TelemetrySample,
     TensorBody, Unload, WireError, WorkerStats, decode_tensors_from, encode_tensors_above,
 };
+use crate::clock::Clock;
 use crate::service::Allow;
 use crate::typed::{ActorContext, ActorFailure, Handles, Protocol, TypedActor};
 use troupe_transport::codec::DecodeBudget;
@@ -229,7 +230,7 @@ impl Handles<Unload> for PipelineWorker {
 
 impl Handles<Run> for PipelineWorker {
     async fn handle(&mut self, m: Run, _: &ActorContext) -> Result<RunReply, ActorFailure> {
-        let taken = Instant::now();
+        let taken = Clock::start();
         let Run { input, stage, tensors, from, lossy_bf16, compress, keep_outputs } = m;
         let times = RunTimes { request_micros: micros(taken.elapsed()), ..RunTimes::default() };
         let task = RunTask { input, stage, from, coding: Coding { lossy_bf16, compress }, keep_outputs };
@@ -305,7 +306,7 @@ impl PipelineWorker {
             return Ok(Fetched { cached: true, micros: 0 });
         }
         self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(size);
-        let start = Instant::now();
+        let start = Clock::start();
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
         let tmp = path.with_extension(format!("part{}", std::process::id()));
         // written from the frame it arrived in: one copy of the stage in memory, not two
@@ -338,7 +339,7 @@ impl PipelineWorker {
         let path = cached_path(&self.settings.cache_dir(), &sha256);
         let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
         let threads = self.settings.intra_threads as usize;
-        let start = Instant::now();
+        let start = Clock::start();
         let hash = sha256.clone();
         let session = tokio::task::spawn_blocking(move || -> Result<OnnxSession, String> {
             // Hash the file as it streams (no copy of it stays in memory), then let ONNX Runtime
@@ -364,7 +365,7 @@ impl PipelineWorker {
         &mut self,
         task: RunTask,
         tensors: Vec<super::wire::WireNamed>,
-        taken: Instant,
+        taken: Clock,
         mut times: RunTimes,
     ) -> Result<RunReply, String> {
         let RunTask { input, stage, from, coding, keep_outputs } = task;
@@ -377,7 +378,7 @@ impl PipelineWorker {
         }
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         let mut moved = Moved::default();
-        let fetched = Instant::now();
+        let fetched = Clock::start();
         let decoded =
             decode_tensors_from(tensors, &self.link, &from, Some(&self.shelf), &mut budget, &mut moved).await;
         let inputs = match decoded {
@@ -398,7 +399,7 @@ impl PipelineWorker {
         times.inline_f32_bytes = moved.inline_f32;
         let (live, result, compute) = tokio::task::spawn_blocking(move || {
             let mut live = live;
-            let start = Instant::now();
+            let start = Clock::start();
             let r = live.session.run(&inputs);
             (live, r, start.elapsed())
         })
@@ -410,7 +411,7 @@ impl PipelineWorker {
         if !pace.is_zero() {
             tokio::time::sleep(pace).await;
         }
-        let encoding = Instant::now();
+        let encoding = Clock::start();
         let mut tally = EncodeTally::default();
         // An intermediate stage's outputs stay here (every one by reference, with this node as
         // its holder): the next stage's worker pulls them, the foreman only passes the reference.

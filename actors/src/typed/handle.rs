@@ -175,9 +175,9 @@ impl<A: TypedActor> ActorHandle<A> {
         M: RemoteMessage,
         A: Handles<M>,
     {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::clock::timer_now() + timeout;
         let target = self.target(Some(timeout)).await?;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let left = deadline.saturating_duration_since(crate::clock::timer_now());
         match &target {
             Target::Local(b) => {
                 let (tx, rx) = oneshot::channel();

@@ -354,7 +354,7 @@ impl Actors {
         name: &str,
         timeout: Duration,
     ) -> Result<super::handle::Target<A>, ActorError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::clock::timer_now() + timeout;
         let mut announced = self.inner.services.subscribe_announcements();
         let mut bound = self.inner.bound.subscribe();
         loop {

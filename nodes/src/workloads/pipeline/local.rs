@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use troupe_actors::NodeRuntime;
 use troupe_actors::pipeline::telemetry::peak_rss_of;
@@ -16,7 +15,7 @@ use troupe_actors::pipeline::{
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig, peak_resident_bytes};
 
 use crate::config::{ActorConfig, MembershipSection, NodeConfig};
-use crate::up::{Topology, TopologyNode, prepare_with, stop_child};
+use crate::up::{Cluster, Topology, TopologyNode, prepare_with};
 
 /// Name of the foreman node.
 pub const FOREMAN: &str = "foreman";
@@ -52,16 +51,13 @@ impl WorkerSpec {
     }
 }
 
-/// A running local cluster.
+/// A running local cluster: the foreman's node runtime here, the workers' processes started,
+/// killed and restarted by the launcher `troupe up` uses ([`Cluster`]), each worker's output in
+/// `WORKDIR/NAME.log` only.
 pub struct LocalCluster {
     runtime: NodeRuntime,
     shelf: BlobShelf,
-    children: Vec<(String, Child)>,
-    exe: std::path::PathBuf,
-    workdir: std::path::PathBuf,
-    /// Workers started again by [`LocalCluster::restart`], by name, latest last (stopped at
-    /// shutdown too).
-    restarted: std::sync::Mutex<Vec<(String, Child)>>,
+    workers: std::sync::Mutex<Cluster>,
 }
 
 /// Heartbeats every 200 ms, a member down after 2 s of silence (a lost worker is noticed while
@@ -119,20 +115,8 @@ impl LocalCluster {
             .context("starting the foreman node")?;
         let shelf = BlobShelf::default();
         runtime.link.set_blob_server(Arc::new(shelf.clone()));
-        let mut children = Vec::new();
-        for (name, path) in configs.iter().skip(1) {
-            let child = spawn_worker(exe, path, &workdir.join(format!("{name}.log")), false)
-                .with_context(|| format!("starting worker {name}"))?;
-            children.push((name.clone(), child));
-        }
-        Ok(LocalCluster {
-            runtime,
-            shelf,
-            children,
-            exe: exe.to_path_buf(),
-            workdir,
-            restarted: std::sync::Mutex::new(Vec::new()),
-        })
+        let workers = Cluster::start_logged(exe, &topology, &workdir, configs[1..].to_vec())?;
+        Ok(LocalCluster { runtime, shelf, workers: std::sync::Mutex::new(workers) })
     }
 
     /// Runs one job over the workers.
@@ -146,22 +130,27 @@ impl LocalCluster {
         Ok(run_pipeline_job(&self.runtime.actors, &self.shelf, membership, job, settings, progress).await?)
     }
 
-    /// OS process ids of the workers, by node name.
+    /// The launcher's workers, locked (a poisoned lock still holds them).
+    fn workers(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// OS process ids of the workers (their latest processes), by node name.
     pub fn pids(&self) -> Vec<(String, Option<u32>)> {
-        self.children.iter().map(|(n, c)| (n.clone(), c.id())).collect()
+        self.workers().children.iter().map(|(n, c)| (n.clone(), c.id())).collect()
     }
 
     /// Peak RSS (`VmHWM` from `/proc/<pid>/status`) of each worker process, bytes.
     pub fn peak_rss(&self) -> Vec<(String, Option<u64>)> {
-        self.children.iter().map(|(n, c)| (n.clone(), c.id().and_then(peak_rss_of))).collect()
+        self.pids().into_iter().map(|(n, pid)| (n, pid.and_then(peak_rss_of))).collect()
     }
 
     /// Resets each worker's peak RSS (`VmHWM`) to its current RSS by writing `5` to
     /// `/proc/<pid>/clear_refs` (Linux); returns how many were reset.
     pub fn reset_peak_rss(&self) -> usize {
-        self.children
-            .iter()
-            .filter_map(|(_, c)| c.id())
+        self.pids()
+            .into_iter()
+            .filter_map(|(_, pid)| pid)
             .filter(|pid| std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok())
             .count()
     }
@@ -170,20 +159,8 @@ impl LocalCluster {
     /// `kill -9 PID` does, and returns once the process is gone (its ports are free, so it
     /// may be started again at once).
     pub fn kill9(&self, name: &str) -> Result<()> {
-        let latest = self
-            .restarted
-            .lock()
-            .ok()
-            .and_then(|r| r.iter().rev().find(|(n, _)| n == name).and_then(|(_, c)| c.id()));
-        let first = || self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id());
-        let Some(pid) = latest.or_else(first) else {
-            bail!("no running worker named {name}");
-        };
-        let pid = i32::try_from(pid)?;
-        // SAFETY: signalling a child process we own; no memory is touched.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            bail!("kill -9 {pid} ({name}): {}", std::io::Error::last_os_error());
-        }
+        let pid =
+            self.workers().start_kill9(name).with_context(|| format!("no running worker named {name}"))?;
         // dead once it is a zombie (not reaped: its Child is waited for at shutdown) or gone
         let dead = || {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -202,43 +179,15 @@ impl LocalCluster {
     /// Starts worker `name` again (after [`LocalCluster::kill9`]) with its config and identity;
     /// its log is appended to.
     pub fn restart(&self, name: &str) -> Result<()> {
-        let path = self.workdir.join(format!("{name}.toml"));
-        if !path.is_file() {
-            bail!("no worker named {name}");
-        }
-        let child = spawn_worker(&self.exe, &path, &self.workdir.join(format!("{name}.log")), true)
-            .with_context(|| format!("restarting worker {name}"))?;
-        if let Ok(mut r) = self.restarted.lock() {
-            r.push((name.to_string(), child));
-        }
-        Ok(())
+        self.workers().restart(name).with_context(|| format!("restarting worker {name}"))
     }
 
     /// Stops the workers (SIGINT, then SIGKILL after 3 s) and the foreman node.
-    pub async fn shutdown(mut self) {
-        if let Ok(mut r) = self.restarted.lock() {
-            self.children.extend(r.drain(..));
-        }
-        for (name, child) in &mut self.children {
-            stop_child(name, child).await;
-        }
+    pub async fn shutdown(self) {
+        let mut workers = self.workers.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        workers.stop_all().await;
         self.runtime.shutdown().await;
     }
-}
-
-/// Starts `troupe node --config CONFIG` with its output in `log` (appended to when `append`).
-fn spawn_worker(exe: &Path, config: &Path, log: &Path, append: bool) -> Result<Child> {
-    let log =
-        std::fs::OpenOptions::new().create(true).append(append).write(true).truncate(!append).open(log)?;
-    Ok(Command::new(exe)
-        .arg("node")
-        .arg("--config")
-        .arg(config)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()?)
 }
 
 /// Loads `model` in this process, runs it once on a MiniLM-shaped input, and returns JSON with

@@ -1,12 +1,12 @@
-//! The coe scheduler as a supervised actor: the policy's [`RequestScheduler`] inside the
+//! The coe scheduler as a supervised actor: the policy's [`troupe_policy::coe::RequestScheduler`] inside the
 //! runtime's one [`SchedulerActor`] shell, with the work it has accepted kept apart from it.
 //!
 //! - **Acceptance is durable.** A request is accepted by [`CoeShared::accept`]: it is appended to
 //!   the job's [`Journal`] (fsynced) before the scheduler hears of it. An answer (a request's
 //!   output digest) is journaled before it counts, and a request is answered at most once: a
 //!   second answer is an error naming the request.
-//! - **Warm restart.** On every start [`CoeScheduler::recover`] builds a fresh policy from the
-//!   accepted-but-unanswered requests and sends each executor [`Cmd::Reset`]. Links are FIFO, so
+//! - **Warm restart.** On every start [`CoeScheduler`]'s `recover` builds a fresh policy from the
+//!   accepted-but-unanswered requests and sends each executor [`super::runner::Cmd::Reset`]. Links are FIFO, so
 //!   every event an executor sends before its reset's answer belongs to the dead incarnation and
 //!   is dropped; after it, the executor is empty, as the fresh policy believes.
 //! - **Restoration.** A link is (re)installed with [`CoeShared::install_link`] under a new
@@ -37,30 +37,30 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ractor::{ActorProcessingErr, ActorRef};
+use ractor::ActorRef;
 use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::watch;
 use troupe_policy::Micros;
-use troupe_policy::coe::{
-    Action, ExecutorId, ExpertId, LatencyModel, Request, RequestId, RequestScheduler, SchedulerConfig,
-    belady_min_loads,
-};
+use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig, belady_min_loads};
 use troupe_policy::compaction::CompactionRule;
 use troupe_policy::stats::quantile;
 
 use super::CoeError;
-use super::app::{App, INPUT_WIDTH, output_digest, quantise, select_children};
+use super::app::{App, INPUT_WIDTH};
 use super::executor::ExecutorCounters;
 use super::link::ExecLink;
-use super::runner::{Cmd, Event, RunReport};
+use super::runner::{Event, RunReport};
+use crate::clock::Clock;
 use crate::journal::{Journal, TailDamage};
-use crate::kinds::scheduler::{Scheduler, SchedulerActor, SchedulerArgs, SchedulerMsg};
+use crate::kinds::scheduler::{SchedulerActor, SchedulerArgs, SchedulerMsg};
 use crate::supervisor::ChildSpec;
-use crate::typed::queue::CallFuture;
 use crate::typed::{Links, Outcome, Sink};
+
+mod scheduler;
+pub use scheduler::CoeScheduler;
 
 /// Name of the coe scheduler actor under a node's root supervisor.
 pub const SCHEDULER: &str = "coe-scheduler";
@@ -110,9 +110,9 @@ pub struct ClientRequest {
 pub struct ClientAnswer {
     /// Its id in this job.
     pub request: u64,
-    /// Digest of its outputs, as a local run computes it ([`output_digest`]).
+    /// Digest of its outputs, as a local run computes it ([`super::app::output_digest`]).
     pub digest: u64,
-    /// Each expert it ran and that expert's quantised output ([`quantise`]).
+    /// Each expert it ran and that expert's quantised output ([`super::app::quantise`]).
     pub outputs: BTreeMap<ExpertId, Vec<i32>>,
 }
 
@@ -173,7 +173,8 @@ struct Meter {
     /// Per executor, the experts of its latest [`MAX_SERVED_ORDER`] batches, in order: the
     /// input of the Belady count (a trace run's whole order; a long serve's recent window).
     served: Vec<VecDeque<ExpertId>>,
-    accepted_at: HashMap<u64, Instant>,
+    /// When each open request was accepted, on the job's clock.
+    accepted_at: HashMap<u64, Micros>,
     /// Accept-to-answer times of the latest [`MAX_LATENCY_SAMPLES`] answers (a long-serving
     /// scheduler's report covers its recent window, not its whole life).
     latencies: VecDeque<Duration>,
@@ -214,7 +215,9 @@ pub struct CoeShared {
     store: Mutex<Store>,
     links: ExecLinks,
     answered_tx: watch::Sender<usize>,
-    started: Instant,
+    /// The job's clock: the scheduler shell's in every incarnation, acceptance times, the
+    /// makespan.
+    clock: Clock,
 }
 
 /// Mirrors the store's queue lengths into [`crate::live`]: requests accepted and not yet
@@ -471,7 +474,7 @@ impl CoeShared {
                 store: Mutex::new(store),
                 links: Links::new(sink),
                 answered_tx: watch::channel(answered).0,
-                started: Instant::now(),
+                clock: Clock::start(),
             }
         });
         Ok((shared, damage))
@@ -544,7 +547,7 @@ impl CoeShared {
             let refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
             j.append(&refs).map_err(|e| CoeError::Invalid(e.to_string()))?;
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         for id in fresh {
             st.accepted_set.insert(id);
             st.accepted.push(id);
@@ -576,7 +579,7 @@ impl CoeShared {
         st.clients.insert(id, client);
         st.accepted_set.insert(id);
         st.accepted.push(id);
-        st.meter.accepted_at.insert(id, Instant::now());
+        st.meter.accepted_at.insert(id, self.clock.now());
         let (tx, rx) = tokio::sync::oneshot::channel();
         st.waiters.insert(id, tx);
         publish_queues(&st);
@@ -671,7 +674,7 @@ impl CoeShared {
             belady += belady_min_loads(&order, |e| model.size_of(e), self.latency.expert_budget(x))
                 .map_err(|e| CoeError::Invalid(e.to_string()))?;
         }
-        let makespan_s = self.started.elapsed().as_secs_f64();
+        let makespan_s = self.clock.now().as_secs_f64();
         let c = &st.meter.counters;
         Ok(RunReport {
             label,
@@ -690,281 +693,6 @@ impl CoeShared {
             budgets: (0..c.len()).map(|x| self.latency.expert_budget(x)).collect(),
             lost,
         })
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Busy {
-    Idle,
-    Loading(ExpertId),
-    Running(ExpertId),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Health {
-    /// Reset sent; events before its answer are a dead incarnation's.
-    Syncing,
-    Ready,
-    Lost,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct ExecView {
-    generation: u64,
-    health: Health,
-    busy: Busy,
-    restored: bool,
-}
-
-/// Decision state of one scheduler incarnation (rebuilt by `recover`).
-struct Live {
-    policy: RequestScheduler,
-    views: Vec<ExecView>,
-    outputs: HashMap<u64, BTreeMap<ExpertId, Vec<i32>>>,
-    /// Time inside policy calls not yet added to the meter.
-    decide: Duration,
-}
-
-/// Runs `f` (a policy call), adding its duration to `clock`.
-fn timed<T>(clock: &mut Duration, f: impl FnOnce() -> T) -> T {
-    let start = Instant::now();
-    let out = f();
-    *clock += start.elapsed();
-    out
-}
-
-/// The coe workload half of the scheduler shell.
-pub struct CoeScheduler {
-    shared: Arc<CoeShared>,
-    live: Option<Live>,
-}
-
-impl CoeScheduler {
-    /// A scheduler over the shared job state (its decision state is built in `recover`).
-    pub fn new(shared: Arc<CoeShared>) -> Self {
-        Self { shared, live: None }
-    }
-}
-
-fn fail(e: impl std::fmt::Display) -> ActorProcessingErr {
-    e.to_string().into()
-}
-
-impl Live {
-    /// Queues `cmd` on `x`'s link, only if that link is the one this incarnation believes in.
-    fn send(&mut self, shared: &CoeShared, x: usize, cmd: Cmd) -> bool {
-        let call = move |link: ExecLink| -> CallFuture<Option<Event>> { Box::pin(link.run(x, cmd)) };
-        shared.links.submit_on(&x, self.views[x].generation, call).is_ok()
-    }
-
-    fn lose(&mut self, now: Micros, x: usize, why: &str) -> Result<(), ActorProcessingErr> {
-        if self.views[x].health == Health::Lost {
-            return Ok(());
-        }
-        tracing::warn!(executor = %x, %why, "executor lost: requeueing its work");
-        self.views[x].health = Health::Lost;
-        self.views[x].busy = Busy::Idle;
-        timed(&mut self.decide, || self.policy.handle_executor_lost(now, ExecutorId(x as u16))).map_err(fail)
-    }
-
-    /// Feeds requests accepted since the last look (skipping answered ones).
-    fn feed_accepted(&mut self, shared: &CoeShared, now: Micros) -> Result<(), ActorProcessingErr> {
-        let fresh: Vec<(u64, Option<ExpertId>)> = {
-            let mut st = lock(&shared.store);
-            let from = st.fed.min(st.accepted.len());
-            let ids = st.accepted[from..]
-                .iter()
-                .copied()
-                .filter(|&i| st.is_open(i))
-                .map(|i| (i, root_of(&shared.app, &st.clients, i)))
-                .collect();
-            st.fed = st.accepted.len();
-            ids
-        };
-        for (i, found) in fresh {
-            let root = found.ok_or_else(|| fail(format!("accepted request {i} is unknown")))?;
-            timed(&mut self.decide, || self.policy.handle_arrival(now, Request { id: RequestId(i), root }))
-                .map_err(fail)?;
-        }
-        Ok(())
-    }
-
-    /// Adopts a newer link for `x`: reset it, then it serves again.
-    fn adopt(&mut self, shared: &CoeShared, now: Micros, x: usize) -> Result<(), ActorProcessingErr> {
-        let generation = shared.link_generation(x);
-        if generation <= self.views[x].generation {
-            return Ok(());
-        }
-        let was = self.views[x].health;
-        if was != Health::Lost {
-            // Its old link's work will never be answered: requeue it first.
-            self.lose(now, x, "replaced by a newer link")?;
-        }
-        self.views[x] = ExecView { generation, health: Health::Syncing, busy: Busy::Idle, restored: true };
-        if !self.send(shared, x, Cmd::Reset) {
-            return self.lose(now, x, "link closed before its reset");
-        }
-        lock(&shared.store).meter.restorations += 1;
-        tracing::info!(executor = shared.latency.name(x), generation, "executor back in service");
-        timed(&mut self.decide, || self.policy.handle_executor_restored(now, ExecutorId(x as u16)))
-            .map_err(fail)
-    }
-
-    fn on_event(
-        &mut self,
-        shared: &CoeShared,
-        now: Micros,
-        x: usize,
-        generation: u64,
-        event: Event,
-    ) -> Result<(), ActorProcessingErr> {
-        let Some(view) = self.views.get(x).copied() else { return Ok(()) };
-        if generation != view.generation || view.health == Health::Lost {
-            return Ok(()); // an older link's, or a lost executor's late result
-        }
-        if view.health == Health::Syncing
-            && !matches!(event, Event::Reset { .. } | Event::Lost { .. } | Event::Failed(_))
-        {
-            return Ok(()); // a dead incarnation's command finishing before the reset
-        }
-        let trace = &shared.app.trace;
-        match event {
-            Event::Reset { evicted, host_budget, host, .. } => {
-                tracing::debug!(
-                    executor = shared.latency.name(x),
-                    evicted,
-                    host = host.len(),
-                    "executor reset"
-                );
-                self.views[x].health = Health::Ready;
-                // Loads are planned from the tier an expert is in: take the executor's word for
-                // its host tier, unless it cannot be true (then plan as from a fresh one).
-                if let Err(e) = self.policy.handle_host_report(ExecutorId(x as u16), host_budget, &host) {
-                    tracing::warn!(executor = shared.latency.name(x), "{e}");
-                }
-            }
-            Event::Loaded { expert, seconds, resident, .. } => {
-                self.views[x].busy = Busy::Idle;
-                {
-                    let mut st = lock(&shared.store);
-                    let c = &mut st.meter.counters[x];
-                    c.peak_bytes = c.peak_bytes.max(resident);
-                    c.loads += 1;
-                    c.load_seconds += seconds;
-                }
-                timed(&mut self.decide, || self.policy.handle_load_done(now, ExecutorId(x as u16), expert))
-                    .map_err(fail)?;
-            }
-            Event::Ran { batch, expert, rows, seconds, .. } => {
-                self.views[x].busy = Busy::Idle;
-                {
-                    let mut st = lock(&shared.store);
-                    let c = &mut st.meter.counters[x];
-                    c.batches += 1;
-                    c.tasks += rows.len() as u64;
-                    c.run_seconds += seconds;
-                    if view.restored {
-                        st.meter.completed_after_restore += rows.len();
-                    }
-                }
-                timed(&mut self.decide, || self.policy.handle_batch_done(now, ExecutorId(x as u16), batch))
-                    .map_err(fail)?;
-                let children = trace.model.expert(expert).map(|e| e.children.clone()).unwrap_or_default();
-                let next_client = lock(&shared.store).next_client;
-                for (request, probs) in rows {
-                    // a trace request's walk is recorded; a client's is whatever its outputs select
-                    let req = trace.requests.get(request.0 as usize);
-                    if req.is_none() && request.0 >= next_client {
-                        return Err(fail(format!("executor answered unknown {request}")));
-                    }
-                    self.outputs.entry(request.0).or_default().insert(expert, quantise(&probs));
-                    if children.is_empty() {
-                        continue;
-                    }
-                    let chosen = select_children(&shared.app.child_scores(expert, &probs), &children);
-                    if let Some(req) = req
-                        && req.selection(expert) != Some(chosen.as_slice())
-                    {
-                        return Err(fail(format!(
-                            "{request}: {expert} selected {chosen:?}, the trace recorded {:?} (trace not made for this app?)",
-                            req.selection(expert)
-                        )));
-                    }
-                    timed(&mut self.decide, || {
-                        self.policy.handle_preliminary_done(now, request, expert, &chosen)
-                    })
-                    .map_err(fail)?;
-                }
-            }
-            Event::Lost { why, .. } => self.lose(now, x, &why)?,
-            Event::Failed(e) => {
-                crate::work::COE.failed();
-                return Err(fail(e));
-            }
-        }
-        Ok(())
-    }
-
-    /// Carries out the policy's decisions, refereeing each (busy executors, evictions of what
-    /// runs), and journals answers.
-    fn perform(&mut self, shared: &CoeShared, now: Micros) -> Result<(), ActorProcessingErr> {
-        while let Some(action) = timed(&mut self.decide, || self.policy.poll_action()) {
-            match action {
-                Action::Enqueue { .. } => {}
-                Action::Evict { executor, expert } => {
-                    let x = executor.index();
-                    let busy = self.views[x].busy;
-                    if busy == Busy::Loading(expert) || busy == Busy::Running(expert) {
-                        return Err(fail(format!("evict of {expert} while {executor} uses it")));
-                    }
-                    if !self.send(shared, x, Cmd::Evict(expert)) {
-                        self.lose(now, x, "link closed")?;
-                    }
-                }
-                Action::Load { executor, expert, .. } => {
-                    let x = executor.index();
-                    if self.views[x].busy != Busy::Idle || self.views[x].health == Health::Lost {
-                        return Err(fail(format!("load of {expert} on busy or lost {executor}")));
-                    }
-                    self.views[x].busy = Busy::Loading(expert);
-                    if !self.send(shared, x, Cmd::Load(expert)) {
-                        self.lose(now, x, "link closed")?;
-                    }
-                }
-                Action::RunBatch { executor, batch, expert, requests } => {
-                    let x = executor.index();
-                    if self.views[x].busy != Busy::Idle || self.views[x].health == Health::Lost {
-                        return Err(fail(format!("batch of {expert} on busy or lost {executor}")));
-                    }
-                    self.views[x].busy = Busy::Running(expert);
-                    push_bounded(&mut lock(&shared.store).meter.served[x], expert, MAX_SERVED_ORDER);
-                    let inputs = {
-                        let st = lock(&shared.store);
-                        requests
-                            .iter()
-                            .map(|r| {
-                                let (_, pixels) = request_of(&shared.app, &st.clients, r.0)
-                                    .ok_or_else(|| fail(format!("unknown {r}")))?;
-                                Ok((*r, pixels))
-                            })
-                            .collect::<Result<Vec<_>, ActorProcessingErr>>()?
-                    };
-                    if !self.send(shared, x, Cmd::Run { batch, expert, requests: inputs }) {
-                        self.lose(now, x, "link closed")?;
-                    }
-                }
-                Action::Complete { request } => self.answer(shared, request)?,
-            }
-        }
-        Ok(())
-    }
-
-    fn answer(&mut self, shared: &CoeShared, request: RequestId) -> Result<(), ActorProcessingErr> {
-        let outputs = self.outputs.remove(&request.0).unwrap_or_default();
-        let digest = output_digest(&outputs);
-        shared.settle(request.0, digest, outputs).map_err(fail)?;
-        crate::work::COE.done();
-        Ok(())
     }
 }
 
@@ -991,7 +719,8 @@ impl CoeShared {
                 let _ = waiter.send(ClientAnswer { request: id, digest, outputs });
             }
             if let Some(at) = st.meter.accepted_at.remove(&id) {
-                push_bounded(&mut st.meter.latencies, at.elapsed(), MAX_LATENCY_SAMPLES);
+                let latency = Duration::from_micros((self.clock.now() - at).0);
+                push_bounded(&mut st.meter.latencies, latency, MAX_LATENCY_SAMPLES);
             }
             st.maybe_compact(self.total() as u64);
             publish_queues(&st);
@@ -999,81 +728,6 @@ impl CoeShared {
         };
         self.answered_tx.send_replace(count);
         Ok(())
-    }
-}
-
-impl Scheduler for CoeScheduler {
-    type Input = CoeInput;
-
-    async fn recover(&mut self, me: &SchedulerRef, now: Micros) -> Result<(), ActorProcessingErr> {
-        let shared = self.shared.clone();
-        let policy =
-            RequestScheduler::new(shared.app.trace.model.clone(), shared.latency.clone(), shared.config)
-                .map_err(fail)?;
-        let n_exec = shared.latency.executors();
-        let mut live = Live {
-            policy,
-            views: vec![
-                ExecView { generation: 0, health: Health::Lost, busy: Busy::Idle, restored: false };
-                n_exec
-            ],
-            outputs: HashMap::new(),
-            decide: Duration::ZERO,
-        };
-        // From here on, acceptances and link changes reach this incarnation; what happened
-        // before is read from the store and the links below.
-        {
-            let mut st = lock(&shared.store);
-            st.scheduler = Some(me.clone());
-            st.fed = 0;
-        }
-        let generations: Vec<u64> = (0..n_exec).map(|x| shared.link_generation(x)).collect();
-        for (x, g) in generations.into_iter().enumerate() {
-            live.views[x] =
-                ExecView { generation: g, health: Health::Syncing, busy: Busy::Idle, restored: false };
-            if g == 0 || !live.send(&shared, x, Cmd::Reset) {
-                live.lose(now, x, "no link")?;
-            }
-        }
-        live.feed_accepted(&shared, now)?;
-        live.perform(&shared, now)?;
-        let pending = {
-            let st = lock(&shared.store);
-            st.accepted_set.len().saturating_sub(st.answered.len())
-        };
-        tracing::info!(pending, "coe scheduler started: rebuilt from the accepted requests");
-        lock(&shared.store).meter.scheduling += std::mem::take(&mut live.decide);
-        self.live = Some(live);
-        Ok(())
-    }
-
-    async fn handle(
-        &mut self,
-        _me: &SchedulerRef,
-        now: Micros,
-        input: CoeInput,
-    ) -> Result<(), ActorProcessingErr> {
-        let shared = self.shared.clone();
-        let live = self.live.as_mut().ok_or_else(|| fail("coe scheduler used before recover"))?;
-        match input {
-            CoeInput::Accepted => live.feed_accepted(&shared, now)?,
-            CoeInput::Exec { exec, generation, event } => {
-                live.on_event(&shared, now, exec, generation, event)?
-            }
-            CoeInput::Down { exec, generation, why } => {
-                if live.views.get(exec).is_some_and(|v| v.generation == generation) {
-                    live.lose(now, exec, &why)?;
-                }
-            }
-            CoeInput::Restored { exec } => {
-                if exec < live.views.len() {
-                    live.adopt(&shared, now, exec)?;
-                }
-            }
-        }
-        let done = live.perform(&shared, now);
-        lock(&shared.store).meter.scheduling += std::mem::take(&mut live.decide);
-        done
     }
 }
 
@@ -1092,13 +746,13 @@ pub async fn serve_trace(
     let order: Vec<u64> = (0..n as u64).filter(|i| !accepted.contains(i)).collect();
     let arrival = |i: u64| shared.app.trace.requests[i as usize].arrival.0 as f64 * arrival_scale.max(0.0);
     let base = order.first().map_or(0.0, |&i| arrival(i));
-    let start = tokio::time::Instant::now();
+    let start = crate::clock::timer_now();
     let give_up = start + deadline;
     let at = |i: u64| start + Duration::from_micros((arrival(i) - base).max(0.0) as u64);
     let mut answered = shared.answered();
     let mut next = 0usize;
     loop {
-        let now = tokio::time::Instant::now();
+        let now = crate::clock::timer_now();
         let due_end = order[next..].iter().position(|&i| at(i) > now).map_or(order.len(), |p| next + p);
         if due_end > next {
             shared.accept(&order[next..due_end])?;
@@ -1128,7 +782,7 @@ pub async fn serve_trace(
                 }
             },
             () = tokio::time::sleep_until(wake) => {
-                if tokio::time::Instant::now() >= give_up {
+                if crate::clock::timer_now() >= give_up {
                     return Err(CoeError::Invalid(format!(
                         "run did not finish: {done} of {n} requests answered at the deadline"
                     )));
@@ -1153,165 +807,4 @@ mod meter_tests {
 }
 
 #[cfg(test)]
-mod journal_tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-    use super::*;
-    use crate::coe::app::{GenKnobs, Scale, generate_with};
-    use crate::journal::compacting_path;
-    use troupe_policy::coe::synth::synthetic_edge_profile;
-
-    /// The coe records as they were before compaction added its two: an old journal must read
-    /// the same.
-    #[derive(Archive, Serialize, Deserialize)]
-    enum OldCoeRecord {
-        Accepted(Vec<u64>),
-        Answered { request: u64, digest: u64 },
-        Submitted { root: u32, pixels: Vec<f32> },
-    }
-
-    #[test]
-    fn old_journal_records_encode_and_decode_unchanged() {
-        let old = [
-            OldCoeRecord::Accepted(vec![1, 2, 3]),
-            OldCoeRecord::Answered { request: 7, digest: 0xfeed },
-            OldCoeRecord::Submitted { root: 2, pixels: vec![0.5; INPUT_WIDTH] },
-        ]
-        .map(|r| rkyv::to_bytes::<rancor::Error>(&r).unwrap().to_vec());
-        let new = [
-            CoeRecord::Accepted(vec![1, 2, 3]),
-            CoeRecord::Answered { request: 7, digest: 0xfeed },
-            CoeRecord::Submitted { root: 2, pixels: vec![0.5; INPUT_WIDTH] },
-        ];
-        for (o, n) in old.iter().zip(&new) {
-            assert_eq!(o, &encode(n).unwrap());
-            assert_eq!(&decode(o).unwrap(), n);
-        }
-        for r in [CoeRecord::NextClient(9), CoeRecord::Forgotten(4)] {
-            assert_eq!(decode(&encode(&r).unwrap()).unwrap(), r);
-        }
-    }
-
-    struct Fixture {
-        _dir: tempfile::TempDir,
-        app: Arc<App>,
-        latency: LatencyModel,
-        root: std::path::PathBuf,
-    }
-
-    fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let app_dir = dir.path().join("app");
-        let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
-        generate_with(&app_dir, Scale::Ci, 4, &knobs).expect("generating the ci app");
-        let app = Arc::new(App::open(&app_dir, None).expect("opening the app"));
-        let latency = LatencyModel::from_profile(&synthetic_edge_profile("test", 4 << 20, 6 << 20)).unwrap();
-        let root = dir.path().to_path_buf();
-        Fixture { _dir: dir, app, latency, root }
-    }
-
-    impl Fixture {
-        fn open(&self, name: &str, threshold: u64) -> (Arc<CoeShared>, Option<TailDamage>) {
-            let path = self.root.join(name);
-            let (shared, damage) =
-                CoeShared::open(self.app.clone(), self.latency.clone(), SchedulerConfig::ours(), Some(&path))
-                    .unwrap();
-            shared.set_compaction(CompactionRule { threshold });
-            (shared, damage)
-        }
-        fn size(&self, name: &str) -> u64 {
-            std::fs::metadata(self.root.join(name)).unwrap().len()
-        }
-    }
-
-    /// What a restart resumes and refuses, compared between journals.
-    fn state(s: &CoeShared) -> (BTreeSet<u64>, Vec<Option<u64>>, usize, u64) {
-        (s.pending(), s.digests(), *s.answered().borrow(), s.next_client_id())
-    }
-
-    const BOUND: u64 = 16 << 10;
-
-    /// Runs the same work on `shared`: trace requests accepted and mostly answered, then client
-    /// requests submitted and answered but every 37th, checking `check` after each step.
-    fn serve(f: &Fixture, shared: &CoeShared, mut check: impl FnMut()) {
-        shared.accept(&(0..50).collect::<Vec<u64>>()).unwrap();
-        for id in 0..40 {
-            shared.settle(id, id * 3 + 1, BTreeMap::new()).unwrap();
-            check();
-        }
-        let root = shared.default_root().unwrap();
-        for k in 0..400u64 {
-            let pixels = f.app.input(k % 16);
-            let (id, _rx) = shared.submit(root, pixels).unwrap();
-            check();
-            if k % 37 != 0 {
-                shared.settle(id, id ^ 0x5a5a, BTreeMap::new()).unwrap();
-                check();
-            }
-        }
-    }
-
-    #[test]
-    fn a_long_serving_journal_stays_bounded_and_replays_as_an_uncompacted_one() {
-        let f = fixture();
-        let (grown, _) = f.open("grown", u64::MAX);
-        serve(&f, &grown, || {});
-        let (bounded, _) = f.open("bounded", BOUND);
-        let mut largest = 0;
-        serve(&f, &bounded, || {
-            let size = f.size("bounded");
-            largest = largest.max(size);
-            // at most one record (a client's input, ~300 bytes) past the threshold, then compacted
-            assert!(size < BOUND + 512, "journal at {size} bytes, bound {BOUND}");
-        });
-        assert!(f.size("grown") > 4 * BOUND, "the work outgrows the bound uncompacted: {}", f.size("grown"));
-        assert!(largest >= BOUND, "the bounded journal did reach its threshold");
-        assert!(f.size("bounded") < BOUND);
-        assert!(!compacting_path(&f.root.join("bounded")).exists());
-
-        // the same state in memory, compacted or not
-        let expected = state(&grown);
-        assert_eq!(expected.0.len(), 10 + 11, "10 trace and 11 client requests left open");
-        assert_eq!(expected.2, 40 + 400 - 11);
-        assert_eq!(state(&bounded), expected);
-        drop((grown, bounded));
-
-        // and after a restart
-        let (grown, _) = f.open("grown", u64::MAX);
-        let (bounded, damage) = f.open("bounded", BOUND);
-        assert!(damage.is_none());
-        assert_eq!(state(&grown), expected);
-        assert_eq!(state(&bounded), expected);
-        let n = grown.total() as u64;
-        let open_client = *expected.0.iter().find(|&&id| id >= n).unwrap();
-        for s in [&grown, &bounded] {
-            // what was accepted is not accepted again; what was answered is not answered again
-            s.accept(&(0..60).collect::<Vec<u64>>()).unwrap();
-            assert!(s.settle(3, 0, BTreeMap::new()).is_err(), "a trace answer twice");
-            assert!(s.settle(n + 1, 0, BTreeMap::new()).is_err(), "a client answer twice");
-            assert!(s.settle(10_000, 0, BTreeMap::new()).is_err(), "never accepted");
-            s.settle(open_client, 77, BTreeMap::new()).unwrap();
-            let (id, _rx) = s.submit(s.default_root().unwrap(), f.app.input(0)).unwrap();
-            assert_eq!(id, n + 400, "ids are never reused");
-        }
-        assert_eq!(state(&bounded), state(&grown));
-        assert_eq!(bounded.answer_of(open_client), Some(77));
-    }
-
-    #[test]
-    fn a_torn_tail_after_a_store_compaction_is_reported_and_not_replayed() {
-        let f = fixture();
-        let (shared, _) = f.open("j", BOUND);
-        serve(&f, &shared, || {});
-        let before = state(&shared);
-        let (id, _rx) = shared.submit(shared.default_root().unwrap(), f.app.input(1)).unwrap();
-        assert!(shared.pending().contains(&id));
-        drop(shared);
-        let path = f.root.join("j");
-        let len = f.size("j");
-        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 3).unwrap();
-        let (shared, damage) = f.open("j", BOUND);
-        assert!(damage.expect("the torn record is named").detail.contains("cut short"));
-        assert_eq!(state(&shared), before, "the torn submission is not replayed");
-    }
-}
+mod journal_tests;
