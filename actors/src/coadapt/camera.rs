@@ -104,7 +104,7 @@ where
     M: RemoteMessage + Clone,
     EdgeActor: Handles<M>,
 {
-    let start = std::time::Instant::now();
+    let start = crate::clock::Clock::start();
     let mut attempt = 0u32;
     loop {
         let lost = match edge.call(msg.clone(), args.edge_timeout).await {
