@@ -13,9 +13,10 @@
 //! policy has them (bit-identical results); [`CoAdaptPool::reuse_expect`] names the batch after the
 //! current call so its disk entries are prefetched while the call's last step computes.
 //!
-//! With the lifespan-ordered layout on ([`CoAdaptPool::set_ordered`], [`layout`]) long-lived
-//! buffers and the optimiser state (allocated with the model) go low, the reuse arena on top, and
-//! each step's temporaries in one region of contiguous slots placed by execution order.
+//! With the lifespan-ordered layout on ([`CoAdaptPool::set_ordered`]; decisions in
+//! `troupe_policy::adapt::layout`) long-lived buffers and the optimiser state (allocated with the
+//! model) go low, the reuse arena on top, and each step's temporaries in one region of contiguous
+//! slots placed by execution order.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -291,7 +292,7 @@ pub struct CoAdaptPool {
     reuse: Option<StemCache>,
     /// A batch the caller said comes after the current call's last step (prefetch lookahead).
     expected: Option<(ModelId, Tensor)>,
-    /// The lifespan-ordered layout ([`layout`]) is on.
+    /// The lifespan-ordered layout (`pool/layout.rs`) is on.
     ordered: bool,
     /// The last temporaries region placed with it on.
     last_region: Option<(u64, u64)>,
