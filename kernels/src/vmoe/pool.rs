@@ -13,9 +13,10 @@
 //! policy has them (bit-identical results); [`CoAdaptPool::reuse_expect`] names the batch after the
 //! current call so its disk entries are prefetched while the call's last step computes.
 //!
-//! With the lifespan-ordered layout on ([`CoAdaptPool::set_ordered`], [`layout`]) long-lived
-//! buffers and the optimiser state (allocated with the model) go low, the reuse arena on top, and
-//! each step's temporaries in one region of contiguous slots placed by execution order.
+//! With the lifespan-ordered layout on ([`CoAdaptPool::set_ordered`]; decisions in
+//! `troupe_policy::adapt::layout`) long-lived buffers and the optimiser state (allocated with the
+//! model) go low, the reuse arena on top, and each step's temporaries in one region of contiguous
+//! slots placed by execution order.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,11 +25,14 @@ use super::model::{ParamGroup, VMoe, VMoeConfig};
 use super::reuse::{ReuseSetup, ReuseStats, StemCache, shared_identity};
 use super::train::{Dataset, StepInput, TrainScope, Trainer, predict_all};
 use crate::device::Device;
-use crate::ops::{attention_backward_bytes, attention_tmp_bytes};
+use crate::ops::attention_backward_bytes;
 use crate::pool::{Allocation, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
 
 mod layout;
+mod plan;
+
+pub use plan::{expert_tmp_bytes, plan_bytes, step_plan, subset_step_plan};
 
 /// A model loaded in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -154,74 +158,6 @@ struct Pooled {
     state: Option<Allocation>,
 }
 
-/// Bytes of one expert's temporary memory for `tokens` routed tokens: forward activations kept for the
-/// backward pass (gathered input, pre-activation, activation, output: f32; gates f32; token indices
-/// usize) plus backward buffers (d out, d gate, d act, d pre, d in) and the expert's weight gradients.
-pub fn expert_tmp_bytes(config: &VMoeConfig, tokens: usize) -> u64 {
-    let (d, h) = (config.dim, config.hidden);
-    let forward = tokens * (2 * d + 2 * h + 1) * 4 + tokens * std::mem::size_of::<usize>();
-    let backward = tokens * (2 * d + 2 * h + 1) * 4;
-    (forward + backward + config.expert_params() * 4) as u64
-}
-
-/// The buffers one training step of `batch` images needs besides expert temporaries, with their sizes:
-/// patches, residual stream, per-block attention (its norm, its saved Q/K/V/context and
-/// `batch * heads * T^2` probabilities plus backward buffers, its output) and norm and router
-/// buffers, final norm, head, and the gradients of the trainable parameters. Expert temporaries are
-/// bounded by the capacity (see [`step_plan`]).
-fn dense_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
-    let c = config;
-    let t = batch * c.tokens_per_image();
-    let f = |n: usize| (n * 4) as u64;
-    let mut plan = vec![("patches", f(t * c.patch_len())), ("residual", f(t * c.dim))];
-    for _ in 0..c.blocks {
-        plan.push(("attention norm", f(2 * t * c.dim + t)));
-        plan.push(("attention tmp", attention_tmp_bytes(batch, c.tokens_per_image(), c.dim, c.heads)));
-        plan.push(("attention out", f(t * c.dim)));
-        plan.push(("norm", f(2 * t * c.dim + t)));
-        plan.push(("router", f(2 * t * c.experts)));
-        plan.push(("moe out", f(t * c.dim)));
-    }
-    plan.push(("final norm", f(2 * t * c.dim + t)));
-    plan.push(("head", f(batch * (c.dim + 2 * c.proj + 2 * c.classes))));
-    plan.push(("backward stream", f(3 * t * c.dim)));
-    plan.push(("trainable grads", f(c.param_count() - c.shared_params())));
-    plan
-}
-
-/// Every buffer one step reserves, in allocation order: the dense buffers, then one temporary per
-/// expert bounded by its capacity.
-pub fn step_plan(config: &VMoeConfig, batch: usize) -> Vec<(&'static str, u64)> {
-    let mut plan = dense_plan(config, batch);
-    let cap = config.capacity(batch * config.tokens_per_image()).min(batch * config.tokens_per_image());
-    for _ in 0..config.blocks * config.experts {
-        plan.push(("expert tmp", expert_tmp_bytes(config, cap)));
-    }
-    plan
-}
-
-/// The buffers one step of `batch` images reserves when only `chosen` of the model's experts train
-/// (the rest frozen): [`step_plan`]'s dense buffers with the trainable gradients cut to the chosen
-/// experts and the projector, then one temporary per chosen expert bounded by its capacity. Frozen
-/// experts get no gradient buffer and no temporary: they only pass activations through, which the
-/// dense buffers (`moe out`, `backward stream`) already hold.
-pub fn subset_step_plan(config: &VMoeConfig, batch: usize, chosen: usize) -> Vec<(&'static str, u64)> {
-    let mut plan = subset_dense_plan(config, batch, chosen);
-    let cap = config.capacity(batch * config.tokens_per_image()).min(batch * config.tokens_per_image());
-    plan.extend(std::iter::repeat_n(("expert tmp", expert_tmp_bytes(config, cap)), chosen));
-    plan
-}
-
-/// [`subset_step_plan`] without the expert temporaries: the dense workspace of one model's step.
-fn subset_dense_plan(config: &VMoeConfig, batch: usize, chosen: usize) -> Vec<(&'static str, u64)> {
-    let grads = ((chosen * config.expert_params() + config.projector_params()) * 4) as u64;
-    step_plan(config, batch)
-        .into_iter()
-        .filter(|(what, _)| *what != "expert tmp")
-        .map(|(what, bytes)| if what == "trainable grads" { (what, grads) } else { (what, bytes) })
-        .collect()
-}
-
 /// The measurements one step of model `id` gives (its forward `cache`): every block's attention
 /// temporaries and the temporaries of each expert in `experts` (`(block, expert)`, the ones that
 /// trained): the forward activations kept (measured from the cache) plus the backward buffers and
@@ -265,11 +201,6 @@ fn step_samples(
         })
         .collect();
     (attn, tmp)
-}
-
-/// Aligned bytes of a plan's buffers (what reserving them takes from the pool).
-pub fn plan_bytes(plan: &[(&'static str, u64)], align: u64) -> u64 {
-    plan.iter().map(|(_, b)| b.div_ceil(align.max(1)) * align.max(1)).sum()
 }
 
 /// One model's share of a time slice: a batch and the experts `(block, expert)` that train on it.
@@ -362,7 +293,7 @@ pub struct CoAdaptPool {
     reuse: Option<StemCache>,
     /// A batch the caller said comes after the current call's last step (prefetch lookahead).
     expected: Option<(ModelId, Tensor)>,
-    /// The lifespan-ordered layout ([`layout`]) is on.
+    /// The lifespan-ordered layout (`pool/layout.rs`) is on.
     ordered: bool,
     /// The last temporaries region placed with it on.
     last_region: Option<(u64, u64)>,
