@@ -38,13 +38,7 @@ pub fn layer_norm(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, LayerNormCache)> {
-    let (rows, cols) = rows_cols("layer_norm", x)?;
-    if gamma.numel() != cols || beta.numel() != cols || cols == 0 {
-        return Err(KernelError::shape(
-            "layer_norm",
-            format!("gamma {:?} / beta {:?} for {cols} columns", gamma.shape(), beta.shape()),
-        ));
-    }
+    let (rows, cols) = crate::ops::layer_norm_dims(x, gamma, beta)?;
     let (r, c) = (as_i32("rows", rows)?, as_i32("columns", cols)?);
     let (xd, gd, bd) =
         (dev.upload(&x.f32_cow())?, dev.upload(&gamma.f32_cow())?, dev.upload(&beta.f32_cow())?);
@@ -192,19 +186,7 @@ pub fn gelu_backward(dev: &CudaDevice, x: &Tensor, dy: &Tensor) -> Result<Tensor
 
 /// Mean cross-entropy with logits on the GPU: `(loss, d loss / d logits)`.
 pub fn cross_entropy(dev: &CudaDevice, logits: &Tensor, targets: &[usize]) -> Result<(f32, Tensor)> {
-    let (rows, cols) = rows_cols("cross_entropy", logits)?;
-    if targets.len() != rows {
-        return Err(KernelError::shape(
-            "cross_entropy",
-            format!("{} targets for {rows} rows", targets.len()),
-        ));
-    }
-    if let Some((i, &t)) = targets.iter().enumerate().find(|&(_, &t)| t >= cols) {
-        return Err(KernelError::invalid(
-            "cross_entropy",
-            format!("target {t} of row {i} is not a class (0..{cols})"),
-        ));
-    }
+    let (rows, cols) = crate::ops::cross_entropy_dims(logits, targets)?;
     let (r, c) = (as_i32("rows", rows)?, as_i32("columns", cols)?);
     let t32 = targets.iter().map(|&t| as_i32("target", t)).collect::<Result<Vec<i32>>>()?;
     let xd = dev.upload(&logits.f32_cow())?;

@@ -40,13 +40,7 @@ impl Op for LayerNorm {
     const NAME: &'static str = "layer_norm";
 
     fn cpu(&self, (x, gamma, beta): Self::Args<'_>) -> Result<Self::Output> {
-        let (rows, cols) = rows_cols("layer_norm", x)?;
-        if gamma.numel() != cols || beta.numel() != cols || cols == 0 {
-            return Err(KernelError::shape(
-                "layer_norm",
-                format!("gamma {:?} / beta {:?} for {cols} columns", gamma.shape(), beta.shape()),
-            ));
-        }
+        let (rows, cols) = checked_dims(x, gamma, beta)?;
         let (xv, g, b) = (x.f32_cow(), gamma.f32_cow(), beta.f32_cow());
         let mut y = vec![0.0; rows * cols];
         let mut x_hat = vec![0.0; rows * cols];
@@ -69,6 +63,18 @@ impl Op for LayerNorm {
     fn cuda(&self, dev: &CudaDevice, (x, gamma, beta): Self::Args<'_>) -> Result<Self::Output> {
         crate::cuda::layer_norm(dev, x, gamma, beta, self.eps)
     }
+}
+
+/// `(rows, cols)` of `x` once `gamma` and `beta` have one value per (at least one) column.
+pub(crate) fn checked_dims(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(usize, usize)> {
+    let (rows, cols) = rows_cols("layer_norm", x)?;
+    if gamma.numel() != cols || beta.numel() != cols || cols == 0 {
+        return Err(KernelError::shape(
+            "layer_norm",
+            format!("gamma {:?} / beta {:?} for {cols} columns", gamma.shape(), beta.shape()),
+        ));
+    }
+    Ok((rows, cols))
 }
 
 /// Layer norm backward as an op: `(dy, gamma, cache)` to the three gradients.

@@ -16,19 +16,7 @@ impl Op for CrossEntropy {
     const NAME: &'static str = "cross_entropy";
 
     fn cpu(&self, (logits, targets): Self::Args<'_>) -> Result<Self::Output> {
-        let (rows, cols) = rows_cols("cross_entropy", logits)?;
-        if targets.len() != rows {
-            return Err(KernelError::shape(
-                "cross_entropy",
-                format!("{} targets for {rows} rows", targets.len()),
-            ));
-        }
-        if let Some((i, &t)) = targets.iter().enumerate().find(|&(_, &t)| t >= cols) {
-            return Err(KernelError::invalid(
-                "cross_entropy",
-                format!("target {t} of row {i} is not a class (0..{cols})"),
-            ));
-        }
+        let (rows, cols) = checked_dims(logits, targets)?;
         let x = logits.f32_cow();
         let mut grad = vec![0.0; rows * cols];
         let mut total = 0f64;
@@ -51,6 +39,24 @@ impl Op for CrossEntropy {
     fn cuda(&self, dev: &CudaDevice, (logits, targets): Self::Args<'_>) -> Result<Self::Output> {
         crate::cuda::cross_entropy(dev, logits, targets)
     }
+}
+
+/// `(rows, classes)` of `logits` once `targets` has one class index per row, each a class.
+pub(crate) fn checked_dims(logits: &Tensor, targets: &[usize]) -> Result<(usize, usize)> {
+    let (rows, cols) = rows_cols("cross_entropy", logits)?;
+    if targets.len() != rows {
+        return Err(KernelError::shape(
+            "cross_entropy",
+            format!("{} targets for {rows} rows", targets.len()),
+        ));
+    }
+    if let Some((i, &t)) = targets.iter().enumerate().find(|&(_, &t)| t >= cols) {
+        return Err(KernelError::invalid(
+            "cross_entropy",
+            format!("target {t} of row {i} is not a class (0..{cols})"),
+        ));
+    }
+    Ok((rows, cols))
 }
 
 /// Cross-entropy on the CPU: `(mean loss, d loss / d logits)`.

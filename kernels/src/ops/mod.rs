@@ -30,9 +30,13 @@ pub use elementwise::{
     gelu_grad_scalar, gelu_scalar, relu,
 };
 pub use gemm::{Gemm, Matmul, matmul};
+#[cfg(feature = "cuda")]
+pub(crate) use layer_norm::checked_dims as layer_norm_dims;
 pub use layer_norm::{
     LayerNorm, LayerNormBackward, LayerNormCache, LayerNormGrads, layer_norm, layer_norm_backward,
 };
+#[cfg(feature = "cuda")]
+pub(crate) use loss::checked_dims as cross_entropy_dims;
 pub use loss::{CrossEntropy, cross_entropy};
 pub use moe::{
     ExpertCache, ExpertGrads, ExpertParams, ExpertThreadPlanner, MoeCache, MoeFfn, MoeFfnBackward, MoeGrads,
