@@ -196,7 +196,16 @@ impl CostModel {
         if let Some(&t) = wc.and_then(|c| c.task.get(&k)) {
             return t;
         }
-        self.reference_task(k) * wc.and_then(|c| c.slowness).unwrap_or(1.0)
+        // a worker whose tasks were never seen but whose loads were: loads and tasks are CPU
+        // work at the same quota, so its load slowness stands in
+        self.reference_task(k) * wc.and_then(|c| c.slowness.or(c.load_slowness)).unwrap_or(1.0)
+    }
+
+    /// Whether worker `w` completed a task or a warm load (its speed is measured, not guessed).
+    pub fn seen(&self, w: WorkerId) -> bool {
+        self.workers
+            .get(&w)
+            .is_some_and(|c| !c.task.is_empty() || c.load_slowness.is_some() || !c.warm.is_empty())
     }
 
     /// Predicted load time of stage `k` (warm when `cached`), µs.

@@ -562,6 +562,8 @@ impl Foreman {
         }
         let smallest = state.chain.smallest_stage();
         self.job = Some(state);
+        // a start plan loads each worker's home before the broadcast would load stage 0
+        self.make_plan();
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
         for id in ids {
             self.broadcast_to(id, smallest);
@@ -1091,17 +1093,18 @@ impl Foreman {
             || job.finished
             || !job.plan.is_empty()
             || self.workers.is_empty()
-            || !self.workers.keys().all(|&id| job.costs.knows(id))
         {
             return;
         }
+        // the start plan needs each worker's speed from a task or a load of an earlier job
         let fresh = job.unclaimed.iter().all(|&u| u == job.inputs)
-            && self.workers.values().all(|w| w.is_free() && w.pinned.is_empty());
+            && self.workers.iter().all(|(&id, w)| w.is_free() && w.pinned.is_empty() && job.costs.seen(id));
         if config.start_plan && fresh && self.start_plan() {
             return;
         }
         let Some(job) = self.job.as_mut() else { return };
-        if job.unclaimed.iter().sum::<usize>() < PLAN_MIN_TASKS * job.stages() * self.workers.len()
+        if !self.workers.keys().all(|&id| job.costs.knows(id))
+            || job.unclaimed.iter().sum::<usize>() < PLAN_MIN_TASKS * job.stages() * self.workers.len()
             // With no more workers than stages each stage gets one worker at most: a stage of
             // little work then idles a worker the others need.
             || self.workers.len() <= job.stages()
