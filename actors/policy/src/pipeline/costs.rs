@@ -196,9 +196,20 @@ impl CostModel {
         if let Some(&t) = wc.and_then(|c| c.task.get(&k)) {
             return t;
         }
-        // a worker whose tasks were never seen but whose loads were: loads and tasks are CPU
-        // work at the same quota, so its load slowness stands in
-        self.reference_task(k) * wc.and_then(|c| c.slowness.or(c.load_slowness)).unwrap_or(1.0)
+        self.reference_task(k) * wc.and_then(|c| c.slowness).unwrap_or(1.0)
+    }
+
+    /// [`Self::task`], but for a worker whose tasks were never seen and whose loads were, its
+    /// load slowness stands in (loads and tasks are CPU work at the same quota): what the start
+    /// plan weighs ([`super::start`]); dispatch keeps [`Self::task`].
+    pub fn task_guess(&self, w: WorkerId, k: usize) -> f64 {
+        let wc = self.workers.get(&w);
+        match wc {
+            Some(c) if c.slowness.is_none() && !c.task.contains_key(&k) && k < self.stages() => {
+                self.reference_task(k) * c.load_slowness.unwrap_or(1.0)
+            }
+            _ => self.task(w, k),
+        }
     }
 
     /// Whether worker `w` completed a task or a warm load (its speed is measured, not guessed).

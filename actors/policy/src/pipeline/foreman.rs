@@ -1150,7 +1150,10 @@ impl Foreman {
     /// when there is none (the search is too large, or no plan covers the stages).
     fn start_plan(&mut self) -> bool {
         let Some(job) = self.job.as_mut() else { return false };
-        let views = Self::plan_views(job, &self.workers);
+        let mut views = Self::plan_views(job, &self.workers);
+        for (v, &id) in views.iter_mut().zip(self.workers.keys()) {
+            v.task_us = (0..job.stages()).map(|k| job.costs.task_guess(id, k)).collect();
+        }
         let Some((plan, _)) = start::start_plan(&views, job.inputs) else { return false };
         job.plan = self.workers.keys().copied().zip(plan).collect();
         self.load_homes();
