@@ -46,7 +46,11 @@
 //! one row per worker.
 
 mod cpu;
+mod cpu_costs;
+pub(crate) mod crowd;
 pub mod curve;
+mod large;
+mod meter;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,12 +64,12 @@ use troupe_policy::Micros;
 use troupe_policy::pipeline::Mode;
 use troupe_policy::pipeline::costs::CostModel;
 use troupe_policy::pipeline::sim::{
-    SimSetup, SimWorker, StageCost, ideal_pipeline_bound, ideal_pipeline_bound_with_loads, simulate_on,
+    SimSetup, StageCost, ideal_pipeline_bound, ideal_pipeline_bound_with_loads, simulate_on,
 };
-use troupe_policy::pipeline::{Foreman, ForemanConfig, Telemetry, WorkerId};
+use troupe_policy::pipeline::{Foreman, ForemanConfig};
 
 use troupe::chart::{Bar, BarChart, BarGroup, BarRow, COLOURS};
-use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::local::LocalCluster;
 use troupe::workloads::pipeline::{final_vector, minilm_stages, tokenize_batches};
 
 /// Sentences the benchmark embeds (the example's inputs file, compiled in).
@@ -511,22 +515,10 @@ pub async fn run(
     let cpu_costs = curve::measure_cpu_costs(&stages, &job_inputs)?;
 
     let _ = std::fs::remove_dir_all(workdir.join("cache"));
-    let specs: Vec<WorkerSpec> = QUOTAS
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| {
-            let mut w = WorkerSpec::new(&format!("phone-{}", i + 1), q, workdir);
-            w.battery_pct = 95.0 - 15.0 * i as f64;
-            w
-        })
-        .collect();
+    let specs = crowd::worker_specs("phone", &QUOTAS, workdir);
     let cluster = LocalCluster::start(&exe, workdir, &specs).await?;
     let meters = curve::Meters::attach(&cluster, &QUOTAS);
-    let settings = ShellSettings {
-        workers: specs.len(),
-        join_timeout: Duration::from_secs(60),
-        ..ShellSettings::default()
-    };
+    let settings = crowd::settings(specs.len(), Duration::from_secs(60));
     // Ablation settings (item 8): eager stage loads under the stage plan; residency across jobs
     // (the workers keep their live stage: no unload before the job).
     let eager =
@@ -612,8 +604,7 @@ pub async fn run(
     // The runtime's own overhead per task, measured with the same workers at full speed (no
     // quota: worker-side encode, decode and pulls are not multiplied by 1/quota), their disk
     // caches warm from the runs above.
-    let full_specs: Vec<WorkerSpec> =
-        specs.iter().map(|w| WorkerSpec { cpu_quota_pct: 100, ..w.clone() }).collect();
+    let full_specs = crowd::full_speed(&specs);
     let full_dir = workdir.join("full-speed");
     let full = LocalCluster::start(&exe, &full_dir, &full_specs).await?;
     let full_result = async {
@@ -871,21 +862,8 @@ pub async fn run(
     let sim_costs: Vec<StageCost> = (0..t_k.len())
         .map(|k| StageCost { compute: us(t_k[k]), download: us(pull_k[k]), warm_load: us(warm_k[k]) })
         .collect();
-    let sim_workers: Vec<SimWorker> = QUOTAS
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| SimWorker {
-            id: WorkerId(i as u32),
-            speed: f64::from(q) / 100.0,
-            telemetry: Telemetry {
-                ram_budget_bytes: 512 << 20,
-                free_ram_bytes: 256 << 20,
-                battery_pct: 95.0 - 15.0 * i as f64,
-                ..Telemetry::default()
-            },
-            cached: (0..t_k.len()).collect(),
-        })
-        .collect();
+    let quota_cpus: Vec<f64> = QUOTAS.iter().map(|&q| f64::from(q) / 100.0).collect();
+    let sim_workers = crowd::sim_workers(&quota_cpus, t_k.len());
     // the bound that also counts one (warm) load per stage for each worker it uses
     // (`ideal_pipeline_bound_with_loads`: formula in troupe_policy::pipeline::sim)
     let with_loads = ideal_pipeline_bound_with_loads(&sim_costs, &sim_workers, inputs).0 as f64 / 1e6;

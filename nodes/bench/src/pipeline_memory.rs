@@ -9,9 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
+use troupe::workloads::pipeline::local::LocalCluster;
 use troupe::workloads::pipeline::memory::{WorkerMemory, largest, worker_memory};
-use troupe_actors::pipeline::{JobOutcome, ShellSettings, StageFile, build_job};
+use troupe_actors::pipeline::{JobOutcome, StageFile, build_job};
 use troupe_kernels::assets::{Assets, LARGE_SETUP_HINT, MPNET_CHECK, MPNET_STAGES, MPNET_WHOLE, TINY_MLP};
 use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::Mode;
@@ -74,17 +74,9 @@ pub async fn run(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f64>> {
     let job = build_job(files, inputs, Mode::Streaming, false)?;
     let dir = workdir.join("memory");
     let _ = std::fs::remove_dir_all(dir.join("cache"));
-    let specs: Vec<WorkerSpec> = crate::pipeline::QUOTAS
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| WorkerSpec::new(&format!("phone-{}", i + 1), q, &dir))
-        .collect();
+    let specs = crate::pipeline::crowd::worker_specs("phone", &crate::pipeline::QUOTAS, &dir);
     let cluster = LocalCluster::start(exe, &dir, &specs).await?;
-    let settings = ShellSettings {
-        workers: specs.len(),
-        join_timeout: Duration::from_secs(60),
-        ..ShellSettings::default()
-    };
+    let settings = crate::pipeline::crowd::settings(specs.len(), Duration::from_secs(60));
     let outcome = cluster.run(job, settings, None).await;
     cluster.shutdown().await;
     let mut f = worker_figures("", &outcome?);
@@ -113,11 +105,9 @@ pub async fn large_case(exe: &Path, workdir: &Path) -> Result<BTreeMap<String, f
     let job = build_job(files, recorded_inputs(&check)?, Mode::Streaming, false)?;
     let dir = workdir.join("large");
     let _ = std::fs::remove_dir_all(dir.join("cache"));
-    let specs: Vec<WorkerSpec> =
-        (0..LARGE_K).map(|i| WorkerSpec::new(&format!("large-{}", i + 1), 100, &dir)).collect();
+    let specs = crate::pipeline::crowd::worker_specs("large", &[100; LARGE_K], &dir);
     let cluster = LocalCluster::start(exe, &dir, &specs).await?;
-    let settings =
-        ShellSettings { workers: LARGE_K, join_timeout: Duration::from_secs(60), ..ShellSettings::default() };
+    let settings = crate::pipeline::crowd::settings(LARGE_K, Duration::from_secs(60));
     let outcome = cluster.run(job, settings, None).await;
     cluster.shutdown().await;
     let outcome = outcome?;

@@ -12,7 +12,9 @@
 //! - a reference task time per stage `T_k` (normalised to the speed of the workers seen) and a
 //!   slowness factor per worker `r_w` (`observed / T_k`, 1 until seen); plus the direct mean
 //!   `t_wk` of `(w, k)`. Prediction: `tau_w(k) = t_wk` if `w` ran `k`, else `T_k * r_w`.
-//! - a warm and a cold load time per stage (loads are IO-bound: not scaled by worker speed).
+//! - a warm and a cold load time per stage, pooled over workers ([`CostModel::load`]); and warm
+//!   loads per worker as for tasks, a reference per stage and a load slowness per worker
+//!   ([`CostModel::load_on`]: a quota'd worker makes a session at its own speed).
 //!
 //! Priors, used until a stage has its own samples: task `max(1 ms, 10 ms per MB)`; warm load
 //! `100 ms + size / (200 MB/s)`; cold load `warm + size / (20 MB/s)`. Once some stages are seen,
@@ -56,6 +58,10 @@ pub fn prior_cold(size: u64) -> f64 {
 struct WorkerCost {
     slowness: Option<f64>,
     task: BTreeMap<usize, f64>,
+    /// Warm loads on this worker over the stage's reference ([`CostModel::load_on`]).
+    load_slowness: Option<f64>,
+    /// Mean warm load per stage on this worker.
+    warm: BTreeMap<usize, f64>,
 }
 
 /// Online cost estimates for one job's stages; see the module doc.
@@ -65,6 +71,8 @@ pub struct CostModel {
     task_ref: Vec<Option<f64>>,
     warm: Vec<Option<f64>>,
     cold: Vec<Option<f64>>,
+    /// Warm load per stage normalised to the workers' load slowness.
+    warm_ref: Vec<Option<f64>>,
     workers: BTreeMap<WorkerId, WorkerCost>,
 }
 
@@ -77,6 +85,7 @@ impl CostModel {
             task_ref: vec![None; s],
             warm: vec![None; s],
             cold: vec![None; s],
+            warm_ref: vec![None; s],
             workers: BTreeMap::new(),
         }
     }
@@ -111,6 +120,41 @@ impl CostModel {
         }
         let slot = if cold { &mut self.cold[k] } else { &mut self.warm[k] };
         *slot = Some(ewma(*slot, d));
+    }
+
+    /// [`Self::observe_load`], and a warm load also teaches worker `w`'s own load times: a
+    /// quota'd worker makes a session at its own speed (it is CPU work), so a slow worker's
+    /// loads are slow on every stage. Same scheme as task times: a reference per stage and a
+    /// slowness per worker.
+    pub fn observe_worker_load(&mut self, w: WorkerId, k: usize, cold: bool, d: f64) {
+        self.observe_load(k, cold, d);
+        let Some(d) = clean(d) else { return };
+        if cold || k >= self.stages() {
+            return;
+        }
+        let entry = self.workers.entry(w).or_default();
+        if let Some(reference) = self.warm_ref[k] {
+            entry.load_slowness = Some(ewma(entry.load_slowness, d / reference));
+        }
+        let slowness = entry.load_slowness.unwrap_or(1.0);
+        let direct = ewma(entry.warm.get(&k).copied(), d);
+        entry.warm.insert(k, direct);
+        self.warm_ref[k] = Some(ewma(self.warm_ref[k], d / slowness));
+    }
+
+    /// Predicted load time of stage `k` on worker `w`, µs: a warm load is `w`'s own mean for
+    /// `k` if it loaded it, else the stage's reference times `w`'s load slowness (its task
+    /// slowness until a load of its is seen); a cold one is [`Self::load`].
+    pub fn load_on(&self, w: WorkerId, k: usize, cached: bool) -> f64 {
+        if !cached || k >= self.stages() {
+            return self.load(k, cached);
+        }
+        let wc = self.workers.get(&w);
+        if let Some(&t) = wc.and_then(|c| c.warm.get(&k)) {
+            return t;
+        }
+        let slowness = wc.and_then(|c| c.load_slowness.or(c.slowness)).unwrap_or(1.0);
+        self.warm_ref[k].unwrap_or_else(|| self.load(k, true)) * slowness
     }
 
     /// Mean `observed / prior` over the stages with samples in `seen` (1 when none).
@@ -155,6 +199,26 @@ impl CostModel {
         self.reference_task(k) * wc.and_then(|c| c.slowness).unwrap_or(1.0)
     }
 
+    /// [`Self::task`], but for a worker whose tasks were never seen and whose loads were, its
+    /// load slowness stands in (loads and tasks are CPU work at the same quota): what the start
+    /// plan weighs ([`super::start`]); dispatch keeps [`Self::task`].
+    pub fn task_guess(&self, w: WorkerId, k: usize) -> f64 {
+        let wc = self.workers.get(&w);
+        match wc {
+            Some(c) if c.slowness.is_none() && !c.task.contains_key(&k) && k < self.stages() => {
+                self.reference_task(k) * c.load_slowness.unwrap_or(1.0)
+            }
+            _ => self.task(w, k),
+        }
+    }
+
+    /// Whether worker `w` completed a task or a warm load (its speed is measured, not guessed).
+    pub fn seen(&self, w: WorkerId) -> bool {
+        self.workers
+            .get(&w)
+            .is_some_and(|c| !c.task.is_empty() || c.load_slowness.is_some() || !c.warm.is_empty())
+    }
+
     /// Predicted load time of stage `k` (warm when `cached`), µs.
     pub fn load(&self, k: usize, cached: bool) -> f64 {
         if k >= self.stages() {
@@ -166,5 +230,30 @@ impl CostModel {
             Some(t) => t,
             None => prior(self.sizes[k]) * self.prior_scale(seen, prior),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker three times as slow at loading stage 0 is predicted three times as slow at
+    /// loading stage 1, which only another worker loaded; its own sample wins where it has one.
+    #[test]
+    fn load_slowness_carries_over_stages() {
+        let (fast, slow, new) = (WorkerId(1), WorkerId(2), WorkerId(3));
+        let mut m = CostModel::new(&[1_000_000, 1_000_000]);
+        m.observe_worker_load(fast, 0, false, 100_000.0);
+        m.observe_worker_load(slow, 0, false, 300_000.0);
+        m.observe_worker_load(fast, 1, false, 50_000.0);
+        assert_eq!(m.load_on(slow, 0, true), 300_000.0);
+        assert!((m.load_on(slow, 1, true) - 150_000.0).abs() < 1e-6, "{}", m.load_on(slow, 1, true));
+        assert_eq!(m.load_on(fast, 1, true), 50_000.0);
+        // unseen worker: the reference; cold loads stay pooled
+        assert!((m.load_on(new, 1, true) - 50_000.0).abs() < 1e-6);
+        assert_eq!(m.load_on(slow, 1, false), m.load(1, false));
+        // a cold load teaches no worker's warm time
+        m.observe_worker_load(new, 1, true, 900_000.0);
+        assert!((m.load_on(new, 1, true) - 50_000.0).abs() < 1e-6);
     }
 }

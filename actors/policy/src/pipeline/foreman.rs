@@ -37,6 +37,7 @@ use super::chain::{Chain, is_sha256_hex};
 use super::costs::CostModel;
 use super::plan::{self, PlanWorker};
 use super::replan::{self, ReplanWeights, SurvivorView};
+use super::start;
 use super::{Mode, TaskId, WorkerId};
 use crate::Micros;
 
@@ -102,6 +103,9 @@ pub struct ForemanConfig {
     /// sizes (and those given with [`Foreman::remember_costs`]). Off: each job starts from the
     /// priors.
     pub remember_costs: bool,
+    /// With a stage plan: when every worker's costs are known as a streaming job starts, choose
+    /// the homes by replaying each plan ([`super::start::start_plan`]) and load them at once.
+    pub start_plan: bool,
 }
 
 impl Default for ForemanConfig {
@@ -114,6 +118,7 @@ impl Default for ForemanConfig {
             stage_plan: true,
             eager_loads: false,
             remember_costs: true,
+            start_plan: true,
         }
     }
 }
@@ -557,6 +562,8 @@ impl Foreman {
         }
         let smallest = state.chain.smallest_stage();
         self.job = Some(state);
+        // a start plan loads each worker's home before the broadcast would load stage 0
+        self.make_plan();
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
         for id in ids {
             self.broadcast_to(id, smallest);
@@ -581,7 +588,7 @@ impl Foreman {
         w.loading = None;
         if ok {
             let took = now.0.saturating_sub(loading.since.0) as f64;
-            job.costs.observe_load(stage, loading.cold, took);
+            job.costs.observe_worker_load(id, stage, loading.cold, took);
             w.live = Some(hash.clone());
             w.cached.insert(hash);
             if let Some((task, tier)) = loading.task {
@@ -833,7 +840,7 @@ impl Foreman {
         let stages = job.chain.stages().iter().enumerate();
         WorkerCosts {
             task_us: (0..job.stages()).map(|k| job.costs.task(id, k)).collect(),
-            load_us: stages.map(|(k, st)| job.costs.load(k, w.cached.contains(&st.sha256))).collect(),
+            load_us: stages.map(|(k, st)| job.costs.load_on(id, k, w.cached.contains(&st.sha256))).collect(),
         }
     }
 
@@ -979,7 +986,7 @@ impl Foreman {
                     let left = match w.loading {
                         Some(l) => {
                             let spent = self.now.0.saturating_sub(l.since.0) as f64;
-                            (job.costs.load(k, !l.cold) - spent).max(0.0)
+                            (job.costs.load_on(id, k, !l.cold) - spent).max(0.0)
                         }
                         None => 0.0,
                     };
@@ -994,7 +1001,7 @@ impl Foreman {
                     measured[k] &= job.costs.measured(id, k);
                     if let Some(next) = job.chain.stage(k + 1) {
                         next_rate[k] += 1.0 / job.costs.task(id, k + 1);
-                        next_load[k] += job.costs.load(k + 1, w.cached.contains(&next.sha256));
+                        next_load[k] += job.costs.load_on(id, k + 1, w.cached.contains(&next.sha256));
                     }
                     wait[k] = wait[k].min(left);
                 }
@@ -1086,7 +1093,17 @@ impl Foreman {
             || job.finished
             || !job.plan.is_empty()
             || self.workers.is_empty()
-            || !self.workers.keys().all(|&id| job.costs.knows(id))
+        {
+            return;
+        }
+        // the start plan needs each worker's speed from a task or a load of an earlier job
+        let fresh = job.unclaimed.iter().all(|&u| u == job.inputs)
+            && self.workers.iter().all(|(&id, w)| w.is_free() && w.pinned.is_empty() && job.costs.seen(id));
+        if config.start_plan && fresh && self.start_plan() {
+            return;
+        }
+        let Some(job) = self.job.as_mut() else { return };
+        if !self.workers.keys().all(|&id| job.costs.knows(id))
             || job.unclaimed.iter().sum::<usize>() < PLAN_MIN_TASKS * job.stages() * self.workers.len()
             // With no more workers than stages each stage gets one worker at most: a stage of
             // little work then idles a worker the others need.
@@ -1098,8 +1115,18 @@ impl Foreman {
             return;
         }
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
-        let views: Vec<PlanWorker> = self
-            .workers
+        let views = Self::plan_views(job, &self.workers);
+        let Some(plan) = plan::plan_stages(&views, &job.unclaimed, !config.eager_loads) else { return };
+        job.plan = ids.into_iter().zip(plan).collect();
+        if config.eager_loads {
+            self.load_homes();
+        }
+    }
+
+    /// Each worker as the planners see it: predicted task and load times (no load for its live
+    /// stage), what fits, its live stage.
+    fn plan_views(job: &JobState, workers: &BTreeMap<WorkerId, WorkerState>) -> Vec<PlanWorker> {
+        workers
             .iter()
             .map(|(&id, w)| {
                 let live = Self::live_index(job, w);
@@ -1116,12 +1143,26 @@ impl Foreman {
                     live: live.filter(|&k| k < job.stages()),
                 }
             })
-            .collect();
-        let Some(plan) = plan::plan_stages(&views, &job.unclaimed, !config.eager_loads) else { return };
-        job.plan = ids.into_iter().zip(plan).collect();
-        if !config.eager_loads {
-            return;
+            .collect()
+    }
+
+    /// The start plan ([`ForemanConfig::start_plan`]): homes by replay, loaded at once; false
+    /// when there is none (the search is too large, or no plan covers the stages).
+    fn start_plan(&mut self) -> bool {
+        let Some(job) = self.job.as_mut() else { return false };
+        let mut views = Self::plan_views(job, &self.workers);
+        for (v, &id) in views.iter_mut().zip(self.workers.keys()) {
+            v.task_us = (0..job.stages()).map(|k| job.costs.task_guess(id, k)).collect();
         }
+        let Some((plan, _)) = start::start_plan(&views, job.inputs) else { return false };
+        job.plan = self.workers.keys().copied().zip(plan).collect();
+        self.load_homes();
+        true
+    }
+
+    /// Each free worker whose home stage is not live (and has work) loads it now.
+    fn load_homes(&mut self) {
+        let Some(job) = self.job.as_mut() else { return };
         let eager: Vec<(WorkerId, usize)> = job
             .plan
             .iter()

@@ -6,6 +6,7 @@
 //! - [`coding`]: whether activations are compressed on the wire (by where the crowd runs).
 //! - [`costs`]: per-stage task and load times learned online from completions.
 //! - [`plan`]: home stages for a streaming job's steady state (pipeline balancing by speed).
+//! - [`start`]: home stages at a streaming job's start, chosen by replaying each candidate.
 //! - [`replan`]: failure planner for a lost worker's tasks.
 //! - [`foreman`]: the scheduler policy (sans-IO) tying them together.
 //! - [`sim`]: a discrete-event simulator driving the foreman over heterogeneous workers.
@@ -21,6 +22,7 @@ pub mod foreman;
 pub mod plan;
 pub mod replan;
 pub mod sim;
+pub mod start;
 
 #[cfg(test)]
 mod golden;

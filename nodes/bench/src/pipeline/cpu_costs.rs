@@ -1,0 +1,142 @@
+//! The costs B*(N) and the simulator are given, measured at full speed on CPU clocks: each
+//! stage's task and warm load on this thread ([`measure_cpu_costs`]), and the runtime's own CPU
+//! per task on the workers (decode, encode, transport: [`measure_runtime_cpu`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use troupe_actors::pipeline::{JobOutcome, ShellSettings, StageFile, build_job};
+use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
+use troupe_policy::pipeline::Mode;
+
+use troupe::workloads::pipeline::local::LocalCluster;
+
+use super::cpu::thread_cpu_s;
+use super::meter::{Meters, used};
+use super::{TempDir, median, overhead_s};
+
+/// One-input jobs run at full speed for the runtime's CPU per task (the first is not counted).
+pub const ISOLATED_JOBS: usize = 11;
+
+/// Per-stage CPU at full speed, seconds.
+#[derive(Clone, Debug, Default)]
+pub struct MeasuredCosts {
+    /// One task of stage `k` (ONNX Runtime only), median over inputs.
+    pub task_cpu_s: Vec<f64>,
+    /// One warm load of stage `k` (hash check and memory-mapped session, as a worker loads
+    /// it), median of 3.
+    pub load_cpu_s: Vec<f64>,
+}
+
+/// Each stage's task and warm-load CPU on this thread's clock (ONNX Runtime runs a session on
+/// the calling thread with one intra-op thread, as the workers do). A load is what a worker's
+/// is: the cached file's SHA-256 checked, then the session made with its initializers mapped.
+pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Result<MeasuredCosts> {
+    let cfg = SessionConfig::default();
+    let mut sessions =
+        stages.iter().map(|p| OnnxSession::from_file(p, &cfg)).collect::<Result<Vec<_>, _>>()?;
+    let mut times = vec![Vec::new(); sessions.len()];
+    for (round, input) in inputs.iter().enumerate().take(8) {
+        let mut carried = input.clone();
+        for (k, s) in sessions.iter_mut().enumerate() {
+            let wanted: Vec<_> = s
+                .inputs()
+                .iter()
+                .filter_map(|spec| carried.iter().chain(input.iter()).find(|t| t.name == spec.name).cloned())
+                .collect();
+            let start = thread_cpu_s();
+            let out = s.run(&wanted)?;
+            if round > 0 || inputs.len() == 1 {
+                times[k].push(thread_cpu_s() - start);
+            }
+            carried = out;
+        }
+    }
+    drop(sessions);
+    // Links in a temp dir, so the mapped rewrite of each file lands there, not in the cache.
+    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-bench-loads-{}", std::process::id())));
+    std::fs::create_dir_all(tmp.path()).context("temp dir for the loads")?;
+    let mut loads = Vec::new();
+    for (k, p) in stages.iter().enumerate() {
+        let link = tmp.path().join(format!("stage{k}.onnx"));
+        std::os::unix::fs::symlink(p.canonicalize()?, &link).context("linking a stage file")?;
+        let mut t = Vec::new();
+        // the first load writes the mapped copy (a worker does that once per file)
+        for round in 0..4 {
+            let start = thread_cpu_s();
+            troupe_actors::pipeline::worker::sha256_file(&link).map_err(anyhow::Error::msg)?;
+            let s = OnnxSession::from_file_mapped(&link, &cfg)?;
+            let used = thread_cpu_s() - start;
+            drop(s);
+            if round > 0 {
+                t.push(used);
+            }
+        }
+        loads.push(median(&t));
+    }
+    Ok(MeasuredCosts { task_cpu_s: times.iter().map(|t| median(t)).collect(), load_cpu_s: loads })
+}
+
+/// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
+/// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s`) and less
+/// ONNX Runtime's own CPU (`task_cpu_s` per stage, measured on a CPU clock: the workers' own
+/// compute times are wall times, which a loaded host stretches), over the tasks.
+pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, task_cpu_s: &[f64], jobs: &[JobOutcome]) -> f64 {
+    let tasks: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter()).collect();
+    let compute: f64 = tasks.iter().map(|t| task_cpu_s.get(t.task.stage).copied().unwrap_or(0.0)).sum();
+    ((cpu_s - idle_cpu_s - compute) / tasks.len().max(1) as f64).max(0.0)
+}
+
+/// What the runtime's CPU per task was measured on (a full-speed cluster).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RuntimeCpu {
+    /// CPU per task beyond ONNX Runtime's, seconds.
+    pub per_task_s: f64,
+    /// The per-task overhead in wall time (span minus compute), seconds.
+    pub overhead_wall_s: f64,
+    /// The workers' idle CPU, CPUs in all.
+    pub idle_cpus: f64,
+}
+
+/// Runs one-input jobs back to back on a cluster at full speed (each stage on a worker that
+/// holds it) and reads the workers' CPU around them; `warm` already ran there.
+pub async fn measure_runtime_cpu(
+    cluster: &LocalCluster,
+    quotas: &[u32],
+    files: &[StageFile],
+    inputs: &[Vec<NamedTensor>],
+    settings: &ShellSettings,
+    task_cpu_s: &[f64],
+) -> Result<RuntimeCpu> {
+    let meters = Meters::attach(cluster, quotas);
+    let resident = ShellSettings { fresh_start: false, ..settings.clone() };
+    // the first job loads the sessions; not counted
+    let first = inputs.first().context("no inputs")?.clone();
+    cluster
+        .run(build_job(files.to_vec(), vec![first], Mode::Streaming, false)?, resident.clone(), None)
+        .await?;
+    let idle0 = (meters.read(), std::time::Instant::now());
+    // a measurement window of the workers' idle CPU, not a synchronisation
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = used(&idle0.0, &meters.read()).values().sum::<f64>() / idle0.1.elapsed().as_secs_f64();
+    let before = (meters.read(), std::time::Instant::now());
+    let mut jobs = Vec::new();
+    for i in 1..ISOLATED_JOBS {
+        let input = inputs[i % inputs.len()].clone();
+        jobs.push(
+            cluster
+                .run(build_job(files.to_vec(), vec![input], Mode::Streaming, false)?, resident.clone(), None)
+                .await?,
+        );
+    }
+    let cpu: f64 = used(&before.0, &meters.read()).values().sum();
+    let window = before.1.elapsed().as_secs_f64();
+    meters.release();
+    let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
+    Ok(RuntimeCpu {
+        per_task_s: runtime_cpu_per_task(cpu, idle * window, task_cpu_s, &jobs),
+        overhead_wall_s: overhead_s(&times),
+        idle_cpus: idle,
+    })
+}
