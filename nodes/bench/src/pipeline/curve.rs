@@ -137,8 +137,8 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
             ts / sim,
             sim / bound,
             if sim / bound > 1.2 {
-                " (this policy's own schedule, every worker at its full quota, is above 1.2 B* here: \
-                 <= 1.2 B* is out of its reach at this N on any host)"
+                " (this policy's own schedule in the simulator, every worker at its full quota, is above \
+                 1.2 B* here: on these costs the policy cannot meet 1.2 B* at this N)"
             } else {
                 ""
             }
