@@ -97,6 +97,18 @@ impl MemoryPool {
         len.checked_add(self.align - 1).map(|v| v & !(self.align - 1))
     }
 
+    /// The refusal of a request for `need` bytes, with the pool's state when it was refused.
+    fn out_of_memory(&self, need: u64) -> KernelError {
+        let s = self.stats();
+        KernelError::OutOfMemory {
+            pool: self.label.clone(),
+            requested: need,
+            free: s.free,
+            largest_free: s.largest_free_block,
+            budget: self.budget,
+        }
+    }
+
     /// Reserve `len` bytes (at least one alignment unit). Errors with
     /// [`KernelError::OutOfMemory`] when no free range is large enough.
     pub fn alloc(&mut self, len: u64) -> Result<Allocation> {
@@ -108,14 +120,7 @@ impl MemoryPool {
             .min_by_key(|&(&o, &l)| (l, o))
             .map(|(&o, &l)| (o, l));
         let Some((offset, block)) = best else {
-            let s = self.stats();
-            return Err(KernelError::OutOfMemory {
-                pool: self.label.clone(),
-                requested: need,
-                free: s.free,
-                largest_free: s.largest_free_block,
-                budget: self.budget,
-            });
+            return Err(self.out_of_memory(need));
         };
         self.free.remove(&offset);
         if block > need {
@@ -146,14 +151,7 @@ impl MemoryPool {
             .map(|(&o, &l)| (o, l))
             .filter(|&(o, l)| end.is_some_and(|e| e <= o + l));
         let Some((start, block)) = holder else {
-            let s = self.stats();
-            return Err(KernelError::OutOfMemory {
-                pool: self.label.clone(),
-                requested: need,
-                free: s.free,
-                largest_free: s.largest_free_block,
-                budget: self.budget,
-            });
+            return Err(self.out_of_memory(need));
         };
         self.free.remove(&start);
         if offset > start {
