@@ -55,3 +55,22 @@ fn training_is_deterministic_and_models_round_trip() {
     let (_, p3) = zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap();
     assert!(matches!(p3, Provenance::Trained(_)));
 }
+
+#[test]
+fn concurrent_callers_train_a_missing_model_once() {
+    let (train, _) = split();
+    let small = train.subset(&(0..200).collect::<Vec<_>>()).unwrap();
+    let recipe = Recipe { epochs: 1, ..Recipe::fast(9) };
+    let dir = tempfile::tempdir().unwrap();
+    let zoo = ModelZoo::new(dir.path());
+    let provenances: Vec<Provenance> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| zoo.get_or_train("tiny", VMoeConfig::tiny(), &recipe, "t", &small).unwrap().1)
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let trained = provenances.iter().filter(|p| matches!(p, Provenance::Trained(_))).count();
+    assert_eq!(trained, 1, "{provenances:?}");
+}

@@ -221,18 +221,50 @@ impl ModelZoo {
         data: &Dataset,
     ) -> Result<(VMoe, Provenance), VMoeError> {
         let path = self.path_for(name, &config, recipe, data_tag);
-        match load_model(&path) {
-            Ok(model) if model.config == config => return Ok((model, Provenance::Loaded(path))),
-            Ok(_) => {
-                tracing::warn!(path = %path.display(), "cached model has another config; retraining")
-            }
-            Err(VMoeError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(error = %e, "cached model unusable; retraining"),
+        if let Some(model) = cached(&path, config, false) {
+            return Ok((model, Provenance::Loaded(path)));
+        }
+        // One trainer per model across threads and processes (tests run in parallel on a cold
+        // cache): the others wait on the lock and then load what it saved.
+        let _lock = lock_file(&path)?;
+        if let Some(model) = cached(&path, config, true) {
+            return Ok((model, Provenance::Loaded(path)));
         }
         let (model, report) = train_new(config, data, recipe)?;
         save_model(&model, &path)?;
         Ok((model, Provenance::Trained(report)))
     }
+}
+
+/// The model cached at `path` if it loads with `config`; `warn`s why not (when asked) otherwise.
+fn cached(path: &Path, config: VMoeConfig, warn: bool) -> Option<VMoe> {
+    match load_model(path) {
+        Ok(model) if model.config == config => return Some(model),
+        Ok(_) if warn => {
+            tracing::warn!(path = %path.display(), "cached model has another config; retraining")
+        }
+        Err(VMoeError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) if warn => tracing::warn!(error = %e, "cached model unusable; retraining"),
+        _ => {}
+    }
+    None
+}
+
+/// An exclusive lock on `<path>.lock`, held until the returned file is dropped.
+fn lock_file(path: &Path) -> Result<std::fs::File, VMoeError> {
+    let lock = path.with_extension("lock");
+    let io = |context, source| VMoeError::Io { context, path: lock.clone(), source };
+    if let Some(dir) = lock.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .map_err(|e| io("opening", e))?;
+    file.lock().map_err(|e| io("locking", e))?;
+    Ok(file)
 }
 
 #[cfg(test)]
