@@ -502,8 +502,10 @@ impl SimHub {
     }
 }
 
-/// One node's [`Link`] over a [`SimHub`]. Sends are fire-and-forget like datagrams: a dropped
-/// frame is still `Ok` (the log says why); only a crashed sender gets `LinkError::Closed`.
+/// One node's [`Link`] over a [`SimHub`]. A frame lost at random, or later in flight, is still
+/// `Ok` (the log says why); a send to a crashed or cut-off peer fails at once with
+/// `LinkError::PeerDown`, as a QUIC send with no connection does; a crashed sender gets
+/// `LinkError::Closed`.
 /// `recv` waits until the driver advances time past a delivery for this node. Clones share the
 /// node's inbox.
 #[derive(Clone)]
@@ -536,8 +538,14 @@ impl Link for SimLink {
             return Err(LinkError::Closed);
         }
         let now = s.now;
-        let _ = s.net.send(now, &self.id, to, channel, frame);
-        Ok(())
+        match s.net.send(now, &self.id, to, channel, frame) {
+            // as a QUIC send with no connection to the peer fails at once
+            SendOutcome::Dropped {
+                reason: reason @ (DropReason::ReceiverCrashed | DropReason::Partitioned),
+                ..
+            } => Err(LinkError::PeerDown(to.clone(), reason.to_string())),
+            _ => Ok(()),
+        }
     }
 
     async fn recv(&self) -> Result<Delivery, LinkError> {
@@ -734,6 +742,12 @@ mod tests {
         assert_eq!(hub.advance_by(Micros::from_millis(10)), 1);
         hub.crash(&id("b"));
         assert!(b.try_recv().is_none());
+        let Poll::Ready(Err(LinkError::PeerDown(to, why))) =
+            poll_once(pin!(a.send(&id("b"), Channel::Control, frame(44))))
+        else {
+            panic!("a send to a crashed peer fails at once");
+        };
+        assert_eq!((to, why.as_str()), (id("b"), "receiver-crashed"));
         let Poll::Ready(Err(LinkError::Closed)) =
             poll_once(pin!(b.send(&id("a"), Channel::Control, frame(0))))
         else {
