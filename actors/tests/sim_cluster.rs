@@ -194,3 +194,59 @@ fn sim_one_seed_gives_one_event_log_byte_for_byte() {
     }
     assert_ne!(a, run(4).join("\n"), "another seed draws other delays");
 }
+
+#[tokio::test(start_paused = true)]
+async fn sim_a_partition_is_declared_down_and_healing_brings_the_same_actor_back() {
+    let specs = vec![node("cut-host", Role::Executor), node("cut-sched", Role::Scheduler)];
+    let cluster = SimCluster::start(net(5), specs).await.unwrap();
+    let (host, sched) = (cluster.node("cut-host").unwrap(), cluster.node("cut-sched").unwrap());
+    host.actors.spawn::<Counter>("kept", 1).await.unwrap();
+    let h = sched.actors.wait_for::<Counter>("kept", T).await.unwrap();
+    assert_eq!(h.call(Add(1), T).await.unwrap(), 2);
+    let incarnation = h.incarnation();
+
+    let view = sched.subscribe_membership();
+    let wait_for = |up: bool| {
+        let mut view = view.resubscribe();
+        async move {
+            loop {
+                match view.recv().await.unwrap() {
+                    troupe_policy::MembershipEvent::Up { member, .. }
+                        if up && member.as_str() == "cut-host" =>
+                    {
+                        return;
+                    }
+                    troupe_policy::MembershipEvent::Down { member, .. }
+                        if !up && member.as_str() == "cut-host" =>
+                    {
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    // a member is declared down only once it was up (heard at a membership tick)
+    let up = wait_for(true);
+    let members = ractor::call!(sched.membership, troupe_actors::MembershipMsg::Members).unwrap();
+    if !members.iter().any(|(m, s, _)| m.as_str() == "cut-host" && *s == troupe_policy::MemberStatus::Up) {
+        tokio::time::timeout(T, up).await.expect("the host up");
+    }
+    let (host_id, sched_id) = (host.name.clone(), sched.name.clone());
+    let down = wait_for(false);
+    cluster.hub().with_net(|net, now| net.partition(now, &host_id, &sched_id));
+    tokio::time::timeout(T, down).await.expect("the cut-off host declared down");
+    let refused = h.call(Get, T).await;
+    assert!(
+        matches!(refused, Err(ActorError::PeerLost { .. }) | Err(ActorError::UnknownActor { .. })),
+        "{refused:?}"
+    );
+
+    let up = wait_for(true);
+    cluster.hub().with_net(|net, now| net.heal(now, &host_id, &sched_id));
+    tokio::time::timeout(T, up).await.expect("the healed host up again");
+    let again = sched.actors.wait_for::<Counter>("kept", T).await.unwrap();
+    assert_eq!(again.call(Get, T).await.unwrap(), 2, "the same actor, its state kept");
+    assert_eq!(again.incarnation(), incarnation);
+    cluster.shutdown().await;
+}
