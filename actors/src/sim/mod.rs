@@ -1,6 +1,6 @@
 //! A seeded simulated cluster (simulation only): N nodes of the real node runtime — membership,
 //! the role-checked service router, the typed-actor registry and placement, a root supervisor —
-//! on [`SimLink`]s of one [`SimHub`], for tests on one thread under paused tokio time.
+//! on [`SimLink`](troupe_transport::SimLink)s of one [`SimHub`], for tests on one thread under paused tokio time.
 //!
 //! What is simulated: the network (seeded delay, loss, partitions, crashes: the hub) and a
 //! node's process (a crash drops its link and stops its actors, with no goodbye). What is real:
@@ -9,10 +9,10 @@
 //! shells that need it refuse to start on a simulated node ([`crate::typed::QuicOnly`]).
 //!
 //! Run it in a current-thread runtime with paused time (`#[tokio::test(start_paused = true)]`,
-//! tokio's `test-util`): the [`driver`] moves the hub's virtual time with tokio's, and tokio
-//! skips ahead whenever every task waits, so seconds of cluster time cost milliseconds. The
-//! hub's event log (every send, drop and delivery, and the notes the test adds) is the run's
-//! record: one seed, one log.
+//! tokio's `test-util`): the driver (`sim/driver.rs`) moves the hub's virtual time with tokio's,
+//! and tokio skips ahead whenever every task waits, so seconds of cluster time cost
+//! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
+//! adds) is the run's record: one seed, one log.
 
 mod driver;
 mod node;
@@ -22,7 +22,7 @@ pub use node::{SimNode, SimNodeSpec};
 use std::collections::BTreeMap;
 
 use troupe_policy::Micros;
-use troupe_transport::{NodeId, SimConfig, SimHub, SimLink};
+use troupe_transport::{NodeId, SimConfig, SimHub};
 
 use crate::node::RuntimeError;
 
@@ -88,10 +88,5 @@ impl SimCluster {
             node.stop().await;
         }
         self.driver.abort();
-    }
-
-    /// A link on this hub for a node the cluster does not run (a test's own endpoint).
-    pub fn extra_link(&self, name: &str) -> SimLink {
-        self.hub.link(NodeId::new(name))
     }
 }
