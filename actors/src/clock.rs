@@ -1,6 +1,10 @@
-//! The one place actors read the wall clock: policies get time as [`Micros`] from here.
+//! The one place actors read the clock: policies get time as [`Micros`] from here. It is
+//! tokio's clock, so a paused-time test or a simulation moves it (outside a runtime, or with
+//! time not paused, it is the monotonic clock).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use troupe_policy::Micros;
 
@@ -41,8 +45,8 @@ pub fn timer_now() -> tokio::time::Instant {
 }
 
 /// Time left until `deadline` (zero once it has passed).
-pub fn left_until(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
+pub fn left_until(deadline: std::time::Instant) -> Duration {
+    deadline.saturating_duration_since(std::time::Instant::now())
 }
 
 /// Microseconds since the Unix epoch: for numbers that must grow across processes and restarts

@@ -22,6 +22,7 @@ pub mod node;
 #[cfg(feature = "onnx")]
 pub mod pipeline;
 pub mod service;
+pub mod sim;
 pub mod supervisor;
 pub mod typed;
 pub mod wire;

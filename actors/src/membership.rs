@@ -8,7 +8,7 @@ use ractor_cluster::RactorMessage;
 use tokio::sync::broadcast;
 use tracing::{debug, info, warn};
 use troupe_policy::{FailureDetector, MemberStatus, MembershipEvent, Micros};
-use troupe_transport::{Channel, Frame, FrameKind, Link, NodeId, QuicNode};
+use troupe_transport::{Channel, Frame, FrameKind, Link, NodeId, NodeLink, RuntimeLink};
 
 use crate::clock::Clock;
 use crate::wire::Heartbeat;
@@ -30,8 +30,8 @@ impl Default for MembershipConfig {
 
 /// Start arguments of the membership actor.
 pub struct MembershipArgs {
-    /// The node's QUIC link.
-    pub link: QuicNode,
+    /// The node's link (QUIC, or simulated).
+    pub link: NodeLink,
     /// Periods.
     pub config: MembershipConfig,
     /// Where up/down events go.
@@ -46,7 +46,7 @@ pub enum MembershipMsg {
     /// A member's timeout falls before the next tick: check then (what was heard counts first),
     /// so a silent member is declared down at its deadline, not up to a period later.
     Check,
-    /// This peer joined (later frames are seen through [`QuicNode::take_heard`] at each tick).
+    /// This peer joined (later frames are seen through [`RuntimeLink::take_heard`] at each tick).
     Heard(NodeId),
     /// This peer said goodbye (closed its connections in an orderly shutdown).
     Left(NodeId),
@@ -61,7 +61,7 @@ pub struct Membership;
 
 /// State: the detector and the handles it needs.
 pub struct MembershipState {
-    link: QuicNode,
+    link: NodeLink,
     detector: FailureDetector<NodeId>,
     clock: Clock,
     seq: u64,

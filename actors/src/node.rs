@@ -215,7 +215,11 @@ impl NodeRuntime {
         let (membership, _) = Actor::spawn(
             None,
             Membership,
-            MembershipArgs { link: link.clone(), config: spec.membership, events: membership_events.clone() },
+            MembershipArgs {
+                link: link.clone().into(),
+                config: spec.membership,
+                events: membership_events.clone(),
+            },
         )
         .await
         .map_err(spawn_err("membership"))?;

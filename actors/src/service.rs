@@ -40,7 +40,9 @@ use tracing::{debug, warn};
 use troupe_transport::service::{
     self, Envelope, Fault, FaultKind, ONE_WAY, Outcome, Request, Response, ServiceLimits, ServiceWireError,
 };
-use troupe_transport::{Channel, Delivery, FrameKind, Link, NodeId, QuicNode, Role, RoleSet};
+use troupe_transport::{
+    Channel, Delivery, FrameKind, Link, NodeId, NodeLink, QuicNode, Role, RoleSet, RuntimeLink,
+};
 
 /// The built-in service every node runs: service announcements.
 pub const DIRECTORY: &str = "troupe-directory";
@@ -233,7 +235,7 @@ struct Registered {
 }
 
 struct Inner {
-    link: QuicNode,
+    link: NodeLink,
     config: ServiceConfig,
     services: std::sync::RwLock<HashMap<String, Arc<Registered>>>,
     pending: DashMap<u64, Pending>,
@@ -264,8 +266,9 @@ impl std::fmt::Debug for Services {
 
 impl Services {
     /// A router sending and receiving over `link`: it takes the link's service frames straight
-    /// from their stream readers ([`QuicNode::set_service_sink`]), replacing any router there.
-    pub fn new(link: QuicNode, config: ServiceConfig) -> Self {
+    /// from where they arrive ([`RuntimeLink::set_service_sink`]), replacing any router there.
+    pub fn new(link: impl Into<NodeLink>, config: ServiceConfig) -> Self {
+        let link = link.into();
         let (announcements, _) = broadcast::channel(256);
         let this = Self {
             inner: Arc::new(Inner {

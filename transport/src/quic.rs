@@ -339,8 +339,7 @@ enum LocalServed {
     BlobPull,
 }
 
-/// Takes frames straight from a stream's reader (see [`QuicNode::set_service_sink`]).
-pub type DeliverySink = Arc<dyn Fn(Delivery) + Send + Sync>;
+pub use crate::runtime_link::DeliverySink;
 
 struct Inbox {
     control: mpsc::Receiver<Delivery>,

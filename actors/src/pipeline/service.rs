@@ -291,9 +291,10 @@ impl Actor for ForemanServiceActor {
         args: ForemanServiceArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let shelf = BlobShelf::default();
-        args.actors.link().set_blob_server(Arc::new(shelf.clone()));
+        let link = args.actors.quic()?.clone();
+        link.set_blob_server(Arc::new(shelf.clone()));
         let foreman = Arc::new(Foreman {
-            link: args.actors.link().clone(),
+            link,
             actors: args.actors.clone(),
             membership: args.membership.clone(),
             shelf,

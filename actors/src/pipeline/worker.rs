@@ -146,7 +146,7 @@ impl TypedActor for PipelineWorker {
             warn!(node = %settings.node, error = %e, "ONNX Runtime not loaded; stages will not load");
         }
         let sampler = Sampler::new(settings.device, settings.ram_budget_bytes);
-        let link = ctx.actors.link().clone();
+        let link = ctx.actors.quic()?.clone();
         let shelf = BlobShelf::default();
         link.set_blob_server(Arc::new(shelf.clone()));
         // a (re)started worker holds no session until the foreman loads one

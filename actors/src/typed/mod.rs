@@ -77,5 +77,7 @@ pub use placement::{
     RemoteSupervisorMsg,
 };
 pub use queue::{Links, NotQueued, Outcome, Sink};
-pub use registry::{Actors, DESCRIBE, Described, MAX_ACTOR_NAME, SpawnError, service_name, validate_name};
+pub use registry::{
+    Actors, DESCRIBE, Described, MAX_ACTOR_NAME, QuicOnly, SpawnError, service_name, validate_name,
+};
 pub use wire::{RemoteMessage, Wire};

@@ -26,8 +26,8 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 use troupe_policy::placement::{Candidate, NoPlacement, choose};
 use troupe_policy::{MembershipEvent, RestartDecision, RestartIntensity};
-use troupe_transport::NodeId;
 use troupe_transport::service::FaultKind;
+use troupe_transport::{NodeId, RuntimeLink};
 
 use super::actor::TypedActor;
 use super::registry::{Actors, SpawnError};

@@ -12,7 +12,7 @@ use ractor::ActorRef;
 use tokio::sync::{broadcast, oneshot};
 use troupe_policy::MembershipEvent;
 use troupe_transport::service::FaultKind;
-use troupe_transport::{Link, NodeId, QuicNode};
+use troupe_transport::{Link, NodeId, NodeLink, QuicNode};
 
 use super::actor::{Binding, Host, HostArgs, Protocol, TypedActor, WireReply};
 use super::error::ActorError;
@@ -81,6 +81,11 @@ pub fn validate_name(name: &str) -> Result<(), SpawnError> {
     if ok { Ok(()) } else { Err(SpawnError::InvalidName(name.to_string())) }
 }
 
+/// A shell that needs a QUIC link was started on a simulated node.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: this shell needs a QUIC link (blob pulls, raw streams); a simulated node has none")]
+pub struct QuicOnly(pub NodeId);
+
 /// A new incarnation number, unique in the process and, with overwhelming odds, in the cluster.
 pub(crate) fn fresh_incarnation() -> u64 {
     use std::hash::BuildHasher;
@@ -101,7 +106,7 @@ pub(crate) struct Local {
 
 pub(crate) struct Inner {
     node: NodeId,
-    link: QuicNode,
+    link: NodeLink,
     services: Services,
     local: DashMap<String, Local>,
     bound: broadcast::Sender<String>,
@@ -126,7 +131,8 @@ impl std::fmt::Debug for Actors {
 impl Actors {
     /// The registry of the node behind `link`, serving through `services`, accepting
     /// placements by `placement`.
-    pub fn new(link: QuicNode, services: Services, placement: PlacementRules) -> Self {
+    pub fn new(link: impl Into<NodeLink>, services: Services, placement: PlacementRules) -> Self {
+        let link = link.into();
         let (bound, _) = broadcast::channel(256);
         let this = Self {
             inner: Arc::new(Inner {
@@ -201,8 +207,14 @@ impl Actors {
         &self.inner.services
     }
 
-    pub(crate) fn link(&self) -> &QuicNode {
+    pub(crate) fn link(&self) -> &NodeLink {
         &self.inner.link
+    }
+
+    /// The node's QUIC endpoint, for shells that need what only QUIC does (blob pulls, raw
+    /// streams); refused on a simulated node.
+    pub(crate) fn quic(&self) -> Result<&QuicNode, QuicOnly> {
+        self.inner.link.quic().ok_or_else(|| QuicOnly(self.inner.node.clone()))
     }
 
     pub(crate) fn placement_state(&self) -> &PlacementState {

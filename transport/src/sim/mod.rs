@@ -23,7 +23,12 @@ use troupe_policy::Micros;
 
 use crate::budget::Held;
 use crate::frame::Frame;
+use crate::frame::FrameKind;
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
+use crate::roles::RoleSet;
+use crate::runtime_link::DeliverySink;
+
+mod view;
 
 /// Network behaviour of a simulation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -372,6 +377,12 @@ struct HubState {
     now: Micros,
     inboxes: BTreeMap<NodeId, VecDeque<Delivery>>,
     notifies: BTreeMap<NodeId, Arc<Notify>>,
+    /// Each node's roles (the table given at build time: [`SimHub::set_roles`]).
+    roles: BTreeMap<NodeId, RoleSet>,
+    /// `(to, from)`: something from `from` was released to `to` since `to` last looked.
+    heard: BTreeSet<(NodeId, NodeId)>,
+    /// Where each node's service frames go instead of its inbox.
+    sinks: BTreeMap<NodeId, DeliverySink>,
 }
 
 /// A [`SimNet`] shared by async code: hands out [`SimLink`]s and releases deliveries into their
@@ -390,6 +401,9 @@ impl SimHub {
                 now: Micros::ZERO,
                 inboxes: BTreeMap::new(),
                 notifies: BTreeMap::new(),
+                roles: BTreeMap::new(),
+                heard: BTreeSet::new(),
+                sinks: BTreeMap::new(),
             })),
         }
     }
@@ -426,7 +440,9 @@ impl SimHub {
         while let Some((at, to, d)) = s.net.next_delivery_until(t) {
             match s.inboxes.get_mut(&to) {
                 Some(inbox) => {
+                    let heard = (to.clone(), d.from.clone());
                     inbox.push_back(d);
+                    s.heard.insert(heard);
                     if let Some(n) = s.notifies.get(&to) {
                         n.notify_one();
                     }
@@ -486,9 +502,13 @@ impl SimHub {
     }
 }
 
-/// One node's [`Link`] over a [`SimHub`]. Sends are fire-and-forget like datagrams: a dropped
-/// frame is still `Ok` (the log says why); only a crashed sender gets `LinkError::Closed`.
-/// `recv` waits until the driver advances time past a delivery for this node.
+/// One node's [`Link`] over a [`SimHub`]. A frame lost at random, or later in flight, is still
+/// `Ok` (the log says why); a send to a crashed or cut-off peer fails at once with
+/// `LinkError::PeerDown`, as a QUIC send with no connection does; a crashed sender gets
+/// `LinkError::Closed`.
+/// `recv` waits until the driver advances time past a delivery for this node. Clones share the
+/// node's inbox.
+#[derive(Clone)]
 pub struct SimLink {
     id: NodeId,
     hub: SimHub,
@@ -518,8 +538,14 @@ impl Link for SimLink {
             return Err(LinkError::Closed);
         }
         let now = s.now;
-        let _ = s.net.send(now, &self.id, to, channel, frame);
-        Ok(())
+        match s.net.send(now, &self.id, to, channel, frame) {
+            // as a QUIC send with no connection to the peer fails at once
+            SendOutcome::Dropped {
+                reason: reason @ (DropReason::ReceiverCrashed | DropReason::Partitioned),
+                ..
+            } => Err(LinkError::PeerDown(to.clone(), reason.to_string())),
+            _ => Ok(()),
+        }
     }
 
     async fn recv(&self) -> Result<Delivery, LinkError> {
@@ -527,6 +553,12 @@ impl Link for SimLink {
             // Register interest before looking, so a release in between is not missed.
             let notified = self.notify.notified();
             if let Some(d) = self.try_recv() {
+                if d.frame.kind == FrameKind::Service
+                    && let Some(sink) = self.service_sink()
+                {
+                    sink(d);
+                    continue;
+                }
                 return Ok(d);
             }
             notified.await;
@@ -710,6 +742,12 @@ mod tests {
         assert_eq!(hub.advance_by(Micros::from_millis(10)), 1);
         hub.crash(&id("b"));
         assert!(b.try_recv().is_none());
+        let Poll::Ready(Err(LinkError::PeerDown(to, why))) =
+            poll_once(pin!(a.send(&id("b"), Channel::Control, frame(44))))
+        else {
+            panic!("a send to a crashed peer fails at once");
+        };
+        assert_eq!((to, why.as_str()), (id("b"), "receiver-crashed"));
         let Poll::Ready(Err(LinkError::Closed)) =
             poll_once(pin!(b.send(&id("a"), Channel::Control, frame(0))))
         else {
