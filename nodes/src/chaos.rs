@@ -28,7 +28,7 @@ use troupe_policy::Micros;
 use troupe_policy::chaos::{ChaosNode, ChaosSite, ChaosSpec, Fault, schedule};
 
 use crate::config::{FaultSiteConfig, FaultsSection};
-use crate::up::{Cluster, JobTracker, Topology, prepare, prepare_steps};
+use crate::up::{Cluster, JobTracker, Launch, NodeBinary, Topology, prepare, prepare_steps};
 
 // Every built-in actor kind recovers from a kill. The edge journals what it accepted and answered
 // (the chaos run gives it a journal of its own), and a restarted edge resumes from it; a
@@ -303,7 +303,8 @@ async fn run_once(exe: &Path, path: &Path, dir: &Path, plan: &[Fault]) -> Result
     }
     let configs = prepare(&topology, dir)?;
     let (lines_tx, mut lines_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (mut cluster, mut jobs_rx) = Cluster::start(exe, &topology, dir, configs, Some(lines_tx))?;
+    let (mut cluster, mut jobs_rx) =
+        Cluster::start(&topology, dir, configs, Launch::console(NodeBinary::troupe_at(exe), Some(lines_tx)))?;
     let t0 = Instant::now();
     let mut tracker = JobTracker::new(&cluster.job_nodes);
     let mut lines: Vec<Line> = Vec::new();

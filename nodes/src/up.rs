@@ -271,17 +271,69 @@ struct NodeOutput {
     lines: Option<NodeLines>,
     /// A job node's bar, moved by the job's progress lines ([`job_progress`]).
     bar: Option<indicatif::ProgressBar>,
-    /// Whether its lines are shown on the console at all (false: its log file only).
+    /// Whether its lines are shown on the console at all (false: its log file and `lines` only).
     console: bool,
 }
 
-/// The node processes of one topology run on loopback: started from their configs, each one's
-/// full output in `WORKDIR/NAME.log` and its lines on the console prefixed with its name; job
-/// nodes linger after their job and report its end. `troupe up`, `troupe chaos` and the local
-/// pipeline cluster (`pipeline submit`, the pipeline benches and tests) run their nodes through
-/// this.
+/// How a [`Cluster`] starts its nodes and where their output goes. `troupe up` and `troupe
+/// chaos` take [`Launch::console`]; a program whose own output is the point (a benchmark's JSON,
+/// the local pipeline cluster, a whole-cluster test) takes [`Launch::logged`] and sets the fields
+/// it needs on top.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// The program each node is started with.
+    pub binary: NodeBinary,
+    /// Whether the nodes' lines are shown on the console, prefixed with their names, with a bar
+    /// per job (false: their log files only).
+    pub console: bool,
+    /// Where each node's non-DEBUG lines are also sent, as they are printed.
+    pub lines: Option<NodeLines>,
+    /// (node, network namespace) of nodes started inside one (`ip netns exec NS troupe node ...`).
+    pub namespaces: Vec<(String, String)>,
+    /// Whether job nodes get `--linger`: they keep serving after their job, as under `troupe up`
+    /// (false: a job node's process ends with its job).
+    pub linger: bool,
+    /// Nodes not started with the others: each is started later by [`Cluster::restart`] (a node
+    /// that joins late).
+    pub held: Vec<String>,
+    /// `RUST_LOG` for every node. `None`: on the console, DEBUG into the files
+    /// (`NODE_LOG_FILTER`) unless `RUST_LOG` is set; otherwise the launcher's environment.
+    pub log_filter: Option<String>,
+}
+
+impl Launch {
+    /// `troupe up`'s way: lines on the console (and on `lines`), job nodes lingering.
+    pub fn console(binary: NodeBinary, lines: Option<NodeLines>) -> Self {
+        Self {
+            binary,
+            console: true,
+            lines,
+            namespaces: Vec::new(),
+            linger: true,
+            held: Vec::new(),
+            log_filter: None,
+        }
+    }
+
+    /// `troupe node` of `exe` with each node's output in its log file only, nothing on the
+    /// console; the node writes the file itself unless `lines` is set (then its output passes
+    /// through this process). Job nodes end with their job.
+    pub fn logged(exe: &Path) -> Self {
+        Self { console: false, linger: false, ..Self::console(NodeBinary::troupe_at(exe), None) }
+    }
+
+    /// Whether node output passes through this process (to the console or to `lines`).
+    fn piped(&self) -> bool {
+        self.console || self.lines.is_some()
+    }
+}
+
+/// The node processes of one topology run on loopback (or in network namespaces): started from
+/// their configs as [`Launch`] says, each one's full output in `WORKDIR/NAME.log`. Every local
+/// cluster runs its nodes through this: `troupe up`, `troupe chaos`, the local pipeline cluster
+/// (`pipeline submit`, the pipeline benches and tests) and the whole-cluster tests.
 pub struct Cluster {
-    binary: NodeBinary,
+    launch: Launch,
     workdir: PathBuf,
     width: usize,
     configs: Vec<(String, PathBuf)>,
@@ -290,85 +342,37 @@ pub struct Cluster {
     /// Nodes whose config has a job.
     pub job_nodes: Vec<String>,
     jobs: JobEnded,
-    lines: Option<NodeLines>,
-    /// (node, network namespace) of nodes started inside one (`--netns`).
-    namespaces: Vec<(String, String)>,
     /// Each job node's progress bar (kept across restarts).
     bars: Vec<(String, indicatif::ProgressBar)>,
     /// Processes a [`Cluster::restart`] replaced (a node restarted while its old process still
     /// ran keeps it running, as a second `troupe node` started by hand would): stopped with
     /// the rest.
     replaced: Vec<(String, Child)>,
-    /// Whether the nodes' lines go to the console (false: to their log files only).
-    console: bool,
 }
 
 impl Cluster {
-    /// Starts every node of `configs` (from [`prepare`]) in order; job ends arrive on the
-    /// returned receiver, and each node's non-DEBUG lines on `lines` when given.
-    pub fn start(
-        exe: &Path,
-        topology: &Topology,
-        workdir: &Path,
-        configs: Vec<(String, PathBuf)>,
-        lines: Option<NodeLines>,
-    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
-        let binary =
-            NodeBinary { exe: exe.to_path_buf(), node_command: vec!["node".into()], kinds: Kinds::builtin() };
-        Self::start_in(&binary, topology, workdir, configs, lines, Vec::new())
-    }
-
-    /// [`Cluster::start`] with the nodes started by `binary`, each node named in `namespaces`
-    /// (node, namespace) started inside that network namespace (`ip netns exec NS troupe node ...`).
-    pub fn start_in(
-        binary: &NodeBinary,
-        topology: &Topology,
-        workdir: &Path,
-        configs: Vec<(String, PathBuf)>,
-        lines: Option<NodeLines>,
-        namespaces: Vec<(String, String)>,
-    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
-        Self::launch(binary, topology, workdir, configs, lines, namespaces, true)
-    }
-
     /// Starts the nodes of `configs` (from [`prepare`]; a node of `topology` left out of them
-    /// runs elsewhere, such as in the launching process) with each node's output in its log file
-    /// only, nothing on the console: for a program whose own output is the point (a benchmark's
-    /// JSON, a test's report).
-    pub fn start_logged(
-        exe: &Path,
+    /// runs elsewhere, such as in the launching process) in order, but those `launch` holds
+    /// back. A job node's end arrives on the returned receiver when its output is piped
+    /// (on the console or to `lines`).
+    pub fn start(
         topology: &Topology,
         workdir: &Path,
         configs: Vec<(String, PathBuf)>,
-    ) -> Result<Self> {
-        let binary =
-            NodeBinary { exe: exe.to_path_buf(), node_command: vec!["node".into()], kinds: Kinds::builtin() };
-        Ok(Self::launch(&binary, topology, workdir, configs, None, Vec::new(), false)?.0)
-    }
-
-    fn launch(
-        binary: &NodeBinary,
-        topology: &Topology,
-        workdir: &Path,
-        configs: Vec<(String, PathBuf)>,
-        lines: Option<NodeLines>,
-        namespaces: Vec<(String, String)>,
-        console: bool,
+        launch: Launch,
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<(String, bool)>)> {
         let (jobs, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
+        let console = launch.console;
         let mut cluster = Self {
-            binary: binary.clone(),
             workdir: workdir.to_path_buf(),
             width: configs.iter().map(|(n, _)| n.len()).max().unwrap_or(4),
             job_nodes: topology.nodes.iter().filter(|n| n.job.is_some()).map(|n| n.name.clone()).collect(),
             configs,
             children: Vec::new(),
             jobs,
-            lines,
-            namespaces,
             bars: Vec::new(),
             replaced: Vec::new(),
-            console,
+            launch,
         };
         for node in topology.nodes.iter().filter(|_| console) {
             if let Some(job) = &node.job {
@@ -378,6 +382,9 @@ impl Cluster {
         }
         for i in 0..cluster.configs.len() {
             let name = cluster.configs[i].0.clone();
+            if cluster.launch.held.contains(&name) {
+                continue;
+            }
             let child = cluster.spawn(&name, false)?;
             cluster.children.push((name.clone(), child));
             if console {
@@ -399,48 +406,71 @@ impl Cluster {
     fn spawn(&self, name: &str, append: bool) -> Result<Child> {
         let config = &self.configs.iter().find(|(n, _)| n == name).context("no such node")?.1;
         let log = self.log_path(name);
+        if !append {
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        }
+        // appending: a node writing the file itself never overwrites what another process of it
+        // (an earlier one still running) wrote
         let file = std::fs::OpenOptions::new()
             .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
+            .append(true)
             .open(&log)
-            .with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = match self.namespaces.iter().find(|(n, _)| n == name) {
+            .with_context(|| format!("opening {}", log.display()))?;
+        let launch = &self.launch;
+        let mut cmd = match launch.namespaces.iter().find(|(n, _)| n == name) {
             // `ip netns exec` execs the node in place: the child's pid is the node's
             Some((_, ns)) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns.as_str()]).arg(&self.binary.exe);
+                c.args(["netns", "exec", ns.as_str()]).arg(&launch.binary.exe);
                 c
             }
-            None => Command::new(&self.binary.exe),
+            None => Command::new(&launch.binary.exe),
         };
         let quiet_console = std::env::var_os("RUST_LOG").is_none();
-        // a node logged to its file only keeps its own default filter, as when run by hand
-        if quiet_console && self.console {
-            cmd.env("RUST_LOG", NODE_LOG_FILTER);
+        match &launch.log_filter {
+            Some(filter) => {
+                cmd.env("RUST_LOG", filter);
+            }
+            // a node logged to its file only keeps its own default filter, as when run by hand
+            None if quiet_console && launch.console => {
+                cmd.env("RUST_LOG", NODE_LOG_FILTER);
+            }
+            None => {}
         }
-        cmd.args(&self.binary.node_command).arg("--config").arg(config);
+        cmd.args(&launch.binary.node_command).arg("--config").arg(config);
         let job = self.job_nodes.iter().any(|n| n == name);
-        if job {
+        if job && launch.linger {
             cmd.arg("--linger");
         }
+        // piped: this process copies the lines into the file; otherwise the node writes there
+        let (stdout, stderr, file) = if launch.piped() {
+            (Stdio::piped(), Stdio::piped(), Some(file))
+        } else {
+            (
+                file.try_clone().with_context(|| format!("opening {}", log.display()))?.into(),
+                file.into(),
+                None,
+            )
+        };
         let mut child = cmd
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(stdout)
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting node {name}"))?;
+        let Some(file) = file else {
+            return Ok(child);
+        };
         let width = self.width;
         let output = NodeOutput {
             name: name.to_owned(),
             prefix: format!("[{name:<width$}]"),
             file: Arc::new(std::sync::Mutex::new(file)),
             quiet_console,
-            lines: self.lines.clone(),
+            lines: launch.lines.clone(),
             bar: self.bars.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()),
-            console: self.console,
+            console: launch.console,
         };
         if let Some(out) = child.stdout.take() {
             let jobs = job.then(|| self.jobs.clone());
@@ -473,16 +503,33 @@ impl Cluster {
         Ok(pid)
     }
 
+    /// Sends node `name` signal `sig` (e.g. `libc::SIGHUP`, `libc::SIGTERM`).
+    pub fn signal(&self, name: &str, sig: i32) -> Result<()> {
+        let (_, child) =
+            self.children.iter().find(|(n, _)| n == name).with_context(|| format!("no node {name}"))?;
+        send_signal(child, sig).with_context(|| format!("signalling node {name}"))
+    }
+
+    /// Node `name`'s exit status once its latest process has exited (`None` while it runs).
+    pub fn exited(&mut self, name: &str) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child_mut(name)?.try_wait()?)
+    }
+
     /// Kills node `name` with SIGKILL (no chance to say goodbye) and reaps it.
     pub async fn kill9(&mut self, name: &str) -> Result<()> {
         let child = self.child_mut(name)?;
         child.kill().await.with_context(|| format!("killing {name}"))
     }
 
-    /// Starts node `name` again from its config, appending to its log.
+    /// Starts node `name` again from its config, appending to its log (or for the first time,
+    /// when [`Launch::held`] kept it back).
     pub fn restart(&mut self, name: &str) -> Result<()> {
         let child = self.spawn(name, true)?;
-        let old = std::mem::replace(self.child_mut(name)?, child);
+        let Some((_, slot)) = self.children.iter_mut().find(|(n, _)| n == name) else {
+            self.children.push((name.to_owned(), child));
+            return Ok(());
+        };
+        let old = std::mem::replace(slot, child);
         self.replaced.retain_mut(|(_, c)| c.try_wait().ok().flatten().is_none());
         self.replaced.push((name.to_owned(), old));
         Ok(())
@@ -533,16 +580,13 @@ async fn prefix_lines<R: tokio::io::AsyncRead + Unpin>(
             crate::progress::set_total(bar, total);
             bar.set_position(done);
         }
-        if !out.console {
-            continue;
-        }
         let debug = is_debug_line(&line);
         if let Some(tx) = &out.lines
             && !debug
         {
             let _ = tx.send((out.name.clone(), line.clone()));
         }
-        if out.quiet_console && debug {
+        if !out.console || (out.quiet_console && debug) {
             continue;
         }
         let prefix = &out.prefix;
@@ -577,16 +621,20 @@ fn job_progress(line: &str) -> Option<(u64, u64)> {
     k_of_n(head.rsplit_once(": ").map_or(head, |(_, k)| k))
 }
 
-/// Sends a running child SIGINT, as ctrl-c does.
+/// Sends a running child SIGINT, as ctrl-c does (one that has exited is left alone).
 fn interrupt(child: &Child) {
-    if let Some(pid) = child.id()
-        && let Ok(pid) = i32::try_from(pid)
-    {
-        // SAFETY: sending a signal to a child process we own; no memory is touched.
-        unsafe {
-            libc::kill(pid, libc::SIGINT);
-        }
+    let _ = send_signal(child, libc::SIGINT);
+}
+
+/// Sends a child signal `sig`; an error when it has been reaped or `kill` fails.
+fn send_signal(child: &Child, sig: i32) -> std::io::Result<()> {
+    let pid = child.id().ok_or_else(|| std::io::Error::other("the process has exited"))?;
+    let pid = i32::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: sending a signal to a child process we own and have not reaped; no memory is touched.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(())
 }
 
 /// Asks a child to stop (SIGINT, like ctrl-c), then kills it after a grace period.
@@ -632,11 +680,12 @@ pub struct NodeBinary {
 impl NodeBinary {
     /// This `troupe` binary (`troupe node`, the built-in kinds).
     pub fn troupe() -> Result<Self> {
-        Ok(Self {
-            exe: std::env::current_exe().context("locating the troupe binary")?,
-            node_command: vec!["node".into()],
-            kinds: Kinds::builtin(),
-        })
+        Ok(Self::troupe_at(&std::env::current_exe().context("locating the troupe binary")?))
+    }
+
+    /// The `troupe` binary at `exe` (`troupe node`, the built-in kinds).
+    pub fn troupe_at(exe: &Path) -> Self {
+        Self { exe: exe.to_path_buf(), node_command: vec!["node".into()], kinds: Kinds::builtin() }
     }
 
     /// This process's own binary, a user's node binary that runs a node as `BINARY --config FILE`
@@ -732,7 +781,8 @@ pub async fn run_with(
             in_ns.push((h.node.clone(), h.ns.clone()));
         }
     }
-    let (mut cluster, mut jobs_rx) = Cluster::start_in(binary, &topology, &workdir, configs, None, in_ns)?;
+    let launch = Launch { namespaces: in_ns, ..Launch::console(binary.clone(), None) };
+    let (mut cluster, mut jobs_rx) = Cluster::start(&topology, &workdir, configs, launch)?;
     let code = supervise(&mut cluster, &mut jobs_rx).await;
     cluster.stop_all().await;
     println!("[up] all nodes stopped");

@@ -1,10 +1,12 @@
 //! Helpers for troupe's whole-cluster tests: a cluster of real `troupe node` processes on
-//! loopback, started from a topology, queried over QUIC, killed and restarted.
+//! loopback, started from a topology, queried over QUIC, killed and restarted. The processes are
+//! started by `troupe up`'s launcher ([`troupe::up::Cluster`]), so they run under a tokio
+//! runtime: the tests that use these are `#[tokio::test]`s.
 
 pub mod pipeline;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -12,74 +14,68 @@ use troupe::actors::node::query_status;
 use troupe::actors::wire::NodeStatus;
 use troupe::config::NodeConfig;
 use troupe::transport::NodeIdentity;
-use troupe::up::{Topology, prepare};
+use troupe::up::{Cluster, Launch, Topology, prepare};
 
-/// One node process of a [`ProcCluster`].
+/// The log filter of a [`ProcCluster`]'s nodes: INFO lines in their logs, which tests read.
+const PROC_LOG_FILTER: &str = "info,ractor_cluster=error,ractor=warn,quinn=warn";
+/// The log filter of a [`LineCluster`]'s nodes: warnings and the jobs' own lines.
+const LINE_LOG_FILTER: &str = "warn";
+
+/// One node of a [`ProcCluster`].
 pub struct ProcNode {
     /// Node name.
     pub name: String,
-    /// Its generated config file.
+    /// Its generated config file (read again on each start).
     pub config: PathBuf,
     /// Its parsed config (listen address, keys).
     pub parsed: NodeConfig,
-    /// The running process, if any.
-    pub child: Option<Child>,
-    /// Where its stderr goes.
-    pub log: PathBuf,
 }
 
-/// A cluster of real node processes.
+/// A cluster of real node processes, each writing its output to its log file in [`Self::dir`].
 pub struct ProcCluster {
+    /// First, so its processes are killed (on drop) before their folder is removed.
+    cluster: Cluster,
     dir: tempfile::TempDir,
-    exe: PathBuf,
     /// The nodes, in topology order.
     pub nodes: Vec<ProcNode>,
     admin: NodeIdentity,
-    /// Job nodes get `--linger` (they keep serving after their job, as under `troupe up`).
-    linger: bool,
 }
 
 impl ProcCluster {
     /// Writes `topology` (TOML text), generates keys and configs, starts every node.
     pub fn start(exe: &Path, topology: &str) -> Result<Self> {
-        Self::start_with(exe, topology, false)
+        Self::start_with(topology, Launch::logged(exe))
     }
 
     /// Like [`ProcCluster::start`], with job nodes that linger after their job (`--linger`).
     pub fn start_lingering(exe: &Path, topology: &str) -> Result<Self> {
-        Self::start_with(exe, topology, true)
+        Self::start_with(topology, Launch { linger: true, ..Launch::logged(exe) })
     }
 
     /// Like [`ProcCluster::start`], but the nodes named in `held` are not started: start each
     /// later with [`ProcCluster::restart`] (a node that joins late).
     pub fn start_holding(exe: &Path, topology: &str, held: &[&str]) -> Result<Self> {
-        Self::start_filtered(exe, topology, false, held)
+        let held = held.iter().map(|h| h.to_string()).collect();
+        Self::start_with(topology, Launch { held, ..Launch::logged(exe) })
     }
 
-    fn start_with(exe: &Path, topology: &str, linger: bool) -> Result<Self> {
-        Self::start_filtered(exe, topology, linger, &[])
-    }
-
-    fn start_filtered(exe: &Path, topology: &str, linger: bool, held: &[&str]) -> Result<Self> {
+    fn start_with(topology: &str, launch: Launch) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("topology.toml");
         std::fs::write(&path, topology)?;
         let t = Topology::load(&path)?;
         let configs = prepare(&t, dir.path())?;
         let admin = NodeIdentity::load(&dir.path().join("keys"), "admin")?;
-        let mut nodes = Vec::new();
-        for (name, config) in configs {
-            let parsed = NodeConfig::load(&config, &troupe::Kinds::builtin())?;
-            let log = dir.path().join(format!("{name}.log"));
-            nodes.push(ProcNode { name, config, parsed, child: None, log });
-        }
-        let mut c = Self { dir, exe: exe.to_path_buf(), nodes, admin, linger };
-        for i in 0..c.nodes.len() {
-            if !held.contains(&c.nodes[i].name.as_str()) {
-                c.spawn(i)?;
-            }
-        }
-        Ok(c)
+        let nodes = configs
+            .iter()
+            .map(|(name, config)| {
+                let parsed = NodeConfig::load(config, &troupe::Kinds::builtin())?;
+                Ok(ProcNode { name: name.clone(), config: config.clone(), parsed })
+            })
+            .collect::<Result<_>>()?;
+        let launch = Launch { log_filter: Some(PROC_LOG_FILTER.into()), ..launch };
+        let (cluster, _) = Cluster::start(&t, dir.path(), configs, launch)?;
+        Ok(Self { cluster, dir, nodes, admin })
     }
 
     /// The working folder (keys, configs, logs).
@@ -87,49 +83,23 @@ impl ProcCluster {
         self.dir.path()
     }
 
-    fn index(&self, name: &str) -> Result<usize> {
-        self.nodes.iter().position(|n| n.name == name).with_context(|| format!("no node {name}"))
+    fn node(&self, name: &str) -> Result<&ProcNode> {
+        self.nodes.iter().find(|n| n.name == name).with_context(|| format!("no node {name}"))
     }
 
-    fn spawn(&mut self, i: usize) -> Result<()> {
-        let n = &mut self.nodes[i];
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&n.log)?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(["node", "--config"]).arg(&n.config);
-        if self.linger && n.parsed.job.is_some() {
-            cmd.arg("--linger");
-        }
-        let child = cmd
-            .env("RUST_LOG", "info,ractor_cluster=error,ractor=warn,quinn=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting node {}", n.name))?;
-        n.child = Some(child);
-        Ok(())
+    /// The OS process id of a running node.
+    pub fn pid(&self, name: &str) -> Result<u32> {
+        self.cluster.pid(name).with_context(|| format!("node {name} is not running"))
     }
 
     /// Sends SIGKILL to a node (no goodbye, like a power cut) and reaps it.
-    pub fn kill9(&mut self, name: &str) -> Result<()> {
-        let i = self.index(name)?;
-        if let Some(mut c) = self.nodes[i].child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+    pub async fn kill9(&mut self, name: &str) -> Result<()> {
+        self.cluster.kill9(name).await
     }
 
     /// Sends signal `sig` (e.g. `libc::SIGHUP`) to a running node.
     pub fn signal(&self, name: &str, sig: i32) -> Result<()> {
-        let i = self.index(name)?;
-        let child = self.nodes[i].child.as_ref().with_context(|| format!("node {name} is not running"))?;
-        let pid = i32::try_from(child.id())?;
-        // SAFETY: sends a signal to a child process this cluster started and has not reaped.
-        if unsafe { libc::kill(pid, sig) } != 0 {
-            bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
-        }
-        Ok(())
+        self.cluster.signal(name, sig)
     }
 
     /// Waits until the node's log has a line containing every one of `needles`; fails after
@@ -147,31 +117,23 @@ impl ProcCluster {
 
     /// Starts a killed (or held back) node again with the same config and identity.
     pub fn restart(&mut self, name: &str) -> Result<()> {
-        let i = self.index(name)?;
-        self.spawn(i)
+        self.cluster.restart(name)
     }
 
     /// Whether a node process has exited, with its status.
     pub fn exited(&mut self, name: &str) -> Result<Option<std::process::ExitStatus>> {
-        let i = self.index(name)?;
-        match self.nodes[i].child.as_mut() {
-            Some(c) => Ok(c.try_wait()?),
-            None => bail!("node {name} is not running"),
-        }
+        self.cluster.exited(name)
     }
 
     /// The node's log so far (for failure messages).
     pub fn log(&self, name: &str) -> String {
-        self.index(name)
-            .ok()
-            .and_then(|i| std::fs::read_to_string(&self.nodes[i].log).ok())
-            .unwrap_or_default()
+        std::fs::read_to_string(self.cluster.log_path(name)).unwrap_or_default()
     }
 
     /// Asks a node for its status over QUIC (as the `admin` identity).
     pub async fn status(&self, name: &str) -> Result<NodeStatus> {
-        let i = self.index(name)?;
-        Ok(query_status(&self.admin, self.nodes[i].parsed.listen, Duration::from_secs(3)).await?)
+        let listen = self.node(name)?.parsed.listen;
+        Ok(query_status(&self.admin, listen, Duration::from_secs(3)).await?)
     }
 
     /// Polls a node's status until `pred` holds; fails after `deadline` with the last status and
@@ -196,31 +158,17 @@ impl ProcCluster {
     }
 }
 
-impl Drop for ProcCluster {
-    fn drop(&mut self) {
-        for n in &mut self.nodes {
-            if let Some(mut c) = n.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
 /// True when `status` lists `member` with state `state` ("up", "down" or "left").
 pub fn member_is(status: &NodeStatus, member: &str, state: &str) -> bool {
     status.members.iter().any(|m| m.name == member && m.status == state)
 }
 
-/// A cluster of real node processes whose output lines arrive on a channel as they are printed
-/// (`[name] line`), so a test can act on what a node says (kill a node at the 50th completion,
-/// restart it once it is reported down).
+/// A cluster of real node processes whose output lines arrive as they are printed (`[name]
+/// line`), so a test can act on what a node says (kill a node at the 50th completion, restart it
+/// once it is reported down).
 pub struct LineCluster {
-    exe: PathBuf,
-    configs: Vec<(String, PathBuf)>,
-    children: Vec<(String, Child)>,
-    tx: std::sync::mpsc::Sender<String>,
-    rx: std::sync::mpsc::Receiver<String>,
+    cluster: Cluster,
+    rx: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
     /// Every line seen so far (for failure messages).
     pub log: Vec<String>,
 }
@@ -230,74 +178,35 @@ impl LineCluster {
     pub fn start(exe: &Path, topology: &Path, workdir: &Path) -> Result<Self> {
         let t = Topology::load(topology)?;
         let configs = prepare(&t, workdir)?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let mut c = Self { exe: exe.to_path_buf(), configs, children: Vec::new(), tx, rx, log: Vec::new() };
-        for name in c.configs.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>() {
-            c.spawn(&name)?;
-        }
-        Ok(c)
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let launch =
+            Launch { lines: Some(tx), log_filter: Some(LINE_LOG_FILTER.into()), ..Launch::logged(exe) };
+        let (cluster, _) = Cluster::start(&t, workdir, configs, launch)?;
+        Ok(Self { cluster, rx, log: Vec::new() })
     }
 
-    /// Starts node `name` (again) with its config.
-    pub fn spawn(&mut self, name: &str) -> Result<()> {
-        let (_, cfg) =
-            self.configs.iter().find(|(n, _)| n == name).with_context(|| format!("no node {name}"))?;
-        let mut child = Command::new(&self.exe)
-            .args(["node", "--config"])
-            .arg(cfg)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting node {name}"))?;
-        let pipes: [Option<Box<dyn std::io::Read + Send>>; 2] = [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-        ];
-        for pipe in pipes.into_iter().flatten() {
-            let (tx, name) = (self.tx.clone(), name.to_string());
-            std::thread::spawn(move || {
-                use std::io::BufRead;
-                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = tx.send(format!("[{name}] {line}"));
-                }
-            });
-        }
-        self.children.retain(|(n, _)| n != name);
-        self.children.push((name.to_string(), child));
-        Ok(())
+    /// Starts node `name` again with its config.
+    pub fn restart(&mut self, name: &str) -> Result<()> {
+        self.cluster.restart(name)
     }
 
     /// SIGKILL (no goodbye) and reap.
-    pub fn kill9(&mut self, name: &str) -> Result<()> {
-        let i = self
-            .children
-            .iter()
-            .position(|(n, _)| n == name)
-            .with_context(|| format!("{name} not running"))?;
-        let (_, mut child) = self.children.remove(i);
-        child.kill()?;
-        child.wait()?;
+    pub async fn kill9(&mut self, name: &str) -> Result<()> {
+        self.cluster.kill9(name).await?;
         self.log.push(format!("[test] killed {name} with SIGKILL"));
         Ok(())
     }
 
     /// Waits for the next line for which `pred` holds (recording every line); `None` once
-    /// `within` has passed or every process has closed its output.
-    pub fn wait_line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
-        let deadline = Instant::now() + within;
+    /// `within` has passed.
+    pub async fn wait_line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
-            let left = deadline.checked_duration_since(Instant::now())?;
-            match self.rx.recv_timeout(left) {
-                Ok(line) => {
-                    self.log.push(line.clone());
-                    if pred(&line) {
-                        return Some(line);
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return None,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+            let (name, line) = tokio::time::timeout_at(deadline, self.rx.recv()).await.ok()??;
+            let line = format!("[{name}] {line}");
+            self.log.push(line.clone());
+            if pred(&line) {
+                return Some(line);
             }
         }
     }
@@ -305,15 +214,6 @@ impl LineCluster {
     /// Everything seen so far, one line each.
     pub fn text(&self) -> String {
         self.log.join("\n")
-    }
-}
-
-impl Drop for LineCluster {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -85,7 +85,7 @@ async fn killed_node_is_reported_down_then_rejoins() {
     for me in ["scheduler", "expert-1"] {
         cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
     }
-    cluster.kill9("expert-2").unwrap();
+    cluster.kill9("expert-2").await.unwrap();
     for me in ["scheduler", "expert-1"] {
         let (s, took) = cluster
             .wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "down"))

@@ -120,7 +120,7 @@ async fn an_edge_node_killed_mid_adaptation_resumes_from_its_journal_and_answers
     for cam in ["cam-fog", "cam-sun"] {
         cluster.wait_log("edge", Duration::from_secs(600), &["upload accepted", cam]).await.unwrap();
     }
-    cluster.kill9("edge").unwrap();
+    cluster.kill9("edge").await.unwrap();
     assert!(journal.exists());
     cluster.restart("edge").unwrap();
     let (log, dump) = wait_job(&mut cluster, &["cam-fog", "cam-sun"]).await;

@@ -101,36 +101,37 @@ fn assert_exactly_once(out: &Path, reference: &[(u64, String)], log: &str) {
 
 const FINISHED: &str = "[scheduler] coe: results written to";
 
-#[test]
-fn a_scheduler_panicking_through_the_fault_switch_is_restarted_and_loses_nothing() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_panicking_through_the_fault_switch_is_restarted_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
     let faults =
         "[nodes.faults]\nseed = 3\nsites = [{ site = \"coe.scheduler\", after = 30, every = 40, times = 2 }]";
     let mut c = start(tmp.path(), &topology(app, &out, &journal, 10.0, faults));
-    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED)).await;
     let log = c.text();
     assert!(done.is_some(), "the job did not finish:\n{log}");
     assert_eq!(log.matches("fault switch: injecting a panic").count(), 2, "two injected panics:\n{log}");
     assert_exactly_once(&out, reference, &log);
 }
 
-#[test]
-fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
     let tmp = tempfile::tempdir().unwrap();
     let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
     let mut c = start(tmp.path(), &topology(app, &out, &journal, 40.0, ""));
-    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    let at50 =
+        c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of")).await;
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
-    c.kill9("scheduler").unwrap();
+    c.kill9("scheduler").await.unwrap();
     // A crash in the middle of a write leaves part of a record behind.
     let mut bytes = std::fs::read(&journal).expect("the scheduler journaled its work");
     bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
     std::fs::write(&journal, &bytes).unwrap();
-    c.spawn("scheduler").unwrap();
-    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    c.restart("scheduler").unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED)).await;
     let log = c.text();
     assert!(done.is_some(), "the restarted scheduler did not finish:\n{log}");
     assert!(
@@ -146,21 +147,24 @@ fn a_scheduler_node_killed_mid_job_resumes_from_its_journal() {
     assert!(!journal.exists(), "a finished job removes its journal");
 }
 
-#[test]
-fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
     let tmp = tempfile::tempdir().unwrap();
     let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
     let mut c = start(tmp.path(), &topology(app, &out, &journal, 60.0, ""));
-    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    let at50 =
+        c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of")).await;
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
-    c.kill9("gpu-executor").unwrap();
-    let down = c.wait_line(Duration::from_secs(30), |l| {
-        l.contains("executor gpu0-standin-cpu on gpu-executor is down")
-    });
+    c.kill9("gpu-executor").await.unwrap();
+    let down = c
+        .wait_line(Duration::from_secs(30), |l| {
+            l.contains("executor gpu0-standin-cpu on gpu-executor is down")
+        })
+        .await;
     assert!(down.is_some(), "the loss was not noticed:\n{}", c.text());
-    c.spawn("gpu-executor").unwrap();
-    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    c.restart("gpu-executor").unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED)).await;
     let log = c.text();
     assert!(done.is_some(), "the job did not finish:\n{log}");
     assert!(log.contains("executor gpu0-standin-cpu rejoined on gpu-executor; back in service"), "{log}");
@@ -173,16 +177,17 @@ fn an_executor_node_killed_and_restarted_serves_again_in_the_same_job() {
     assert_exactly_once(&out, reference, &log);
 }
 
-#[test]
-fn an_executor_node_killed_for_good_has_its_work_reassigned_and_loses_nothing() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_node_killed_for_good_has_its_work_reassigned_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (app, reference, journal) = app_for(tmp.path());
     let out = tmp.path().join("out.txt");
     let mut c = start(tmp.path(), &topology(app, &out, &journal, 60.0, ""));
-    let at50 = c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of"));
+    let at50 =
+        c.wait_line(Duration::from_secs(120), |l| l.starts_with("[scheduler] coe: completed 50 of")).await;
     assert!(at50.is_some(), "the job never reached 50 answers:\n{}", c.text());
-    c.kill9("gpu-executor").unwrap();
-    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    c.kill9("gpu-executor").await.unwrap();
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED)).await;
     let log = c.text();
     assert!(done.is_some(), "the scheduler did not finish:\n{log}");
     assert!(log.contains("lost executors [\"gpu0-standin-cpu\"]"), "the loss was not noticed:\n{log}");

@@ -136,8 +136,8 @@ fn count_lines(path: &Path, needle: &str) -> usize {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
 }
 
-#[test]
-fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
     let browser_path = chromium();
     let cache = tempfile::tempdir().unwrap();
     let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(cache.path())).unwrap();
@@ -233,7 +233,7 @@ fn the_dashboard_shows_every_node_up_and_a_killed_one_down_in_a_browser() {
         assert!(Instant::now() < deadline, "the page opened no event stream");
         std::thread::sleep(Duration::from_millis(20));
     }
-    cluster.kill9("b").unwrap();
+    cluster.kill9("b").await.unwrap();
     let dom = finish(live, Duration::from_secs(60));
     assert_eq!(state(&dom, "b"), Some("down"), "{dom}");
     assert_eq!(state(&dom, "a"), Some("up"), "{dom}");

@@ -58,7 +58,7 @@ async fn a_trickling_peer_is_cut_off_under_the_cap_and_the_others_are_served() {
         cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, other, "up")).await.unwrap();
     }
     let victim = cluster.nodes.iter().find(|n| n.name == "victim").unwrap();
-    let pid = victim.child.as_ref().unwrap().id();
+    let pid = cluster.pid("victim").unwrap();
     let addr = victim.parsed.listen;
     let (rss_before, hwm_before) = (status_bytes(pid, "VmRSS:"), status_bytes(pid, "VmHWM:"));
 

@@ -60,8 +60,8 @@ fn read_outputs(out: &Path, log: &str) -> Vec<(u64, Vec<f32>)> {
         .collect()
 }
 
-#[test]
-fn a_foreman_node_killed_mid_job_resumes_from_its_journal_and_answers_each_input_once() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreman_node_killed_mid_job_resumes_from_its_journal_and_answers_each_input_once() {
     let tmp = tempfile::tempdir().unwrap();
     let inputs: Vec<String> = (0..20).flat_map(|_| sentences()).collect();
     let inputs_file = tmp.path().join("inputs.txt");
@@ -72,17 +72,19 @@ fn a_foreman_node_killed_mid_job_resumes_from_its_journal_and_answers_each_input
     let mut c =
         LineCluster::start(Path::new(EXE), &topo, &tmp.path().join("up")).expect("starting the cluster");
 
-    let at20 = c.wait_line(Duration::from_secs(120), |l| {
-        l.starts_with("[foreman] pipeline: 20 of ") && l.ends_with("inputs answered")
-    });
+    let at20 = c
+        .wait_line(Duration::from_secs(120), |l| {
+            l.starts_with("[foreman] pipeline: 20 of ") && l.ends_with("inputs answered")
+        })
+        .await;
     assert!(at20.is_some(), "the job never reached 20 answers:\n{}", c.text());
-    c.kill9("foreman").unwrap();
+    c.kill9("foreman").await.unwrap();
     let mut bytes = std::fs::read(&journal).expect("the foreman journaled its answers");
     bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
     std::fs::write(&journal, &bytes).unwrap();
-    c.spawn("foreman").unwrap();
+    c.restart("foreman").unwrap();
 
-    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED));
+    let done = c.wait_line(Duration::from_secs(150), |l| l.starts_with(FINISHED)).await;
     let log = c.text();
     assert!(done.is_some(), "the restarted foreman did not finish:\n{log}");
     assert!(

@@ -77,8 +77,8 @@ fn check(child: std::process::Child, tmp: &Path, name: &str, inputs: &[String]) 
     }
 }
 
-#[test]
-fn a_running_crowd_takes_jobs_in_a_row_and_at_once() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_crowd_takes_jobs_in_a_row_and_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let cluster = ProcCluster::start(EXE.as_ref(), &topology(tmp.path())).unwrap();
     let keys = cluster.dir().join("keys");

@@ -15,7 +15,7 @@ use troupe_actors::pipeline::{
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig, peak_resident_bytes};
 
 use crate::config::{ActorConfig, MembershipSection, NodeConfig};
-use crate::up::{Cluster, Topology, TopologyNode, prepare_with};
+use crate::up::{Cluster, Launch, Topology, TopologyNode, prepare_with};
 
 /// Name of the foreman node.
 pub const FOREMAN: &str = "foreman";
@@ -115,7 +115,7 @@ impl LocalCluster {
             .context("starting the foreman node")?;
         let shelf = BlobShelf::default();
         runtime.link.set_blob_server(Arc::new(shelf.clone()));
-        let workers = Cluster::start_logged(exe, &topology, &workdir, configs[1..].to_vec())?;
+        let workers = Cluster::start(&topology, &workdir, configs[1..].to_vec(), Launch::logged(exe))?.0;
         Ok(LocalCluster { runtime, shelf, workers: std::sync::Mutex::new(workers) })
     }
 
