@@ -20,6 +20,7 @@ pub mod coresident;
 pub mod oracle;
 pub mod real;
 pub mod sim;
+pub mod storage;
 pub mod svg;
 pub mod transfer;
 
@@ -167,6 +168,9 @@ pub fn headline_keys() -> Vec<String> {
         "oracle_max_concurrency",
         "measured_attainment_over_oracle_min",
         "measured_prefetch_hidden_share",
+        "measured_io_stall_reduction_over_foggycache",
+        "measured_unhidden_read_over_compute_saved",
+        "measured_reuse_net_gain_per_step_ms",
         "measured_ablation_max_concurrency_share_backbone",
         "real_sim_order_agreement",
         "real_sim_rank_agrees",
@@ -217,6 +221,10 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
         },
     };
     model_shape(name, &real_student, &sc, &train, &teacher, &mut fig)?;
+    let storage_jobs = (0..storage::TASKS)
+        .map(|i| drifted(&train, &teacher, WEATHER[i], 60 + i as u64, sc.samples_per_task))
+        .collect::<Result<Vec<_>>>()?;
+    storage::run(name, &real_student, &sc, &storage_jobs, &mut fig)?;
     let acc_cfg = accuracy::AccuracyConfig {
         uploads: sc.samples_per_task,
         eval: 256,
