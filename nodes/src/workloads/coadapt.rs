@@ -575,6 +575,11 @@ mod tests {
         assert_eq!(e.0, "params.scheduler", "{e:?}");
         let e = validate_actor(&actor("coadapt-edge", "students = [\"teacher\"]")).unwrap_err();
         assert_eq!(e.0, "params.students", "{e:?}");
+        assert!(validate_actor(&actor("coadapt-edge", "storage_read_bps = 90000000")).is_ok());
+        for bad in ["1", "100000000000"] {
+            let e = validate_actor(&actor("coadapt-edge", &format!("storage_read_bps = {bad}"))).unwrap_err();
+            assert_eq!(e.0, "params.storage_read_bps", "{e:?}");
+        }
         let cam = "seed = 1\ndrift = [\"0 clean 0\", \"100 fog 0.8\"]";
         assert!(validate_actor(&actor("coadapt-camera", cam)).is_ok());
         let e = validate_actor(&actor("coadapt-camera", "seed = 1\ndrift = [\"0 hail 0.5\"]")).unwrap_err();

@@ -42,7 +42,7 @@ pub fn check_read_bps(bps: u64) -> Result<(), String> {
 pub fn read_bps_for(entry_bytes: u64, saved_us: f64, base_read_us: f64, ratio: f64) -> Option<u64> {
     let target_us = saved_us * ratio;
     let added_us = target_us - base_read_us.max(0.0);
-    if entry_bytes == 0 || !(added_us > 0.0) || !target_us.is_finite() {
+    if entry_bytes == 0 || added_us.is_nan() || added_us <= 0.0 || !target_us.is_finite() {
         return None;
     }
     let bps = entry_bytes as f64 * 1e6 / added_us;
