@@ -104,6 +104,8 @@ pub struct RealSweep {
     pub strategies: Option<Vec<String>>,
     /// Where the real sweep's training steps run (the CPU by default).
     pub device: DeviceKind,
+    /// The storage comparison's read throttle (`None`: [`storage::run`] picks it).
+    pub storage_read_bps: Option<u64>,
 }
 
 impl RealSweep {
@@ -224,7 +226,7 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
     let storage_jobs = (0..storage::TASKS)
         .map(|i| drifted(&train, &teacher, WEATHER[i], 60 + i as u64, sc.samples_per_task))
         .collect::<Result<Vec<_>>>()?;
-    storage::run(name, &real_student, &sc, &storage_jobs, &mut fig)?;
+    storage::run(name, &real_student, &sc, &storage_jobs, sweep.storage_read_bps, &mut fig)?;
     let acc_cfg = accuracy::AccuracyConfig {
         uploads: sc.samples_per_task,
         eval: 256,
