@@ -205,7 +205,7 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
         None => zoo_student(name, &train)?,
     };
     let (gain, l_solo, window_solo) = real_slo_from_sim(&SimConfig::default());
-    let sc = SweepConfig {
+    let mut sc = SweepConfig {
         ks: sweep.ks(),
         seeds: sweep.seeds(),
         gain,
@@ -226,7 +226,9 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
     let storage_jobs = (0..storage::TASKS)
         .map(|i| drifted(&train, &teacher, WEATHER[i], 60 + i as u64, sc.samples_per_task))
         .collect::<Result<Vec<_>>>()?;
-    storage::run(name, &real_student, &sc, &storage_jobs, sweep.storage_read_bps, &mut fig)?;
+    // The sweep's reuse caches read at the same throttle as the storage comparison.
+    sc.engine.storage_read_bps =
+        storage::run(name, &real_student, &sc, &storage_jobs, sweep.storage_read_bps, &mut fig)?;
     let acc_cfg = accuracy::AccuracyConfig {
         uploads: sc.samples_per_task,
         eval: 256,

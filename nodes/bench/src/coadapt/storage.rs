@@ -95,6 +95,7 @@ fn net_gain_per_step_ms(o: &RunOutcome, saved_us: f64) -> f64 {
 
 /// Runs the comparison on `jobs` (the first [`TASKS`]) and records its figures in `fig`; the
 /// throttle is `asked` where given (`--storage-read-bps`), else picked as the module docs say.
+/// Returns the throttle it set, for the sweep to run at.
 pub fn run(
     name: &str,
     student: &VMoe,
@@ -102,7 +103,7 @@ pub fn run(
     jobs: &[Dataset],
     asked: Option<u64>,
     fig: &mut BTreeMap<String, f64>,
-) -> Result<()> {
+) -> Result<u64> {
     if let Some(b) = asked {
         check_read_bps(b).map_err(|why| anyhow::anyhow!("--storage-read-bps: {why}"))?;
         anyhow::ensure!(b > 0, "--storage-read-bps: 0 is no throttle; the comparison needs one");
@@ -191,5 +192,5 @@ pub fn run(
     fig.insert("measured_io_stall_reduction_over_foggycache_small_tier".into(), reduction_of(small));
     fig.insert("measured_reuse_net_gain_per_step_ms".into(), net_gain_per_step_ms(ours, saved_us));
     fig.insert("measured_reuse_net_gain_per_step_ms_foggycache".into(), net_gain_per_step_ms(fog, saved_us));
-    Ok(())
+    Ok(set_bps)
 }
