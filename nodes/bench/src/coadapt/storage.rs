@@ -36,6 +36,13 @@ use troupe_policy::adapt::storage::{SEED_READ_OVER_COMPUTE, check_read_bps, read
 
 use super::real::{self, RealStrategy, RunOutcome, SweepConfig};
 
+/// The comparison's headline keys (every one written by [`run`]).
+pub const HEADLINE_KEYS: [&str; 3] = [
+    "measured_io_stall_reduction_over_foggycache",
+    "measured_unhidden_read_over_compute_saved",
+    "measured_reuse_net_gain_per_step_ms",
+];
+
 /// Tasks served at once in the comparison (all arriving at 0), and the epochs each trains.
 pub const TASKS: usize = 3;
 /// Epochs per task in the comparison (both strategies train the same batches bit-identically).
