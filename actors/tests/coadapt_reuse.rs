@@ -144,3 +144,45 @@ fn grouped_slices_prefetch_the_next_slice_behind_compute() {
     assert!(s.memory_bytes <= s.budget && s.disk_bytes <= s.disk_budget, "{s:?}");
     assert!(s.prefetch_hidden_us <= s.prefetch_us);
 }
+
+/// A storage read throttle in the executor is the kernel's: under cgroup v1 the reuse cache's
+/// disk thread (alone) is in a blkio group whose `read_bps_device` names the disk holding the
+/// reuse directory at the configured rate; under v2 this process's group has that `io.max`. Where
+/// no hierarchy can be written the engine refuses, and this test fails saying so.
+#[test]
+fn a_storage_read_throttle_puts_the_disk_thread_in_a_blkio_group() {
+    use std::os::unix::fs::MetadataExt;
+    use troupe_actors::coadapt::throttle::dev_numbers;
+    use troupe_actors::pipeline::telemetry::CgroupVersion;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig { storage_read_bps: 40_000_000, ..EngineConfig::default() };
+    let student = zoo_student("tiny", &digits().expect("run scripts/setup").0).unwrap();
+    let eng = match EdgeEngine::with_reuse_dir(cfg, &[student.config], dir.path()) {
+        Ok(e) => e,
+        Err(e) => panic!(
+            "{e}: a storage read throttle cannot be set here (it needs root and a cgroup v1 blkio or v2 io \
+             controller; skip it explicitly with `--skip a_storage_read_throttle` on such hosts)"
+        ),
+    };
+    let t = eng.storage_throttle().expect("a throttle was asked for").clone();
+    let disk = dev_numbers(std::fs::metadata(dir.path()).unwrap().dev());
+    // The directory's filesystem is the disk itself, or one of its partitions (same major).
+    assert!(t.device == disk || t.device.0 == disk.0, "{t:?} vs {disk:?}");
+    let rule = format!("{}:{}", t.device.0, t.device.1);
+    match t.version {
+        CgroupVersion::V1 => {
+            let set = std::fs::read_to_string(t.group.join("blkio.throttle.read_bps_device")).unwrap();
+            assert!(set.lines().any(|l| l == format!("{rule} 40000000")), "{set}");
+            let tasks = std::fs::read_to_string(t.group.join("tasks")).unwrap();
+            let pid = std::process::id().to_string();
+            assert_eq!(tasks.lines().count(), 1, "one thread, the disk thread: {tasks}");
+            assert!(tasks.lines().all(|l| l != pid), "the main thread stays out: {tasks}");
+        }
+        CgroupVersion::V2 => {
+            let set = std::fs::read_to_string(t.group.join("io.max")).unwrap();
+            assert!(set.contains(&rule) && set.contains("rbps=40000000"), "{set}");
+        }
+    }
+    drop(eng);
+}

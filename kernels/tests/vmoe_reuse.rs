@@ -293,3 +293,45 @@ fn measure_step_cpu_time_with_reuse_on_and_off() {
     println!("  reuse on, all in mem {:.3}  ratio on/off {:.3}  {s_all:?}", all_in * 1e3, all_in / off);
     println!("  reuse on, one batch  {:.3}  ratio on/off {:.3}  {s_one:?}", one_batch * 1e3, one_batch / off);
 }
+
+/// FoggyCache-like (on demand): the first pass computes and writes every entry to disk, keeping
+/// none in memory; the second pass reads every one back while the step waits (the wait counted as
+/// stall, in the cache and in the process's total), bit-identical to the model's own stem.
+#[test]
+fn on_demand_reads_every_reuse_from_disk_and_counts_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+    let setup = ReuseSetup { on_demand: true, ..ReuseSetup::new(4 * entry_bytes(), 1 << 20, dir.path()) };
+    let mut cache = StemCache::new(&mut pool, &setup).unwrap();
+    let (m, id) = (model(1), shared_identity(&[[7; 32]]));
+    let x = batch(&images(2, 6), &[0, 1, 2, 3, 4, 5]);
+    let process_before = troupe_kernels::vmoe::reuse::io_stall_us();
+    for pass in 0..2 {
+        cache.plan_next(&m, &id, &x).unwrap();
+        assert_eq!(bits(&cache.stem(&m, &id, &x).unwrap()), bits(&m.stem(&x).unwrap()), "pass {pass}");
+    }
+    let s = cache.stats();
+    assert_eq!((s.misses, s.hits, s.spilled, s.prefetched, s.bad_reads), (6, 6, 6, 6, 0));
+    assert_eq!(cache.memory_held(), 0, "nothing resident");
+    assert!(s.stall_us > 0, "the step waited for its reads: {s:?}");
+    assert!(troupe_kernels::vmoe::reuse::io_stall_us() >= process_before + s.stall_us);
+}
+
+/// A throttle's cgroup the disk thread cannot join refuses the cache, saying why, and leaves
+/// nothing behind (no directory, the arena back in the pool).
+#[test]
+fn a_cgroup_the_disk_thread_cannot_join_refuses_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+    let setup = ReuseSetup {
+        disk_thread_cgroup: Some(dir.path().join("no-such-group/tasks")),
+        ..ReuseSetup::new(4 * entry_bytes(), 1 << 20, dir.path())
+    };
+    let err = StemCache::new(&mut pool, &setup).unwrap_err().to_string();
+    assert!(
+        err.contains("cannot join the storage read throttle's cgroup") && err.contains("no-such-group"),
+        "{err}"
+    );
+    assert_eq!(pool.stats().used, 0);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -39,6 +39,8 @@ use rand::seq::SliceRandom;
 use rand::seq::index::sample;
 use troupe_kernels::vmoe::pool::step_plan;
 use troupe_kernels::vmoe::reuse::ReuseSetup;
+
+use super::throttle::{StorageThrottle, throttle_reads};
 pub use troupe_kernels::vmoe::reuse::ReuseStats;
 use troupe_kernels::vmoe::train::{Dataset, TrainScope, Trainer, predict_all};
 use troupe_kernels::vmoe::{CoAdaptPool, ModelId as PoolModel, VMoe, VMoeConfig, VMoeError, exact_match};
@@ -208,6 +210,12 @@ pub struct EngineConfig {
     /// Where the tasks' training steps run (opened when the engine is made; a GPU that cannot be
     /// used is an error naming why).
     pub device: troupe_kernels::DeviceKind,
+    /// The reuse cache's disk reads throttled to this many bytes per second (an edge board's
+    /// storage; [`super::throttle`]); 0: unthrottled. A throttle that cannot be set is an error.
+    pub storage_read_bps: u64,
+    /// The reuse cache FoggyCache-like: reuse without prefetch or residency, each reuse a disk
+    /// read the step waits for (the bench's I/O-stall ablation; `troupe_policy::adapt::storage`).
+    pub reuse_on_demand: bool,
 }
 
 impl Default for EngineConfig {
@@ -231,6 +239,8 @@ impl Default for EngineConfig {
             reuse_budget: 0,
             reuse_disk_budget: 64 << 20,
             device: troupe_kernels::DeviceKind::Cpu,
+            storage_read_bps: 0,
+            reuse_on_demand: false,
         }
     }
 }
@@ -244,6 +254,9 @@ pub enum EngineError {
     /// A job cannot be used.
     #[error("invalid job: {0}")]
     Invalid(String),
+    /// The storage read throttle asked for cannot be had.
+    #[error(transparent)]
+    Throttle(#[from] super::throttle::ThrottleError),
     /// The executor already holds its most tasks ([`EngineConfig::max_tasks`]).
     #[error("the edge already holds {live} adaptation tasks, its cap ({cap}); try again later")]
     Full {
@@ -353,6 +366,8 @@ pub struct EdgeEngine {
     /// Bytes the running cycle's step needs free (its workspace and largest task's experts); a
     /// preload is merged mid-cycle only if they stay free.
     step_need: u64,
+    /// The reuse cache's storage read throttle, if one was asked for.
+    throttle: Option<StorageThrottle>,
 }
 
 /// Bytes only one adapting model holds: experts, projector and head, and their AdamW state.
@@ -403,6 +418,17 @@ impl EdgeEngine {
         expected: &[VMoeConfig],
         reuse_parent: &std::path::Path,
     ) -> Result<Self, EngineError> {
+        let throttle = match cfg.storage_read_bps {
+            0 => None,
+            bps => {
+                std::fs::create_dir_all(reuse_parent).map_err(|source| VMoeError::Io {
+                    context: "creating",
+                    path: reuse_parent.to_path_buf(),
+                    source,
+                })?;
+                Some(throttle_reads(reuse_parent, bps, "coadapt-reuse")?)
+            }
+        };
         let mut pool = CoAdaptPool::new("coadapt-edge", cfg.budget)?;
         pool.set_device(cfg.device.open().map_err(VMoeError::from)?)?;
         pool.set_sharing(cfg.share_backbone);
@@ -418,6 +444,8 @@ impl EdgeEngine {
             let budget = if cfg.reuse_budget == 0 { default } else { cfg.reuse_budget.div_ceil(256) * 256 };
             let setup = ReuseSetup {
                 idle_batches: troupe_policy::adapt::reuse::idle_batches(budget, default),
+                on_demand: cfg.reuse_on_demand,
+                disk_thread_cgroup: throttle.as_ref().and_then(StorageThrottle::thread_tasks),
                 ..ReuseSetup::new(budget, cfg.reuse_disk_budget, reuse_parent)
             };
             pool.enable_reuse(&setup)?;
@@ -458,7 +486,13 @@ impl EdgeEngine {
             plans: VecDeque::new(),
             slices: VecDeque::new(),
             step_need: 0,
+            throttle,
         })
+    }
+
+    /// The storage read throttle in force (`None`: unthrottled).
+    pub fn storage_throttle(&self) -> Option<&StorageThrottle> {
+        self.throttle.as_ref()
     }
 
     /// The scheduler's name.

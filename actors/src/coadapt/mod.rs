@@ -10,6 +10,7 @@
 //! - [`detect`]: the confidence-drop drift detector; the online loop's decisions (re-arming,
 //!   input shift, sample log, job completion) are `troupe_policy::adapt::online`;
 //!   [`engine`]: scheduler + pool executor.
+//! - [`throttle`]: the reuse cache's storage reads at an edge board's bandwidth (cgroup blkio/io).
 //! - [`edge`] and [`camera`]: the actor shells.
 
 pub mod camera;
@@ -19,6 +20,7 @@ pub mod edge;
 mod edge_journal;
 pub mod engine;
 pub mod params;
+pub mod throttle;
 pub mod wire;
 
 use troupe_kernels::vmoe::train::{Dataset, digits_split, teacher_data};

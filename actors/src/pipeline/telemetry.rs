@@ -199,7 +199,7 @@ fn v2_offers(root: &Path, controller: &str) -> Result<(), String> {
 }
 
 /// `<root>/troupe/<node>-<pid>` with `controller` enabled for it.
-fn v2_group(root: &Path, node: &str, controller: &str) -> Result<PathBuf, String> {
+pub(crate) fn v2_group(root: &Path, node: &str, controller: &str) -> Result<PathBuf, String> {
     v2_offers(root, controller)?;
     enable_for_children(root, controller)?;
     let parent = root.join("troupe");
@@ -295,7 +295,7 @@ pub fn apply_memory_limit(node: &str, bytes: u64, enforce: bool) -> MemoryLimit 
 }
 
 /// Creates `<root>/troupe/<node>-<pid>`, first removing groups left by dead workers.
-fn own_group(root: &Path, node: &str) -> Result<PathBuf, String> {
+pub(crate) fn own_group(root: &Path, node: &str) -> Result<PathBuf, String> {
     let parent = root.join("troupe");
     let _ = std::fs::create_dir_all(&parent);
     // Groups of workers that died (kill -9) stay behind, empty: remove those whose process is
@@ -314,7 +314,7 @@ fn own_group(root: &Path, node: &str) -> Result<PathBuf, String> {
     Ok(group)
 }
 
-fn write_in(group: &Path, file: &str, value: String) -> Result<(), String> {
+pub(crate) fn write_in(group: &Path, file: &str, value: String) -> Result<(), String> {
     std::fs::write(group.join(file), value)
         .map_err(|e| format!("writing {}: {e}", group.join(file).display()))
 }

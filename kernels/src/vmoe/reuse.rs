@@ -17,9 +17,19 @@
 //! - **Prefetch**: once a batch's stem is settled, the next batch's plan is made and its disk reads
 //!   start on the background thread while the current step computes; the share of prefetch wall
 //!   time that overlapped compute is measured ([`ReuseStats::prefetch_hidden_share`]).
+//! - **Stall**: the wall time the step spends blocked waiting for disk reads (a prefetch that
+//!   finished behind compute costs none; a read the step waits for costs its wait) is measured per
+//!   cache ([`ReuseStats::stall_us`]) and for the whole process ([`io_stall_us`]), which a clock
+//!   of CPU time adds to charge storage its time.
+//! - **On demand** ([`ReuseSetup::on_demand`], a FoggyCache-like ablation): every entry on disk
+//!   only, each reuse read while the step waits, nothing prefetched or kept in memory; decided by
+//!   [`troupe_policy::adapt::storage::OnDemand`].
+//! - **Throttle**: the disk thread can join a cgroup v1 blkio group before its first I/O
+//!   ([`ReuseSetup::disk_thread_cgroup`]), so a storage read throttle slows its reads alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -30,6 +40,7 @@ use troupe_policy::adapt::reuse::{
     DEFAULT_LAMBDA, ExpertBatch, OutputCandidate, Placement, ReuseAction, ReuseCache, ReuseConfig, Tier,
     TokenKey, TokenRequest,
 };
+use troupe_policy::adapt::storage::OnDemand;
 
 use super::VMoeError;
 use super::config::IMAGE_PIXELS;
@@ -54,6 +65,11 @@ pub struct ReuseSetup {
     /// Entries no batch used for this many batches leave memory for disk (the policy's idle
     /// eviction on a clock of batches, so decisions do not depend on wall time).
     pub idle_batches: u64,
+    /// FoggyCache-like: reuse without prefetch or residency (see the module docs).
+    pub on_demand: bool,
+    /// A cgroup v1 `tasks` file the disk thread writes its own thread id into before any I/O (the
+    /// blkio group of a storage read throttle); the cache is refused when that write fails.
+    pub disk_thread_cgroup: Option<PathBuf>,
 }
 
 /// One batch on the cache's logical clock (the policy's [`Micros`]).
@@ -69,6 +85,8 @@ impl ReuseSetup {
             disk_parent: disk_parent.to_path_buf(),
             lambda: DEFAULT_LAMBDA,
             idle_batches: 4,
+            on_demand: false,
+            disk_thread_cgroup: None,
         }
     }
 }
@@ -82,7 +100,7 @@ pub struct ReuseStats {
     pub misses: u64,
     /// Entries written to the disk tier.
     pub spilled: u64,
-    /// Entries read back from disk into memory.
+    /// Entries read back from disk into memory (on demand: read while the step waits).
     pub prefetched: u64,
     /// Of those, reads whose bytes failed a check (length, checksum, I/O) and were recomputed.
     pub bad_reads: u64,
@@ -92,6 +110,8 @@ pub struct ReuseStats {
     pub prefetch_hidden_us: u64,
     /// `prefetch_hidden_us / prefetch_us` (0 when nothing was prefetched).
     pub prefetch_hidden_share: f64,
+    /// Wall time steps spent blocked waiting for disk reads, microseconds.
+    pub stall_us: u64,
     /// Bytes held in the memory tier now.
     pub memory_bytes: u64,
     /// Bytes held on disk now (data bytes).
@@ -162,6 +182,24 @@ impl DiskSlots {
     }
 }
 
+/// Wall time, microseconds, every reuse cache of this process spent blocked on disk reads.
+static IO_STALL_US: AtomicU64 = AtomicU64::new(0);
+
+/// Wall time (microseconds) steps of this process have spent blocked waiting for reuse-cache disk
+/// reads so far, over every cache; a CPU-time clock adds it so storage stalls cost time.
+pub fn io_stall_us() -> u64 {
+    IO_STALL_US.load(Ordering::Relaxed)
+}
+
+/// Writes the calling thread's id into the cgroup v1 `tasks` file `tasks` (it joins that group
+/// alone; its process's other threads stay where they are).
+fn join_cgroup(tasks: &Path) -> Result<(), String> {
+    let me =
+        std::fs::read_link("/proc/thread-self").map_err(|e| format!("reading /proc/thread-self: {e}"))?;
+    let tid = me.file_name().map(|t| t.to_string_lossy().into_owned()).unwrap_or_default();
+    std::fs::write(tasks, &tid).map_err(|e| format!("writing thread {tid} into {}: {e}", tasks.display()))
+}
+
 /// A finished batch of reads.
 struct ReadDone {
     data: Vec<(TokenKey, Result<Vec<u8>, KernelError>)>,
@@ -176,7 +214,18 @@ pub fn slot_file_name(len: usize) -> String {
 
 /// The disk thread: owns the slot files (created in `dir` on first use); a failed write is kept
 /// for the owner to report (the slot then reads as missing).
-fn disk_worker(dir: PathBuf, rx: Receiver<DiskCmd>) -> Result<(), KernelError> {
+fn disk_worker(
+    dir: PathBuf,
+    rx: Receiver<DiskCmd>,
+    cgroup: Option<PathBuf>,
+    ready: Sender<Result<(), String>>,
+) -> Result<(), KernelError> {
+    let joined = cgroup.as_deref().map_or(Ok(()), join_cgroup);
+    let failed = joined.is_err();
+    let _ = ready.send(joined);
+    if failed {
+        return Ok(());
+    }
     let mut files: BTreeMap<usize, SlotFile> = BTreeMap::new();
     let mut first_err = None;
     for cmd in rx {
@@ -236,6 +285,7 @@ pub struct StemCache {
     worker: Option<JoinHandle<Result<(), KernelError>>>,
     pending: Vec<Receiver<ReadDone>>,
     planned: Option<Planned>,
+    on_demand: Option<OnDemand>,
     compute_spans: Vec<(Instant, Instant)>,
     /// Batches planned so far: the policy's clock.
     batches: u64,
@@ -285,6 +335,18 @@ fn decode(bytes: &[u8], floats: usize) -> Option<Vec<f32>> {
     Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
+/// The stem rows of images `idx` of `px` (one pass over them as a batch), by image index.
+fn compute_rows(model: &VMoe, px: &[f32], idx: &[usize]) -> Result<Vec<(usize, Vec<f32>)>, VMoeError> {
+    if idx.is_empty() {
+        return Ok(Vec::new());
+    }
+    let floats = model.config.tokens_per_image() * model.config.dim;
+    let sub: Vec<f32> =
+        idx.iter().flat_map(|&i| &px[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS]).copied().collect();
+    let computed = model.stem(&Tensor::from_f32(&[idx.len(), IMAGE_PIXELS], sub)?)?;
+    Ok(idx.iter().copied().zip(computed.f32_cow().chunks_exact(floats).map(<[f32]>::to_vec)).collect())
+}
+
 impl StemCache {
     /// Carves `setup.budget` bytes from `pool` (refused, nothing taken, when they do not fit),
     /// creates the disk directory and starts the disk thread.
@@ -316,8 +378,18 @@ impl StemCache {
             }
         };
         let (tx, rx) = channel();
+        let (ready_tx, ready) = channel();
         let worker_dir = dir.clone();
-        let worker = std::thread::spawn(move || disk_worker(worker_dir, rx));
+        let cgroup = setup.disk_thread_cgroup.clone();
+        let worker = std::thread::spawn(move || disk_worker(worker_dir, rx, cgroup, ready_tx));
+        if let Err(why) = ready.recv().unwrap_or_else(|_| Err("the disk thread stopped at start".into())) {
+            let _ = worker.join();
+            let _ = std::fs::remove_dir_all(&dir);
+            pool.free(arena)?;
+            return Err(VMoeError::Config(format!(
+                "the reuse cache's disk thread cannot join the storage read throttle's cgroup: {why}"
+            )));
+        }
         let policy = ReuseCache::new(ReuseConfig {
             dram_budget: setup.budget,
             disk_budget: setup.disk_budget,
@@ -337,6 +409,7 @@ impl StemCache {
             worker: Some(worker),
             pending: Vec::new(),
             planned: None,
+            on_demand: setup.on_demand.then(|| OnDemand::new(setup.disk_budget)),
             compute_spans: Vec::new(),
             batches: 0,
             stats: ReuseStats {
@@ -404,12 +477,21 @@ impl StemCache {
         }
     }
 
+    /// Waits for `rx`'s reads, the wait counted as stall (none when they are already done).
+    fn wait_reads(&mut self, rx: &Receiver<ReadDone>) -> Result<ReadDone, VMoeError> {
+        let t = Instant::now();
+        let done =
+            rx.recv().map_err(|_| VMoeError::Config("the reuse cache's disk thread has stopped".into()))?;
+        let waited = span_us(t, Instant::now());
+        self.stats.stall_us += waited;
+        IO_STALL_US.fetch_add(waited, Ordering::Relaxed);
+        Ok(done)
+    }
+
     /// Waits for every prefetch in flight and moves its entries into memory.
     fn join_prefetches(&mut self, floats: usize) -> Result<(), VMoeError> {
         for rx in std::mem::take(&mut self.pending) {
-            let done = rx
-                .recv()
-                .map_err(|_| VMoeError::Config("the reuse cache's disk thread has stopped".into()))?;
+            let done = self.wait_reads(&rx)?;
             let total = span_us(done.started, done.ended);
             let hidden: u64 = self
                 .compute_spans
@@ -515,6 +597,9 @@ impl StemCache {
     /// Plans the batch the next step will run and starts its prefetches in the background (call
     /// once the current step's stem is settled, before the rest of it computes).
     pub fn plan_next(&mut self, model: &VMoe, identity: &[u8; 32], images: &Tensor) -> Result<(), VMoeError> {
+        if self.on_demand.is_some() {
+            return Ok(());
+        }
         let p = self.plan(model, identity, images, true)?;
         self.planned = Some(p);
         Ok(())
@@ -525,6 +610,9 @@ impl StemCache {
     /// gives the same rows as the full pass), then the policy decides what stays, what is spilled,
     /// what is dropped. Bit-identical to `model.stem(images)`.
     pub fn stem(&mut self, model: &VMoe, identity: &[u8; 32], images: &Tensor) -> Result<Tensor, VMoeError> {
+        if self.on_demand.is_some() {
+            return self.stem_on_demand(model, identity, images);
+        }
         let (batch, _) = images.dims2()?;
         let c = model.config;
         let floats = c.tokens_per_image() * c.dim;
@@ -543,20 +631,12 @@ impl StemCache {
         self.stats.hits += (batch - miss_idx.len()) as u64;
         self.stats.misses += miss_idx.len() as u64;
         let mut fresh: BTreeMap<TokenKey, Vec<f32>> = BTreeMap::new();
-        if !miss_idx.is_empty() {
-            let sub: Vec<f32> = miss_idx
-                .iter()
-                .flat_map(|&i| &px[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS])
-                .copied()
-                .collect();
-            let computed = model.stem(&Tensor::from_f32(&[miss_idx.len(), IMAGE_PIXELS], sub)?)?;
-            for (&i, rows) in miss_idx.iter().zip(computed.f32_cow().chunks_exact(floats)) {
-                if planned.hits.contains(&keys[i]) {
-                    // The policy holds it in memory but its disk read failed: fill the slot.
-                    self.insert_memory(keys[i], rows.to_vec())?;
-                }
-                fresh.insert(keys[i], rows.to_vec());
+        for (i, rows) in compute_rows(model, &px, &miss_idx)? {
+            if planned.hits.contains(&keys[i]) {
+                // The policy holds it in memory but its disk read failed: fill the slot.
+                self.insert_memory(keys[i], rows.clone())?;
             }
+            fresh.insert(keys[i], rows);
         }
         let mut out = Vec::with_capacity(batch * floats);
         for k in &keys {
@@ -579,6 +659,66 @@ impl StemCache {
         debug_assert!(candidates.iter().all(|o| o.key.expert == planned.expert));
         self.policy.handle_batch_done(self.now(), &candidates);
         self.execute(&fresh)?;
+        Ok(Tensor::from_f32(&[batch * c.tokens_per_image(), c.dim], out)?)
+    }
+
+    /// [`Self::stem`] FoggyCache-like: entries with a disk copy are read while the step waits, the
+    /// rest computed and written to disk while it has room; nothing stays in memory.
+    fn stem_on_demand(
+        &mut self,
+        model: &VMoe,
+        identity: &[u8; 32],
+        images: &Tensor,
+    ) -> Result<Tensor, VMoeError> {
+        let (batch, _) = images.dims2()?;
+        let c = model.config;
+        let floats = c.tokens_per_image() * c.dim;
+        let px = images.f32_cow();
+        let keys: Vec<TokenKey> = px.chunks_exact(IMAGE_PIXELS).map(|img| token_key(identity, img)).collect();
+        let plan = self.on_demand.as_ref().map(|od| od.handle_batch(&keys)).unwrap_or_default();
+        let mut rows: BTreeMap<TokenKey, Vec<f32>> = BTreeMap::new();
+        if !plan.read.is_empty() {
+            let reads = plan.read.iter().map(|k| (*k, self.slots.get(k))).collect();
+            let (tx, rx) = channel();
+            self.send(DiskCmd::Read(reads, tx))?;
+            let done = self.wait_reads(&rx)?;
+            self.stats.prefetched += plan.read.len() as u64;
+            self.stats.prefetch_us += span_us(done.started, done.ended);
+            for (key, bytes) in done.data {
+                match bytes.ok().and_then(|b| decode(&b, floats)) {
+                    Some(v) => {
+                        rows.insert(key, v);
+                    }
+                    None => {
+                        self.stats.bad_reads += 1;
+                        self.slots.release(&key);
+                        if let Some(od) = self.on_demand.as_mut() {
+                            od.disk_copy_lost(&key);
+                        }
+                    }
+                }
+            }
+        }
+        let miss_idx: Vec<usize> = (0..batch).filter(|&i| !rows.contains_key(&keys[i])).collect();
+        self.stats.hits += (batch - miss_idx.len()) as u64;
+        self.stats.misses += miss_idx.len() as u64;
+        for (i, v) in compute_rows(model, &px, &miss_idx)? {
+            let keep =
+                self.on_demand.as_mut().is_some_and(|od| od.handle_computed(keys[i], (floats * 4) as u64));
+            if keep {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                let slot = self.slots.assign(keys[i], bytes.len());
+                self.send(DiskCmd::Put(slot, bytes))?;
+                self.stats.spilled += 1;
+            }
+            rows.insert(keys[i], v);
+        }
+        let mut out = Vec::with_capacity(batch * floats);
+        for k in &keys {
+            out.extend_from_slice(
+                rows.get(k).ok_or_else(|| VMoeError::Config("a stem entry vanished".into()))?,
+            );
+        }
         Ok(Tensor::from_f32(&[batch * c.tokens_per_image(), c.dim], out)?)
     }
 

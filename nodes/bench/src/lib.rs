@@ -150,6 +150,11 @@ pub enum BenchCommand {
         /// in wall time). Without a usable GPU, cuda is refused naming why.
         #[arg(long, default_value = "cpu", value_parser = parse_device)]
         device: troupe_kernels::DeviceKind,
+        /// The storage comparison's read throttle, bytes per second (default: the bandwidth at
+        /// which an un-hidden reuse read costs 0.71x the compute it saves, else the edge board's
+        /// 90 MB/s); e.g. 300000000 for an eMMC-class board.
+        #[arg(long)]
+        storage_read_bps: Option<u64>,
     },
 }
 
@@ -221,7 +226,18 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
                 )
             }
         }
-        BenchCommand::Coadapt { json, svg, k_max, quick, student, ks, seeds, strategies, device } => {
+        BenchCommand::Coadapt {
+            json,
+            svg,
+            k_max,
+            quick,
+            student,
+            ks,
+            seeds,
+            strategies,
+            device,
+            storage_read_bps,
+        } => {
             let svg = svg.unwrap_or_else(|| {
                 json.as_ref()
                     .and_then(|j| j.parent())
@@ -236,7 +252,15 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
             (
                 "coadapt",
                 tokio::task::spawn_blocking(move || {
-                    let sweep = coadapt::RealSweep { quick, student, ks, seeds, strategies, device };
+                    let sweep = coadapt::RealSweep {
+                        quick,
+                        student,
+                        ks,
+                        seeds,
+                        strategies,
+                        device,
+                        storage_read_bps,
+                    };
                     coadapt::run(k_max, &sweep, &svg)
                 })
                 .await??,

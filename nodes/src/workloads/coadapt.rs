@@ -54,6 +54,11 @@ pub struct EdgeParams {
     /// answers, so a restarted edge node resumes; removed when the node's `coadapt` job is done.
     #[serde(default)]
     pub journal: Option<PathBuf>,
+    /// The reuse cache's storage reads throttled to this many bytes per second, an edge board's
+    /// storage (cgroup v1 blkio or v2 io; the node fails to start where it cannot be set); 0 or
+    /// absent: unthrottled.
+    #[serde(default)]
+    pub storage_read_bps: u64,
 }
 
 /// `params` of a `coadapt-camera` actor.
@@ -175,6 +180,9 @@ pub fn check_edge(p: &EdgeParams) -> Result<(), (String, String)> {
     if let Some(s) = p.students.iter().find(|s| student_config(s).is_err()) {
         return bad("students", format!("unknown student size {s:?} (tiny, small, base, large, sprite)"));
     }
+    if let Err(why) = troupe_policy::adapt::storage::check_read_bps(p.storage_read_bps) {
+        return bad("storage_read_bps", why);
+    }
     Ok(())
 }
 
@@ -233,6 +241,7 @@ pub fn edge_actor(ctx: &NodeContext, a: &ActorConfig, p: EdgeParams) -> Result<V
         max_epochs: p.max_epochs,
         target_gain: p.target_gain,
         seed: p.seed,
+        storage_read_bps: p.storage_read_bps,
         ..EngineConfig::default()
     };
     let journal = p.journal.clone().unwrap_or_else(|| {
@@ -566,6 +575,11 @@ mod tests {
         assert_eq!(e.0, "params.scheduler", "{e:?}");
         let e = validate_actor(&actor("coadapt-edge", "students = [\"teacher\"]")).unwrap_err();
         assert_eq!(e.0, "params.students", "{e:?}");
+        assert!(validate_actor(&actor("coadapt-edge", "storage_read_bps = 90000000")).is_ok());
+        for bad in ["1", "100000000000"] {
+            let e = validate_actor(&actor("coadapt-edge", &format!("storage_read_bps = {bad}"))).unwrap_err();
+            assert_eq!(e.0, "params.storage_read_bps", "{e:?}");
+        }
         let cam = "seed = 1\ndrift = [\"0 clean 0\", \"100 fog 0.8\"]";
         assert!(validate_actor(&actor("coadapt-camera", cam)).is_ok());
         let e = validate_actor(&actor("coadapt-camera", "seed = 1\ndrift = [\"0 hail 0.5\"]")).unwrap_err();

@@ -21,6 +21,8 @@
 //!   bounded accuracy log, and when a job over streaming cameras may end;
 //! * [`transfer`]: cross-task expert transfer, whose experts in the group's parallel expert set a
 //!   member may update (§2.2);
+//! * [`storage`]: storage read throttles, the bandwidth that makes an un-hidden reuse read cost
+//!   0.7x the compute it saves, and the FoggyCache-like on-demand reuse the bench compares with;
 //! * [`replay`]: which uploads repeat a drift phase already adapted or under way (a restarted
 //!   camera), so each phase is adapted once.
 
@@ -42,6 +44,7 @@ pub mod reuse;
 pub mod sched;
 pub mod sim;
 pub mod slo;
+pub mod storage;
 pub mod threads;
 pub mod transfer;
 pub mod twin;

@@ -20,6 +20,7 @@ pub mod coresident;
 pub mod oracle;
 pub mod real;
 pub mod sim;
+pub mod storage;
 pub mod svg;
 pub mod transfer;
 
@@ -103,6 +104,8 @@ pub struct RealSweep {
     pub strategies: Option<Vec<String>>,
     /// Where the real sweep's training steps run (the CPU by default).
     pub device: DeviceKind,
+    /// The storage comparison's read throttle (`None`: [`storage::run`] picks it).
+    pub storage_read_bps: Option<u64>,
 }
 
 impl RealSweep {
@@ -175,6 +178,7 @@ pub fn headline_keys() -> Vec<String> {
     .map(|s| s.to_string())
     .collect();
     k.extend(Mechanisms::NAMES.iter().map(|n| format!("measured_ablation_max_concurrency_{n}")));
+    k.extend(storage::HEADLINE_KEYS.iter().map(|s| s.to_string()));
     k
 }
 
@@ -199,7 +203,7 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
         None => zoo_student(name, &train)?,
     };
     let (gain, l_solo, window_solo) = real_slo_from_sim(&SimConfig::default());
-    let sc = SweepConfig {
+    let mut sc = SweepConfig {
         ks: sweep.ks(),
         seeds: sweep.seeds(),
         gain,
@@ -217,6 +221,12 @@ pub fn run(k_max: usize, sweep: &RealSweep, svg: &Path) -> Result<BTreeMap<Strin
         },
     };
     model_shape(name, &real_student, &sc, &train, &teacher, &mut fig)?;
+    let storage_jobs = (0..storage::TASKS)
+        .map(|i| drifted(&train, &teacher, WEATHER[i], 60 + i as u64, sc.samples_per_task))
+        .collect::<Result<Vec<_>>>()?;
+    // The sweep's reuse caches read at the same throttle as the storage comparison.
+    sc.engine.storage_read_bps =
+        storage::run(name, &real_student, &sc, &storage_jobs, sweep.storage_read_bps, &mut fig)?;
     let acc_cfg = accuracy::AccuracyConfig {
         uploads: sc.samples_per_task,
         eval: 256,
@@ -751,8 +761,12 @@ mod tests {
         // Least fragmented baseline: ams (0.2); ours 0.1: halved.
         assert!((fig["measured_fragmentation_reduction"] - 0.5).abs() < 1e-12);
         assert_eq!(fig["measured_ablation_max_concurrency_preload"], 1.0);
-        // The oracle's keys come from its own report (tested in `oracle`).
-        for k in headline_keys().iter().filter(|k| !k.starts_with("real_sim") && !k.contains("oracle")) {
+        // The oracle's keys come from its own report (tested in `oracle`), the storage
+        // comparison's from its run (checked by `bench_coadapt_quick`).
+        let elsewhere = |k: &str| {
+            k.starts_with("real_sim") || k.contains("oracle") || storage::HEADLINE_KEYS.contains(&k)
+        };
+        for k in headline_keys().iter().filter(|k| !elsewhere(k)) {
             assert!(fig.contains_key(k), "{k} missing");
         }
         assert!(fig.keys().all(|k| k.starts_with("measured_")));

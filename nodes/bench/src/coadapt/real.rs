@@ -28,7 +28,10 @@
 //! twin-buffer scheduler reads it (`troupe_policy::adapt::slo`), as the baselines have no such
 //! input in their papers.
 //!
-//! **Time** is the bench process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`): every step, load,
+//! **Time** is the bench process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) plus the wall time its
+//! steps spent blocked waiting for the reuse cache's disk reads
+//! (`troupe_kernels::vmoe::reuse::io_stall_us`: a read a prefetch finished behind compute costs
+//! nothing, a read the step waits for costs its wait; [`bench_clock_us`]): every step, load,
 //! unload and validation, on the executor thread and on the threads the `threads` mechanism
 //! (experts of a block on the kernels' expert pool) and `preload` (a background thread) use, so other load on
 //! the machine does not stretch it and work moved to another thread is still counted. It is
@@ -60,8 +63,8 @@ use anyhow::{Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use troupe_actors::coadapt::engine::{
-    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, reuse_default_bytes,
-    shared_bytes, task_footprint,
+    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, ReuseStats, SchedulerChoice, reserved_bytes,
+    reuse_default_bytes, shared_bytes, task_footprint,
 };
 use troupe_kernels::DeviceKind;
 use troupe_kernels::vmoe::VMoe;
@@ -235,6 +238,12 @@ pub fn process_cpu_us() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1000
 }
 
+/// The bench's clock on the CPU, microseconds: this process's CPU time plus the wall time its
+/// steps were blocked on storage reads (a stall burns no CPU but costs the device its time).
+pub fn bench_clock_us() -> u64 {
+    process_cpu_us() + troupe_kernels::vmoe::reuse::io_stall_us()
+}
+
 /// One run of one strategy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunOutcome {
@@ -252,6 +261,10 @@ pub struct RunOutcome {
     pub evictions: u64,
     /// Reuse cache: microseconds of disk prefetch, and of those the ones overlapped by compute.
     pub prefetch_us: (u64, u64),
+    /// The reuse cache's figures at the end (hits, reads, stall).
+    pub reuse: ReuseStats,
+    /// Training steps run.
+    pub steps: u64,
 }
 
 impl RunOutcome {
@@ -276,7 +289,7 @@ pub fn run_once(
     // On the CPU the device's time is this process's CPU time; a GPU's work is not CPU time, so
     // there the clock is wall time (each op waits for its results).
     let now: fn() -> u64 = match cfg.device {
-        DeviceKind::Cpu => process_cpu_us,
+        DeviceKind::Cpu => bench_clock_us,
         DeviceKind::Cuda(_) => troupe_kernels::vmoe::pool::monotonic_us,
     };
     eng.set_pool_clock(now);
@@ -332,6 +345,8 @@ pub fn run_once(
             let r = eng.reuse_stats();
             (r.prefetch_us, r.prefetch_hidden_us)
         },
+        reuse: eng.reuse_stats(),
+        steps: eng.steps(),
     })
 }
 
