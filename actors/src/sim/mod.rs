@@ -14,6 +14,7 @@
 //! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
 //! adds) is the run's record: one seed, one log.
 
+pub mod coe;
 mod driver;
 mod node;
 
