@@ -2,7 +2,8 @@
 //! (policy, journal, links, recovery), the real executor actors (typed actor, wire codec, role
 //! checks) and the real client request service, on [`SimNode`]s.
 //!
-//! What is simulated: the executors' compute ([`SimCompute`]: hashed outputs, modelled costs on
+//! What is simulated: the executors' compute
+//! ([`SimCompute`](crate::coe::sim_compute::SimCompute): hashed outputs, modelled costs on
 //! tokio's clock; no weight store, no host tier, no model files) and the app, made in memory
 //! from the policy's synthetic model ([`sim_app`]: no trained experts, no trace requests, no
 //! digit images; requests come from clients). The scheduler's journal is a real file: a
