@@ -3,7 +3,7 @@
 //! actors on the deterministic compute stand-in `SimCompute`, and the client request service,
 //! called by a client node. Every accepted request is answered exactly once with the outputs a
 //! walk of `SimCompute` computes directly; an executor node crashing mid-run has its work
-//! redone by the survivor; one seed gives one event log byte for byte.
+//! redone by the survivor; one seed gives one event log byte for byte, with or without the crash.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -170,8 +170,10 @@ fn sim_coe_answers_every_request_once_as_sim_compute_does_and_one_seed_gives_one
 }
 
 #[test]
-fn sim_coe_an_executor_node_crashing_mid_run_has_its_work_redone_by_the_survivor() {
+fn sim_coe_an_executor_node_crashing_mid_run_has_its_work_redone_by_the_survivor_reproducibly() {
     let (log, answers) = run("crash", 5, true);
     check_answers(5, &answers);
     assert!(log.iter().any(|l| l.contains("test crashes crash-cpu0")), "the crash is in the log");
+    let (again, _) = run("crash", 5, true);
+    assert!(log == again, "the same seed and crash, a different log");
 }
