@@ -48,7 +48,7 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let expert = app.trace.model.roots().next().unwrap().id;
 
     let ca = ClusterCa::generate("roles").unwrap();
-    let spec_args = ExecutorSpec { dir: tmp.path().display().to_string(), executor: executor.clone() };
+    let spec_args = ExecutorSpec::real(tmp.path().display().to_string(), executor.clone());
     let name = exec_wire::actor_name(&executor);
     let children: Children = Box::new(move |_link, _services, _membership, actors| {
         Ok(vec![actors.child_spec::<CoeExecutor>(&name, spec_args).map_err(|e| e.to_string())?])

@@ -17,6 +17,8 @@
 //!   the policy's `RequestScheduler` in local runs and in the distributed job alike.
 //! - [`requests`]: the scheduler as a service (`serve = true` in the `coe` job): clients'
 //!   requests over QUIC (`troupe coe request`, [`requests::CoeClient`]), bounded, busy when full.
+//! - [`sim_compute`]: `SimCompute`, the executor actor's deterministic compute stand-in on a
+//!   simulated cluster (simulation only): hashed outputs, modelled costs on tokio's clock.
 //! - [`profiler`]: `troupe coe profile`: batch latency per size class, load bandwidth per tier,
 //!   memory split; the profile file the scheduler reads, tied to this machine's fingerprint.
 
@@ -31,6 +33,7 @@ pub mod remote;
 pub mod requests;
 pub mod runner;
 pub mod serve;
+pub mod sim_compute;
 pub mod train;
 
 use std::path::{Path, PathBuf};

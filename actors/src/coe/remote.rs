@@ -21,26 +21,55 @@ use super::exec_wire::{
 use super::executor::ExpertExecutor;
 use super::profiler::load_profile;
 use super::runner::{Cmd, Event, TierOptions, execute};
+use super::sim_compute::{SimCompute, SimComputeSpec};
 use crate::typed::{
     ActorContext, ActorError, ActorFailure, ActorHandle, Actors, Handles, Protocol, TypedActor,
 };
 
 pub use super::exec_wire::{MAX_BATCH_WIRE, MAX_ROW_WIRE};
 
-/// What an executor actor starts from: its app folder and its name in the profile.
+/// What an executor actor starts from: its app folder and its name in the profile, and which
+/// compute it runs on.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ExecutorSpec {
-    /// The app folder (manifest, store, trace, profile).
+    /// The app folder (manifest, store, trace, profile); unused by a [`SimCompute`].
     pub dir: String,
     /// The executor's name in the profile.
     pub executor: String,
+    /// `None`: the real executor, opened from `dir`. `Some`: the deterministic stand-in
+    /// [`SimCompute`] (simulation only), which opens no file.
+    pub sim: Option<SimComputeSpec>,
 }
 
-/// The executor actor: owns an [`ExpertExecutor`] and carries out the scheduler's commands.
+impl ExecutorSpec {
+    /// The real executor `executor` of the app in `dir`.
+    pub fn real(dir: impl Into<String>, executor: impl Into<String>) -> Self {
+        ExecutorSpec { dir: dir.into(), executor: executor.into(), sim: None }
+    }
+
+    /// Executor `executor` on the [`SimCompute`] stand-in (simulation only).
+    pub fn sim(executor: impl Into<String>, spec: SimComputeSpec) -> Self {
+        ExecutorSpec { dir: String::new(), executor: executor.into(), sim: Some(spec) }
+    }
+}
+
+/// The compute an executor actor carries commands out on: the seam between the shell (typed
+/// actor, wire, role checks) and what runs the experts.
+// One per executor actor, made once at its start: the real executor stays inline (no box, no
+// extra indirection on its path) though the stand-in is much smaller.
+#[allow(clippy::large_enum_variant)]
+enum Compute {
+    /// The real executor: weight store, ONNX Runtime or the MLP engine.
+    Real(ExpertExecutor),
+    /// The deterministic stand-in of a simulated cluster.
+    Sim(SimCompute),
+}
+
+/// The executor actor: owns its compute and carries out the scheduler's commands.
 pub struct CoeExecutor {
     name: String,
     node: String,
-    executor: ExpertExecutor,
+    compute: Compute,
 }
 
 /// Opens the app and the executor named `spec.executor` with the profile's budget.
@@ -57,10 +86,19 @@ pub fn open_executor(spec: &ExecutorSpec) -> Result<ExpertExecutor, CoeError> {
 }
 
 impl CoeExecutor {
-    /// Carries out `cmd` on this thread (loads and batches are real work: off the async
-    /// workers' hands); the executor's failure is logged and answered.
-    fn carry_out(&mut self, cmd: Cmd) -> Result<Option<Event>, ActorFailure> {
-        tokio::task::block_in_place(|| execute(0, &mut self.executor, cmd)).map_err(|e| {
+    /// Carries out `cmd`: on the real executor on this thread (loads and batches are real
+    /// work: off the async workers' hands), or on the stand-in after its modelled time on
+    /// tokio's clock (no `block_in_place`, so it runs on a current-thread runtime). The
+    /// executor's failure is logged and answered.
+    async fn carry_out(&mut self, cmd: Cmd) -> Result<Option<Event>, ActorFailure> {
+        let done = match &mut self.compute {
+            Compute::Real(executor) => tokio::task::block_in_place(|| execute(0, executor, cmd)),
+            Compute::Sim(sim) => {
+                tokio::time::sleep(sim.cost(&cmd)).await;
+                sim.execute(0, cmd)
+            }
+        };
+        done.map_err(|e| {
             tracing::error!(executor = %self.name, "{e}");
             ActorFailure::msg(e)
         })
@@ -84,15 +122,18 @@ impl TypedActor for CoeExecutor {
     }
 
     async fn start(spec: ExecutorSpec, ctx: &ActorContext) -> Result<Self, ActorFailure> {
-        let executor = tokio::task::block_in_place(|| open_executor(&spec))?;
+        let compute = match &spec.sim {
+            None => Compute::Real(tokio::task::block_in_place(|| open_executor(&spec))?),
+            Some(sim) => Compute::Sim(SimCompute::new(&spec.executor, sim.clone())?),
+        };
         tracing::info!(executor = %spec.executor, node = %ctx.actors.node(), "coe executor ready");
-        Ok(CoeExecutor { name: spec.executor, node: ctx.actors.node().to_string(), executor })
+        Ok(CoeExecutor { name: spec.executor, node: ctx.actors.node().to_string(), compute })
     }
 }
 
 impl Handles<Load> for CoeExecutor {
     async fn handle(&mut self, m: Load, _: &ActorContext) -> Result<WireLoaded, ActorFailure> {
-        match self.carry_out(Cmd::Load(ExpertId(m.expert)))? {
+        match self.carry_out(Cmd::Load(ExpertId(m.expert))).await? {
             Some(Event::Loaded { seconds, resident, .. }) => Ok(WireLoaded { seconds, resident }),
             other => Err(unexpected("load", other)),
         }
@@ -101,14 +142,14 @@ impl Handles<Load> for CoeExecutor {
 
 impl Handles<Evict> for CoeExecutor {
     async fn handle(&mut self, m: Evict, _: &ActorContext) -> Result<(), ActorFailure> {
-        self.carry_out(Cmd::Evict(ExpertId(m.expert))).map(|_| ())
+        self.carry_out(Cmd::Evict(ExpertId(m.expert))).await.map(|_| ())
     }
 }
 
 impl Handles<WireRun> for CoeExecutor {
     async fn handle(&mut self, m: WireRun, _: &ActorContext) -> Result<WireRan, ActorFailure> {
         let cmd = exec_wire::check_run(m).map_err(ActorFailure::msg)?;
-        match self.carry_out(cmd)? {
+        match self.carry_out(cmd).await? {
             Some(Event::Ran { rows, seconds, .. }) => Ok(WireRan {
                 seconds,
                 rows: rows.into_iter().map(|(r, values)| WireRow { request: r.0, values }).collect(),
@@ -120,7 +161,7 @@ impl Handles<WireRun> for CoeExecutor {
 
 impl Handles<Reset> for CoeExecutor {
     async fn handle(&mut self, _: Reset, _: &ActorContext) -> Result<WireReset, ActorFailure> {
-        match self.carry_out(Cmd::Reset)? {
+        match self.carry_out(Cmd::Reset).await? {
             Some(Event::Reset { evicted, host_budget, host, .. }) => Ok(WireReset {
                 evicted: evicted as u64,
                 host_budget,

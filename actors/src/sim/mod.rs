@@ -8,12 +8,16 @@
 //! ractor_cluster control plane, joining through a seed, blob pulls, raw streams) is not here:
 //! shells that need it refuse to start on a simulated node ([`crate::typed::QuicOnly`]).
 //!
+//! The coe workload's scheduler, executors (on the `SimCompute` stand-in) and request service
+//! run on it too ([`coe`]).
+//!
 //! Run it in a current-thread runtime with paused time (`#[tokio::test(start_paused = true)]`,
 //! tokio's `test-util`): the driver (`sim/driver.rs`) moves the hub's virtual time with tokio's,
 //! and tokio skips ahead whenever every task waits, so seconds of cluster time cost
 //! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
 //! adds) is the run's record: one seed, one log.
 
+pub mod coe;
 mod driver;
 mod node;
 

@@ -588,7 +588,7 @@ pub fn check_job(p: &CoeJob) -> Result<(), (String, String)> {
 pub fn actor(ctx: &super::NodeContext, p: ExecutorParams) -> Result<troupe_actors::supervisor::ChildSpec> {
     use troupe_actors::coe::remote::{CoeExecutor, ExecutorSpec};
     let name = troupe_actors::coe::exec_wire::actor_name(&p.executor);
-    let spec = ExecutorSpec { dir: p.dir, executor: p.executor };
+    let spec = ExecutorSpec::real(p.dir, p.executor);
     Ok(ctx.actors.child_spec::<CoeExecutor>(&name, spec)?)
 }
 

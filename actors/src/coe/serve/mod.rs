@@ -490,6 +490,11 @@ impl CoeShared {
         self.latency.name(exec)
     }
 
+    /// Executors in the profile.
+    pub fn executors(&self) -> usize {
+        self.latency.executors()
+    }
+
     /// Requests in the trace.
     pub fn total(&self) -> usize {
         self.app.trace.requests.len()
