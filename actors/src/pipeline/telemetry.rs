@@ -457,10 +457,14 @@ mod tests {
     fn device_model_drains_and_heats() {
         let mut s =
             Sampler::new(DeviceModel { drain_pct_per_cpu_s: 1000.0, ..DeviceModel::default() }, 1 << 30);
-        let start = Clock::start();
+        // Spin until the process has used 30 ms more CPU (not 30 ms of wall time: on a busy box
+        // this thread may get almost none of that, and /proc counts in 10 ms ticks).
+        let before = process_cpu_seconds().unwrap();
         let mut x = 1u64;
-        while start.elapsed().as_millis() < 30 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        while process_cpu_seconds().unwrap() < before + 0.03 {
+            for _ in 0..10_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
         }
         std::hint::black_box(x);
         let t = s.sample();
