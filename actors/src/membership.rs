@@ -80,6 +80,10 @@ impl MembershipState {
             }
         }
         self.detector.handle_timeout(now);
+        let stall = self.detector.last_stall();
+        if stall > Micros::from_duration(self.heartbeat) {
+            info!(node = %self.link_id(), stall_ms = stall.as_millis(), "this node stalled; not counted as its members' silence");
+        }
     }
 
     /// Arms a [`MembershipMsg::Check`] at the detector's next deadline when it comes before the
@@ -131,7 +135,9 @@ impl Actor for Membership {
         ractor::time::send_interval(args.config.heartbeat, me.get_cell(), || MembershipMsg::Tick);
         Ok(MembershipState {
             link: args.link,
-            detector: FailureDetector::new(Micros::from_duration(args.config.timeout)),
+            // a tick later than its period means this node stalled: not its members' silence
+            detector: FailureDetector::new(Micros::from_duration(args.config.timeout))
+                .with_check_period(Micros::from_duration(args.config.heartbeat)),
             clock: Clock::start(),
             seq: 0,
             events: args.events,

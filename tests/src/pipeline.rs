@@ -39,10 +39,12 @@ impl AsRef<std::path::Path> for WorkDir {
     }
 }
 
-/// A fresh temporary folder for one test.
+/// A fresh temporary folder for one test. With `TROUPE_KEEP_WORKDIR` set, a failed test leaves
+/// it behind (the workers' logs, `NAME.log`: for a failure seen only under load).
 pub fn workdir(name: &str) -> WorkDir {
     let d = tempfile::Builder::new()
         .prefix(&format!("troupe-pipeline-{name}-"))
+        .disable_cleanup(std::env::var_os("TROUPE_KEEP_WORKDIR").is_some())
         .tempdir()
         .expect("a temporary folder for the test");
     WorkDir(d)

@@ -1,6 +1,14 @@
 //! Failure detection from heartbeats: a member is down once nothing was heard from it for
 //! `timeout`; hearing from it again brings it back up (a rejoin).
 //!
+//! Silence counts only while the detector was watching. Its shell looks every `period`
+//! ([`FailureDetector::with_check_period`]); a look that comes later than that means this node
+//! itself was stalled (a loaded box, a paused process), and what its peers sent meanwhile may
+//! still sit unread in its sockets. Declaring them down then would blame healthy members for
+//! the observer's stall, so the lateness is not counted as their silence (as Cassandra's gossip
+//! does not convict after a local pause). A member that is really gone is declared down at most
+//! one stall later than its timeout.
+//!
 //! Calling protocol: feed every heartbeat (or any frame) with [`FailureDetector::handle_heard`];
 //! call [`FailureDetector::handle_timeout`] at (or after) [`FailureDetector::poll_timeout`];
 //! drain [`FailureDetector::poll_event`] after each call.
@@ -39,7 +47,8 @@ pub enum MembershipEvent<K> {
         member: K,
         /// When the detector declared it down.
         at: Micros,
-        /// When it was last heard.
+        /// When it was last heard, moved later by any stall of this node since (silence is
+        /// counted only while the detector watched).
         last_heard: Micros,
     },
 }
@@ -54,6 +63,12 @@ struct Member {
 #[derive(Clone, Debug)]
 pub struct FailureDetector<K> {
     timeout: Micros,
+    /// How often the shell looks (`None`: lateness is not tracked).
+    check_period: Option<Micros>,
+    /// When it last looked.
+    last_check: Option<Micros>,
+    /// How late the last look was (past the period): not counted as silence.
+    last_stall: Micros,
     members: BTreeMap<K, Member>,
     events: VecDeque<MembershipEvent<K>>,
 }
@@ -61,7 +76,22 @@ pub struct FailureDetector<K> {
 impl<K: Ord + Clone> FailureDetector<K> {
     /// A detector declaring members down after `timeout` of silence.
     pub fn new(timeout: Micros) -> Self {
-        Self { timeout, members: BTreeMap::new(), events: VecDeque::new() }
+        Self {
+            timeout,
+            check_period: None,
+            last_check: None,
+            last_stall: Micros::ZERO,
+            members: BTreeMap::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The same, told that [`Self::handle_timeout`] is called at least every `period`: a call
+    /// that comes later finds this node was stalled, and the lateness (the gap past `period`)
+    /// is not counted as any member's silence.
+    pub fn with_check_period(mut self, period: Micros) -> Self {
+        self.check_period = Some(period);
+        self
     }
 
     /// The configured timeout.
@@ -86,8 +116,19 @@ impl<K: Ord + Clone> FailureDetector<K> {
         }
     }
 
-    /// Declares down every member silent for longer than the timeout at `now`.
+    /// Declares down every member silent for longer than the timeout at `now`, not counting a
+    /// stall of this node since the last call (see [`Self::with_check_period`]).
     pub fn handle_timeout(&mut self, now: Micros) {
+        if let (Some(period), Some(last)) = (self.check_period, self.last_check) {
+            let late = now.saturating_sub(last).saturating_sub(period);
+            self.last_stall = late;
+            if late > Micros::ZERO {
+                for m in self.members.values_mut().filter(|m| m.status == MemberStatus::Up) {
+                    m.last_heard = (m.last_heard + late).min(now);
+                }
+            }
+        }
+        self.last_check = Some(self.last_check.map_or(now, |l| l.max(now)));
         for (k, m) in self.members.iter_mut() {
             if m.status == MemberStatus::Up && now.saturating_sub(m.last_heard) > self.timeout {
                 m.status = MemberStatus::Down;
@@ -114,6 +155,12 @@ impl<K: Ord + Clone> FailureDetector<K> {
                 last_heard: m.last_heard,
             });
         }
+    }
+
+    /// How late the last [`Self::handle_timeout`] came past the check period: a stall of this
+    /// node, not counted as its members' silence (zero when on time or untracked).
+    pub fn last_stall(&self) -> Micros {
+        self.last_stall
     }
 
     /// The next membership change, if any.
@@ -173,6 +220,48 @@ mod tests {
             vec![MembershipEvent::Up { member: "a", at: Micros(150_000), rejoined: true }]
         );
         assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
+    }
+
+    #[test]
+    fn a_stall_of_the_observer_is_not_counted_as_its_members_silence() {
+        let mut d =
+            FailureDetector::new(Micros::from_millis(2000)).with_check_period(Micros::from_millis(200));
+        d.handle_heard(Micros(0), "a");
+        d.handle_heard(Micros(0), "b");
+        let _ = drain(&mut d);
+        d.handle_timeout(Micros::from_millis(200));
+        // this node stalls for 2.3 s: its next look is 2.1 s late, and nothing was read meanwhile
+        d.handle_timeout(Micros::from_millis(2700));
+        assert!(drain(&mut d).is_empty(), "members silent only while this node was stalled are not down");
+        assert_eq!(d.last_stall(), Micros::from_millis(2300));
+        assert_eq!(d.status(&"a"), Some(MemberStatus::Up));
+        // the frames read after the stall count; a member that stays silent is down a timeout
+        // of watched time after it was last heard
+        d.handle_heard(Micros::from_millis(2750), "b");
+        let mut t = 2700;
+        while t < 4500 {
+            t += 200;
+            d.handle_timeout(Micros::from_millis(t));
+        }
+        assert_eq!(
+            drain(&mut d),
+            vec![MembershipEvent::Down {
+                member: "a",
+                at: Micros::from_millis(4500),
+                last_heard: Micros::from_millis(2300)
+            }]
+        );
+        assert_eq!(d.status(&"b"), Some(MemberStatus::Up));
+    }
+
+    #[test]
+    fn without_a_check_period_silence_is_wall_time() {
+        let mut d = FailureDetector::new(Micros::from_millis(2000));
+        d.handle_heard(Micros(0), "a");
+        let _ = drain(&mut d);
+        d.handle_timeout(Micros::from_millis(200));
+        d.handle_timeout(Micros::from_millis(2700));
+        assert_eq!(d.status(&"a"), Some(MemberStatus::Down));
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub struct WorkerStats {
     /// Size of the largest stage file the process pulled or loaded, bytes (its weights plus a
     /// graph of a few KB): what its peak is held against, over the same lifetime as the peak.
     pub largest_stage_bytes: u64,
+    /// The worker's process id: these counters are that process's (a restarted worker's start
+    /// from zero), so a foreman keeps them only from the process it knows.
+    pub pid: u32,
 }
 
 /// A worker's own account of one task outside the compute: where its time went (microseconds)

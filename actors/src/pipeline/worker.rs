@@ -200,6 +200,7 @@ impl Handles<GetStats> for PipelineWorker {
         let mut stats = self.stats;
         stats.max_live_sessions = max_live_sessions();
         stats.peak_rss_bytes = peak_resident_bytes().unwrap_or(0);
+        stats.pid = std::process::id();
         Ok(stats)
     }
 }

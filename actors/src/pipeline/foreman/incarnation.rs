@@ -20,7 +20,7 @@ use super::super::wire::{GetStats, GetTelemetry, Joined};
 use super::super::worker::PipelineWorker;
 use super::calls::{Event, EventKind, ExecCtx, WorkerHandle, join_step, policy_telemetry};
 use super::shared::{Enlisted, ForemanInput, ForemanShared};
-use super::shell::{Handle, Shell};
+use super::shell::{Handle, REJOIN_TIMEOUT, Shell};
 use super::{JobOutcome, ShellError, WorkerSummary};
 use crate::clock::Clock;
 use crate::kinds::scheduler::SchedulerMsg;
@@ -95,24 +95,62 @@ async fn enlist(shared: Arc<ForemanShared>, incarnation: usize, unload: bool) ->
     enlisted
 }
 
-/// Gathers each worker's own counters into the outcome (a failed call, e.g. a connection
-/// re-forming, is retried a few times) and reports the job done. Runs off the actor; the ended
-/// incarnation's `shell` is dropped (its links detached) only after the report, as when this
-/// ran in the handler.
+/// A worker whose end-of-job counters are asked for: in service, or lost (declared down by
+/// membership, or its calls failing) yet perhaps still running as the process that joined.
+struct Reporter {
+    index: usize,
+    actor: WorkerHandle,
+    /// The pid it joined with (its report must come from that process).
+    pid: u32,
+    /// Lost (asked once, briefly) or in service.
+    lost: bool,
+}
+
+/// Gathers each worker's own counters into the outcome and reports the job done. The calls go
+/// out at once, one per worker; a worker in service is retried a few times (a failed call, e.g.
+/// a connection re-forming). A lost worker whose actor is still announced is asked once,
+/// briefly ([`REJOIN_TIMEOUT`]): a stall on a loaded box can get a healthy worker declared
+/// down near the end of a job, before it is joined again, and its counters are still its own.
+/// Counters are kept only from the process that joined (a restarted worker's start from zero).
+/// Runs off the actor; the ended incarnation's `shell` is dropped (its links detached) only
+/// after the report, as when this ran in the handler.
 async fn report_done(
     shared: Arc<ForemanShared>,
     shell: Shell,
     mut outcome: JobOutcome,
-    actors: Vec<(usize, WorkerHandle)>,
+    reporters: Vec<Reporter>,
 ) {
-    for (i, actor) in actors {
-        for _ in 0..3 {
-            if let Ok(st) = actor.call(GetStats, shared.settings.rpc_timeout).await {
-                if let Some(w) = outcome.workers.get_mut(i) {
-                    w.stats = Some(st);
+    let mut calls = tokio::task::JoinSet::new();
+    for Reporter { index, actor, pid, lost } in reporters {
+        let (tries, timeout) = if lost {
+            (1, REJOIN_TIMEOUT.min(shared.settings.rpc_timeout))
+        } else {
+            (3, shared.settings.rpc_timeout)
+        };
+        calls.spawn(async move {
+            for _ in 0..tries {
+                match actor.call(GetStats, timeout).await {
+                    Ok(st) if st.pid == pid => return Some((index, st)),
+                    Ok(st) => {
+                        debug!(
+                            worker = index,
+                            joined = pid,
+                            answered = st.pid,
+                            "final report from another process ignored"
+                        );
+                        return None;
+                    }
+                    Err(e) => debug!(worker = index, lost, error = %e, "final report not received"),
                 }
-                break;
             }
+            None
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        if let Ok(Some((index, st))) = done
+            && let Some(w) = outcome.workers.get_mut(index)
+        {
+            w.stats = Some(st);
         }
     }
     shared.finish(Ok(outcome));
@@ -154,11 +192,19 @@ impl ForemanScheduler {
                 let answered = self.shared.answers();
                 outcome.outputs = answered.into_iter().map(Option::unwrap_or_default).collect();
                 outcome.workers = shell.workers.iter().map(|h| h.summary.clone()).collect();
-                let in_service: Vec<(usize, WorkerHandle)> = (0..shell.workers.len())
-                    .filter(|&i| !shell.roster.is_lost(i))
-                    .map(|i| (i, shell.workers[i].actor.clone()))
+                // every worker that joined, in service or lost with its actor still announced
+                let directory = shell.services.directory();
+                let reporters: Vec<Reporter> = (0..shell.workers.len())
+                    .filter(|&i| shell.workers[i].summary.pid != 0)
+                    .filter(|&i| !shell.roster.is_lost(i) || shell.announced(&directory, i))
+                    .map(|i| Reporter {
+                        index: i,
+                        actor: shell.workers[i].actor.clone(),
+                        pid: shell.workers[i].summary.pid,
+                        lost: shell.roster.is_lost(i),
+                    })
                     .collect();
-                tokio::spawn(report_done(self.shared.clone(), shell, outcome, in_service));
+                tokio::spawn(report_done(self.shared.clone(), shell, outcome, reporters));
             }
         }
     }

@@ -303,12 +303,10 @@ impl Shell {
             .roster
             .rejoin_candidates()
             .into_iter()
+            .filter(|&worker| self.announced(&directory, worker))
             .filter_map(|worker| {
                 let node = &self.workers.get(worker)?.node;
-                let name = worker_name(node);
-                let service = service_name(&name);
-                let (_, names) = directory.iter().find(|(p, _)| p.as_str() == node)?;
-                names.contains(&service).then(|| (worker, node.clone(), name))
+                Some((worker, node.clone(), worker_name(node)))
             })
             .collect();
         for (worker, node, name) in ready {
@@ -331,6 +329,14 @@ impl Shell {
                 let _ = events.send(Event { worker, generation: 0, start, end, kind });
             });
         }
+    }
+
+    /// Whether `worker`'s actor is announced in `directory` (from [`Services::directory`]): its
+    /// node is a member serving it now.
+    pub(super) fn announced(&self, directory: &[(NodeId, Vec<String>)], worker: usize) -> bool {
+        let Some(node) = self.workers.get(worker).map(|h| &h.node) else { return false };
+        let service = service_name(&worker_name(node));
+        directory.iter().any(|(p, names)| p.as_str() == node && names.contains(&service))
     }
 
     /// Puts a lost worker back in service under its old id, on a new link (a new generation).
