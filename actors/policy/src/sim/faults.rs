@@ -20,9 +20,9 @@ use crate::time::Micros;
 pub struct FaultSpace {
     /// The seed: the same space gives the same schedule.
     pub seed: u64,
-    /// The node the workload's client runs on (never faulted; partitions cut others off from it).
+    /// The node the workload's client runs on (never crashed nor cut off).
     pub client: String,
-    /// The nodes that may be crashed or cut off from the client.
+    /// The nodes that may be crashed or cut off from the rest.
     pub nodes: Vec<String>,
     /// At most this many of `nodes` down (crashed or cut off) at once.
     pub max_down: usize,
@@ -47,9 +47,9 @@ pub enum SimFault {
     Crash(String),
     /// Start a fresh incarnation of the crashed `node`.
     Restart(String),
-    /// Cut `node` off from the client.
+    /// Cut `node` off from every other node.
     Partition(String),
-    /// Reconnect `node` and the client.
+    /// Reconnect `node` and the others.
     Heal(String),
     /// From now on lose frames with probability `loss` and delay them up to `max_delay`
     /// (frames of different flows overtake each other: the reordering the transport allows).
