@@ -1,7 +1,7 @@
 //! The fault explorer's schedule (simulation only): from a seed and a description of the
 //! simulated cluster, a deterministic list of timed faults — node crashes and restarts,
 //! partitions and heals, bursts of loss and delay — that the explorer performs on a
-//! [`SimCluster`](../../../troupe_actors/sim/struct.SimCluster.html).
+//! `troupe_actors::sim::SimCluster`.
 //!
 //! Caps keep every run one that can end: the node the workload's client runs on is never
 //! faulted; at most `max_down` of the faultable nodes are crashed or cut off at once (a fault
