@@ -48,6 +48,9 @@ pub enum MembershipMsg {
     Check,
     /// This peer joined (later frames are seen through [`RuntimeLink::take_heard`] at each tick).
     Heard(NodeId),
+    /// This peer restarted (its transport saw a new process under its name): what the old one
+    /// held is gone, so it is declared down and up again at once.
+    Restarted(NodeId),
     /// This peer said goodbye (closed its connections in an orderly shutdown).
     Left(NodeId),
     /// The current view: member, status, when last heard (clock micros).
@@ -167,6 +170,7 @@ impl Actor for Membership {
             }
             MembershipMsg::Check => st.look(),
             MembershipMsg::Heard(from) => st.detector.handle_heard(st.clock.now(), from),
+            MembershipMsg::Restarted(peer) => st.detector.handle_restarted(st.clock.now(), peer),
             MembershipMsg::Left(peer) => st.detector.handle_left(st.clock.now(), &peer),
             MembershipMsg::Members(reply) => {
                 let v = st.detector.members().map(|(k, s, t)| (k.clone(), s, t)).collect();

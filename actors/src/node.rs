@@ -510,6 +510,7 @@ async fn peer_events(
             PeerEvent::Restarted { peer } => {
                 info!(%peer, "peer restarted; its unanswered calls fail now");
                 services.peer_restarted(&peer);
+                let _ = membership.cast(MembershipMsg::Restarted(peer.clone()));
             }
             PeerEvent::Left { peer, reason, goodbye } => {
                 debug!(%peer, %reason, goodbye, "connection closed");

@@ -250,3 +250,44 @@ async fn sim_a_partition_is_declared_down_and_healing_brings_the_same_actor_back
     assert_eq!(again.incarnation(), incarnation);
     cluster.shutdown().await;
 }
+
+/// A node restarted before its silence times out (the fault explorer's `typed` seed 7): the
+/// old process's child is gone with it, so its supervisor places it again — here, or on the
+/// other worker — and a call answers from the new incarnation's arguments.
+#[tokio::test(start_paused = true)]
+async fn sim_a_node_restarted_inside_the_failure_timeout_gets_its_child_placed_again() {
+    let specs = vec![
+        node("quick-sup", Role::Scheduler),
+        node("quick-w1", Role::Executor).placement(workers_rules()),
+        node("quick-w2", Role::Executor).placement(workers_rules()),
+    ];
+    let mut cluster = SimCluster::start(net(13), specs).await.unwrap();
+    for w in ["quick-w1", "quick-w2"] {
+        cluster.node(w).unwrap().actors.register_kind::<Counter>();
+    }
+    let sup = cluster.node("quick-sup").unwrap();
+    for w in ["quick-w1", "quick-w2"] {
+        wait_placement(&sup.services, w).await;
+    }
+    let mut events = sup.subscribe_supervision();
+    let children = vec![RemoteChild::new::<Counter>("quick", &7).unwrap()];
+    let rs = sup.supervise_remote("quicks", children, Intensity::default()).await.unwrap();
+    let first = ractor::call!(rs, RemoteSupervisorMsg::Children).unwrap()[0].1.clone().expect("placed");
+    let h = sup.actors.wait_for::<Counter>("quick", T).await.unwrap();
+    assert_eq!(h.call(Add(1), T).await.unwrap(), 8);
+
+    assert!(cluster.crash(first.as_str()).await);
+    tokio::time::sleep(Duration::from_millis(200)).await; // well inside the 1 s failure timeout
+    let again = cluster.restart(first.as_str()).await.unwrap().expect("restarted");
+    again.actors.register_kind::<Counter>();
+    let ev = tokio::time::timeout(T, events.recv()).await.expect("the child placed again").unwrap();
+    assert!(matches!(ev, SupervisorEvent::Restarted { ref child, .. } if child == "quick"), "{ev:?}");
+    let answer = match h.call(Get, T).await {
+        Err(ActorError::PeerLost { .. } | ActorError::UnknownActor { .. }) => h.call(Get, T).await,
+        other => other,
+    };
+    assert_eq!(answer.unwrap(), 7, "a fresh incarnation, from the child's arguments");
+    assert!(cluster.restart(first.as_str()).await.unwrap().is_none(), "a running node is not restarted");
+    rs.stop(None);
+    cluster.shutdown().await;
+}

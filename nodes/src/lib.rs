@@ -68,6 +68,8 @@ pub mod node_cmd;
 #[doc(hidden)]
 pub mod progress;
 #[doc(hidden)]
+pub mod sim;
+#[doc(hidden)]
 pub mod status;
 #[doc(hidden)]
 pub mod summary;

@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod placement;
 pub mod restart;
 pub mod roster;
+pub mod sim;
 pub mod stats;
 pub mod time;
 

@@ -19,6 +19,7 @@
 
 pub mod coe;
 mod driver;
+pub mod explore;
 mod node;
 
 pub use node::{SimNode, SimNodeSpec};
@@ -34,6 +35,7 @@ use crate::node::RuntimeError;
 pub struct SimCluster {
     hub: SimHub,
     nodes: BTreeMap<NodeId, SimNode>,
+    specs: BTreeMap<NodeId, SimNodeSpec>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -43,12 +45,13 @@ impl SimCluster {
     pub async fn start(net: SimConfig, specs: Vec<SimNodeSpec>) -> Result<Self, RuntimeError> {
         let hub = SimHub::new(net);
         let driver = tokio::spawn(driver::drive(hub.clone(), net.min_delay));
-        let mut nodes = BTreeMap::new();
+        let (mut nodes, mut kept) = (BTreeMap::new(), BTreeMap::new());
         for spec in specs {
+            kept.insert(spec.name.clone(), spec.clone());
             let node = SimNode::start(&hub, spec).await?;
             nodes.insert(node.name.clone(), node);
         }
-        Ok(Self { hub, nodes, driver })
+        Ok(Self { hub, nodes, specs: kept, driver })
     }
 
     /// The simulated network (faults, the event log).
@@ -69,6 +72,27 @@ impl SimCluster {
         self.hub.crash(&node.name);
         node.stop().await;
         true
+    }
+
+    /// Starts a fresh incarnation of the crashed node `name` on its old identity: the network
+    /// carries its traffic again, and its membership, router, registry and root supervisor start
+    /// empty, as a restarted process's do (what its actors held is lost). Its typed-actor kinds
+    /// are registered by the caller on the node returned, before anything else runs. `Ok(None)`
+    /// if `name` is running or was never part of the cluster.
+    pub async fn restart(&mut self, name: &str) -> Result<Option<&SimNode>, RuntimeError> {
+        let id = NodeId::new(name);
+        let Some(spec) = self.specs.get(&id).filter(|_| !self.nodes.contains_key(&id)).cloned() else {
+            return Ok(None);
+        };
+        self.note(&format!("test restarts {name}"));
+        self.hub.restart(&id);
+        // what QUIC's handshake with the new process tells each peer (`PeerEvent::Restarted`)
+        for other in self.nodes.values() {
+            other.services.peer_restarted(&id);
+            let _ = other.membership.cast(crate::membership::MembershipMsg::Restarted(id.clone()));
+        }
+        let node = SimNode::start(&self.hub, spec).await?;
+        Ok(Some(self.nodes.entry(id).or_insert(node)))
     }
 
     /// Adds a line to the event log at the hub's time (what the test did or saw).

@@ -144,18 +144,29 @@ impl SimNode {
         children: Vec<RemoteChild>,
         intensity: Intensity,
     ) -> Result<ActorRef<RemoteSupervisorMsg>, RuntimeError> {
-        let args = RemoteSupervisorArgs {
+        let args = self.remote_supervisor_args(name, children, intensity);
+        let (sup, _) = Actor::spawn(None, RemoteSupervisor, args)
+            .await
+            .map_err(|e| RuntimeError::Spawn { what: "remote supervisor", detail: e.to_string() })?;
+        Ok(sup)
+    }
+
+    /// What [`Self::supervise_remote`] starts its supervisor with, for a caller that spawns it
+    /// later from a task of its own (the explorer's clients).
+    pub fn remote_supervisor_args(
+        &self,
+        name: &str,
+        children: Vec<RemoteChild>,
+        intensity: Intensity,
+    ) -> RemoteSupervisorArgs {
+        RemoteSupervisorArgs {
             name: name.to_string(),
             actors: self.actors.clone(),
             children,
             intensity,
             events: self.supervisor_events.clone(),
             membership: self.membership_events.clone(),
-        };
-        let (sup, _) = Actor::spawn(None, RemoteSupervisor, args)
-            .await
-            .map_err(|e| RuntimeError::Spawn { what: "remote supervisor", detail: e.to_string() })?;
-        Ok(sup)
+        }
     }
 
     /// Stops the node's actors and tasks (as a crash does to a process, when the hub has

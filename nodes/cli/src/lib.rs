@@ -1,4 +1,4 @@
-//! Command-line interface: `troupe keys | node | up | chaos | status | dashboard | embed | bench`.
+//! Command-line interface: `troupe keys | node | up | chaos | sim | status | dashboard | embed | bench`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -62,6 +62,24 @@ pub enum Command {
         /// Working folder for both runs and the report (default .cache/chaos/NAME).
         #[arg(long)]
         workdir: Option<PathBuf>,
+    },
+    /// The fault explorer (simulation only): runs seeds of a workload on the simulated cluster
+    /// under seeded crashes, restarts, partitions and loss/delay bursts, checks every invariant,
+    /// and prints seeds run, violations (each with the command that replays its seed), seeds per
+    /// minute and events per second.
+    Sim {
+        /// Which workload: typed, or all.
+        #[arg(long, default_value = "all")]
+        workload: String,
+        /// How many seeds.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Also writes the figures (`sim_seeds`, `sim_violations`, ...) as one JSON object here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Asks a node for its members, actors and device budgets.
     Status {
@@ -204,6 +222,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Chaos { topology, seed, faults, workdir } => {
             troupe::chaos::run(&topology, seed, faults, workdir).await
+        }
+        Command::Sim { workload, seeds, from, json } => {
+            tokio::task::spawn_blocking(move || troupe::sim::run(&workload, seeds, from, json.as_deref()))
+                .await?
         }
         Command::Status { node, keys, as_name, json } => {
             let id = NodeIdentity::load(&keys, &as_name)

@@ -297,6 +297,16 @@ impl SimNet {
         }
     }
 
+    /// Changes the loss probability and the largest delay from `now` on (a burst of loss or
+    /// delay, or its end); the smallest delay stays, as the driver's step is sized by it. Logged.
+    pub fn set_impairment(&mut self, now: Micros, loss: f64, max_delay: Micros) {
+        let now = self.advance(now);
+        self.config.loss = if loss.is_nan() { 0.0 } else { loss.clamp(0.0, 1.0) };
+        self.config.max_delay = max_delay.max(self.config.min_delay);
+        self.log
+            .push(format!("{now} impair loss {:.3} max-delay {}", self.config.loss, self.config.max_delay));
+    }
+
     /// True when `a` and `b` cannot reach each other.
     pub fn is_partitioned(&self, a: &NodeId, b: &NodeId) -> bool {
         self.partitions.contains(&pair(a, b))

@@ -1,0 +1,93 @@
+//! The fault explorer on the simulated cluster: seeded schedules of crashes, restarts,
+//! partitions and loss/delay bursts against the `typed` workload, every invariant checked, and
+//! one seed replayed to the same event log. Costs a few seconds of wall time (see docs/testing.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use troupe_actors::sim::explore::typed::TypedWorkload;
+use troupe_actors::sim::explore::{
+    ExploreConfig, SimWorkload, replay_command, run_seed, schedule_for, sweep,
+};
+use troupe_policy::Micros;
+use troupe_policy::sim::SimFault;
+
+/// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
+fn seeds() -> u64 {
+    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200)
+}
+
+/// Seeds that still fail, each with what is known (see docs/testing.md): the sweep must fail on
+/// exactly these, so a new violation fails CI and a fix must take its seed off this list (and
+/// make it a regression test).
+/// 109: after w1's crash the supervisor, its placement calls slowed by a partition and a loss
+/// burst, places the squarer on w2 about 2 s later; the client then never resolves the name
+/// ("no actor named") though the supervisor lists it on w2: the client's directory seems not to
+/// learn w2's announcement (w2 was cut off 0.7 s, never declared down, so no Up re-announced).
+const KNOWN_OPEN: &[u64] = &[109];
+
+#[test]
+fn sim_explore_typed_seeds_hold_every_invariant() {
+    let w = TypedWorkload::default();
+    let n = seeds();
+    let s = sweep(&w, 0, n, &ExploreConfig::default(), |_| {});
+    let failed: Vec<String> = s
+        .failed
+        .iter()
+        .map(|v| {
+            format!("seed {}: {:?}; replay: {}", v.seed, v.violations, replay_command(v.workload, v.seed))
+        })
+        .collect();
+    let open: Vec<u64> = s.failed.iter().map(|v| v.seed).filter(|seed| KNOWN_OPEN.contains(seed)).collect();
+    let known: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|seed| *seed < n).collect();
+    assert_eq!(
+        open, known,
+        "a known-open seed now passes: take it off KNOWN_OPEN, make it a regression test"
+    );
+    let failed: Vec<String> = failed
+        .into_iter()
+        .zip(&s.failed)
+        .filter(|(_, v)| !KNOWN_OPEN.contains(&v.seed))
+        .map(|(f, _)| f)
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(s.seeds, n);
+    println!(
+        "sim_seeds {} sim_seeds_per_min {:.0} sim_events_per_s {:.0} wall {:?}",
+        s.seeds,
+        s.seeds_per_min(),
+        s.events_per_s(),
+        s.wall
+    );
+}
+
+#[test]
+fn sim_explore_one_seed_replays_to_the_same_log() {
+    let w = TypedWorkload::default();
+    let config = ExploreConfig::default();
+    let schedule = schedule_for(5, &w.nodes("det"), &config);
+    assert!(!schedule.faults.is_empty(), "a seed with faults");
+    let a = run_seed(&w, "det", 5, &schedule, None);
+    let b = run_seed(&w, "det", 5, &schedule, None);
+    assert!(a.events > 100, "a run worth comparing: {} events", a.events);
+    assert_eq!(a.log_hash, b.log_hash, "same seed, same event log");
+    assert_eq!(a.answers, b.answers);
+    let other = run_seed(&w, "det", 6, &schedule_for(6, &w.nodes("det"), &config), None);
+    assert_ne!(a.log_hash, other.log_hash, "another seed, another run");
+}
+
+/// Found by the explorer (seed 7 of `typed`): the worker holding the squarer crashes and is
+/// restarted 0.735 s later, inside the 1 s failure timeout. Membership never declared it down,
+/// so its supervisor never placed the squarer again and half the requests went unanswered.
+/// Fixed: a member's restart is a Down and an Up at once
+/// (`FailureDetector::handle_restarted`, fed by the transport's restart event).
+#[test]
+fn sim_explore_typed_seed_7_a_restart_inside_the_failure_timeout_places_the_child_again() {
+    let w = TypedWorkload::default();
+    let schedule = schedule_for(7, &w.nodes("seed7"), &ExploreConfig::default());
+    let at = |f: SimFault| schedule.faults.iter().find(|t| t.fault == f).map(|t| t.at).unwrap();
+    let outage = at(SimFault::Restart("seed7-w1".into())) - at(SimFault::Crash("seed7-w1".into()));
+    assert!(outage < Micros::from_secs(1), "the seed still restarts w1 inside the timeout: {outage}");
+    let v = run_seed(&w, "seed7", 7, &schedule, None);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.answers.answers.len() as u64, w.requests);
+}
