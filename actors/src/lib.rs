@@ -4,6 +4,7 @@
 
 pub mod address;
 pub mod allocator;
+pub mod cgroup;
 pub mod clock;
 pub mod cluster;
 pub mod coadapt;

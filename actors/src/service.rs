@@ -52,8 +52,16 @@ const ANNOUNCE: &str = "announce";
 pub const MAX_ANNOUNCED: usize = 256;
 /// Most Busy answers one node sends at once (see `Inner::busy_replies`).
 const MAX_BUSY_REPLIES: usize = 64;
-/// How long an announcement may take before it is given up (it is repeated on the next join).
+/// How long one try of an announcement may take.
 const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Tries of one announcement (a lost one is tried again after [`ANNOUNCE_BACKOFF`], doubled up to
+/// [`ANNOUNCE_BACKOFF_MAX`]; about 9 s of pauses in all, past a membership timeout, so a peer
+/// cut off for longer is declared down and gets a fresh announcement when it is back up).
+const ANNOUNCE_TRIES: u32 = 8;
+/// The first pause after a failed announcement.
+const ANNOUNCE_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest pause between two tries of an announcement.
+const ANNOUNCE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Who may call a method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -405,8 +413,10 @@ impl Services {
     }
 
     fn fail_pending(&self, peer: &NodeId, reason: &str) {
-        let ids: Vec<u64> =
+        let mut ids: Vec<u64> =
             self.inner.pending.iter().filter(|e| &e.value().peer == peer).map(|e| *e.key()).collect();
+        // in call order, not the map's (seeded per process): a simulated run replays exactly
+        ids.sort_unstable();
         for id in ids {
             if let Some((_, p)) = self.inner.pending.remove(&id) {
                 let _ = p.tx.send(Err(reason.to_string()));
@@ -414,19 +424,28 @@ impl Services {
         }
     }
 
+    /// Tells `peer` what this node serves, in the background, trying again with backoff when the
+    /// announcement is lost (a lost one left the peer's directory without this node's services
+    /// until the next join: the fault explorer's `typed` seed 109). Each try carries the services
+    /// served at that moment, so a late try is never staler than one sent before it.
     fn announce_to(&self, peer: NodeId) {
-        let names = self.local_services();
-        if names.is_empty() {
+        if self.local_services().is_empty() {
             return;
         }
         let this = self.clone();
         tokio::spawn(async move {
-            let body = match to_body(&names) {
-                Ok(b) => b,
-                Err(e) => return warn!(error = %e, "encoding the service announcement"),
-            };
-            if let Err(e) = this.call(&peer, DIRECTORY, ANNOUNCE, body, ANNOUNCE_TIMEOUT).await {
-                debug!(%peer, error = %e, "service announcement not delivered");
+            let mut pause = ANNOUNCE_BACKOFF;
+            for attempt in 1..=ANNOUNCE_TRIES {
+                let body = match to_body(&this.local_services()) {
+                    Ok(b) => b,
+                    Err(e) => return warn!(error = %e, "encoding the service announcement"),
+                };
+                match this.call(&peer, DIRECTORY, ANNOUNCE, body, ANNOUNCE_TIMEOUT).await {
+                    Ok(_) => return,
+                    Err(e) => debug!(%peer, attempt, error = %e, "service announcement not delivered"),
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ANNOUNCE_BACKOFF_MAX);
             }
         });
     }

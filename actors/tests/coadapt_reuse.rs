@@ -152,8 +152,8 @@ fn grouped_slices_prefetch_the_next_slice_behind_compute() {
 #[test]
 fn a_storage_read_throttle_puts_the_disk_thread_in_a_blkio_group() {
     use std::os::unix::fs::MetadataExt;
+    use troupe_actors::cgroup::CgroupVersion;
     use troupe_actors::coadapt::throttle::dev_numbers;
-    use troupe_actors::pipeline::telemetry::CgroupVersion;
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = EngineConfig { storage_read_bps: 40_000_000, ..EngineConfig::default() };

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use troupe_policy::adapt::storage::check_read_bps;
 
-use crate::pipeline::telemetry::{CGROUP_V2_ROOT, CgroupVersion, own_group, v2_group, write_in};
+use crate::cgroup::{CGROUP_V2_ROOT, CgroupVersion, own_group, v2_group, write_in};
 
 /// Where the cgroup v1 blkio controller is mounted on Linux.
 pub const CGROUP_V1_BLKIO: &str = "/sys/fs/cgroup/blkio";

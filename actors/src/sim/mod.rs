@@ -17,6 +17,7 @@
 //! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
 //! adds) is the run's record: one seed, one log.
 
+#[cfg(feature = "onnx")]
 pub mod coe;
 mod driver;
 pub mod explore;

@@ -213,7 +213,7 @@ impl Actors {
 
     /// The node's QUIC endpoint, for shells that need what only QUIC does (blob pulls, raw
     /// streams); refused on a simulated node.
-    pub(crate) fn quic(&self) -> Result<&QuicNode, QuicOnly> {
+    pub fn quic(&self) -> Result<&QuicNode, QuicOnly> {
         self.inner.link.quic().ok_or_else(|| QuicOnly(self.inner.node.clone()))
     }
 

@@ -1,7 +1,9 @@
 //! The simulated peer view: [`RuntimeLink`] for [`SimLink`], read from its [`SimHub`].
 //!
-//! A node's peers are the other nodes linked on the hub that it can reach now: neither of the
-//! two crashed, no partition between them. Roles come from the table given at build time
+//! A node's peers are the other nodes linked on the hub that are not crashed, partitioned from it
+//! or not, as a QUIC connection outlives a short partition (what is sent across one fails or is
+//! lost); a member is a peer it can reach now: neither of the two crashed, no partition between
+//! them. Roles come from the table given at build time
 //! ([`SimHub::set_roles`]); the router checks them exactly as it checks a certificate's.
 
 use super::{HubState, SimHub, SimLink};
@@ -10,9 +12,14 @@ use crate::roles::RoleSet;
 use crate::runtime_link::{DeliverySink, RuntimeLink};
 
 impl HubState {
+    /// Whether `a` and `b` are two live nodes (a partition between them or not).
+    fn linked(&self, a: &NodeId, b: &NodeId) -> bool {
+        a != b && !self.net.is_crashed(a) && !self.net.is_crashed(b)
+    }
+
     /// Whether `a` and `b` reach each other now.
     fn reachable(&self, a: &NodeId, b: &NodeId) -> bool {
-        a != b && !self.net.is_crashed(a) && !self.net.is_crashed(b) && !self.net.is_partitioned(a, b)
+        self.linked(a, b) && !self.net.is_partitioned(a, b)
     }
 }
 
@@ -34,7 +41,7 @@ impl RuntimeLink for SimLink {
     fn peers(&self) -> Vec<NodeId> {
         let s = self.hub.lock();
         // inboxes is a BTreeMap: the peers come sorted, the same in every run
-        s.inboxes.keys().filter(|p| s.reachable(&self.id, p)).cloned().collect()
+        s.inboxes.keys().filter(|p| s.linked(&self.id, p)).cloned().collect()
     }
 
     fn is_member(&self, peer: &NodeId) -> bool {
@@ -90,10 +97,10 @@ mod tests {
         assert!(!la.take_heard(&b), "taken once");
 
         hub.with_net(|net, now| net.partition(now, &a, &c));
-        assert_eq!(la.peers(), vec![b.clone()]);
-        assert!(!la.is_member(&c));
+        assert_eq!(la.peers(), vec![b.clone(), c.clone()], "a partition keeps the peer");
+        assert!(!la.is_member(&c), "but it is no member while cut off");
         hub.crash(&b);
-        assert!(la.peers().is_empty());
+        assert_eq!(la.peers(), vec![c.clone()], "a crashed node is no peer; the cut-off one still is");
         assert_eq!(la.peer_roles(&b), None);
         assert!(lb.peers().is_empty(), "a crashed node reaches nobody");
     }
