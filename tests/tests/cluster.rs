@@ -201,8 +201,13 @@ async fn nodes_join_through_one_seed_named_by_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_is_a_leave_that_members_report_as_left() {
     let mut cluster = ProcCluster::start(EXE.as_ref(), &topology(false)).unwrap();
-    for me in ["scheduler", "expert-1"] {
-        cluster.wait_status(me, Duration::from_secs(30), |s| member_is(s, "expert-2", "up")).await.unwrap();
+    // the whole mesh first: each of the two that stay sees both others up (a node that had not
+    // yet heard the other survivor would list it nowhere, not "up", after the leave)
+    for (me, others) in [("scheduler", ["expert-1", "expert-2"]), ("expert-1", ["scheduler", "expert-2"])] {
+        cluster
+            .wait_status(me, Duration::from_secs(30), |s| others.iter().all(|o| member_is(s, o, "up")))
+            .await
+            .unwrap();
     }
     cluster.signal("expert-2", libc::SIGTERM).unwrap();
     for me in ["scheduler", "expert-1"] {
