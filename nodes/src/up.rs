@@ -93,6 +93,20 @@ pub struct TopologyNode {
 }
 
 impl Topology {
+    /// A topology named `name` with default settings and no nodes: for a [`Cluster`] whose
+    /// processes are not nodes of a topology file (a benchmark's peer process).
+    pub fn empty(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            membership: MembershipSection::default(),
+            supervision: SupervisionSection::default(),
+            transport: TransportSection::default(),
+            links: LinksSection::default(),
+            prepare: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
+
     /// Reads and parses a topology file, naming the file in every error.
     pub fn load(path: &Path) -> Result<Self> {
         let len = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?.len();

@@ -1,13 +1,14 @@
 //! The second process of `troupe bench transport` (`troupe bench-peer`, hidden): a node runtime
 //! with the actors the benchmark calls, a frame sink that acknowledges every tensor with its
 //! length (and answers a data-channel message with the blake3 hash of its body, for tests), a
-//! TCP frame sink for the baseline and a UDP echo. It prints one `READY` line and runs until its stdin
-//! closes, so it never outlives the benchmark.
+//! TCP frame sink for the baseline and a UDP echo. It prints one `READY` line and runs until SIGINT or
+//! SIGTERM, as `troupe node` does. The benchmark starts it through the node launcher `troupe up`
+//! uses ([`PeerProcess`], [`troupe::up::Cluster`]), which kills it if the benchmark drops it.
 //!
 //! The bench's typed actor kind, [`BenchEcho`], is defined here: the peer runs one named [`ECHO`].
 //! It also serves [`VIA_ACTOR`], the hello expert's question through a plain ractor actor's
 //! mailbox (an [`Answerer`]), the baseline for what the typed layer adds over any actor call.
-//! Started with [`HOST_ENV`] set to a node name, the process is instead a placement host of that
+//! Started with `--host NAME`, the process is instead a placement host of that
 //! name (no other actors, no sinks): it lets schedulers place one [`BenchEcho`] on it, for the
 //! cross-node restart figure.
 
@@ -16,10 +17,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use troupe_actors::hello::{ASK, HelloExpert, HelloExpertMsg, MAX_QUESTION, answer};
 use troupe_actors::service::{Allow, Handler, ServiceSpec, to_body, with_archived};
@@ -39,9 +40,6 @@ pub const SINK_GROUP: &str = "bench-sink";
 pub const CRASHY_GROUP: &str = "bench-crashy";
 /// Name of the [`BenchEcho`] the peer runs.
 pub const ECHO: &str = "bench-echo";
-/// Set to a node name, `troupe bench-peer` runs as a placement host of that name (see the
-/// module doc); its identity must be in the keys folder under that name.
-pub const HOST_ENV: &str = "TROUPE_BENCH_HOST";
 /// The service (method [`ASK`], schedulers only) whose handler
 /// forwards the hello expert's question to the peer's [`Answerer`] and answers with its reply.
 pub const VIA_ACTOR: &str = "bench-via-actor";
@@ -257,13 +255,16 @@ fn spec(
     }
 }
 
-/// Waits until stdin closes (the benchmark ended or dropped this process).
-async fn until_stdin_closes() {
-    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    let mut line = String::new();
-    while stdin.read_line(&mut line).await.unwrap_or(0) > 0 {
-        line.clear();
+/// Waits for SIGINT or SIGTERM (the launcher stopping this process).
+async fn until_stopped() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
     }
+    Ok(())
 }
 
 /// A placement host named `name`: schedulers may place one [`BenchEcho`] on it. Prints `READY`
@@ -275,15 +276,15 @@ async fn host(keys: &Path, name: &str) -> Result<()> {
     let node = NodeRuntime::start(spec(identity, children, Intensity::default(), rules)).await?;
     node.actors.register_kind::<BenchEcho>();
     println!("READY {}", node.link.local_addr()?);
-    until_stdin_closes().await;
+    let stopped = until_stopped().await;
     node.shutdown().await;
-    Ok(())
+    stopped
 }
 
-/// Runs the peer (or, with [`HOST_ENV`] set, a placement host) until stdin closes.
-pub async fn run(keys: &Path) -> Result<()> {
-    if let Ok(name) = std::env::var(HOST_ENV) {
-        return host(keys, &name).await;
+/// Runs the peer (or, given `host`, a placement host of that name) until SIGINT or SIGTERM.
+pub async fn run(keys: &Path, host_name: Option<&str>) -> Result<()> {
+    if let Some(name) = host_name {
+        return host(keys, name).await;
     }
     // one line per panic instead of a captured backtrace: the crash is the benchmark's, on purpose
     std::panic::set_hook(Box::new(|info| eprintln!("bench-peer: {info}")));
@@ -334,12 +335,12 @@ pub async fn run(keys: &Path) -> Result<()> {
     tokio::spawn(tcp_sink(tcp));
     let udp_addr = udp_echo()?;
     println!("READY {} {tcp_addr} {udp_addr}", node.link.local_addr()?);
-    until_stdin_closes().await;
+    let stopped = until_stopped().await;
     node.services.unregister(VIA_ACTOR);
     answerer.stop(None);
     let _ = answerer_done.await;
     node.shutdown().await;
-    Ok(())
+    stopped
 }
 
 /// Acknowledges every frame on every accepted connection with its body length.
@@ -374,4 +375,93 @@ fn udp_echo() -> Result<SocketAddr> {
         }
     });
     Ok(addr)
+}
+
+/// A `troupe bench-peer` process (`troupe bench transport`'s second process, or a placement host
+/// of it) started through the node launcher `troupe up` uses, and the addresses its `READY` line
+/// gave: the peer's QUIC, TCP and UDP addresses, or a placement host's QUIC address.
+pub struct PeerProcess {
+    cluster: troupe::up::Cluster,
+    name: String,
+    /// Where it listens.
+    pub addrs: Vec<SocketAddr>,
+    /// Its log (`NAME.log`); removed when this is dropped.
+    _workdir: tempfile::TempDir,
+}
+
+impl PeerProcess {
+    /// Writes the CA and node `name`'s identity into a private temporary folder, starts `exe
+    /// bench-peer` on it (a placement host of that name when `host`) and waits for its `READY`
+    /// line; the keys are removed once the peer has loaded them. Its output goes to its log
+    /// file (and through this process, for the `READY` line), filtered by `RUST_LOG` (default:
+    /// warnings).
+    pub async fn start(exe: &Path, ca: &troupe_transport::ClusterCa, name: &str, host: bool) -> Result<Self> {
+        use troupe::up::{Cluster, Launch, NodeBinary, Topology};
+        let workdir =
+            tempfile::Builder::new().prefix("troupe-bench-peer-").tempdir().context("a temp folder")?;
+        let keys = workdir.path().join("keys");
+        ca.write(&keys).and_then(|_| ca.issue_node(name)?.write(&keys)).context("writing the peer's keys")?;
+        let mut command = vec!["bench-peer".to_string()];
+        if host {
+            command.extend(["--host".to_string(), name.to_string()]);
+        }
+        let binary =
+            NodeBinary { exe: exe.to_path_buf(), node_command: command, kinds: troupe::Kinds::builtin() };
+        let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,ractor_cluster=error".into());
+        let launch = Launch { binary, lines: Some(tx), log_filter: Some(filter), ..Launch::logged(exe) };
+        // the launcher passes each node's config as `--config`: here, the peer's keys folder
+        let (cluster, _jobs) = Cluster::start(
+            &Topology::empty("bench"),
+            workdir.path(),
+            vec![(name.to_string(), keys.clone())],
+            launch,
+        )?;
+        let mut peer = Self { cluster, name: name.to_string(), addrs: Vec::new(), _workdir: workdir };
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some((_, line)) = lines.recv().await {
+                if let Some(addrs) = line.strip_prefix("READY ") {
+                    return Some(addrs.to_string());
+                }
+            }
+            None
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(&keys);
+        let log = peer.cluster.log_path(name);
+        let line = match ready {
+            Ok(Some(line)) => line,
+            Ok(None) => bail!("the bench peer {name} exited before it was ready; its log: {}", log.display()),
+            Err(_) => bail!("the bench peer {name} was not ready within 30 s; its log: {}", log.display()),
+        };
+        peer.addrs = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("bad addresses from the bench peer: {line:?}"))?;
+        Ok(peer)
+    }
+
+    /// The peer's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.cluster.pid(&self.name)
+    }
+
+    /// Sends the peer SIGKILL without waiting for it (see [`PeerProcess::reap`]).
+    pub fn start_kill(&mut self) -> Result<()> {
+        self.cluster.start_kill9(&self.name).map(|_| ())
+    }
+
+    /// Waits for the peer's process to end, once killed.
+    pub async fn reap(&mut self) {
+        if let Some((_, child)) = self.cluster.children.iter_mut().find(|(n, _)| *n == self.name) {
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Stops the peer (SIGINT, then SIGKILL after 3 s) and returns how it exited.
+    pub async fn stop(mut self) -> Result<std::process::ExitStatus> {
+        self.cluster.stop_all().await;
+        self.cluster.exited(&self.name)?.with_context(|| format!("the bench peer {} did not exit", self.name))
+    }
 }

@@ -98,14 +98,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use ractor::pg::GroupChangeMessage;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorMessage;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use troupe_actors::hello::{ASK, EXPERTS_GROUP, HelloExpertMsg, find_experts};
@@ -119,7 +117,7 @@ use troupe_transport::{
 };
 
 use super::peer::{
-    Ask, BenchEcho, CRASHY_GROUP, Count, CrashyMsg, ECHO, HOST_ENV, PEER_NAME, SINK_GROUP, SinkMsg, Tell,
+    Ask, BenchEcho, CRASHY_GROUP, Count, CrashyMsg, ECHO, PEER_NAME, PeerProcess, SINK_GROUP, SinkMsg, Tell,
     VIA_ACTOR,
 };
 use troupe_policy::stats::{median, quantile};
@@ -136,7 +134,7 @@ const RAY_RESTART_MS: f64 = 561.0;
 pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     let mut f = BTreeMap::new();
     let ca = ClusterCa::generate("bench")?;
-    let peer = PeerProcess::start(&ca, PEER_NAME, false).await?;
+    let peer = PeerProcess::start(&bench_exe()?, &ca, PEER_NAME, false).await?;
     let [peer_quic, peer_tcp, peer_udp] = peer.addrs[..] else {
         bail!("expected three addresses from the bench peer: {:?}", peer.addrs)
     };
@@ -316,7 +314,7 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     f.insert("membership_timeout_ms".into(), membership.timeout.as_secs_f64() * 1e3);
     f.insert("membership_heartbeat_ms".into(), membership.heartbeat.as_secs_f64() * 1e3);
     client.shutdown().await;
-    peer.stop().await;
+    let _ = peer.stop().await;
 
     let local = if quick { 20_000 } else { 200_000 };
     let (tell, mpsc) = tell_vs_mpsc(local).await?;
@@ -330,73 +328,9 @@ pub async fn run(quick: bool) -> Result<BTreeMap<String, f64>> {
     Ok(f)
 }
 
-/// A `troupe bench-peer` child process and where it listens: the peer's QUIC, TCP and UDP
-/// addresses, or a placement host's QUIC address.
-struct PeerProcess {
-    child: tokio::process::Child,
-    addrs: Vec<SocketAddr>,
-}
-
-impl PeerProcess {
-    /// Writes the identity of node `name` into a private temporary folder, starts the peer (a
-    /// placement host of that name when `host`) and waits for its `READY` line (the folder is
-    /// removed once the peer has loaded its keys).
-    async fn start(ca: &ClusterCa, name: &str, host: bool) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("troupe-bench-keys-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let written = ca.write(&dir).and_then(|_| ca.issue_node(name)?.write(&dir));
-        let started = async {
-            written?;
-            let exe = std::env::current_exe().context("finding the troupe binary")?;
-            let mut command = tokio::process::Command::new(exe);
-            if host {
-                command.env(HOST_ENV, name);
-            }
-            let mut child = command
-                .arg("bench-peer")
-                .arg("--keys")
-                .arg(&dir)
-                .env(
-                    "RUST_LOG",
-                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,ractor_cluster=error".into()),
-                )
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting the bench peer process")?;
-            let stdout = child.stdout.take().context("peer stdout")?;
-            let mut line = String::new();
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                tokio::io::BufReader::new(stdout).read_line(&mut line),
-            )
-            .await
-            .context("the bench peer did not start within 30 s")??;
-            let addrs: Vec<SocketAddr> = line
-                .strip_prefix("READY ")
-                .with_context(|| format!("unexpected first line from the bench peer: {line:?}"))?
-                .split_whitespace()
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("bad addresses from the bench peer: {line:?}"))?;
-            Ok(Self { child, addrs })
-        }
-        .await;
-        let _ = std::fs::remove_dir_all(&dir);
-        started
-    }
-
-    /// Closes the peer's stdin (it shuts down) and waits for it, killing it after 5 s.
-    async fn stop(mut self) {
-        if let Some(mut stdin) = self.child.stdin.take() {
-            let _ = stdin.shutdown().await;
-        }
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
-    }
+/// The `troupe` binary running this benchmark (it has the hidden `bench-peer` subcommand).
+fn bench_exe() -> Result<std::path::PathBuf> {
+    std::env::current_exe().context("finding the troupe binary")
 }
 
 /// Incompressible-looking bytes (an LCG), so neither side can cheat with compression.
@@ -663,7 +597,7 @@ const MOVING: &str = "bench-moving";
 /// A placement host process named `bench-host-N`, dialled by `node` and announced to it.
 async fn start_host(ca: &ClusterCa, node: &NodeRuntime, n: usize) -> Result<(NodeId, PeerProcess)> {
     let name = format!("bench-host-{n}");
-    let host = PeerProcess::start(ca, &name, true).await?;
+    let host = PeerProcess::start(&bench_exe()?, ca, &name, true).await?;
     let [addr] = host.addrs[..] else { bail!("expected one address from {name}: {:?}", host.addrs) };
     let id = NodeId::new(&name);
     node.link.connect(addr, &id).await?;
@@ -708,7 +642,7 @@ async fn remote_restart(
         // last frame heard from the victim (detection then takes timeout + heartbeat - that time)
         tokio::time::sleep(heartbeat.mul_f64(1.0 + (round as f64 + 0.5) / rounds as f64)).await;
         let start = Instant::now();
-        process.child.start_kill().context("killing the child's host")?;
+        process.start_kill().context("killing the child's host")?;
         loop {
             // the call to the killed node fails once, then the handle waits for the replacement
             let waiting = |e: &ActorError| {
@@ -727,7 +661,7 @@ async fn remote_restart(
             }
         }
         samples.push(start.elapsed().as_secs_f64() * 1e3);
-        let _ = process.child.wait().await;
+        process.reap().await;
         // Workaround: the killed host's QUIC connection stays open until its idle timeout (10 s),
         // and `RemoteSupervisor` forgets that a node is down when any member comes up while the
         // dead one is still connected (it keeps as down only nodes no longer in `link.peers()`);
@@ -738,7 +672,7 @@ async fn remote_restart(
     }
     supervisor.stop(None);
     for (_, host) in hosts {
-        host.stop().await;
+        let _ = host.stop().await;
     }
     Ok(median(&mut samples))
 }

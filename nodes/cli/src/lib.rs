@@ -142,9 +142,13 @@ pub enum Command {
     /// The second process of `troupe bench transport` (started by it, not by hand).
     #[command(hide = true)]
     BenchPeer {
-        /// Folder holding the CA and the peer's identity.
-        #[arg(long)]
+        /// Folder holding the CA and the peer's identity (`--config`, as the node launcher
+        /// passes it).
+        #[arg(long, alias = "config")]
         keys: PathBuf,
+        /// Run as a placement host of this name instead (its identity in the keys folder).
+        #[arg(long)]
+        host: Option<String>,
     },
 }
 
@@ -268,7 +272,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             troupe::workloads::pipeline::command(command).await.map(|_| ExitCode::SUCCESS)
         }
         Command::Bench { which } => troupe_bench::run(which).await.map(|_| ExitCode::SUCCESS),
-        Command::BenchPeer { keys } => troupe_bench::peer::run(&keys).await.map(|_| ExitCode::SUCCESS),
+        Command::BenchPeer { keys, host } => {
+            troupe_bench::peer::run(&keys, host.as_deref()).await.map(|_| ExitCode::SUCCESS)
+        }
     }
 }
 

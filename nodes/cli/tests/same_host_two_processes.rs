@@ -1,14 +1,14 @@
-//! Two real processes on one host: this test and `troupe bench-peer`. A 64 MiB message takes
+//! Two real processes on one host: this test and `troupe bench-peer` (started as the transport
+//! bench starts it). A 64 MiB message takes
 //! the same-host shared-memory path, arrives bit-identical (the peer answers with the blake3
 //! hash of what it received), and neither process leaves a segment in /dev/shm.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use troupe_bench::peer::{PEER_NAME, PeerProcess};
 use troupe_transport::shm::{SEGMENT_PREFIX, SHM_DIR};
 use troupe_transport::{Channel, ClusterCa, Frame, FrameKind, Link, NodeId, QuicConfig, QuicNode};
 
@@ -24,29 +24,12 @@ fn segments_of(pid: u32) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tensor_of_64_mib_crosses_processes_through_shared_memory() {
-    let keys = tempfile::tempdir().unwrap();
     let ca = ClusterCa::generate("t").unwrap();
-    ca.write(keys.path()).unwrap();
-    ca.issue_node("bench-peer").unwrap().write(keys.path()).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
-        .arg("bench-peer")
-        .arg("--keys")
-        .arg(keys.path())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let child_pid = child.id().unwrap();
-    let mut line = String::new();
-    let stdout = child.stdout.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(30), tokio::io::BufReader::new(stdout).read_line(&mut line))
-        .await
-        .expect("the peer did not start")
-        .unwrap();
-    let addr: SocketAddr =
-        line.strip_prefix("READY ").unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    // started as the bench starts it: through the node launcher `troupe up` uses
+    let peer_process =
+        PeerProcess::start(env!("CARGO_BIN_EXE_troupe").as_ref(), &ca, PEER_NAME, false).await.unwrap();
+    let child_pid = peer_process.pid().unwrap();
+    let addr: SocketAddr = peer_process.addrs[0];
 
     let node = QuicNode::bind(
         &ca.issue_node("prober").unwrap(),
@@ -54,7 +37,7 @@ async fn tensor_of_64_mib_crosses_processes_through_shared_memory() {
     )
     .await
     .unwrap();
-    let peer = node.connect(addr, &NodeId::new("bench-peer")).await.unwrap();
+    let peer = node.connect(addr, &NodeId::new(PEER_NAME)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), async {
         while !node.same_host(&peer) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -89,13 +72,7 @@ async fn tensor_of_64_mib_crosses_processes_through_shared_memory() {
     assert_eq!(node.shm_stats().sent, 1, "the message did not take the same-host path");
 
     node.shutdown().await;
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.shutdown().await.unwrap();
-    drop(stdin);
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("peer did not exit")
-        .unwrap();
+    let status = peer_process.stop().await.unwrap();
     assert!(status.success(), "peer exited with {status}");
     assert!(segments_of(std::process::id()).is_empty(), "segments of this process left");
     assert!(segments_of(child_pid).is_empty(), "segments of the peer left");
