@@ -230,9 +230,13 @@ pub fn block_on(command: impl Future<Output = Result<ExitCode>> + Send + 'static
 /// Logs to stderr with `RUST_LOG` (default: info, quiet dependencies), each line written with
 /// any progress bars lifted off the terminal (see [`crate::progress`]).
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,ractor_cluster=error,ractor=warn,quinn=warn")
-    });
+    init_logging_or("info,ractor_cluster=error,ractor=warn,quinn=warn");
+}
+
+/// [`init_logging`] with `default` as the filter when `RUST_LOG` is not set.
+pub fn init_logging_or(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(crate::progress::log_writer)

@@ -206,7 +206,11 @@ pub use troupe::node_main::init_logging;
 /// Parses arguments, sets up logging and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    match cli.command {
+        // the explorer's runs log every fault they inject; its own lines are the report
+        Command::Sim { .. } => troupe::node_main::init_logging_or("error"),
+        _ => init_logging(),
+    }
     troupe_actors::allocator::fix_thresholds();
     troupe::node_main::block_on(run(cli))
 }
