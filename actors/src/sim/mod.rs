@@ -22,6 +22,8 @@ pub mod coe;
 mod driver;
 pub mod explore;
 mod node;
+#[cfg(feature = "onnx")]
+pub mod pipeline;
 
 pub use node::{SimNode, SimNodeSpec};
 

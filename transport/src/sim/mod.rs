@@ -28,7 +28,10 @@ use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
 use crate::roles::RoleSet;
 use crate::runtime_link::DeliverySink;
 
+mod blobs;
 mod view;
+
+pub use blobs::SIM_BLOB_BYTES_PER_US;
 
 /// Network behaviour of a simulation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -393,6 +396,8 @@ struct HubState {
     heard: BTreeSet<(NodeId, NodeId)>,
     /// Where each node's service frames go instead of its inbox.
     sinks: BTreeMap<NodeId, DeliverySink>,
+    /// Each node's blob server (see `blobs.rs`).
+    blobs: BTreeMap<NodeId, Arc<dyn crate::quic::BlobServer>>,
 }
 
 /// A [`SimNet`] shared by async code: hands out [`SimLink`]s and releases deliveries into their
@@ -414,6 +419,7 @@ impl SimHub {
                 roles: BTreeMap::new(),
                 heard: BTreeSet::new(),
                 sinks: BTreeMap::new(),
+                blobs: BTreeMap::new(),
             })),
         }
     }
@@ -497,6 +503,8 @@ impl SimHub {
         if let Some(inbox) = s.inboxes.get_mut(node) {
             inbox.clear();
         }
+        drop(s);
+        self.drop_blob_server(node);
     }
 
     /// Restarts a crashed node now.

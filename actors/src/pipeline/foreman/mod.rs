@@ -128,7 +128,7 @@ pub async fn run_pipeline_job(
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
     let AcceptedJob { job, ledger } = job.into();
-    let link = actors.quic().map_err(|e| ShellError::Refused(e.to_string()))?;
+    let link = actors.link();
     let services = actors.services();
     let targets = discover(services, &settings).await?;
     for s in &job.stages {
