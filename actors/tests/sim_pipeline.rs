@@ -46,7 +46,7 @@ async fn job(tag: &str, seed: u64, dir: &Path, crash: Option<Duration>) -> (Vec<
     specs.extend(WORKERS.iter().map(|w| node(&name(w), Role::Executor)));
     let mut cluster = SimCluster::start(net(seed), specs).await.unwrap();
     for w in WORKERS {
-        start_worker(cluster.node(&name(w)).unwrap(), &dir.join("cache")).await.unwrap();
+        start_worker(&cluster.node(&name(w)).unwrap().actors, &name(w), &dir.join("cache")).await.unwrap();
     }
     let foreman = cluster.node(&name("foreman")).unwrap();
     let settings = service_settings(WORKERS.len(), &dir.join("journal"));

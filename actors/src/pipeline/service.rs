@@ -138,6 +138,9 @@ struct Foreman {
     /// Task and load times learned by the last job, for the next (the policy's
     /// `ForemanConfig::remember_costs`): the crowd outlives its jobs.
     costs: std::sync::Mutex<Option<troupe_policy::pipeline::costs::CostModel>>,
+    /// Set when the service actor stops: the jobs it admitted end with it (their calls'
+    /// tasks would otherwise outlive it, and a restarted service resumes them from the journal).
+    stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Foreman {
@@ -153,7 +156,11 @@ impl Foreman {
                 "busy: {MAX_QUEUED_JOBS} jobs already wait for this foreman; submit again later"
             ));
         }
-        let result = self.admitted(client, sub).await;
+        let mut stopped = self.stopped.clone();
+        let result = tokio::select! {
+            r = self.admitted(client, sub) => r,
+            _ = stopped.wait_for(|s| *s) => Err("the foreman service stopped".into()),
+        };
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         result
     }
@@ -292,7 +299,7 @@ pub struct ForemanServiceActor;
 
 impl Actor for ForemanServiceActor {
     type Msg = ();
-    type State = Arc<ForemanServiceArgs>;
+    type State = (Arc<ForemanServiceArgs>, tokio::sync::watch::Sender<bool>);
     type Arguments = ForemanServiceArgs;
 
     async fn pre_start(
@@ -303,7 +310,9 @@ impl Actor for ForemanServiceActor {
         let shelf = BlobShelf::default();
         let link = args.actors.link().clone();
         link.set_blob_server(Arc::new(shelf.clone()));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let foreman = Arc::new(Foreman {
+            stopped,
             link,
             actors: args.actors.clone(),
             membership: args.membership.clone(),
@@ -322,15 +331,16 @@ impl Actor for ForemanServiceActor {
             ServiceSpec::new().method(SUBMIT, Allow::role(Role::Client)),
             handler,
         );
-        Ok(Arc::new(args))
+        Ok((Arc::new(args), stop))
     }
 
     async fn post_stop(
         &self,
         _me: ActorRef<Self::Msg>,
-        args: &mut Self::State,
+        (args, stop): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         args.actors.services().unregister(FOREMAN_SERVICE);
+        stop.send_replace(true);
         Ok(())
     }
 }

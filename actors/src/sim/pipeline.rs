@@ -22,6 +22,7 @@ use crate::pipeline::sim_stage::{SimInput, SimStage, reference_outputs};
 use crate::pipeline::telemetry::DeviceModel;
 use crate::pipeline::{PipelineWorker, ShellSettings, WorkerSettings, worker_name};
 use crate::supervisor::{ChildSpec, SupervisorMsg};
+use crate::typed::Actors;
 
 /// Stages of a simulated job.
 pub const SIM_STAGES: usize = 3;
@@ -73,10 +74,10 @@ pub fn worker_settings(node: &str, cache_root: &Path) -> WorkerSettings {
     }
 }
 
-/// Starts node `node`'s worker under its root supervisor, named [`worker_name`]`(node)`.
-pub async fn start_worker(node: &SimNode, cache_root: &Path) -> Result<(), String> {
-    let name = node.name.as_str();
-    node.actors
+/// Starts node `node`'s worker under the root supervisor of `actors` (that node's), named
+/// [`worker_name`]`(node)`.
+pub async fn start_worker(actors: &Actors, name: &str, cache_root: &Path) -> Result<(), String> {
+    actors
         .spawn::<PipelineWorker>(&worker_name(name), worker_settings(name, cache_root))
         .await
         .map(|_| ())

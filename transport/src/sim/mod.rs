@@ -405,12 +405,16 @@ struct HubState {
 #[derive(Clone)]
 pub struct SimHub {
     state: Arc<Mutex<HubState>>,
+    /// Unique in the process (see [`SimHub::id`]).
+    id: u64,
 }
 
 impl SimHub {
     /// A hub over a fresh network.
     pub fn new(config: SimConfig) -> Self {
+        static HUBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: HUBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             state: Arc::new(Mutex::new(HubState {
                 net: SimNet::new(config),
                 now: Micros::ZERO,
@@ -422,6 +426,12 @@ impl SimHub {
                 blobs: BTreeMap::new(),
             })),
         }
+    }
+
+    /// This hub's number, unique in the process: it names what one simulated world keeps
+    /// outside the hub (its nodes' folders), never anything in its event log.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     fn lock(&self) -> MutexGuard<'_, HubState> {
