@@ -38,9 +38,21 @@ fn node(name: &str, role: Role) -> SimNodeSpec {
     })
 }
 
-/// One job of `N` inputs over three workers; with `crash`, worker `w2`'s node crashes once the
-/// job has run for `crash` of virtual time. Returns the event log and the answer.
-async fn job(tag: &str, seed: u64, dir: &Path, crash: Option<Duration>) -> (Vec<String>, Answer) {
+/// What a run does to the cluster once the job has run for a while.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Nothing.
+    None,
+    /// Worker `w2`'s node crashes after this much virtual time.
+    Worker(Duration),
+    /// The foreman's node crashes after this much virtual time and restarts one second later
+    /// (its service started again there); the client submits the job again.
+    Foreman(Duration),
+}
+
+/// One job of `N` inputs over three workers, with `fault`. Returns the event log and the
+/// answer.
+async fn job(tag: &str, seed: u64, dir: &Path, fault: Fault) -> (Vec<String>, Answer) {
     let name = |n: &str| format!("{tag}-{n}");
     let mut specs = vec![node(&name("client"), Role::Client), node(&name("foreman"), Role::Scheduler)];
     specs.extend(WORKERS.iter().map(|w| node(&name(w), Role::Executor)));
@@ -55,22 +67,42 @@ async fn job(tag: &str, seed: u64, dir: &Path, crash: Option<Duration>) -> (Vec<
     let foreman_id = NodeId::new(name("foreman"));
     let services = client_node.services.clone();
     services.wait_for(T, |s| s.providers(FOREMAN_SERVICE).contains(&foreman_id).then_some(())).await.unwrap();
-    let client = ForemanClient::on_node(&client_node.actors, foreman_id);
+    let client = ForemanClient::on_node(&client_node.actors, foreman_id.clone());
     let stages: Vec<_> = sim_stages(seed).iter().map(|s| s.stage_file()).collect();
     cluster.note(&format!("client submits {N} inputs"));
-    let mut call = tokio::spawn(async move {
-        let answer = client.submit(&stages, &sim_inputs(seed, N), Mode::Streaming, T).await;
-        client.close().await;
-        answer
-    });
-    if let Some(after) = crash {
-        tokio::select! {
-            r = &mut call => panic!("the job ended before the crash: {:?}", r.map(|a| a.map(|a| a.makespan_s))),
-            () = tokio::time::sleep(after) => {}
-        }
-        assert!(cluster.crash(&name("w2")).await);
+    let (first, again) = (stages.clone(), stages);
+    let client = std::sync::Arc::new(client);
+    let submitter = client.clone();
+    let mut call =
+        tokio::spawn(async move { submitter.submit(&first, &sim_inputs(seed, N), Mode::Streaming, T).await });
+    let (Fault::Worker(after) | Fault::Foreman(after)) = fault else {
+        let answer = call.await.unwrap().unwrap_or_else(|e| panic!("the job failed: {e}"));
+        return finish(cluster, answer).await;
+    };
+    tokio::select! {
+        r = &mut call => panic!("the job ended before the crash: {:?}", r.map(|a| a.map(|a| a.makespan_s))),
+        () = tokio::time::sleep(after) => {}
     }
-    let answer = call.await.unwrap().unwrap_or_else(|e| panic!("the job failed: {e}"));
+    if let Fault::Worker(_) = fault {
+        assert!(cluster.crash(&name("w2")).await);
+        let answer = call.await.unwrap().unwrap_or_else(|e| panic!("the job failed: {e}"));
+        return finish(cluster, answer).await;
+    }
+    assert!(cluster.crash(&name("foreman")).await);
+    let lost = call.await.unwrap();
+    assert!(lost.is_err(), "the call to the crashed foreman failed");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let foreman = cluster.restart(&name("foreman")).await.unwrap().unwrap();
+    let settings = service_settings(WORKERS.len(), &dir.join("journal"));
+    start_foreman(foreman, &name("pipeline-foreman"), settings).await.unwrap();
+    services.wait_for(T, |s| s.providers(FOREMAN_SERVICE).contains(&foreman_id).then_some(())).await.unwrap();
+    cluster.note("client submits the job again");
+    let answer = client.submit(&again, &sim_inputs(seed, N), Mode::Streaming, T).await;
+    finish(cluster, answer.unwrap_or_else(|e| panic!("the job failed again: {e}"))).await
+}
+
+/// Notes the answer, and returns the log with it once the cluster is down.
+async fn finish(cluster: SimCluster, answer: Answer) -> (Vec<String>, Answer) {
     cluster.note(&format!("answered {} inputs", answer.outputs.len()));
     let log = cluster.log();
     cluster.shutdown().await;
@@ -87,15 +119,15 @@ fn check(seed: u64, answer: &Answer) {
 }
 
 /// One run on a fresh one-thread runtime with paused time, in a fresh folder.
-fn run(tag: &str, seed: u64, crash: Option<Duration>) -> (Vec<String>, Answer) {
+fn run(tag: &str, seed: u64, fault: Fault) -> (Vec<String>, Answer) {
     let tmp = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
-    rt.block_on(job(tag, seed, tmp.path(), crash))
+    rt.block_on(job(tag, seed, tmp.path(), fault))
 }
 
 #[test]
 fn sim_pipeline_answers_every_input_once_as_the_stand_in_stages_do_and_one_seed_gives_one_log() {
-    let (a, answer) = run("pipe", 3, None);
+    let (a, answer) = run("pipe", 3, Fault::None);
     check(3, &answer);
     assert_eq!(answer.workers.len(), WORKERS.len(), "{:?}", answer.workers);
     assert!(a.len() > 100, "a run worth comparing: {} lines", a.len());
@@ -103,12 +135,12 @@ fn sim_pipeline_answers_every_input_once_as_the_stand_in_stages_do_and_one_seed_
         a.iter().any(|l| l.contains("blob pipe-foreman<-pipe-client")),
         "stage files pulled from the client"
     );
-    let (b, _) = run("pipe", 3, None);
+    let (b, _) = run("pipe", 3, Fault::None);
     if a != b {
         let at = a.iter().zip(&b).position(|(x, y)| x != y);
         panic!("same seed, different logs: first difference at line {at:?}");
     }
-    let (c, answer) = run("pipe", 4, None);
+    let (c, answer) = run("pipe", 4, Fault::None);
     check(4, &answer);
     assert_ne!(a, c, "another seed, another log");
 }
@@ -116,7 +148,7 @@ fn sim_pipeline_answers_every_input_once_as_the_stand_in_stages_do_and_one_seed_
 #[test]
 fn sim_pipeline_a_worker_crashing_mid_job_is_survived_with_the_same_outputs_reproducibly() {
     let after = Duration::from_millis(600);
-    let (log, answer) = run("pcrash", 5, Some(after));
+    let (log, answer) = run("pcrash", 5, Fault::Worker(after));
     check(5, &answer);
     let crash =
         log.iter().position(|l| l.contains("test crashes pcrash-w2")).expect("the crash is in the log");
@@ -124,6 +156,15 @@ fn sim_pipeline_a_worker_crashing_mid_job_is_survived_with_the_same_outputs_repr
         log[..crash].iter().any(|l| l.contains("pcrash-w2->pcrash-foreman")),
         "w2 had answered the foreman before it crashed"
     );
-    let (again, _) = run("pcrash", 5, Some(after));
+    let (again, _) = run("pcrash", 5, Fault::Worker(after));
     assert!(log == again, "the same seed and crash, a different log");
+}
+
+#[test]
+fn sim_pipeline_a_foreman_node_crashing_mid_job_resumes_from_its_ledger_on_restart() {
+    let (log, answer) = run("pfcrash", 6, Fault::Foreman(Duration::from_millis(1000)));
+    check(6, &answer);
+    assert!(answer.resumed > 0, "inputs answered before the crash come from the journal: {}", answer.resumed);
+    assert!((answer.resumed as usize) < N, "and some were left to run: {}", answer.resumed);
+    assert!(log.iter().any(|l| l.contains("test restarts pfcrash-foreman")), "the restart is in the log");
 }
