@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rkyv::{Archive, Deserialize, Serialize};
-use troupe_kernels::onnx::{NamedTensor, TensorData};
+use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::chain::{DType, StageSignature, TensorSig};
 
 use super::job::StageFile;
+use super::ledger::hash_tensor;
 use super::wire::{from_bytes, to_bytes};
 use super::worker::sha256_hex;
 
@@ -103,18 +104,7 @@ impl SimStage {
                 .iter()
                 .find(|t| t.name == want.name)
                 .ok_or_else(|| format!("stage {}: no input named {}", self.name, want.name))?;
-            h.update(t.name.as_bytes());
-            for d in &t.shape {
-                h.update(&(*d as u64).to_le_bytes());
-            }
-            match &t.data {
-                TensorData::F32(v) => v.iter().for_each(|x| {
-                    h.update(&x.to_le_bytes());
-                }),
-                TensorData::I64(v) => v.iter().for_each(|x| {
-                    h.update(&x.to_le_bytes());
-                }),
-            }
+            hash_tensor(&mut h, t);
         }
         let seed = h.finalize();
         Ok(self

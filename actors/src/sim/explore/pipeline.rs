@@ -14,12 +14,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use troupe_kernels::onnx::{NamedTensor, TensorData};
+use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::Mode;
 use troupe_transport::{NodeId, Role, RoleSet};
 
 use super::{Answers, SimWorkload};
 use crate::membership::MembershipConfig;
+use crate::pipeline::ledger::hash_tensor;
 use crate::pipeline::service::{FOREMAN_SERVICE, ForemanClient};
 use crate::sim::pipeline::{foreman_spec, service_settings, sim_inputs, sim_stages, start_worker};
 use crate::sim::{SimNode, SimNodeSpec};
@@ -82,18 +83,7 @@ fn spec(name: &str, role: Role) -> SimNodeSpec {
 pub fn digest(outputs: &[NamedTensor]) -> u64 {
     let mut h = blake3::Hasher::new();
     for t in outputs {
-        h.update(t.name.as_bytes());
-        for d in &t.shape {
-            h.update(&(*d as u64).to_le_bytes());
-        }
-        match &t.data {
-            TensorData::F32(v) => v.iter().for_each(|x| {
-                h.update(&x.to_le_bytes());
-            }),
-            TensorData::I64(v) => v.iter().for_each(|x| {
-                h.update(&x.to_le_bytes());
-            }),
-        }
+        hash_tensor(&mut h, t);
     }
     let mut out = [0u8; 8];
     out.copy_from_slice(&h.finalize().as_bytes()[..8]);
