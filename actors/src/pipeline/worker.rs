@@ -145,9 +145,15 @@ impl TypedActor for PipelineWorker {
     async fn start(settings: WorkerSettings, ctx: &ActorContext) -> Result<Self, ActorFailure> {
         std::fs::create_dir_all(settings.cache_dir())?;
         crate::allocator::fix_thresholds();
-        let straggler = apply_cpu_quota(&settings.node, settings.cpu_quota_pct);
-        let memory =
-            apply_memory_limit(&settings.node, settings.ram_budget_bytes, settings.enforce_ram_budget);
+        // a simulated worker shares its process with the whole cluster: no cgroup is its own
+        let (straggler, memory) = if settings.sim {
+            (Straggler::None, MemoryLimit::Advisory)
+        } else {
+            (
+                apply_cpu_quota(&settings.node, settings.cpu_quota_pct),
+                apply_memory_limit(&settings.node, settings.ram_budget_bytes, settings.enforce_ram_budget),
+            )
+        };
         info!(
             node = %settings.node,
             straggler = %straggler.describe(),
