@@ -3,7 +3,9 @@
 //! file, the foreman shell and policy) and three workers on the deterministic stage stand-in
 //! `SimStage`, called by a client node. Every input is answered exactly once with the outputs
 //! of a reference walk through the stand-in stages; one seed gives one event log byte for byte,
-//! another seed another; a worker crashing mid-job is survived with the same outputs.
+//! another seed another; a worker crashing mid-job is survived with the same outputs; a foreman
+//! node crashing mid-job resumes the job from its ledger on restart; a foreman panic through
+//! the fault switch is restarted by its supervisor with the same outputs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -118,8 +120,18 @@ fn check(seed: u64, answer: &Answer) {
     }
 }
 
+/// The fault switch is process-wide and every foreman hits its site: the runs of this file
+/// take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// One run on a fresh one-thread runtime with paused time, in a fresh folder.
 fn run(tag: &str, seed: u64, fault: Fault) -> (Vec<String>, Answer) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    run_alone(tag, seed, fault)
+}
+
+/// [`run`], for a caller that holds the turn already.
+fn run_alone(tag: &str, seed: u64, fault: Fault) -> (Vec<String>, Answer) {
     let tmp = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
     rt.block_on(job(tag, seed, tmp.path(), fault))
@@ -167,4 +179,24 @@ fn sim_pipeline_a_foreman_node_crashing_mid_job_resumes_from_its_ledger_on_resta
     assert!(answer.resumed > 0, "inputs answered before the crash come from the journal: {}", answer.resumed);
     assert!((answer.resumed as usize) < N, "and some were left to run: {}", answer.resumed);
     assert!(log.iter().any(|l| l.contains("test restarts pfcrash-foreman")), "the restart is in the log");
+}
+
+#[test]
+fn sim_pipeline_a_foreman_panic_through_the_fault_switch_is_restarted_and_answers_every_input() {
+    use troupe_actors::pipeline::FAULT_SITE;
+    use troupe_policy::{FaultPlan, SiteRule};
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let panicking = |tag: &str| {
+        troupe_actors::fault::install(FaultPlan::new(0).with_site(FAULT_SITE, SiteRule::once_at(30)));
+        let out = run_alone(tag, 7, Fault::None);
+        let (hits, fired) = troupe_actors::fault::counts(FAULT_SITE);
+        troupe_actors::fault::install(FaultPlan::new(0));
+        (out, hits, fired)
+    };
+    let ((log, answer), hits, fired) = panicking("ppanic");
+    assert_eq!(fired, 1, "the foreman panicked once, at hit 30 of {hits}");
+    assert!(hits > 30, "and carried on after its restart: {hits} hits");
+    check(7, &answer);
+    let ((again, _), _, _) = panicking("ppanic");
+    assert!(log == again, "the same seed and panic, a different log");
 }
