@@ -9,11 +9,17 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
+#[cfg(feature = "onnx")]
+use troupe_actors::sim::explore::pipeline::PipelineWorkload;
 use troupe_actors::sim::explore::typed::TypedWorkload;
 use troupe_actors::sim::explore::{ExploreConfig, Sweep, replay_command, sweep};
 
-/// The workloads `troupe sim` runs (the coe, pipeline and coadapt shells are not on the
-/// simulated cluster yet).
+/// The workloads `troupe sim` runs (the coe and coadapt shells are not on the simulated
+/// cluster yet; `pipeline` needs the `onnx` feature, as its shells do).
+#[cfg(feature = "onnx")]
+pub const WORKLOADS: &[&str] = &["typed", "pipeline"];
+/// The workloads `troupe sim` runs (the lean build has no pipeline shells).
+#[cfg(not(feature = "onnx"))]
 pub const WORKLOADS: &[&str] = &["typed"];
 
 /// Runs `seeds` seeds from `from` of `workload` (`all`: each in turn); exit code 1 on any
@@ -27,9 +33,12 @@ pub fn run(workload: &str, seeds: u64, from: u64, json: Option<&Path>) -> Result
     let config = ExploreConfig::default();
     let mut sweeps = Vec::new();
     for name in names {
-        // `typed` is the only name WORKLOADS holds today; coe, pipeline and coadapt get their arms here
-        debug_assert_eq!(name, "typed");
-        let s = sweep(&TypedWorkload::default(), from, seeds, &config, |_| {});
+        let s = match name {
+            #[cfg(feature = "onnx")]
+            "pipeline" => sweep(&PipelineWorkload::default(), from, seeds, &config, |_| {}),
+            // coe and coadapt get their arms here
+            _ => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
+        };
         for v in &s.failed {
             println!("{} seed {}: {}", v.workload, v.seed, v.violations.join("; "));
             println!("  replay: {}", replay_command(v.workload, v.seed));

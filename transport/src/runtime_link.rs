@@ -7,14 +7,15 @@
 //! given at build time). [`NodeLink`] carries either one: the router and the registry hold a
 //! `NodeLink`, so they (and every shell built on them) stay free of type parameters, and each
 //! call is one `match` with no allocation or vtable on the QUIC path. What only QUIC can do
-//! (dialing addresses, raw streams, blob pulls, admission, connection stats) stays on
-//! [`QuicNode`], reached through [`NodeLink::quic`] by the shells that truly need it.
+//! (dialing addresses, raw streams, admission, connection stats) stays on [`QuicNode`], reached
+//! through [`NodeLink::quic`] by the shells that truly need it. Blob pulls by content hash are on
+//! both ([`NodeLink::fetch_blob`]): a simulated pull takes a modelled time on tokio's clock.
 
 use std::sync::Arc;
 
 use crate::frame::Frame;
 use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
-use crate::quic::QuicNode;
+use crate::quic::{BlobServer, QuicError, QuicNode};
 use crate::roles::RoleSet;
 use crate::sim::SimLink;
 
@@ -53,6 +54,16 @@ pub enum NodeLink {
     Sim(SimLink),
 }
 
+/// `$call` on whichever link `$self` holds.
+macro_rules! each {
+    ($self:expr, $l:ident => $call:expr) => {
+        match $self {
+            NodeLink::Quic($l) => $call,
+            NodeLink::Sim($l) => $call,
+        }
+    };
+}
+
 impl NodeLink {
     /// The QUIC endpoint, for what only QUIC can do; `None` in a simulation.
     pub fn quic(&self) -> Option<&QuicNode> {
@@ -60,6 +71,37 @@ impl NodeLink {
             NodeLink::Quic(q) => Some(q),
             NodeLink::Sim(_) => None,
         }
+    }
+
+    /// Serves this node's blobs from `server` (replacing any there).
+    pub fn set_blob_server(&self, server: Arc<dyn BlobServer>) {
+        each!(self, l => l.set_blob_server(server))
+    }
+
+    /// Pulls blob `id` (at most `max_len` bytes, checked against its BLAKE3) from `peer`.
+    pub async fn fetch_blob(&self, peer: &NodeId, id: [u8; 32], max_len: u32) -> Result<Vec<u8>, QuicError> {
+        self.fetch_blob_with(peer, id, max_len, <[u8]>::to_vec).await
+    }
+
+    /// [`Self::fetch_blob`] handing the verified bytes to `take` where they arrived.
+    pub async fn fetch_blob_with<T>(
+        &self,
+        peer: &NodeId,
+        id: [u8; 32],
+        max_len: u32,
+        take: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, QuicError> {
+        each!(self, l => l.fetch_blob_with(peer, id, max_len, take).await)
+    }
+
+    /// Round-trip time to `peer` as QUIC measures it; `None` unknown (always, simulated).
+    pub fn rtt(&self, peer: &NodeId) -> Option<std::time::Duration> {
+        self.quic().and_then(|q| q.rtt(peer))
+    }
+
+    /// Whether `peer` is reached over the same-host path (never, simulated).
+    pub fn same_host(&self, peer: &NodeId) -> bool {
+        self.quic().is_some_and(|q| q.same_host(peer))
     }
 }
 
@@ -83,16 +125,6 @@ impl From<SimLink> for NodeLink {
     fn from(s: SimLink) -> Self {
         NodeLink::Sim(s)
     }
-}
-
-/// `$call` on whichever link `$self` holds.
-macro_rules! each {
-    ($self:expr, $l:ident => $call:expr) => {
-        match $self {
-            NodeLink::Quic($l) => $call,
-            NodeLink::Sim($l) => $call,
-        }
-    };
 }
 
 impl Link for NodeLink {

@@ -113,23 +113,29 @@ pub fn job_digest(job: &PipelineJob) -> [u8; 32] {
     for input in &job.inputs {
         h.update(&(input.len() as u64).to_le_bytes());
         for t in input {
-            h.update(&(t.name.len() as u64).to_le_bytes());
-            h.update(t.name.as_bytes());
-            h.update(&(t.shape.len() as u64).to_le_bytes());
-            for d in &t.shape {
-                h.update(&(*d as u64).to_le_bytes());
-            }
-            match &t.data {
-                TensorData::F32(v) => v.iter().for_each(|x| {
-                    h.update(&x.to_le_bytes());
-                }),
-                TensorData::I64(v) => v.iter().for_each(|x| {
-                    h.update(&x.to_le_bytes());
-                }),
-            }
+            hash_tensor(&mut h, t);
         }
     }
     *h.finalize().as_bytes()
+}
+
+/// Adds tensor `t` to `h`: its name and shape (each length-prefixed) and its values, little
+/// endian (what a job's digest is made of; the simulation hashes outputs the same way).
+pub fn hash_tensor(h: &mut blake3::Hasher, t: &NamedTensor) {
+    h.update(&(t.name.len() as u64).to_le_bytes());
+    h.update(t.name.as_bytes());
+    h.update(&(t.shape.len() as u64).to_le_bytes());
+    for d in &t.shape {
+        h.update(&(*d as u64).to_le_bytes());
+    }
+    match &t.data {
+        TensorData::F32(v) => v.iter().for_each(|x| {
+            h.update(&x.to_le_bytes());
+        }),
+        TensorData::I64(v) => v.iter().for_each(|x| {
+            h.update(&x.to_le_bytes());
+        }),
+    }
 }
 
 fn encode(record: &PipelineRecord) -> Result<Vec<u8>, String> {

@@ -15,6 +15,7 @@ pub mod foreman;
 pub mod job;
 pub mod ledger;
 pub mod service;
+pub mod sim_stage;
 pub mod telemetry;
 pub mod wire;
 pub mod worker;

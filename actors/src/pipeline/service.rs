@@ -27,11 +27,12 @@ use tokio::sync::Semaphore;
 use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::Mode;
 use troupe_transport::codec::DecodeBudget;
-use troupe_transport::{NodeId, QuicNode, Role};
+use troupe_transport::{NodeId, NodeLink, Role};
 
 use super::foreman::{AcceptedJob, ShellSettings, run_pipeline_job};
 use super::job::{MAX_INPUTS, StageFile, build_job};
 use super::ledger::job_digest;
+use super::sim_stage::SimStage;
 use super::wire::{
     BlobShelf, EncodeTally, MAX_MESSAGE_DECODED_BYTES, WireError, WireNamed, decode_tensors, encode_tensors,
     from_bytes, to_bytes,
@@ -127,7 +128,7 @@ pub struct Answer {
 
 /// The foreman service's state shared by its calls.
 struct Foreman {
-    link: QuicNode,
+    link: NodeLink,
     actors: Actors,
     membership: MembershipEvents,
     shelf: BlobShelf,
@@ -137,6 +138,9 @@ struct Foreman {
     /// Task and load times learned by the last job, for the next (the policy's
     /// `ForemanConfig::remember_costs`): the crowd outlives its jobs.
     costs: std::sync::Mutex<Option<troupe_policy::pipeline::costs::CostModel>>,
+    /// Set when the service actor stops: the jobs it admitted end with it (their calls'
+    /// tasks would otherwise outlive it, and a restarted service resumes them from the journal).
+    stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Foreman {
@@ -152,7 +156,11 @@ impl Foreman {
                 "busy: {MAX_QUEUED_JOBS} jobs already wait for this foreman; submit again later"
             ));
         }
-        let result = self.admitted(client, sub).await;
+        let mut stopped = self.stopped.clone();
+        let result = tokio::select! {
+            r = self.admitted(client, sub) => r,
+            _ = stopped.wait_for(|s| *s) => Err("the foreman service stopped".into()),
+        };
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         result
     }
@@ -188,7 +196,16 @@ impl Foreman {
                 return Err(format!("stage {}: the pulled bytes do not match its BLAKE3 and size", s.name));
             }
             let origin = format!("{client}:{}", s.name);
-            stages.push(StageFile::from_bytes(&s.name, &origin, bytes).map_err(|e| e.to_string())?);
+            // a simulated node's stages are the stand-in's files, read without ONNX Runtime
+            let stage = match &self.link {
+                NodeLink::Sim(_) => SimStage::from_file(&bytes)
+                    .map(|sim| StageFile { origin: origin.clone(), ..sim.stage_file() })
+                    .map_err(|e| format!("stage {}: {e}", s.name))?,
+                NodeLink::Quic(_) => {
+                    StageFile::from_bytes(&s.name, &origin, bytes).map_err(|e| e.to_string())?
+                }
+            };
+            stages.push(stage);
         }
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         let mut inputs = Vec::with_capacity(sub.inputs.len());
@@ -282,7 +299,7 @@ pub struct ForemanServiceActor;
 
 impl Actor for ForemanServiceActor {
     type Msg = ();
-    type State = Arc<ForemanServiceArgs>;
+    type State = (Arc<ForemanServiceArgs>, tokio::sync::watch::Sender<bool>);
     type Arguments = ForemanServiceArgs;
 
     async fn pre_start(
@@ -291,9 +308,11 @@ impl Actor for ForemanServiceActor {
         args: ForemanServiceArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let shelf = BlobShelf::default();
-        let link = args.actors.quic()?.clone();
+        let link = args.actors.link().clone();
         link.set_blob_server(Arc::new(shelf.clone()));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let foreman = Arc::new(Foreman {
+            stopped,
             link,
             actors: args.actors.clone(),
             membership: args.membership.clone(),
@@ -312,23 +331,25 @@ impl Actor for ForemanServiceActor {
             ServiceSpec::new().method(SUBMIT, Allow::role(Role::Client)),
             handler,
         );
-        Ok(Arc::new(args))
+        Ok((Arc::new(args), stop))
     }
 
     async fn post_stop(
         &self,
         _me: ActorRef<Self::Msg>,
-        args: &mut Self::State,
+        (args, stop): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         args.actors.services().unregister(FOREMAN_SERVICE);
+        stop.send_replace(true);
         Ok(())
     }
 }
 
-/// A client of a foreman service: its own QUIC endpoint (not a cluster member), a service
-/// router for the answers and a blob shelf the foreman pulls stage files from.
+/// A client of a foreman service: its own QUIC endpoint (not a cluster member), or a simulated
+/// node's link; a service router for the answers and a blob shelf the foreman pulls stage files
+/// from.
 pub struct ForemanClient {
-    link: QuicNode,
+    link: NodeLink,
     services: Services,
     shelf: BlobShelf,
     foreman: NodeId,
@@ -346,7 +367,16 @@ impl ForemanClient {
             .await
             .map_err(|e| SubmitError::Connect(e.to_string()))?;
         let crate::service::ServiceClient { link, services, server: foreman } = client;
-        Ok(ForemanClient { link, services, shelf, foreman })
+        Ok(ForemanClient { link: NodeLink::from(link), services, shelf, foreman })
+    }
+
+    /// A client on a node's own `actors` (a simulated cluster's client node) calling the
+    /// foreman on `foreman`: installs a fresh blob shelf as the node's blob server.
+    pub fn on_node(actors: &Actors, foreman: NodeId) -> Self {
+        let shelf = BlobShelf::default();
+        let link = actors.link().clone();
+        link.set_blob_server(Arc::new(shelf.clone()));
+        ForemanClient { link, services: actors.services().clone(), shelf, foreman }
     }
 
     /// The foreman's node.
@@ -404,6 +434,8 @@ impl ForemanClient {
 
     /// Closes the connection.
     pub async fn close(self) {
-        self.link.shutdown().await;
+        if let Some(q) = self.link.quic() {
+            q.shutdown().await;
+        }
     }
 }

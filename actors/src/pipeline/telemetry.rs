@@ -246,6 +246,8 @@ pub struct Sampler {
     last_cpu_s: f64,
     last_wall: Clock,
     cpu_used_s: f64,
+    /// A simulated worker's sampler: reads nothing from the OS (see [`Sampler::simulated`]).
+    simulated: bool,
 }
 
 impl Sampler {
@@ -257,11 +259,31 @@ impl Sampler {
             last_cpu_s: process_cpu_seconds().unwrap_or(0.0),
             last_wall: Clock::start(),
             cpu_used_s: 0.0,
+            simulated: false,
         }
+    }
+
+    /// A sampler of a simulated worker (simulation only): no CPU time or RSS is read from the
+    /// OS (the processes of a simulated cluster are one), so every sample is the idle device
+    /// model's, the same in every run.
+    pub fn simulated(model: DeviceModel, ram_budget_bytes: u64) -> Self {
+        Sampler { last_cpu_s: 0.0, simulated: true, ..Sampler::new(model, ram_budget_bytes) }
     }
 
     /// One sample: CPU load since the last one, RSS now, and the device model's state.
     pub fn sample(&mut self) -> TelemetrySample {
+        if self.simulated {
+            return TelemetrySample {
+                cpu_load: 0.0,
+                rss_bytes: 0,
+                peak_rss_bytes: 0,
+                ram_budget_bytes: self.ram_budget_bytes,
+                free_ram_bytes: self.ram_budget_bytes,
+                battery_pct: self.model.battery_pct.clamp(0.0, 100.0),
+                temperature_c: self.model.ambient_c,
+                pid: 0,
+            };
+        }
         let cpu = process_cpu_seconds().unwrap_or(self.last_cpu_s);
         let wall = self.last_wall.elapsed().as_secs_f64();
         let used = (cpu - self.last_cpu_s).max(0.0);

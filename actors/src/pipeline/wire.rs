@@ -20,7 +20,7 @@ use troupe_transport::codec::{
     Compression, DecodeBudget, TensorDecoder, TensorEncodeOptions, TensorEncoder, TensorLimits,
 };
 use troupe_transport::quic::BlobServer;
-use troupe_transport::{Link, NodeId, QuicNode};
+use troupe_transport::{Link, NodeId, NodeLink};
 
 /// Encoded tensors above this many bytes travel by reference (a hash pulled over QUIC).
 pub const BY_REFERENCE_ABOVE: usize = 1 << 20;
@@ -414,7 +414,7 @@ pub struct EncodeTally {
 }
 
 /// Content-addressed bytes this node serves to peers: stage files (pinned) and large tensors
-/// (dropped oldest first above [`SHELF_TENSOR_BUDGET`]). Installed with `QuicNode::set_blob_server`.
+/// (dropped oldest first above [`SHELF_TENSOR_BUDGET`]). Installed with `NodeLink::set_blob_server`.
 #[derive(Clone, Default)]
 pub struct BlobShelf {
     inner: Arc<Mutex<ShelfInner>>,
@@ -561,7 +561,7 @@ pub struct Moved {
 /// refused with an error naming the budget); a pull is capped by what the budget has left.
 pub async fn decode_tensors(
     tensors: Vec<WireNamed>,
-    link: &QuicNode,
+    link: &NodeLink,
     from: &str,
     budget: &mut DecodeBudget,
 ) -> Result<Vec<NamedTensor>, WireError> {
@@ -573,7 +573,7 @@ pub async fn decode_tensors(
 /// where is added to `moved`.
 pub async fn decode_tensors_from(
     tensors: Vec<WireNamed>,
-    link: &QuicNode,
+    link: &NodeLink,
     from: &str,
     local: Option<&BlobShelf>,
     budget: &mut DecodeBudget,
@@ -785,7 +785,11 @@ mod tests {
         assert!(bytes.len() < 64 << 10, "{}", bytes.len());
         let Run { tensors, .. } = from_bytes::<Run>("request", &bytes).unwrap();
         let ca = ClusterCa::generate("t").unwrap();
-        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        let link = NodeLink::from(
+            troupe_transport::QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default())
+                .await
+                .unwrap(),
+        );
         // the path a worker takes for a Run, with a 32 MiB message budget
         let mut budget = DecodeBudget::new(32 << 20);
         let e = decode_tensors(tensors.clone(), &link, "f", &mut budget).await.unwrap_err();
@@ -798,7 +802,7 @@ mod tests {
         // with the default budget the same message decodes
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
         assert_eq!(decode_tensors(tensors, &link, "f", &mut budget).await.unwrap().len(), 32);
-        link.shutdown().await;
+        link.quic().unwrap().shutdown().await;
     }
 
     /// A kept output goes on the shelf whatever its size; a reference naming this node is read
@@ -814,7 +818,11 @@ mod tests {
         let TensorBody::ByRef { blob, len } = wire[0].body else { panic!("not by reference") };
         assert_eq!(tally.by_reference, 1);
         let ca = ClusterCa::generate("t").unwrap();
-        let link = QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default()).await.unwrap();
+        let link = NodeLink::from(
+            troupe_transport::QuicNode::bind(&ca.issue_node("worker").unwrap(), QuicConfig::default())
+                .await
+                .unwrap(),
+        );
         let me = link.local_id().as_str().to_owned();
         let at = vec![WireNamed { name: "hidden".into(), body: TensorBody::At { node: me, blob, len } }];
         let mut budget = DecodeBudget::new(MAX_MESSAGE_DECODED_BYTES);
@@ -829,7 +837,7 @@ mod tests {
         let e =
             decode_tensors_from(far, &link, "f", Some(&shelf), &mut budget, &mut moved).await.unwrap_err();
         assert!(e.to_string().contains("node name"), "{e}");
-        link.shutdown().await;
+        link.quic().unwrap().shutdown().await;
     }
 
     #[test]

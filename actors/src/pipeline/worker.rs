@@ -8,6 +8,9 @@
 //! session is live, so the foreman must `Unload` first (single-partition residency). Every
 //! session is counted process-wide ([`LiveSession`]) and the worker reports the most ever live
 //! at once, so the invariant is checked from the worker's own report, not assumed.
+//! On a simulated cluster ([`WorkerSettings::sim`]) the same actor runs its stages on the
+//! deterministic stand-in [`SimStage`] instead of ONNX Runtime, reads nothing of the OS, and
+//! reports a fresh incarnation number in place of its pid.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,8 +21,9 @@ use rkyv::{Archive, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
-use troupe_transport::{Link, NodeId, QuicNode, Role};
+use troupe_transport::{Link, NodeId, NodeLink, Role};
 
+use super::sim_stage::SimStage;
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
 use super::wire::{
     BY_REFERENCE_ABOVE, BlobShelf, Coding, EncodeTally, Fetch, Fetched, GetStats, GetTelemetry, Join, Joined,
@@ -48,15 +52,21 @@ pub fn worker_name(node: &str) -> String {
 static LIVE: AtomicU32 = AtomicU32::new(0);
 static MAX_LIVE: AtomicU32 = AtomicU32::new(0);
 
+/// What a live session runs: an ONNX Runtime session, or the simulation's stand-in.
+enum StageSession {
+    Onnx(OnnxSession),
+    Sim(SimStage),
+}
+
 /// A session counted in the process-wide live count while it exists.
 pub struct LiveSession {
-    session: OnnxSession,
+    session: StageSession,
     stage: u32,
     sha256: String,
 }
 
 impl LiveSession {
-    fn new(session: OnnxSession, stage: u32, sha256: String) -> Self {
+    fn new(session: StageSession, stage: u32, sha256: String) -> Self {
         let now = LIVE.fetch_add(1, Ordering::SeqCst) + 1;
         MAX_LIVE.fetch_max(now, Ordering::SeqCst);
         LiveSession { session, stage, sha256 }
@@ -91,6 +101,9 @@ pub struct WorkerSettings {
     pub cache_dir: String,
     /// ONNX Runtime intra-op threads.
     pub intra_threads: u32,
+    /// Run stages on the deterministic stand-in [`SimStage`] (simulation only): no ONNX
+    /// Runtime, cgroup or OS telemetry.
+    pub sim: bool,
 }
 
 impl WorkerSettings {
@@ -102,13 +115,15 @@ impl WorkerSettings {
 /// The worker actor: its settings, the node's link and blob shelf, and at most one live session.
 pub struct PipelineWorker {
     settings: WorkerSettings,
-    link: QuicNode,
+    link: NodeLink,
     shelf: BlobShelf,
     session: Option<LiveSession>,
     straggler: Straggler,
     memory: MemoryLimit,
     sampler: Sampler,
     stats: WorkerStats,
+    /// The pid it reports: the process's, or a simulated worker's fresh incarnation number.
+    pid: u32,
 }
 
 impl TypedActor for PipelineWorker {
@@ -130,9 +145,15 @@ impl TypedActor for PipelineWorker {
     async fn start(settings: WorkerSettings, ctx: &ActorContext) -> Result<Self, ActorFailure> {
         std::fs::create_dir_all(settings.cache_dir())?;
         crate::allocator::fix_thresholds();
-        let straggler = apply_cpu_quota(&settings.node, settings.cpu_quota_pct);
-        let memory =
-            apply_memory_limit(&settings.node, settings.ram_budget_bytes, settings.enforce_ram_budget);
+        // a simulated worker shares its process with the whole cluster: no cgroup is its own
+        let (straggler, memory) = if settings.sim {
+            (Straggler::None, MemoryLimit::Advisory)
+        } else {
+            (
+                apply_cpu_quota(&settings.node, settings.cpu_quota_pct),
+                apply_memory_limit(&settings.node, settings.ram_budget_bytes, settings.enforce_ram_budget),
+            )
+        };
         info!(
             node = %settings.node,
             straggler = %straggler.describe(),
@@ -142,11 +163,19 @@ impl TypedActor for PipelineWorker {
         );
         // ONNX Runtime loaded now, not at the first stage: the idle worker (and the floor its join
         // reports) is the one that serves, and a missing library shows at start
-        if let Err(e) = tokio::task::spawn_blocking(troupe_kernels::onnx::runtime).await? {
+        if !settings.sim
+            && let Err(e) = tokio::task::spawn_blocking(troupe_kernels::onnx::runtime).await?
+        {
             warn!(node = %settings.node, error = %e, "ONNX Runtime not loaded; stages will not load");
         }
-        let sampler = Sampler::new(settings.device, settings.ram_budget_bytes);
-        let link = ctx.actors.quic()?.clone();
+        let (sampler, pid) = if settings.sim {
+            // one process holds every simulated node: a restarted worker is told by its number
+            let n = crate::typed::fresh_incarnation();
+            (Sampler::simulated(settings.device, settings.ram_budget_bytes), (n as u32) | 1)
+        } else {
+            (Sampler::new(settings.device, settings.ram_budget_bytes), std::process::id())
+        };
+        let link = ctx.actors.link().clone();
         let shelf = BlobShelf::default();
         link.set_blob_server(Arc::new(shelf.clone()));
         // a (re)started worker holds no session until the foreman loads one
@@ -160,11 +189,17 @@ impl TypedActor for PipelineWorker {
             memory,
             sampler,
             stats: WorkerStats::default(),
+            pid,
         })
     }
 }
 
 impl PipelineWorker {
+    /// A telemetry sample, with the pid this worker reports.
+    fn sample(&mut self) -> TelemetrySample {
+        TelemetrySample { pid: self.pid, ..self.sampler.sample() }
+    }
+
     /// Publishes the stage held now, and logs and converts a failure.
     fn answer<T>(&self, out: Result<T, String>) -> Result<T, ActorFailure> {
         crate::live::set_stage(&self.settings.node, self.session.as_ref().map(|l| l.stage));
@@ -177,21 +212,22 @@ impl PipelineWorker {
 
 impl Handles<Join> for PipelineWorker {
     async fn handle(&mut self, _: Join, _: &ActorContext) -> Result<Joined, ActorFailure> {
+        let telemetry = self.sample();
         let s = &self.settings;
         Ok(Joined {
             node: s.node.clone(),
-            pid: std::process::id(),
+            pid: self.pid,
             cached: list_cached(&s.cache_dir()),
             live: self.session.as_ref().map(|l| l.sha256.clone()),
             straggler: format!("{}; {}", self.straggler.describe(), self.memory.describe()),
-            telemetry: self.sampler.sample(),
+            telemetry,
         })
     }
 }
 
 impl Handles<GetTelemetry> for PipelineWorker {
     async fn handle(&mut self, _: GetTelemetry, _: &ActorContext) -> Result<TelemetrySample, ActorFailure> {
-        Ok(self.sampler.sample())
+        Ok(self.sample())
     }
 }
 
@@ -199,8 +235,8 @@ impl Handles<GetStats> for PipelineWorker {
     async fn handle(&mut self, _: GetStats, _: &ActorContext) -> Result<WorkerStats, ActorFailure> {
         let mut stats = self.stats;
         stats.max_live_sessions = max_live_sessions();
-        stats.peak_rss_bytes = peak_resident_bytes().unwrap_or(0);
-        stats.pid = std::process::id();
+        stats.peak_rss_bytes = if self.settings.sim { 0 } else { peak_resident_bytes().unwrap_or(0) };
+        stats.pid = self.pid;
         Ok(stats)
     }
 }
@@ -342,6 +378,14 @@ impl PipelineWorker {
         let threads = self.settings.intra_threads as usize;
         let start = Clock::start();
         let hash = sha256.clone();
+        if self.settings.sim {
+            let stage_sim = load_sim(&path, &sha256)?;
+            tokio::time::sleep(stage_sim.load_time()).await;
+            self.session = Some(LiveSession::new(StageSession::Sim(stage_sim), stage, hash));
+            self.stats.loads += 1;
+            self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
+            return Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: 0 });
+        }
         let session = tokio::task::spawn_blocking(move || -> Result<OnnxSession, String> {
             // Hash the file as it streams (no copy of it stays in memory), then let ONNX Runtime
             // read it: the process then holds what one session needs, nothing more.
@@ -356,7 +400,7 @@ impl PipelineWorker {
         })
         .await
         .map_err(|e| format!("load task: {e}"))??;
-        self.session = Some(LiveSession::new(session, stage, hash));
+        self.session = Some(LiveSession::new(StageSession::Onnx(session), stage, hash));
         self.stats.loads += 1;
         self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
         Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
@@ -398,16 +442,28 @@ impl PipelineWorker {
         times.pulled_bytes = moved.pulled;
         times.local_bytes = moved.local;
         times.inline_f32_bytes = moved.inline_f32;
-        let (live, result, compute) = tokio::task::spawn_blocking(move || {
-            let mut live = live;
-            let start = Clock::start();
-            let r = live.session.run(&inputs);
-            (live, r, start.elapsed())
-        })
-        .await
-        .map_err(|e| format!("run task: {e}"))?;
+        let (live, result, compute) = match live.session {
+            StageSession::Sim(ref sim) => {
+                // the stand-in: its modelled time on tokio's clock, then its outputs
+                let start = Clock::start();
+                tokio::time::sleep(sim.run_time()).await;
+                let r = sim.run(&inputs);
+                (live, r, start.elapsed())
+            }
+            StageSession::Onnx(_) => tokio::task::spawn_blocking(move || {
+                let mut live = live;
+                let start = Clock::start();
+                let r = match &mut live.session {
+                    StageSession::Onnx(s) => s.run(&inputs).map_err(|e| e.to_string()),
+                    StageSession::Sim(s) => s.run(&inputs),
+                };
+                (live, r, start.elapsed())
+            })
+            .await
+            .map_err(|e| format!("run task: {e}"))?,
+        };
         self.session = Some(live);
-        let outputs = result.map_err(|e| e.to_string())?;
+        let outputs = result?;
         let pace = self.straggler.pacing_for(compute);
         if !pace.is_zero() {
             tokio::time::sleep(pace).await;
@@ -440,6 +496,18 @@ impl PipelineWorker {
             times,
         }))
     }
+}
+
+/// A cached simulated stage file, checked against its hash (a bad one is removed, as a bad
+/// ONNX file is).
+fn load_sim(path: &Path, sha256: &str) -> Result<SimStage, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let got = sha256_hex(&bytes);
+    if got != sha256 {
+        let _ = std::fs::remove_file(path);
+        return Err(format!("{}: cached file has SHA-256 {got}; removed it", path.display()));
+    }
+    SimStage::from_file(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// What a `Run` request asks, besides its tensors.

@@ -4,12 +4,14 @@
 //!
 //! What is simulated: the network (seeded delay, loss, partitions, crashes: the hub) and a
 //! node's process (a crash drops its link and stops its actors, with no goodbye). What is real:
-//! every actor, policy, codec and the router's role checks. What QUIC alone does (the
-//! ractor_cluster control plane, joining through a seed, blob pulls, raw streams) is not here:
-//! shells that need it refuse to start on a simulated node ([`crate::typed::QuicOnly`]).
+//! every actor, policy, codec and the router's role checks. Blob pulls by hash are simulated
+//! too (a modelled transfer time on the hub's net). What QUIC alone does (the ractor_cluster
+//! control plane, joining through a seed, raw streams) is not here: shells that need it refuse
+//! to start on a simulated node ([`crate::typed::QuicOnly`]).
 //!
 //! The coe workload's scheduler, executors (on the `SimCompute` stand-in) and request service
-//! run on it too ([`coe`]).
+//! run on it too ([`coe`]), and so do the pipeline's foreman service and workers (on the
+//! `SimStage` stand-in: [`pipeline`]).
 //!
 //! Run it in a current-thread runtime with paused time (`#[tokio::test(start_paused = true)]`,
 //! tokio's `test-util`): the driver (`sim/driver.rs`) moves the hub's virtual time with tokio's,
@@ -22,6 +24,8 @@ pub mod coe;
 mod driver;
 pub mod explore;
 mod node;
+#[cfg(feature = "onnx")]
+pub mod pipeline;
 
 pub use node::{SimNode, SimNodeSpec};
 

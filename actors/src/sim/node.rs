@@ -131,6 +131,11 @@ impl SimNode {
         self.membership_events.subscribe()
     }
 
+    /// The sender of membership events (what a shell that subscribes later is given).
+    pub fn membership_events(&self) -> &MembershipEvents {
+        &self.membership_events
+    }
+
     /// Supervision events (restarts, escalations) from now on.
     pub fn subscribe_supervision(&self) -> broadcast::Receiver<SupervisorEvent> {
         self.supervisor_events.subscribe()

@@ -77,6 +77,8 @@ pub use placement::{
     RemoteSupervisorMsg,
 };
 pub use queue::{Links, NotQueued, Outcome, Sink};
+#[cfg(feature = "onnx")]
+pub(crate) use registry::fresh_incarnation;
 pub use registry::{
     Actors, DESCRIBE, Described, MAX_ACTOR_NAME, QuicOnly, SpawnError, service_name, validate_name,
 };

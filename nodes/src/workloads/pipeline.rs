@@ -240,6 +240,7 @@ pub fn worker_settings(node: &str, p: &WorkerParams) -> WorkerSettings {
             .to_string_lossy()
             .into_owned(),
         intra_threads: u32::try_from(p.intra_threads).unwrap_or(u32::MAX),
+        sim: false,
     }
 }
 

@@ -28,7 +28,10 @@ use crate::link::{Channel, Delivery, Link, LinkError, NodeId};
 use crate::roles::RoleSet;
 use crate::runtime_link::DeliverySink;
 
+mod blobs;
 mod view;
+
+pub use blobs::SIM_BLOB_BYTES_PER_US;
 
 /// Network behaviour of a simulation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -393,6 +396,8 @@ struct HubState {
     heard: BTreeSet<(NodeId, NodeId)>,
     /// Where each node's service frames go instead of its inbox.
     sinks: BTreeMap<NodeId, DeliverySink>,
+    /// Each node's blob server (see `blobs.rs`).
+    blobs: BTreeMap<NodeId, Arc<dyn crate::quic::BlobServer>>,
 }
 
 /// A [`SimNet`] shared by async code: hands out [`SimLink`]s and releases deliveries into their
@@ -400,12 +405,16 @@ struct HubState {
 #[derive(Clone)]
 pub struct SimHub {
     state: Arc<Mutex<HubState>>,
+    /// Unique in the process (see [`SimHub::id`]).
+    id: u64,
 }
 
 impl SimHub {
     /// A hub over a fresh network.
     pub fn new(config: SimConfig) -> Self {
+        static HUBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: HUBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             state: Arc::new(Mutex::new(HubState {
                 net: SimNet::new(config),
                 now: Micros::ZERO,
@@ -414,8 +423,15 @@ impl SimHub {
                 roles: BTreeMap::new(),
                 heard: BTreeSet::new(),
                 sinks: BTreeMap::new(),
+                blobs: BTreeMap::new(),
             })),
         }
+    }
+
+    /// This hub's number, unique in the process: it names what one simulated world keeps
+    /// outside the hub (its nodes' folders), never anything in its event log.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     fn lock(&self) -> MutexGuard<'_, HubState> {
@@ -497,6 +513,8 @@ impl SimHub {
         if let Some(inbox) = s.inboxes.get_mut(node) {
             inbox.clear();
         }
+        drop(s);
+        self.drop_blob_server(node);
     }
 
     /// Restarts a crashed node now.

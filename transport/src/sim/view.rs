@@ -13,12 +13,12 @@ use crate::runtime_link::{DeliverySink, RuntimeLink};
 
 impl HubState {
     /// Whether `a` and `b` are two live nodes (a partition between them or not).
-    fn linked(&self, a: &NodeId, b: &NodeId) -> bool {
+    pub(super) fn linked(&self, a: &NodeId, b: &NodeId) -> bool {
         a != b && !self.net.is_crashed(a) && !self.net.is_crashed(b)
     }
 
     /// Whether `a` and `b` reach each other now.
-    fn reachable(&self, a: &NodeId, b: &NodeId) -> bool {
+    pub(super) fn reachable(&self, a: &NodeId, b: &NodeId) -> bool {
         self.linked(a, b) && !self.net.is_partitioned(a, b)
     }
 }

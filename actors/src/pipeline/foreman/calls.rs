@@ -14,7 +14,7 @@ use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::coding::compress_activations;
 use troupe_policy::pipeline::{TaskId, Telemetry};
 use troupe_transport::codec::DecodeBudget;
-use troupe_transport::{NodeId, QuicNode};
+use troupe_transport::{NodeId, NodeLink};
 
 use super::super::wire::{
     BlobShelf, Fetch, Join, Joined, Load, MAX_MESSAGE_DECODED_BYTES, Moved, Ran, Run, RunReply, RunTimes,
@@ -147,7 +147,7 @@ pub(super) struct Event {
 /// Context a worker's queued calls need.
 #[derive(Clone)]
 pub(super) struct ExecCtx {
-    pub(super) link: QuicNode,
+    pub(super) link: NodeLink,
     /// The foreman's blob shelf (inputs it relays when workers cannot reach each other).
     pub(super) shelf: BlobShelf,
     pub(super) foreman: String,

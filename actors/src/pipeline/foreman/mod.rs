@@ -108,6 +108,20 @@ async fn discover(services: &Services, settings: &ShellSettings) -> Result<Vec<T
     }
 }
 
+/// A job's foreman supervisor and event forwarder, stopped when dropped: a job whose caller is
+/// gone (its future dropped, as when the foreman service stops) ends with it.
+struct JobGuard {
+    sup: ractor::ActorCell,
+    forwarder: tokio::task::AbortHandle,
+}
+
+impl Drop for JobGuard {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+        self.sup.stop(None);
+    }
+}
+
 /// Distinguishes the registered names of foreman actors of concurrent jobs in one process.
 static FOREMAN_JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -128,7 +142,7 @@ pub async fn run_pipeline_job(
     progress: Option<mpsc::UnboundedSender<Progress>>,
 ) -> Result<JobOutcome, ShellError> {
     let AcceptedJob { job, ledger } = job.into();
-    let link = actors.quic().map_err(|e| ShellError::Refused(e.to_string()))?;
+    let link = actors.link();
     let services = actors.services();
     let targets = discover(services, &settings).await?;
     for s in &job.stages {
@@ -210,6 +224,7 @@ pub async fn run_pipeline_job(
             }
         })
     };
+    let _guard = JobGuard { sup: sup.get_cell(), forwarder: forwarder.abort_handle() };
     let mut done_rx = done_rx;
     let result = loop {
         tokio::select! {

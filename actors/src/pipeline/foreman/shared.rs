@@ -8,7 +8,7 @@ use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tracing::warn;
 use troupe_kernels::onnx::NamedTensor;
-use troupe_transport::QuicNode;
+use troupe_transport::NodeLink;
 
 use super::super::job::PipelineJob;
 use super::super::ledger::Ledger;
@@ -36,7 +36,7 @@ pub(super) enum ForemanInput {
 /// given so far (each input's last-stage outputs, answered at most once) and where the result
 /// goes. A restarted incarnation submits only the inputs not answered yet.
 pub(super) struct ForemanShared {
-    pub(super) link: QuicNode,
+    pub(super) link: NodeLink,
     pub(super) services: Services,
     pub(super) actors: Actors,
     /// One ordered call queue per worker, across foreman incarnations.

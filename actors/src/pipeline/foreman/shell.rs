@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 use troupe_policy::Micros;
 use troupe_policy::pipeline::{Action, Foreman, TaskId, WorkerId, WorkerReport};
 use troupe_policy::roster::{Incarnation, Roster};
-use troupe_transport::{NodeId, QuicNode};
+use troupe_transport::{NodeId, NodeLink};
 
 use super::super::job::PipelineJob;
 use super::super::wire::{BlobShelf, EncodeTally, Join, Joined, WireNamed, encode_tensors};
@@ -39,7 +39,7 @@ pub(super) struct Handle {
 }
 
 pub(super) struct Shell {
-    pub(super) link: QuicNode,
+    pub(super) link: NodeLink,
     pub(super) shelf: BlobShelf,
     pub(super) job: Arc<PipelineJob>,
     /// This incarnation's job input i is the job's input `map[i]` (a restarted foreman submits
