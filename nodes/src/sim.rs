@@ -12,9 +12,12 @@ use serde_json::{Map, Value, json};
 use troupe_actors::sim::explore::typed::TypedWorkload;
 use troupe_actors::sim::explore::{ExploreConfig, Sweep, replay_command, sweep};
 
-/// The workloads `troupe sim` runs (the coe, pipeline and coadapt shells are not on the
-/// simulated cluster yet).
-pub const WORKLOADS: &[&str] = &["typed"];
+/// The workloads `troupe sim` runs (`coe` needs the `onnx` feature).
+pub const WORKLOADS: &[&str] = &[
+    "typed",
+    #[cfg(feature = "onnx")]
+    "coe",
+];
 
 /// Runs `seeds` seeds from `from` of `workload` (`all`: each in turn); exit code 1 on any
 /// violation.
@@ -27,9 +30,21 @@ pub fn run(workload: &str, seeds: u64, from: u64, json: Option<&Path>) -> Result
     let config = ExploreConfig::default();
     let mut sweeps = Vec::new();
     for name in names {
-        // `typed` is the only name WORKLOADS holds today; coe, pipeline and coadapt get their arms here
-        debug_assert_eq!(name, "typed");
-        let s = sweep(&TypedWorkload::default(), from, seeds, &config, |_| {});
+        let s = match name {
+            #[cfg(feature = "onnx")]
+            "coe" => {
+                let w = troupe_actors::sim::explore::coe::CoeWorkload::standard()?;
+                troupe_actors::sim::explore::sweep_with(
+                    &w,
+                    from,
+                    seeds,
+                    |tag, seed| w.schedule(tag, seed, &config),
+                    |_| {},
+                )
+            }
+            "typed" => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
+            other => anyhow::bail!("workload {other} has no arm in troupe sim"),
+        };
         for v in &s.failed {
             println!("{} seed {}: {}", v.workload, v.seed, v.violations.join("; "));
             println!("  replay: {}", replay_command(v.workload, v.seed));

@@ -218,6 +218,8 @@ pub struct CoeShared {
     /// The job's clock: the scheduler shell's in every incarnation, acceptance times, the
     /// makespan.
     clock: Clock,
+    /// The scheduler's fault-switch site ([`FAULT_SITE`] unless a simulation names its own).
+    fault_site: Mutex<String>,
 }
 
 /// Mirrors the store's queue lengths into [`crate::live`]: requests accepted and not yet
@@ -475,6 +477,7 @@ impl CoeShared {
                 links: Links::new(sink),
                 answered_tx: watch::channel(answered).0,
                 clock: Clock::start(),
+                fault_site: Mutex::new(FAULT_SITE.to_string()),
             }
         });
         Ok((shared, damage))
@@ -515,6 +518,12 @@ impl CoeShared {
     /// The id the next client request takes.
     pub fn next_client_id(&self) -> u64 {
         lock(&self.store).next_client
+    }
+
+    /// Names the scheduler's fault-switch site from its next start on (a simulated cluster gives
+    /// each run its own, so runs in one process never share the switch's hit counts).
+    pub fn set_fault_site(&self, site: &str) {
+        *lock(&self.fault_site) = site.to_string();
     }
 
     /// Sets when the journal is compacted, and compacts now if that rule says it is due.
@@ -630,7 +639,10 @@ impl CoeShared {
         ChildSpec::new(SCHEDULER, move || {
             (
                 SchedulerActor::<CoeScheduler>::default(),
-                SchedulerArgs { scheduler: CoeScheduler::new(shared.clone()), fault_site: FAULT_SITE.into() },
+                SchedulerArgs {
+                    scheduler: CoeScheduler::new(shared.clone()),
+                    fault_site: lock(&shared.fault_site).clone(),
+                },
             )
         })
     }
