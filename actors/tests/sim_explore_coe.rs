@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use troupe_actors::sim::explore::coe::CoeWorkload;
 use troupe_actors::sim::explore::{ExploreConfig, replay_command, run_seed, sweep_with};
-use troupe_policy::sim::SimFault;
+use troupe_policy::sim::{FaultSchedule, SimFault};
 
 /// The coe scheduler and executors register under fixed names in ractor's process-wide
 /// registry, so the runs of this file go one at a time.
@@ -22,11 +22,11 @@ fn one() -> std::sync::MutexGuard<'static, ()> {
 
 /// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
 fn seeds() -> u64 {
-    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40)
+    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
 }
 
 /// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these.
-const KNOWN_OPEN: &[u64] = &[27];
+const KNOWN_OPEN: &[u64] = &[];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()
@@ -98,4 +98,75 @@ fn sim_explore_coe_one_seed_replays_to_the_same_log() {
     assert!(a.log.iter().any(|l| l.contains("test crashes det-sched")), "the scheduler node crashed");
     let other = run_seed(&w, "det", seed + 1, &w.schedule("det", seed + 1, &config), None);
     assert_ne!(a.log_hash, other.log_hash, "another seed, another run");
+}
+
+/// Runs `seed` of the standard workload (tag `tag`) after checking that its schedule still has
+/// the shape the bug needed (`shape`), and asserts the run held every invariant.
+fn regression(tag: &str, seed: u64, shape: impl Fn(&FaultSchedule) -> bool) {
+    let _one = one();
+    let w = workload();
+    let schedule = w.schedule(tag, seed, &ExploreConfig::default());
+    assert!(shape(&schedule), "seed {seed} no longer draws the faults it was found with: {schedule:?}");
+    let v = run_seed(&w, tag, seed, &schedule, None);
+    assert!(
+        v.violations.is_empty(),
+        "seed {seed}: {:?}; replay: {}",
+        v.violations,
+        replay_command("coe", seed)
+    );
+    assert_eq!(v.answers.answers.len() as u64, w.requests);
+}
+
+fn has(s: &FaultSchedule, f: impl Fn(&SimFault) -> bool) -> bool {
+    s.faults.iter().any(|t| f(&t.fault))
+}
+
+/// Found by the explorer (coe seed 1): the scheduler node, cut off from both executors, lost
+/// them one after the other; the policy refused to lose the last ("would leave e0 with no live
+/// executor") and the scheduler failed, then never ran anything again. Fixed: the policy parks
+/// what no live executor can hold until one is restored (`RequestScheduler::handle_executor_lost`).
+#[test]
+fn sim_explore_coe_seed_1_losing_every_executor_parks_the_work() {
+    regression("r1", 1, |s| has(s, |f| matches!(f, SimFault::Partition(n) if n == "r1-sched")));
+}
+
+/// Found by the explorer (coe seed 6): an executor's node rejoined, but its hello went
+/// unanswered within the call timeout (a loss burst), and the scheduler node never looked for it
+/// again. Fixed: `follow_executors` searches until found or the node is down again.
+#[test]
+fn sim_explore_coe_seed_6_a_rejoined_executor_is_searched_for_until_found() {
+    regression("r6", 6, |s| {
+        has(s, |f| matches!(f, SimFault::Restart(n) if n == "r6-exec1"))
+            && has(s, |f| matches!(f, SimFault::Impair { .. }))
+    });
+}
+
+/// Found by the explorer (coe seed 23): an executor node's partition healed while the scheduler
+/// node was crashed; the heal reconnected only running nodes, so the restarted scheduler node
+/// stayed cut off from it for good (an explorer bug). Fixed: a partition and its heal cover
+/// every node of the cluster, running or not.
+#[test]
+fn sim_explore_coe_seed_23_a_heal_reconnects_a_node_crashed_at_the_time() {
+    regression("r23", 23, |s| {
+        has(s, |f| matches!(f, SimFault::Heal(n) if n == "r23-exec0"))
+            && has(s, |f| matches!(f, SimFault::Crash(n) if n == "r23-sched"))
+    });
+}
+
+/// Found by the explorer (coe seeds 27, 41): a call to an executor lost in a loss burst (its
+/// node up all along) took the executor out of service for good: only a membership rejoin put
+/// one back. Fixed: a link that loses a call is reported (`CoeShared::subscribe_link_lost`) and
+/// `follow_executors` finds and links the executor again. Seed 41 has no crash nor partition.
+#[test]
+fn sim_explore_coe_seeds_27_and_41_an_executor_whose_call_was_lost_serves_again() {
+    regression("r41", 41, |s| !has(s, |f| matches!(f, SimFault::Crash(_) | SimFault::Partition(_))));
+    regression("r27", 27, |s| has(s, |f| matches!(f, SimFault::Crash(n) if n == "r27-sched")));
+}
+
+/// Found by the explorer (coe seed 32): the restarted scheduler node's hello to an executor was
+/// lost and `find_executors` failed the scheduler's start. Fixed: a hello with no reply is sent
+/// again (the name resolved afresh) while the deadline allows.
+#[test]
+fn sim_explore_coe_seed_32_a_lost_hello_does_not_fail_the_scheduler_start() {
+    regression("r32", 32, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r32-sched")));
 }

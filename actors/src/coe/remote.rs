@@ -202,6 +202,8 @@ pub async fn find_executors(
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     /// The longest one hello waits for its reply.
     const HELLO: Duration = Duration::from_secs(2);
+    /// The pause before trying again after a hello that failed at once.
+    const HELLO_BACKOFF: Duration = Duration::from_millis(100);
     let until = tokio::time::Instant::now() + crate::clock::left_until(deadline);
     let mut found = Vec::with_capacity(names.len());
     for name in names {
@@ -209,13 +211,17 @@ pub async fn find_executors(
         let missing = |e: ActorError| {
             CoeError::Invalid(format!("executor {name:?} did not join within the deadline: {e}"))
         };
-        let handle =
-            actors.wait_for::<CoeExecutor>(&exec_wire::actor_name(name), left()).await.map_err(missing)?;
-        let hello = loop {
+        // each try resolves the name afresh: a handle to an incarnation since lost (its node
+        // went down and came back) fails at once, every time
+        let (handle, hello) = loop {
+            let handle = actors
+                .wait_for::<CoeExecutor>(&exec_wire::actor_name(name), left())
+                .await
+                .map_err(missing)?;
             match handle.call(Hello, left().clamp(Duration::from_millis(1), HELLO)).await {
-                Ok(h) => break h,
+                Ok(h) => break (handle, h),
                 Err(e) if left().is_zero() => return Err(missing(e)),
-                Err(_) => continue,
+                Err(_) => tokio::time::sleep(HELLO_BACKOFF.min(left())).await,
             }
         };
         if hello.executor != *name {
@@ -273,18 +279,36 @@ pub async fn follow_executors(
     use tokio::sync::broadcast::error::RecvError;
     use troupe_policy::MembershipEvent;
     let report = std::sync::Arc::new(std::sync::Mutex::new(report));
-    // per executor, the search for it since its node rejoined
+    // per executor, the search for it since its node rejoined or its link lost a call
     let mut restoring: Vec<Option<tokio::task::JoinHandle<()>>> = nodes.iter().map(|_| None).collect();
+    let mut down = vec![false; nodes.len()];
+    let mut link_lost = shared.subscribe_link_lost();
     loop {
-        let event = match members.recv().await {
-            Ok(ev) => ev,
-            Err(RecvError::Lagged(_)) => continue,
-            Err(RecvError::Closed) => break,
+        let event = tokio::select! {
+            ev = members.recv() => match ev {
+                Ok(ev) => ev,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            },
+            lost = link_lost.recv() => {
+                // a call lost with the node up (a lossy net, a slow executor): search for it again
+                if let Ok(exec) = lost
+                    && !down.get(exec).copied().unwrap_or(true)
+                    && restoring[exec].as_ref().is_none_or(|t| t.is_finished())
+                {
+                    let node = nodes[exec].clone();
+                    restoring[exec] = Some(tokio::spawn(restore(
+                        shared.clone(), actors.clone(), report.clone(), exec, node, call_timeout,
+                    )));
+                }
+                continue;
+            }
         };
         for (exec, node) in nodes.iter().enumerate() {
             let name = shared.executor_name(exec).to_string();
             match &event {
                 MembershipEvent::Down { member, .. } if member.as_str() == node => {
+                    down[exec] = true;
                     if let Some(t) = restoring[exec].take() {
                         t.abort();
                     }
@@ -294,34 +318,18 @@ pub async fn follow_executors(
                     tell(&report, ExecutorChange::Down { name, node: node.clone() });
                 }
                 MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
+                    down[exec] = false;
                     if let Some(t) = restoring[exec].take() {
                         t.abort();
                     }
-                    let (shared, actors, report, node) =
-                        (shared.clone(), actors.clone(), report.clone(), node.clone());
-                    restoring[exec] = Some(tokio::spawn(async move {
-                        loop {
-                            let until = Instant::now() + call_timeout;
-                            match find_executors(&actors, std::slice::from_ref(&name), until).await {
-                                Ok(found) => {
-                                    if let Some(x) = found.first() {
-                                        let link = super::link::ExecLink::Remote {
-                                            handle: x.handle.clone(),
-                                            timeout: call_timeout,
-                                        };
-                                        shared.install_link(exec, link);
-                                        tell(&report, ExecutorChange::Restored { name, node });
-                                    }
-                                    return;
-                                }
-                                Err(e) => {
-                                    let error = e.to_string();
-                                    tell(&report, ExecutorChange::NotFound { name: name.clone(), error });
-                                    tokio::time::sleep(call_timeout).await;
-                                }
-                            }
-                        }
-                    }));
+                    restoring[exec] = Some(tokio::spawn(restore(
+                        shared.clone(),
+                        actors.clone(),
+                        report.clone(),
+                        exec,
+                        node.clone(),
+                        call_timeout,
+                    )));
                 }
                 _ => {}
             }
@@ -334,4 +342,35 @@ pub async fn follow_executors(
 fn tell<F: FnMut(ExecutorChange)>(report: &std::sync::Mutex<F>, change: ExecutorChange) {
     let mut r = report.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     (*r)(change)
+}
+
+/// Searches for executor `exec` (on `node`) until found, then links it under a new generation;
+/// tries again every `call_timeout`.
+async fn restore<F: FnMut(ExecutorChange)>(
+    shared: std::sync::Arc<super::serve::CoeShared>,
+    actors: Actors,
+    report: std::sync::Arc<std::sync::Mutex<F>>,
+    exec: usize,
+    node: String,
+    call_timeout: Duration,
+) {
+    let name = shared.executor_name(exec).to_string();
+    loop {
+        let until = Instant::now() + call_timeout;
+        match find_executors(&actors, std::slice::from_ref(&name), until).await {
+            Ok(found) => {
+                if let Some(x) = found.first() {
+                    let link =
+                        super::link::ExecLink::Remote { handle: x.handle.clone(), timeout: call_timeout };
+                    shared.install_link(exec, link);
+                    tell(&report, ExecutorChange::Restored { name, node });
+                }
+                return;
+            }
+            Err(e) => {
+                tell(&report, ExecutorChange::NotFound { name: name.clone(), error: e.to_string() });
+                tokio::time::sleep(call_timeout).await;
+            }
+        }
+    }
 }

@@ -215,6 +215,8 @@ pub struct CoeShared {
     store: Mutex<Store>,
     links: ExecLinks,
     answered_tx: watch::Sender<usize>,
+    /// Executors whose link lost a call (their node may well be up: see [`Self::subscribe_link_lost`]).
+    link_lost_tx: tokio::sync::broadcast::Sender<usize>,
     /// The job's clock: the scheduler shell's in every incarnation, acceptance times, the
     /// makespan.
     clock: Clock,
@@ -465,7 +467,10 @@ impl CoeShared {
                     Outcome::Done(None) => return,
                     Outcome::Done(Some(event)) => event,
                     Outcome::Failed(e) => Event::Failed(CoeError::Invalid(format!("executor {exec}: {e}"))),
-                    Outcome::Lost(e) => Event::Lost { exec, why: format!("call failed: {e}") },
+                    Outcome::Lost(e) => {
+                        let _ = shared.link_lost_tx.send(exec);
+                        Event::Lost { exec, why: format!("call failed: {e}") }
+                    }
                 };
                 shared.tell(CoeInput::Exec { exec, generation, event });
             });
@@ -476,6 +481,7 @@ impl CoeShared {
                 store: Mutex::new(store),
                 links: Links::new(sink),
                 answered_tx: watch::channel(answered).0,
+                link_lost_tx: tokio::sync::broadcast::channel(64).0,
                 clock: Clock::start(),
                 fault_site: Mutex::new(FAULT_SITE.to_string()),
             }
@@ -617,6 +623,13 @@ impl CoeShared {
         let generation = self.links.attach(exec, handle);
         self.tell(CoeInput::Restored { exec });
         generation
+    }
+
+    /// Executors (by index) whose link lost a call from now on: the scheduler takes them out of
+    /// service, and whoever follows the executors links them again once found
+    /// ([`super::remote::follow_executors`]), as when their node rejoins.
+    pub fn subscribe_link_lost(&self) -> tokio::sync::broadcast::Receiver<usize> {
+        self.link_lost_tx.subscribe()
     }
 
     /// Current generation of executor `exec`'s link.

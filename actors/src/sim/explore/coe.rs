@@ -51,8 +51,9 @@ const APP_SEED: u64 = 3;
 const CALL: Duration = Duration::from_secs(3);
 /// The pause after a failed try.
 const BACKOFF: Duration = Duration::from_millis(250);
-/// Tries per request before the client gives up (they span past any schedule).
-const TRIES: u32 = 30;
+/// How long the client keeps trying a request before it gives up (past any schedule's faults;
+/// counted in time, not tries: a call to a node still starting fails at once).
+const GIVE_UP: Duration = Duration::from_secs(90);
 /// How long the scheduler node waits for its executors at start, and its calls to them.
 const FIND: Duration = Duration::from_secs(30);
 const EXEC_CALL: Duration = Duration::from_secs(2);
@@ -321,7 +322,8 @@ impl SimWorkload for CoeWorkload {
                 calls.spawn(async move {
                     tokio::time::sleep(stagger * u32::try_from(i).unwrap_or(u32::MAX)).await;
                     let Some(body) = body else { return (i, None) };
-                    for _ in 0..TRIES {
+                    let until = tokio::time::Instant::now() + GIVE_UP;
+                    while tokio::time::Instant::now() < until {
                         match services.call(&sched, REQUEST_SERVICE, REQUEST, body.clone(), CALL).await {
                             Ok(answer) => return (i, decode_answer(&answer).ok().map(|a| a.digest)),
                             Err(_) => tokio::time::sleep(BACKOFF).await,
