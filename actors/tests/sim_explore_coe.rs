@@ -25,8 +25,11 @@ fn seeds() -> u64 {
     std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
 }
 
-/// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these.
-const KNOWN_OPEN: &[u64] = &[];
+/// Seeds that still fail (see docs/testing.md), all past CI's range, found by the 1,000-seed
+/// sweep (`TROUPE_SIM_SEEDS=1000`), which must fail on exactly these: in each, a request the
+/// scheduler accepted (recovered from its journal or orphaned by a client's retry) is never
+/// answered while later ones are, and the run does not end. Root cause not found yet.
+const KNOWN_OPEN: &[u64] = &[285, 499, 527, 812, 886, 930];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()

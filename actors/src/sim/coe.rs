@@ -6,8 +6,9 @@
 //! ([`SimCompute`](crate::coe::sim_compute::SimCompute): hashed outputs, modelled costs on
 //! tokio's clock; no weight store, no host tier, no model files) and the app, made in memory
 //! from the policy's synthetic model ([`sim_app`]: no trained experts, no trace requests, no
-//! digit images; requests come from clients). The scheduler's journal is a real file: a
-//! simulated disk that loses unsynced writes on a crash is a later step.
+//! digit images; requests come from clients). The scheduler's journal is a real file; what a
+//! crash can leave of it (a torn tail, a compaction's temp file) the fault explorer writes there
+//! ([`super::explore::coe`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,6 +15,19 @@
 //! — and seeded panics go off in the scheduler through the fault switch, at a site of the run's
 //! own ([`crate::fault::install_site`]).
 //!
+//! Why no storage seam: [`crate::journal`] acknowledges an append only after `fdatasync`, and
+//! a compaction renames a synced temp file, so all a crash can leave unsynced is the append in
+//! progress (never acknowledged) or that temp file; the explorer writes exactly those into the
+//! node's real journal folder before its restart. An in-memory file system behind a trait would
+//! model no state this does not.
+//!
+//! Clock skew: nothing in this workload compares times across nodes — heartbeats carry only a
+//! sequence number, membership times silence on the receiver's clock, the scheduler's decisions
+//! and acceptance times are on its job clock, and no record or message carries a time — so a
+//! per-node clock offset cannot change a decision here, and none is modelled. (The typed
+//! layer's placement generations are wall-clock micros compared across nodes: skew matters
+//! there, for the workloads that place children remotely.)
+//!
 //! The client retries a request only when the runtime says it was not answered (a failed or
 //! timed-out call, busy): a retry is a new request to the scheduler (client requests carry no
 //! key), so the client keeps one answer, the output digest, per number. Beyond the explorer's

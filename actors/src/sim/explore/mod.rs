@@ -13,6 +13,12 @@
 //!   at every fault and at the end);
 //! - **the run ends**: the client is done within [`RUN_DEADLINE`] of virtual time.
 //!
+//! A workload with a disk or a fault site of its own adds process and storage faults to the
+//! schedule ([`troupe_policy::sim::faults::with_process_faults`]: a torn journal tail after a
+//! crash, a scheduler panic through the fault switch) and performs them
+//! ([`SimWorkload::process_fault`]); its own end-of-run invariants come back through
+//! [`SimWorkload::check`].
+//!
 //! The verdict carries a hash of the run's event log, so a replay of its seed can be checked
 //! byte for byte. A workload plugs in through [`SimWorkload`]: its nodes, what every fresh
 //! incarnation of a node registers, and a client that returns its answers by request number.
