@@ -28,8 +28,10 @@ fn seeds() -> u64 {
 /// Seeds that still fail (see docs/testing.md), all past CI's range, found by the 1,000-seed
 /// sweep (`TROUPE_SIM_SEEDS=1000`), which must fail on exactly these: in each, a request the
 /// scheduler accepted (recovered from its journal or orphaned by a client's retry) is never
-/// answered while later ones are, and the run does not end. Root cause not found yet.
-const KNOWN_OPEN: &[u64] = &[527, 812];
+/// answered while later ones are, and the run does not end (309: after a scheduler panic the
+/// next incarnation fails on "executor x1 is not loading e4", and its successor answers nothing
+/// more). Root causes not found yet.
+const KNOWN_OPEN: &[u64] = &[309, 527, 812];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()
