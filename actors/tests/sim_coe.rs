@@ -14,14 +14,13 @@ use std::time::Duration;
 
 use troupe_actors::MembershipConfig;
 use troupe_actors::coe::app::{App, INPUT_WIDTH, output_digest, quantise, select_children};
-use troupe_actors::coe::remote::CoeExecutor;
 use troupe_actors::coe::requests::{
     CoeAnswer, REQUEST, REQUEST_SERVICE, WireCoeRequest, decode_answer, serve_requests,
 };
 use troupe_actors::coe::serve::CoeShared;
 use troupe_actors::coe::sim_compute::SimCompute;
 use troupe_actors::service::to_body;
-use troupe_actors::sim::coe::{executor_spec, output_width, sim_app, start_scheduler};
+use troupe_actors::sim::coe::{output_width, sim_app, start_executor, start_scheduler};
 use troupe_actors::sim::{SimCluster, SimNodeSpec};
 use troupe_policy::Micros;
 use troupe_policy::coe::admission::AdmissionLimits;
@@ -86,16 +85,12 @@ async fn serve(tag: &str, seed: u64, journal: &Path, crash: bool) -> (Vec<String
     ];
     let mut cluster = SimCluster::start(net(seed), specs).await.unwrap();
     for (e, n) in ["gpu0", "cpu0"].into_iter().enumerate() {
-        let host = cluster.node(&name(n)).unwrap();
-        let spec = executor_spec(&app, &latency, e);
-        host.actors
-            .spawn::<CoeExecutor>(&troupe_actors::coe::exec_wire::actor_name(latency.name(e)), spec)
-            .await
-            .unwrap();
+        start_executor(&cluster.node(&name(n)).unwrap().actors, &app, &latency, e).await.unwrap();
     }
     let (shared, _) = CoeShared::open(app.clone(), latency, SchedulerConfig::ours(), Some(journal)).unwrap();
     let sched = cluster.node(&name("sched")).unwrap();
-    let found = start_scheduler(sched, &shared, T, Duration::from_secs(5)).await.unwrap();
+    let found =
+        start_scheduler(&sched.actors, &sched.supervisor, &shared, T, Duration::from_secs(5)).await.unwrap();
     assert_eq!(found.iter().map(|f| f.node.as_str()).collect::<Vec<_>>(), [name("gpu0"), name("cpu0")]);
     let limits = AdmissionLimits { per_node: N, per_peer: N };
     serve_requests(&sched.services, shared.clone(), limits, T);

@@ -14,13 +14,15 @@ use troupe_actors::sim::explore::pipeline::PipelineWorkload;
 use troupe_actors::sim::explore::typed::TypedWorkload;
 use troupe_actors::sim::explore::{ExploreConfig, Sweep, replay_command, sweep};
 
-/// The workloads `troupe sim` runs (the coe and coadapt shells are not on the simulated
-/// cluster yet; `pipeline` needs the `onnx` feature, as its shells do).
-#[cfg(feature = "onnx")]
-pub const WORKLOADS: &[&str] = &["typed", "pipeline"];
-/// The workloads `troupe sim` runs (the lean build has no pipeline shells).
-#[cfg(not(feature = "onnx"))]
-pub const WORKLOADS: &[&str] = &["typed"];
+/// The workloads `troupe sim` runs (`coe` and `pipeline` need the `onnx` feature, as their
+/// shells do).
+pub const WORKLOADS: &[&str] = &[
+    "typed",
+    #[cfg(feature = "onnx")]
+    "coe",
+    #[cfg(feature = "onnx")]
+    "pipeline",
+];
 
 /// Runs `seeds` seeds from `from` of `workload` (`all`: each in turn); exit code 1 on any
 /// violation.
@@ -36,8 +38,19 @@ pub fn run(workload: &str, seeds: u64, from: u64, json: Option<&Path>) -> Result
         let s = match name {
             #[cfg(feature = "onnx")]
             "pipeline" => sweep(&PipelineWorkload::default(), from, seeds, &config, |_| {}),
-            // coe and coadapt get their arms here
-            _ => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
+            #[cfg(feature = "onnx")]
+            "coe" => {
+                let w = troupe_actors::sim::explore::coe::CoeWorkload::standard()?;
+                troupe_actors::sim::explore::sweep_with(
+                    &w,
+                    from,
+                    seeds,
+                    |tag, seed| w.schedule(tag, seed, &config),
+                    |_| {},
+                )
+            }
+            "typed" => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
+            other => anyhow::bail!("workload {other} has no arm in troupe sim"),
         };
         for v in &s.failed {
             println!("{} seed {}: {}", v.workload, v.seed, v.violations.join("; "));

@@ -192,21 +192,38 @@ pub struct RemoteExecutor {
 }
 
 /// Waits until every executor in `names` runs somewhere in the cluster and answered hello
-/// (woken by the registry's announcements, not by polling).
+/// (woken by the registry's announcements, not by polling). A hello that gets no reply is sent
+/// again while time is left (one lost on a lossy net, or a peer busy restarting, must not fail
+/// a scheduler's start).
 pub async fn find_executors(
     actors: &Actors,
     names: &[String],
     deadline: Instant,
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
+    /// The longest one hello waits for its reply.
+    const HELLO: Duration = Duration::from_secs(2);
+    /// The pause before trying again after a hello that failed at once.
+    const HELLO_BACKOFF: Duration = Duration::from_millis(100);
+    let until = tokio::time::Instant::now() + crate::clock::left_until(deadline);
     let mut found = Vec::with_capacity(names.len());
     for name in names {
-        let left = crate::clock::left_until(deadline);
+        let left = || until.saturating_duration_since(tokio::time::Instant::now());
         let missing = |e: ActorError| {
             CoeError::Invalid(format!("executor {name:?} did not join within the deadline: {e}"))
         };
-        let handle =
-            actors.wait_for::<CoeExecutor>(&exec_wire::actor_name(name), left).await.map_err(missing)?;
-        let hello = handle.call(Hello, left.max(Duration::from_secs(2))).await.map_err(missing)?;
+        // each try resolves the name afresh: a handle to an incarnation since lost (its node
+        // went down and came back) fails at once, every time
+        let (handle, hello) = loop {
+            let handle = actors
+                .wait_for::<CoeExecutor>(&exec_wire::actor_name(name), left())
+                .await
+                .map_err(missing)?;
+            match handle.call(Hello, left().clamp(Duration::from_millis(1), HELLO)).await {
+                Ok(h) => break (handle, h),
+                Err(e) if left().is_zero() => return Err(missing(e)),
+                Err(_) => tokio::time::sleep(HELLO_BACKOFF.min(left())).await,
+            }
+        };
         if hello.executor != *name {
             return Err(CoeError::Invalid(format!(
                 "actor for executor {name} answered as {}",
@@ -216,4 +233,144 @@ pub async fn find_executors(
         found.push(RemoteExecutor { name: hello.executor, node: hello.node, handle });
     }
     Ok(found)
+}
+
+/// What [`follow_executors`] did about one membership event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecutorChange {
+    /// Executor `name`'s node went down: its work was requeued on the others.
+    Down {
+        /// The executor's name in the profile.
+        name: String,
+        /// Its node.
+        node: String,
+    },
+    /// Executor `name`'s node rejoined and the executor was found and linked again.
+    Restored {
+        /// The executor's name in the profile.
+        name: String,
+        /// Its node.
+        node: String,
+    },
+    /// Executor `name`'s node rejoined but the executor was not found within the call timeout.
+    NotFound {
+        /// The executor's name in the profile.
+        name: String,
+        /// Why.
+        error: String,
+    },
+}
+
+/// The scheduler node's view of its executors' nodes, for as long as `members` runs: a node
+/// that goes down has its executor's work requeued ([`CoeInput::Down`](super::serve::CoeInput));
+/// one that rejoins has its executor found again and linked under a new generation (back in
+/// service), tried again every `call_timeout` until found or the node goes down again (a hello
+/// lost on a lossy net, or an executor not yet started, must not leave it out of service for
+/// good). `nodes[exec]` is executor `exec`'s node; `report` hears of each change. Shared by the
+/// `coe` job on a real node and the simulated cluster, so both restore executors alike.
+pub async fn follow_executors(
+    shared: std::sync::Arc<super::serve::CoeShared>,
+    actors: Actors,
+    mut members: tokio::sync::broadcast::Receiver<troupe_policy::MembershipEvent<troupe_transport::NodeId>>,
+    nodes: Vec<String>,
+    call_timeout: Duration,
+    report: impl FnMut(ExecutorChange) + Send + 'static,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    use troupe_policy::MembershipEvent;
+    let report = std::sync::Arc::new(std::sync::Mutex::new(report));
+    // per executor, the search for it since its node rejoined or its link lost a call
+    let mut restoring: Vec<Option<tokio::task::JoinHandle<()>>> = nodes.iter().map(|_| None).collect();
+    let mut down = vec![false; nodes.len()];
+    let mut link_lost = shared.subscribe_link_lost();
+    loop {
+        let event = tokio::select! {
+            ev = members.recv() => match ev {
+                Ok(ev) => ev,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            },
+            lost = link_lost.recv() => {
+                // a call lost with the node up (a lossy net, a slow executor): search for it again
+                if let Ok(exec) = lost
+                    && !down.get(exec).copied().unwrap_or(true)
+                    && restoring[exec].as_ref().is_none_or(|t| t.is_finished())
+                {
+                    let node = nodes[exec].clone();
+                    restoring[exec] = Some(tokio::spawn(restore(
+                        shared.clone(), actors.clone(), report.clone(), exec, node, call_timeout,
+                    )));
+                }
+                continue;
+            }
+        };
+        for (exec, node) in nodes.iter().enumerate() {
+            let name = shared.executor_name(exec).to_string();
+            match &event {
+                MembershipEvent::Down { member, .. } if member.as_str() == node => {
+                    down[exec] = true;
+                    if let Some(t) = restoring[exec].take() {
+                        t.abort();
+                    }
+                    let generation = shared.link_generation(exec);
+                    let why = format!("node {node} is down");
+                    shared.tell(super::serve::CoeInput::Down { exec, generation, why });
+                    tell(&report, ExecutorChange::Down { name, node: node.clone() });
+                }
+                MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
+                    down[exec] = false;
+                    if let Some(t) = restoring[exec].take() {
+                        t.abort();
+                    }
+                    restoring[exec] = Some(tokio::spawn(restore(
+                        shared.clone(),
+                        actors.clone(),
+                        report.clone(),
+                        exec,
+                        node.clone(),
+                        call_timeout,
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    restoring.into_iter().flatten().for_each(|t| t.abort());
+}
+
+/// Hands `change` to the reporter of [`follow_executors`].
+fn tell<F: FnMut(ExecutorChange)>(report: &std::sync::Mutex<F>, change: ExecutorChange) {
+    let mut r = report.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    (*r)(change)
+}
+
+/// Searches for executor `exec` (on `node`) until found, then links it under a new generation;
+/// tries again every `call_timeout`.
+async fn restore<F: FnMut(ExecutorChange)>(
+    shared: std::sync::Arc<super::serve::CoeShared>,
+    actors: Actors,
+    report: std::sync::Arc<std::sync::Mutex<F>>,
+    exec: usize,
+    node: String,
+    call_timeout: Duration,
+) {
+    let name = shared.executor_name(exec).to_string();
+    loop {
+        let until = Instant::now() + call_timeout;
+        match find_executors(&actors, std::slice::from_ref(&name), until).await {
+            Ok(found) => {
+                if let Some(x) = found.first() {
+                    let link =
+                        super::link::ExecLink::Remote { handle: x.handle.clone(), timeout: call_timeout };
+                    shared.install_link(exec, link);
+                    tell(&report, ExecutorChange::Restored { name, node });
+                }
+                return;
+            }
+            Err(e) => {
+                tell(&report, ExecutorChange::NotFound { name: name.clone(), error: e.to_string() });
+                tokio::time::sleep(call_timeout).await;
+            }
+        }
+    }
 }

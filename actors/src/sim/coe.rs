@@ -1,31 +1,33 @@
 //! The coe workload on a simulated cluster (simulation only): the real coe scheduler actor
 //! (policy, journal, links, recovery), the real executor actors (typed actor, wire codec, role
-//! checks) and the real client request service, on [`SimNode`]s.
+//! checks) and the real client request service, on [`SimNode`](super::SimNode)s.
 //!
 //! What is simulated: the executors' compute
 //! ([`SimCompute`](crate::coe::sim_compute::SimCompute): hashed outputs, modelled costs on
 //! tokio's clock; no weight store, no host tier, no model files) and the app, made in memory
 //! from the policy's synthetic model ([`sim_app`]: no trained experts, no trace requests, no
-//! digit images; requests come from clients). The scheduler's journal is a real file: a
-//! simulated disk that loses unsynced writes on a crash is a later step.
+//! digit images; requests come from clients). The scheduler's journal is a real file; what a
+//! crash can leave of it (a torn tail, a compaction's temp file) the fault explorer writes there
+//! ([`super::explore::coe`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ractor::ActorRef;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use troupe_kernels::assets::Digits;
 use troupe_policy::coe::synth::{ModelConfig, synthetic_edge_profile, synthetic_model};
 use troupe_policy::coe::{LatencyModel, Trace};
 
-use super::SimNode;
 use crate::coe::CoeError;
 use crate::coe::app::{App, ExpertFile, INPUT_WIDTH, Manifest, Scale};
 use crate::coe::link::ExecLink;
-use crate::coe::remote::{ExecutorSpec, RemoteExecutor, find_executors};
+use crate::coe::remote::{CoeExecutor, ExecutorSpec, RemoteExecutor, find_executors};
 use crate::coe::serve::CoeShared;
 use crate::coe::sim_compute::SimComputeSpec;
 use crate::supervisor::SupervisorMsg;
+use crate::typed::Actors;
 
 /// A coe app made in memory for a simulated cluster (simulation only): `seed`'s synthetic
 /// ci-sized model (about 40 experts of 1-16 MB, three levels), each expert's output as wide as
@@ -74,24 +76,37 @@ pub fn executor_spec(app: &App, latency: &LatencyModel, e: usize) -> ExecutorSpe
     ExecutorSpec::sim(latency.name(e), SimComputeSpec::from_latency(latency, e, &sizes, &widths))
 }
 
-/// On the scheduler's node: finds every executor of the job (within `wait` of virtual time),
-/// links each (calls bounded by `call_timeout`) and starts the coe scheduler under the node's
-/// root supervisor, as the `coe` job does on a real node. Returns the executors found.
+/// On the scheduler's node (its typed actors and root supervisor): finds every executor of the
+/// job (within `wait` of virtual time), links each (calls bounded by `call_timeout`) and starts
+/// the coe scheduler under the root supervisor, as the `coe` job does on a real node. Returns
+/// the executors found.
 pub async fn start_scheduler(
-    node: &SimNode,
+    actors: &Actors,
+    supervisor: &ActorRef<SupervisorMsg>,
     shared: &Arc<CoeShared>,
     wait: Duration,
     call_timeout: Duration,
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     let names: Vec<String> = (0..shared.executors()).map(|e| shared.executor_name(e).to_string()).collect();
-    let found = find_executors(&node.actors, &names, std::time::Instant::now() + wait).await?;
+    let found = find_executors(actors, &names, std::time::Instant::now() + wait).await?;
     for (exec, x) in found.iter().enumerate() {
         shared.install_link(exec, ExecLink::Remote { handle: x.handle.clone(), timeout: call_timeout });
     }
-    let started =
-        ractor::call!(node.supervisor, SupervisorMsg::StartChild, shared.child_spec()).map_err(|e| {
-            CoeError::Invalid(format!("asking the root supervisor to start the coe scheduler: {e}"))
-        })?;
+    let started = ractor::call!(supervisor, SupervisorMsg::StartChild, shared.child_spec()).map_err(|e| {
+        CoeError::Invalid(format!("asking the root supervisor to start the coe scheduler: {e}"))
+    })?;
     started.map_err(|e| CoeError::Invalid(format!("starting the coe scheduler: {e}")))?;
     Ok(found)
+}
+
+/// Starts executor `e` of `latency` among a node's typed `actors` (on SimCompute), under its
+/// profile name, as an executor node's job does at every start.
+pub async fn start_executor(
+    actors: &Actors,
+    app: &App,
+    latency: &LatencyModel,
+    e: usize,
+) -> Result<(), crate::typed::SpawnError> {
+    let name = crate::coe::exec_wire::actor_name(latency.name(e));
+    actors.spawn::<CoeExecutor>(&name, executor_spec(app, latency, e)).await.map(|_| ())
 }

@@ -109,6 +109,7 @@ pub(crate) struct Inner {
     link: NodeLink,
     services: Services,
     local: DashMap<String, Local>,
+    /// Wakes lookups waiting for a name: a local binding (its name) or a member back up (empty).
     bound: broadcast::Sender<String>,
     supervisor: OnceLock<ActorRef<SupervisorMsg>>,
     placement: PlacementState,
@@ -181,6 +182,10 @@ impl Actors {
                     }
                     MembershipEvent::Up { member, .. } => {
                         inner.down.remove(&member);
+                        // a lookup that skipped this member while it was down tries again now:
+                        // its announcement may have come first (the fault explorer's coe seed
+                        // 886), and no other will come
+                        let _ = inner.bound.send(String::new());
                     }
                 }
             }

@@ -603,9 +603,8 @@ pub async fn run_job(
 ) -> Result<()> {
     use std::sync::Arc;
     use troupe_actors::coe::remote::find_executors;
-    use troupe_actors::coe::serve::{CoeInput, CoeShared, serve_trace};
+    use troupe_actors::coe::serve::{CoeShared, serve_trace};
     use troupe_actors::supervisor::SupervisorMsg;
-    use troupe_policy::MembershipEvent;
 
     let config = p.config()?;
     let dir = PathBuf::from(&p.dir);
@@ -659,57 +658,38 @@ pub async fn run_job(
     started.map_err(|e| anyhow::anyhow!("starting the coe scheduler: {e}"))?;
 
     // Membership: a down executor node loses its work; one that rejoins serves again.
-    let mut members = runtime.subscribe_membership();
+    let members = runtime.subscribe_membership();
     let nodes: Vec<String> = found.iter().map(|f| f.node.clone()).collect();
     let lost = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
     let watcher = {
-        let (shared, lost, actors) = (shared.clone(), lost.clone(), runtime.actors.clone());
-        tokio::spawn(async move {
-            loop {
-                let event = match members.recv().await {
-                    Ok(ev) => ev,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                for (exec, node) in nodes.iter().enumerate() {
-                    match &event {
-                        MembershipEvent::Down { member, .. } if member.as_str() == node => {
-                            let name = shared.executor_name(exec).to_string();
-                            crate::progress::println(format!(
-                                "coe: executor {name} on {node} is down; requeueing its work"
-                            ));
-                            if let Ok(mut l) = lost.lock() {
-                                l.insert(name);
-                            }
-                            let generation = shared.link_generation(exec);
-                            shared.tell(CoeInput::Down {
-                                exec,
-                                generation,
-                                why: format!("node {node} is down"),
-                            });
-                        }
-                        MembershipEvent::Up { member, rejoined: true, .. } if member.as_str() == node => {
-                            let name = shared.executor_name(exec).to_string();
-                            let until = std::time::Instant::now() + call_timeout;
-                            match find_executors(&actors, std::slice::from_ref(&name), until).await {
-                                Ok(found) => {
-                                    if let Some(x) = found.first() {
-                                        connect_executor(&shared, exec, x, call_timeout);
-                                        crate::progress::println(format!(
-                                            "coe: executor {name} rejoined on {node}; back in service"
-                                        ));
-                                    }
-                                }
-                                Err(e) => crate::progress::println(format!(
-                                    "coe: executor {name} rejoined but was not found: {e}"
-                                )),
-                            }
-                        }
-                        _ => {}
-                    }
+        use troupe_actors::coe::remote::{ExecutorChange, follow_executors};
+        let lost = lost.clone();
+        let report = move |change: ExecutorChange| match change {
+            ExecutorChange::Down { name, node } => {
+                crate::progress::println(format!(
+                    "coe: executor {name} on {node} is down; requeueing its work"
+                ));
+                if let Ok(mut l) = lost.lock() {
+                    l.insert(name);
                 }
             }
-        })
+            ExecutorChange::Restored { name, node } => {
+                crate::progress::println(format!("coe: executor {name} rejoined on {node}; back in service"));
+            }
+            ExecutorChange::NotFound { name, error } => {
+                crate::progress::println(format!(
+                    "coe: executor {name} rejoined but was not found yet: {error}"
+                ));
+            }
+        };
+        tokio::spawn(follow_executors(
+            shared.clone(),
+            runtime.actors.clone(),
+            members,
+            nodes,
+            call_timeout,
+            report,
+        ))
     };
     if p.serve {
         let limits = troupe_policy::coe::admission::AdmissionLimits {

@@ -323,14 +323,6 @@ pub enum SchedulerError {
         /// The batch named.
         batch: BatchId,
     },
-    /// Losing this executor would leave an expert that no live executor can hold.
-    #[error("losing {executor} would leave {expert} with no live executor that can hold it")]
-    WouldStrand {
-        /// The executor reported lost.
-        executor: ExecutorId,
-        /// An expert only it could hold.
-        expert: ExpertId,
-    },
     /// An executor's report of its host tier cannot be true.
     #[error("executor {executor} reports a host tier that cannot be: {problem}")]
     BadHostReport {
@@ -470,6 +462,9 @@ pub struct RequestScheduler {
     arrivals: u64,
     tasks_created: u64,
     next_batch: u64,
+    /// Tasks no live executor can hold (every one that could is lost), in order: placed again
+    /// when an executor is restored.
+    parked: VecDeque<(RequestId, ExpertId)>,
 }
 
 impl RequestScheduler {
@@ -510,6 +505,7 @@ impl RequestScheduler {
             arrivals: 0,
             tasks_created: 0,
             next_batch: 0,
+            parked: VecDeque::new(),
         })
     }
 
@@ -671,21 +667,15 @@ impl RequestScheduler {
     }
 
     /// Executor `executor` is gone: its queued, loading and running tasks are queued again on
-    /// the live executors, and its later events are refused. Refused (nothing changes) when the
-    /// survivors could not hold some expert of the model; restart the executor instead.
+    /// the live executors, and its later events are refused. A task no live executor can hold
+    /// (the last one that could is lost: every executor's node down or cut off) is parked until
+    /// one is restored ([`Self::handle_executor_restored`]), not refused: a scheduler must ride
+    /// out a whole-cluster outage of its executors.
     pub fn handle_executor_lost(&mut self, now: Micros, executor: ExecutorId) -> Result<(), SchedulerError> {
         let e = executor.index();
         let exec = self.executors.get(e).ok_or(SchedulerError::UnknownExecutor(executor))?;
         if !exec.alive {
             return Ok(());
-        }
-        for expert in self.model.experts() {
-            let held = (0..self.executors.len()).any(|i| {
-                i != e && self.executors[i].alive && self.latency.expert_budget(i) >= expert.size_bytes
-            });
-            if !held {
-                return Err(SchedulerError::WouldStrand { executor, expert: expert.id });
-            }
         }
         let budget = self.latency.expert_budget(e);
         let exec = &mut self.executors[e];
@@ -712,7 +702,7 @@ impl RequestScheduler {
         self.dispatch_idle(now)
     }
 
-    /// A lost executor is back, empty; it takes work again.
+    /// A lost executor is back, empty; it takes work again, the parked tasks first (in order).
     pub fn handle_executor_restored(
         &mut self,
         now: Micros,
@@ -722,6 +712,9 @@ impl RequestScheduler {
             self.executors.get_mut(executor.index()).ok_or(SchedulerError::UnknownExecutor(executor))?;
         exec.host = HostTier::new(&self.model, exec.host.budget());
         exec.alive = true;
+        for (request, expert) in std::mem::take(&mut self.parked) {
+            self.place_task(now, request, expert);
+        }
         self.dispatch_idle(now)
     }
 
@@ -771,7 +764,10 @@ impl RequestScheduler {
                 QueueRef::Shared
             }
             Scheduling::DependencyAware => {
-                let e = self.choose_executor(now, expert);
+                let Some(e) = self.choose_executor(now, expert) else {
+                    self.parked.push_back((request, expert));
+                    return;
+                };
                 self.enqueue_on(e, request, expert);
                 QueueRef::Executor(ExecutorId(e as u16))
             }
@@ -844,7 +840,7 @@ impl RequestScheduler {
     }
 
     /// The executor with the earliest estimated finish after taking a task for `expert`.
-    fn choose_executor(&self, now: Micros, expert: ExpertId) -> usize {
+    fn choose_executor(&self, now: Micros, expert: ExpertId) -> Option<usize> {
         let size = self.size(expert);
         let mut best: Option<(u64, usize)> = None;
         for e in 0..self.executors.len() {
@@ -856,8 +852,8 @@ impl RequestScheduler {
                 best = Some((finish, e));
             }
         }
-        // `new` and `handle_executor_lost` keep every expert fitting some live executor.
-        best.map_or(0, |(_, e)| e)
+        // `new` keeps every expert fitting some executor; none live that fits: the task parks
+        best.map(|(_, e)| e)
     }
 
     fn enqueue_on(&mut self, e: usize, request: RequestId, expert: ExpertId) {
@@ -1176,8 +1172,6 @@ mod tests {
                 .iter()
                 .all(|a| !matches!(a, Action::Enqueue { queue: QueueRef::Executor(e), .. } if *e == x0))
         );
-        // Losing the last executor would strand every expert: refused, nothing changes.
-        assert!(matches!(s.handle_executor_lost(t, x1), Err(SchedulerError::WouldStrand { .. })));
         s.handle_load_done(t, x1, ExpertId(0)).unwrap();
         assert!(matches!(s.poll_action(), Some(Action::RunBatch { executor, .. }) if executor == x1));
         // Restored, x0 takes work again (it is idle and r1's e3 waits behind e0 on x1).
@@ -1192,6 +1186,43 @@ mod tests {
             }),
             "{actions:?}"
         );
+    }
+
+    /// Found by the fault explorer (coe seed 1): the scheduler node cut off from both executors
+    /// lost them one after the other, the policy refused to lose the last, and the scheduler
+    /// failed. Losing every executor parks the work; a restored one takes it, in order, and the
+    /// request completes.
+    #[test]
+    fn losing_every_executor_parks_the_work_until_one_is_restored() {
+        let mut s = scheduler(SchedulerConfig::ours());
+        let t = Micros::ZERO;
+        let (x0, x1) = (ExecutorId(0), ExecutorId(1));
+        s.handle_arrival(t, Request { id: RequestId(0), root: ExpertId(0) }).unwrap();
+        drain(&mut s);
+        s.handle_executor_lost(t, x0).unwrap();
+        drain(&mut s);
+        s.handle_executor_lost(t, x1).unwrap();
+        assert!(drain(&mut s).is_empty(), "no live executor: nothing to do");
+        s.handle_arrival(t, Request { id: RequestId(1), root: ExpertId(0) }).unwrap();
+        assert!(drain(&mut s).is_empty(), "an arrival parks too");
+        s.handle_executor_restored(t, x1).unwrap();
+        let actions = drain(&mut s);
+        assert!(
+            actions.contains(&Action::Load { executor: x1, expert: ExpertId(0), from: Tier::Ssd }),
+            "{actions:?}"
+        );
+        s.handle_load_done(t, x1, ExpertId(0)).unwrap();
+        let Some(Action::RunBatch { executor, batch, requests, .. }) = s.poll_action() else {
+            panic!("the parked tasks run once x1 is back")
+        };
+        assert_eq!((executor, requests), (x1, vec![RequestId(0), RequestId(1)]));
+        s.handle_batch_done(t, x1, batch).unwrap();
+        for r in [RequestId(0), RequestId(1)] {
+            s.handle_preliminary_done(t, r, ExpertId(0), &[]).unwrap();
+        }
+        let done = drain(&mut s);
+        assert!(done.contains(&Action::Complete { request: RequestId(0) }), "{done:?}");
+        assert!(done.contains(&Action::Complete { request: RequestId(1) }), "{done:?}");
     }
 
     /// Drive `s` through `roots` (one request each, arriving one at a time, every batch and

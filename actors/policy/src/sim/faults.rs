@@ -61,6 +61,78 @@ pub enum SimFault {
     },
     /// Back to the run's baseline network.
     Unimpair,
+    /// Right after `node`'s crash: what the crash left on its disk ([`with_process_faults`]).
+    Tear(String, Tear),
+    /// Arm a panic at `node`'s scheduler fault site: its next input panics there, through the
+    /// node's fault switch ([`with_process_faults`]).
+    Panic(String),
+}
+
+/// What a crash left of the append in progress on the crashed node's disk. A journal append is
+/// acknowledged only after `fdatasync`, so a crash can lose nothing acknowledged: what it can
+/// leave is part of the one append nobody was told of, or a compaction's temp file never
+/// renamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tear {
+    /// No append was in progress.
+    Clean,
+    /// A record header cut after this many of its 12 bytes (1..=11).
+    Header(u8),
+    /// A whole header and this many per mille of the body it announces (0..1000).
+    Body(u16),
+    /// A whole record whose checksum fails (its body's last sector never reached the disk).
+    BadChecksum,
+    /// A compaction's temp file, written but never renamed over the journal.
+    Compacting,
+}
+
+/// Which nodes keep a journal (torn on their crashes) and whose scheduler may be made to panic.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessSpace {
+    /// The seed (the same one the schedule was drawn from).
+    pub seed: u64,
+    /// Nodes with a journal: each of their crashes is followed by a [`SimFault::Tear`].
+    pub disks: Vec<String>,
+    /// Nodes running a scheduler with a fault site.
+    pub schedulers: Vec<String>,
+    /// Panics to draw.
+    pub panics: usize,
+    /// Panics are armed within `[0, horizon)`.
+    pub horizon: Micros,
+}
+
+/// `schedule` with the process and storage faults of `space` added: a [`SimFault::Tear`] right
+/// after each crash of a node with a disk, and `space.panics` [`SimFault::Panic`]s at drawn times.
+/// Drawn from a stream of their own, so the network faults of a seed stay the ones
+/// [`schedule`] draws; pure, like it.
+pub fn with_process_faults(schedule: &FaultSchedule, space: &ProcessSpace) -> FaultSchedule {
+    let mut rng = SmallRng::seed_from_u64(space.seed ^ 0x7e47_d15c_0000_0001);
+    let mut out = Vec::with_capacity(schedule.faults.len());
+    for f in &schedule.faults {
+        out.push(f.clone());
+        if let SimFault::Crash(n) = &f.fault
+            && space.disks.contains(n)
+        {
+            let tear = match rng.random_range(0..5u32) {
+                0 => Tear::Clean,
+                1 => Tear::Header(rng.random_range(1..12u8)),
+                2 => Tear::Body(rng.random_range(0..1000u16)),
+                3 => Tear::BadChecksum,
+                _ => Tear::Compacting,
+            };
+            out.push(TimedFault { at: f.at, fault: SimFault::Tear(n.clone(), tear) });
+        }
+    }
+    if !space.schedulers.is_empty() {
+        for _ in 0..space.panics {
+            let at = Micros(rng.random_range(0..space.horizon.0.max(1)));
+            let node = space.schedulers[rng.random_range(0..space.schedulers.len())].clone();
+            // after every fault at the same time, so a crash's tear stays right after it
+            let i = out.partition_point(|f| f.at <= at);
+            out.insert(i, TimedFault { at, fault: SimFault::Panic(node) });
+        }
+    }
+    FaultSchedule { faults: out }
 }
 
 /// A fault at a virtual time since the run's start.
@@ -208,11 +280,55 @@ mod tests {
                         let since = impaired.take().expect("ends a burst");
                         assert!(f.at.saturating_sub(since) <= sp.outage_max);
                     }
+                    SimFault::Tear(..) | SimFault::Panic(_) => panic!("schedule draws no process faults"),
                 }
             }
             assert!(down.is_empty() && impaired.is_none(), "seed {seed}: the cluster ends whole");
         }
         assert!(kinds.iter().all(|k| *k > 100), "crashes, partitions, bursts: {kinds:?}");
+    }
+
+    /// Process faults leave the network faults as drawn, tear every crash of a node with a disk
+    /// right after it (and no other node's), draw every kind of tear, and arm the panics asked for.
+    #[test]
+    fn process_faults_tear_each_crash_of_a_disk_and_keep_the_network_faults() {
+        let mut tears = std::collections::BTreeSet::new();
+        for seed in 0..300 {
+            let base = schedule(&space(seed));
+            let ps = ProcessSpace {
+                seed,
+                disks: vec!["w1".into()],
+                schedulers: vec!["w1".into()],
+                panics: 2,
+                horizon: Micros::from_secs(5),
+            };
+            let s = with_process_faults(&base, &ps);
+            assert_eq!(with_process_faults(&base, &ps), s, "pure");
+            assert!(s.faults.windows(2).all(|w| w[0].at <= w[1].at), "time order");
+            let network: Vec<_> = s
+                .faults
+                .iter()
+                .filter(|f| !matches!(f.fault, SimFault::Tear(..) | SimFault::Panic(_)))
+                .collect();
+            assert_eq!(network, base.faults.iter().collect::<Vec<_>>());
+            assert_eq!(s.faults.iter().filter(|f| matches!(f.fault, SimFault::Panic(_))).count(), 2);
+            for (i, f) in s.faults.iter().enumerate() {
+                let torn = s.faults.get(i + 1).and_then(|n| match &n.fault {
+                    SimFault::Tear(node, t) => Some((node.clone(), *t)),
+                    _ => None,
+                });
+                match &f.fault {
+                    SimFault::Crash(n) if n == "w1" => {
+                        let (node, t) = torn.expect("a crash of w1 is torn right after");
+                        assert_eq!(node, "w1");
+                        tears.insert(format!("{:?}", t).chars().take(4).collect::<String>());
+                    }
+                    SimFault::Crash(_) => assert!(torn.is_none(), "seed {seed}: only disks tear"),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(tears.len(), 5, "every kind of tear: {tears:?}");
     }
 
     #[test]

@@ -215,9 +215,13 @@ pub struct CoeShared {
     store: Mutex<Store>,
     links: ExecLinks,
     answered_tx: watch::Sender<usize>,
+    /// Executors whose link lost a call (their node may well be up: see [`Self::subscribe_link_lost`]).
+    link_lost_tx: tokio::sync::broadcast::Sender<usize>,
     /// The job's clock: the scheduler shell's in every incarnation, acceptance times, the
     /// makespan.
     clock: Clock,
+    /// The scheduler's fault-switch site ([`FAULT_SITE`] unless a simulation names its own).
+    fault_site: Mutex<String>,
 }
 
 /// Mirrors the store's queue lengths into [`crate::live`]: requests accepted and not yet
@@ -463,7 +467,10 @@ impl CoeShared {
                     Outcome::Done(None) => return,
                     Outcome::Done(Some(event)) => event,
                     Outcome::Failed(e) => Event::Failed(CoeError::Invalid(format!("executor {exec}: {e}"))),
-                    Outcome::Lost(e) => Event::Lost { exec, why: format!("call failed: {e}") },
+                    Outcome::Lost(e) => {
+                        let _ = shared.link_lost_tx.send(exec);
+                        Event::Lost { exec, why: format!("call failed: {e}") }
+                    }
                 };
                 shared.tell(CoeInput::Exec { exec, generation, event });
             });
@@ -474,7 +481,9 @@ impl CoeShared {
                 store: Mutex::new(store),
                 links: Links::new(sink),
                 answered_tx: watch::channel(answered).0,
+                link_lost_tx: tokio::sync::broadcast::channel(64).0,
                 clock: Clock::start(),
+                fault_site: Mutex::new(FAULT_SITE.to_string()),
             }
         });
         Ok((shared, damage))
@@ -515,6 +524,12 @@ impl CoeShared {
     /// The id the next client request takes.
     pub fn next_client_id(&self) -> u64 {
         lock(&self.store).next_client
+    }
+
+    /// Names the scheduler's fault-switch site from its next start on (a simulated cluster gives
+    /// each run its own, so runs in one process never share the switch's hit counts).
+    pub fn set_fault_site(&self, site: &str) {
+        *lock(&self.fault_site) = site.to_string();
     }
 
     /// Sets when the journal is compacted, and compacts now if that rule says it is due.
@@ -610,6 +625,13 @@ impl CoeShared {
         generation
     }
 
+    /// Executors (by index) whose link lost a call from now on: the scheduler takes them out of
+    /// service, and whoever follows the executors links them again once found
+    /// ([`super::remote::follow_executors`]), as when their node rejoins.
+    pub fn subscribe_link_lost(&self) -> tokio::sync::broadcast::Receiver<usize> {
+        self.link_lost_tx.subscribe()
+    }
+
     /// Current generation of executor `exec`'s link.
     pub fn link_generation(&self, exec: usize) -> u64 {
         self.links.generation(&exec)
@@ -630,7 +652,10 @@ impl CoeShared {
         ChildSpec::new(SCHEDULER, move || {
             (
                 SchedulerActor::<CoeScheduler>::default(),
-                SchedulerArgs { scheduler: CoeScheduler::new(shared.clone()), fault_site: FAULT_SITE.into() },
+                SchedulerArgs {
+                    scheduler: CoeScheduler::new(shared.clone()),
+                    fault_site: lock(&shared.fault_site).clone(),
+                },
             )
         })
     }

@@ -13,6 +13,12 @@
 //!   at every fault and at the end);
 //! - **the run ends**: the client is done within [`RUN_DEADLINE`] of virtual time.
 //!
+//! A workload with a disk or a fault site of its own adds process and storage faults to the
+//! schedule ([`troupe_policy::sim::faults::with_process_faults`]: a torn journal tail after a
+//! crash, a scheduler panic through the fault switch) and performs them
+//! ([`SimWorkload::process_fault`]); its own end-of-run invariants come back through
+//! [`SimWorkload::check`].
+//!
 //! The verdict carries a hash of the run's event log, so a replay of its seed can be checked
 //! byte for byte. A workload plugs in through [`SimWorkload`]: its nodes, what every fresh
 //! incarnation of a node registers, and a client that returns its answers by request number.
@@ -20,6 +26,8 @@
 //! simulated node: their client submits requests, inputs or uploads and returns each one's
 //! output digest.
 
+#[cfg(feature = "onnx")]
+pub mod coe;
 #[cfg(feature = "onnx")]
 pub mod pipeline;
 pub mod typed;
@@ -61,6 +69,17 @@ pub trait SimWorkload: Sync {
     fn prepare(&self, node: &SimNode);
     /// The client, run on the client node: submits the workload and returns what came back.
     fn client(&self, tag: &str, node: &SimNode) -> impl Future<Output = Answers> + Send + 'static;
+    /// A run under `tag` starts (before its nodes): forget what an earlier one left.
+    fn begin(&self, _tag: &str) {}
+    /// Performs a process or storage fault ([`SimFault::Tear`], [`SimFault::Panic`]) on the
+    /// workload's own state (its disks, its fault sites); workloads without them ignore it.
+    fn process_fault(&self, _tag: &str, _fault: &SimFault) -> Result<(), String> {
+        Ok(())
+    }
+    /// The workload's own invariants at the end of a run (after its client is done).
+    fn check(&self, _tag: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// How the explorer draws a seed's network and faults.
@@ -163,6 +182,7 @@ async fn run<W: SimWorkload>(
     schedule: &FaultSchedule,
 ) -> (Vec<String>, Answers, Vec<String>) {
     let mut violations = Vec::new();
+    workload.begin(tag);
     let mut cluster = match SimCluster::start(net_for(seed), workload.nodes(tag)).await {
         Ok(c) => c,
         Err(e) => return (vec![format!("the cluster did not start: {e}")], Answers::default(), Vec::new()),
@@ -186,7 +206,7 @@ async fn run<W: SimWorkload>(
             r = &mut client => { done = Some(r); break; }
             () = tokio::time::sleep_until(origin + Duration::from_micros(f.at.0)) => {}
         }
-        if let Err(e) = apply(workload, &mut cluster, &f.fault).await {
+        if let Err(e) = apply(workload, tag, &mut cluster, &f.fault).await {
             violations.push(format!("at {}: {e}", f.at));
         }
         check_in_flight(&cluster, &mut violations);
@@ -217,6 +237,7 @@ async fn run<W: SimWorkload>(
     if !answers.given_up.is_empty() {
         violations.push(format!("requests never answered: {:?}", answers.given_up));
     }
+    violations.extend(workload.check(tag));
     let log = cluster.log();
     cluster.shutdown().await;
     (violations, answers, log)
@@ -225,6 +246,7 @@ async fn run<W: SimWorkload>(
 /// Performs one fault on the cluster.
 async fn apply<W: SimWorkload>(
     workload: &W,
+    tag: &str,
     cluster: &mut SimCluster,
     fault: &SimFault,
 ) -> Result<(), String> {
@@ -239,8 +261,9 @@ async fn apply<W: SimWorkload>(
         }
         SimFault::Partition(n) | SimFault::Heal(n) => {
             let cut = matches!(fault, SimFault::Partition(_));
-            // every node of the cluster, a crashed one too: a cut made while a peer was down
-            // must be healed with it (pipeline seed 23 kept foreman|w2 cut for ever)
+            // every other node, running or crashed: a heal that skipped a node down at the time
+            // left that pair cut off for good once it restarted (seed 23 of the coe, pipeline and
+            // coadapt workloads alike)
             let others: Vec<NodeId> = cluster.specs.keys().filter(|k| k.as_str() != n).cloned().collect();
             let me = NodeId::new(n);
             cluster.note(&format!("test {} {n}", if cut { "cuts off" } else { "heals" }));
@@ -257,6 +280,10 @@ async fn apply<W: SimWorkload>(
             let base = cluster.hub.with_net(|net, _| net.config().seed);
             let base = net_for(base);
             cluster.hub.with_net(|net, now| net.set_impairment(now, base.loss, base.max_delay));
+        }
+        SimFault::Tear(..) | SimFault::Panic(_) => {
+            cluster.note(&format!("test {fault:?}"));
+            workload.process_fault(tag, fault)?;
         }
     }
     Ok(())
@@ -318,6 +345,19 @@ pub fn sweep<W: SimWorkload>(
     from: u64,
     seeds: u64,
     config: &ExploreConfig,
+    each: impl FnMut(&Verdict),
+) -> Sweep {
+    let nodes = workload.nodes(workload.name());
+    sweep_with(workload, from, seeds, |_, seed| schedule_for(seed, &nodes, config), each)
+}
+
+/// [`sweep`] with each seed's schedule drawn by `schedule(tag, seed)` (a workload that adds
+/// process and storage faults to [`schedule_for`]'s).
+pub fn sweep_with<W: SimWorkload>(
+    workload: &W,
+    from: u64,
+    seeds: u64,
+    schedule: impl Fn(&str, u64) -> FaultSchedule,
     mut each: impl FnMut(&Verdict),
 ) -> Sweep {
     let started = std::time::Instant::now();
@@ -327,9 +367,8 @@ pub fn sweep<W: SimWorkload>(
     if !reference.violations.is_empty() {
         out.failed.push(reference.clone());
     }
-    let nodes = workload.nodes(tag);
     for seed in from..from.saturating_add(seeds) {
-        let v = run_seed(workload, tag, seed, &schedule_for(seed, &nodes, config), Some(&reference.answers));
+        let v = run_seed(workload, tag, seed, &schedule(tag, seed), Some(&reference.answers));
         each(&v);
         out.seeds += 1;
         out.events += v.events as u64;

@@ -1,0 +1,190 @@
+//! The fault explorer on the coe workload: the real coe scheduler (journal on its node's own
+//! disk), executors on SimCompute and the request service on the simulated cluster, under
+//! seeded crashes and restarts of every node but the client's (the scheduler's too, with a torn
+//! journal tail), partitions, loss/delay bursts and scheduler panics through the fault switch;
+//! every invariant checked, and one seed replayed to the same event log.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Mutex;
+
+use troupe_actors::sim::explore::coe::CoeWorkload;
+use troupe_actors::sim::explore::{ExploreConfig, replay_command, run_seed, sweep_with};
+use troupe_policy::sim::{FaultSchedule, SimFault};
+
+/// The coe scheduler and executors register under fixed names in ractor's process-wide
+/// registry, so the runs of this file go one at a time.
+static ONE_RUN: Mutex<()> = Mutex::new(());
+
+fn one() -> std::sync::MutexGuard<'static, ()> {
+    ONE_RUN.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
+fn seeds() -> u64 {
+    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
+}
+
+/// Seeds that still fail (see docs/testing.md), all past CI's range, found by the 1,000-seed
+/// sweep (`TROUPE_SIM_SEEDS=1000`), which must fail on exactly these: in each, a request the
+/// scheduler accepted (recovered from its journal or orphaned by a client's retry) is never
+/// answered while later ones are, and the run does not end (309: after a scheduler panic the
+/// next incarnation fails on "executor x1 is not loading e4", and its successor answers nothing
+/// more). Root causes not found yet.
+const KNOWN_OPEN: &[u64] = &[309, 527, 812];
+
+fn workload() -> CoeWorkload {
+    CoeWorkload::standard().unwrap()
+}
+
+#[test]
+fn sim_explore_coe_seeds_hold_every_invariant() {
+    let _one = one();
+    let w = workload();
+    let n = seeds();
+    let config = ExploreConfig::default();
+    let s = sweep_with(
+        &w,
+        0,
+        n,
+        |tag, seed| w.schedule(tag, seed, &config),
+        |v| {
+            if !v.violations.is_empty() {
+                println!("seed {}: {:?}", v.seed, v.violations);
+            }
+        },
+    );
+    let failed: Vec<String> = s
+        .failed
+        .iter()
+        .filter(|v| !KNOWN_OPEN.contains(&v.seed))
+        .map(|v| {
+            format!("seed {}: {:?}; replay: {}", v.seed, v.violations, replay_command(v.workload, v.seed))
+        })
+        .collect();
+    let open: Vec<u64> = s.failed.iter().map(|v| v.seed).filter(|seed| KNOWN_OPEN.contains(seed)).collect();
+    let known: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|seed| *seed < n).collect();
+    assert_eq!(
+        open, known,
+        "a known-open seed now passes: take it off KNOWN_OPEN, make it a regression test"
+    );
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(s.seeds, n);
+    println!(
+        "sim_coe_seeds {} sim_coe_seeds_per_min {:.0} sim_coe_events_per_s {:.0} wall {:?}",
+        s.seeds,
+        s.seeds_per_min(),
+        s.events_per_s(),
+        s.wall
+    );
+}
+
+/// A seed that crashes the scheduler node and panics its scheduler replays to the same event
+/// log, byte for byte; another seed gives another log.
+#[test]
+fn sim_explore_coe_one_seed_replays_to_the_same_log() {
+    let _one = one();
+    let w = workload();
+    let config = ExploreConfig::default();
+    let seed = (0..200)
+        .find(|&s| {
+            let f = w.schedule("det", s, &config).faults;
+            f.iter().any(|t| matches!(&t.fault, SimFault::Crash(n) if n == "det-sched"))
+                && f.iter().any(|t| matches!(t.fault, SimFault::Panic(_)))
+        })
+        .expect("a seed crashing the scheduler node");
+    let schedule = w.schedule("det", seed, &config);
+    let a = run_seed(&w, "det", seed, &schedule, None);
+    let b = run_seed(&w, "det", seed, &schedule, None);
+    assert!(a.violations.is_empty(), "{:?}", a.violations);
+    assert!(a.events > 100, "a run worth comparing: {} events", a.events);
+    assert_eq!(a.log_hash, b.log_hash, "same seed, same event log");
+    assert_eq!(a.answers, b.answers);
+    assert!(a.log.iter().any(|l| l.contains("test crashes det-sched")), "the scheduler node crashed");
+    let other = run_seed(&w, "det", seed + 1, &w.schedule("det", seed + 1, &config), None);
+    assert_ne!(a.log_hash, other.log_hash, "another seed, another run");
+}
+
+/// Runs `seed` of the standard workload (tag `tag`) after checking that its schedule still has
+/// the shape the bug needed (`shape`), and asserts the run held every invariant.
+fn regression(tag: &str, seed: u64, shape: impl Fn(&FaultSchedule) -> bool) {
+    let _one = one();
+    let w = workload();
+    let schedule = w.schedule(tag, seed, &ExploreConfig::default());
+    assert!(shape(&schedule), "seed {seed} no longer draws the faults it was found with: {schedule:?}");
+    let v = run_seed(&w, tag, seed, &schedule, None);
+    assert!(
+        v.violations.is_empty(),
+        "seed {seed}: {:?}; replay: {}",
+        v.violations,
+        replay_command("coe", seed)
+    );
+    assert_eq!(v.answers.answers.len() as u64, w.requests);
+}
+
+fn has(s: &FaultSchedule, f: impl Fn(&SimFault) -> bool) -> bool {
+    s.faults.iter().any(|t| f(&t.fault))
+}
+
+/// Found by the explorer (coe seed 1): the scheduler node, cut off from both executors, lost
+/// them one after the other; the policy refused to lose the last ("would leave e0 with no live
+/// executor") and the scheduler failed, then never ran anything again. Fixed: the policy parks
+/// what no live executor can hold until one is restored (`RequestScheduler::handle_executor_lost`).
+#[test]
+fn sim_explore_coe_seed_1_losing_every_executor_parks_the_work() {
+    regression("r1", 1, |s| has(s, |f| matches!(f, SimFault::Partition(n) if n == "r1-sched")));
+}
+
+/// Found by the explorer (coe seed 6): an executor's node rejoined, but its hello went
+/// unanswered within the call timeout (a loss burst), and the scheduler node never looked for it
+/// again. Fixed: `follow_executors` searches until found or the node is down again.
+#[test]
+fn sim_explore_coe_seed_6_a_rejoined_executor_is_searched_for_until_found() {
+    regression("r6", 6, |s| {
+        has(s, |f| matches!(f, SimFault::Restart(n) if n == "r6-exec1"))
+            && has(s, |f| matches!(f, SimFault::Impair { .. }))
+    });
+}
+
+/// Found by the explorer (coe seed 23): an executor node's partition healed while the scheduler
+/// node was crashed; the heal reconnected only running nodes, so the restarted scheduler node
+/// stayed cut off from it for good (an explorer bug). Fixed: a partition and its heal cover
+/// every node of the cluster, running or not.
+#[test]
+fn sim_explore_coe_seed_23_a_heal_reconnects_a_node_crashed_at_the_time() {
+    regression("r23", 23, |s| {
+        has(s, |f| matches!(f, SimFault::Heal(n) if n == "r23-exec0"))
+            && has(s, |f| matches!(f, SimFault::Crash(n) if n == "r23-sched"))
+    });
+}
+
+/// Found by the explorer (coe seeds 27, 41): a call to an executor lost in a loss burst (its
+/// node up all along) took the executor out of service for good: only a membership rejoin put
+/// one back. Fixed: a link that loses a call is reported (`CoeShared::subscribe_link_lost`) and
+/// `follow_executors` finds and links the executor again. Seed 41 has no crash nor partition.
+#[test]
+fn sim_explore_coe_seeds_27_and_41_an_executor_whose_call_was_lost_serves_again() {
+    regression("r41", 41, |s| !has(s, |f| matches!(f, SimFault::Crash(_) | SimFault::Partition(_))));
+    regression("r27", 27, |s| has(s, |f| matches!(f, SimFault::Crash(n) if n == "r27-sched")));
+}
+
+/// Found by the explorer (coe seed 32): the restarted scheduler node's hello to an executor was
+/// lost and `find_executors` failed the scheduler's start. Fixed: a hello with no reply is sent
+/// again (the name resolved afresh) while the deadline allows.
+#[test]
+fn sim_explore_coe_seed_32_a_lost_hello_does_not_fail_the_scheduler_start() {
+    regression("r32", 32, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r32-sched")));
+}
+
+/// Found by the explorer's 1,000-seed sweep (coe seeds 285, 499, 886, 930): the restarted
+/// scheduler node got an executor node's announcement just before hearing that node up again
+/// (a partition healing); the lookup skipped it as down, and nothing woke the lookup once it was
+/// up, so the scheduler never started. Fixed: a member coming up wakes waiting lookups
+/// (`Actors::follow_membership`).
+#[test]
+fn sim_explore_coe_seed_886_a_lookup_wakes_when_its_provider_comes_up() {
+    regression("r886", 886, |s| {
+        has(s, |f| matches!(f, SimFault::Restart(n) if n == "r886-sched"))
+            && has(s, |f| matches!(f, SimFault::Partition(n) if n == "r886-sched"))
+    });
+}
