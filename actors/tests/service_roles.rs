@@ -5,7 +5,7 @@
 #![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::exec_wire::{self, LOAD, Load};
@@ -74,10 +74,10 @@ async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     .unwrap();
 
     // discovery by announcement; hello is open to any member, so the camera finds it too
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let wait = Duration::from_secs(60);
     let names = vec![executor.clone()];
-    let seen_by_camera: Vec<RemoteExecutor> = find_executors(&camera.actors, &names, deadline).await.unwrap();
-    let found = find_executors(&scheduler.actors, &names, deadline).await.unwrap();
+    let seen_by_camera: Vec<RemoteExecutor> = find_executors(&camera.actors, &names, wait).await.unwrap();
+    let found = find_executors(&scheduler.actors, &names, wait).await.unwrap();
     assert_eq!((found[0].node.as_str(), seen_by_camera[0].node.as_str()), ("exec-node", "exec-node"));
     let service = service_name(&exec_wire::actor_name(&executor));
     let timeout = Duration::from_secs(30);

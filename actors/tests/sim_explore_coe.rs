@@ -25,13 +25,10 @@ fn seeds() -> u64 {
     std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
 }
 
-/// Seeds that still fail (see docs/testing.md), all past CI's range, found by the 1,000-seed
-/// sweep (`TROUPE_SIM_SEEDS=1000`), which must fail on exactly these: in each, a request the
-/// scheduler accepted (recovered from its journal or orphaned by a client's retry) is never
-/// answered while later ones are, and the run does not end (309: after a scheduler panic the
-/// next incarnation fails on "executor x1 is not loading e4", and its successor answers nothing
-/// more). Root causes not found yet.
-const KNOWN_OPEN: &[u64] = &[309, 527, 812];
+/// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these, so a new
+/// violation fails CI and a fix must take its seed off this list (and make it a regression
+/// test). None today; the 1,000-seed sweep's last three (309, 527, 812) are regression tests.
+const KNOWN_OPEN: &[u64] = &[];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()
@@ -187,4 +184,26 @@ fn sim_explore_coe_seed_886_a_lookup_wakes_when_its_provider_comes_up() {
         has(s, |f| matches!(f, SimFault::Restart(n) if n == "r886-sched"))
             && has(s, |f| matches!(f, SimFault::Partition(n) if n == "r886-sched"))
     });
+}
+
+/// Found by the explorer's 1,000-seed sweep (coe seed 309): a scheduler panicked right after its
+/// start had queued a reset on each executor's link; the next incarnation queued its own, took
+/// the dead one's reset for its own, and failed on the load that followed ("executor x1 is not
+/// loading e4"), again and again until the supervisor gave up. Fixed: a new incarnation renews
+/// every link's generation (`CoeShared::renew_link`), so nothing an earlier one asked for is
+/// taken as its own.
+#[test]
+fn sim_explore_coe_seed_309_a_dead_incarnations_reset_is_not_taken_for_the_new_ones() {
+    regression("r309", 309, |s| has(s, |f| matches!(f, SimFault::Panic(n) if n == "r309-sched")));
+}
+
+/// Found by the explorer's 1,000-seed sweep (coe seeds 527, 812): the scheduler node restarted
+/// while an executor's node was down; the search for the executors ran out of time and the
+/// scheduler never started, leaving the requests it had accepted unanswered. Fixed: a job
+/// resuming accepted work searches on past its deadline (`find_executors_for_job`), on a real
+/// node as here.
+#[test]
+fn sim_explore_coe_seeds_527_and_812_a_restart_resuming_work_waits_for_its_executors() {
+    regression("r527", 527, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r527-sched")));
+    regression("r812", 812, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r812-sched")));
 }

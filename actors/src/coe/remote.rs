@@ -9,7 +9,7 @@
 //! work on the survivors.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use troupe_policy::coe::{ExpertId, LatencyModel};
 
@@ -198,13 +198,13 @@ pub struct RemoteExecutor {
 pub async fn find_executors(
     actors: &Actors,
     names: &[String],
-    deadline: Instant,
+    wait: Duration,
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     /// The longest one hello waits for its reply.
     const HELLO: Duration = Duration::from_secs(2);
     /// The pause before trying again after a hello that failed at once.
     const HELLO_BACKOFF: Duration = Duration::from_millis(100);
-    let until = tokio::time::Instant::now() + crate::clock::left_until(deadline);
+    let until = crate::clock::timer_now() + wait;
     let mut found = Vec::with_capacity(names.len());
     for name in names {
         let left = || until.saturating_duration_since(tokio::time::Instant::now());
@@ -233,6 +233,25 @@ pub async fn find_executors(
         found.push(RemoteExecutor { name: hello.executor, node: hello.node, handle });
     }
     Ok(found)
+}
+
+/// [`find_executors`] for a coe job's start: a job resuming accepted work (`resuming`) keeps
+/// searching past each missed `wait`, telling `missed` why, since giving up would leave what it
+/// accepted unanswered (coe explorer seed 527: an executor's node was down while the scheduler's
+/// restarted); a fresh job, with nothing accepted yet, fails at the first.
+pub async fn find_executors_for_job(
+    actors: &Actors,
+    names: &[String],
+    wait: Duration,
+    resuming: bool,
+    mut missed: impl FnMut(&CoeError),
+) -> Result<Vec<RemoteExecutor>, CoeError> {
+    loop {
+        match find_executors(actors, names, wait).await {
+            Err(e) if resuming => missed(&e),
+            done => return done,
+        }
+    }
 }
 
 /// What [`follow_executors`] did about one membership event.
@@ -356,8 +375,7 @@ async fn restore<F: FnMut(ExecutorChange)>(
 ) {
     let name = shared.executor_name(exec).to_string();
     loop {
-        let until = Instant::now() + call_timeout;
-        match find_executors(&actors, std::slice::from_ref(&name), until).await {
+        match find_executors(&actors, std::slice::from_ref(&name), call_timeout).await {
             Ok(found) => {
                 if let Some(x) = found.first() {
                     let link =

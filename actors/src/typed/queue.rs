@@ -126,10 +126,29 @@ where
     /// dropped); the new generation. When `handle` addresses the incarnation the previous link
     /// did, the previous link's call in flight finishes before the new link's first call.
     pub fn attach(&self, key: K, handle: H) -> u64 {
+        self.attach_through(key, Some(handle)).unwrap_or_default()
+    }
+
+    /// Gives `key` a new link through the handle its live link has now: a new generation, so
+    /// calls queued on the old one are dropped and their outcomes are no longer current. For a
+    /// shell's new incarnation, which must never take what an earlier one asked for as its own.
+    /// `None` when `key` has no live link.
+    pub fn renew(&self, key: &K) -> Option<u64> {
+        self.attach_through(key.clone(), None)
+    }
+
+    /// [`Links::attach`] through `handle`, or (`None`) through the live link's own handle,
+    /// read under the same lock so a newer link attached meanwhile is never replaced by an
+    /// older handle; `None` when there is neither.
+    fn attach_through(&self, key: K, handle: Option<H>) -> Option<u64> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Call<H, E>>();
-        let incarnation = handle.incarnation();
         let (generation, turn) = {
             let mut slots = self.slots();
+            let handle = match handle {
+                Some(h) => h,
+                None => slots.get(&key).filter(|s| s.tx.is_some()).and_then(|s| s.handle.clone())?,
+            };
+            let incarnation = handle.incarnation();
             let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
                 generation: 0,
                 tx: None,
@@ -190,7 +209,7 @@ where
                 }
             }
         }
-        generation
+        Some(generation)
     }
 
     /// Ends `key`'s link: queued calls are dropped; outcomes of its generation are no longer

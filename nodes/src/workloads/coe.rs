@@ -602,7 +602,7 @@ pub async fn run_job(
     p: CoeJob,
 ) -> Result<()> {
     use std::sync::Arc;
-    use troupe_actors::coe::remote::find_executors;
+    use troupe_actors::coe::remote::find_executors_for_job;
     use troupe_actors::coe::serve::{CoeShared, serve_trace};
     use troupe_actors::supervisor::SupervisorMsg;
 
@@ -635,8 +635,12 @@ pub async fn run_job(
         );
     }
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(job.timeout_s);
-    let found = find_executors(&runtime.actors, &names, deadline).await?;
+    let wait = std::time::Duration::from_secs(job.timeout_s);
+    let resuming = !shared.pending().is_empty();
+    let missed = |e: &troupe_actors::coe::CoeError| {
+        crate::progress::println(format!("coe: {e}; still waiting, to answer the accepted requests"))
+    };
+    let found = find_executors_for_job(&runtime.actors, &names, wait, resuming, missed).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
         shared.total(),

@@ -632,6 +632,13 @@ impl CoeShared {
         self.link_lost_tx.subscribe()
     }
 
+    /// Gives executor `exec` a new link generation through its live link (`None`: it has
+    /// none): commands an earlier scheduler incarnation queued are dropped, and the outcome of
+    /// one in flight is no longer current, so a new incarnation never takes it as its own.
+    pub fn renew_link(&self, exec: usize) -> Option<u64> {
+        self.links.renew(&exec)
+    }
+
     /// Current generation of executor `exec`'s link.
     pub fn link_generation(&self, exec: usize) -> u64 {
         self.links.generation(&exec)

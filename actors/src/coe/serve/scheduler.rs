@@ -306,10 +306,13 @@ impl Scheduler for CoeScheduler {
             st.scheduler = Some(me.clone());
             st.fed = 0;
         }
-        let generations: Vec<u64> = (0..n_exec).map(|x| shared.link_generation(x)).collect();
+        // A new generation per live link: what an earlier incarnation queued is dropped, and its
+        // call in flight (a reset too) answers a generation this one never believes in (coe
+        // explorer seed 309: a dead incarnation's reset was taken for this one's).
+        let generations: Vec<Option<u64>> = (0..n_exec).map(|x| shared.renew_link(x)).collect();
         for (x, g) in generations.into_iter().enumerate() {
-            live.roster.syncing(x, g);
-            if g == 0 || !live.send(&shared, x, Cmd::Reset) {
+            live.roster.syncing(x, g.unwrap_or(0));
+            if g.is_none() || !live.send(&shared, x, Cmd::Reset) {
                 live.lose(now, x, "no link")?;
             }
         }
