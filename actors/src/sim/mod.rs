@@ -9,7 +9,7 @@
 //! shells that need it refuse to start on a simulated node ([`crate::typed::QuicOnly`]).
 //!
 //! The coe workload's scheduler, executors (on the `SimCompute` stand-in) and request service
-//! run on it too ([`coe`]).
+//! run on it too ([`coe`]), and so do the coadapt edge and cameras ([`coadapt`]).
 //!
 //! Run it in a current-thread runtime with paused time (`#[tokio::test(start_paused = true)]`,
 //! tokio's `test-util`): the driver (`sim/driver.rs`) moves the hub's virtual time with tokio's,
@@ -17,6 +17,7 @@
 //! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
 //! adds) is the run's record: one seed, one log.
 
+pub mod coadapt;
 #[cfg(feature = "onnx")]
 pub mod coe;
 mod driver;
