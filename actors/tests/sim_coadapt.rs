@@ -7,9 +7,11 @@
 
 use std::time::Duration;
 
-use troupe_actors::coadapt::sim_compute::SimCameraLog;
+use troupe_actors::coadapt::sim_compute::{SimAdaptSpec, SimCameraLog};
 use troupe_actors::sim::SimCluster;
-use troupe_actors::sim::coadapt::{all_ended, answers, camera_args, spec, start_camera, start_edge};
+use troupe_actors::sim::coadapt::{
+    EVAL_FRAMES, NodeHandles, all_ended, answers, camera_args, spec, start_camera, start_edge,
+};
 use troupe_actors::sim::explore::{Answers, net_for};
 use troupe_transport::Role;
 
@@ -59,10 +61,10 @@ async fn scenario(tag: &str, seed: u64, fault: Fault) -> Outcome {
     specs.extend(cams.iter().map(|c| spec(c, Role::Camera)));
     let mut cluster = SimCluster::start(net_for(seed), specs).await.unwrap();
     let log = SimCameraLog::default();
-    start_edge(cluster.node(&edge).unwrap(), tag, &journal).await.unwrap();
+    start_edge(&cluster.node(&edge).unwrap().into(), tag, &journal).await.unwrap();
     for (i, c) in cams.iter().enumerate() {
-        let node = cluster.node(c).unwrap();
-        start_camera(node, camera_args(node, i as u64, seed, &log)).await.unwrap();
+        let node = NodeHandles::from(cluster.node(c).unwrap());
+        start_camera(&node, camera_args(&node, i as u64, seed, &log)).await.unwrap();
     }
     let outage = Duration::from_millis(1500);
     let mut resumed = 0;
@@ -78,8 +80,8 @@ async fn scenario(tag: &str, seed: u64, fault: Fault) -> Outcome {
             assert!(log.snapshot()[cam][0].answered.is_empty(), "crashed with its upload out");
             cluster.crash(cam).await;
             tokio::time::sleep(outage).await;
-            let node = cluster.restart(cam).await.unwrap().unwrap();
-            start_camera(node, camera_args(node, 0, seed, &log)).await.unwrap();
+            let node = NodeHandles::from(cluster.restart(cam).await.unwrap().unwrap());
+            start_camera(&node, camera_args(&node, 0, seed, &log)).await.unwrap();
         }
         Fault::Edge => {
             let pending = || {
@@ -89,13 +91,14 @@ async fn scenario(tag: &str, seed: u64, fault: Fault) -> Outcome {
                     .any(|i| i.uploaded.iter().any(|a| !i.answered.iter().any(|(b, _)| b == a)))
             };
             assert!(until(Duration::from_secs(60), pending).await, "no upload ever out");
-            // past its window's modelled cost and the net's delay (accepted onto the journal),
-            // short of its labelling and first epoch (not yet answered)
-            tokio::time::sleep(Duration::from_millis(45)).await;
+            // past its evaluation window's modelled cost and the net's delay (accepted onto the
+            // journal), short of its labelling and first epoch (not yet answered)
+            let window = Duration::from_micros(SimAdaptSpec::default().frame_us * EVAL_FRAMES);
+            tokio::time::sleep(window + Duration::from_millis(45)).await;
             cluster.crash(&edge).await;
             tokio::time::sleep(outage).await;
-            let node = cluster.restart(&edge).await.unwrap().unwrap();
-            resumed = start_edge(node, tag, &journal).await.unwrap().pending;
+            let node = NodeHandles::from(cluster.restart(&edge).await.unwrap().unwrap());
+            resumed = start_edge(&node, tag, &journal).await.unwrap().pending;
         }
     }
     let ended = until(Duration::from_secs(120), || all_ended(&log, &cams)).await;

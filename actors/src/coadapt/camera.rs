@@ -23,7 +23,7 @@ use troupe_kernels::drift::{CameraStream, DriftSchedule};
 use troupe_kernels::vmoe::train::{Dataset, predict_all};
 use troupe_kernels::vmoe::{VMoe, exact_match};
 use troupe_policy::adapt::online::{
-    OnlineConfig, OnlineDrift, OnlineStep, SampleLog, edge_retry, input_stats,
+    OnlineConfig, OnlineDrift, OnlineStep, SampleLog, edge_asks_again_after_timeout, edge_retry, input_stats,
 };
 
 use super::detect::{DetectorConfig, mean_top1_confidence};
@@ -101,7 +101,9 @@ async fn find_edge(args: &CameraArgs) -> ActorHandle<EdgeActor> {
 /// Calls the edge with `msg` through the camera's one handle (calls are made one at a time, in
 /// order). A call lost with the edge (its node died or restarted before answering, or the
 /// handle's incarnation is gone, or no answer came within `edge_timeout`) is made again, as
-/// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout`: the handle resolves
+/// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout` (a call that timed out
+/// is asked again at once, as [`edge_asks_again_after_timeout`] says, with that patience whole
+/// again: the request or its answer may have been dropped while the edge stayed up): the handle resolves
 /// the name again (waiting for a restarted edge), which resumes from its journal and answers the
 /// repeat once. The edge's own failure and a refused request are not asked again.
 async fn call_edge<M>(args: &CameraArgs, edge: &ActorHandle<EdgeActor>, msg: M) -> Result<M::Reply, String>
@@ -109,17 +111,27 @@ where
     M: RemoteMessage + Clone,
     EdgeActor: Handles<M>,
 {
-    let start = crate::clock::Clock::start();
-    let mut attempt = 0u32;
+    let mut start = crate::clock::Clock::start();
+    let (mut attempt, mut timeouts) = (0u32, 0u32);
     loop {
         let lost = match edge.call(msg.clone(), args.edge_timeout).await {
             Ok(reply) => return Ok(reply),
-            Err(e @ (ActorError::PeerLost { .. } | ActorError::Timeout { .. })) => format!("edge lost: {e}"),
+            Err(e @ ActorError::Timeout { .. }) => {
+                if !edge_asks_again_after_timeout(timeouts) {
+                    return Err(format!("edge lost: {e}"));
+                }
+                tracing::warn!(camera = %args.name, message = M::NAME, error = %e, "no answer from the edge in time; asking again");
+                timeouts += 1;
+                (start, attempt) = (crate::clock::Clock::start(), 0);
+                continue;
+            }
+            Err(e @ ActorError::PeerLost { .. }) => format!("edge lost: {e}"),
             Err(e @ (ActorError::Forbidden { .. } | ActorError::BadMessage { .. })) => {
                 return Err(format!("the edge refused the request: {e}"));
             }
             Err(e) => return Err(e.to_string()),
         };
+        timeouts = 0;
         let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {
             return Err(lost);
         };

@@ -42,7 +42,7 @@ pub struct SimAdaptSpec {
 
 impl Default for SimAdaptSpec {
     fn default() -> Self {
-        Self { frame_us: 500, label_us: 200, step_us: 4_000, params: 256 }
+        Self { frame_us: 5_000, label_us: 200, step_us: 4_000, params: 256 }
     }
 }
 
@@ -135,6 +135,11 @@ impl SimCameraLog {
     /// Every camera's incarnations so far.
     pub fn snapshot(&self) -> BTreeMap<String, Vec<SimIncarnation>> {
         self.with(|m| m.clone())
+    }
+
+    /// `f` of every camera's incarnations so far, without a copy.
+    pub fn read<T>(&self, f: impl FnOnce(&BTreeMap<String, Vec<SimIncarnation>>) -> T) -> T {
+        self.with(|m| f(m))
     }
 }
 

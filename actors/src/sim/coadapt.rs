@@ -10,9 +10,10 @@
 //! step). Node and actor names carry the caller's tag, as ractor's registry is process-wide.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ractor::ActorRef;
 use troupe_kernels::drift::{Corruption, DriftPhase, DriftSchedule};
 use troupe_transport::{Role, RoleSet};
 
@@ -26,13 +27,16 @@ use crate::coadapt::sim_compute::{SimAdaptSpec, SimCameraLog};
 use crate::coadapt::wire::MAX_ADAPTATIONS;
 use crate::membership::MembershipConfig;
 use crate::supervisor::{ChildSpec, SupervisorMsg};
+use crate::typed::Actors;
 
 /// The student every simulated camera runs.
 pub const SIM_STUDENT: &str = "tiny";
 /// Frames each simulated camera streams.
 pub const SIM_FRAMES: u64 = 1024;
+/// Frames in a camera's held-out evaluation window.
+pub const EVAL_FRAMES: u64 = 16;
 /// How long a camera waits for the edge to appear and to answer, and keeps asking again.
-pub const EDGE_PATIENCE: Duration = Duration::from_secs(30);
+pub const EDGE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A node of the coadapt simulation named `name` with `role`, on quick membership periods.
 pub fn spec(name: &str, role: Role) -> SimNodeSpec {
@@ -68,10 +72,28 @@ pub fn edge_args() -> EdgeArgs {
     }
 }
 
+/// What starting actors on a simulated node takes, cloned out of the [`SimNode`] so that a
+/// task may own it.
+#[derive(Clone)]
+pub struct NodeHandles {
+    /// The node's name.
+    pub name: String,
+    /// Its typed actors.
+    pub actors: Actors,
+    /// Its root supervisor.
+    pub supervisor: ActorRef<SupervisorMsg>,
+}
+
+impl From<&SimNode> for NodeHandles {
+    fn from(node: &SimNode) -> Self {
+        Self { name: node.name.to_string(), actors: node.actors.clone(), supervisor: node.supervisor.clone() }
+    }
+}
+
 /// On `node`: opens the edge's journal at `journal` (replaying what it holds) and starts the
 /// edge's front and scheduler (named with `tag`) under the node's root supervisor, as the
 /// `coadapt-edge` entry does on a real node. Returns what it resumed from the journal.
-pub async fn start_edge(node: &SimNode, tag: &str, journal: &Path) -> Result<Resumed, String> {
+pub async fn start_edge(node: &NodeHandles, tag: &str, journal: &Path) -> Result<Resumed, String> {
     let (edge, resumed) = EdgeShared::open(edge_args(), journal)?;
     if !resumed.damage.is_empty() {
         tracing::warn!(damage = ?resumed.damage, "the simulated edge's journal was damaged");
@@ -85,16 +107,16 @@ pub async fn start_edge(node: &SimNode, tag: &str, journal: &Path) -> Result<Res
 }
 
 /// The start arguments of camera `i` of `node` on the stand-in, recording into `log`.
-pub fn camera_args(node: &SimNode, i: u64, seed: u64, log: &SimCameraLog) -> CameraArgs {
+pub fn camera_args(node: &NodeHandles, i: u64, seed: u64, log: &SimCameraLog) -> CameraArgs {
     CameraArgs {
-        name: node.name.to_string(),
+        name: node.name.clone(),
         model: SIM_STUDENT.into(),
         schedule: drift_schedule(seed, i),
         seed: seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         detector: DetectorConfig::default(),
         shift: 0.5,
-        uploads: 128,
-        eval: 32,
+        uploads: 64,
+        eval: EVAL_FRAMES as usize,
         frames: SIM_FRAMES,
         max_adaptations: 4,
         report_every: 4,
@@ -107,17 +129,29 @@ pub fn camera_args(node: &SimNode, i: u64, seed: u64, log: &SimCameraLog) -> Cam
 
 /// Starts a camera with `args` on `node` under its root supervisor (a restarted node's camera
 /// streams from its first frame again).
-pub async fn start_camera(node: &SimNode, args: CameraArgs) -> Result<(), String> {
+pub async fn start_camera(node: &NodeHandles, args: CameraArgs) -> Result<(), String> {
     let name = format!("{}-camera", node.name);
     start_child(node, ChildSpec::new(name, move || (CameraActor, args.clone()))).await
 }
 
-async fn start_child(node: &SimNode, child: ChildSpec) -> Result<(), String> {
+async fn start_child(node: &NodeHandles, child: ChildSpec) -> Result<(), String> {
     let what = child.name.clone();
     ractor::call!(node.supervisor, SupervisorMsg::StartChild, child)
         .map_err(|e| format!("asking the root supervisor to start {what}: {e}"))?
         .map(|_| ())
         .map_err(|e| format!("starting {what}: {e}"))
+}
+
+/// Where a simulated edge's journal folder goes: a RAM filesystem where the machine has one
+/// (`/dev/shm`: the journal's real file code, its syncs costing nothing, as a simulated disk's
+/// would), else the OS temp dir.
+pub fn journal_parent() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() && std::env::var_os("TMPDIR").is_none() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 /// Request number of adaptation `adaptation` of the `camera`-th camera.
@@ -127,8 +161,7 @@ pub fn request_id(camera: usize, adaptation: u32) -> u64 {
 
 /// Whether every one of `cameras` has streamed to its end in its latest incarnation.
 pub fn all_ended(log: &SimCameraLog, cameras: &[String]) -> bool {
-    let seen = log.snapshot();
-    cameras.iter().all(|c| seen.get(c).and_then(|v| v.last()).is_some_and(|i| i.ended))
+    log.read(|seen| cameras.iter().all(|c| seen.get(c).and_then(|v| v.last()).is_some_and(|i| i.ended)))
 }
 
 /// What `cameras` installed, by [`request_id`]: one answer per adaptation when every
