@@ -9,12 +9,12 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
+use troupe_actors::sim::explore::coadapt::CoadaptWorkload;
 use troupe_actors::sim::explore::typed::TypedWorkload;
 use troupe_actors::sim::explore::{ExploreConfig, Sweep, replay_command, sweep};
 
-/// The workloads `troupe sim` runs (the coe, pipeline and coadapt shells are not on the
-/// simulated cluster yet).
-pub const WORKLOADS: &[&str] = &["typed"];
+/// The workloads `troupe sim` runs.
+pub const WORKLOADS: &[&str] = &["typed", "coadapt"];
 
 /// Runs `seeds` seeds from `from` of `workload` (`all`: each in turn); exit code 1 on any
 /// violation.
@@ -27,9 +27,10 @@ pub fn run(workload: &str, seeds: u64, from: u64, json: Option<&Path>) -> Result
     let config = ExploreConfig::default();
     let mut sweeps = Vec::new();
     for name in names {
-        // `typed` is the only name WORKLOADS holds today; coe, pipeline and coadapt get their arms here
-        debug_assert_eq!(name, "typed");
-        let s = sweep(&TypedWorkload::default(), from, seeds, &config, |_| {});
+        let s = match name {
+            "coadapt" => sweep(&CoadaptWorkload::default(), from, seeds, &config, |_| {}),
+            _ => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
+        };
         for v in &s.failed {
             println!("{} seed {}: {}", v.workload, v.seed, v.violations.join("; "));
             println!("  replay: {}", replay_command(v.workload, v.seed));

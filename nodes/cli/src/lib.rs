@@ -68,7 +68,7 @@ pub enum Command {
     /// and prints seeds run, violations (each with the command that replays its seed), seeds per
     /// minute and events per second.
     Sim {
-        /// Which workload: typed, or all.
+        /// Which workload: typed, coadapt, or all.
         #[arg(long, default_value = "all")]
         workload: String,
         /// How many seeds.
