@@ -98,7 +98,7 @@ fn sim_explore_coadapt_seed_23_a_heal_while_the_edge_is_down_reaches_the_restart
 /// burst); the call timed out, which used up the camera's whole patience, and a call that timed
 /// out was never asked again, so the camera gave the adaptation up (cam2's and cam3's second
 /// adaptations, requests 65 and 129, never answered). Fixed: a timed-out call is asked again
-/// with the patience whole again, up to `EDGE_TIMEOUTS` in a row
+/// with the patience whole again, up to `EDGE_TIMEOUTS` times per message
 /// (`troupe_policy::adapt::online::edge_asks_again_after_timeout`).
 #[test]
 fn sim_explore_coadapt_seed_8_an_upload_lost_on_the_net_is_asked_again() {

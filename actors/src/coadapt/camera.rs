@@ -131,7 +131,6 @@ where
             }
             Err(e) => return Err(e.to_string()),
         };
-        timeouts = 0;
         let Some(wait) = edge_retry(attempt, start.elapsed(), args.edge_timeout) else {
             return Err(lost);
         };

@@ -258,11 +258,12 @@ impl<T: Copy> SampleLog<T> {
     }
 }
 
-/// Calls in a row a camera lets go unanswered within its call timeout before it gives up on
-/// the edge ([`edge_asks_again_after_timeout`]).
+/// Calls of one message a camera lets go unanswered within its call timeout before it gives
+/// up on the edge ([`edge_asks_again_after_timeout`]); with each giving its patience for a lost
+/// edge whole again, one message is asked for a bounded time.
 pub const EDGE_TIMEOUTS: u32 = 3;
 
-/// Whether a camera asks the edge again after its `timeouts`-th call in a row that got no
+/// Whether a camera asks the edge again after the `timeouts`-th call of one message that got no
 /// answer within the call timeout (then with its patience for a lost edge whole again: a call
 /// that timed out has used it up). A timeout is not the edge lost: the request or its answer
 /// may have been dropped while the edge stayed up, or the adaptation is slow; asking again is
@@ -464,6 +465,6 @@ mod tests {
         assert_eq!(edge_retry(40, Duration::from_millis(9_900), p), Some(Duration::from_millis(100)));
         assert_eq!(edge_retry(0, p, p), None);
         assert!(edge_asks_again_after_timeout(0) && edge_asks_again_after_timeout(EDGE_TIMEOUTS - 1));
-        assert!(!edge_asks_again_after_timeout(EDGE_TIMEOUTS), "gives up after its timeouts in a row");
+        assert!(!edge_asks_again_after_timeout(EDGE_TIMEOUTS), "gives up after its timeouts");
     }
 }
