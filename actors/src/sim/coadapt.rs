@@ -41,7 +41,7 @@ pub const EDGE_PATIENCE: Duration = Duration::from_secs(10);
 /// A node of the coadapt simulation named `name` with `role`, on quick membership periods.
 pub fn spec(name: &str, role: Role) -> SimNodeSpec {
     SimNodeSpec::new(name, RoleSet::only(role)).membership(MembershipConfig {
-        heartbeat: Duration::from_millis(100),
+        heartbeat: Duration::from_millis(250),
         timeout: Duration::from_millis(1000),
     })
 }
