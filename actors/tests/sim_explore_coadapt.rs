@@ -20,8 +20,15 @@ fn seeds() -> u64 {
 
 /// Seeds that still fail, each with what is known: the sweep must fail on exactly these, so a
 /// new violation fails CI and a fix must take its seed off this list (and make it a regression
-/// test). None today.
-const KNOWN_OPEN: &[u64] = &[];
+/// test). Past CI's seeds, checked by `TROUPE_SIM_SEEDS=1000`:
+///
+/// - 703: cam1 (crashed at 0.28 s in a loss burst, restarted at 2.96 s) has its first upload
+///   answered with an empty body, the shape of an announcement's reply ("its reply: invalid
+///   upload (0 bytes)"), so the camera takes it for the edge's refusal and gives the adaptation
+///   up. Not the simulated node's announcement rule (the same with it reverted); a reply matched
+///   to the wrong call across the camera's restart is the lead (`Services`' call ids or reply
+///   routing per peer incarnation), not yet confirmed.
+const KNOWN_OPEN: &[u64] = &[703];
 
 #[test]
 fn sim_explore_coadapt_seeds_hold_every_invariant() {
