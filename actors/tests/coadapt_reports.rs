@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use troupe_actors::coadapt::EDGE_ACTOR;
-use troupe_actors::coadapt::edge::{AdaptOutcome, EdgeActor, EdgeArgs, EdgeShared, Report, Upload};
+use troupe_actors::coadapt::edge::{
+    AdaptOutcome, EdgeActor, EdgeArgs, EdgeCompute, EdgeShared, Report, Upload,
+};
 use troupe_actors::coadapt::engine::EngineConfig;
 use troupe_actors::coadapt::wire::{
     AccuracySample, CameraReport, DecodeBudget, EdgeSummary, MAX_DECODED_BYTES, MAX_SAMPLES, PIXELS,
@@ -66,7 +68,11 @@ fn report(camera: &str, ended: bool, requested: u32, adaptations: u32) -> Stream
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_refuses_bad_reports_and_answers_the_job_once_the_camera_is_done() {
     let ca = ClusterCa::generate("coadapt-reports").unwrap();
-    let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: vec!["tiny".into()] });
+    let edge = EdgeShared::new(EdgeArgs {
+        engine: EngineConfig::default(),
+        expected: vec!["tiny".into()],
+        compute: EdgeCompute::Real,
+    });
     let served = edge.clone();
     let children: Children = Box::new(move |_link, _services, _membership, actors| {
         served.children(actors, "coadapt-edge").map_err(|e| e.to_string())

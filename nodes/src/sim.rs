@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
+use troupe_actors::sim::explore::coadapt::CoadaptWorkload;
 #[cfg(feature = "onnx")]
 use troupe_actors::sim::explore::pipeline::PipelineWorkload;
 use troupe_actors::sim::explore::typed::TypedWorkload;
@@ -18,6 +19,7 @@ use troupe_actors::sim::explore::{ExploreConfig, Sweep, replay_command, sweep};
 /// shells do).
 pub const WORKLOADS: &[&str] = &[
     "typed",
+    "coadapt",
     #[cfg(feature = "onnx")]
     "coe",
     #[cfg(feature = "onnx")]
@@ -49,6 +51,7 @@ pub fn run(workload: &str, seeds: u64, from: u64, json: Option<&Path>) -> Result
                     |_| {},
                 )
             }
+            "coadapt" => sweep(&CoadaptWorkload::default(), from, seeds, &config, |_| {}),
             "typed" => sweep(&TypedWorkload::default(), from, seeds, &config, |_| {}),
             other => anyhow::bail!("workload {other} has no arm in troupe sim"),
         };

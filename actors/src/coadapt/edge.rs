@@ -52,6 +52,7 @@ use troupe_transport::Role;
 use super::edge_journal::{EdgeJournal, EdgeRecord};
 use super::engine::{AdaptJob, EdgeEngine, EngineConfig, Finished};
 use super::params::{install_trainable, trainable_params};
+use super::sim_compute::{SimAdaptSpec, SimEdge, SimFinished};
 use super::wire::{
     AdaptReply, DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, MAX_DECODED_BYTES, StreamReport, UploadRequest,
     decode, encode,
@@ -224,6 +225,18 @@ pub struct EdgeArgs {
     pub engine: EngineConfig,
     /// Student sizes the cameras run (their shared parts and step buffers are reserved).
     pub expected: Vec<String>,
+    /// What adapts: the real engine, or the simulation's stand-in.
+    pub compute: EdgeCompute,
+}
+
+/// What the edge adapts on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EdgeCompute {
+    /// The real engine: teacher labels, V-MoE pool, training steps on kernels.
+    #[default]
+    Real,
+    /// The deterministic stand-in of a simulated cluster ([`SimEdge`]).
+    Sim(SimAdaptSpec),
 }
 
 struct Accepted {
@@ -639,11 +652,123 @@ fn progress_of(cameras: &[StreamReport]) -> Vec<CameraProgress> {
         .collect()
 }
 
+/// What adapts in one scheduler incarnation: the real engine with the teacher, or the stand-in.
+enum Adapter {
+    Real { engine: Box<EdgeEngine>, teacher: Arc<VMoe>, train: Arc<Dataset> },
+    Sim(Box<SimEdge>),
+}
+
+/// A task that left the adapter, either kind.
+struct Adapted {
+    task: TaskId,
+    name: String,
+    params: Vec<f32>,
+    before: f64,
+    after: f64,
+    epochs: u32,
+    reached: bool,
+    arrived: Micros,
+    done: Micros,
+}
+
+impl From<Finished> for Adapted {
+    fn from(f: Finished) -> Self {
+        Self {
+            task: f.task,
+            name: f.name,
+            params: trainable_params(&f.model),
+            before: f.before,
+            after: f.after,
+            epochs: f.epochs,
+            reached: f.reached,
+            arrived: f.arrived,
+            done: f.done,
+        }
+    }
+}
+
+impl From<SimFinished> for Adapted {
+    fn from(f: SimFinished) -> Self {
+        let SimFinished { task, name, params, before, after, epochs, reached, arrived, done } = f;
+        Self { task, name, params, before, after, epochs, reached, arrived, done }
+    }
+}
+
+/// What one cycle of the adapter did.
+struct CycleOut {
+    done: Vec<Adapted>,
+    busy: bool,
+    peak_used: u64,
+    result: Result<(), String>,
+}
+
+impl Adapter {
+    /// Admits `request` at `now` (the real engine on a blocking thread, the stand-in spending
+    /// its modelled time on tokio's clock).
+    async fn admit(
+        self,
+        request: UploadRequest,
+        now: Micros,
+    ) -> Result<(Self, Result<(TaskId, Vec<u32>), String>), tokio::task::JoinError> {
+        match self {
+            Adapter::Real { mut engine, teacher, train } => {
+                tokio::task::spawn_blocking(move || {
+                    let r = admit(&mut engine, &teacher, &train, &request, now);
+                    (Adapter::Real { engine, teacher, train }, r)
+                })
+                .await
+            }
+            Adapter::Sim(mut edge) => {
+                let r = edge.admit(now, &request);
+                if let Ok((_, _, cost)) = &r {
+                    tokio::time::sleep(*cost).await;
+                }
+                Ok((Adapter::Sim(edge), r.map(|(task, labels, _)| (task, labels))))
+            }
+        }
+    }
+
+    /// Runs one cycle.
+    async fn cycle(self, clock: Clock) -> Result<(Self, CycleOut), tokio::task::JoinError> {
+        match self {
+            Adapter::Real { mut engine, teacher, train } => {
+                tokio::task::spawn_blocking(move || {
+                    let result = engine.run_cycle(&|| clock.now()).map_err(|e| e.to_string());
+                    let done = engine.take_finished().into_iter().map(Adapted::from).collect();
+                    let out =
+                        CycleOut { done, busy: engine.busy(), peak_used: engine.pool().peak_used(), result };
+                    let pool = engine.pool().stats();
+                    crate::live::set_pool(
+                        "coadapt/edge",
+                        pool.budget,
+                        pool.used,
+                        pool.external_fragmentation,
+                    );
+                    (Adapter::Real { engine, teacher, train }, out)
+                })
+                .await
+            }
+            Adapter::Sim(mut edge) => {
+                let cost = edge.run_cycle(clock.now());
+                tokio::time::sleep(cost).await;
+                let done = edge.take_finished().into_iter().map(Adapted::from).collect();
+                let out = CycleOut { done, busy: edge.busy(), peak_used: 0, result: Ok(()) };
+                Ok((Adapter::Sim(edge), out))
+            }
+        }
+    }
+
+    fn scheduler_name(&self) -> &'static str {
+        match self {
+            Adapter::Real { engine, .. } => engine.scheduler_name(),
+            Adapter::Sim(edge) => edge.scheduler_name(),
+        }
+    }
+}
+
 /// The edge's decision state for one incarnation (rebuilt by `recover`).
 struct Live {
-    engine: Option<EdgeEngine>,
-    teacher: Arc<VMoe>,
-    train: Arc<Dataset>,
+    adapter: Option<Adapter>,
     clock: Clock,
     /// Engine task -> (store key, teacher labels of its evaluation frames).
     tasks: BTreeMap<TaskId, (u64, Vec<u32>)>,
@@ -703,9 +828,11 @@ fn admit(
 
 impl Live {
     fn summary(&self, st: &Store) -> EdgeSummary {
-        let (budget, peak, frag): (u64, u64, &[FragSample]) = match &self.engine {
-            Some(e) => (e.pool().stats().budget, e.pool().peak_used(), e.pool().fragmentation_samples()),
-            None => (0, 0, &[]),
+        let (budget, peak, frag): (u64, u64, &[FragSample]) = match &self.adapter {
+            Some(Adapter::Real { engine: e, .. }) => {
+                (e.pool().stats().budget, e.pool().peak_used(), e.pool().fragmentation_samples())
+            }
+            Some(Adapter::Sim(_)) | None => (0, 0, &[]),
         };
         let max_fragmentation = frag.iter().map(|s| s.external_fragmentation).fold(0.0, f64::max);
         // Over time (each state for as long as it lasted), the per-event mean when no time passed.
@@ -724,7 +851,7 @@ impl Live {
             mean_fragmentation,
             timeline,
             tasks_done: st.done,
-            scheduler: self.engine.as_ref().map_or("", |e| e.scheduler_name()).to_string(),
+            scheduler: self.adapter.as_ref().map_or("", Adapter::scheduler_name).to_string(),
         }
     }
 
@@ -755,14 +882,9 @@ impl Live {
         };
         for (key, request) in fresh {
             self.admitted.insert(key);
-            let Some(mut engine) = self.engine.take() else { return Ok(()) };
-            let (teacher, train, now) = (self.teacher.clone(), self.train.clone(), self.clock.now());
-            let (engine, admitted) = tokio::task::spawn_blocking(move || {
-                let r = admit(&mut engine, &teacher, &train, &request, now);
-                (engine, r)
-            })
-            .await?;
-            self.engine = Some(engine);
+            let Some(adapter) = self.adapter.take() else { return Ok(()) };
+            let (adapter, admitted) = adapter.admit(request, self.clock.now()).await?;
+            self.adapter = Some(adapter);
             match admitted {
                 Ok((task, labels)) => {
                     self.tasks.insert(task, (key, labels));
@@ -780,7 +902,7 @@ impl Live {
         Ok(())
     }
 
-    fn reply_finished(&mut self, shared: &EdgeShared, done: Vec<Finished>) {
+    fn reply_finished(&mut self, shared: &EdgeShared, done: Vec<Adapted>) {
         for f in done {
             let latency_ms = f.done.saturating_sub(f.arrived).0 / 1000;
             tracing::info!(
@@ -792,7 +914,7 @@ impl Live {
             crate::work::COADAPT.done();
             let reply = AdaptOutcome::Adapted(AdaptReply {
                 task: f.task.0,
-                params: trainable_params(&f.model),
+                params: f.params,
                 eval_teacher_labels,
                 val_before: f.before,
                 val_after: f.after,
@@ -805,22 +927,13 @@ impl Live {
     }
 
     async fn cycle(&mut self, shared: &EdgeShared, me: &EdgeRef) -> Result<(), ActorProcessingErr> {
-        let Some(mut engine) = self.engine.take() else { return Ok(()) };
-        let clock = self.clock;
-        let (mut engine, result) = tokio::task::spawn_blocking(move || {
-            let r = engine.run_cycle(&|| clock.now());
-            (engine, r)
-        })
-        .await?;
-        let done = engine.take_finished();
-        let busy = engine.busy();
+        let Some(adapter) = self.adapter.take() else { return Ok(()) };
+        let (adapter, CycleOut { done, busy, peak_used, result }) = adapter.cycle(self.clock).await?;
         {
             let mut st = lock(&shared.store);
-            st.peak_used = st.peak_used.max(engine.pool().peak_used());
+            st.peak_used = st.peak_used.max(peak_used);
         }
-        let pool = engine.pool().stats();
-        crate::live::set_pool("coadapt/edge", pool.budget, pool.used, pool.external_fragmentation);
-        self.engine = Some(engine);
+        self.adapter = Some(adapter);
         self.reply_finished(shared, done);
         if let Err(e) = result {
             // Nothing can make progress (memory refused with nothing to evict): refuse the
@@ -828,7 +941,7 @@ impl Live {
             tracing::error!(error = %e, "adaptation cycle failed");
             for (_, (key, _)) in std::mem::take(&mut self.tasks) {
                 crate::work::COADAPT.failed();
-                shared.answer(key, refused(e.to_string()), false);
+                shared.answer(key, refused(e.clone()), false);
             }
             self.cycling = false;
             return Ok(());
@@ -848,18 +961,22 @@ impl Scheduler for EdgeScheduler {
         let shared = self.shared.clone();
         let cfg = shared.args.engine;
         let expected: Vec<_> =
-            shared.args.expected.iter().map(|s| student_config(s)).collect::<Result<_, _>>()?;
-        let (engine, teacher, train) = tokio::task::spawn_blocking(move || {
-            let (train, _) = digits()?;
-            let teacher = zoo_teacher(&train)?;
-            let engine = EdgeEngine::new(cfg, &expected).map_err(|e| e.to_string())?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((engine, teacher, train))
-        })
-        .await??;
+            shared.args.expected.iter().map(|s| student_config(s)).collect::<Result<Vec<_>, _>>()?;
+        let adapter = match shared.args.compute {
+            EdgeCompute::Sim(spec) => Adapter::Sim(Box::new(SimEdge::new(spec, cfg, &expected))),
+            EdgeCompute::Real => {
+                let (engine, teacher, train) = tokio::task::spawn_blocking(move || {
+                    let (train, _) = digits()?;
+                    let teacher = zoo_teacher(&train)?;
+                    let engine = EdgeEngine::new(cfg, &expected).map_err(|e| e.to_string())?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>((engine, teacher, train))
+                })
+                .await??;
+                Adapter::Real { engine: Box::new(engine), teacher: Arc::new(teacher), train: Arc::new(train) }
+            }
+        };
         let mut live = Live {
-            engine: Some(engine),
-            teacher: Arc::new(teacher),
-            train: Arc::new(train),
+            adapter: Some(adapter),
             clock: Clock::start(),
             tasks: BTreeMap::new(),
             admitted: BTreeSet::new(),
@@ -913,7 +1030,11 @@ mod tests {
 
     #[test]
     fn one_camera_cannot_take_every_task_slot() {
-        let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: Vec::new() });
+        let edge = EdgeShared::new(EdgeArgs {
+            engine: EngineConfig::default(),
+            expected: Vec::new(),
+            compute: EdgeCompute::Real,
+        });
         let mut held = Vec::new();
         // distinct drift phases (a repeat of one would wait for it and take no slot)
         let phase =
@@ -929,7 +1050,11 @@ mod tests {
 
     #[test]
     fn a_restarted_cameras_repeated_upload_is_answered_by_the_one_adaptation() {
-        let edge = EdgeShared::new(EdgeArgs { engine: EngineConfig::default(), expected: Vec::new() });
+        let edge = EdgeShared::new(EdgeArgs {
+            engine: EngineConfig::default(),
+            expected: Vec::new(),
+            compute: EdgeCompute::Real,
+        });
         let mut first = edge.accept(upload("cam-1")).expect("a fresh phase");
         // the camera restarted while its phase was being adapted: it waits for that adaptation
         let mut repeat = edge.accept(upload("cam-1")).expect("a repeat of the phase under way");

@@ -404,6 +404,21 @@ pub fn reserved_bytes(expected: &[VMoeConfig], batch: usize) -> u64 {
     shared + step + reuse_default_bytes(expected, batch)
 }
 
+/// The co-adaptation scheduler `cfg` asks for, over `limits` (the policy deciding which task
+/// runs its next epoch; the engine and its simulated stand-in drive the same one).
+pub fn adapt_scheduler(cfg: &EngineConfig, limits: CycleLimits) -> Box<dyn AdaptScheduler + Send> {
+    match cfg.scheduler {
+        SchedulerChoice::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
+            limits,
+            seats: cfg.seats,
+            ..TwinConfig::default()
+        })),
+        SchedulerChoice::RoundRobin => Box::new(QueueScheduler::ams(limits)),
+        SchedulerChoice::AccuracyFirst => Box::new(QueueScheduler::recl(limits, 3)),
+        SchedulerChoice::Fifo => Box::new(QueueScheduler::fifo(limits, "fifo")),
+    }
+}
+
 impl EdgeEngine {
     /// An executor over a fresh pool; `expected` are the model configs it will see (their shared
     /// parts and step temporaries are kept out of the scheduler's budget).
@@ -454,16 +469,7 @@ impl EdgeEngine {
         }
         let limits =
             CycleLimits { memory_budget: cfg.budget.saturating_sub(kept_out), max_epochs: cfg.max_epochs };
-        let sched: Box<dyn AdaptScheduler + Send> = match cfg.scheduler {
-            SchedulerChoice::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
-                limits,
-                seats: cfg.seats,
-                ..TwinConfig::default()
-            })),
-            SchedulerChoice::RoundRobin => Box::new(QueueScheduler::ams(limits)),
-            SchedulerChoice::AccuracyFirst => Box::new(QueueScheduler::recl(limits, 3)),
-            SchedulerChoice::Fifo => Box::new(QueueScheduler::fifo(limits, "fifo")),
-        };
+        let sched = adapt_scheduler(&cfg, limits);
         Ok(Self {
             cfg,
             pool,

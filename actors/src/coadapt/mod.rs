@@ -11,7 +11,8 @@
 //!   input shift, sample log, job completion) are `troupe_policy::adapt::online`;
 //!   [`engine`]: scheduler + pool executor.
 //! - [`throttle`]: the reuse cache's storage reads at an edge board's bandwidth (cgroup blkio/io).
-//! - [`edge`] and [`camera`]: the actor shells.
+//! - [`edge`] and [`camera`]: the actor shells; [`sim_compute`]: their model compute's
+//!   deterministic stand-ins on a simulated cluster.
 
 pub mod camera;
 /// The drift detector is a pure decision: it lives in `troupe_policy::adapt::drift`.
@@ -20,6 +21,7 @@ pub mod edge;
 mod edge_journal;
 pub mod engine;
 pub mod params;
+pub mod sim_compute;
 pub mod throttle;
 pub mod wire;
 

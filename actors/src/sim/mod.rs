@@ -11,7 +11,7 @@
 //!
 //! The coe workload's scheduler, executors (on the `SimCompute` stand-in) and request service
 //! run on it too ([`coe`]), and so do the pipeline's foreman service and workers (on the
-//! `SimStage` stand-in: [`pipeline`]).
+//! `SimStage` stand-in: [`pipeline`]) and the coadapt edge and cameras ([`coadapt`]).
 //!
 //! Run it in a current-thread runtime with paused time (`#[tokio::test(start_paused = true)]`,
 //! tokio's `test-util`): the driver (`sim/driver.rs`) moves the hub's virtual time with tokio's,
@@ -19,6 +19,7 @@
 //! milliseconds. The hub's event log (every send, drop and delivery, and the notes the test
 //! adds) is the run's record: one seed, one log.
 
+pub mod coadapt;
 #[cfg(feature = "onnx")]
 pub mod coe;
 mod driver;

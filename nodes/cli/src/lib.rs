@@ -68,7 +68,7 @@ pub enum Command {
     /// and prints seeds run, violations (each with the command that replays its seed), seeds per
     /// minute and events per second.
     Sim {
-        /// Which workload: typed, coe (builds with onnx), or all.
+        /// Which workload: typed, coadapt, coe, pipeline (the last two build with onnx), or all.
         #[arg(long, default_value = "all")]
         workload: String,
         /// How many seeds.

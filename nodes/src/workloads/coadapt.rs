@@ -12,9 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use troupe_actors::NodeRuntime;
-use troupe_actors::coadapt::camera::{CameraActor, CameraArgs};
+use troupe_actors::coadapt::camera::{CameraActor, CameraArgs, CameraCompute};
 use troupe_actors::coadapt::detect::DetectorConfig;
-use troupe_actors::coadapt::edge::{EdgeArgs, EdgeShared};
+use troupe_actors::coadapt::edge::{EdgeArgs, EdgeCompute, EdgeShared};
 use troupe_actors::coadapt::engine::{EngineConfig, SchedulerChoice};
 use troupe_actors::coadapt::student_config;
 use troupe_actors::coadapt::wire::{DecodeBudget, EdgeSummary, MAX_ADAPTATIONS, MAX_DECODED_BYTES, decode};
@@ -247,8 +247,9 @@ pub fn edge_actor(ctx: &NodeContext, a: &ActorConfig, p: EdgeParams) -> Result<V
     let journal = p.journal.clone().unwrap_or_else(|| {
         PathBuf::from(".cache/coadapt/journal").join(format!("{}.journal", ctx.config.name))
     });
-    let (edge, resumed) = EdgeShared::open(EdgeArgs { engine, expected: p.students }, &journal)
-        .map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
+    let (edge, resumed) =
+        EdgeShared::open(EdgeArgs { engine, expected: p.students, compute: EdgeCompute::Real }, &journal)
+            .map_err(|e| anyhow::anyhow!("coadapt edge: {e}"))?;
     for d in &resumed.damage {
         println!("coadapt: journal {}: {d}; that record was not replayed", journal.display());
     }
@@ -286,6 +287,7 @@ pub fn camera_actor(ctx: &NodeContext, a: &ActorConfig, p: CameraParams) -> Resu
         edge_timeout: Duration::from_secs(p.edge_timeout_s),
         target_gain: p.target_gain,
         actors: ctx.actors.clone(),
+        compute: CameraCompute::Real,
     };
     Ok(vec![ChildSpec::new(a.actor_name(), move || (CameraActor, args.clone()))])
 }

@@ -398,6 +398,10 @@ struct HubState {
     sinks: BTreeMap<NodeId, DeliverySink>,
     /// Each node's blob server (see `blobs.rs`).
     blobs: BTreeMap<NodeId, Arc<dyn crate::quic::BlobServer>>,
+    /// Each node's restarts: a link of an older incarnation is its crashed process's, and can
+    /// neither send nor receive (coadapt seed 703: a crashed camera's announcement, still retried
+    /// by its old process, was answered into the new one's call of the same id).
+    incarnations: BTreeMap<NodeId, u64>,
 }
 
 /// A [`SimNet`] shared by async code: hands out [`SimLink`]s and releases deliveries into their
@@ -424,6 +428,7 @@ impl SimHub {
                 heard: BTreeSet::new(),
                 sinks: BTreeMap::new(),
                 blobs: BTreeMap::new(),
+                incarnations: BTreeMap::new(),
             })),
         }
     }
@@ -445,7 +450,8 @@ impl SimHub {
         let mut s = self.lock();
         s.inboxes.entry(id.clone()).or_default();
         let notify = s.notifies.entry(id.clone()).or_insert_with(|| Arc::new(Notify::new())).clone();
-        SimLink { id, hub: self.clone(), notify }
+        let incarnation = s.incarnations.get(&id).copied().unwrap_or(0);
+        SimLink { id, hub: self.clone(), notify, incarnation }
     }
 
     /// The hub's virtual time.
@@ -522,6 +528,7 @@ impl SimHub {
         let mut s = self.lock();
         let now = s.now;
         s.net.restart(now, node);
+        *s.incarnations.entry(node.clone()).or_default() += 1;
     }
 
     /// A copy of the event log.
@@ -541,6 +548,8 @@ pub struct SimLink {
     id: NodeId,
     hub: SimHub,
     notify: Arc<Notify>,
+    /// The node's incarnation this link belongs to (see `HubState::incarnations`).
+    incarnation: u64,
 }
 
 impl SimLink {
@@ -549,9 +558,14 @@ impl SimLink {
         &self.hub
     }
 
-    /// A delivery already released to this node, without waiting.
+    /// A delivery already released to this node, without waiting (none for a link of a
+    /// crashed incarnation).
     pub fn try_recv(&self) -> Option<Delivery> {
-        self.hub.lock().inboxes.get_mut(&self.id)?.pop_front()
+        let mut s = self.hub.lock();
+        if s.incarnations.get(&self.id).copied().unwrap_or(0) != self.incarnation {
+            return None;
+        }
+        s.inboxes.get_mut(&self.id)?.pop_front()
     }
 }
 
@@ -562,7 +576,8 @@ impl Link for SimLink {
 
     async fn send(&self, to: &NodeId, channel: Channel, frame: Frame) -> Result<(), LinkError> {
         let mut s = self.hub.lock();
-        if s.net.is_crashed(&self.id) {
+        let current = s.incarnations.get(&self.id).copied().unwrap_or(0);
+        if s.net.is_crashed(&self.id) || current != self.incarnation {
             return Err(LinkError::Closed);
         }
         let now = s.now;

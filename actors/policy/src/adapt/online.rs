@@ -258,6 +258,21 @@ impl<T: Copy> SampleLog<T> {
     }
 }
 
+/// Calls of one message a camera lets go unanswered within its call timeout before it gives
+/// up on the edge ([`edge_asks_again_after_timeout`]); with each giving its patience for a lost
+/// edge whole again, one message is asked for a bounded time.
+pub const EDGE_TIMEOUTS: u32 = 3;
+
+/// Whether a camera asks the edge again after the `timeouts`-th call of one message that got no
+/// answer within the call timeout (then with its patience for a lost edge whole again: a call
+/// that timed out has used it up). A timeout is not the edge lost: the request or its answer
+/// may have been dropped while the edge stayed up, or the adaptation is slow; asking again is
+/// answered once (the edge waits the repeat on the adaptation under way, or answers it with the
+/// kept answer).
+pub fn edge_asks_again_after_timeout(timeouts: u32) -> bool {
+    timeouts < EDGE_TIMEOUTS
+}
+
 /// Whether a camera asks the edge again after a call lost with the edge (its node died or
 /// restarted before answering), and after how long: 50 ms doubling to at most 2 s, while
 /// `elapsed` since the first try is within `patience`. `None`: give up.
@@ -449,5 +464,7 @@ mod tests {
         assert_eq!(edge_retry(40, Duration::ZERO, p), Some(Duration::from_secs(2)), "capped, no overflow");
         assert_eq!(edge_retry(40, Duration::from_millis(9_900), p), Some(Duration::from_millis(100)));
         assert_eq!(edge_retry(0, p, p), None);
+        assert!(edge_asks_again_after_timeout(0) && edge_asks_again_after_timeout(EDGE_TIMEOUTS - 1));
+        assert!(!edge_asks_again_after_timeout(EDGE_TIMEOUTS), "gives up after its timeouts");
     }
 }

@@ -26,6 +26,7 @@
 //! simulated node: their client submits requests, inputs or uploads and returns each one's
 //! output digest.
 
+pub mod coadapt;
 #[cfg(feature = "onnx")]
 pub mod coe;
 #[cfg(feature = "onnx")]
