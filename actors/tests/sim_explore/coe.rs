@@ -4,8 +4,6 @@
 //! journal tail), partitions, loss/delay bursts and scheduler panics through the fault switch;
 //! every invariant checked, and one seed replayed to the same event log.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::Mutex;
 
 use troupe_actors::sim::explore::coe::CoeWorkload;
@@ -22,7 +20,7 @@ fn one() -> std::sync::MutexGuard<'static, ()> {
 
 /// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
 fn seeds() -> u64 {
-    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
+    super::seeds(350)
 }
 
 /// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these, so a new
@@ -51,29 +49,7 @@ fn sim_explore_coe_seeds_hold_every_invariant() {
             }
         },
     );
-    let failed: Vec<String> = s
-        .failed
-        .iter()
-        .filter(|v| !KNOWN_OPEN.contains(&v.seed))
-        .map(|v| {
-            format!("seed {}: {:?}; replay: {}", v.seed, v.violations, replay_command(v.workload, v.seed))
-        })
-        .collect();
-    let open: Vec<u64> = s.failed.iter().map(|v| v.seed).filter(|seed| KNOWN_OPEN.contains(seed)).collect();
-    let known: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|seed| *seed < n).collect();
-    assert_eq!(
-        open, known,
-        "a known-open seed now passes: take it off KNOWN_OPEN, make it a regression test"
-    );
-    assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(s.seeds, n);
-    println!(
-        "sim_coe_seeds {} sim_coe_seeds_per_min {:.0} sim_coe_events_per_s {:.0} wall {:?}",
-        s.seeds,
-        s.seeds_per_min(),
-        s.events_per_s(),
-        s.wall
-    );
+    super::check_sweep(&s, KNOWN_OPEN, n);
 }
 
 /// A seed that crashes the scheduler node and panics its scheduler replays to the same event

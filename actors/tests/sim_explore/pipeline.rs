@@ -5,19 +5,15 @@
 //! 270-460 seeds/min in a debug build on the loaded 2-core box, so about 15 s of wall time;
 //! 1,000 seeds ran clean once (`TROUPE_SIM_SEEDS=1000`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use troupe_actors::pipeline::sim_stage::SimStage;
 use troupe_actors::sim::explore::pipeline::{PipelineWorkload, digest};
-use troupe_actors::sim::explore::{
-    ExploreConfig, SimWorkload, replay_command, run_seed, schedule_for, sweep,
-};
+use troupe_actors::sim::explore::{ExploreConfig, SimWorkload, run_seed, schedule_for, sweep};
 use troupe_actors::sim::pipeline::{reference, sim_stages};
 use troupe_policy::sim::faults::FaultSchedule;
 
 /// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
 fn seeds() -> u64 {
-    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)
+    super::seeds(300)
 }
 
 /// Seeds that still fail, each with what is known: the sweep must fail on exactly these, so a
@@ -30,29 +26,7 @@ fn sim_explore_pipeline_seeds_hold_every_invariant() {
     let w = PipelineWorkload::default();
     let n = seeds();
     let s = sweep(&w, 0, n, &ExploreConfig::default(), |_| {});
-    let failed: Vec<String> = s
-        .failed
-        .iter()
-        .filter(|v| !KNOWN_OPEN.contains(&v.seed))
-        .map(|v| {
-            format!("seed {}: {:?}; replay: {}", v.seed, v.violations, replay_command(v.workload, v.seed))
-        })
-        .collect();
-    let open: Vec<u64> = s.failed.iter().map(|v| v.seed).filter(|seed| KNOWN_OPEN.contains(seed)).collect();
-    let known: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|seed| *seed < n).collect();
-    assert_eq!(
-        open, known,
-        "a known-open seed now passes: take it off KNOWN_OPEN, make it a regression test"
-    );
-    assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(s.seeds, n);
-    println!(
-        "sim_pipeline_seeds {} sim_pipeline_seeds_per_min {:.0} sim_pipeline_events_per_s {:.0} wall {:?}",
-        s.seeds,
-        s.seeds_per_min(),
-        s.events_per_s(),
-        s.wall
-    );
+    super::check_sweep(&s, KNOWN_OPEN, n);
 }
 
 #[test]

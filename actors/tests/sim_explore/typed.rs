@@ -2,18 +2,14 @@
 //! partitions and loss/delay bursts against the `typed` workload, every invariant checked, and
 //! one seed replayed to the same event log. Costs a few seconds of wall time (see docs/testing.md).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use troupe_actors::sim::explore::typed::TypedWorkload;
-use troupe_actors::sim::explore::{
-    ExploreConfig, SimWorkload, replay_command, run_seed, schedule_for, sweep,
-};
+use troupe_actors::sim::explore::{ExploreConfig, SimWorkload, run_seed, schedule_for, sweep};
 use troupe_policy::Micros;
 use troupe_policy::sim::SimFault;
 
 /// Seeds CI runs (consecutive from 0); `TROUPE_SIM_SEEDS` asks for more (a longer sweep).
 fn seeds() -> u64 {
-    std::env::var("TROUPE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200)
+    super::seeds(100)
 }
 
 /// Seeds that still fail, each with what is known (see docs/testing.md): the sweep must fail on
@@ -26,34 +22,7 @@ fn sim_explore_typed_seeds_hold_every_invariant() {
     let w = TypedWorkload::default();
     let n = seeds();
     let s = sweep(&w, 0, n, &ExploreConfig::default(), |_| {});
-    let failed: Vec<String> = s
-        .failed
-        .iter()
-        .map(|v| {
-            format!("seed {}: {:?}; replay: {}", v.seed, v.violations, replay_command(v.workload, v.seed))
-        })
-        .collect();
-    let open: Vec<u64> = s.failed.iter().map(|v| v.seed).filter(|seed| KNOWN_OPEN.contains(seed)).collect();
-    let known: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|seed| *seed < n).collect();
-    assert_eq!(
-        open, known,
-        "a known-open seed now passes: take it off KNOWN_OPEN, make it a regression test"
-    );
-    let failed: Vec<String> = failed
-        .into_iter()
-        .zip(&s.failed)
-        .filter(|(_, v)| !KNOWN_OPEN.contains(&v.seed))
-        .map(|(f, _)| f)
-        .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(s.seeds, n);
-    println!(
-        "sim_seeds {} sim_seeds_per_min {:.0} sim_events_per_s {:.0} wall {:?}",
-        s.seeds,
-        s.seeds_per_min(),
-        s.events_per_s(),
-        s.wall
-    );
+    super::check_sweep(&s, KNOWN_OPEN, n);
 }
 
 #[test]
