@@ -207,7 +207,7 @@ pub async fn find_executors(
     let until = crate::clock::timer_now() + wait;
     let mut found = Vec::with_capacity(names.len());
     for name in names {
-        let left = || until.saturating_duration_since(tokio::time::Instant::now());
+        let left = || until.saturating_duration_since(crate::clock::timer_now());
         let missing = |e: ActorError| {
             CoeError::Invalid(format!("executor {name:?} did not join within the deadline: {e}"))
         };

@@ -12,7 +12,7 @@ use troupe_transport::SimHub;
 
 /// Runs until aborted: the hub's clock follows tokio's from the moment this starts.
 pub(super) async fn drive(hub: SimHub, min_delay: Micros) {
-    let origin = tokio::time::Instant::now();
+    let origin = crate::clock::timer_now();
     // a zero smallest delay would make this spin without letting time pass
     let quantum = Duration::from_micros(min_delay.0.max(1));
     loop {

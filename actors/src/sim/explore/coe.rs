@@ -335,8 +335,8 @@ impl SimWorkload for CoeWorkload {
                 calls.spawn(async move {
                     tokio::time::sleep(stagger * u32::try_from(i).unwrap_or(u32::MAX)).await;
                     let Some(body) = body else { return (i, None) };
-                    let until = tokio::time::Instant::now() + GIVE_UP;
-                    while tokio::time::Instant::now() < until {
+                    let until = crate::clock::timer_now() + GIVE_UP;
+                    while crate::clock::timer_now() < until {
                         match services.call(&sched, REQUEST_SERVICE, REQUEST, body.clone(), CALL).await {
                             Ok(answer) => return (i, decode_answer(&answer).ok().map(|a| a.digest)),
                             Err(_) => tokio::time::sleep(BACKOFF).await,
@@ -396,8 +396,8 @@ type JobOf = Box<dyn Fn() -> Option<Arc<CoeShared>> + Send + Sync>;
 /// everything it accepted: retries leave requests whose client stopped waiting, and the
 /// scheduler still owes them an answer.
 async fn settle(job: JobOf) {
-    let until = tokio::time::Instant::now() + SETTLE;
-    while tokio::time::Instant::now() < until {
+    let until = crate::clock::timer_now() + SETTLE;
+    while crate::clock::timer_now() < until {
         if let Some(shared) = job() {
             let mut answered = shared.answered();
             let done = tokio::time::timeout(

@@ -198,7 +198,7 @@ async fn run<W: SimWorkload>(
         return (vec!["the workload has no client node".into()], Answers::default(), cluster.log());
     };
     let mut client = tokio::spawn(workload.client(tag, client_node));
-    let origin = tokio::time::Instant::now();
+    let origin = crate::clock::timer_now();
     let deadline = origin + RUN_DEADLINE;
     let mut done = None;
     for f in &schedule.faults {
@@ -361,7 +361,8 @@ pub fn sweep_with<W: SimWorkload>(
     schedule: impl Fn(&str, u64) -> FaultSchedule,
     mut each: impl FnMut(&Verdict),
 ) -> Sweep {
-    let started = std::time::Instant::now();
+    // wall time of the sweep (outside any runtime: the monotonic clock), a figure only
+    let started = crate::clock::Clock::start();
     let tag = workload.name();
     let reference = run_seed(workload, tag, from, &FaultSchedule::default(), None);
     let mut out = Sweep { workload: tag, seeds: 0, failed: Vec::new(), events: 0, wall: Duration::ZERO };

@@ -148,12 +148,12 @@ impl SimWorkload for PipelineWorkload {
         let this = self.clone();
         async move {
             let stages: Vec<_> = sim_stages(JOB_SEED).iter().map(|s| s.stage_file()).collect();
-            let origin = tokio::time::Instant::now();
+            let origin = crate::clock::timer_now();
             let mut answers = Answers::default();
             for j in 0..this.jobs {
                 tokio::time::sleep_until(origin + this.stagger * u32::try_from(j).unwrap_or(u32::MAX)).await;
                 let inputs = this.job_inputs(j);
-                let started = tokio::time::Instant::now();
+                let started = crate::clock::timer_now();
                 let ids = (0..this.inputs).map(|i| j * this.inputs + i);
                 loop {
                     let announced = |s: &crate::service::Services| {
