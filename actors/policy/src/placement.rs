@@ -48,6 +48,14 @@ pub fn choose<'a, K: Ord>(candidates: &'a [Candidate<K>], exclude: &[K]) -> Resu
         .ok_or(NoPlacement::AllFull)
 }
 
+/// The generation of a supervisor's next placement: its node's wall clock in microseconds
+/// (numbers that grow across processes and restarts), but always past `last`, the highest it
+/// used, so a wall clock stepped back (NTP, a skewed clock) never gives a later placement a
+/// lower generation, which a name would resolve past and a node would refuse as older.
+pub fn next_generation(last: u64, wall: u64) -> u64 {
+    wall.max(last.saturating_add(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +77,15 @@ mod tests {
         assert_eq!(choose(&v, &[]), Err(NoPlacement::AllFull));
         assert_eq!(choose(&v, &["a".to_string()]), Err(NoPlacement::NoEligibleNode));
         assert_eq!(choose::<String>(&[], &[]), Err(NoPlacement::NoEligibleNode));
+    }
+
+    #[test]
+    fn generations_grow_even_when_the_wall_clock_steps_back() {
+        assert_eq!(next_generation(0, 1_000), 1_000);
+        assert_eq!(next_generation(1_000, 2_000), 2_000);
+        // the clock stepped back by a second: still past the last one
+        assert_eq!(next_generation(2_000_000, 1_000_000), 2_000_001);
+        assert_eq!(next_generation(5, 5), 6);
+        assert_eq!(next_generation(u64::MAX, 7), u64::MAX);
     }
 }

@@ -306,6 +306,8 @@ pub struct RemoteSupervisorState {
     down: Vec<NodeId>,
     intensity: RestartIntensity,
     clock: Clock,
+    /// The highest generation it placed a child at.
+    last_generation: u64,
     forward: tokio::task::JoinHandle<()>,
 }
 
@@ -314,7 +316,9 @@ impl RemoteSupervisorState {
     async fn place(&mut self, i: usize) -> Result<Option<NodeId>, String> {
         let actors = &self.args.actors;
         let child = &self.args.children[i];
-        let generation = crate::clock::wall_micros();
+        let generation =
+            troupe_policy::placement::next_generation(self.last_generation, crate::clock::wall_micros());
+        self.last_generation = generation;
         let me = actors.node().clone();
         let mut candidates = Vec::new();
         for node in
@@ -432,6 +436,7 @@ impl Actor for RemoteSupervisor {
             down: Vec::new(),
             intensity,
             clock: Clock::start(),
+            last_generation: 0,
             forward,
         };
         st.place_waiting().await?;
