@@ -10,7 +10,7 @@
 //! step). Node and actor names carry the caller's tag, as ractor's registry is process-wide.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ractor::ActorRef;
@@ -140,18 +140,6 @@ async fn start_child(node: &NodeHandles, child: ChildSpec) -> Result<(), String>
         .map_err(|e| format!("asking the root supervisor to start {what}: {e}"))?
         .map(|_| ())
         .map_err(|e| format!("starting {what}: {e}"))
-}
-
-/// Where a simulated edge's journal folder goes: a RAM filesystem where the machine has one
-/// (`/dev/shm`: the journal's real file code, its syncs costing nothing, as a simulated disk's
-/// would), else the OS temp dir.
-pub fn journal_parent() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() && std::env::var_os("TMPDIR").is_none() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
 }
 
 /// Request number of adaptation `adaptation` of the `camera`-th camera.

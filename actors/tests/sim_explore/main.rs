@@ -13,7 +13,11 @@ mod coe;
 mod pipeline;
 mod typed;
 
-use troupe_actors::sim::explore::{Sweep, replay_command};
+use troupe_actors::sim::explore::{
+    ExploreConfig, SimWorkload, Sweep, Verdict, replay_command, run_seed, schedule_with_tears,
+};
+use troupe_policy::sim::SimFault;
+use troupe_policy::sim::faults::Tear;
 
 /// Seeds a workload's CI sweep runs (consecutive from 0): `ci`, or `TROUPE_SIM_SEEDS` when set
 /// (a longer sweep).
@@ -46,4 +50,38 @@ fn check_sweep(s: &Sweep, known_open: &[u64], n: u64) {
         s.events_per_s(),
         s.wall
     );
+}
+
+/// Runs the first seed from `from` whose sweep schedule (under `tag`) crashes a node of the
+/// workload's `disks`, tears its journal mid-append (a cut header or body, or a bad checksum),
+/// and restarts it: the restarted node must cut the tail and the run hold every invariant.
+/// Returns the verdict (its log names the tear).
+fn torn_journal_run<W: SimWorkload>(w: &W, tag: &str, from: u64) -> Verdict {
+    let config = ExploreConfig::default();
+    let (nodes, disks) = (w.nodes(tag), w.disks(tag));
+    assert!(!disks.is_empty(), "{} keeps no journal", w.name());
+    let (seed, schedule) = (from..from + 500)
+        .map(|seed| (seed, schedule_with_tears(seed, &nodes, &disks, &config)))
+        .find(|(_, s)| {
+            let torn = s.faults.iter().position(|f| {
+                matches!(&f.fault, SimFault::Tear(_, Tear::Header(_) | Tear::Body(_) | Tear::BadChecksum))
+            });
+            torn.is_some_and(|i| {
+                s.faults[i..].iter().any(|f| matches!(&f.fault, SimFault::Restart(n) if disks.contains(n)))
+            })
+        })
+        .expect("a seed tearing a journal, then restarting its node");
+    let v = run_seed(w, tag, seed, &schedule, None);
+    assert!(
+        v.violations.is_empty(),
+        "seed {seed}: {:?}; replay: {}",
+        v.violations,
+        replay_command(w.name(), seed)
+    );
+    assert!(
+        v.log.iter().any(|l| l.contains("Tear(") && !l.contains("(0 files left torn)")),
+        "seed {seed}: no journal was torn: {:?}",
+        v.log.iter().filter(|l| l.contains("Tear(")).collect::<Vec<_>>()
+    );
+    v
 }

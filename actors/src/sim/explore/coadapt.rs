@@ -15,13 +15,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use troupe_policy::sim::SimFault;
 use troupe_transport::Role;
 
 use super::{Answers, SimWorkload};
 use crate::coadapt::sim_compute::SimCameraLog;
-use crate::sim::coadapt::{
-    NodeHandles, all_ended, answers, camera_args, journal_parent, spec, start_camera, start_edge,
-};
+use crate::sim::coadapt::{NodeHandles, all_ended, answers, camera_args, spec, start_camera, start_edge};
 use crate::sim::{SimNode, SimNodeSpec};
 
 /// The cameras' data seed: the same in every run, so every seed's answers compare with the
@@ -35,11 +34,11 @@ struct RunState {
 }
 
 impl RunState {
-    /// A fresh state for a run of `tag`, its folder under [`journal_parent`].
+    /// A fresh state for a run of `tag`, its folder under [`sim_disk_root`](super::disk::sim_disk_root).
     fn new(tag: &str) -> std::io::Result<Self> {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let n = RUNS.fetch_add(1, Ordering::Relaxed);
-        let dir = journal_parent().join(format!("troupe-sim-{tag}-{}-{n}", std::process::id()));
+        let dir = super::disk::sim_disk_root().join(format!("troupe-sim-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         Ok(Self { dir, log: SimCameraLog::default() })
     }
@@ -101,6 +100,17 @@ impl CoadaptWorkload {
 impl SimWorkload for CoadaptWorkload {
     fn name(&self) -> &'static str {
         "coadapt"
+    }
+
+    /// The edge's node keeps the journal: its crashes tear it.
+    fn disks(&self, tag: &str) -> Vec<String> {
+        vec![format!("{tag}-edge")]
+    }
+
+    fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<usize, String> {
+        let SimFault::Tear(_, tear) = fault else { return Ok(0) };
+        self.with_run(tag, RunState::journal)
+            .map_or(Ok(0), |j| super::disk::tear_journal(&j, *tear).map(usize::from))
     }
 
     fn nodes(&self, tag: &str) -> Vec<SimNodeSpec> {

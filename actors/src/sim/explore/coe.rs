@@ -52,7 +52,6 @@ use crate::coe::app::{App, INPUT_WIDTH};
 use crate::coe::remote::follow_executors;
 use crate::coe::requests::{REQUEST, REQUEST_SERVICE, WireCoeRequest, decode_answer, serve_requests};
 use crate::coe::serve::CoeShared;
-use crate::journal::{COMPACTING_SUFFIX, MAGIC};
 use crate::membership::MembershipConfig;
 use crate::service::to_body;
 use crate::sim::coe::{sim_app, start_executor, start_scheduler};
@@ -72,8 +71,6 @@ const FIND: Duration = Duration::from_secs(30);
 const EXEC_CALL: Duration = Duration::from_secs(2);
 /// How long the client waits, once answered, for the scheduler to finish what it accepted.
 const SETTLE: Duration = Duration::from_secs(30);
-/// A journal record's header: body length (4 bytes) and checksum (8).
-const RECORD_HEADER: usize = 12;
 
 /// The workload: `requests` requests, one every `stagger`; `panics` scheduler panics per seed.
 pub struct CoeWorkload {
@@ -200,46 +197,16 @@ impl CoeWorkload {
     }
 
     /// What `tear` leaves on the crashed scheduler node's disk.
-    fn tear(&self, tag: &str, tear: Tear) -> Result<(), String> {
+    fn tear(&self, tag: &str, tear: Tear) -> Result<bool, String> {
         self.run(tag, |run| {
             // what the crashed incarnation acknowledged, to hold its restart to
             if let Some(shared) = run.shared.take() {
                 run.acknowledged =
                     Some(shared.accepted().into_iter().map(|id| (id, shared.answer_of(id))).collect());
             }
-            let journal = run.disk.join("coe.journal");
-            if !journal.exists() {
-                return Ok(());
-            }
-            let body: Vec<u8> = (0..64u8).map(|b| b.wrapping_mul(37)).collect();
-            let mut header = (body.len() as u32).to_le_bytes().to_vec();
-            header.extend(&blake3::hash(&body).as_bytes()[..RECORD_HEADER - 4]);
-            let torn: Vec<u8> = match tear {
-                Tear::Clean => return Ok(()),
-                Tear::Header(n) => header[..usize::from(n).min(RECORD_HEADER - 1)].to_vec(),
-                Tear::Body(per_mille) => {
-                    let cut = body.len() * usize::from(per_mille.min(999)) / 1000;
-                    [header.as_slice(), &body[..cut]].concat()
-                }
-                Tear::BadChecksum => {
-                    let mut bad = header.clone();
-                    bad[4] ^= 0xff;
-                    [bad.as_slice(), &body].concat()
-                }
-                Tear::Compacting => {
-                    let tmp = run.disk.join(format!("coe.journal{COMPACTING_SUFFIX}"));
-                    let half = [MAGIC.as_slice(), &header, &body[..body.len() / 2]].concat();
-                    return std::fs::write(&tmp, half).map_err(|e| format!("writing {}: {e}", tmp.display()));
-                }
-            };
-            use std::io::Write;
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(&journal)
-                .and_then(|mut f| f.write_all(&torn))
-                .map_err(|e| format!("tearing {}: {e}", journal.display()))
+            super::disk::tear_journal(&run.disk.join("coe.journal"), tear)
         })
-        .unwrap_or(Ok(()))
+        .unwrap_or(Ok(false))
     }
 }
 
@@ -359,15 +326,15 @@ impl SimWorkload for CoeWorkload {
         }
     }
 
-    fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<(), String> {
+    fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<usize, String> {
         match fault {
-            SimFault::Tear(_, tear) => self.tear(tag, *tear),
+            SimFault::Tear(_, tear) => self.tear(tag, *tear).map(usize::from),
             SimFault::Panic(_) => {
                 let site = fault_site(tag);
                 crate::fault::install_site(&site, FaultPlan::new(0).with_site(&site, SiteRule::once_at(1)));
-                Ok(())
+                Ok(0)
             }
-            _ => Ok(()),
+            _ => Ok(0),
         }
     }
 

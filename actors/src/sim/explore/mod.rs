@@ -29,6 +29,7 @@
 pub mod coadapt;
 #[cfg(feature = "onnx")]
 pub mod coe;
+pub mod disk;
 #[cfg(feature = "onnx")]
 pub mod pipeline;
 pub mod typed;
@@ -38,7 +39,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use troupe_policy::Micros;
-use troupe_policy::sim::faults::{self, FaultSchedule, FaultSpace, SimFault};
+use troupe_policy::sim::faults::{
+    self, FaultSchedule, FaultSpace, ProcessSpace, SimFault, with_process_faults,
+};
 use troupe_transport::{NodeId, SimConfig};
 
 use super::{SimCluster, SimNode, SimNodeSpec};
@@ -70,12 +73,20 @@ pub trait SimWorkload: Sync {
     fn prepare(&self, node: &SimNode);
     /// The client, run on the client node: submits the workload and returns what came back.
     fn client(&self, tag: &str, node: &SimNode) -> impl Future<Output = Answers> + Send + 'static;
+    /// Nodes of run `tag` that keep a journal: in [`sweep`]'s schedules each crash of one is
+    /// followed by a seeded [`SimFault::Tear`] ([`with_process_faults`]), which
+    /// [`SimWorkload::process_fault`] leaves on its journal ([`disk::tear_journal`]). None by
+    /// default.
+    fn disks(&self, _tag: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// A run under `tag` starts (before its nodes): forget what an earlier one left.
     fn begin(&self, _tag: &str) {}
     /// Performs a process or storage fault ([`SimFault::Tear`], [`SimFault::Panic`]) on the
-    /// workload's own state (its disks, its fault sites); workloads without them ignore it.
-    fn process_fault(&self, _tag: &str, _fault: &SimFault) -> Result<(), String> {
-        Ok(())
+    /// workload's own state (its disks, its fault sites); how many files it left torn (workloads
+    /// without them ignore it).
+    fn process_fault(&self, _tag: &str, _fault: &SimFault) -> Result<usize, String> {
+        Ok(0)
     }
     /// The workload's own invariants at the end of a run (after its client is done).
     fn check(&self, _tag: &str) -> Vec<String> {
@@ -283,8 +294,8 @@ async fn apply<W: SimWorkload>(
             cluster.hub.with_net(|net, now| net.set_impairment(now, base.loss, base.max_delay));
         }
         SimFault::Tear(..) | SimFault::Panic(_) => {
-            cluster.note(&format!("test {fault:?}"));
-            workload.process_fault(tag, fault)?;
+            let files = workload.process_fault(tag, fault)?;
+            cluster.note(&format!("test {fault:?} ({files} files left torn)"));
         }
     }
     Ok(())
@@ -348,8 +359,25 @@ pub fn sweep<W: SimWorkload>(
     config: &ExploreConfig,
     each: impl FnMut(&Verdict),
 ) -> Sweep {
-    let nodes = workload.nodes(workload.name());
-    sweep_with(workload, from, seeds, |_, seed| schedule_for(seed, &nodes, config), each)
+    let tag = workload.name();
+    let nodes = workload.nodes(tag);
+    let disks = workload.disks(tag);
+    sweep_with(workload, from, seeds, |_, seed| schedule_with_tears(seed, &nodes, &disks, config), each)
+}
+
+/// [`schedule_for`] with a seeded [`SimFault::Tear`] after each crash of a node in `disks`
+/// ([`with_process_faults`], its own random stream: the network faults stay `seed`'s).
+pub fn schedule_with_tears(
+    seed: u64,
+    nodes: &[SimNodeSpec],
+    disks: &[String],
+    config: &ExploreConfig,
+) -> FaultSchedule {
+    let schedule = schedule_for(seed, nodes, config);
+    if disks.is_empty() {
+        return schedule;
+    }
+    with_process_faults(&schedule, &ProcessSpace { seed, disks: disks.to_vec(), ..ProcessSpace::default() })
 }
 
 /// [`sweep`] with each seed's schedule drawn by `schedule(tag, seed)` (a workload that adds

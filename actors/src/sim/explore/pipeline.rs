@@ -18,6 +18,8 @@ use troupe_kernels::onnx::NamedTensor;
 use troupe_policy::pipeline::Mode;
 use troupe_transport::{NodeId, Role, RoleSet};
 
+use troupe_policy::sim::SimFault;
+
 use super::{Answers, SimWorkload};
 use crate::membership::MembershipConfig;
 use crate::pipeline::ledger::hash_tensor;
@@ -37,6 +39,8 @@ pub struct PipelineWorkload {
     pub stagger: Duration,
     /// Where each simulated world's disks go (a folder per hub, removed when its client ends).
     pub root: PathBuf,
+    /// Each run's world (by tag), for tearing its foreman's journals on a crash.
+    worlds: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>>>,
 }
 
 impl Default for PipelineWorkload {
@@ -45,16 +49,10 @@ impl Default for PipelineWorkload {
             jobs: 4,
             inputs: 6,
             stagger: Duration::from_secs(2),
-            root: disk_root().join(format!("troupe-sim-pipeline-{}", std::process::id())),
+            root: super::disk::sim_disk_root().join(format!("troupe-sim-pipeline-{}", std::process::id())),
+            worlds: std::sync::Arc::default(),
         }
     }
-}
-
-/// Where simulated worlds keep their files: in memory (`/dev/shm`) when there is one, as a
-/// seed's journal syncs cost milliseconds each on a real disk and most of a seed's wall time.
-fn disk_root() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() { shm } else { std::env::temp_dir() }
 }
 
 /// The seed of the job's stages and inputs (the same in every run: answers are compared).
@@ -111,6 +109,17 @@ impl SimWorkload for PipelineWorkload {
         "pipeline"
     }
 
+    /// The foreman's node keeps the jobs' ledgers: its crashes tear them.
+    fn disks(&self, tag: &str) -> Vec<String> {
+        vec![format!("{tag}-foreman")]
+    }
+
+    fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<usize, String> {
+        let SimFault::Tear(_, tear) = fault else { return Ok(0) };
+        let world = self.worlds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(tag).cloned();
+        world.map_or(Ok(0), |w| super::disk::tear_journals_in(&w.join("journal"), *tear))
+    }
+
     fn nodes(&self, tag: &str) -> Vec<SimNodeSpec> {
         let mut nodes = vec![
             spec(&format!("{tag}-client"), Role::Client),
@@ -124,7 +133,11 @@ impl SimWorkload for PipelineWorkload {
     fn prepare(&self, node: &SimNode) {
         let world = self.world(node);
         let name = node.name.as_str().to_owned();
-        if name.ends_with("-foreman") {
+        if let Some(tag) = name.strip_suffix("-foreman") {
+            self.worlds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(tag.into(), world.clone());
             let settings = service_settings(WORKERS.len(), &world.join("journal"));
             let spec = foreman_spec(node, &format!("{name}-service"), settings);
             let sup = node.supervisor.clone();
