@@ -371,6 +371,8 @@ impl Store {
 pub struct EdgeShared {
     args: EdgeArgs,
     store: Mutex<Store>,
+    /// The scheduler's fault-switch site ([`FAULT_SITE`] unless a simulation names one per run).
+    fault_site: Mutex<String>,
 }
 
 fn lock(m: &Mutex<Store>) -> MutexGuard<'_, Store> {
@@ -384,7 +386,11 @@ fn refused(why: impl Into<String>) -> Vec<u8> {
 impl EdgeShared {
     /// The edge's shared state; start its [`EdgeShared::children`].
     pub fn new(args: EdgeArgs) -> Arc<Self> {
-        Arc::new(Self { args, store: Mutex::new(Store::default()) })
+        Arc::new(Self {
+            args,
+            store: Mutex::new(Store::default()),
+            fault_site: Mutex::new(FAULT_SITE.into()),
+        })
     }
 
     /// Like [`EdgeShared::new`], with the journal at `path`: what it holds is replayed (see the
@@ -404,7 +410,10 @@ impl EdgeShared {
             damage: reopened.damage,
         };
         st.journal = Some(reopened.journal);
-        Ok((Arc::new(Self { args, store: Mutex::new(st) }), resumed))
+        Ok((
+            Arc::new(Self { args, store: Mutex::new(st), fault_site: Mutex::new(FAULT_SITE.into()) }),
+            resumed,
+        ))
     }
 
     /// Closes the journal once the job is done; its path, for the caller to remove.
@@ -425,16 +434,21 @@ impl EdgeShared {
         Ok(vec![actors.child_spec::<EdgeActor>(EDGE_ACTOR, key)?, self.child_spec(name)])
     }
 
+    /// Names the scheduler's fault-switch site from its next start on (a simulated cluster gives
+    /// each run its own, so runs in one process never share the switch's hit counts).
+    pub fn set_fault_site(&self, site: &str) {
+        *self.fault_site.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = site.to_string();
+    }
+
     /// The child spec running the edge scheduler under a supervisor.
     pub fn child_spec(self: &Arc<Self>, name: &str) -> ChildSpec {
         let shared = self.clone();
         ChildSpec::new(name, move || {
+            let fault_site =
+                shared.fault_site.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
             (
                 SchedulerActor::<EdgeScheduler>::default(),
-                SchedulerArgs {
-                    scheduler: EdgeScheduler::new(shared.clone()),
-                    fault_site: FAULT_SITE.into(),
-                },
+                SchedulerArgs { scheduler: EdgeScheduler::new(shared.clone()), fault_site },
             )
         })
     }

@@ -95,6 +95,7 @@ impl From<&SimNode> for NodeHandles {
 /// `coadapt-edge` entry does on a real node. Returns what it resumed from the journal.
 pub async fn start_edge(node: &NodeHandles, tag: &str, journal: &Path) -> Result<Resumed, String> {
     let (edge, resumed) = EdgeShared::open(edge_args(), journal)?;
+    edge.set_fault_site(&edge_fault_site(tag));
     if !resumed.damage.is_empty() {
         tracing::warn!(damage = ?resumed.damage, "the simulated edge's journal was damaged");
     }
@@ -140,6 +141,12 @@ async fn start_child(node: &NodeHandles, child: ChildSpec) -> Result<(), String>
         .map_err(|e| format!("asking the root supervisor to start {what}: {e}"))?
         .map(|_| ())
         .map_err(|e| format!("starting {what}: {e}"))
+}
+
+/// The fault-switch site of run `tag`'s edge scheduler (its own, so runs sharing the process
+/// never share the switch).
+pub fn edge_fault_site(tag: &str) -> String {
+    format!("{}/{tag}", crate::coadapt::edge::FAULT_SITE)
 }
 
 /// Request number of adaptation `adaptation` of the `camera`-th camera.

@@ -14,7 +14,7 @@ mod pipeline;
 mod typed;
 
 use troupe_actors::sim::explore::{
-    ExploreConfig, SimWorkload, Sweep, Verdict, replay_command, run_seed, schedule_with_tears,
+    ExploreConfig, SimWorkload, Sweep, Verdict, replay_command, run_seed, schedule_with_process_faults,
 };
 use troupe_policy::sim::SimFault;
 use troupe_policy::sim::faults::Tear;
@@ -61,7 +61,7 @@ fn torn_journal_run<W: SimWorkload>(w: &W, tag: &str, from: u64) -> Verdict {
     let (nodes, disks) = (w.nodes(tag), w.disks(tag));
     assert!(!disks.is_empty(), "{} keeps no journal", w.name());
     let (seed, schedule) = (from..from + 500)
-        .map(|seed| (seed, schedule_with_tears(seed, &nodes, &disks, &config)))
+        .map(|seed| (seed, schedule_with_process_faults(seed, &nodes, &disks, &[], &config)))
         .find(|(_, s)| {
             let torn = s.faults.iter().position(|f| {
                 matches!(&f.fault, SimFault::Tear(_, Tear::Header(_) | Tear::Body(_) | Tear::BadChecksum))

@@ -185,7 +185,7 @@ pub async fn run_pipeline_job(
                 SchedulerActor::<ForemanScheduler>::default(),
                 SchedulerArgs {
                     scheduler: ForemanScheduler::new(shared.clone()),
-                    fault_site: FAULT_SITE.into(),
+                    fault_site: shared.settings.fault_site.clone(),
                 },
             )
         })

@@ -28,6 +28,9 @@ pub struct ShellSettings {
     /// Task and load times learned by an earlier job ([`super::JobOutcome::learned_costs`]) for the
     /// policy to start from (used when the stage sizes match and `policy.remember_costs`).
     pub prior_costs: Option<CostModel>,
+    /// The foreman's fault-switch site ([`super::FAULT_SITE`] unless a simulation names one per
+    /// run, so runs sharing a process never share the switch).
+    pub fault_site: String,
 }
 
 impl Default for ShellSettings {
@@ -40,6 +43,7 @@ impl Default for ShellSettings {
             policy: ForemanConfig::default(),
             fresh_start: true,
             prior_costs: None,
+            fault_site: super::FAULT_SITE.into(),
         }
     }
 }

@@ -20,7 +20,9 @@ use troupe_transport::Role;
 
 use super::{Answers, SimWorkload};
 use crate::coadapt::sim_compute::SimCameraLog;
-use crate::sim::coadapt::{NodeHandles, all_ended, answers, camera_args, spec, start_camera, start_edge};
+use crate::sim::coadapt::{
+    NodeHandles, all_ended, answers, camera_args, edge_fault_site, spec, start_camera, start_edge,
+};
 use crate::sim::{SimNode, SimNodeSpec};
 
 /// The cameras' data seed: the same in every run, so every seed's answers compare with the
@@ -107,10 +109,26 @@ impl SimWorkload for CoadaptWorkload {
         vec![format!("{tag}-edge")]
     }
 
+    /// The edge's node runs its scheduler, behind the run's own fault site.
+    fn schedulers(&self, tag: &str) -> Vec<String> {
+        vec![format!("{tag}-edge")]
+    }
+
+    fn begin(&self, tag: &str) {
+        super::arm_scheduler_panic(&edge_fault_site(tag), false);
+    }
+
     fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<usize, String> {
-        let SimFault::Tear(_, tear) = fault else { return Ok(0) };
-        self.with_run(tag, RunState::journal)
-            .map_or(Ok(0), |j| super::disk::tear_journal(&j, *tear).map(usize::from))
+        match fault {
+            SimFault::Tear(_, tear) => self
+                .with_run(tag, RunState::journal)
+                .map_or(Ok(0), |j| super::disk::tear_journal(&j, *tear).map(usize::from)),
+            SimFault::Panic(_) => {
+                super::arm_scheduler_panic(&edge_fault_site(tag), true);
+                Ok(0)
+            }
+            _ => Ok(0),
+        }
     }
 
     fn nodes(&self, tag: &str) -> Vec<SimNodeSpec> {

@@ -44,7 +44,6 @@ use troupe_policy::coe::admission::AdmissionLimits;
 use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
 use troupe_policy::sim::faults::{ProcessSpace, Tear, with_process_faults};
 use troupe_policy::sim::{FaultSchedule, SimFault};
-use troupe_policy::{FaultPlan, SiteRule};
 use troupe_transport::{NodeId, Role, RoleSet};
 
 use super::{Answers, ExploreConfig, SimWorkload, schedule_for};
@@ -256,7 +255,7 @@ impl SimWorkload for CoeWorkload {
         if let Err(e) = std::fs::create_dir_all(&disk) {
             violations.push(format!("no disk for the scheduler node at {}: {e}", disk.display()));
         }
-        crate::fault::install_site(&fault_site(tag), FaultPlan::default());
+        super::arm_scheduler_panic(&fault_site(tag), false);
         runs.insert(
             tag.to_string(),
             Run { disk, shared: None, tasks: Vec::new(), acknowledged: None, violations },
@@ -330,8 +329,7 @@ impl SimWorkload for CoeWorkload {
         match fault {
             SimFault::Tear(_, tear) => self.tear(tag, *tear).map(usize::from),
             SimFault::Panic(_) => {
-                let site = fault_site(tag);
-                crate::fault::install_site(&site, FaultPlan::new(0).with_site(&site, SiteRule::once_at(1)));
+                super::arm_scheduler_panic(&fault_site(tag), true);
                 Ok(0)
             }
             _ => Ok(0),
@@ -341,7 +339,7 @@ impl SimWorkload for CoeWorkload {
     fn check(&self, tag: &str) -> Vec<String> {
         let mut runs = self.runs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(mut run) = runs.remove(tag) else { return vec!["the run was never begun".into()] };
-        crate::fault::install_site(&fault_site(tag), FaultPlan::default());
+        super::arm_scheduler_panic(&fault_site(tag), false);
         let mut out = std::mem::take(&mut run.violations);
         match &run.shared {
             Some(shared) => {

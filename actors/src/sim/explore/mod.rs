@@ -80,6 +80,12 @@ pub trait SimWorkload: Sync {
     fn disks(&self, _tag: &str) -> Vec<String> {
         Vec::new()
     }
+    /// Nodes of run `tag` whose scheduler runs behind a fault-switch site of the run's own: in
+    /// [`sweep`]'s schedules one seeded [`SimFault::Panic`] goes to one of them, which
+    /// [`SimWorkload::process_fault`] arms. None by default.
+    fn schedulers(&self, _tag: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// A run under `tag` starts (before its nodes): forget what an earlier one left.
     fn begin(&self, _tag: &str) {}
     /// Performs a process or storage fault ([`SimFault::Tear`], [`SimFault::Panic`]) on the
@@ -361,23 +367,44 @@ pub fn sweep<W: SimWorkload>(
 ) -> Sweep {
     let tag = workload.name();
     let nodes = workload.nodes(tag);
-    let disks = workload.disks(tag);
-    sweep_with(workload, from, seeds, |_, seed| schedule_with_tears(seed, &nodes, &disks, config), each)
+    let (disks, schedulers) = (workload.disks(tag), workload.schedulers(tag));
+    let schedule = |_: &str, seed| schedule_with_process_faults(seed, &nodes, &disks, &schedulers, config);
+    sweep_with(workload, from, seeds, schedule, each)
 }
 
-/// [`schedule_for`] with a seeded [`SimFault::Tear`] after each crash of a node in `disks`
+/// [`schedule_for`] with a seeded [`SimFault::Tear`] after each crash of a node in `disks` and
+/// one [`SimFault::Panic`] of a scheduler on a node of `schedulers`, if any
 /// ([`with_process_faults`], its own random stream: the network faults stay `seed`'s).
-pub fn schedule_with_tears(
+pub fn schedule_with_process_faults(
     seed: u64,
     nodes: &[SimNodeSpec],
     disks: &[String],
+    schedulers: &[String],
     config: &ExploreConfig,
 ) -> FaultSchedule {
     let schedule = schedule_for(seed, nodes, config);
-    if disks.is_empty() {
+    if disks.is_empty() && schedulers.is_empty() {
         return schedule;
     }
-    with_process_faults(&schedule, &ProcessSpace { seed, disks: disks.to_vec(), ..ProcessSpace::default() })
+    let space = ProcessSpace {
+        seed,
+        disks: disks.to_vec(),
+        schedulers: schedulers.to_vec(),
+        panics: usize::from(!schedulers.is_empty()),
+        horizon: config.horizon,
+    };
+    with_process_faults(&schedule, &space)
+}
+
+/// Arms one panic of the scheduler behind fault-switch site `site` at its next input (a
+/// [`SimFault::Panic`]); `arm` false disarms the site (a run's start).
+pub fn arm_scheduler_panic(site: &str, arm: bool) {
+    let plan = if arm {
+        troupe_policy::FaultPlan::new(0).with_site(site, troupe_policy::SiteRule::once_at(1))
+    } else {
+        troupe_policy::FaultPlan::default()
+    };
+    crate::fault::install_site(site, plan);
 }
 
 /// [`sweep`] with each seed's schedule drawn by `schedule(tag, seed)` (a workload that adds

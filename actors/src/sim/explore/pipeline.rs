@@ -55,6 +55,12 @@ impl Default for PipelineWorkload {
     }
 }
 
+/// The fault-switch site of run `tag`'s foremen (its own, so runs sharing the process never
+/// share the switch).
+fn fault_site(tag: &str) -> String {
+    format!("{}/{tag}", crate::pipeline::FAULT_SITE)
+}
+
 /// The seed of the job's stages and inputs (the same in every run: answers are compared).
 const JOB_SEED: u64 = 11;
 /// The workers' names after the tag.
@@ -114,10 +120,28 @@ impl SimWorkload for PipelineWorkload {
         vec![format!("{tag}-foreman")]
     }
 
+    /// The foreman's node runs the jobs' schedulers, behind the run's own fault site.
+    fn schedulers(&self, tag: &str) -> Vec<String> {
+        vec![format!("{tag}-foreman")]
+    }
+
+    fn begin(&self, tag: &str) {
+        super::arm_scheduler_panic(&fault_site(tag), false);
+    }
+
     fn process_fault(&self, tag: &str, fault: &SimFault) -> Result<usize, String> {
-        let SimFault::Tear(_, tear) = fault else { return Ok(0) };
-        let world = self.worlds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(tag).cloned();
-        world.map_or(Ok(0), |w| super::disk::tear_journals_in(&w.join("journal"), *tear))
+        match fault {
+            SimFault::Tear(_, tear) => {
+                let world =
+                    self.worlds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(tag).cloned();
+                world.map_or(Ok(0), |w| super::disk::tear_journals_in(&w.join("journal"), *tear))
+            }
+            SimFault::Panic(_) => {
+                super::arm_scheduler_panic(&fault_site(tag), true);
+                Ok(0)
+            }
+            _ => Ok(0),
+        }
     }
 
     fn nodes(&self, tag: &str) -> Vec<SimNodeSpec> {
@@ -138,7 +162,8 @@ impl SimWorkload for PipelineWorkload {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(tag.into(), world.clone());
-            let settings = service_settings(WORKERS.len(), &world.join("journal"));
+            let mut settings = service_settings(WORKERS.len(), &world.join("journal"));
+            settings.job.fault_site = fault_site(tag);
             let spec = foreman_spec(node, &format!("{name}-service"), settings);
             let sup = node.supervisor.clone();
             tokio::spawn(async move {
