@@ -38,6 +38,9 @@ pub struct FaultSpace {
     pub max_loss: f64,
     /// The largest one-way delay a burst draws.
     pub max_delay: Micros,
+    /// Each of `nodes` runs its clock at a rate drawn in `[1 - max_clock_skew, 1 + max_clock_skew]`
+    /// of true time (0: every clock exact).
+    pub max_clock_skew: f64,
 }
 
 /// One fault (or its repair).
@@ -132,7 +135,7 @@ pub fn with_process_faults(schedule: &FaultSchedule, space: &ProcessSpace) -> Fa
             out.insert(i, TimedFault { at, fault: SimFault::Panic(node) });
         }
     }
-    FaultSchedule { faults: out }
+    FaultSchedule { faults: out, clock_rates: schedule.clock_rates.clone() }
 }
 
 /// A fault at a virtual time since the run's start.
@@ -149,6 +152,16 @@ pub struct TimedFault {
 pub struct FaultSchedule {
     /// The faults.
     pub faults: Vec<TimedFault>,
+    /// Clock skew between nodes: the rate each node's clock runs at (1.0: true time), for the
+    /// nodes not listed 1.0. Its periods and timeouts stretch by it.
+    pub clock_rates: Vec<(String, f64)>,
+}
+
+impl FaultSchedule {
+    /// The rate `node`'s clock runs at (1.0 unless [`FaultSchedule::clock_rates`] skews it).
+    pub fn clock_rate(&self, node: &str) -> f64 {
+        self.clock_rates.iter().find(|(n, _)| n == node).map_or(1.0, |(_, r)| *r)
+    }
 }
 
 impl FaultSchedule {
@@ -213,7 +226,18 @@ pub fn schedule(space: &FaultSpace) -> FaultSchedule {
         }
     }
     out.sort_by_key(|(at, seq, _)| (*at, *seq));
-    FaultSchedule { faults: out.into_iter().map(|(at, _, fault)| TimedFault { at, fault }).collect() }
+    // clock rates from a stream of their own: the faults stay those the seed drew before
+    let mut clocks = SmallRng::seed_from_u64(space.seed ^ 0xc10c_5e3d_0000_0002);
+    let skew = space.max_clock_skew.clamp(0.0, 0.9);
+    let clock_rates = if skew > 0.0 {
+        space.nodes.iter().map(|n| (n.clone(), clocks.random_range(1.0 - skew..=1.0 + skew))).collect()
+    } else {
+        Vec::new()
+    };
+    FaultSchedule {
+        faults: out.into_iter().map(|(at, _, fault)| TimedFault { at, fault }).collect(),
+        clock_rates,
+    }
 }
 
 #[cfg(test)]
@@ -232,7 +256,21 @@ mod tests {
             outage_max: Micros::from_secs(3),
             max_loss: 0.1,
             max_delay: Micros::from_millis(50),
+            max_clock_skew: 0.0,
         }
+    }
+
+    #[test]
+    fn clock_rates_stay_within_the_skew_and_leave_the_faults_as_drawn() {
+        let skewed = FaultSpace { max_clock_skew: 0.2, ..space(4) };
+        let s = schedule(&skewed);
+        assert_eq!(s.faults, schedule(&space(4)).faults, "skew draws from its own stream");
+        assert_eq!(s.clock_rates.len(), 3);
+        assert!(s.clock_rates.iter().all(|(_, r)| (0.8..=1.2).contains(r)), "{:?}", s.clock_rates);
+        assert!(s.clock_rates.iter().any(|(_, r)| (*r - 1.0).abs() > 1e-6));
+        assert_eq!(s.clock_rate("client"), 1.0, "the client's clock is exact");
+        assert_eq!(s, schedule(&skewed), "one seed, one schedule");
+        assert!(schedule(&space(4)).clock_rates.is_empty());
     }
 
     #[test]

@@ -109,11 +109,20 @@ pub struct ExploreConfig {
     pub horizon: Micros,
     /// Longest outage (crash to restart, partition to heal, burst).
     pub outage_max: Micros,
+    /// Clock skew between nodes: each faultable node's clock runs at a rate within this
+    /// fraction of true time, so its heartbeat period and failure timeout stretch or shrink by
+    /// it (what a node's clock decides on its own; no decision compares clocks across nodes).
+    pub max_clock_skew: f64,
 }
 
 impl Default for ExploreConfig {
     fn default() -> Self {
-        Self { faults: 6, horizon: Micros::from_secs(8), outage_max: Micros::from_secs(4) }
+        Self {
+            faults: 6,
+            horizon: Micros::from_secs(8),
+            outage_max: Micros::from_secs(4),
+            max_clock_skew: 0.2,
+        }
     }
 }
 
@@ -150,6 +159,7 @@ pub fn schedule_for(seed: u64, nodes: &[SimNodeSpec], config: &ExploreConfig) ->
         outage_max: config.outage_max,
         max_loss: 0.2,
         max_delay: Micros::from_millis(200),
+        max_clock_skew: config.max_clock_skew,
     })
 }
 
@@ -201,11 +211,14 @@ async fn run<W: SimWorkload>(
 ) -> (Vec<String>, Answers, Vec<String>) {
     let mut violations = Vec::new();
     workload.begin(tag);
-    let mut cluster = match SimCluster::start(net_for(seed), workload.nodes(tag)).await {
+    let specs = skewed(workload.nodes(tag), schedule);
+    let mut cluster = match SimCluster::start(net_for(seed), specs.clone()).await {
         Ok(c) => c,
         Err(e) => return (vec![format!("the cluster did not start: {e}")], Answers::default(), Vec::new()),
     };
-    let specs = workload.nodes(tag);
+    for (node, rate) in &schedule.clock_rates {
+        cluster.note(&format!("test runs {node}'s clock at {rate:.4}x true time"));
+    }
     for spec in &specs {
         if let Some(node) = cluster.node(spec.name.as_str()) {
             workload.prepare(node);
@@ -259,6 +272,21 @@ async fn run<W: SimWorkload>(
     let log = cluster.log();
     cluster.shutdown().await;
     (violations, answers, log)
+}
+
+/// `specs` with each node's clock skewed as `schedule` says: a clock running at rate `r` ends
+/// its heartbeat periods and failure timeouts after `1/r` of their true length (its restarts
+/// keep the rate: the clock is the machine's).
+fn skewed(mut specs: Vec<SimNodeSpec>, schedule: &FaultSchedule) -> Vec<SimNodeSpec> {
+    for spec in &mut specs {
+        let rate = schedule.clock_rate(spec.name.as_str());
+        if rate > 0.0 && (rate - 1.0).abs() > f64::EPSILON {
+            let m = &mut spec.membership;
+            m.heartbeat = m.heartbeat.div_f64(rate);
+            m.timeout = m.timeout.div_f64(rate);
+        }
+    }
+    specs
 }
 
 /// Performs one fault on the cluster.
