@@ -100,7 +100,8 @@ async fn find_edge(args: &CameraArgs) -> ActorHandle<EdgeActor> {
 
 /// Calls the edge with `msg` through the camera's one handle (calls are made one at a time, in
 /// order). A call lost with the edge (its node died or restarted before answering, or the
-/// handle's incarnation is gone, or no answer came within `edge_timeout`) is made again, as
+/// handle's incarnation is gone, or no answer, nor the edge's name, came within `edge_timeout`)
+/// is made again, as
 /// [`troupe_policy::adapt::online::edge_retry`] says, within `edge_timeout` (a call that timed out
 /// is asked again at once, as [`edge_asks_again_after_timeout`] says, with that patience whole
 /// again: the request or its answer may have been dropped while the edge stayed up): the handle resolves
@@ -116,7 +117,10 @@ where
     loop {
         let lost = match edge.call(msg.clone(), args.edge_timeout).await {
             Ok(reply) => return Ok(reply),
-            Err(e @ ActorError::Timeout { .. }) => {
+            // a name not heard of within the call timeout is as unanswered as a timed-out call: the
+            // edge's announcement may have been lost on the net while it served (coadapt explorer
+            // seed 2330: a camera gave its adaptation up with the edge back for seconds)
+            Err(e @ (ActorError::Timeout { .. } | ActorError::UnknownActor { within: Some(_), .. })) => {
                 if !edge_asks_again_after_timeout(timeouts) {
                     return Err(format!("edge lost: {e}"));
                 }
