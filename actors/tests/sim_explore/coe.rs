@@ -23,10 +23,14 @@ fn seeds() -> u64 {
     super::seeds(350)
 }
 
-/// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these, so a new
-/// violation fails CI and a fix must take its seed off this list (and make it a regression
-/// test). None today; the 1,000-seed sweep's last three (309, 527, 812) are regression tests.
-const KNOWN_OPEN: &[u64] = &[];
+/// Seeds that still fail (see docs/testing.md), all past CI's range: the sweep must fail on
+/// exactly these below its count, so a new violation fails CI and a fix must take its seed off
+/// this list (and make it a regression test). Found by a sweep of seeds 3000..4000 once clock
+/// skew was drawn: 3991, where a partition at the run's start outlasts the scheduler's first
+/// search for its executors, and a fresh job (nothing accepted yet) fails at its deadline, so
+/// the node never serves (`find_executors_for_job`); 3881, three requests never answered, not
+/// diagnosed yet.
+const KNOWN_OPEN: &[u64] = &[3881, 3991];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()
