@@ -235,20 +235,22 @@ pub async fn find_executors(
     Ok(found)
 }
 
-/// [`find_executors`] for a coe job's start: a job resuming accepted work (`resuming`) keeps
-/// searching past each missed `wait`, telling `missed` why, since giving up would leave what it
-/// accepted unanswered (coe explorer seed 527: an executor's node was down while the scheduler's
-/// restarted); a fresh job, with nothing accepted yet, fails at the first.
+/// [`find_executors`] for a coe job's start: a job that must come back (`keep_searching`: it
+/// resumes accepted work, or it serves requests, so its node restarted must serve again) keeps
+/// searching past each missed `wait`, telling `missed` why, since giving up would leave work
+/// unanswered (coe explorer seeds 527 and 812: an executor's node was down while the
+/// scheduler's restarted; 3881 and 3991: the same with nothing pending, or at the first start);
+/// a batch job with nothing accepted yet fails at the first.
 pub async fn find_executors_for_job(
     actors: &Actors,
     names: &[String],
     wait: Duration,
-    resuming: bool,
+    keep_searching: bool,
     mut missed: impl FnMut(&CoeError),
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     loop {
         match find_executors(actors, names, wait).await {
-            Err(e) if resuming => missed(&e),
+            Err(e) if keep_searching => missed(&e),
             done => return done,
         }
     }

@@ -77,8 +77,7 @@ pub fn executor_spec(app: &App, latency: &LatencyModel, e: usize) -> ExecutorSpe
 }
 
 /// On the scheduler's node (its typed actors and root supervisor): finds every executor of the
-/// job (within `wait` of virtual time; on past it while resuming accepted work, as the `coe`
-/// job does), links each (calls bounded by `call_timeout`) and starts
+/// job (within `wait` of virtual time, then on past it, as a serving `coe` job does), links each (calls bounded by `call_timeout`) and starts
 /// the coe scheduler under the root supervisor, as the `coe` job does on a real node. Returns
 /// the executors found.
 pub async fn start_scheduler(
@@ -89,9 +88,9 @@ pub async fn start_scheduler(
     call_timeout: Duration,
 ) -> Result<Vec<RemoteExecutor>, CoeError> {
     let names: Vec<String> = (0..shared.executors()).map(|e| shared.executor_name(e).to_string()).collect();
-    let resuming = !shared.pending().is_empty();
-    let missed = |e: &CoeError| tracing::warn!("the coe scheduler waits on with accepted work: {e}");
-    let found = find_executors_for_job(actors, &names, wait, resuming, missed).await?;
+    // the simulated scheduler serves requests: its node restarted must serve again
+    let missed = |e: &CoeError| tracing::warn!("the coe scheduler waits on for its executors: {e}");
+    let found = find_executors_for_job(actors, &names, wait, true, missed).await?;
     for (exec, x) in found.iter().enumerate() {
         shared.install_link(exec, ExecLink::Remote { handle: x.handle.clone(), timeout: call_timeout });
     }

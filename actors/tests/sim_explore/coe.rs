@@ -23,14 +23,10 @@ fn seeds() -> u64 {
     super::seeds(350)
 }
 
-/// Seeds that still fail (see docs/testing.md), all past CI's range: the sweep must fail on
-/// exactly these below its count, so a new violation fails CI and a fix must take its seed off
-/// this list (and make it a regression test). Found by a sweep of seeds 3000..4000 once clock
-/// skew was drawn: 3991, where a partition at the run's start outlasts the scheduler's first
-/// search for its executors, and a fresh job (nothing accepted yet) fails at its deadline, so
-/// the node never serves (`find_executors_for_job`); 3881, three requests never answered, not
-/// diagnosed yet.
-const KNOWN_OPEN: &[u64] = &[3881, 3991];
+/// Seeds that still fail (see docs/testing.md): the sweep must fail on exactly these, so a new
+/// violation fails CI and a fix must take its seed off this list (and make it a regression
+/// test). None today.
+const KNOWN_OPEN: &[u64] = &[];
 
 fn workload() -> CoeWorkload {
     CoeWorkload::standard().unwrap()
@@ -186,4 +182,15 @@ fn sim_explore_coe_seed_309_a_dead_incarnations_reset_is_not_taken_for_the_new_o
 fn sim_explore_coe_seeds_527_and_812_a_restart_resuming_work_waits_for_its_executors() {
     regression("r527", 527, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r527-sched")));
     regression("r812", 812, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r812-sched")));
+}
+
+/// Found by a sweep of seeds 3000..4000 with clock skew (coe seeds 3881, 3991): the scheduler
+/// node restarted with nothing pending (3881), or started for the first time (3991), while an
+/// executor's node was cut off past its search's deadline; a job with nothing accepted gave up,
+/// so that node never served again. Fixed: a serving job keeps searching
+/// (`find_executors_for_job`), on a real node too.
+#[test]
+fn sim_explore_coe_seeds_3881_and_3991_a_serving_scheduler_searches_until_its_executors_answer() {
+    regression("r3881", 3881, |s| has(s, |f| matches!(f, SimFault::Restart(n) if n == "r3881-sched")));
+    regression("r3991", 3991, |s| has(s, |f| matches!(f, SimFault::Partition(_))));
 }

@@ -636,11 +636,12 @@ pub async fn run_job(
     }
     let names: Vec<String> = (0..latency.executors()).map(|i| latency.name(i).to_string()).collect();
     let wait = std::time::Duration::from_secs(job.timeout_s);
-    let resuming = !shared.pending().is_empty();
+    // a serving node restarted must serve again; a batch job must finish what it accepted
+    let keep_searching = p.serve || !shared.pending().is_empty();
     let missed = |e: &troupe_actors::coe::CoeError| {
-        crate::progress::println(format!("coe: {e}; still waiting, to answer the accepted requests"))
+        crate::progress::println(format!("coe: {e}; still waiting (the job must come back)"))
     };
-    let found = find_executors_for_job(&runtime.actors, &names, wait, resuming, missed).await?;
+    let found = find_executors_for_job(&runtime.actors, &names, wait, keep_searching, missed).await?;
     println!(
         "coe: serving {} requests through {} ({}), policy {}",
         shared.total(),
