@@ -65,20 +65,30 @@ pub fn monotonic_us() -> u64 {
 
 /// External fragmentation weighted by how long the pool stayed in each state: each sample holds
 /// until the next one (the last until `until_us`, if later), so a state that lasts a whole step
-/// counts for that step rather than once per event. `None` without samples or without time between
-/// the first and the end.
+/// counts for that step rather than once per event. A stamp earlier than the one before it counts
+/// as that one (no state gets a negative or doubled share, so the result stays within 0..=1).
+/// `None` without samples or without time between the first and the end.
 pub fn time_weighted_fragmentation(samples: &[FragSample], until_us: u64) -> Option<f64> {
-    let first = samples.first()?;
-    let end = until_us.max(samples.last()?.at_us);
-    let span = end.saturating_sub(first.at_us);
+    let first = samples.first()?.at_us;
+    // stamps made non-decreasing: a clock switched mid-run cannot weigh a state past the span
+    let stamps: Vec<u64> = samples
+        .iter()
+        .scan(first, |latest, s| {
+            *latest = (*latest).max(s.at_us);
+            Some(*latest)
+        })
+        .collect();
+    let end = until_us.max(*stamps.last()?);
+    let span = end.saturating_sub(first);
     if span == 0 {
         return None;
     }
-    let ends = samples.iter().skip(1).map(|s| s.at_us).chain(std::iter::once(end));
+    let ends = stamps.iter().skip(1).copied().chain(std::iter::once(end));
     let sum: f64 = samples
         .iter()
+        .zip(&stamps)
         .zip(ends)
-        .map(|(s, next)| s.external_fragmentation * next.saturating_sub(s.at_us) as f64)
+        .map(|((s, &at), next)| s.external_fragmentation * next.saturating_sub(at) as f64)
         .sum();
     Some(sum / span as f64)
 }
@@ -354,9 +364,16 @@ impl CoAdaptPool {
     }
 
     /// The clock that stamps fragmentation samples (default [`monotonic_us`]; the bench gives its
-    /// process CPU time so that time weights match its clock).
+    /// process CPU time so that time weights match its clock). Samples taken before (e.g. the
+    /// reuse tier reserved while the pool was set up) are stamped again at the new clock's now:
+    /// a stamp of the old clock next to the new one's would weigh that state by the clocks'
+    /// difference (it once held for tens of seconds of a run of two).
     pub fn set_clock(&mut self, clock: fn() -> u64) {
         self.clock = clock;
+        let now = clock();
+        for s in &mut self.frag {
+            s.at_us = now;
+        }
     }
 
     /// Whether identical shared tensors of different models are stored once (the default, AdaSprite's
@@ -893,5 +910,31 @@ mod tests {
         assert!((time_weighted_fragmentation(&s, 40).unwrap() - 0.275).abs() < 1e-12);
         assert_eq!(time_weighted_fragmentation(&[], 10), None);
         assert_eq!(time_weighted_fragmentation(&[at(5, 0.3)], 5), None);
+    }
+
+    #[test]
+    fn a_stamp_out_of_order_neither_outweighs_the_span_nor_goes_negative() {
+        // A first stamp from another clock, far ahead: the later ones count as made at it, so only
+        // the last state holds, until the end.
+        let s = [at(1_000, 0.0), at(10, 0.9), at(20, 0.9)];
+        let f = time_weighted_fragmentation(&s, 1_010).unwrap();
+        assert!((0.0..=1.0).contains(&f), "{f}");
+        assert!((f - 0.9 * 10.0 / 10.0).abs() < 1e-12, "{f}");
+        // Far behind: it holds until the next stamp, which is where the span starts.
+        let s = [at(0, 0.0), at(1_000, 0.5), at(1_010, 0.5)];
+        assert!((time_weighted_fragmentation(&s, 1_020).unwrap() - 0.5 * 20.0 / 1_020.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn samples_taken_before_the_clock_is_set_are_stamped_at_its_now() {
+        fn later() -> u64 {
+            5_000_000
+        }
+        let mut pool = CoAdaptPool::new("clock", 1 << 20).unwrap();
+        pool.sample("reserve");
+        pool.set_clock(later);
+        pool.sample("reserve");
+        let stamps: Vec<u64> = pool.fragmentation_samples().iter().map(|s| s.at_us).collect();
+        assert_eq!(stamps, vec![5_000_000, 5_000_000]);
     }
 }
