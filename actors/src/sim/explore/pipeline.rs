@@ -217,6 +217,11 @@ impl SimWorkload for PipelineWorkload {
             }
             client.close().await;
             let _ = std::fs::remove_dir_all(&world);
+            // the process's root goes too once no other run's world is in it (not recursive:
+            // a world still in use keeps it)
+            if let Some(root) = world.parent() {
+                let _ = std::fs::remove_dir(root);
+            }
             answers
         }
     }
