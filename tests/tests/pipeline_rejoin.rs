@@ -29,8 +29,8 @@ async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
     let dir = workdir("rejoin");
     // a longer job (200 x the test sentences, 1,000 inputs) so work is left when the worker comes
     // back twice: the loss is noticed after the membership timeout, each restart takes a process
-    // start and a join (about 2 s of the job here; a job of 500 inputs once ended first on a
-    // faster machine)
+    // start and a join (about 2 s of the job here; with 500 inputs a faster machine may have
+    // ended the job first: one CI failure whose message was lost)
     let inputs: Vec<String> = (0..200).flat_map(|_| sentences()).collect();
     let job = load_job(&minilm_stages().unwrap(), &inputs, Mode::Streaming, false).unwrap();
     let specs: Vec<WorkerSpec> =
@@ -92,9 +92,13 @@ async fn a_worker_killed_and_restarted_mid_job_gets_tasks_again() {
     let outcome = outcome.unwrap();
     // the job's log without its per-task lines (thousands of them would push a failure's message
     // out of a truncated CI log): loads, losses, rejoins, the end
-    let events: Vec<&String> =
-        outcome.log.iter().filter(|l| !l.contains("] assign ") && !is_input_done(l)).collect();
-    let events = events.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n");
+    let events = outcome
+        .log
+        .iter()
+        .filter(|l| !l.contains("] assign ") && !is_input_done(l))
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("\n");
     let w = outcome.workers.iter().find(|w| w.node == victim).unwrap();
     let victim_log = std::fs::read_to_string(dir.join(format!("{victim}.log"))).unwrap_or_default();
     let victim_tail: String = {
