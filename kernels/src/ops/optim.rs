@@ -72,6 +72,12 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// Moves the moments into fresh buffers of the same values (a pool compaction's copy).
+    pub fn relocate(&mut self) {
+        self.m = self.m.clone();
+        self.v = self.v.clone();
+    }
+
     /// AdamW with the usual defaults (0.9, 0.999, 1e-8) and weight decay 0.01.
     pub fn new(lr: f32) -> Self {
         Self {

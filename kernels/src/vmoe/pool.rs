@@ -309,6 +309,8 @@ pub struct CoAdaptPool {
     last_region: Option<(u64, u64)>,
     /// Where the models' training steps run ([`Self::set_device`]).
     device: Device,
+    /// Bytes moved by compaction so far (`pool/layout.rs`).
+    compacted_bytes: u64,
 }
 
 fn shared_key(t: &Tensor) -> [u8; 32] {
@@ -341,6 +343,7 @@ impl CoAdaptPool {
             ordered: false,
             last_region: None,
             device: Device::Cpu,
+            compacted_bytes: 0,
         })
     }
 
@@ -536,6 +539,7 @@ impl CoAdaptPool {
             }
         }
         self.sample("unload");
+        self.compact()?;
         Ok(p.model)
     }
 
@@ -856,6 +860,11 @@ impl CoAdaptPool {
     /// The memory pool's current figures.
     pub fn stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// Bytes the lifespan-ordered layout has moved to close holes left by departed models.
+    pub fn compacted_bytes(&self) -> u64 {
+        self.compacted_bytes
     }
 
     /// Most bytes ever in use.

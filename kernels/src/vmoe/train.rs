@@ -194,6 +194,14 @@ impl Trainer {
         &self.device
     }
 
+    /// Moves the optimiser's host moments into fresh buffers (a pool compaction's copy; moments
+    /// on a CUDA device stay in device memory, outside the pool's accounting of them).
+    pub fn relocate_state(&mut self) {
+        for o in &mut self.opts {
+            o.relocate();
+        }
+    }
+
     /// Sets the learning rate of every parameter.
     pub fn set_lr(&mut self, lr: f32) {
         self.opts.iter_mut().for_each(|o| o.lr = lr);

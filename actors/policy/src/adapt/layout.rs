@@ -6,8 +6,9 @@
 //! lifespans never interleave, which is what leaves holes in a best-fit pool:
 //! * **long-lived** buffers (a model's weights, experts, projector and its optimiser state, all
 //!   allocated when the model is loaded and freed together when it leaves) are placed first-fit
-//!   from the low end ([`place_long_lived`]), so a departed model's hole is refilled by the next
-//!   model of the same shape;
+//!   from the low end ([`place_long_lived`]), and when a model leaves a hole below buffers still
+//!   resident they slide down to close it ([`plan_compaction`]: preloading makes models resident
+//!   in arrival order, so the first to finish is seldom the top one);
 //! * the **reuse tier** (the stem-token cache's memory arena) takes the top end of the pool
 //!   ([`reuse_tier_offset`]), out of every step's way;
 //! * a step's (or time slice's) **temporaries** (activations, gradients, expert scratch: reserved
@@ -149,6 +150,43 @@ pub fn place_temporaries(
     Ok(slots)
 }
 
+/// One long-lived buffer's move when the pool compacts: buffer `index` (in the caller's list)
+/// from `from` down to `to`, its length unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    /// Index of the buffer in the caller's list.
+    pub index: usize,
+    /// Where it starts now.
+    pub from: u64,
+    /// Where it starts after the move (below `from`).
+    pub to: u64,
+}
+
+/// Compaction when a model leaves (the copying collectors AdaSprite cites for §3.2): the
+/// long-lived buffers `live` (`(offset, len)`, aligned, not overlapping, any order) slid down in
+/// address order until they are contiguous from address 0, so the free memory below the reuse tier
+/// is one block again. Returns only the buffers that move, lowest first: carried out in that order,
+/// each destination is free once the moves before it are done (it lies below the buffer's old
+/// start and above every buffer already placed). Empty when there is no hole to close.
+pub fn plan_compaction(live: &[(u64, u64)]) -> Vec<Move> {
+    let mut order: Vec<usize> = (0..live.len()).collect();
+    order.sort_by_key(|&i| live[i].0);
+    let mut cursor = 0u64;
+    let mut moves = Vec::new();
+    for i in order {
+        let (offset, len) = live[i];
+        let at = if offset > cursor {
+            moves.push(Move { index: i, from: offset, to: cursor });
+            cursor
+        } else {
+            // Contiguous with the one before (or overlapping input, which no pool hands in): stays.
+            offset
+        };
+        cursor = cursor.max(at.saturating_add(len));
+    }
+    moves
+}
+
 /// The region's invariant for `slots` of `temps` inside `[start, end)`: every temporary has
 /// exactly one slot at least its size, slots lie inside the range, do not overlap, are contiguous
 /// (no gap between consecutive ones) and rise with execution order.
@@ -266,6 +304,57 @@ mod tests {
             check_slots(&slots, &temps, start, end).unwrap();
             assert!(end <= 24_000);
             assert!(free.iter().any(|&(o, l)| start >= o && end <= o + l), "inside one free range");
+        }
+    }
+
+    #[test]
+    fn compaction_slides_buffers_above_a_hole_down_in_address_order() {
+        // Buffers at [0,256), [512,1024), [1280,1536): holes of 256 at 256 and 1024.
+        let live = [(1280, 256), (0, 256), (512, 512)];
+        let moves = plan_compaction(&live);
+        assert_eq!(
+            moves,
+            vec![Move { index: 2, from: 512, to: 256 }, Move { index: 0, from: 1280, to: 768 }]
+        );
+        // Already contiguous from 0: nothing moves.
+        assert!(plan_compaction(&[(0, 256), (256, 512)]).is_empty());
+        assert!(plan_compaction(&[]).is_empty());
+        // A lone buffer above a hole goes to 0.
+        assert_eq!(plan_compaction(&[(4096, 256)]), vec![Move { index: 0, from: 4096, to: 0 }]);
+    }
+
+    #[test]
+    fn compacted_buffers_are_contiguous_and_never_land_on_one_not_yet_moved() {
+        // Deterministic sweep: after the moves, the buffers tile [0, total) and each move's
+        // destination overlaps no buffer still at its old place.
+        for n in 1..9u64 {
+            let mut live = Vec::new();
+            let mut at = 0;
+            for i in 0..n {
+                at += (i * 37 % 5) * 256; // a hole before some
+                let len = (i * 53 % 7 + 1) * 256;
+                live.push((at, len));
+                at += len;
+            }
+            live.reverse();
+            let moves = plan_compaction(&live);
+            let mut now = live.clone();
+            for m in &moves {
+                let len = now[m.index].1;
+                assert!(m.to < m.from);
+                for (j, &(o, l)) in now.iter().enumerate() {
+                    if j != m.index {
+                        assert!(m.to + len <= o || o + l <= m.to, "move {m:?} lands on buffer {j}");
+                    }
+                }
+                now[m.index].0 = m.to;
+            }
+            now.sort();
+            let mut cursor = 0;
+            for (o, l) in now {
+                assert_eq!(o, cursor);
+                cursor += l;
+            }
         }
     }
 }
