@@ -8,17 +8,19 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use troupe_actors::coe::CoeError;
-use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
+use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::executor::ExpertExecutor;
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, run_local};
 use troupe_policy::coe::{ExpertId, LatencyModel, SchedulerConfig};
 
+mod common;
+use common::{generated_app, no_baseline};
+
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
-    generate_with(tmp.path(), Scale::Ci, 3, &knobs).expect("generating the ci app");
+    generated_app(tmp.path(), Scale::Ci, 3, &no_baseline());
     let app = App::open(tmp.path(), None).expect("opening the app");
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");

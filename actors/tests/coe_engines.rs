@@ -6,20 +6,17 @@
 #![cfg(feature = "onnx")]
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
-use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
+use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::executor::{ExecutorOptions, ExpertExecutor, gpu_name, standin_name};
 use troupe_policy::coe::{ExecutorKind, ExpertEngine, ExpertId};
 
-/// This test needs the experts, not the same-bytes baseline `coe gen` also trains.
-fn no_baseline() -> GenKnobs {
-    GenKnobs { skip_single_model: true, ..GenKnobs::default() }
-}
+mod common;
+use common::{generated_app, no_baseline};
 
 /// A fresh ci app in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, App) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generate_with(tmp.path(), Scale::Ci, 5, &no_baseline())
-        .expect("generating the ci app (run scripts/setup for the assets)");
+    generated_app(tmp.path(), Scale::Ci, 5, &no_baseline());
     let app = App::open(tmp.path(), None).expect("opening the app");
     (tmp, app)
 }

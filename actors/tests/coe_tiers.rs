@@ -8,25 +8,23 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
+use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::executor::{DEVICE_ALIGN, ExecutorOptions, ExpertExecutor};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, TierOptions, run_local};
 use troupe_kernels::Tier as StoreTier;
 
-/// This test needs the experts, not the same-bytes baseline `coe gen` also trains.
-fn no_baseline() -> GenKnobs {
-    GenKnobs { skip_single_model: true, ..GenKnobs::default() }
-}
 use troupe_policy::coe::{
     Demotion, ExecutorKind, ExpertId, HostCandidate, HostTier, LatencyModel, SchedulerConfig, Tier,
 };
 
+mod common;
+use common::{generated_app, no_baseline};
+
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generate_with(tmp.path(), Scale::Ci, 5, &no_baseline())
-        .expect("generating the ci app (run scripts/setup.sh for the assets)");
+    generated_app(tmp.path(), Scale::Ci, 5, &no_baseline());
     let app = App::open(tmp.path(), None).expect("opening the app");
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");

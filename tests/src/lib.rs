@@ -228,6 +228,51 @@ pub fn run_ok(exe: &Path, args: &[&str]) -> Result<String> {
     Ok(text)
 }
 
+/// `exe coe gen --dir DIR ARGS...`, run once per build of `exe` and set of `args`, then copied
+/// into `dir`. Generation trains every expert (about 16 CPU-seconds at ci scale on 2 cores) and
+/// several tests here use the same app; each still gets its own copy to change. The generated app
+/// lives beside the binary (`<target>/<profile>/coe-gen/<key>`), keyed by the binary's size and
+/// modification time and by `args`, so a rebuilt binary generates afresh; the first caller
+/// generates under a file lock while the others wait for it.
+pub fn coe_gen(exe: &Path, dir: &Path, args: &[&str]) -> Result<()> {
+    use std::hash::{Hash, Hasher};
+    let meta = std::fs::metadata(exe).with_context(|| format!("reading {}", exe.display()))?;
+    let mut h = std::hash::DefaultHasher::new();
+    (meta.len(), meta.modified().ok(), args).hash(&mut h);
+    let root = exe.parent().context("the binary's folder")?.join("coe-gen");
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let key = format!("{:016x}", h.finish());
+    let lock = std::fs::File::create(root.join(format!("{key}.lock")))?;
+    lock.lock().context("locking the generated-app cache")?;
+    let cached = root.join(&key);
+    let done = root.join(format!("{key}.done"));
+    if !done.exists() {
+        let _ = std::fs::remove_dir_all(&cached);
+        let cached_s = cached.to_str().context("a UTF-8 cache path")?;
+        let gen_args: Vec<&str> =
+            ["coe", "gen", "--dir", cached_s].into_iter().chain(args.iter().copied()).collect();
+        run_ok(exe, &gen_args)?;
+        std::fs::write(&done, b"")?;
+    }
+    copy_tree(&cached, dir)
+}
+
+/// Copies the folder `from` to `to` (files and subfolders).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("copying {} to {}", entry.path().display(), target.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// The value of row `figure` in the summary table titled `title` that a job printed into `log`
 /// (`troupe::summary`: `| figure | value |` rows below a `| title |` line; node-name prefixes
 /// before the first `|`, as `troupe up` adds them, are skipped). `None` when there is no such

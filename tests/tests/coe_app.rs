@@ -27,17 +27,8 @@ fn results(path: &Path) -> Vec<(u64, String)> {
 
 fn gen_app(tmp: &Path) -> PathBuf {
     let app = tmp.join("app");
-    troupe(&[
-        "coe",
-        "gen",
-        "--scale",
-        "ci",
-        "--dir",
-        app.to_str().unwrap(),
-        "--seed",
-        "5",
-        "--no-single-model",
-    ]);
+    troupe_tests::coe_gen(EXE.as_ref(), &app, &["--scale", "ci", "--seed", "5", "--no-single-model"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
     app
 }
 

@@ -27,7 +27,8 @@ fn troupe(args: &[&str]) -> String {
 fn app_and_reference(tmp: &Path) -> (PathBuf, Vec<(u64, String)>) {
     let app = tmp.join("app");
     let app_s = app.to_str().unwrap();
-    troupe(&["coe", "gen", "--scale", "ci", "--dir", app_s, "--seed", "5", "--no-single-model"]);
+    troupe_tests::coe_gen(EXE.as_ref(), &app, &["--scale", "ci", "--seed", "5", "--no-single-model"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
     troupe(&["coe", "profile", "--dir", app_s]);
     let reference = tmp.join("reference.txt");
     troupe(&["coe", "run", "--dir", app_s, "--requests", "8", "--out", reference.to_str().unwrap()]);

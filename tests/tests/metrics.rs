@@ -228,11 +228,8 @@ async fn a_serving_coe_cluster_reports_queues_and_expert_residency() {
     let tmp = tempfile::tempdir().unwrap();
     let app = tmp.path().join("app");
     let app_s = app.to_str().unwrap();
-    run_ok(
-        EXE.as_ref(),
-        &["coe", "gen", "--scale", "ci", "--dir", app_s, "--seed", "5", "--no-single-model"],
-    )
-    .unwrap();
+    troupe_tests::coe_gen(EXE.as_ref(), &app, &["--scale", "ci", "--seed", "5", "--no-single-model"])
+        .unwrap();
     run_ok(EXE.as_ref(), &["coe", "profile", "--dir", app_s]).unwrap();
     let cluster = ProcCluster::start(EXE.as_ref(), &coe_topology(&app)).unwrap();
     let keys = cluster.dir().join("keys");

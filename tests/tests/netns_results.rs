@@ -86,11 +86,8 @@ async fn coe_across_namespaces_gives_the_loopback_digests() {
     let tmp = tempfile::tempdir().unwrap();
     let app = tmp.path().join("app");
     let a = app.to_str().unwrap();
-    troupe_tests::run_ok(
-        EXE.as_ref(),
-        &["coe", "gen", "--scale", "ci", "--dir", a, "--seed", "5", "--no-single-model"],
-    )
-    .unwrap();
+    troupe_tests::coe_gen(EXE.as_ref(), &app, &["--scale", "ci", "--seed", "5", "--no-single-model"])
+        .unwrap();
     troupe_tests::run_ok(EXE.as_ref(), &["coe", "profile", "--dir", a]).unwrap();
     let text = std::fs::read_to_string(examples().join("coe.toml")).unwrap();
     // the example's set-up steps make .cache/coe/ci; this test made its own app instead

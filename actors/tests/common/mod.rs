@@ -2,12 +2,13 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ractor::Actor;
 use tokio::sync::broadcast;
-use troupe_actors::coe::app::{App, GenKnobs};
+use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
 use troupe_actors::coe::runner::start_local_executors;
 use troupe_actors::coe::serve::CoeShared;
 use troupe_actors::supervisor::{Intensity, Supervisor, SupervisorArgs};
@@ -48,12 +49,47 @@ pub fn with_scheduler<T>(
     out
 }
 
+/// A copy in `dir` of the app `generate_with(_, scale, seed, knobs)` writes. Generation trains
+/// every expert (about 16 CPU-seconds at ci scale) and the tests of one binary share a few apps,
+/// so each is generated once per test process (into `CARGO_TARGET_TMPDIR`, replacing what an
+/// earlier run of the binary left) and every test gets a copy of its own to change.
+pub fn generated_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) {
+    static MADE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let binary = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("tests");
+    let key =
+        format!("{binary}-{scale:?}-{seed}-{knobs:?}").replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    let template = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe-apps").join(&key);
+    let mut made = MADE.lock().unwrap_or_else(PoisonError::into_inner);
+    if !made.contains(&key) {
+        let _ = std::fs::remove_dir_all(&template);
+        generate_with(&template, scale, seed, knobs)
+            .expect("generating the ci app (scripts/setup makes the digits and ONNX Runtime it needs)");
+        made.push(key);
+    }
+    drop(made);
+    copy_tree(&template, dir);
+}
+
+/// Copies the folder `from` to `to` (files and subfolders).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("creating the app's copy");
+    for entry in std::fs::read_dir(from).expect("reading the generated app") {
+        let entry = entry.expect("a folder entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("its type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copying the generated app");
+        }
+    }
+}
+
 /// The ci app with 4 experts generated into `dir` (no baseline), profiled on this machine, and
 /// its latency model from that profile.
 pub fn profiled_ci_app(dir: &std::path::Path) -> (Arc<App>, LatencyModel) {
-    use troupe_actors::coe::app::{Scale, generate_with};
     use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
-    generate_with(dir, Scale::Ci, 4, &no_baseline()).expect("generating the ci app");
+    generated_app(dir, Scale::Ci, 4, &no_baseline());
     let app = Arc::new(App::open(dir, None).expect("opening the app"));
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");
