@@ -232,8 +232,8 @@ pub fn run_ok(exe: &Path, args: &[&str]) -> Result<String> {
 /// into `dir`. Generation trains every expert (about 16 CPU-seconds at ci scale on 2 cores) and
 /// several tests here use the same app; each still gets its own copy to change. The generated app
 /// lives beside the binary (`<target>/<profile>/coe-gen/<key>`), keyed by the binary's size and
-/// modification time and by `args`, so a rebuilt binary generates afresh; the first caller
-/// generates under a file lock while the others wait for it.
+/// modification time and by `args`, so a rebuilt binary generates afresh (the apps of its earlier
+/// builds are removed then); the first caller generates under a file lock while the others wait.
 pub fn coe_gen(exe: &Path, dir: &Path, args: &[&str]) -> Result<()> {
     use std::hash::{Hash, Hasher};
     let meta = std::fs::metadata(exe).with_context(|| format!("reading {}", exe.display()))?;
@@ -247,6 +247,16 @@ pub fn coe_gen(exe: &Path, dir: &Path, args: &[&str]) -> Result<()> {
     let cached = root.join(&key);
     let done = root.join(format!("{key}.done"));
     if !done.exists() {
+        // Apps of earlier builds of the binary are stale: they go, so the cache holds one build's.
+        let built = meta.modified().ok();
+        for entry in std::fs::read_dir(&root)?.flatten() {
+            let older =
+                entry.metadata().and_then(|m| m.modified()).ok().zip(built).is_some_and(|(m, b)| m < b);
+            if older {
+                let p = entry.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
         let _ = std::fs::remove_dir_all(&cached);
         let cached_s = cached.to_str().context("a UTF-8 cache path")?;
         let gen_args: Vec<&str> =
