@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ractor::Actor;
 use tokio::sync::broadcast;
-use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
+use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::runner::{RunOptions, run_local, start_local_executors};
 use troupe_actors::coe::serve::{CoeShared, FAULT_SITE, serve_trace};
@@ -19,12 +19,14 @@ use troupe_actors::supervisor::{Intensity, Supervisor, SupervisorArgs, Superviso
 use troupe_policy::coe::{LatencyModel, SchedulerConfig};
 use troupe_policy::{FaultPlan, SiteRule};
 
+mod common;
+use common::{generated_app, no_baseline};
+
 #[test]
 fn a_scheduler_that_panics_mid_run_answers_every_request_once_with_the_same_outputs() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("app");
-    let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
-    generate_with(&dir, Scale::Ci, 4, &knobs).expect("generating the ci app");
+    generated_app(&dir, Scale::Ci, 4, &no_baseline());
     let app = Arc::new(App::open(&dir, None).expect("opening the app"));
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use troupe_actors::coe::app::{App, GenKnobs, Scale, generate_with};
+use troupe_actors::coe::app::{App, Scale};
 use troupe_actors::coe::exec_wire::{self, LOAD, Load};
 use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
 use troupe_actors::coe::remote::{CoeExecutor, ExecutorSpec, RemoteExecutor, find_executors};
@@ -16,6 +16,9 @@ use troupe_actors::{Children, MembershipConfig, NodeRuntime, NodeSpec, PeerAddr,
 use troupe_policy::coe::LatencyModel;
 use troupe_transport::service::FaultKind;
 use troupe_transport::{ClusterCa, IssueOptions, NodeId, Role, RoleSet};
+
+mod common;
+use common::{generated_app, no_baseline};
 
 fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, children: Children) -> NodeSpec {
     NodeSpec {
@@ -37,8 +40,7 @@ fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, childr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let tmp = tempfile::tempdir().unwrap();
-    generate_with(tmp.path(), Scale::Ci, 3, &GenKnobs { skip_single_model: true, ..GenKnobs::default() })
-        .unwrap();
+    generated_app(tmp.path(), Scale::Ci, 3, &no_baseline());
     let app = App::open(tmp.path(), None).unwrap();
     let p = profile(&app, &default_plan(&app)).unwrap();
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).unwrap();

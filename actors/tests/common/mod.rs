@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::Actor;
@@ -50,25 +50,53 @@ pub fn with_scheduler<T>(
 }
 
 /// A copy in `dir` of the app `generate_with(_, scale, seed, knobs)` writes. Generation trains
-/// every expert (about 16 CPU-seconds at ci scale) and the tests of one binary share a few apps,
-/// so each is generated once per test process (into `CARGO_TARGET_TMPDIR`, replacing what an
-/// earlier run of the binary left) and every test gets a copy of its own to change.
+/// every expert (about 16 CPU-seconds at ci scale) and the coe test binaries use three apps, so
+/// each is generated once per build of the library and shared through `CARGO_TARGET_TMPDIR`: the
+/// key holds the arguments and the modification time of the newest `troupe_actors` library in the
+/// binary's folder (a change to the generator rebuilds it, so the next test generates afresh and
+/// the apps of older builds are removed). The first caller generates under a file lock while the
+/// others wait; every test gets a copy of its own to change.
 pub fn generated_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) {
-    static MADE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let binary = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("tests");
-    let key =
-        format!("{binary}-{scale:?}-{seed}-{knobs:?}").replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    let template = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe-apps").join(&key);
-    let mut made = MADE.lock().unwrap_or_else(PoisonError::into_inner);
-    if !made.contains(&key) {
+    use std::hash::{Hash, Hasher};
+    let built = newest_library_build();
+    let mut h = std::hash::DefaultHasher::new();
+    (format!("{scale:?} {seed} {knobs:?}"), built).hash(&mut h);
+    let key = format!("{:016x}", h.finish());
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe-apps");
+    std::fs::create_dir_all(&root).expect("creating the generated-app cache");
+    let lock = std::fs::File::create(root.join(format!("{key}.lock"))).expect("the cache's lock file");
+    lock.lock().expect("locking the generated-app cache");
+    let template = root.join(&key);
+    let done = root.join(format!("{key}.done"));
+    if !done.exists() {
+        for entry in std::fs::read_dir(&root).expect("reading the cache").flatten() {
+            let older =
+                entry.metadata().and_then(|m| m.modified()).ok().zip(built).is_some_and(|(m, b)| m < b);
+            if older {
+                let p = entry.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
         let _ = std::fs::remove_dir_all(&template);
         generate_with(&template, scale, seed, knobs)
             .expect("generating the ci app (scripts/setup makes the digits and ONNX Runtime it needs)");
-        made.push(key);
+        std::fs::write(&done, b"").expect("marking the generated app done");
     }
-    drop(made);
     copy_tree(&template, dir);
+}
+
+/// When the newest `troupe_actors` library next to this test binary was built (`None` when none
+/// is found: every process then shares one key, as before a rebuild).
+fn newest_library_build() -> Option<std::time::SystemTime> {
+    let exe = std::env::current_exe().ok()?;
+    std::fs::read_dir(exe.parent()?)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| n.starts_with("libtroupe_actors-") && n.ends_with(".rlib"))
+        })
+        .filter_map(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .max()
 }
 
 /// Copies the folder `from` to `to` (files and subfolders).

@@ -592,6 +592,7 @@ fn measured(
             fig.insert(format!("{p}_fragmentation"), c.fragmentation());
             fig.insert(format!("{p}_peak_over_budget"), c.peak);
             fig.insert(format!("{p}_evictions"), c.evictions as f64);
+            fig.insert(format!("{p}_compacted_mb_per_task"), c.compacted_mb_per_task());
         }
     }
     for line in headline(&sc.ks, &res, fig) {

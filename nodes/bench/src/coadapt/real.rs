@@ -257,6 +257,8 @@ pub struct RunOutcome {
     pub fragmentation: f64,
     /// Peak pool bytes over the budget.
     pub peak_over_budget: f64,
+    /// Bytes the pool's compaction moved (the lifespan-ordered layout closing departed models' holes).
+    pub compacted_bytes: u64,
     /// Models unloaded to make room.
     pub evictions: u64,
     /// Reuse cache: microseconds of disk prefetch, and of those the ones overlapped by compute.
@@ -340,6 +342,7 @@ pub fn run_once(
         span_s: (last.saturating_sub(first) as f64 / 1e6).max(1e-9),
         fragmentation: time_weighted_fragmentation(frag, now()).unwrap_or(0.0),
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
+        compacted_bytes: eng.pool().compacted_bytes(),
         evictions: eng.evictions(),
         prefetch_us: {
             let r = eng.reuse_stats();
@@ -369,6 +372,8 @@ pub struct Tally {
     pub peak: f64,
     /// Evictions.
     pub evictions: u64,
+    /// Bytes moved by the pool's compaction.
+    pub compacted_bytes: u64,
     /// Summed reuse-cache prefetch time and its part hidden behind compute, us.
     pub prefetch_us: (u64, u64),
 }
@@ -386,6 +391,10 @@ impl Tally {
     pub fn fragmentation(&self) -> f64 {
         self.frag_sum / self.runs.max(1) as f64
     }
+    /// Megabytes the pool's compaction copied per task.
+    pub fn compacted_mb_per_task(&self) -> f64 {
+        self.compacted_bytes as f64 / 1e6 / self.tasks.max(1) as f64
+    }
     /// Mean latency, s.
     pub fn mean_latency_s(&self) -> f64 {
         self.latency_sum_s / self.tasks.max(1) as f64
@@ -399,6 +408,7 @@ impl Tally {
         self.runs += 1;
         self.peak = self.peak.max(o.peak_over_budget);
         self.evictions += o.evictions;
+        self.compacted_bytes += o.compacted_bytes;
         self.prefetch_us.0 += o.prefetch_us.0;
         self.prefetch_us.1 += o.prefetch_us.1;
     }
