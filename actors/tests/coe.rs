@@ -20,7 +20,7 @@ use common::{generated_app, no_baseline};
 /// A fresh ci app with its profile in a temporary folder.
 fn ci_app() -> (tempfile::TempDir, Arc<App>, LatencyModel) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    generated_app(tmp.path(), Scale::Ci, 3, &no_baseline());
+    generated_app(tmp.path(), Scale::Ci, 5, &no_baseline());
     let app = App::open(tmp.path(), None).expect("opening the app");
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).expect("writing the profile");

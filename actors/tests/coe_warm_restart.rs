@@ -26,7 +26,7 @@ use common::{generated_app, no_baseline};
 fn a_scheduler_that_panics_mid_run_answers_every_request_once_with_the_same_outputs() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("app");
-    generated_app(&dir, Scale::Ci, 4, &no_baseline());
+    generated_app(&dir, Scale::Ci, 5, &no_baseline());
     let app = Arc::new(App::open(&dir, None).expect("opening the app"));
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");

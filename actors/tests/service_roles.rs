@@ -40,7 +40,7 @@ fn spec(ca: &ClusterCa, name: &str, roles: RoleSet, peers: Vec<PeerAddr>, childr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_scheduler_role_may_drive_a_coe_executor() {
     let tmp = tempfile::tempdir().unwrap();
-    generated_app(tmp.path(), Scale::Ci, 3, &no_baseline());
+    generated_app(tmp.path(), Scale::Ci, 5, &no_baseline());
     let app = App::open(tmp.path(), None).unwrap();
     let p = profile(&app, &default_plan(&app)).unwrap();
     std::fs::write(tmp.path().join("profile.txt"), p.to_text()).unwrap();

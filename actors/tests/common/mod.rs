@@ -50,12 +50,12 @@ pub fn with_scheduler<T>(
 }
 
 /// A copy in `dir` of the app `generate_with(_, scale, seed, knobs)` writes. Generation trains
-/// every expert (about 16 CPU-seconds at ci scale) and the coe test binaries use three apps, so
-/// each is generated once per build of the library and shared through `CARGO_TARGET_TMPDIR`: the
-/// key holds the arguments and the modification time of the newest `troupe_actors` library in the
-/// binary's folder (a change to the generator rebuilds it, so the next test generates afresh and
-/// the apps of older builds are removed). The first caller generates under a file lock while the
-/// others wait; every test gets a copy of its own to change.
+/// every expert (about 16 CPU-seconds at ci scale) and the coe test binaries use one app (seed 5,
+/// no baseline), so it is generated once per build of the library and shared through
+/// `CARGO_TARGET_TMPDIR`: the key holds the arguments and the modification time of the newest
+/// `troupe_actors` library in the binary's folder (a change to the generator rebuilds it, so the
+/// next test generates afresh and the apps of older builds are removed). The first caller
+/// generates under a file lock while the others wait; every test gets a copy of its own to change.
 pub fn generated_app(dir: &Path, scale: Scale, seed: u64, knobs: &GenKnobs) {
     use std::hash::{Hash, Hasher};
     let built = newest_library_build();
@@ -113,11 +113,11 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// The ci app with 4 experts generated into `dir` (no baseline), profiled on this machine, and
+/// The ci app of seed 5 generated into `dir` (no baseline), profiled on this machine, and
 /// its latency model from that profile.
 pub fn profiled_ci_app(dir: &std::path::Path) -> (Arc<App>, LatencyModel) {
     use troupe_actors::coe::profiler::{default_plan, load_profile, profile};
-    generated_app(dir, Scale::Ci, 4, &no_baseline());
+    generated_app(dir, Scale::Ci, 5, &no_baseline());
     let app = Arc::new(App::open(dir, None).expect("opening the app"));
     let p = profile(&app, &default_plan(&app)).expect("profiling");
     std::fs::write(dir.join("profile.txt"), p.to_text()).expect("writing the profile");

@@ -46,12 +46,24 @@ struct Fixture {
     root: std::path::PathBuf,
 }
 
+/// The ci app, generated once per run of this test binary (it trains every expert, about 16
+/// CPU-seconds) into a folder beside the binary that the next run replaces; the tests only read it.
+fn shared_app() -> Arc<App> {
+    static APP: std::sync::OnceLock<Arc<App>> = std::sync::OnceLock::new();
+    APP.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let app_dir = exe.with_extension("journal-tests-app");
+        let _ = std::fs::remove_dir_all(&app_dir);
+        let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
+        generate_with(&app_dir, Scale::Ci, 5, &knobs).expect("generating the ci app");
+        Arc::new(App::open(&app_dir, None).expect("opening the app"))
+    })
+    .clone()
+}
+
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let app_dir = dir.path().join("app");
-    let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
-    generate_with(&app_dir, Scale::Ci, 4, &knobs).expect("generating the ci app");
-    let app = Arc::new(App::open(&app_dir, None).expect("opening the app"));
+    let app = shared_app();
     let latency = LatencyModel::from_profile(&synthetic_edge_profile("test", 4 << 20, 6 << 20)).unwrap();
     let root = dir.path().to_path_buf();
     Fixture { _dir: dir, app, latency, root }
