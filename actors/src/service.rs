@@ -242,6 +242,15 @@ struct Registered {
     handler: ClassedHandler,
 }
 
+/// What a running announcer to one peer is told while it works.
+#[derive(Default)]
+struct Announcer {
+    /// This node's services changed (or the peer joined again) since the announcer read them.
+    changed: std::sync::atomic::AtomicBool,
+    /// Cuts a pause between tries short when `changed` is set.
+    wake: tokio::sync::Notify,
+}
+
 struct Inner {
     link: NodeLink,
     config: ServiceConfig,
@@ -258,6 +267,8 @@ struct Inner {
     busy_replies: Arc<Semaphore>,
     directory: DashMap<NodeId, Vec<String>>,
     announcements: broadcast::Sender<NodeId>,
+    /// The peers with an announcer running (see [`Services::announce_to`]).
+    announcers: std::sync::Mutex<HashMap<NodeId, Arc<Announcer>>>,
 }
 
 /// A node's service router (both ends: serving and calling). Cheap to clone.
@@ -291,6 +302,7 @@ impl Services {
                 busy_replies: Arc::new(Semaphore::new(MAX_BUSY_REPLIES)),
                 directory: DashMap::new(),
                 announcements,
+                announcers: std::sync::Mutex::new(HashMap::new()),
             }),
         };
         // weak: the link must not keep its own router (and through it, itself) alive
@@ -426,28 +438,59 @@ impl Services {
 
     /// Tells `peer` what this node serves, in the background, trying again with backoff when the
     /// announcement is lost (a lost one left the peer's directory without this node's services
-    /// until the next join: the fault explorer's `typed` seed 109). Each try carries the services
-    /// served at that moment, so a late try is never staler than one sent before it.
+    /// until the next join: the fault explorer's `typed` seed 109). One announcer per peer sends
+    /// one announcement at a time, each read when it is sent, and once more when the services
+    /// changed meanwhile: two announcers racing could deliver an older list after a newer one,
+    /// and the peer kept the older (a flaky `typed_actors` run found it).
     fn announce_to(&self, peer: NodeId) {
         if self.local_services().is_empty() {
             return;
         }
+        let announcer = {
+            let Ok(mut running) = self.inner.announcers.lock() else { return };
+            if let Some(a) = running.get(&peer) {
+                a.changed.store(true, Ordering::SeqCst);
+                a.wake.notify_one();
+                return;
+            }
+            let a = Arc::new(Announcer::default());
+            running.insert(peer.clone(), a.clone());
+            a
+        };
         let this = self.clone();
         tokio::spawn(async move {
-            let mut pause = ANNOUNCE_BACKOFF;
-            for attempt in 1..=ANNOUNCE_TRIES {
-                let body = match to_body(&this.local_services()) {
-                    Ok(b) => b,
-                    Err(e) => return warn!(error = %e, "encoding the service announcement"),
-                };
-                match this.call(&peer, DIRECTORY, ANNOUNCE, body, ANNOUNCE_TIMEOUT).await {
-                    Ok(_) => return,
-                    Err(e) => debug!(%peer, attempt, error = %e, "service announcement not delivered"),
+            loop {
+                this.announce_now(&peer, &announcer).await;
+                let Ok(mut running) = this.inner.announcers.lock() else { return };
+                if !announcer.changed.swap(false, Ordering::SeqCst) {
+                    running.remove(&peer);
+                    return;
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(ANNOUNCE_BACKOFF_MAX);
             }
         });
+    }
+
+    /// One announcement to `peer`, tried up to [`ANNOUNCE_TRIES`] times, each try carrying the
+    /// services served at that moment.
+    async fn announce_now(&self, peer: &NodeId, announcer: &Announcer) {
+        let mut pause = ANNOUNCE_BACKOFF;
+        for attempt in 1..=ANNOUNCE_TRIES {
+            announcer.changed.store(false, Ordering::SeqCst);
+            let body = match to_body(&self.local_services()) {
+                Ok(b) => b,
+                Err(e) => return warn!(error = %e, "encoding the service announcement"),
+            };
+            match self.call(peer, DIRECTORY, ANNOUNCE, body, ANNOUNCE_TIMEOUT).await {
+                Ok(_) => return,
+                Err(e) => debug!(%peer, attempt, error = %e, "service announcement not delivered"),
+            }
+            tokio::select! {
+                biased;
+                () = announcer.wake.notified() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(ANNOUNCE_BACKOFF_MAX);
+        }
     }
 
     /// Calls `service.method` on `peer` with `body`; the answer body, or why there is none.
