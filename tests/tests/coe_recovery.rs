@@ -41,14 +41,22 @@ fn app_and_reference(tmp: &Path) -> (std::path::PathBuf, Vec<(u64, String)>) {
     (app, parse_results(&std::fs::read_to_string(&reference).unwrap()))
 }
 
-/// The ci app and its fault-free results, made once for every test of this file: generating it
-/// trains the experts, the costliest step. Tests only read it; each keeps its journal, outputs and
+/// The ci app and its fault-free results, made once per test process (the app itself comes from
+/// `coe_gen`'s cache, generated once per build). Tests only read it; each keeps its journal, outputs and
 /// nodes' folders in its own temporary folder.
 fn shared_app() -> &'static (PathBuf, Vec<(u64, String)>) {
     static APP: OnceLock<(PathBuf, Vec<(u64, String)>)> = OnceLock::new();
     APP.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe_recovery");
-        // A folder of this binary's own, made afresh on each run (never an earlier run's app).
+        // A folder of this process's own (nextest runs each test in a process of its own, several
+        // at once), made afresh; folders of processes that have ended are removed.
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("coe_recovery");
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new("/proc").join(p.to_string()).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = root.join(std::process::id().to_string());
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         app_and_reference(&dir)

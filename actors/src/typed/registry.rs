@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use ractor::ActorRef;
+use ractor::{ActorRef, ActorStatus};
 use tokio::sync::{broadcast, oneshot};
 use troupe_policy::MembershipEvent;
 use troupe_transport::service::FaultKind;
@@ -451,7 +451,15 @@ fn serve_binding<A: TypedActor>(binding: Arc<Binding<A>>, described: Described) 
     let described = described.to_wire();
     Arc::new(move |caller, method, body| {
         if method == DESCRIBE {
-            let d = described.clone().map_err(|e| (FaultKind::Failed, e));
+            // a stopped incarnation is not described: between a crash and its restart's binding
+            // a lookup would resolve to it and the first call fail; refused, the caller waits for
+            // the restart's announcement instead
+            let stopped = matches!(binding.actor.get_status(), ActorStatus::Stopping | ActorStatus::Stopped);
+            let d = if stopped {
+                Err((FaultKind::Gone, format!("incarnation {:016x} stopped", binding.incarnation)))
+            } else {
+                described.clone().map_err(|e| (FaultKind::Failed, e))
+            };
             return Box::pin(async move { d });
         }
         let queued = queue(&binding, &method, &body, caller.one_way, caller.node);

@@ -46,16 +46,27 @@ struct Fixture {
     root: std::path::PathBuf,
 }
 
-/// The ci app, generated once per run of this test binary (it trains every expert, about 16
-/// CPU-seconds) into a folder beside the binary that the next run replaces; the tests only read it.
+/// The ci app, generated once per build of this test binary (it trains every expert, about 16
+/// CPU-seconds) into a folder beside the binary, under a file lock: nextest runs each test in a
+/// process of its own, several at once. A marker holds the binary's build time; a rebuilt binary
+/// generates afresh. The tests only read the app.
 fn shared_app() -> Arc<App> {
     static APP: std::sync::OnceLock<Arc<App>> = std::sync::OnceLock::new();
     APP.get_or_init(|| {
         let exe = std::env::current_exe().expect("the test binary's path");
+        let built = std::fs::metadata(&exe).and_then(|m| m.modified()).expect("the test binary's mtime");
         let app_dir = exe.with_extension("journal-tests-app");
-        let _ = std::fs::remove_dir_all(&app_dir);
-        let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
-        generate_with(&app_dir, Scale::Ci, 5, &knobs).expect("generating the ci app");
+        let lock =
+            std::fs::File::create(exe.with_extension("journal-tests-app.lock")).expect("the lock file");
+        lock.lock().expect("locking the shared app");
+        let marker = exe.with_extension("journal-tests-app.built");
+        let stamp = format!("{built:?}");
+        if std::fs::read_to_string(&marker).ok().as_deref() != Some(stamp.as_str()) {
+            let _ = std::fs::remove_dir_all(&app_dir);
+            let knobs = GenKnobs { skip_single_model: true, ..GenKnobs::default() };
+            generate_with(&app_dir, Scale::Ci, 5, &knobs).expect("generating the ci app");
+            std::fs::write(&marker, &stamp).expect("marking the shared app built");
+        }
         Arc::new(App::open(&app_dir, None).expect("opening the app"))
     })
     .clone()
