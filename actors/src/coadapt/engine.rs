@@ -646,6 +646,7 @@ impl EdgeEngine {
             return Ok(());
         }
         self.cycle += 1;
+        self.sched.handle_cycle_start(clock());
         // Until a grouped step plans with the estimator: the analytic bytes of the widest
         // member's whole step.
         self.step_need = runs

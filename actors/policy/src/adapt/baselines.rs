@@ -114,6 +114,10 @@ impl AdaptScheduler for QueueScheduler {
 
     fn handle_timeout(&mut self, _now: Micros) {}
 
+    fn handle_cycle_start(&mut self, now: Micros) {
+        self.table.restart_cycle(now);
+    }
+
     fn poll_action(&mut self) -> Option<SchedAction> {
         self.table.actions.pop_front()
     }

@@ -7,7 +7,9 @@
 //! memory budget); the caller runs one epoch of each and reports each with `handle_epoch_done`.
 //! The next cycle is planned once every epoch of the current one is reported. `Complete` means
 //! the task left (target reached, or its epoch budget ran out). Call `handle_timeout` when `now`
-//! reaches `poll_timeout` (the twin-buffer scheduler uses it to preload the next cycle).
+//! reaches `poll_timeout` (the twin-buffer scheduler uses it to preload the next cycle). Call
+//! `handle_cycle_start` when the executor starts running a dispatched cycle, so the cycle is
+//! timed from then (the executor may admit arrivals in between).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -71,6 +73,9 @@ pub trait AdaptScheduler {
     fn handle_epoch_done(&mut self, now: Micros, task: TaskId, accuracy: f64);
     /// `now` reached the time returned by `poll_timeout`.
     fn handle_timeout(&mut self, now: Micros);
+    /// The executor starts running the dispatched cycle now: its duration counts from here, not
+    /// from the dispatch (time spent between them, e.g. admitting arrivals, is not the cycle's).
+    fn handle_cycle_start(&mut self, now: Micros);
     /// Next decision, if any.
     #[must_use]
     fn poll_action(&mut self) -> Option<SchedAction>;
@@ -205,6 +210,14 @@ impl TaskTable {
             }
         }
         chosen
+    }
+
+    /// Re-stamps the running cycle's start (see [`AdaptScheduler::handle_cycle_start`]); nothing
+    /// when no cycle is running.
+    pub fn restart_cycle(&mut self, now: Micros) {
+        if !self.outstanding.is_empty() {
+            self.cycle_started = self.cycle_started.max(now);
+        }
     }
 
     /// Starts a cycle with `tasks` (emits one `RunEpoch` each).

@@ -20,7 +20,7 @@
 //!
 //! The calling protocol is the one in [`super::sched`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::age::AgeModel;
 use super::sched::{AdaptScheduler, CycleLimits, SchedAction, TaskSpec, TaskTable};
@@ -65,6 +65,24 @@ impl Default for TwinConfig {
     }
 }
 
+/// Tasks whose epochs to target the prior remembers.
+pub const EPOCHS_REMEMBERED: usize = 256;
+
+/// Epochs a task that has trained `done` epochs without reaching its target still needs, before
+/// its own AGE curve is fitted: the median, over the remembered tasks that took more than `done`
+/// epochs, of what they took beyond `done`; 1 when none did. A median, not a mean: epochs to a
+/// gain are skewed (most tasks reach it in one or two, a few take the whole budget), and a mean
+/// rounded up would predict every fresh task twice its likely work, so the SLO order would give
+/// up on tasks that were on time.
+pub fn prior_remaining(reached_epochs: &VecDeque<u32>, done: u32) -> u32 {
+    let mut beyond: Vec<u32> = reached_epochs.iter().filter(|&&e| e > done).map(|&e| e - done).collect();
+    if beyond.is_empty() {
+        return 1;
+    }
+    beyond.sort_unstable();
+    beyond[(beyond.len() - 1) / 2]
+}
+
 /// Which buffer a task is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Buffer {
@@ -91,8 +109,9 @@ pub struct TwinBufferScheduler {
     cycle_ewma: Option<Micros>,
     /// Processor time of one task-epoch (a cycle's duration over its members), smoothed.
     epoch_ewma: Option<Micros>,
-    /// Epochs of the tasks that reached their target: (sum, count), the prior for new ones.
-    reached_epochs: (u64, u64),
+    /// Epochs each of the latest tasks that reached their target took (at most
+    /// [`EPOCHS_REMEMBERED`]), the prior for tasks without a fitted AGE curve.
+    reached_epochs: VecDeque<u32>,
     /// The latest time a `handle_*` call brought.
     now: Micros,
     preload_at: Option<Micros>,
@@ -111,13 +130,19 @@ impl TwinBufferScheduler {
             err_ewma: None,
             cycle_ewma: None,
             epoch_ewma: None,
-            reached_epochs: (0, 0),
+            reached_epochs: VecDeque::new(),
             now: Micros(0),
             preload_at: None,
             current: Vec::new(),
             preloaded: BTreeSet::new(),
             resident: BTreeSet::new(),
         }
+    }
+
+    /// The processor time one task-epoch takes (a cycle's duration, from when it started
+    /// running, over its members; smoothed), once a cycle has been timed.
+    pub fn task_epoch_time(&self) -> Option<Micros> {
+        self.epoch_ewma
     }
 
     /// Whether the AGE-error fallback (round-robin / approximate SJF) is active.
@@ -179,17 +204,15 @@ impl TwinBufferScheduler {
     }
 
     /// Predicted epochs a live task still needs to reach its target (at least 1, at most its
-    /// epoch budget): its AGE curve's, else the mean of the tasks that reached theirs, else 1.
+    /// epoch budget): its AGE curve's, else [`prior_remaining`] from the tasks that reached
+    /// theirs.
     pub fn remaining_epochs(&self, id: TaskId) -> u32 {
         let Some(t) = self.table.tasks.get(&id) else { return 0 };
         let budget = self.cfg.limits.max_epochs.saturating_sub(t.epochs).max(1);
         let age = self.extra.get(&id).map(|x| &x.age);
         let predicted = match age {
             Some(a) if a.curve().is_some() => a.epochs_to(t.spec.target, budget).unwrap_or(budget),
-            _ => match self.reached_epochs {
-                (_, 0) => 1,
-                (sum, n) => u32::try_from(sum.div_ceil(n)).unwrap_or(u32::MAX).saturating_sub(t.epochs),
-            },
+            _ => prior_remaining(&self.reached_epochs, t.epochs),
         };
         predicted.clamp(1, budget)
     }
@@ -383,8 +406,10 @@ impl AdaptScheduler for TwinBufferScheduler {
                     .rev()
                     .any(|a| matches!(a, SchedAction::Complete { task: t, reached: true } if *t == task));
                 if let (Some(e), true) = (epochs_before, reached) {
-                    self.reached_epochs.0 += u64::from(e) + 1;
-                    self.reached_epochs.1 += 1;
+                    if self.reached_epochs.len() == EPOCHS_REMEMBERED {
+                        self.reached_epochs.pop_front();
+                    }
+                    self.reached_epochs.push_back(e.saturating_add(1));
                 }
             }
             None => {}
@@ -410,6 +435,12 @@ impl AdaptScheduler for TwinBufferScheduler {
             self.preload_at = None;
             self.preload_next();
         }
+    }
+
+    fn handle_cycle_start(&mut self, now: Micros) {
+        let late = now.saturating_sub(self.table.cycle_started);
+        self.table.restart_cycle(now);
+        self.preload_at = self.preload_at.map(|t| t + late);
     }
 
     fn poll_action(&mut self) -> Option<SchedAction> {
@@ -539,6 +570,35 @@ mod tests {
         assert!(drain(&mut s).contains(&SchedAction::Complete { task: TaskId(1), reached: true }));
         s.handle_arrival(Micros::from_secs(20), spec(2, 0.5, 10));
         assert_eq!(s.remaining_epochs(TaskId(2)), 2);
+    }
+
+    #[test]
+    fn the_prior_is_the_median_beyond_what_a_task_has_done() {
+        let seen: VecDeque<u32> = [1, 1, 1, 2, 8].into_iter().collect();
+        // A fresh task: the median of 1, 1, 1, 2, 8 (a rounded-up mean would say 3).
+        assert_eq!(prior_remaining(&seen, 0), 1);
+        // One epoch done without the gain: those that took more took 2 and 8, 1 and 7 beyond it;
+        // the lower median.
+        assert_eq!(prior_remaining(&seen, 1), 1);
+        assert_eq!(prior_remaining(&seen, 2), 6);
+        // Past every task seen, or nothing seen: one more epoch.
+        assert_eq!(prior_remaining(&seen, 8), 1);
+        assert_eq!(prior_remaining(&VecDeque::new(), 0), 1);
+    }
+
+    #[test]
+    fn a_cycle_is_timed_from_when_it_starts_running() {
+        let mut s = TwinBufferScheduler::new(cfg(1_000));
+        s.handle_arrival(Micros(0), spec(1, 0.5, 10));
+        assert_eq!(drain(&mut s), vec![SchedAction::RunEpoch { task: TaskId(1) }]);
+        // The executor admitted arrivals for 900 µs before it ran the cycle.
+        s.handle_cycle_start(Micros(900));
+        s.handle_epoch_done(Micros(1_000), TaskId(1), 0.55);
+        assert_eq!(s.task_epoch_time(), Some(Micros(100)));
+        // Without the call, the cycle counts from its dispatch.
+        let _ = drain(&mut s);
+        s.handle_epoch_done(Micros(1_500), TaskId(1), 0.6);
+        assert_eq!(s.task_epoch_time(), Some(Micros((100 + 500) / 2)));
     }
 
     #[test]
