@@ -56,13 +56,17 @@ pub fn moore_hodgson(now: Micros, tasks: &[SloTask]) -> (Vec<TaskId>, Vec<TaskId
 /// `1/n` of the processor (the work estimates come from co-run cycles, so a device that runs
 /// them in parallel shows it as less work), so a member with work `w` ends near `now + n w`. The
 /// largest `n <= seats` that keeps on time every member that would be on time alone; at least 1.
+/// Tasks that would miss their deadline even alone share a cycle only with each other: beside
+/// one that can still make it they would only slow it down (and the work estimates of tasks not
+/// yet measured are medians, so "on time while sharing" is a guess that sharing makes worse).
 pub fn cycle_size(now: Micros, order: &[SloTask], seats: usize) -> usize {
     let on_time_alone = |t: &SloTask, start: Micros| t.deadline.is_none_or(|d| start + t.work <= d);
+    let head_on_time = order.first().is_none_or(|t| on_time_alone(t, now));
     let mut best = 1;
     for n in 2..=seats.min(order.len()) {
         let fits = order[..n].iter().all(|t| {
             let shared = now + Micros(t.work.0.saturating_mul(n as u64));
-            !on_time_alone(t, now) || t.deadline.is_none_or(|d| shared <= d)
+            on_time_alone(t, now) == head_on_time && (!head_on_time || t.deadline.is_none_or(|d| shared <= d))
         });
         if !fits {
             break;
@@ -148,10 +152,15 @@ mod tests {
         // A tight head keeps the cycle to itself.
         let tight = [t(1, Some(40), 30), t(2, Some(200), 30)];
         assert_eq!(cycle_size(Micros(0), &tight, 4), 1);
-        // A head that is late anyway does not hold the others back; seats cap the size.
-        let hopeless = [t(1, Some(10), 30), t(2, Some(200), 30), t(3, None, 30)];
+        // Late tasks share only with late tasks, up to the seats.
+        let hopeless = [t(1, Some(10), 30), t(2, Some(20), 30), t(3, Some(5), 30)];
         assert_eq!(cycle_size(Micros(0), &hopeless, 2), 2);
         assert_eq!(cycle_size(Micros(0), &hopeless, 4), 3);
+        let mixed = [t(1, Some(10), 30), t(2, Some(200), 30), t(3, None, 30)];
+        assert_eq!(cycle_size(Micros(0), &mixed, 4), 1);
+        // An on-time head does not take a late task along, even with room to spare.
+        let behind = [t(1, Some(200), 30), t(2, Some(200), 30), t(3, Some(10), 30)];
+        assert_eq!(cycle_size(Micros(0), &behind, 4), 2);
         assert_eq!(cycle_size(Micros(0), &[], 4), 1);
     }
 }
