@@ -438,9 +438,11 @@ impl AdaptScheduler for TwinBufferScheduler {
     }
 
     fn handle_cycle_start(&mut self, now: Micros) {
-        let late = now.saturating_sub(self.table.cycle_started);
+        let dispatched = self.table.cycle_started;
         self.table.restart_cycle(now);
-        self.preload_at = self.preload_at.map(|t| t + late);
+        // the preload moves with the cycle it leads (by nothing when no cycle was running)
+        let moved = self.table.cycle_started.saturating_sub(dispatched);
+        self.preload_at = self.preload_at.map(|t| t + moved);
     }
 
     fn poll_action(&mut self) -> Option<SchedAction> {
