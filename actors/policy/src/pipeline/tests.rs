@@ -1697,9 +1697,9 @@ fn quota_regime(task: &[u64], load: &[u64], speeds: &[f64], n: usize, start: boo
 /// runtime CPU, loads 45.6 / 53.3 / 52.5 ms, quotas 39/26/26/13/13 %. all-mpnet-base-v2: task
 /// CPU 2.3 / 22.2 / 21.1 / 19.0 ms plus 3 ms, loads 119 / 221 / 218 / 196 ms, quotas 45/30/30/15
 /// %. With the start plan every worker loads the home a replay of the plans gave it at t = 0,
-/// and the makespan is within 1.35x B* at every N (`sim_` figures printed); just in time (stage
-/// 0 first everywhere, the steady-state plan once all hold a stage) is over 10 % longer at
-/// N = W (up to 2.3x B*), and never shorter by more than 1 % (at 10 W they meet).
+/// and the makespan is within 1.25x B* at every N (1.13-1.23x; `sim_` figures printed); just in
+/// time (stage 0 first everywhere, the steady-state plan once all hold a stage) is over 10 %
+/// longer at N = W (up to 2.2x B*), and never shorter by more than 1 % (at 10 W they meet).
 #[test]
 fn start_plan_brings_the_bench_regimes_near_the_bound() {
     let minilm = ([1_670u64, 15_670, 16_570].as_slice(), [45_600u64, 53_300, 52_500].as_slice());
@@ -1721,7 +1721,7 @@ fn start_plan_brings_the_bench_regimes_near_the_bound() {
                 without / 1e6,
                 without / bound
             );
-            assert!(with / bound <= 1.35, "{name} N = {m} W: {:.2} B*", with / bound);
+            assert!(with / bound <= 1.25, "{name} N = {m} W: {:.2} B*", with / bound);
             assert!(with <= 1.01 * without, "{name} N = {m} W: start plan {with} above {without}");
             if m == 1 {
                 assert!(with < 0.9 * without, "{name} N = W: start plan {with} vs {without}");
