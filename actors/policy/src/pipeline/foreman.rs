@@ -332,6 +332,8 @@ struct JobState {
     costs: CostModel,
     /// Home stage per worker under the stage plan (empty: no plan yet or none used).
     plan: BTreeMap<WorkerId, usize>,
+    /// Under a start plan, the stage a worker moves on to once its home is all claimed.
+    then: BTreeMap<WorkerId, usize>,
 }
 
 impl JobState {
@@ -481,6 +483,7 @@ impl Foreman {
         self.workers.insert(id, state);
         if let Some(job) = self.job.as_mut() {
             job.plan.clear();
+            job.then.clear();
         }
         if let Some(job) = &self.job
             && !job.finished
@@ -555,6 +558,7 @@ impl Foreman {
             finished: false,
             costs,
             plan: BTreeMap::new(),
+            then: BTreeMap::new(),
         };
         state.unclaimed[..].fill(job.inputs);
         for i in 0..job.inputs {
@@ -728,6 +732,7 @@ impl Foreman {
         self.lost.insert(id);
         if let Some(job) = self.job.as_mut() {
             job.plan.clear();
+            job.then.clear();
         }
         self.replan(id, &Self::held_tasks(&w));
         self.dispatch();
@@ -954,6 +959,7 @@ impl Foreman {
             self.start(id, t, tier);
         }
 
+        self.move_on();
         self.make_plan();
         let Some(job) = self.job.as_ref() else { return };
         if !job.ready.is_empty() {
@@ -1154,10 +1160,41 @@ impl Foreman {
         for (v, &id) in views.iter_mut().zip(self.workers.keys()) {
             v.task_us = (0..job.stages()).map(|k| job.costs.task_guess(id, k)).collect();
         }
-        let Some((plan, _)) = start::start_plan(&views, job.inputs) else { return false };
-        job.plan = self.workers.keys().copied().zip(plan).collect();
+        let Some(plan) = start::start_plan(&views, job.inputs) else { return false };
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        job.plan = ids.iter().copied().zip(plan.homes.iter().copied()).collect();
+        job.then = ids
+            .iter()
+            .zip(plan.homes.iter().zip(&plan.then))
+            .filter(|(_, (h, t))| h != t)
+            .map(|(&id, (_, &t))| (id, t))
+            .collect();
         self.load_homes();
         true
+    }
+
+    /// Under a start plan, each free worker whose home is all claimed takes the stage it moves on
+    /// to as its home and loads it ([`Self::load_homes`]), before the dispatch could give it
+    /// other work.
+    fn move_on(&mut self) {
+        let Some(job) = self.job.as_mut() else { return };
+        let due: Vec<(WorkerId, usize)> = job
+            .then
+            .iter()
+            .filter(|&(id, _)| {
+                job.plan.get(id).is_some_and(|&h| job.unclaimed.get(h).is_some_and(|&u| u == 0))
+                    && self.workers.get(id).is_some_and(|w| w.is_free() && w.pinned.is_empty())
+            })
+            .map(|(&id, &t)| (id, t))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        for (id, t) in due {
+            job.then.remove(&id);
+            job.plan.insert(id, t);
+        }
+        self.load_homes();
     }
 
     /// Each free worker whose home stage is not live (and has work) loads it now.

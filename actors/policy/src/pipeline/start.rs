@@ -1,49 +1,78 @@
-//! Start plan: the home stage of each worker for a streaming job, chosen at the job's start by
-//! replaying each candidate on the predicted costs, so that every worker loads its stage at once.
+//! Start plan: each worker's stages for a streaming job, chosen at the job's start by replaying
+//! each candidate on the predicted costs, so that every worker loads its first stage at once.
 //!
 //! The steady-state plan ([`super::plan`]) balances stage rates with a fluid estimate, made once
 //! workers hold stages; at the start of a short job there is no steady state: a pipeline fills
 //! and drains, and the loads (each worker one stage, at its own speed) are a large part of the
-//! job. So the start plan replays each plan `h` (every worker one stage, `S^W` of them) as a
-//! static pipeline on the predicted costs: worker `w` first makes `h(w)` live (`L_w(h(w))`, 0 if
-//! it is live), then, of the tasks whose upstream is done, the one that would end first runs
-//! next (inputs in order within a stage), each taking `tau_w(k)`. The plan with the least
-//! replayed makespan wins; ties go to fewer workers moved off their live stage, then to the
-//! lexicographically smallest plan, so the result is deterministic. A plan that leaves a stage
-//! without a worker, or puts a worker on a stage that does not fit, is never chosen.
+//! job. So the start plan gives each worker `w` a home `h(w)` and a next stage `t(w) >= h(w)`
+//! (`t(w) = h(w)`: it stays), and replays each plan as a pipeline on the predicted costs: `w`
+//! first makes `h(w)` live (`L_w(h(w))`, 0 if it is live); once every task of its live stage is
+//! claimed it loads `t(w)` (a stage upstream is all claimed by then, so `t(w) >= h(w)`); of the
+//! tasks whose upstream is done, the one that would end first runs next (inputs in order within
+//! a stage), each taking `tau_w(k)`. A worker that moves on is what a short job needs when a
+//! stage is cheap to run but costly to load (MiniLM's embedding gather: the fast worker runs all
+//! of it in a few ms, then helps downstream) or when stages outnumber the ways to balance them
+//! with one stage each. The plan with the least replayed makespan wins; ties go to fewer moves
+//! on, then to fewer workers moved off their live stage, then to the lexicographically smallest
+//! plan, so the result is deterministic. A plan that leaves a stage without a worker, or gives a
+//! worker a stage that does not fit, is never chosen.
 //!
-//! The replay is `O(N S W)` per plan; past [`MAX_REPLAY_STEPS`] steps over all plans there is no
-//! start plan (the steady-state plan takes over once workers hold stages).
+//! The replay is `O(N S W)` per plan, and there are `(S (S + 1) / 2)^W` plans; past
+//! [`MAX_REPLAY_STEPS`] steps over all of them only the plans where every worker stays are
+//! replayed (`S^W`), and past that too there is no start plan (the steady-state plan takes over
+//! once workers hold stages). A replay stops as soon as it is past the best so far.
 
 use super::plan::PlanWorker;
 
 /// Most replay steps (tasks x workers, summed over the plans) one start plan may take.
 pub const MAX_REPLAY_STEPS: usize = 20_000_000;
 
-/// The replayed makespan of `plan` over `inputs` inputs, µs (`+inf` when a stage has no worker
-/// or a worker's stage does not fit or has no finite cost).
-pub fn replay(workers: &[PlanWorker], plan: &[usize], inputs: usize) -> f64 {
+/// A start plan: per worker (in the order given), its home and the stage it moves on to once its
+/// home is all claimed (its home again when it stays).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartPlan {
+    /// The stage each worker loads at the start.
+    pub homes: Vec<usize>,
+    /// The stage each worker loads once every task of its home is claimed (`>=` its home).
+    pub then: Vec<usize>,
+    /// The replayed makespan, µs.
+    pub makespan_us: f64,
+}
+
+/// The replayed makespan of homes `homes` and next stages `then` over `inputs` inputs, µs
+/// (`+inf` when a stage has no worker, a worker's stage does not fit or has no finite cost, or
+/// the replay passes `cutoff`).
+pub fn replay(workers: &[PlanWorker], homes: &[usize], then: &[usize], inputs: usize, cutoff: f64) -> f64 {
     let s = workers.first().map_or(0, |w| w.task_us.len());
-    if s == 0 || plan.len() != workers.len() || (0..s).any(|k| !plan.contains(&k)) {
+    let priced = |w: &PlanWorker, k: usize| {
+        matches!((w.task_us.get(k), w.load_us.get(k)), (Some(&t), Some(&l))
+            if t.is_finite() && t > 0.0 && l.is_finite() && l >= 0.0)
+            && w.fits.get(k).copied().unwrap_or(false)
+    };
+    if s == 0
+        || homes.len() != workers.len()
+        || then.len() != workers.len()
+        || (0..s).any(|k| !homes.contains(&k) && !then.contains(&k))
+        || workers
+            .iter()
+            .zip(homes.iter().zip(then))
+            .any(|(w, (&h, &t))| !priced(w, h) || !priced(w, t) || t < h || (t != h && w.live == Some(t)))
+    {
         return f64::INFINITY;
     }
-    let mut free = Vec::with_capacity(workers.len());
-    for (w, &k) in workers.iter().zip(plan) {
-        let (Some(&t), Some(&l)) = (w.task_us.get(k), w.load_us.get(k)) else {
-            return f64::INFINITY;
-        };
-        if !(t.is_finite() && t > 0.0 && l.is_finite() && l >= 0.0 && w.fits.get(k).copied().unwrap_or(false))
-        {
-            return f64::INFINITY;
-        }
-        free.push(l);
-    }
+    let mut free: Vec<f64> = workers.iter().zip(homes).map(|(w, &h)| w.load_us[h]).collect();
+    let mut live = homes.to_vec();
     // done[k]: end of stage k for inputs 0..next[k], in input order
     let mut done: Vec<Vec<f64>> = vec![Vec::with_capacity(inputs); s];
     let mut end = 0.0f64;
     for _ in 0..inputs * s {
         let mut pick: Option<(f64, usize)> = None;
-        for (i, (w, &k)) in workers.iter().zip(plan).enumerate() {
+        for (i, w) in workers.iter().enumerate() {
+            if done[live[i]].len() >= inputs && then[i] != live[i] {
+                live[i] = then[i];
+                free[i] += w.load_us[then[i]];
+            }
+            let k = live[i];
             let next = done[k].len();
             if next >= inputs {
                 continue;
@@ -63,50 +92,67 @@ pub fn replay(workers: &[PlanWorker], plan: &[usize], inputs: usize) -> f64 {
         }
         let Some((finish, i)) = pick else { return f64::INFINITY };
         free[i] = finish;
-        done[plan[i]].push(finish);
+        done[live[i]].push(finish);
         end = end.max(finish);
+        if end > cutoff {
+            return f64::INFINITY;
+        }
     }
     end
 }
 
-/// The plan with the least [`replay`] makespan and that makespan, `None` when there are no
-/// workers or stages, the search is too large, or no plan covers every stage.
-pub fn start_plan(workers: &[PlanWorker], inputs: usize) -> Option<(Vec<usize>, f64)> {
+/// The plan with the least [`replay`] makespan, `None` when there are no workers or stages, the
+/// search is too large, or no plan covers every stage.
+pub fn start_plan(workers: &[PlanWorker], inputs: usize) -> Option<StartPlan> {
     let s = workers.first().map_or(0, |w| w.task_us.len());
     let w = workers.len();
     if s == 0 || w == 0 || inputs == 0 {
         return None;
     }
     let per_plan = inputs.checked_mul(s)?.checked_mul(w)?;
-    let total = (0..w).try_fold(1usize, |acc, _| acc.checked_mul(s))?;
-    if total.checked_mul(per_plan)? > MAX_REPLAY_STEPS {
+    let count = |choices: usize| (0..w).try_fold(1usize, |acc, _| acc.checked_mul(choices));
+    let within = |plans: Option<usize>| {
+        plans.and_then(|p| p.checked_mul(per_plan)).is_some_and(|n| n <= MAX_REPLAY_STEPS)
+    };
+    // each worker's (home, then) choices: with moves on, every then >= home; else then = home
+    let pairs: Vec<(usize, usize)> = if within(count(s * (s + 1) / 2)) {
+        (0..s).flat_map(|h| (h..s).map(move |t| (h, t))).collect()
+    } else if within(count(s)) {
+        (0..s).map(|h| (h, h)).collect()
+    } else {
         return None;
-    }
-    let moved = |p: &[usize]| workers.iter().zip(p).filter(|(w, h)| w.live.is_some_and(|l| l != **h)).count();
-    let mut best: Option<(f64, usize, Vec<usize>)> = None;
-    let mut plan = vec![0usize; w];
+    };
+    let total = count(pairs.len())?;
+    let moved =
+        |homes: &[usize]| workers.iter().zip(homes).filter(|(w, h)| w.live.is_some_and(|l| l != **h)).count();
+    // the best so far, and its tie-break key: (moves on, workers moved off their live stage)
+    let mut best: Option<(StartPlan, (usize, usize))> = None;
+    let (mut homes, mut then) = (vec![0usize; w], vec![0usize; w]);
     for code in 0..total {
         let mut c = code;
-        for slot in plan.iter_mut().rev() {
-            *slot = c % s;
-            c /= s;
+        for i in (0..w).rev() {
+            (homes[i], then[i]) = pairs[c % pairs.len()];
+            c /= pairs.len();
         }
-        let cost = replay(workers, &plan, inputs);
+        let cutoff = best.as_ref().map_or(f64::INFINITY, |b| b.0.makespan_us * (1.0 + 1e-9));
+        let cost = replay(workers, &homes, &then, inputs, cutoff);
         if !cost.is_finite() {
             continue;
         }
-        let m = moved(&plan);
+        let key = (homes.iter().zip(&then).filter(|(h, t)| h != t).count(), moved(&homes));
         let better = match &best {
             None => true,
-            Some((bc, bm, bp)) => {
-                cost < *bc * (1.0 - 1e-9) || (cost <= *bc * (1.0 + 1e-9) && (m, &plan) < (*bm, bp))
+            Some((b, bk)) => {
+                cost < b.makespan_us * (1.0 - 1e-9)
+                    || (cost <= b.makespan_us * (1.0 + 1e-9)
+                        && (key, &homes, &then) < (*bk, &b.homes, &b.then))
             }
         };
         if better {
-            best = Some((cost, m, plan.clone()));
+            best = Some((StartPlan { homes: homes.clone(), then: then.clone(), makespan_us: cost }, key));
         }
     }
-    best.map(|(c, _, p)| (p, c))
+    best.map(|(plan, _)| plan)
 }
 
 #[cfg(test)]
@@ -122,29 +168,56 @@ mod tests {
         }
     }
 
+    fn plan(homes: &[usize], then: &[usize], makespan_us: f64) -> StartPlan {
+        StartPlan { homes: homes.to_vec(), then: then.to_vec(), makespan_us }
+    }
+
     /// Two stages on two equal workers, by hand: loads 10, tasks 5 and 7; three inputs. The
-    /// pipeline (stage 0 on one, stage 1 on the other) ends at 10 + 5 + 3 x 7 = 36.
+    /// pipeline (stage 0 on one, stage 1 on the other) ends at 10 + 5 + 3 x 7 = 36; the stage-0
+    /// worker moving on (its three tasks end at 25, its load of stage 1 at 35) gains nothing, so
+    /// it stays.
     #[test]
     fn replay_of_a_two_stage_pipeline_by_hand() {
         let w = [worker(&[5.0, 7.0], &[10.0, 10.0]), worker(&[5.0, 7.0], &[10.0, 10.0])];
-        assert_eq!(replay(&w, &[0, 1], 3), 36.0);
-        assert_eq!(replay(&w, &[0, 0], 3), f64::INFINITY, "stage 1 has no worker");
-        assert_eq!(start_plan(&w, 3), Some((vec![0, 1], 36.0)));
+        assert_eq!(replay(&w, &[0, 1], &[0, 1], 3, f64::INFINITY), 36.0);
+        assert_eq!(replay(&w, &[0, 1], &[1, 1], 3, f64::INFINITY), 36.0);
+        assert_eq!(replay(&w, &[0, 1], &[0, 1], 3, 30.0), f64::INFINITY, "past the cutoff");
+        assert_eq!(replay(&w, &[0, 0], &[0, 0], 3, f64::INFINITY), f64::INFINITY, "stage 1 has no worker");
+        assert_eq!(replay(&w, &[1, 1], &[1, 1], 3, f64::INFINITY), f64::INFINITY, "stage 0 has no worker");
+        assert_eq!(start_plan(&w, 3), Some(plan(&[0, 1], &[0, 1], 36.0)));
     }
 
-    /// A slow worker with a costly load is better put on the cheap stage than made the only
-    /// holder of an expensive one, and the fast one takes the heavy stage.
+    /// A stage cheap to run but costly to load (MiniLM's embedding gather) on the fast worker,
+    /// which then moves on to the heavy stage, by hand: the fast one loads stage 0 (100), runs
+    /// the five inputs' stage 0 (2 each, until 110), loads stage 1 (100, until 210) and runs all
+    /// five (40 each): 410. The slow one's first task would end later than the fast one's, so it
+    /// runs none. Each holding one stage: the slow one on stage 0 ends the first input's at 306,
+    /// and the fast one on stage 1 runs each as it arrives: 306 + 5 x 40 = 506.
     #[test]
-    fn the_fast_worker_takes_the_heavy_stage() {
+    fn the_fast_worker_runs_the_cheap_stage_then_the_heavy_one() {
         let fast = worker(&[2.0, 40.0], &[100.0, 100.0]);
         let slow = worker(&[6.0, 120.0], &[300.0, 300.0]);
-        let (plan, cost) = start_plan(&[fast.clone(), slow.clone()], 5).unwrap();
-        assert_eq!(plan, vec![1, 0]);
-        // the slow one: 300 + 6 per input; the fast one starts each at the input's arrival
-        assert!((cost - (300.0 + 6.0 + 5.0 * 40.0)).abs() < 1e-9, "{cost}");
+        let w = [fast.clone(), slow.clone()];
+        assert!((replay(&w, &[1, 0], &[1, 0], 5, f64::INFINITY) - (300.0 + 6.0 + 5.0 * 40.0)).abs() < 1e-9);
+        // the slow one runs nothing: on stage 0 or 1 alike (ties go to the smaller plan)
+        assert_eq!(start_plan(&w, 5), Some(plan(&[0, 0], &[1, 0], 410.0)));
         let mut tight = fast;
         tight.fits = vec![true, false];
-        assert_eq!(start_plan(&[tight, slow], 5).map(|p| p.0), Some(vec![0, 1]), "stage 1 does not fit");
+        assert_eq!(
+            start_plan(&[tight, slow], 5).map(|p| (p.homes, p.then)),
+            Some((vec![0, 1], vec![0, 1])),
+            "stage 1 does not fit"
+        );
+    }
+
+    /// A worker does not move on to the stage it holds live: the replay could not price the
+    /// reload (its load is given as 0).
+    #[test]
+    fn no_move_back_to_a_live_stage() {
+        let mut w = [worker(&[5.0, 7.0], &[10.0, 10.0]), worker(&[5.0, 7.0], &[10.0, 10.0])];
+        w[0].live = Some(1);
+        w[0].load_us[1] = 0.0;
+        assert_eq!(replay(&w, &[0, 1], &[1, 1], 3, f64::INFINITY), f64::INFINITY);
     }
 
     #[test]

@@ -1441,8 +1441,8 @@ fn sim_bench_regime_stage_plan_wins() {
     assert!(get("plan_remembered_eager").0 > 1.15, "eager: median {}", get("plan_remembered_eager").0);
 }
 
-/// The plan the bench's regime gets (seed 0, costs remembered, eager loads): pipeline balancing
-/// by speed. The two 40% workers hold stage 0 (2 / 52 ms), the 60% worker and a 20% one stage 1
+/// The steady-state plan the bench's regime gets (seed 0, costs remembered, eager loads, no start
+/// plan): pipeline balancing by speed. The two 40% workers hold stage 0 (2 / 52 ms), the 60% worker and a 20% one stage 1
 /// (1 / 39.6 + 1 / 89 ms), the other 20% worker the 0.1 ms head. Each loads its home stage first
 /// and runs only it while it has work; a worker whose home stage is done may then join another
 /// stage's tail (one more load: with the simulator's clock continued across jobs the learned
@@ -1451,6 +1451,7 @@ fn sim_bench_regime_stage_plan_wins() {
 fn bench_regime_plan_balances_stages_by_speed() {
     let mut s = bench_regime(50, Mode::Streaming, 0, 0.0);
     s.foreman.eager_loads = true;
+    s.foreman.start_plan = false;
     let (_, f) = simulate_on(&s, Foreman::new(s.foreman)).unwrap();
     let (r, f) = simulate_on(&s, f).unwrap();
     let plan: Vec<usize> = f.stage_plan().into_iter().map(|(_, k)| k).collect();
@@ -1579,8 +1580,9 @@ fn plan_counts_loads_and_jit_delay() {
 
 /// Remembered costs: the second job on one foreman has a plan from its submission, and with
 /// the start plan (the default) or eager loads every worker starts loading its home stage at
-/// t = 0 (stage 1 and 2 included), where just in time without a start plan only stage-0 loads
-/// happen before the first completion.
+/// t = 0 (stage 1 included; stage 2 too with eager loads, where the start plan may leave it to
+/// workers that move on), where just in time without a start plan only stage-0 loads happen
+/// before the first completion.
 #[test]
 fn remembered_costs_plan_at_submit_and_eager_loads_start_at_once() {
     for (start, eager) in [(false, false), (false, true), (true, false)] {
@@ -1601,7 +1603,8 @@ fn remembered_costs_plan_at_submit_and_eager_loads_start_at_once() {
             .collect();
         if eager {
             assert_eq!(at_zero.len(), 5, "{at_zero:?}");
-            assert!(at_zero.contains(&1) && at_zero.contains(&2), "{at_zero:?}");
+            // the start plan may leave the last stage to workers that move on to it
+            assert!(at_zero.contains(&1) && (start || at_zero.contains(&2)), "{at_zero:?}");
         } else {
             assert!(at_zero.iter().all(|&k| k == 0), "{at_zero:?}");
         }
