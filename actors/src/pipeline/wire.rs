@@ -112,6 +112,10 @@ pub struct RunTimes {
     pub local_bytes: u64,
     /// f32 payload bytes that came inline in the request.
     pub inline_f32_bytes: u64,
+    /// CPU the session's run took on its thread (ONNX Runtime runs on the calling thread with
+    /// one intra-op thread): what a task's compute costs in this process, where the wall time
+    /// counts the waits a quota or a loaded host adds.
+    pub compute_cpu_micros: u64,
 }
 
 use messages::ArchivedTensorBody;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use rkyv::{Archive, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
+use troupe_kernels::cpu_time::thread_cpu_seconds;
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
 use troupe_transport::{Link, NodeId, NodeLink, Role};
 
@@ -450,17 +451,22 @@ impl PipelineWorker {
                 let r = sim.run(&inputs);
                 (live, r, start.elapsed())
             }
-            StageSession::Onnx(_) => tokio::task::spawn_blocking(move || {
-                let mut live = live;
-                let start = Clock::start();
-                let r = match &mut live.session {
-                    StageSession::Onnx(s) => s.run(&inputs).map_err(|e| e.to_string()),
-                    StageSession::Sim(s) => s.run(&inputs),
-                };
-                (live, r, start.elapsed())
-            })
-            .await
-            .map_err(|e| format!("run task: {e}"))?,
+            StageSession::Onnx(_) => {
+                let (live, r, wall, cpu_s) = tokio::task::spawn_blocking(move || {
+                    let mut live = live;
+                    let start = Clock::start();
+                    let cpu0 = thread_cpu_seconds();
+                    let r = match &mut live.session {
+                        StageSession::Onnx(s) => s.run(&inputs).map_err(|e| e.to_string()),
+                        StageSession::Sim(s) => s.run(&inputs),
+                    };
+                    (live, r, start.elapsed(), thread_cpu_seconds() - cpu0)
+                })
+                .await
+                .map_err(|e| format!("run task: {e}"))?;
+                times.compute_cpu_micros = (cpu_s.max(0.0) * 1e6).round() as u64;
+                (live, r, wall)
+            }
         };
         self.session = Some(live);
         let outputs = result?;

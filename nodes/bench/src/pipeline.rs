@@ -624,15 +624,8 @@ pub async fn run(
             }
         }
         let inputs_for_runtime = tokenize_batches(&sentences, ISOLATED_JOBS, batch)?;
-        let runtime = curve::measure_runtime_cpu(
-            &full,
-            &[100; 5],
-            &files,
-            &inputs_for_runtime,
-            &settings,
-            &cpu_costs.task_cpu_s,
-        )
-        .await?;
+        let runtime =
+            curve::measure_runtime_cpu(&full, &[100; 5], &files, &inputs_for_runtime, &settings).await?;
         anyhow::Ok((loaded, isolated, runtime))
     }
     .await;

@@ -1161,14 +1161,16 @@ impl Foreman {
             v.task_us = (0..job.stages()).map(|k| job.costs.task_guess(id, k)).collect();
         }
         let Some(plan) = start::start_plan(&views, job.inputs) else { return false };
-        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
-        job.plan = ids.iter().copied().zip(plan.homes.iter().copied()).collect();
-        job.then = ids
-            .iter()
-            .zip(plan.homes.iter().zip(&plan.then))
-            .filter(|(_, (h, t))| h != t)
-            .map(|(&id, (_, &t))| (id, t))
+        // a worker that runs nothing in the replay is left out: it loads nothing
+        let ids: Vec<(WorkerId, usize, usize)> = self
+            .workers
+            .keys()
+            .zip(plan.homes.iter().zip(&plan.then).zip(&plan.runs))
+            .filter(|(_, (_, runs))| **runs > 0)
+            .map(|(&id, ((&h, &t), _))| (id, h, t))
             .collect();
+        job.plan = ids.iter().map(|&(id, h, _)| (id, h)).collect();
+        job.then = ids.iter().filter(|&&(_, h, t)| h != t).map(|&(id, _, t)| (id, t)).collect();
         self.load_homes();
         true
     }

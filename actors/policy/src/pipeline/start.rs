@@ -37,12 +37,26 @@ pub struct StartPlan {
     pub then: Vec<usize>,
     /// The replayed makespan, µs.
     pub makespan_us: f64,
+    /// Tasks each worker runs in the replay: one that runs none need not load anything.
+    pub runs: Vec<usize>,
 }
 
 /// The replayed makespan of homes `homes` and next stages `then` over `inputs` inputs, µs
 /// (`+inf` when a stage has no worker, a worker's stage does not fit or has no finite cost, or
 /// the replay passes `cutoff`).
 pub fn replay(workers: &[PlanWorker], homes: &[usize], then: &[usize], inputs: usize, cutoff: f64) -> f64 {
+    replay_counting(workers, homes, then, inputs, cutoff, &mut [])
+}
+
+/// [`replay`], counting the tasks each worker runs into `runs` (when it has one slot per worker).
+fn replay_counting(
+    workers: &[PlanWorker],
+    homes: &[usize],
+    then: &[usize],
+    inputs: usize,
+    cutoff: f64,
+    runs: &mut [usize],
+) -> f64 {
     let s = workers.first().map_or(0, |w| w.task_us.len());
     let priced = |w: &PlanWorker, k: usize| {
         matches!((w.task_us.get(k), w.load_us.get(k)), (Some(&t), Some(&l))
@@ -93,6 +107,9 @@ pub fn replay(workers: &[PlanWorker], homes: &[usize], then: &[usize], inputs: u
         let Some((finish, i)) = pick else { return f64::INFINITY };
         free[i] = finish;
         done[live[i]].push(finish);
+        if let Some(r) = runs.get_mut(i) {
+            *r += 1;
+        }
         end = end.max(finish);
         if end > cutoff {
             return f64::INFINITY;
@@ -149,10 +166,17 @@ pub fn start_plan(workers: &[PlanWorker], inputs: usize) -> Option<StartPlan> {
             }
         };
         if better {
-            best = Some((StartPlan { homes: homes.clone(), then: then.clone(), makespan_us: cost }, key));
+            best = Some((
+                StartPlan { homes: homes.clone(), then: then.clone(), makespan_us: cost, runs: Vec::new() },
+                key,
+            ));
         }
     }
-    best.map(|(plan, _)| plan)
+    best.map(|(mut plan, _)| {
+        plan.runs = vec![0; w];
+        replay_counting(workers, &plan.homes, &plan.then, inputs, f64::INFINITY, &mut plan.runs);
+        plan
+    })
 }
 
 #[cfg(test)]
@@ -168,8 +192,8 @@ mod tests {
         }
     }
 
-    fn plan(homes: &[usize], then: &[usize], makespan_us: f64) -> StartPlan {
-        StartPlan { homes: homes.to_vec(), then: then.to_vec(), makespan_us }
+    fn plan(homes: &[usize], then: &[usize], makespan_us: f64, runs: &[usize]) -> StartPlan {
+        StartPlan { homes: homes.to_vec(), then: then.to_vec(), makespan_us, runs: runs.to_vec() }
     }
 
     /// Two stages on two equal workers, by hand: loads 10, tasks 5 and 7; three inputs. The
@@ -184,7 +208,7 @@ mod tests {
         assert_eq!(replay(&w, &[0, 1], &[0, 1], 3, 30.0), f64::INFINITY, "past the cutoff");
         assert_eq!(replay(&w, &[0, 0], &[0, 0], 3, f64::INFINITY), f64::INFINITY, "stage 1 has no worker");
         assert_eq!(replay(&w, &[1, 1], &[1, 1], 3, f64::INFINITY), f64::INFINITY, "stage 0 has no worker");
-        assert_eq!(start_plan(&w, 3), Some(plan(&[0, 1], &[0, 1], 36.0)));
+        assert_eq!(start_plan(&w, 3), Some(plan(&[0, 1], &[0, 1], 36.0, &[3, 3])));
     }
 
     /// A stage cheap to run but costly to load (MiniLM's embedding gather) on the fast worker,
@@ -200,7 +224,7 @@ mod tests {
         let w = [fast.clone(), slow.clone()];
         assert!((replay(&w, &[1, 0], &[1, 0], 5, f64::INFINITY) - (300.0 + 6.0 + 5.0 * 40.0)).abs() < 1e-9);
         // the slow one runs nothing: on stage 0 or 1 alike (ties go to the smaller plan)
-        assert_eq!(start_plan(&w, 5), Some(plan(&[0, 0], &[1, 0], 410.0)));
+        assert_eq!(start_plan(&w, 5), Some(plan(&[0, 0], &[1, 0], 410.0, &[10, 0])));
         let mut tight = fast;
         tight.fits = vec![true, false];
         assert_eq!(

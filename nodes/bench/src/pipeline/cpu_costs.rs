@@ -80,12 +80,26 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
 
 /// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
 /// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s`) and less
-/// ONNX Runtime's own CPU (`task_cpu_s` per stage, measured on a CPU clock: the workers' own
-/// compute times are wall times, which a loaded host stretches), over the tasks.
-pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, task_cpu_s: &[f64], jobs: &[JobOutcome]) -> f64 {
+/// ONNX Runtime's own CPU, as each worker read it on its run's thread CPU clock
+/// (`compute_cpu_micros`), over the tasks. (Subtracting the compute measured alone in this
+/// process instead put any difference between the two into the runtime's share: 0.6 to 5.6 ms
+/// per task from one run to the next.)
+pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, jobs: &[JobOutcome]) -> f64 {
     let tasks: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter()).collect();
-    let compute: f64 = tasks.iter().map(|t| task_cpu_s.get(t.task.stage).copied().unwrap_or(0.0)).sum();
+    let compute: f64 = tasks.iter().map(|t| t.reported.compute_cpu_micros as f64 / 1e6).sum();
     ((cpu_s - idle_cpu_s - compute) / tasks.len().max(1) as f64).max(0.0)
+}
+
+/// A run's ONNX Runtime CPU, as its workers read it, over what the compute measured alone in
+/// this process predicts for the tasks it ran (NaN without tasks). Above 1 when the crowd's
+/// processes, sharing this host's cores and caches, make each task cost more CPU.
+pub fn compute_cpu_over_measured(o: &JobOutcome, costs: &MeasuredCosts) -> f64 {
+    let (mut used, mut alone) = (0.0, 0.0);
+    for t in &o.task_times {
+        used += t.reported.compute_cpu_micros as f64 / 1e6;
+        alone += costs.task_cpu_s.get(t.task.stage).copied().unwrap_or(0.0);
+    }
+    if alone > 0.0 { used / alone } else { f64::NAN }
 }
 
 /// What the runtime's CPU per task was measured on (a full-speed cluster).
@@ -107,7 +121,6 @@ pub async fn measure_runtime_cpu(
     files: &[StageFile],
     inputs: &[Vec<NamedTensor>],
     settings: &ShellSettings,
-    task_cpu_s: &[f64],
 ) -> Result<RuntimeCpu> {
     let meters = Meters::attach(cluster, quotas);
     let resident = ShellSettings { fresh_start: false, ..settings.clone() };
@@ -135,7 +148,7 @@ pub async fn measure_runtime_cpu(
     meters.release();
     let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
     Ok(RuntimeCpu {
-        per_task_s: runtime_cpu_per_task(cpu, idle * window, task_cpu_s, &jobs),
+        per_task_s: runtime_cpu_per_task(cpu, idle * window, &jobs),
         overhead_wall_s: overhead_s(&times),
         idle_cpus: idle,
     })
