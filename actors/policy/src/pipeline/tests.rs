@@ -1673,6 +1673,24 @@ fn cpu_bound_never_exceeds_a_simulated_schedule() {
 /// them), then the measured streaming job of `n` inputs. Its makespan and B*, µs.
 fn quota_regime(task: &[u64], load: &[u64], speeds: &[f64], n: usize, start: bool) -> (f64, f64) {
     use super::bound::{CpuCosts, lower_bound};
+    let (r, stages) = (quota_regime_run(task, load, speeds, n, start), task.len());
+    assert!(r.completions.values().all(|&c| c == 1) && r.completions.len() == stages * n);
+    assert_eq!(r.residency_violations, 0);
+    let cpu = CpuCosts {
+        task: task.iter().map(|&t| Micros(t)).collect(),
+        load: load.iter().map(|&l| Micros(l)).collect(),
+    };
+    (r.makespan.unwrap().0 as f64, lower_bound(&cpu, speeds, speeds.iter().sum(), n).unwrap().0 as f64)
+}
+
+/// The run behind [`quota_regime`]: the measured streaming job's result.
+fn quota_regime_run(
+    task: &[u64],
+    load: &[u64],
+    speeds: &[f64],
+    n: usize,
+    start: bool,
+) -> super::sim::SimReport {
     let stages = task.len();
     let mut s = setup(&vec![10_000_000; stages], speeds, n, Mode::Streaming);
     s.costs = (0..stages)
@@ -1685,14 +1703,55 @@ fn quota_regime(task: &[u64], load: &[u64], speeds: &[f64], n: usize, start: boo
     let barrier = SimSetup { mode: Mode::Barrier, ..s.clone() };
     let (_, f) = simulate_on(&barrier, Foreman::new(s.foreman)).unwrap();
     let (_, f) = simulate_on(&s, f).unwrap();
-    let (r, _) = simulate_on(&s, f).unwrap();
-    assert!(r.completions.values().all(|&c| c == 1) && r.completions.len() == stages * n);
-    assert_eq!(r.residency_violations, 0);
-    let cpu = CpuCosts {
-        task: task.iter().map(|&t| Micros(t)).collect(),
-        load: load.iter().map(|&l| Micros(l)).collect(),
-    };
-    (r.makespan.unwrap().0 as f64, lower_bound(&cpu, speeds, speeds.iter().sum(), n).unwrap().0 as f64)
+    simulate_on(&s, f).unwrap().0
+}
+
+/// The start plan's moves, carried out by the foreman: on MiniLM's costs at N = W some worker
+/// loads stage 0 at t = 0 and later a stage downstream; that second load comes only once every
+/// stage-0 task is assigned, and the worker then runs tasks of the new stage. Every load at t = 0
+/// is a worker's home, and no worker loads more than twice.
+#[test]
+fn a_worker_moves_on_once_its_home_is_all_claimed() {
+    let r = quota_regime_run(
+        &[1_670, 15_670, 16_570],
+        &[45_600, 53_300, 52_500],
+        &[0.39, 0.26, 0.26, 0.13, 0.13],
+        5,
+        true,
+    );
+    let mut moved = 0;
+    for w in 1..=5u32 {
+        let loads: Vec<(Micros, usize)> = r
+            .log
+            .iter()
+            .filter_map(|(t, a)| match a {
+                Action::Load { worker, stage } if worker.0 == w => Some((*t, *stage)),
+                _ => None,
+            })
+            .collect();
+        assert!(loads.len() <= 2, "w{w}: {loads:?}");
+        let (Some(&(t0, home)), Some(&(t1, next))) = (loads.first(), loads.get(1)) else { continue };
+        assert_eq!(t0, Micros::ZERO, "w{w} loads its home at the start");
+        assert!(next > home, "w{w} moves downstream: {loads:?}");
+        let last_home_assign = r
+            .log
+            .iter()
+            .filter(|(_, a)| matches!(a, Action::Assign { task, .. } if task.stage == home))
+            .map(|(t, _)| *t)
+            .max()
+            .unwrap();
+        assert!(
+            t1 >= last_home_assign,
+            "w{w} loads {next} at {t1} before stage {home} is all claimed ({last_home_assign})"
+        );
+        assert!(
+            r.log.iter().any(|(t, a)| *t >= t1
+                && matches!(a, Action::Assign { task, worker, .. } if worker.0 == w && task.stage == next)),
+            "w{w} runs none of stage {next}"
+        );
+        moved += 1;
+    }
+    assert!(moved >= 1, "no worker moved on");
 }
 
 /// Issue 44, item 1, in the simulator ([`quota_regime`]): the bench's two cases on their
