@@ -110,12 +110,8 @@ pub fn lower_bound(
     let task: Vec<f64> = costs.task.iter().map(us).collect();
     let load: Vec<f64> = costs.load.iter().map(us).collect();
     let capped: Vec<f64> = q.iter().map(|q| q.min(capacity)).collect();
-    let order =
-        ordered::Ordered { task: &task, load: &load, quotas: &capped, capacity, inputs: inputs as f64 }
-            .bound();
-    let held =
-        residency::Residency { task: &task, load: &load, quotas: &capped, capacity, inputs: inputs as f64 }
-            .bound(path.max(crowd).max(order));
+    let job = ordered::Ordered { task: &task, load: &load, quotas: &capped, capacity, inputs: inputs as f64 };
+    let held = job.residency(path.max(crowd).max(job.bound()));
     let rounding = (inputs.saturating_add(q.len()) as f64) * stages as f64;
     let v = (held - rounding).max(0.0);
     Ok(Micros(v.round().min(u64::MAX as f64) as u64))

@@ -26,7 +26,8 @@
 /// Most first-load assignments enumerated; beyond it the assignment-free form is used.
 pub const MAX_ASSIGNMENTS: usize = 50_000;
 
-/// The job as the term sees it, all in µs of CPU at full speed and CPUs.
+/// The job as this term and the residency term (`residency.rs`) see it, all in µs of CPU at full
+/// speed and CPUs.
 pub(super) struct Ordered<'a> {
     /// CPU of one task per stage.
     pub task: &'a [f64],

@@ -21,28 +21,17 @@
 //! holds one, and the slowest stage decides. The assignments number `(2^S)^W`; past
 //! [`MAX_STAGE_SETS`] the term is not computed (the other terms still hold).
 
+use super::ordered::Ordered;
+
 /// Most assignments of stage sets to workers enumerated; beyond it the term is left out.
 pub const MAX_STAGE_SETS: usize = 70_000;
 
-/// The job as the term sees it, all in µs of CPU at full speed and CPUs.
-pub(super) struct Residency<'a> {
-    /// CPU of one task per stage.
-    pub task: &'a [f64],
-    /// CPU of one load per stage.
-    pub load: &'a [f64],
-    /// Quotas, each at most the capacity, positive.
-    pub quotas: &'a [f64],
-    /// The crowd's capacity, CPUs.
-    pub capacity: f64,
-    /// Inputs `N`.
-    pub inputs: f64,
-}
-
-impl Residency<'_> {
-    /// The term, µs, or `floor` when some assignment passes at `floor` (the bound is the larger
-    /// of this and the other terms, so below `floor` the exact value does not matter); `floor`
-    /// too when there are too many assignments.
-    pub fn bound(&self, floor: f64) -> f64 {
+// The job as both terms see it (task and load CPU, quotas capped at the capacity, inputs).
+impl Ordered<'_> {
+    /// The residency term, µs, or `floor` when some assignment passes at `floor` (the bound is
+    /// the larger of this and the other terms, so below `floor` the exact value does not matter);
+    /// `floor` too when there are too many assignments.
+    pub fn residency(&self, floor: f64) -> f64 {
         let (s, w) = (self.task.len(), self.quotas.len());
         let Some(count) =
             (0..w).try_fold(1usize, |acc, _| acc.checked_mul(1 << s).filter(|&n| n <= MAX_STAGE_SETS))
