@@ -80,9 +80,9 @@
 //!    from [`super::plan::plan_stages`] for streaming jobs). While its home stage `h` has
 //!    unclaimed tasks a worker takes only tasks of `h` (until `h` has a ready task it may go on
 //!    claiming its live stage, so no worker idles at a job's start); it is never pulled (rule 1),
-//!    its loads of `h` are not gated (rule 2) and it never declines (rule 3: the holders it
-//!    would leave the tail to may be bound elsewhere). Once `h` is all claimed, the ordinary
-//!    rules apply to it: the tail is shared.
+//!    its loads of `h` are not gated (rule 2), and it declines `h`'s tail (rule 3) only when no
+//!    holder of `h` is bound to another home that still has work (those would not take it).
+//!    Once `h` is all claimed, the ordinary rules apply to it: the tail is shared.
 //!
 //! Residency is unchanged: a pulled or gated worker still runs one live stage (unload, then
 //! load) and only stages that fit its RAM budget are offered.
@@ -340,6 +340,9 @@ pub struct StageFlow {
     /// Per stage, its busy holders as `(µs until free, tau_h(k))`: free after the task running
     /// (or loading, then running) now.
     pub busy: Vec<Vec<(f64, f64)>>,
+    /// Per stage, whether a holder of it has a home elsewhere with work left (under a stage
+    /// plan it takes only its home's tasks, so it is no help to this stage's tail).
+    pub bound_elsewhere: Vec<bool>,
 }
 
 /// When `uk` more tasks of a stage are done if each goes, in turn, to the holder that would finish
@@ -523,8 +526,9 @@ impl Flow {
     /// when they would clear all of them before `w` finished one (see the module doc).
     fn declines(&self, w: &WorkerView, k: usize) -> bool {
         let Some(f) = self.f.as_ref() else { return false };
-        // Under a stage plan the holders of `k` may be bound to other stages: the plan decides.
-        if w.home.is_some() {
+        // Under a stage plan a worker declines only its home's tail, and only when every holder
+        // of it takes its tasks (none is bound to a home elsewhere that still has work).
+        if w.home.is_some_and(|h| h != k || f.bound_elsewhere.get(k).copied().unwrap_or(true)) {
             return false;
         }
         if k >= f.rate.len() || !f.measured[k] || self.holders[k] < 2 {

@@ -975,9 +975,14 @@ impl Foreman {
             let mut task_sum = vec![0.0f64; job.stages()];
             let mut fastest = vec![f64::INFINITY; job.stages()];
             let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); job.stages()];
+            let mut bound_elsewhere = vec![false; job.stages()];
             for &(&id, w) in &alive {
                 if let Some(k) = Self::live_index(job, w).filter(|&k| k < job.stages()) {
                     holders[k] += 1;
+                    bound_elsewhere[k] |= job
+                        .plan
+                        .get(&id)
+                        .is_some_and(|&h| h != k && job.unclaimed.get(h).is_some_and(|&u| u > 0));
                     // A task running longer than predicted bounds the worker's task time from below
                     // (the first completions come from the fastest workers, so unseen workers are
                     // otherwise guessed too fast).
@@ -1029,6 +1034,7 @@ impl Foreman {
                 task_sum,
                 fastest,
                 busy,
+                bound_elsewhere,
             });
             let views: Vec<WorkerView> = alive
                 .iter()

@@ -251,6 +251,7 @@ fn flow_of(stages: usize, holders: &[(Option<usize>, WorkerCosts, f64, f64, bool
         task_sum: vec![0.0; stages],
         fastest: vec![f64::INFINITY; stages],
         busy: vec![Vec::new(); stages],
+        bound_elsewhere: vec![false; stages],
     };
     let mut n = vec![0usize; stages];
     for (live, c, until, wait, busy) in holders {
@@ -282,6 +283,7 @@ fn flow_of(stages: usize, holders: &[(Option<usize>, WorkerCosts, f64, f64, bool
 fn run_dispatch(cmd: &str, input: &[String]) -> String {
     let stages: usize = arg(&args(cmd), "stages").unwrap().parse().unwrap();
     let mut holders_costs = Vec::new();
+    let mut elsewhere = Vec::new();
     let mut d = DispatchInput {
         workers: Vec::new(),
         ready: Vec::new(),
@@ -344,11 +346,17 @@ fn run_dispatch(cmd: &str, input: &[String]) -> String {
             Some("holders") => {
                 d.holders = words.next().unwrap().split(',').map(|x| x.parse().unwrap()).collect()
             }
+            // stages with a holder whose home is another stage that still has work
+            Some("elsewhere") => elsewhere = stage_list(words.next().unwrap(), stages),
             other => panic!("unknown dispatch line {other:?}"),
         }
     }
     if !holders_costs.is_empty() {
-        d.flow = Some(flow_of(stages, &holders_costs));
+        let mut f = flow_of(stages, &holders_costs);
+        for k in elsewhere {
+            f.bound_elsewhere[k] = true;
+        }
+        d.flow = Some(f);
     }
     let mut out = String::new();
     for c in two_phase_dispatch(&d) {
@@ -1759,9 +1767,10 @@ fn a_worker_moves_on_once_its_home_is_all_claimed() {
 /// runtime CPU, loads 45.6 / 53.3 / 52.5 ms, quotas 39/26/26/13/13 %. all-mpnet-base-v2: task
 /// CPU 2.3 / 22.2 / 21.1 / 19.0 ms plus 3 ms, loads 119 / 221 / 218 / 196 ms, quotas 45/30/30/15
 /// %. With the start plan every worker loads the home a replay of the plans gave it at t = 0,
-/// and the makespan is within 1.25x B* at every N (1.13-1.23x; `sim_` figures printed); just in
-/// time (stage 0 first everywhere, the steady-state plan once all hold a stage) is over 10 %
-/// longer at N = W (up to 2.2x B*), and never shorter by more than 1 % (at 10 W they meet).
+/// (some moving on to a later stage once their home is all claimed), and the makespan is within
+/// 1.15x B* at every N (1.03-1.13x; `sim_` figures printed); just in time (stage 0 first
+/// everywhere, the steady-state plan once all hold a stage) is over 10 % longer at N = W (up to
+/// 2.2x B*), and never shorter by more than 1 %.
 #[test]
 fn start_plan_brings_the_bench_regimes_near_the_bound() {
     let minilm = ([1_670u64, 15_670, 16_570].as_slice(), [45_600u64, 53_300, 52_500].as_slice());
@@ -1783,7 +1792,7 @@ fn start_plan_brings_the_bench_regimes_near_the_bound() {
                 without / 1e6,
                 without / bound
             );
-            assert!(with / bound <= 1.25, "{name} N = {m} W: {:.2} B*", with / bound);
+            assert!(with / bound <= 1.15, "{name} N = {m} W: {:.2} B*", with / bound);
             assert!(with <= 1.01 * without, "{name} N = {m} W: start plan {with} above {without}");
             if m == 1 {
                 assert!(with < 0.9 * without, "{name} N = W: start plan {with} vs {without}");
