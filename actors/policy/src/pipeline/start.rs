@@ -144,12 +144,21 @@ pub fn start_plan(workers: &[PlanWorker], inputs: usize) -> Option<StartPlan> {
         |homes: &[usize]| workers.iter().zip(homes).filter(|(w, h)| w.live.is_some_and(|l| l != **h)).count();
     // the best so far, and its tie-break key: (moves on, workers moved off their live stage)
     let mut best: Option<(StartPlan, (usize, usize))> = None;
-    let (mut homes, mut then) = (vec![0usize; w], vec![0usize; w]);
+    // Workers alike in every input are interchangeable: of the plans that permute their choices
+    // only the one with their choices in order is replayed (it is also the smallest, so the
+    // tie-break picks the same plan as a full search).
+    let twin_of: Vec<Option<usize>> =
+        (0..w).map(|i| (0..i).rev().find(|&j| workers[j] == workers[i])).collect();
+    let (mut homes, mut then, mut choice) = (vec![0usize; w], vec![0usize; w], vec![0usize; w]);
     for code in 0..total {
         let mut c = code;
         for i in (0..w).rev() {
-            (homes[i], then[i]) = pairs[c % pairs.len()];
+            choice[i] = c % pairs.len();
+            (homes[i], then[i]) = pairs[choice[i]];
             c /= pairs.len();
+        }
+        if twin_of.iter().enumerate().any(|(i, t)| t.is_some_and(|j| choice[j] > choice[i])) {
+            continue;
         }
         let cutoff = best.as_ref().map_or(f64::INFINITY, |b| b.0.makespan_us * (1.0 + 1e-9));
         let cost = replay(workers, &homes, &then, inputs, cutoff);
@@ -242,6 +251,25 @@ mod tests {
         w[0].live = Some(1);
         w[0].load_us[1] = 0.0;
         assert_eq!(replay(&w, &[0, 1], &[1, 1], 3, f64::INFINITY), f64::INFINITY);
+    }
+
+    /// Workers alike are searched once per set of choices: the plan found has the same makespan
+    /// as a search where no two workers are alike (one slower by a hair), and it puts the twins'
+    /// choices in order.
+    #[test]
+    fn twins_are_searched_once_and_the_result_is_the_same() {
+        let fast = worker(&[2.0, 40.0, 30.0], &[100.0, 120.0, 110.0]);
+        let slow = worker(&[6.0, 120.0, 90.0], &[300.0, 360.0, 330.0]);
+        let twins = [fast.clone(), slow.clone(), slow.clone(), fast.clone()];
+        let mut apart = twins.clone();
+        apart[2].task_us[1] += 1e-6;
+        apart[3].task_us[1] += 1e-6;
+        for n in [1, 4, 10] {
+            let (a, b) = (start_plan(&twins, n).unwrap(), start_plan(&apart, n).unwrap());
+            assert!((a.makespan_us - b.makespan_us).abs() < 1e-3, "N = {n}: {a:?} vs {b:?}");
+            let pair = |p: &StartPlan, i: usize| (p.homes[i], p.then[i]);
+            assert!(pair(&a, 0) <= pair(&a, 3) && pair(&a, 1) <= pair(&a, 2), "N = {n}: {a:?}");
+        }
     }
 
     #[test]
