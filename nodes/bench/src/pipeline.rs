@@ -624,8 +624,15 @@ pub async fn run(
             }
         }
         let inputs_for_runtime = tokenize_batches(&sentences, ISOLATED_JOBS, batch)?;
-        let runtime =
-            curve::measure_runtime_cpu(&full, &[100; 5], &files, &inputs_for_runtime, &settings).await?;
+        let runtime = curve::measure_runtime_cpu(
+            &full,
+            &[100; 5],
+            &files,
+            &inputs_for_runtime,
+            &settings,
+            &cpu_costs.load_cpu_s,
+        )
+        .await?;
         anyhow::Ok((loaded, isolated, runtime))
     }
     .await;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use troupe_actors::pipeline::{JobOutcome, ShellSettings, StageFile, build_job};
+use troupe_actors::pipeline::{JobOutcome, ShellSettings, SpanKind, StageFile, build_job};
 use troupe_kernels::onnx::{NamedTensor, OnnxSession, SessionConfig};
 use troupe_policy::pipeline::Mode;
 
@@ -81,13 +81,24 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
 /// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
 /// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s`) and less
 /// ONNX Runtime's own CPU, as each worker read it on its run's thread CPU clock
-/// (`compute_cpu_micros`), over the tasks. (Subtracting the compute measured alone in this
+/// (`compute_cpu_micros`), less the measured CPU of any load the jobs made (`load_cpu_s` per
+/// stage), over the tasks. (Subtracting the compute measured alone in this
 /// process instead put any difference between the two into the runtime's share: 0.6 to 5.6 ms
 /// per task from one run to the next.)
-pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, jobs: &[JobOutcome]) -> f64 {
+pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, load_cpu_s: &[f64], jobs: &[JobOutcome]) -> f64 {
     let tasks: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter()).collect();
     let compute: f64 = tasks.iter().map(|t| t.reported.compute_cpu_micros as f64 / 1e6).sum();
-    ((cpu_s - idle_cpu_s - compute) / tasks.len().max(1) as f64).max(0.0)
+    // a job may make a worker load a stage (each load is hundreds of ms of CPU for the large
+    // model): that is a load's CPU, not the runtime's per task
+    let loads: f64 = jobs
+        .iter()
+        .flat_map(|o| o.spans.iter())
+        .filter_map(|s| match s.kind {
+            SpanKind::Load { stage, .. } => load_cpu_s.get(stage).copied(),
+            _ => None,
+        })
+        .sum();
+    ((cpu_s - idle_cpu_s - compute - loads) / tasks.len().max(1) as f64).max(0.0)
 }
 
 /// A run's ONNX Runtime CPU, as its workers read it, over what the compute measured alone in
@@ -121,6 +132,7 @@ pub async fn measure_runtime_cpu(
     files: &[StageFile],
     inputs: &[Vec<NamedTensor>],
     settings: &ShellSettings,
+    load_cpu_s: &[f64],
 ) -> Result<RuntimeCpu> {
     let meters = Meters::attach(cluster, quotas);
     let resident = ShellSettings { fresh_start: false, ..settings.clone() };
@@ -148,7 +160,7 @@ pub async fn measure_runtime_cpu(
     meters.release();
     let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
     Ok(RuntimeCpu {
-        per_task_s: runtime_cpu_per_task(cpu, idle * window, &jobs),
+        per_task_s: runtime_cpu_per_task(cpu, idle * window, load_cpu_s, &jobs),
         overhead_wall_s: overhead_s(&times),
         idle_cpus: idle,
     })
