@@ -1,7 +1,7 @@
 //! Pipeline over real processes: a foreman in the test process, 3 workers as `troupe node`
 //! processes on loopback, MiniLM in 3 stages on ONNX Runtime; outputs vs the whole model.
 
-use troupe::actors::pipeline::{StageFile, build_job};
+use troupe::actors::pipeline::{SpanKind, StageFile, build_job};
 use troupe::policy::pipeline::Mode;
 use troupe::workloads::pipeline::local::{LocalCluster, WorkerSpec};
 use troupe::workloads::pipeline::memory::{PEAK_ABOVE_FLOOR_OVER_STAGE_GOAL, worker_memory};
@@ -92,6 +92,21 @@ async fn chained_outputs_equal_the_whole_model_and_workers_never_hold_two_sessio
     }
     // 3 stages need at least 3 loads; every task ran once.
     assert!(loads >= 3, "{loads} loads");
+    // Each load and each run reports the CPU it took on the worker's thread clock (the bench's
+    // in-run bound is made of them): some, and no more than the span the foreman saw around it.
+    for sp in &outcome.spans {
+        if let SpanKind::Load { stage, cpu_micros, .. } = sp.kind {
+            let wall_us = (sp.end - sp.start) * 1e6;
+            assert!(cpu_micros > 0, "load of stage {stage} on worker {} reported no CPU", sp.worker);
+            assert!(
+                cpu_micros as f64 <= wall_us,
+                "load of stage {stage}: {cpu_micros} µs CPU in {wall_us:.0} µs"
+            );
+        }
+    }
+    for t in &outcome.task_times {
+        assert!(t.reported.compute_cpu_micros > 0, "task {:?} reported no compute CPU", t.task);
+    }
     // A phone-weight worker, from each real worker process's own figures: its RSS when it
     // joined (runtime and ONNX Runtime loaded, no stage) under a cap, and its peak over the
     // job above that floor at most 1.3x the largest stage file it pulled or loaded (a stage

@@ -184,6 +184,9 @@ pub struct Loaded {
     pub micros: u64,
     /// Process RSS after the load, bytes.
     pub rss_bytes: u64,
+    /// CPU the hash check and the session's creation took on their thread (0 for a simulated
+    /// stage): what the load costs in this process, where `micros` counts the waits too.
+    pub cpu_micros: u64,
 }
 
 /// Drop the live session (answered with `()`).

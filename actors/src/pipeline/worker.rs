@@ -258,9 +258,19 @@ impl Handles<Load> for PipelineWorker {
 
 impl Handles<Unload> for PipelineWorker {
     async fn handle(&mut self, _: Unload, _: &ActorContext) -> Result<(), ActorFailure> {
-        if self.session.take().is_some() {
+        if let Some(live) = self.session.take() {
             self.stats.unloads += 1;
-            crate::allocator::release_free_memory();
+            // Dropping a session and trimming the heap is CPU work that grows with the stage,
+            // several times longer under a phone's quota: done off the runtime's threads, which
+            // also carry the node's heartbeats.
+            let released = tokio::task::spawn_blocking(move || {
+                drop(live);
+                crate::allocator::release_free_memory();
+            })
+            .await;
+            if let Err(e) = released {
+                return self.answer(Err(format!("unload task: {e}")));
+            }
         }
         self.answer(Ok(()))
     }
@@ -385,9 +395,10 @@ impl PipelineWorker {
             self.session = Some(LiveSession::new(StageSession::Sim(stage_sim), stage, hash));
             self.stats.loads += 1;
             self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
-            return Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: 0 });
+            return Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: 0, cpu_micros: 0 });
         }
-        let session = tokio::task::spawn_blocking(move || -> Result<OnnxSession, String> {
+        let (session, cpu_s) = tokio::task::spawn_blocking(move || -> Result<(OnnxSession, f64), String> {
+            let cpu0 = thread_cpu_seconds();
             // Hash the file as it streams (no copy of it stays in memory), then let ONNX Runtime
             // read it: the process then holds what one session needs, nothing more.
             let got = sha256_file(&path)?;
@@ -397,14 +408,20 @@ impl PipelineWorker {
             }
             // Large initializers memory-mapped: a stage holding the word-embedding table keeps
             // only the rows its inputs touch resident (see `troupe_kernels::onnx::mapped`).
-            OnnxSession::from_file_mapped(&path, &SessionConfig::lean(threads)).map_err(|e| e.to_string())
+            let session = OnnxSession::from_file_mapped(&path, &SessionConfig::lean(threads))
+                .map_err(|e| e.to_string())?;
+            Ok((session, thread_cpu_seconds() - cpu0))
         })
         .await
         .map_err(|e| format!("load task: {e}"))??;
         self.session = Some(LiveSession::new(StageSession::Onnx(session), stage, hash));
         self.stats.loads += 1;
         self.stats.largest_stage_bytes = self.stats.largest_stage_bytes.max(file_bytes);
-        Ok(Loaded { micros: micros(start.elapsed()), rss_bytes: resident_bytes().unwrap_or(0) })
+        Ok(Loaded {
+            micros: micros(start.elapsed()),
+            rss_bytes: resident_bytes().unwrap_or(0),
+            cpu_micros: (cpu_s.max(0.0) * 1e6).round() as u64,
+        })
     }
 
     async fn run(

@@ -624,15 +624,8 @@ pub async fn run(
             }
         }
         let inputs_for_runtime = tokenize_batches(&sentences, ISOLATED_JOBS, batch)?;
-        let runtime = curve::measure_runtime_cpu(
-            &full,
-            &[100; 5],
-            &files,
-            &inputs_for_runtime,
-            &settings,
-            &cpu_costs.load_cpu_s,
-        )
-        .await?;
+        let runtime =
+            curve::measure_runtime_cpu(&full, &[100; 5], &files, &inputs_for_runtime, &settings).await?;
         anyhow::Ok((loaded, isolated, runtime))
     }
     .await;
@@ -774,7 +767,7 @@ pub async fn run(
         o.spans
             .iter()
             .filter_map(|s| match s.kind {
-                SpanKind::Load { stage: 0, cold } if cold == cold_wanted => Some(s.end - s.start),
+                SpanKind::Load { stage: 0, cold, .. } if cold == cold_wanted => Some(s.end - s.start),
                 _ => None,
             })
             .collect()
@@ -820,7 +813,7 @@ pub async fn run(
             .collect()
     };
     let warm_k = per_stage(&[&streaming, &barrier], &|k| match k {
-        SpanKind::Load { stage, cold: false } => Some(*stage),
+        SpanKind::Load { stage, cold: false, .. } => Some(*stage),
         _ => None,
     });
     let pull_k = per_stage(&[&cold], &|k| match k {
@@ -958,7 +951,7 @@ pub fn write_gantt(path: &Path, runs: &[(&str, &JobOutcome)], notes: &[String]) 
 fn span_bar(s: &Span) -> Bar {
     let (fill, label) = match s.kind {
         SpanKind::Run(t) => (COLOURS[t.stage % COLOURS.len()], format!("{t}")),
-        SpanKind::Load { stage, cold } => {
+        SpanKind::Load { stage, cold, .. } => {
             ("#bbbbbb", format!("load s{stage}{}", if cold { " (cold)" } else { "" }))
         }
         SpanKind::Fetch(stage) => ("#333333", format!("pull s{stage}")),
@@ -981,7 +974,12 @@ mod tests {
             workers: vec![worker("a"), worker("b")],
             spans: vec![
                 Span { worker: 0, kind: SpanKind::Fetch(0), start: 0.0, end: 0.5 },
-                Span { worker: 0, kind: SpanKind::Load { stage: 0, cold: true }, start: 0.5, end: 1.0 },
+                Span {
+                    worker: 0,
+                    kind: SpanKind::Load { stage: 0, cold: true, cpu_micros: 0 },
+                    start: 0.5,
+                    end: 1.0,
+                },
                 Span { worker: 1, kind: SpanKind::Run(TaskId::new(3, 1)), start: 1.0, end: 2.0 },
             ],
             ..JobOutcome::default()

@@ -107,7 +107,8 @@ pub(super) enum EventKind {
     },
     Loaded {
         stage: usize,
-        result: Result<(), String>,
+        /// The load's CPU on the worker, µs.
+        result: Result<u64, String>,
     },
     Unloaded,
     Ran {
@@ -179,7 +180,7 @@ pub(super) fn step(
                 }
                 Cmd::Load { stage, sha256 } => {
                     let msg = Load { stage: stage as u32, sha256 };
-                    EventKind::Loaded { stage, result: ask(&h, msg, timeout).await?.map(|_| ()) }
+                    EventKind::Loaded { stage, result: ask(&h, msg, timeout).await?.map(|l| l.cpu_micros) }
                 }
                 Cmd::Unload => {
                     // a refused unload changes nothing the foreman tracks

@@ -18,6 +18,8 @@ pub enum SpanKind {
         stage: usize,
         /// Pulled (true) or from the disk cache (false).
         cold: bool,
+        /// The load's CPU as the worker read it on its thread clock, µs (0 where not measured).
+        cpu_micros: u64,
     },
     /// Running a task.
     Run(TaskId),

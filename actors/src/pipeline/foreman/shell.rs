@@ -407,11 +407,11 @@ impl Shell {
                 Err(e) => self.log(format!("pull of s{stage} on {} failed: {e}", self.node_of(w))),
             },
             EventKind::Loaded { stage, result } => match result {
-                Ok(()) => {
+                Ok(cpu_micros) => {
                     let cold = self.workers[ev.worker].pulled.get(stage).copied().unwrap_or(false);
                     self.outcome.spans.push(Span {
                         worker: ev.worker,
-                        kind: SpanKind::Load { stage, cold },
+                        kind: SpanKind::Load { stage, cold, cpu_micros },
                         start: ev.start,
                         end: ev.end,
                     });

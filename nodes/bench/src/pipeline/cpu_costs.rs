@@ -81,24 +81,36 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
 /// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
 /// speed, read around all of them) less the idle CPU they use anyway (`idle_cpu_s`) and less
 /// ONNX Runtime's own CPU, as each worker read it on its run's thread CPU clock
-/// (`compute_cpu_micros`), less the measured CPU of any load the jobs made (`load_cpu_s` per
-/// stage), over the tasks. (Subtracting the compute measured alone in this
+/// (`compute_cpu_micros`), less the CPU of any load the jobs made (as the worker read it on
+/// the load's thread clock), over the tasks. (Subtracting the compute measured alone in this
 /// process instead put any difference between the two into the runtime's share: 0.6 to 5.6 ms
 /// per task from one run to the next.)
-pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, load_cpu_s: &[f64], jobs: &[JobOutcome]) -> f64 {
+pub fn runtime_cpu_per_task(cpu_s: f64, idle_cpu_s: f64, jobs: &[JobOutcome]) -> f64 {
     let tasks: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter()).collect();
     let compute: f64 = tasks.iter().map(|t| t.reported.compute_cpu_micros as f64 / 1e6).sum();
     // a job may make a worker load a stage (each load is hundreds of ms of CPU for the large
     // model): that is a load's CPU, not the runtime's per task
-    let loads: f64 = jobs
-        .iter()
-        .flat_map(|o| o.spans.iter())
-        .filter_map(|s| match s.kind {
-            SpanKind::Load { stage, .. } => load_cpu_s.get(stage).copied(),
-            _ => None,
-        })
-        .sum();
+    let (loads, _) = load_cpu(jobs.iter(), &[]);
     ((cpu_s - idle_cpu_s - compute - loads) / tasks.len().max(1) as f64).max(0.0)
+}
+
+/// The loads in `outcomes`: their CPU as the workers read it on the loads' thread clocks, and
+/// what the loads measured alone in this process (`load_cpu_s` per stage) predict for them,
+/// seconds.
+fn load_cpu<'a>(outcomes: impl Iterator<Item = &'a JobOutcome>, load_cpu_s: &[f64]) -> (f64, f64) {
+    outcomes.flat_map(|o| o.spans.iter()).fold((0.0, 0.0), |(used, alone), s| match s.kind {
+        SpanKind::Load { stage, cpu_micros, .. } => {
+            (used + cpu_micros as f64 / 1e6, alone + load_cpu_s.get(stage).copied().unwrap_or(0.0))
+        }
+        _ => (used, alone),
+    })
+}
+
+/// A run's load CPU, as its workers read it, over what the loads measured alone in this process
+/// predict (NaN without loads): the loads' counterpart of [`compute_cpu_over_measured`].
+pub fn load_cpu_over_measured(o: &JobOutcome, costs: &MeasuredCosts) -> f64 {
+    let (used, alone) = load_cpu(std::iter::once(o), &costs.load_cpu_s);
+    if alone > 0.0 { used / alone } else { f64::NAN }
 }
 
 /// A run's ONNX Runtime CPU, as its workers read it, over what the compute measured alone in
@@ -132,7 +144,6 @@ pub async fn measure_runtime_cpu(
     files: &[StageFile],
     inputs: &[Vec<NamedTensor>],
     settings: &ShellSettings,
-    load_cpu_s: &[f64],
 ) -> Result<RuntimeCpu> {
     let meters = Meters::attach(cluster, quotas);
     let resident = ShellSettings { fresh_start: false, ..settings.clone() };
@@ -160,8 +171,62 @@ pub async fn measure_runtime_cpu(
     meters.release();
     let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
     Ok(RuntimeCpu {
-        per_task_s: runtime_cpu_per_task(cpu, idle * window, load_cpu_s, &jobs),
+        per_task_s: runtime_cpu_per_task(cpu, idle * window, &jobs),
         overhead_wall_s: overhead_s(&times),
         idle_cpus: idle,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use troupe_actors::pipeline::wire::RunTimes;
+    use troupe_actors::pipeline::{Span, TaskTimes};
+    use troupe_policy::pipeline::TaskId;
+
+    use super::*;
+
+    fn outcome(loads: &[(usize, u64)], computes_us: &[u64]) -> JobOutcome {
+        let spans = loads
+            .iter()
+            .map(|&(stage, cpu_micros)| Span {
+                worker: 0,
+                kind: SpanKind::Load { stage, cold: false, cpu_micros },
+                start: 0.0,
+                end: 1.0,
+            })
+            .collect();
+        let task_times = computes_us
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| TaskTimes {
+                task: TaskId { input: i, stage: 1 },
+                worker: 0,
+                span_s: 0.1,
+                call_s: 0.1,
+                compute_s: 0.05,
+                reported: RunTimes { compute_cpu_micros: c, ..RunTimes::default() },
+            })
+            .collect();
+        JobOutcome { spans, task_times, ..JobOutcome::default() }
+    }
+
+    /// The loads' factor is their reported CPU over the alone-measured CPU of the same stages.
+    #[test]
+    fn load_factor_weighs_each_load_by_its_stage() {
+        let costs = MeasuredCosts { task_cpu_s: vec![0.0, 0.010], load_cpu_s: vec![0.040, 0.050] };
+        let o = outcome(&[(0, 60_000), (1, 75_000), (1, 75_000)], &[]);
+        assert!((load_cpu_over_measured(&o, &costs) - 210.0 / 140.0).abs() < 1e-12);
+        assert!(load_cpu_over_measured(&outcome(&[], &[]), &costs).is_nan());
+    }
+
+    /// The runtime's CPU per task leaves out what the workers read for compute and for loads.
+    #[test]
+    fn runtime_cpu_leaves_out_reported_compute_and_loads() {
+        let job = outcome(&[(1, 200_000)], &[10_000, 12_000]);
+        // 0.5 s used, 0.1 s idle, 0.2 s load, 0.022 s compute: 0.178 s over two tasks
+        let per_task = runtime_cpu_per_task(0.5, 0.1, std::slice::from_ref(&job));
+        assert!((per_task - 0.089).abs() < 1e-9, "{per_task}");
+        // never below zero
+        assert_eq!(runtime_cpu_per_task(0.1, 0.1, &[job]), 0.0);
+    }
 }

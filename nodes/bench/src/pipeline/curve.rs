@@ -15,10 +15,10 @@
 //! - `real_over_sim_streaming`: the real streaming makespan over the policy simulator's on the
 //!   same costs (task CPU plus runtime CPU scaled by each quota, loads as CPU, the rest of the
 //!   measured per-task overhead as latency), the largest over N.
-//! - The same on the run's own compute CPU (`..._in_run_...`): ONNX Runtime's CPU per task as
-//!   the streaming run's workers read it on their threads, over the same measured alone
-//!   ([`compute_cpu_over_measured`]); the crowd's processes share this host's two cores and
-//!   caches, which a crowd of phones does not.
+//! - The same on the run's own CPU (`..._in_run_...`): ONNX Runtime's CPU per task and each
+//!   load's CPU as the streaming run's workers read them on their threads, over the same
+//!   measured alone ([`compute_cpu_over_measured`], [`load_cpu_over_measured`]); the crowd's
+//!   processes share this host's two cores and caches, which a crowd of phones does not.
 //! - The large case is in `large.rs`; the crowd both cases start, in `crowd.rs`.
 
 use std::collections::BTreeMap;
@@ -30,8 +30,8 @@ use troupe_policy::pipeline::sim::{SimSetup, StageCost, simulate_on};
 use troupe_policy::pipeline::{Chain, Foreman, ForemanConfig, Mode};
 
 pub use super::cpu_costs::{
-    ISOLATED_JOBS, MeasuredCosts, RuntimeCpu, compute_cpu_over_measured, measure_cpu_costs,
-    measure_runtime_cpu, runtime_cpu_per_task,
+    ISOLATED_JOBS, MeasuredCosts, RuntimeCpu, compute_cpu_over_measured, load_cpu_over_measured,
+    measure_cpu_costs, measure_runtime_cpu, runtime_cpu_per_task,
 };
 pub use super::large::{LARGE_BATCH, LARGE_QUOTAS, large_case};
 pub use super::meter::{Metered, Meters, quota_use, run_metered, take_median_metered};
@@ -115,7 +115,7 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
         let foreman = pt.streaming.foreman_cpu_s / ts.max(1e-9);
         let cap = capacity(&q, s.cores, foreman);
         let bound = lower_bound(&cpu, &q, cap, pt.n).map_or(f64::NAN, |b| b.0 as f64 / 1e6);
-        let sim = sim_streaming(s, &q, pt.n, 1.0);
+        let sim = sim_streaming(s, &q, pt.n, 1.0, 1.0);
         let share = captured_share(tb, ts, bound);
         worst_sim = worst_sim.max(ts / sim);
         put(&format!("streaming_s_n{m}w"), ts);
@@ -148,23 +148,28 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
                 ""
             }
         ));
-        // the same on the compute CPU the streaming run's workers read on their threads
+        // the same on the CPU the streaming run's workers read on their threads (a run without
+        // loads keeps the loads' cost measured alone)
         let alpha = compute_cpu_over_measured(&pt.streaming.outcome, s.costs);
+        let beta = Some(load_cpu_over_measured(&pt.streaming.outcome, s.costs))
+            .filter(|b| b.is_finite())
+            .unwrap_or(1.0);
         let in_run = CpuCosts {
             task: s.costs.task_cpu_s.iter().map(|t| us(t * alpha + s.runtime.per_task_s)).collect(),
-            load: cpu.load.clone(),
+            load: s.costs.load_cpu_s.iter().map(|l| us(l * beta)).collect(),
         };
         let bound_in_run = lower_bound(&in_run, &q, cap, pt.n).map_or(f64::NAN, |b| b.0 as f64 / 1e6);
-        let sim_in_run = sim_streaming(s, &q, pt.n, alpha);
+        let sim_in_run = sim_streaming(s, &q, pt.n, alpha, beta);
         put(&format!("streaming_compute_cpu_over_measured_n{m}w"), alpha);
+        put(&format!("streaming_load_cpu_over_measured_n{m}w"), beta);
         put(&format!("bound_in_run_s_n{m}w"), bound_in_run);
         put(&format!("streaming_over_bound_in_run_n{m}w"), ts / bound_in_run);
         put(&format!("captured_share_in_run_n{m}w"), captured_share(tb, ts, bound_in_run));
         put(&format!("sim_in_run_streaming_s_n{m}w"), sim_in_run);
         put(&format!("real_over_sim_in_run_n{m}w"), ts / sim_in_run);
         lines.push(format!(
-            "    in the run, ONNX Runtime took {alpha:.2}x the CPU per task measured alone (each worker's \
-             thread CPU clock around its runs); on that CPU: B* {bound_in_run:.3} s, streaming/B* {:.2}, \
+            "    in the run, ONNX Runtime took {alpha:.2}x the CPU per task measured alone and the loads \
+             {beta:.2}x (each worker's thread CPU clock around its runs and loads); on that CPU: B* {bound_in_run:.3} s, streaming/B* {:.2}, \
              captured share {:.2}, sim_streaming {sim_in_run:.3} s, real/sim {:.2}",
             ts / bound_in_run,
             captured_share(tb, ts, bound_in_run),
@@ -201,15 +206,15 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
 }
 
 /// The policy simulator's streaming makespan on the measured costs, each task's ONNX Runtime CPU
-/// times `compute_scale` (the third job of a foreman, after a barrier and a streaming one, as the bench
+/// times `compute_scale` and each load's CPU times `load_scale` (the third job of a foreman, after a barrier and a streaming one, as the bench
 /// runs), seconds.
-fn sim_streaming(s: &CurveSetup<'_>, q: &[f64], inputs: usize, compute_scale: f64) -> f64 {
+fn sim_streaming(s: &CurveSetup<'_>, q: &[f64], inputs: usize, compute_scale: f64, load_scale: f64) -> f64 {
     let us = |x: f64| Micros((x.max(0.0) * 1e6).round() as u64);
     let costs: Vec<StageCost> = (0..s.costs.task_cpu_s.len())
         .map(|k| StageCost {
             compute: us(s.costs.task_cpu_s[k] * compute_scale + s.runtime.per_task_s),
             download: us(s.pulls_s.get(k).copied().unwrap_or(0.0)),
-            warm_load: us(s.costs.load_cpu_s[k]),
+            warm_load: us(s.costs.load_cpu_s[k] * load_scale),
         })
         .collect();
     let workers = crowd::sim_workers(q, costs.len());

@@ -115,15 +115,7 @@ pub async fn large_case(exe: &Path, workdir: &Path, repeats: usize) -> Result<Op
     let full = LocalCluster::start(exe, &full_dir, &specs(true, &full_dir)).await?;
     let runtime = async {
         full.run(job(Mode::Streaming, w)?, settings.clone(), None).await?;
-        measure_runtime_cpu(
-            &full,
-            &[100; 4],
-            &files,
-            &inputs_of(ISOLATED_JOBS)?,
-            &settings,
-            &costs.load_cpu_s,
-        )
-        .await
+        measure_runtime_cpu(&full, &[100; 4], &files, &inputs_of(ISOLATED_JOBS)?, &settings).await
     }
     .await;
     full.shutdown().await;

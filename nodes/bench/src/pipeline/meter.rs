@@ -144,7 +144,7 @@ mod tests {
             makespan_s: 4.0,
             workers: vec![worker(10), worker(11)],
             spans: vec![
-                span(0, SpanKind::Load { stage: 0, cold: false }, 0.0, 1.0),
+                span(0, SpanKind::Load { stage: 0, cold: false, cpu_micros: 0 }, 0.0, 1.0),
                 span(0, SpanKind::Run(TaskId::new(0, 0)), 0.5, 2.0),
                 span(1, SpanKind::Fetch(1), 0.0, 3.0),
                 span(1, SpanKind::Run(TaskId::new(0, 1)), 3.0, 4.0),
