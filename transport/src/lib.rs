@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod blob;
+pub mod blocking;
 pub mod budget;
 pub mod codec;
 pub mod control;
@@ -26,6 +27,7 @@ pub use admission::{Admission, Refusal, RevocationError, Revocations};
 pub use blob::{
     BlobData, BlobError, BlobId, BlobPolicy, BlobRef, BlobRequest, BlobStore, BlobStoreConfig, Incoming,
 };
+pub use blocking::off_the_runtime;
 pub use budget::{BudgetExceeded, ConnBudget, DEFAULT_CONN_BUDGET, Held};
 pub use codec::{
     CodecError, Compression, DecodeBudget, DecodedTensor, EncodeReport, Encoding, TensorDecoder,

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use troupe_kernels::cpu_time::thread_cpu_seconds;
 use troupe_kernels::onnx::{OnnxSession, SessionConfig, peak_resident_bytes, resident_bytes};
-use troupe_transport::{Link, NodeId, NodeLink, Role};
+use troupe_transport::{Link, NodeId, NodeLink, Role, off_the_runtime};
 
 use super::sim_stage::SimStage;
 use super::telemetry::{DeviceModel, MemoryLimit, Sampler, Straggler, apply_cpu_quota, apply_memory_limit};
@@ -358,6 +358,8 @@ impl PipelineWorker {
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
         let tmp = path.with_extension(format!("part{}", std::process::id()));
         // written from the frame it arrived in: one copy of the stage in memory, not two
+        // (the transport runs it off the runtime's threads: hashing and writing 100 MB under a
+        // phone's quota takes seconds, which the node's heartbeats must not wait on)
         let keep = |bytes: &[u8]| -> Result<(), String> {
             let got = sha256_hex(bytes);
             if got != sha256 {
@@ -366,7 +368,7 @@ impl PipelineWorker {
             std::fs::write(&tmp, bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))
         };
         let pulled = self.link.fetch_blob_with(&NodeId::new(&from), blob, cap, keep).await;
-        crate::allocator::release_free_memory();
+        off_the_runtime(crate::allocator::release_free_memory);
         pulled.map_err(|e| format!("pulling stage {stage} from {from}: {e}"))??;
         std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
         self.stats.pulls += 1;
