@@ -28,7 +28,7 @@ use crate::traffic::Traffic;
 
 use crate::admission::{Admission, Refusal};
 use crate::blob::{self, BlobId, BlobPolicy, BlobStore, Incoming};
-use crate::blocking::off_the_runtime;
+use crate::blocking::{OFF_RUNTIME_MIN_BYTES, off_the_runtime};
 use crate::budget::{ConnBudget, DEFAULT_CONN_BUDGET};
 use crate::control::{ControlStream, TiedStream};
 use crate::frame::{
@@ -767,7 +767,8 @@ impl QuicNode {
 
     /// [`Self::fetch_blob`] handing the verified bytes to `take` where they arrived, instead of
     /// copying them out: a worker writes a pulled stage file to disk with one copy of it in
-    /// memory, not two. The check, the hash and `take` run [`off_the_runtime`].
+    /// memory, not two. For a stage-sized blob the check, the hash and `take` run
+    /// [`off_the_runtime`].
     pub async fn fetch_blob_with<T>(
         &self,
         peer: &NodeId,
@@ -817,13 +818,18 @@ impl QuicNode {
         }
         // checking and hashing a stage-sized blob, and what `take` does with it, off this
         // runtime thread
-        off_the_runtime(|| {
+        let check_and_take = || {
             let data = frame.access_as::<blob::BlobData>(FrameKind::BlobData)?;
             if data.id != id || blake3::hash(data.bytes.as_slice()).as_bytes() != &id {
                 return Err(stream_err(format!("blob from {peer} does not match its hash {}", BlobId(id))));
             }
             Ok(take(data.bytes.as_slice()))
-        })
+        };
+        if frame.body.len() >= OFF_RUNTIME_MIN_BYTES {
+            off_the_runtime(check_and_take)
+        } else {
+            check_and_take()
+        }
     }
 
     /// Sends `frame`, by reference when the policy says so: the body goes into `store` (which
