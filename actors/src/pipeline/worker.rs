@@ -261,16 +261,12 @@ impl Handles<Unload> for PipelineWorker {
         if let Some(live) = self.session.take() {
             self.stats.unloads += 1;
             // Dropping a session and trimming the heap is CPU work that grows with the stage,
-            // several times longer under a phone's quota: done off the runtime's threads, which
+            // several times longer under a phone's quota: kept off the runtime's threads, which
             // also carry the node's heartbeats.
-            let released = tokio::task::spawn_blocking(move || {
+            off_the_runtime(move || {
                 drop(live);
                 crate::allocator::release_free_memory();
-            })
-            .await;
-            if let Err(e) = released {
-                return self.answer(Err(format!("unload task: {e}")));
-            }
+            });
         }
         self.answer(Ok(()))
     }
@@ -289,6 +285,11 @@ impl Handles<Run> for PipelineWorker {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// CPU seconds read on a thread clock, as whole microseconds (never negative).
+fn cpu_micros(cpu_s: f64) -> u64 {
+    (cpu_s.max(0.0) * 1e6).round() as u64
 }
 
 /// Path of a stage file in the cache.
@@ -422,7 +423,7 @@ impl PipelineWorker {
         Ok(Loaded {
             micros: micros(start.elapsed()),
             rss_bytes: resident_bytes().unwrap_or(0),
-            cpu_micros: (cpu_s.max(0.0) * 1e6).round() as u64,
+            cpu_micros: cpu_micros(cpu_s),
         })
     }
 
@@ -483,7 +484,7 @@ impl PipelineWorker {
                 })
                 .await
                 .map_err(|e| format!("run task: {e}"))?;
-                times.compute_cpu_micros = (cpu_s.max(0.0) * 1e6).round() as u64;
+                times.compute_cpu_micros = cpu_micros(cpu_s);
                 (live, r, wall)
             }
         };
