@@ -532,6 +532,8 @@ pub async fn run(
         // one (not measured) so each worker has each stage file on disk before the measured
         // runs: otherwise the first streaming run alone pays cold pulls that barrier never sees.
         run_remembering(&cluster, job(Mode::Barrier, false)?, settings.clone(), &mut memory).await?;
+        let filled = crowd::fill_caches(&specs, &files)?;
+        println!("warm caches: the bench put {filled} stage files the first two jobs had not sent");
         // The cold runs' peak includes the stage-file pull buffers; the warm runs show what
         // residency alone costs.
         let cold_peaks = cluster.peak_rss();
