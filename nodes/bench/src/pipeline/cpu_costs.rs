@@ -14,10 +14,13 @@ use troupe::workloads::pipeline::local::LocalCluster;
 
 use super::cpu::thread_cpu_s;
 use super::meter::{Meters, used};
-use super::{TempDir, median, overhead_s};
+use super::{TempDir, overhead_s};
 
 /// One-input jobs run at full speed for the runtime's CPU per task (the first is not counted).
 pub const ISOLATED_JOBS: usize = 11;
+
+/// Most inputs whose task CPU is measured one by one (a job's inputs repeat past them).
+pub const MAX_COST_INPUTS: usize = 64;
 
 /// Passes over the inputs when a task's CPU is measured alone: each input's cost is its least
 /// over the passes, so a burst of noise on the host in one pass does not raise the bound.
@@ -26,12 +29,41 @@ pub const COST_PASSES: usize = 3;
 /// Per-stage CPU at full speed, seconds.
 #[derive(Clone, Debug, Default)]
 pub struct MeasuredCosts {
-    /// One task of stage `k` (ONNX Runtime only): the median over inputs of each input's least
-    /// CPU over [`COST_PASSES`] passes.
+    /// One task of stage `k` (ONNX Runtime only), the mean over the measured inputs of each
+    /// input's least CPU over [`COST_PASSES`] passes.
     pub task_cpu_s: Vec<f64>,
+    /// The same per input: `[k][i]`, stage `k`, input `i` of the jobs (a job of `N` inputs runs
+    /// inputs `0..N`; past the measured ones they repeat).
+    pub task_cpu_s_by_input: Vec<Vec<f64>>,
     /// One warm load of stage `k` (hash check and memory-mapped session, as a worker loads
     /// it), the least of 3.
     pub load_cpu_s: Vec<f64>,
+}
+
+impl MeasuredCosts {
+    /// Stage `stage`'s task CPU for input `input`, seconds (0 for an unknown stage).
+    pub fn task_cpu_s_of(&self, stage: usize, input: usize) -> f64 {
+        match self.task_cpu_s_by_input.get(stage) {
+            Some(v) if !v.is_empty() => v[input % v.len()],
+            _ => 0.0,
+        }
+    }
+
+    /// Each stage's mean task CPU over a job's inputs `0..inputs`, seconds: what a job of that
+    /// size asks of the crowd per task.
+    pub fn task_cpu_s_over(&self, inputs: usize) -> Vec<f64> {
+        let n = inputs.max(1);
+        (0..self.task_cpu_s_by_input.len())
+            .map(|k| (0..n).map(|i| self.task_cpu_s_of(k, i)).sum::<f64>() / n as f64)
+            .collect()
+    }
+}
+
+/// The session options a pipeline worker runs its stage with (one intra-op thread, memory
+/// before speed: no CPU arena, no memory pattern); with them a task costs ~3 % more CPU alone
+/// than with ONNX Runtime's defaults.
+fn worker_session_config() -> SessionConfig {
+    SessionConfig::lean(1)
 }
 
 /// Each stage's task and warm-load CPU on this thread's clock (ONNX Runtime runs a session on
@@ -41,10 +73,20 @@ pub struct MeasuredCosts {
 /// whose costs matched the alone ones (a median of one pass once read a large-model task 6 %
 /// high and put a real run at 0.98 B*).
 pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Result<MeasuredCosts> {
-    let cfg = SessionConfig::default();
+    let cfg = worker_session_config();
+    // Links in a temp dir, so the mapped rewrite of each file lands there, not in the cache.
+    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-bench-loads-{}", std::process::id())));
+    std::fs::create_dir_all(tmp.path()).context("temp dir for the loads")?;
+    let mut links = Vec::new();
+    for (k, p) in stages.iter().enumerate() {
+        let link = tmp.path().join(format!("stage{k}.onnx"));
+        std::os::unix::fs::symlink(p.canonicalize()?, &link).context("linking a stage file")?;
+        links.push(link);
+    }
+    // sessions made as a worker makes them, initializers mapped from the stage file
     let mut sessions =
-        stages.iter().map(|p| OnnxSession::from_file(p, &cfg)).collect::<Result<Vec<_>, _>>()?;
-    let inputs = &inputs[..inputs.len().min(8)];
+        links.iter().map(|p| OnnxSession::from_file_mapped(p, &cfg)).collect::<Result<Vec<_>, _>>()?;
+    let inputs = &inputs[..inputs.len().min(MAX_COST_INPUTS)];
     // least[k][i]: stage k's CPU for input i, least over the passes
     let mut least = vec![vec![f64::INFINITY; inputs.len()]; sessions.len()];
     for pass in 0..COST_PASSES {
@@ -70,22 +112,20 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
     }
     let task_cpu_s = least
         .iter()
-        .map(|per_input| median(&per_input.iter().copied().filter(|t| t.is_finite()).collect::<Vec<_>>()))
+        .map(|per_input| {
+            let v: Vec<f64> = per_input.iter().copied().filter(|t| t.is_finite()).collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        })
         .collect();
     drop(sessions);
-    // Links in a temp dir, so the mapped rewrite of each file lands there, not in the cache.
-    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-bench-loads-{}", std::process::id())));
-    std::fs::create_dir_all(tmp.path()).context("temp dir for the loads")?;
     let mut loads = Vec::new();
-    for (k, p) in stages.iter().enumerate() {
-        let link = tmp.path().join(format!("stage{k}.onnx"));
-        std::os::unix::fs::symlink(p.canonicalize()?, &link).context("linking a stage file")?;
+    for link in &links {
         let mut t = Vec::new();
-        // the first load writes the mapped copy (a worker does that once per file)
+        // the sessions above wrote the mapped copy (a worker does that once per file, at its pull)
         for round in 0..4 {
             let start = thread_cpu_s();
-            troupe_actors::pipeline::worker::sha256_file(&link).map_err(anyhow::Error::msg)?;
-            let s = OnnxSession::from_file_mapped(&link, &cfg)?;
+            troupe_actors::pipeline::worker::sha256_file(link).map_err(anyhow::Error::msg)?;
+            let s = OnnxSession::from_file_mapped(link, &cfg)?;
             let used = thread_cpu_s() - start;
             drop(s);
             if round > 0 {
@@ -94,7 +134,7 @@ pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Res
         }
         loads.push(t.iter().copied().fold(f64::INFINITY, f64::min));
     }
-    Ok(MeasuredCosts { task_cpu_s, load_cpu_s: loads })
+    Ok(MeasuredCosts { task_cpu_s, task_cpu_s_by_input: least, load_cpu_s: loads })
 }
 
 /// The runtime's CPU per task on the workers: their CPU over `jobs` (one-input jobs at full
@@ -139,13 +179,13 @@ pub fn compute_cpu_over_measured(o: &JobOutcome, costs: &MeasuredCosts) -> f64 {
     let (mut used, mut alone) = (0.0, 0.0);
     for t in &o.task_times {
         used += t.reported.compute_cpu_micros as f64 / 1e6;
-        alone += costs.task_cpu_s.get(t.task.stage).copied().unwrap_or(0.0);
+        alone += costs.task_cpu_s_of(t.task.stage, t.task.input);
     }
     if alone > 0.0 { used / alone } else { f64::NAN }
 }
 
 /// What the runtime's CPU per task was measured on (a full-speed cluster).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RuntimeCpu {
     /// CPU per task beyond ONNX Runtime's, seconds.
     pub per_task_s: f64,
@@ -153,6 +193,10 @@ pub struct RuntimeCpu {
     pub overhead_wall_s: f64,
     /// The workers' idle CPU, CPUs in all.
     pub idle_cpus: f64,
+    /// ONNX Runtime's CPU of each task on a worker at full speed, one task in flight: (stage,
+    /// the input's index among the jobs' inputs, seconds), the workers' own reading of what the
+    /// bench process measures alone.
+    pub worker_tasks: Vec<(usize, usize, f64)>,
 }
 
 /// Runs one-input jobs back to back on a cluster at full speed (each stage on a worker that
@@ -189,10 +233,21 @@ pub async fn measure_runtime_cpu(
     let window = before.1.elapsed().as_secs_f64();
     meters.release();
     let times: Vec<_> = jobs.iter().flat_map(|o| o.task_times.iter().cloned()).collect();
+    // job j ran input j + 1 (each job's one input is its input 0)
+    let worker_tasks = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(j, o)| {
+            o.task_times.iter().map(move |t| {
+                (t.task.stage, (j + 1) % inputs.len(), t.reported.compute_cpu_micros as f64 / 1e6)
+            })
+        })
+        .collect();
     Ok(RuntimeCpu {
         per_task_s: runtime_cpu_per_task(cpu, idle * window, &jobs),
         overhead_wall_s: overhead_s(&times),
         idle_cpus: idle,
+        worker_tasks,
     })
 }
 
@@ -232,7 +287,11 @@ mod tests {
     /// The loads' factor is their reported CPU over the alone-measured CPU of the same stages.
     #[test]
     fn load_factor_weighs_each_load_by_its_stage() {
-        let costs = MeasuredCosts { task_cpu_s: vec![0.0, 0.010], load_cpu_s: vec![0.040, 0.050] };
+        let costs = MeasuredCosts {
+            task_cpu_s: vec![0.0, 0.010],
+            task_cpu_s_by_input: vec![vec![0.0], vec![0.010]],
+            load_cpu_s: vec![0.040, 0.050],
+        };
         let o = outcome(&[(0, 60_000), (1, 75_000), (1, 75_000)], &[]);
         assert!((load_cpu_over_measured(&o, &costs) - 210.0 / 140.0).abs() < 1e-12);
         assert!(load_cpu_over_measured(&outcome(&[], &[]), &costs).is_nan());

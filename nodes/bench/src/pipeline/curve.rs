@@ -85,15 +85,18 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
     let w = s.quotas.len();
     let q: Vec<f64> = s.quotas.iter().map(|&q| f64::from(q) / 100.0).collect();
     let us = |x: f64| Micros((x.max(0.0) * 1e6).round() as u64);
-    let cpu = CpuCosts {
-        task: s.costs.task_cpu_s.iter().map(|t| us(t + s.runtime.per_task_s)).collect(),
-        load: s.costs.load_cpu_s.iter().map(|&l| us(l)).collect(),
-    };
     for (k, (t, l)) in s.costs.task_cpu_s.iter().zip(&s.costs.load_cpu_s).enumerate() {
         put(&format!("stage{k}_task_cpu_ms"), t * 1e3);
         put(&format!("stage{k}_load_cpu_ms"), l * 1e3);
     }
     put("runtime_cpu_per_task_ms", s.runtime.per_task_s * 1e3);
+    // a worker at full speed, one task in flight, against the same inputs measured alone
+    let (on_worker, alone) = s
+        .runtime
+        .worker_tasks
+        .iter()
+        .fold((0.0, 0.0), |(w, a), &(k, i, cpu)| (w + cpu, a + s.costs.task_cpu_s_of(k, i)));
+    put("worker_compute_cpu_over_measured", if alone > 0.0 { on_worker / alone } else { f64::NAN });
     put("workers_idle_cpus", s.runtime.idle_cpus);
     put("quota_sum_cpus", q.iter().sum());
     let valid = s.from_cgroups && s.quota_use.0 >= MIN_QUOTA_USE;
@@ -114,6 +117,12 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
         let (ts, tb) = (pt.streaming.outcome.makespan_s, pt.barrier.outcome.makespan_s);
         let foreman = pt.streaming.foreman_cpu_s / ts.max(1e-9);
         let cap = capacity(&q, s.cores, foreman);
+        // the job's own inputs' costs (inputs differ in length, so in CPU)
+        let task_n = s.costs.task_cpu_s_over(pt.n);
+        let cpu = CpuCosts {
+            task: task_n.iter().map(|t| us(t + s.runtime.per_task_s)).collect(),
+            load: s.costs.load_cpu_s.iter().map(|&l| us(l)).collect(),
+        };
         let bound = lower_bound(&cpu, &q, cap, pt.n).map_or(f64::NAN, |b| b.0 as f64 / 1e6);
         let sim = sim_streaming(s, &q, pt.n, 1.0, 1.0);
         let share = captured_share(tb, ts, bound);
@@ -155,7 +164,7 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
             .filter(|b| b.is_finite())
             .unwrap_or(1.0);
         let in_run = CpuCosts {
-            task: s.costs.task_cpu_s.iter().map(|t| us(t * alpha + s.runtime.per_task_s)).collect(),
+            task: task_n.iter().map(|t| us(t * alpha + s.runtime.per_task_s)).collect(),
             load: s.costs.load_cpu_s.iter().map(|l| us(l * beta)).collect(),
         };
         let bound_in_run = lower_bound(&in_run, &q, cap, pt.n).map_or(f64::NAN, |b| b.0 as f64 / 1e6);
@@ -210,9 +219,10 @@ pub fn curve_figures(s: &CurveSetup<'_>, points: &[Point]) -> (BTreeMap<String, 
 /// runs), seconds.
 fn sim_streaming(s: &CurveSetup<'_>, q: &[f64], inputs: usize, compute_scale: f64, load_scale: f64) -> f64 {
     let us = |x: f64| Micros((x.max(0.0) * 1e6).round() as u64);
-    let costs: Vec<StageCost> = (0..s.costs.task_cpu_s.len())
+    let task_n = s.costs.task_cpu_s_over(inputs);
+    let costs: Vec<StageCost> = (0..task_n.len())
         .map(|k| StageCost {
-            compute: us(s.costs.task_cpu_s[k] * compute_scale + s.runtime.per_task_s),
+            compute: us(task_n[k] * compute_scale + s.runtime.per_task_s),
             download: us(s.pulls_s.get(k).copied().unwrap_or(0.0)),
             warm_load: us(s.costs.load_cpu_s[k] * load_scale),
         })
