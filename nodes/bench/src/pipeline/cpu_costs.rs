@@ -30,7 +30,7 @@ pub const COST_PASSES: usize = 3;
 #[derive(Clone, Debug, Default)]
 pub struct MeasuredCosts {
     /// One task of stage `k` (ONNX Runtime only), the mean over the measured inputs of each
-    /// input's least CPU over [`COST_PASSES`] passes.
+    /// input's least CPU over `COST_PASSES` passes.
     pub task_cpu_s: Vec<f64>,
     /// The same per input: `[k][i]`, stage `k`, input `i` of the jobs (a job of `N` inputs runs
     /// inputs `0..N`; past the measured ones they repeat).
