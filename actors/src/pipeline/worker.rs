@@ -377,8 +377,9 @@ impl PipelineWorker {
         let cap = u32::try_from(size).map_err(|_| format!("stage {stage}: size {size} too large"))?;
         let tmp = path.with_extension(format!("part{}", std::process::id()));
         // written from the frame it arrived in: one copy of the stage in memory, not two
-        // (the transport runs it off the runtime's threads: hashing and writing 100 MB under a
-        // phone's quota takes seconds, which the node's heartbeats must not wait on)
+        // (the transport runs it off the runtime's threads, so the hashing holds up no task there;
+        // the write goes in chunks, so the CPU quota can take effect between them: see
+        // `write_in_chunks`)
         let keep = |bytes: &[u8]| -> Result<(), String> {
             let got = sha256_hex(bytes);
             if got != sha256 {
