@@ -357,15 +357,16 @@ impl StemCache {
     /// [`Self::new`] with the arena at offset `at` of the pool (the lifespan-ordered layout puts it
     /// at the top end); `None`: wherever the pool's best fit puts it.
     pub fn new_at(pool: &mut MemoryPool, setup: &ReuseSetup, at: Option<u64>) -> Result<Self, VMoeError> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = setup.disk_parent.join(format!("troupe-reuse-{}-{n}", std::process::id()));
-        if dir.exists() {
-            return Err(VMoeError::Config(format!("reuse directory {} already exists", dir.display())));
-        }
-        std::fs::create_dir_all(&setup.disk_parent)
-            .and_then(|()| std::fs::create_dir(&dir))
-            .map_err(|source| VMoeError::Io { context: "creating", path: dir.clone(), source })?;
+        // A fresh name each time (not pid-based: a pid recurs, and a killed process leaves its
+        // directory behind).
+        let dir = std::fs::create_dir_all(&setup.disk_parent)
+            .and_then(|()| tempfile::Builder::new().prefix("troupe-reuse-").tempdir_in(&setup.disk_parent))
+            .map(tempfile::TempDir::keep)
+            .map_err(|source| VMoeError::Io {
+                context: "creating under",
+                path: setup.disk_parent.clone(),
+                source,
+            })?;
         let carved = match at {
             Some(o) => pool.alloc_at(o, setup.budget.max(1)),
             None => pool.alloc(setup.budget.max(1)),

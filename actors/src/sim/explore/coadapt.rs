@@ -41,6 +41,8 @@ impl RunState {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let n = RUNS.fetch_add(1, Ordering::Relaxed);
         let dir = super::disk::sim_disk_root().join(format!("troupe-sim-{tag}-{}-{n}", std::process::id()));
+        // a killed process whose pid recurs leaves its folder (and journal) behind: never replay it
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         Ok(Self { dir, log: SimCameraLog::default() })
     }
