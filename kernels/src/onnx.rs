@@ -38,7 +38,9 @@ use std::path::PathBuf;
 
 pub use embed::{Embedder, cosine, embed};
 pub use memory::{peak_resident_bytes, resident_bytes};
-pub use runtime::{LibrarySource, ORT_DYLIB_ENV, library_path, runtime};
+pub use runtime::{
+    LibrarySource, ORT_DYLIB_ENV, TELEMETRY_OPT_OUT_ENV, library_path, opt_out_of_telemetry, runtime,
+};
 pub use session::{IoSpec, OnnxSession, SessionConfig, SessionMemory, check_chain, check_chain_with};
 pub use tensor::{ElementType, NamedTensor, TensorData};
 

@@ -163,8 +163,14 @@ impl NodeMain {
 
     /// The whole `main`: parses the command line (`--config FILE [--linger]`, or `up TOPOLOGY`),
     /// sets up logging and the async runtime, runs the node; exits 2 on a config error, 1 on a
-    /// runtime failure.
+    /// runtime failure. Make it the whole of `main`: before any thread starts it opts the process
+    /// out of ONNX Runtime's telemetry ([`troupe_kernels::onnx::opt_out_of_telemetry`]).
     pub fn run(self) -> ExitCode {
+        // SAFETY: `run` is the program's whole `main` (above): no other thread exists yet.
+        #[cfg(feature = "onnx")]
+        unsafe {
+            troupe_kernels::onnx::opt_out_of_telemetry();
+        }
         let invocation = NodeCli::invocation(std::env::args_os()).unwrap_or_else(|e| e.exit());
         init_logging();
         troupe_actors::allocator::fix_thresholds();

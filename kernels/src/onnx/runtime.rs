@@ -19,6 +19,25 @@ use crate::assets::Assets;
 /// Env var naming the library explicitly (the same one `ort` itself honours).
 pub const ORT_DYLIB_ENV: &str = "ORT_DYLIB_PATH";
 
+/// Env var that keeps ONNX Runtime's telemetry from starting (on Linux since 1.25: an uploader
+/// thread, an offline SQLite cache under `~/.cache/Microsoft` and ~3 MB of RSS per process). It
+/// must be set before the library loads; the API switch only suppresses events.
+pub const TELEMETRY_OPT_OUT_ENV: &str = "ORT_DISABLE_TELEMETRY";
+
+/// Opts this process out of ONNX Runtime's telemetry (sets [`TELEMETRY_OPT_OUT_ENV`] to `1`)
+/// unless the variable is already set, so an operator may still opt in with `0`. An edge node
+/// sends nothing unasked, and a phone-weight worker has no room for an uploader.
+///
+/// # Safety
+/// It sets an environment variable: call it first thing in `main`, before any other thread exists.
+pub unsafe fn opt_out_of_telemetry() {
+    if std::env::var_os(TELEMETRY_OPT_OUT_ENV).is_none() {
+        // SAFETY: the caller guarantees no other thread runs, so nothing reads the environment
+        // concurrently.
+        unsafe { std::env::set_var(TELEMETRY_OPT_OUT_ENV, "1") };
+    }
+}
+
 /// Where the library path came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LibrarySource {
@@ -92,6 +111,9 @@ fn init() -> Result<Environment, InitFailure> {
         ort::init_from(&path)
             .map_err(|e| e.to_string())?
             .with_name("troupe")
+            // Microsoft's builds turn telemetry on by default: events off here too, for processes
+            // that did not call `opt_out_of_telemetry`
+            .with_telemetry(false)
             .build()
             .map_err(|e| e.to_string())
     }));

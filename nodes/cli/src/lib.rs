@@ -205,6 +205,8 @@ pub use troupe::node_main::init_logging;
 
 /// Parses arguments, sets up logging and runs the command.
 pub fn main() -> ExitCode {
+    // SAFETY: first thing in the program's main, before any thread starts.
+    unsafe { troupe_kernels::onnx::opt_out_of_telemetry() };
     let cli = Cli::parse();
     match cli.command {
         // the explorer's runs log every fault they inject; its own lines are the report
