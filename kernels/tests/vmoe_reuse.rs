@@ -10,7 +10,9 @@ use rand::rngs::SmallRng;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
 use troupe_kernels::vmoe::pool::SliceTask;
-use troupe_kernels::vmoe::reuse::{ReuseSetup, StemCache, shared_identity};
+use troupe_kernels::vmoe::reuse::{
+    DIR_PREFIX, ReuseSetup, StemCache, shared_identity, slot_file_name, sweep_stale_dirs,
+};
 use troupe_kernels::vmoe::{CoAdaptPool, VMoe, VMoeConfig};
 use troupe_kernels::{MemoryPool, Tensor};
 
@@ -334,4 +336,40 @@ fn a_cgroup_the_disk_thread_cannot_join_refuses_the_cache() {
     );
     assert_eq!(pool.stats().used, 0);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// A new cache removes the disk directories of owners that no longer run (a killed edge node's
+/// slot files) and keeps those of running processes: its own, and a live child's.
+#[test]
+fn a_new_cache_sweeps_dead_owners_directories_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    /// Killed and reaped when dropped, so a failed assertion leaves no process behind.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let live = Reaped(std::process::Command::new("sleep").arg("600").spawn().unwrap());
+    let live_pid = live.0.id();
+    let dir_of = |pid: u32| tmp.path().join(format!("{DIR_PREFIX}{pid}-x1y2z3"));
+    for pid in [dead_pid, live_pid, std::process::id()] {
+        std::fs::create_dir(dir_of(pid)).unwrap();
+        std::fs::write(dir_of(pid).join(slot_file_name(64)), [0u8; 64]).unwrap();
+    }
+    let other = tmp.path().join("not-a-reuse-dir-1");
+    std::fs::create_dir(&other).unwrap();
+    let mut pool = MemoryPool::new("t", 1 << 20, 256).unwrap();
+    let cache = StemCache::new(&mut pool, &ReuseSetup::new(4 * entry_bytes(), 1 << 20, tmp.path())).unwrap();
+    assert!(!dir_of(dead_pid).exists(), "a dead owner's directory stayed");
+    assert!(dir_of(live_pid).exists() && dir_of(std::process::id()).exists() && other.exists());
+    let own = cache.dir().file_name().unwrap().to_str().unwrap().to_owned();
+    assert!(own.starts_with(&format!("{DIR_PREFIX}{}-", std::process::id())), "{own}");
+    cache.release(&mut pool).unwrap();
+    drop(live);
+    assert_eq!(sweep_stale_dirs(tmp.path()), 1, "the child's directory, once it is gone");
 }

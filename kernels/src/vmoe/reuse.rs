@@ -322,6 +322,37 @@ pub fn token_key(identity: &[u8; 32], image: &[f32]) -> TokenKey {
     TokenKey { expert, sig: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) }
 }
 
+/// Name prefix of a reuse cache's disk directory: then the owner's pid, `-`, a random part.
+pub const DIR_PREFIX: &str = "troupe-reuse-";
+
+/// Removes the disk directories under `parent` whose owner no longer runs (a killed process's
+/// slot files would otherwise stay until the disk, or a tmpfs's memory, runs out); returns how
+/// many. Liveness is judged by `/proc/<pid>`, so nothing is removed where `/proc` is not mounted;
+/// a process of another pid namespace sharing `parent` would look dead (give each its own).
+pub fn sweep_stale_dirs(parent: &Path) -> usize {
+    if !Path::new("/proc/self").exists() {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else { return 0 };
+    let me = std::process::id();
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let owner = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(DIR_PREFIX))
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok());
+            owner.is_some_and(|pid| {
+                pid != me
+                    && !Path::new("/proc").join(pid.to_string()).exists()
+                    && std::fs::remove_dir_all(e.path()).is_ok()
+            })
+        })
+        .count()
+}
+
 /// Microseconds from `a` to `b` (0 if `b` is earlier).
 fn span_us(a: Instant, b: Instant) -> u64 {
     u64::try_from(b.saturating_duration_since(a).as_micros()).unwrap_or(u64::MAX)
@@ -357,10 +388,12 @@ impl StemCache {
     /// [`Self::new`] with the arena at offset `at` of the pool (the lifespan-ordered layout puts it
     /// at the top end); `None`: wherever the pool's best fit puts it.
     pub fn new_at(pool: &mut MemoryPool, setup: &ReuseSetup, at: Option<u64>) -> Result<Self, VMoeError> {
-        // A fresh name each time (not pid-based: a pid recurs, and a killed process leaves its
-        // directory behind).
+        // A fresh name each time, past the owner's pid (a pid recurs: a killed process's
+        // directory must not be taken for this one's); dead owners' directories go first.
+        let prefix = format!("{DIR_PREFIX}{}-", std::process::id());
         let dir = std::fs::create_dir_all(&setup.disk_parent)
-            .and_then(|()| tempfile::Builder::new().prefix("troupe-reuse-").tempdir_in(&setup.disk_parent))
+            .map(|()| sweep_stale_dirs(&setup.disk_parent))
+            .and_then(|_| tempfile::Builder::new().prefix(&prefix).tempdir_in(&setup.disk_parent))
             .map(tempfile::TempDir::keep)
             .map_err(|source| VMoeError::Io {
                 context: "creating under",
