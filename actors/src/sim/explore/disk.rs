@@ -30,6 +30,17 @@ pub fn sim_disk_root() -> PathBuf {
     }
 }
 
+/// A name part of this process's own (the same for every call in it): its pid and a random
+/// word, so a recurring pid never meets a killed process's simulated world (and its journals).
+pub fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        use std::hash::BuildHasher;
+        let word = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        format!("{}-{:08x}", std::process::id(), word >> 32)
+    })
+}
+
 /// Leaves `tear` on journal `journal`, as a crash in the middle of an append or a compaction
 /// would; whether it wrote anything (a journal not written yet, or a clean crash, is left alone).
 pub fn tear_journal(journal: &Path, tear: Tear) -> Result<bool, String> {

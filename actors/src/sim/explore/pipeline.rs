@@ -49,7 +49,8 @@ impl Default for PipelineWorkload {
             jobs: 4,
             inputs: 6,
             stagger: Duration::from_secs(2),
-            root: super::disk::sim_disk_root().join(format!("troupe-sim-pipeline-{}", std::process::id())),
+            root: super::disk::sim_disk_root()
+                .join(format!("troupe-sim-pipeline-{}", super::disk::process_tag())),
             worlds: std::sync::Arc::default(),
         }
     }
