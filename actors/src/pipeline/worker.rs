@@ -333,6 +333,18 @@ pub fn write_in_chunks(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.flush()
 }
 
+/// Puts a written and verified stage file (`tmp`) in the cache at `path`, as a pull leaves it:
+/// renamed into place, then (`mapped`, every real worker) the rewrite a mapped load reads
+/// (`<file>.mapped/`) made beside it, once, so that every load of the stage is a warm one (made
+/// at the first load instead, it added 0.3-0.8 s at a 13 % quota to whichever job loaded first).
+pub fn install_stage_file(tmp: &Path, path: &Path, mapped: bool) -> Result<(), String> {
+    std::fs::rename(tmp, path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
+    if mapped {
+        troupe_kernels::onnx::mapped::externalized_beside(path).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// SHA-256 of a file read in 1 MiB chunks (size-capped), lower-case hex.
 pub fn sha256_file(path: &Path) -> Result<String, String> {
     use std::io::Read;
@@ -390,14 +402,9 @@ impl PipelineWorker {
         let pulled = self.link.fetch_blob_with(&NodeId::new(&from), blob, cap, keep).await;
         off_the_runtime(crate::allocator::release_free_memory);
         pulled.map_err(|e| format!("pulling stage {stage} from {from}: {e}"))??;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
-        // The rewrite a mapped load reads (`<file>.mapped/`) is made with the file, once, so
-        // that every load of the stage is a warm one: made at the first load instead, it added
-        // 0.3-0.8 s at a 13 % quota to whichever job first loaded the stage on that worker.
-        if !self.settings.sim {
-            off_the_runtime(|| troupe_kernels::onnx::mapped::externalized_beside(&path))
-                .map_err(|e| format!("stage {stage} from {from}: {e}"))?;
-        }
+        let mapped = !self.settings.sim;
+        off_the_runtime(|| install_stage_file(&tmp, &path, mapped))
+            .map_err(|e| format!("stage {stage} from {from}: {e}"))?;
         self.stats.pulls += 1;
         Ok(Fetched { cached: false, micros: micros(start.elapsed()) })
     }

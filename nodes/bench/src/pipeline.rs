@@ -135,21 +135,6 @@ fn run_chain(
     Ok(carried)
 }
 
-/// A folder removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Memory that shows the split: peak RSS, each in a fresh process, of the runtime's floor (the
 /// setup cache's `tiny_mlp.onnx`, a 2-layer MLP of a few hundred bytes: what a session of
 /// anything costs), the whole MiniLM model (loaded as the baseline loads it) and every stage of
@@ -237,8 +222,10 @@ pub async fn memory_split_of(exe: &Path, which: MemoryModel) -> Result<BTreeMap<
             (assets.path(MPNET_WHOLE).with_context(hint)?, large_model_input(&check)?, "mpnet")
         }
     };
-    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-memory-split-{}", std::process::id())));
-    std::fs::create_dir_all(tmp.path()).context("temp dir for the split")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("troupe-memory-split-")
+        .tempdir()
+        .context("temp dir for the split")?;
     let mut f = BTreeMap::new();
     let floor = probe_with(exe, &floor_model, false)?;
     let whole_rss = probe_with(exe, &whole, false)?;

@@ -14,7 +14,7 @@ use troupe::workloads::pipeline::local::LocalCluster;
 
 use super::cpu::thread_cpu_s;
 use super::meter::{Meters, used};
-use super::{TempDir, overhead_s};
+use super::overhead_s;
 
 /// One-input jobs run at full speed for the runtime's CPU per task (the first is not counted).
 pub const ISOLATED_JOBS: usize = 11;
@@ -75,8 +75,8 @@ fn worker_session_config() -> SessionConfig {
 pub fn measure_cpu_costs(stages: &[PathBuf], inputs: &[Vec<NamedTensor>]) -> Result<MeasuredCosts> {
     let cfg = worker_session_config();
     // Links in a temp dir, so the mapped rewrite of each file lands there, not in the cache.
-    let tmp = TempDir(std::env::temp_dir().join(format!("troupe-bench-loads-{}", std::process::id())));
-    std::fs::create_dir_all(tmp.path()).context("temp dir for the loads")?;
+    let tmp =
+        tempfile::Builder::new().prefix("troupe-bench-loads-").tempdir().context("temp dir for the loads")?;
     let mut links = Vec::new();
     for (k, p) in stages.iter().enumerate() {
         let link = tmp.path().join(format!("stage{k}.onnx"));

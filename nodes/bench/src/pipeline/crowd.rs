@@ -7,9 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use troupe_actors::pipeline::worker::{cached_path, write_in_chunks};
+use troupe_actors::pipeline::worker::{cached_path, install_stage_file, write_in_chunks};
 use troupe_actors::pipeline::{ShellSettings, StageFile};
-use troupe_kernels::onnx::mapped::externalized_beside;
 use troupe_policy::pipeline::sim::SimWorker;
 use troupe_policy::pipeline::{Telemetry, WorkerId};
 
@@ -54,8 +53,7 @@ pub fn fill_caches(specs: &[WorkerSpec], files: &[StageFile]) -> Result<usize> {
             }
             let tmp = path.with_extension("part-bench");
             write_in_chunks(&tmp, &f.bytes).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &path).with_context(|| format!("renaming into {}", path.display()))?;
-            externalized_beside(&path)?;
+            install_stage_file(&tmp, &path, true).map_err(anyhow::Error::msg)?;
             put += 1;
         }
     }
