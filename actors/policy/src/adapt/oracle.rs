@@ -2,31 +2,51 @@
 //! SLO on one processor if each task's measured CPU work were scheduled earliest-deadline-first
 //! with no overhead at all (no loads, no switches, no contention, preemption free).
 //!
-//! Each task arrives, needs `work` microseconds of the processor to reach its accuracy gain (what
-//! it took measured alone; `None` when alone it never reached the gain, so no schedule meets its
-//! SLO) and must finish by its deadline. The oracle runs preemptive EDF on one processor and drops a
-//! task the moment its deadline passes unfinished (it can no longer meet the SLO, so its remaining
-//! work would only delay others). Pure: the caller passes the measurements.
+//! Each task arrives, needs `work` microseconds of the processor (what it took measured alone: to
+//! its accuracy gain, or until it was given back without it) and must finish by its deadline. Two
+//! oracles, by how much they know ([`Foresight`]):
+//! - [`Foresight::Edf`], the issue's: preemptive EDF on the measured work. A task whose deadline
+//!   passes unfinished is dropped then (it can no longer meet its SLO); a task that never reaches
+//!   its gain runs like any other, since nothing tells the scheduler so in advance.
+//! - [`Foresight::Clairvoyant`], a stronger yardstick: it also knows each task's work and
+//!   outcome in advance, so it never runs a task that will not reach its gain and drops a task
+//!   the moment its remaining work no longer fits before its deadline.
+//!
+//! Pure: the caller passes the measurements.
 
 /// One task as the oracle sees it (microseconds on the caller's clock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OracleTask {
     /// When it arrives.
     pub arrival: u64,
-    /// Processor time it needs to reach its gain (`None`: it never does).
-    pub work: Option<u64>,
+    /// Processor time it took alone: to its gain, or until it was given back without it.
+    pub work: u64,
+    /// Whether alone it reached its gain (if not, no schedule meets its SLO).
+    pub reaches_gain: bool,
     /// When it must be done.
     pub deadline: u64,
 }
 
-/// Which tasks meet their deadline under preemptive EDF with no overhead (see the module docs), in
-/// the order given. Ties on deadline go to the earlier arrival, then the lower index.
-pub fn edf_meets(tasks: &[OracleTask]) -> Vec<bool> {
+/// What the oracle knows in advance (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Foresight {
+    /// Preemptive EDF on the measured work, a task dropped when its deadline passes.
+    Edf,
+    /// EDF that also knows every task's work and outcome in advance.
+    Clairvoyant,
+}
+
+/// Which tasks meet their deadline under preemptive EDF with no overhead and `foresight` (see the
+/// module docs), in the order given. Ties on deadline go to the earlier arrival, then the lower
+/// index.
+pub fn edf_meets(tasks: &[OracleTask], foresight: Foresight) -> Vec<bool> {
+    let clairvoyant = foresight == Foresight::Clairvoyant;
     let n = tasks.len();
     let mut met = vec![false; n];
-    let mut left: Vec<u64> = tasks.iter().map(|t| t.work.unwrap_or(0)).collect();
+    let mut left: Vec<u64> = tasks.iter().map(|t| t.work).collect();
     let mut arrived = vec![false; n];
-    let mut gone: Vec<bool> = tasks.iter().map(|t| t.work.is_none() || t.deadline < t.arrival).collect();
+    let mut gone: Vec<bool> =
+        tasks.iter().map(|t| (clairvoyant && !t.reaches_gain) || t.deadline < t.arrival).collect();
     let mut now = tasks.iter().map(|t| t.arrival).min().unwrap_or(0);
     loop {
         for (i, t) in tasks.iter().enumerate() {
@@ -34,9 +54,11 @@ pub fn edf_meets(tasks: &[OracleTask]) -> Vec<bool> {
                 arrived[i] = true;
             }
         }
-        // Drop whatever can no longer finish by its deadline.
+        // Drop whatever can no longer meet its deadline: with foresight, as soon as its remaining
+        // work no longer fits; without, once the deadline has come with work left.
         for (i, t) in tasks.iter().enumerate() {
-            if arrived[i] && !gone[i] && now.saturating_add(left[i]) > t.deadline {
+            let late = if clairvoyant { now.saturating_add(left[i]) > t.deadline } else { now >= t.deadline };
+            if arrived[i] && !gone[i] && left[i] > 0 && late {
                 gone[i] = true;
             }
         }
@@ -50,15 +72,18 @@ pub fn edf_meets(tasks: &[OracleTask]) -> Vec<bool> {
             (None, Some(a)) => now = a,
             (Some(i), next) => {
                 let finish = now.saturating_add(left[i]);
-                match next {
-                    Some(a) if a < finish => {
-                        left[i] -= a - now;
-                        now = a;
+                // the next event: an arrival, or (without foresight) the running task's deadline
+                let stop =
+                    next.into_iter().chain((finish > tasks[i].deadline).then_some(tasks[i].deadline)).min();
+                match stop {
+                    Some(s) if s < finish => {
+                        left[i] -= s - now;
+                        now = s;
                     }
                     _ => {
                         left[i] = 0;
                         now = finish;
-                        met[i] = true;
+                        met[i] = tasks[i].reaches_gain;
                         gone[i] = true;
                     }
                 }
@@ -69,11 +94,11 @@ pub fn edf_meets(tasks: &[OracleTask]) -> Vec<bool> {
 }
 
 /// The share of `tasks` meeting their deadline under [`edf_meets`] (1 for no tasks).
-pub fn edf_attainment(tasks: &[OracleTask]) -> f64 {
+pub fn edf_attainment(tasks: &[OracleTask], foresight: Foresight) -> f64 {
     if tasks.is_empty() {
         return 1.0;
     }
-    edf_meets(tasks).iter().filter(|m| **m).count() as f64 / tasks.len() as f64
+    edf_meets(tasks, foresight).iter().filter(|m| **m).count() as f64 / tasks.len() as f64
 }
 
 #[cfg(test)]
@@ -81,40 +106,93 @@ mod tests {
     use super::*;
 
     fn t(arrival: u64, work: u64, deadline: u64) -> OracleTask {
-        OracleTask { arrival, work: Some(work), deadline }
+        OracleTask { arrival, work, reaches_gain: true, deadline }
     }
+
+    const BOTH: [Foresight; 2] = [Foresight::Edf, Foresight::Clairvoyant];
 
     #[test]
     fn edf_by_hand() {
-        // A (0, 4, dl 10) and B (1, 2, dl 4): B preempts A at 1, done at 3; A done at 6.
-        assert_eq!(edf_meets(&[t(0, 4, 10), t(1, 2, 4)]), vec![true, true]);
-        // FIFO would finish A at 4 and B at 6 > 4: EDF is what makes both fit.
-        // Three tasks of 3 due at 5: only one fits; the others are dropped at the point they
-        // cannot finish, so they do not delay a later task due at 12.
-        let v = edf_meets(&[t(0, 3, 5), t(0, 3, 5), t(0, 3, 5), t(4, 3, 12)]);
-        assert_eq!(v, vec![true, false, false, true]);
-        assert!((edf_attainment(&[t(0, 3, 5), t(0, 3, 5), t(0, 3, 5), t(4, 3, 12)]) - 0.5).abs() < 1e-12);
+        for f in BOTH {
+            // A (0, 4, dl 10) and B (1, 2, dl 4): B preempts A at 1, done at 3; A done at 6.
+            assert_eq!(edf_meets(&[t(0, 4, 10), t(1, 2, 4)], f), vec![true, true]);
+            // FIFO would finish A at 4 and B at 6 > 4: EDF is what makes both fit.
+        }
+        // Three tasks of 3 due at 5, then one of 3 due at 12 arriving at 4. With foresight the two
+        // that cannot fit are dropped at once: the last one runs 4..7.
+        let v = [t(0, 3, 5), t(0, 3, 5), t(0, 3, 5), t(4, 3, 12)];
+        assert_eq!(edf_meets(&v, Foresight::Clairvoyant), vec![true, false, false, true]);
+        assert!((edf_attainment(&v, Foresight::Clairvoyant) - 0.5).abs() < 1e-12);
+        // Without it the second runs 3..5 and is dropped at its deadline; the third is dropped
+        // then too, and the last runs 5..8, still in time.
+        assert_eq!(edf_meets(&v, Foresight::Edf), vec![true, false, false, true]);
     }
 
     #[test]
-    fn tasks_that_never_reach_the_gain_never_meet_and_cost_nothing() {
-        let never = OracleTask { arrival: 0, work: None, deadline: 100 };
-        assert_eq!(edf_meets(&[never, t(0, 100, 100)]), vec![false, true]);
-        assert_eq!(edf_attainment(&[]), 1.0);
-        // Idle gaps are skipped: a task arriving late starts at its arrival.
-        assert_eq!(edf_meets(&[t(0, 1, 1), t(1000, 5, 1005)]), vec![true, true]);
-        assert_eq!(edf_meets(&[t(0, 1, 1), t(1000, 6, 1005)]), vec![true, false]);
+    fn without_foresight_a_doomed_task_delays_the_next() {
+        // A (0, 10, dl 6) cannot finish; B (1, 4, dl 9) could, alone. EDF runs A (earlier
+        // deadline) until 6, then B has 3 left before 9 and needs 4: both miss. Foresight drops A
+        // at 0 and B finishes at 5.
+        let v = [t(0, 10, 6), t(1, 4, 9)];
+        assert_eq!(edf_meets(&v, Foresight::Edf), vec![false, false]);
+        assert_eq!(edf_meets(&v, Foresight::Clairvoyant), vec![false, true]);
+    }
+
+    #[test]
+    fn a_task_that_never_reaches_its_gain_costs_only_without_foresight() {
+        let never = OracleTask { arrival: 0, work: 50, reaches_gain: false, deadline: 60 };
+        // EDF runs it (it finishes at 50 without its gain): the other, due at 100, has 50 left.
+        assert_eq!(edf_meets(&[never, t(0, 50, 100)], Foresight::Edf), vec![false, true]);
+        assert_eq!(edf_meets(&[never, t(0, 51, 100)], Foresight::Edf), vec![false, false]);
+        // The clairvoyant oracle never runs it.
+        assert_eq!(edf_meets(&[never, t(0, 100, 100)], Foresight::Clairvoyant), vec![false, true]);
+        for f in BOTH {
+            assert_eq!(edf_attainment(&[], f), 1.0);
+            // Idle gaps are skipped: a task arriving late starts at its arrival.
+            assert_eq!(edf_meets(&[t(0, 1, 1), t(1000, 5, 1005)], f), vec![true, true]);
+            assert_eq!(edf_meets(&[t(0, 1, 1), t(1000, 6, 1005)], f), vec![true, false]);
+        }
     }
 
     #[test]
     fn more_load_never_raises_attainment_on_the_same_arrivals() {
-        // The same three arrivals with growing work: the count met never rises.
-        let mut last = usize::MAX;
-        for w in [1u64, 2, 4, 8, 16, 32] {
-            let met = edf_meets(&[t(0, w, 20), t(3, w, 25), t(6, w, 30)]).iter().filter(|m| **m).count();
-            assert!(met <= last, "work {w}: {met} > {last}");
-            last = met;
+        for f in BOTH {
+            // The same three arrivals with growing work: the count met never rises.
+            let mut last = usize::MAX;
+            for w in [1u64, 2, 4, 8, 16, 32] {
+                let met =
+                    edf_meets(&[t(0, w, 20), t(3, w, 25), t(6, w, 30)], f).iter().filter(|m| **m).count();
+                assert!(met <= last, "{f:?}, work {w}: {met} > {last}");
+                last = met;
+            }
+            assert_eq!(last, 0);
         }
-        assert_eq!(last, 0);
+    }
+
+    #[test]
+    fn foresight_never_does_worse_on_these_loads() {
+        // Seeded random task sets: the clairvoyant oracle meets at least as many as plain EDF.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..200 {
+            let v: Vec<OracleTask> = (0..8)
+                .map(|_| {
+                    let a = next(100);
+                    OracleTask {
+                        arrival: a,
+                        work: 1 + next(40),
+                        reaches_gain: next(5) > 0,
+                        deadline: a + 10 + next(60),
+                    }
+                })
+                .collect();
+            let count = |f| edf_meets(&v, f).iter().filter(|m| **m).count();
+            assert!(count(Foresight::Clairvoyant) >= count(Foresight::Edf), "{v:?}");
+        }
     }
 }

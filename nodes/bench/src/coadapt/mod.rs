@@ -43,6 +43,7 @@ use troupe_policy::adapt::ExpertId;
 use troupe_policy::adapt::age::AgeModel;
 use troupe_policy::adapt::grouping::{GroupingConfig, GroupingItem, group_experts};
 use troupe_policy::adapt::memory::{ExpertShape, MemoryModel, MemorySample};
+use troupe_policy::adapt::oracle::Foresight;
 use troupe_policy::adapt::sim::{SimConfig, Strategy, simulate};
 use troupe_policy::adapt::threads::{ExpertProfile, fill_clamp_refill};
 
@@ -169,6 +170,8 @@ pub fn headline_keys() -> Vec<String> {
         "measured_fragmentation_worst_k",
         "oracle_max_concurrency",
         "measured_attainment_over_oracle_min",
+        "clairvoyant_oracle_max_concurrency",
+        "measured_attainment_over_clairvoyant_oracle_min",
         "measured_prefetch_hidden_share",
         "measured_ablation_max_concurrency_share_backbone",
         "real_sim_order_agreement",
@@ -601,8 +604,11 @@ fn measured(
     for line in oracle::fragmentation(&sc.ks, &res, fig) {
         println!("{line}");
     }
-    for line in oracle::report(&sc.ks, &oracle::oracle(sc, &work, &solo), &res, fig) {
-        println!("{line}");
+    for foresight in [Foresight::Edf, Foresight::Clairvoyant] {
+        for line in oracle::report(&sc.ks, &oracle::oracle(sc, &work, &solo, foresight), foresight, &res, fig)
+        {
+            println!("{line}");
+        }
     }
     Ok(res)
 }

@@ -2,11 +2,15 @@
 //! lifespan-ordered pool (item 4), from the real sweep.
 //!
 //! **Oracle.** Each task of a seed is first run alone under ours (same engine config as the sweep,
-//! K = 1, the same validation split and batches it draws in the sweep), and the process CPU time it took to reach the SLO gain is its measured work (none when
-//! it never reached it within the epoch cap). Then for every swept K the seed's first K tasks, with
-//! the sweep's own arrivals and deadlines (arrival + L), are scheduled by
-//! `troupe_policy::adapt::oracle` (preemptive EDF on one processor, no overhead); K* is the largest
-//! K of the passing prefix at >= 90% of tasks on time, as for the strategies.
+//! K = 1, the same validation split and batches it draws in the sweep); the process CPU time it
+//! took alone is its measured work: to the SLO gain, or, for a task that never reached it, until
+//! the epoch cap gave it back. Then for every swept K the seed's first K tasks, with the sweep's
+//! own arrivals and deadlines (arrival + L), are scheduled by `troupe_policy::adapt::oracle`
+//! (preemptive EDF on one processor, no overhead); K* is the largest K of the passing prefix at
+//! >= 90% of tasks on time, as for the strategies. The keys (`oracle_*`,
+//! `measured_attainment_over_oracle_min`) are plain EDF on that work ([`Foresight::Edf`]); the
+//! same with foresight of every task's work and outcome ([`Foresight::Clairvoyant`]) is reported
+//! beside them (`clairvoyant_oracle_*`, `measured_attainment_over_clairvoyant_oracle_min`).
 
 use std::collections::BTreeMap;
 
@@ -14,21 +18,33 @@ use anyhow::Result;
 use troupe_actors::coadapt::engine::{EngineConfig, seed_for_nth};
 use troupe_kernels::vmoe::VMoe;
 use troupe_kernels::vmoe::train::Dataset;
-use troupe_policy::adapt::oracle::{OracleTask, edf_meets};
+use troupe_policy::adapt::oracle::{Foresight, OracleTask, edf_meets};
 
 use super::real::{SweepConfig, SweepResult, Tally, arrivals, max_concurrency, run_once};
 
-/// Per task of `jobs`, alone under `cfg`: microseconds of process CPU time to reach `gain`, `None`
-/// when it never did. The `i`th task is rerun with the validation split and batches it draws as
-/// the `i`th task of the sweep ([`seed_for_nth`]), so its work is the work it had there.
-pub fn task_work(cfg: EngineConfig, student: &VMoe, jobs: &[Dataset], gain: f64) -> Result<Vec<Option<u64>>> {
+/// One task's measured work alone: microseconds of process CPU time, and whether it reached the
+/// gain in them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskWork {
+    /// CPU time alone, to the gain or until it was given back.
+    pub micros: u64,
+    /// Whether it reached the gain.
+    pub reaches_gain: bool,
+}
+
+/// Per task of `jobs`, alone under `cfg`: its work to reach `gain`, or until it was given back
+/// without it. The `i`th task is rerun with the validation split and batches it draws as the `i`th
+/// task of the sweep ([`seed_for_nth`]), so its work is the work it had there.
+pub fn task_work(cfg: EngineConfig, student: &VMoe, jobs: &[Dataset], gain: f64) -> Result<Vec<TaskWork>> {
     jobs.iter()
         .enumerate()
         .map(|(i, j)| {
             let nth = u32::try_from(i).unwrap_or(u32::MAX);
             let alone = EngineConfig { seed: seed_for_nth(cfg.seed, nth), ..cfg };
             let o = run_once(alone, student, std::slice::from_ref(j), &[0], None)?;
-            Ok(o.tasks.first().filter(|(_, g)| *g >= gain - 1e-12).map(|(t, _)| (t * 1e6) as u64))
+            let (t, g) =
+                o.tasks.first().copied().ok_or_else(|| anyhow::anyhow!("task {i} alone did not finish"))?;
+            Ok(TaskWork { micros: (t * 1e6) as u64, reaches_gain: g >= gain - 1e-12 })
         })
         .collect()
 }
@@ -39,8 +55,9 @@ pub type OracleCells = BTreeMap<u64, Vec<(usize, usize)>>;
 /// The oracle's cells from each seed's measured work and solo time (see the module docs).
 pub fn oracle(
     sc: &SweepConfig,
-    work: &BTreeMap<u64, Vec<Option<u64>>>,
+    work: &BTreeMap<u64, Vec<TaskWork>>,
     solo_s: &BTreeMap<u64, f64>,
+    foresight: Foresight,
 ) -> OracleCells {
     let mut out = OracleCells::new();
     for (&seed, w) in work {
@@ -54,9 +71,14 @@ pub fn oracle(
                 let tasks: Vec<OracleTask> = arrivals(sc, seed, k, solo)
                     .iter()
                     .zip(w)
-                    .map(|(&a, &work)| OracleTask { arrival: a, work, deadline: a.saturating_add(l_us) })
+                    .map(|(&a, w)| OracleTask {
+                        arrival: a,
+                        work: w.micros,
+                        reaches_gain: w.reaches_gain,
+                        deadline: a.saturating_add(l_us),
+                    })
                     .collect();
-                (edf_meets(&tasks).iter().filter(|m| **m).count(), k)
+                (edf_meets(&tasks, foresight).iter().filter(|m| **m).count(), k)
             })
             .collect();
         out.insert(seed, cells);
@@ -68,27 +90,38 @@ fn share((met, tasks): (usize, usize)) -> f64 {
     met as f64 / tasks.max(1) as f64
 }
 
-/// Writes the oracle keys and ours against it; returns the printed lines. Ratios where the oracle
-/// gets nothing done are left out (never a made-up number); NaN when none is left.
+/// The name an oracle's keys and lines go by.
+fn oracle_name(foresight: Foresight) -> &'static str {
+    match foresight {
+        Foresight::Edf => "oracle",
+        Foresight::Clairvoyant => "clairvoyant_oracle",
+    }
+}
+
+/// Writes the keys of the oracle with `foresight` (its cells) and ours against it; returns the
+/// printed lines. Ratios where the oracle gets nothing done are left out (never a made-up number);
+/// NaN when none is left.
 pub fn report(
     ks: &[usize],
     cells: &OracleCells,
+    foresight: Foresight,
     res: &SweepResult,
     fig: &mut BTreeMap<String, f64>,
 ) -> Vec<String> {
+    let name = oracle_name(foresight);
     let mut lines = Vec::new();
     let pooled: Vec<(usize, usize)> = (0..ks.len())
         .map(|i| cells.values().filter_map(|v| v.get(i)).fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1)))
         .collect();
     let oracle_att: Vec<f64> = pooled.iter().copied().map(share).collect();
     let k_star = max_concurrency(ks, &oracle_att, super::SLO_RATIO);
-    fig.insert("oracle_max_concurrency".into(), k_star as f64);
+    fig.insert(format!("{name}_max_concurrency"), k_star as f64);
     let mut per_seed = Vec::new();
     let mut gap_min: Option<i64> = None;
     for (seed, v) in cells {
         let a: Vec<f64> = v.iter().copied().map(share).collect();
         let k = max_concurrency(ks, &a, super::SLO_RATIO);
-        fig.insert(format!("oracle_max_concurrency_seed{seed}"), k as f64);
+        fig.insert(format!("{name}_max_concurrency_seed{seed}"), k as f64);
         let ours_seed = res.get(&super::real::per_seed_key(super::RealStrategy::OURS.name, *seed)).map(|v| {
             let a: Vec<f64> = v.iter().map(Tally::attainment).collect();
             max_concurrency(ks, &a, super::SLO_RATIO)
@@ -104,11 +137,11 @@ pub fn report(
     }
     // Per seed, ours' max concurrency minus K*, the lowest over seeds (goal >= -1).
     fig.insert(
-        "measured_max_concurrency_ours_minus_oracle_min".into(),
+        format!("measured_max_concurrency_ours_minus_{name}_min"),
         gap_min.map_or(f64::NAN, |g| g as f64),
     );
     for (k, a) in ks.iter().zip(&oracle_att) {
-        fig.insert(format!("oracle_k{k}_slo_attainment"), *a);
+        fig.insert(format!("{name}_k{k}_slo_attainment"), *a);
     }
     let ours: Vec<f64> = res
         .get(super::RealStrategy::OURS.name)
@@ -122,16 +155,21 @@ pub fn report(
         .map(|(k, (a, o))| (a / o, *k))
         .min_by(|x, y| x.0.total_cmp(&y.0));
     let (ratio, worst_k) = worst.map_or((f64::NAN, f64::NAN), |(r, k)| (r, k as f64));
-    fig.insert("measured_attainment_over_oracle_min".into(), ratio);
-    fig.insert("measured_attainment_over_oracle_worst_k".into(), worst_k);
+    fig.insert(format!("measured_attainment_over_{name}_min"), ratio);
+    fig.insert(format!("measured_attainment_over_{name}_worst_k"), worst_k);
     lines.push(format!(
-        "oracle (measured per-task work alone, preemptive EDF, no overhead): K* {k_star} pooled over seeds ({}); ours {ours_mc} (goal >= K* - 1 = {}); ours' attainment over the oracle's, lowest over K: {ratio:.2} at K = {worst_k} (goal >= 0.9)",
+        "{} (measured per-task work alone, preemptive EDF, no overhead{}): K* {k_star} pooled over seeds ({}); ours {ours_mc} (goal >= K* - 1 = {}); ours' attainment over the oracle's, lowest over K: {ratio:.2} at K = {worst_k} (goal >= 0.9)",
+        name.replace('_', " "),
+        match foresight {
+            Foresight::Edf => ", a task dropped when its deadline passes",
+            Foresight::Clairvoyant => ", knowing each task's work and outcome in advance",
+        },
         per_seed.join(", "),
         k_star.saturating_sub(1)
     ));
     let row: Vec<String> =
         ks.iter().zip(&oracle_att).zip(&ours).map(|((k, o), a)| format!("K={k} {a:.2}/{o:.2}")).collect();
-    lines.push(format!("ours/oracle attainment per K: {}", row.join(" ")));
+    lines.push(format!("ours/{} attainment per K: {}", name.replace('_', " "), row.join(" ")));
     lines
 }
 
@@ -197,7 +235,7 @@ mod tests {
         res.insert("ours@seed1".into(), vec![tally(1, 1, 0.0), tally(2, 2, 0.0), tally(0, 3, 0.0)]);
         res.insert("ours@seed2".into(), vec![tally(1, 1, 0.0), tally(1, 2, 0.0), tally(0, 3, 0.0)]);
         let mut fig = BTreeMap::new();
-        report(&ks, &cells, &res, &mut fig);
+        report(&ks, &cells, Foresight::Edf, &res, &mut fig);
         // Seed 1: ours 2 = K*; seed 2: ours 1 = K* - 1.
         assert_eq!(fig["measured_max_concurrency_ours_seed2"], 1.0);
         assert_eq!(fig["measured_max_concurrency_ours_minus_oracle_min"], -1.0);
@@ -206,6 +244,14 @@ mod tests {
         // K = 2: 0.75 of the oracle's 1.0; K = 3 has an oracle of 0 and is left out.
         assert!((fig["measured_attainment_over_oracle_min"] - 0.75).abs() < 1e-12);
         assert_eq!(fig["measured_attainment_over_oracle_worst_k"], 2.0);
+        // The clairvoyant oracle's cells go under their own keys.
+        cells.insert(2, vec![(1, 1), (2, 2), (3, 3)]);
+        report(&ks, &cells, Foresight::Clairvoyant, &res, &mut fig);
+        assert_eq!(fig["clairvoyant_oracle_max_concurrency_seed2"], 3.0);
+        assert_eq!(fig["clairvoyant_oracle_max_concurrency"], 2.0);
+        assert_eq!(fig["measured_max_concurrency_ours_minus_clairvoyant_oracle_min"], -2.0);
+        // the plain oracle's keys stay as they were
+        assert_eq!(fig["oracle_max_concurrency_seed2"], 2.0);
     }
 
     #[test]
