@@ -7,7 +7,7 @@
 //! the epoch cap gave it back. Then for every swept K the seed's first K tasks, with the sweep's
 //! own arrivals and deadlines (arrival + L), are scheduled by `troupe_policy::adapt::oracle`
 //! (preemptive EDF on one processor, no overhead); K* is the largest K of the passing prefix at
-//! >= 90% of tasks on time, as for the strategies. The keys (`oracle_*`,
+//! 90% of tasks on time or more, as for the strategies. The keys (`oracle_*`,
 //! `measured_attainment_over_oracle_min`) are plain EDF on that work ([`Foresight::Edf`]); the
 //! same with foresight of every task's work and outcome ([`Foresight::Clairvoyant`]) is reported
 //! beside them (`clairvoyant_oracle_*`, `measured_attainment_over_clairvoyant_oracle_min`).
