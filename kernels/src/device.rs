@@ -83,6 +83,13 @@ impl DeviceKind {
         }
     }
 
+    /// Whether work several tasks submit at once runs side by side (a GPU's streams) rather than
+    /// in turn on the same processors (the CPU, where one task's step already uses the cores its
+    /// work pays for), so co-running tasks finish sooner than one after another.
+    pub fn runs_tasks_side_by_side(self) -> bool {
+        matches!(self, DeviceKind::Cuda(_))
+    }
+
     /// Open it ([`crate::KernelError::CudaUnavailable`] saying why a GPU cannot be used).
     pub fn open(self) -> Result<Device> {
         match self {

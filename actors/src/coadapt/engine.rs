@@ -168,7 +168,8 @@ pub struct EngineConfig {
     pub budget: u64,
     /// The scheduler.
     pub scheduler: SchedulerChoice,
-    /// Most tasks per cycle (twin-buffer seats).
+    /// Most tasks per cycle (twin-buffer seats). On the CPU a cycle holds one task while tasks
+    /// carry deadlines (`troupe_policy::adapt::twin::TwinConfig::side_by_side`).
     pub seats: usize,
     /// Optimiser steps per epoch.
     pub steps_per_epoch: usize,
@@ -411,6 +412,7 @@ pub fn adapt_scheduler(cfg: &EngineConfig, limits: CycleLimits) -> Box<dyn Adapt
         SchedulerChoice::Twin => Box::new(TwinBufferScheduler::new(TwinConfig {
             limits,
             seats: cfg.seats,
+            side_by_side: cfg.device.runs_tasks_side_by_side(),
             ..TwinConfig::default()
         })),
         SchedulerChoice::RoundRobin => Box::new(QueueScheduler::ams(limits)),

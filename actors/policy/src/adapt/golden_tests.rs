@@ -342,6 +342,7 @@ fn twin_case(c: &Case) -> String {
         error_smoothing: 0.3,
         preload_lead: Micros::from_secs(c.arg("lead_s", 2)),
         seats: c.arg("seats", 4),
+        side_by_side: c.arg("side_by_side", true),
     });
     let mut out = String::new();
     for line in &c.input {

@@ -48,6 +48,11 @@ pub struct TwinConfig {
     /// Most tasks per cycle: the pipelines time-share the GPU rather than co-running every
     /// task at once (processor sharing would finish every task late together under overload).
     pub seats: usize,
+    /// Whether the device runs a cycle's tasks side by side (a GPU's streams). On one that does
+    /// not (the CPU, whose clock charges co-running tasks their sum), a cycle holds one task while
+    /// tasks carry deadlines: sharing the processor finishes no member sooner and makes the head
+    /// of the SLO order finish later, so every deadline is as easy or easier met serially.
+    pub side_by_side: bool,
 }
 
 impl Default for TwinConfig {
@@ -61,6 +66,7 @@ impl Default for TwinConfig {
             error_smoothing: 0.3,
             preload_lead: Micros::from_secs(2),
             seats: 4,
+            side_by_side: true,
         }
     }
 }
@@ -269,13 +275,20 @@ impl TwinBufferScheduler {
         }
     }
 
-    /// The tasks of the next cycle: the service order filled into memory, at most `seats` (with
-    /// SLO deadlines, at most as many as stay on time sharing the cycle).
+    /// Most tasks a cycle may hold: `seats`, or one while tasks carry deadlines on a device that
+    /// does not run a cycle's tasks side by side ([`TwinConfig::side_by_side`]).
+    fn seats(&self) -> usize {
+        let under_deadlines = self.table.tasks.values().any(|t| t.spec.deadline.is_some());
+        if under_deadlines && !self.cfg.side_by_side { 1 } else { self.cfg.seats.max(1) }
+    }
+
+    /// The tasks of the next cycle: the service order filled into memory, at most [`Self::seats`]
+    /// (with SLO deadlines, at most as many as stay on time sharing the cycle).
     pub fn next_set(&self) -> Vec<TaskId> {
         let mut set = self.table.fill(&self.service_order());
         let seats = match self.slo_tasks(&set) {
-            Some(slo) => cycle_size(self.now, &slo, self.cfg.seats.max(1)),
-            None => self.cfg.seats.max(1),
+            Some(slo) => cycle_size(self.now, &slo, self.seats()),
+            None => self.seats(),
         };
         set.truncate(seats);
         set
@@ -310,14 +323,14 @@ impl TwinBufferScheduler {
     }
 
     /// The tasks to preload while the current cycle computes: the service order without the
-    /// current tasks, filled into memory, at most `seats`. Mid-cycle nothing the order depends on has
+    /// current tasks, filled into memory, at most [`Self::seats`]. Mid-cycle nothing the order depends on has
     /// changed yet (epochs are reported when the cycle ends), so [`Self::next_set`] would name the
     /// current tasks again; the twin buffer's other half is the tasks waiting behind them.
     pub fn preload_set(&self) -> Vec<TaskId> {
         let waiting: Vec<TaskId> =
             self.service_order().into_iter().filter(|id| !self.current.contains(id)).collect();
         let mut set = self.table.fill(&waiting);
-        set.truncate(self.cfg.seats.max(1));
+        set.truncate(self.seats());
         set
     }
 
@@ -616,6 +629,28 @@ mod tests {
             runs,
             vec![SchedAction::RunEpoch { task: TaskId(2) }, SchedAction::RunEpoch { task: TaskId(3) },]
         );
+    }
+
+    #[test]
+    fn one_processor_under_deadlines_runs_one_task_per_cycle() {
+        let with_deadline = |i: u32| TaskSpec { deadline: Some(Micros::from_secs(100)), ..spec(i, 0.5, 10) };
+        let cycle_after_first = |side_by_side: bool, deadlines: bool| {
+            let mut s = TwinBufferScheduler::new(TwinConfig { seats: 3, side_by_side, ..cfg(1_000) });
+            for i in 1..=5 {
+                s.handle_arrival(Micros(0), if deadlines { with_deadline(i) } else { spec(i, 0.5, 10) });
+            }
+            let _ = drain(&mut s); // task 1 alone (the others arrived during its cycle)
+            s.handle_epoch_done(Micros(10), TaskId(1), 0.52);
+            let runs = drain(&mut s).iter().filter(|a| matches!(a, SchedAction::RunEpoch { .. })).count();
+            (runs, s.preload_set().len())
+        };
+        // Every task on time alone and sharing: side by side, the cycle fills its seats.
+        assert_eq!(cycle_after_first(true, true).0, 3);
+        // On one processor the same tasks run one after another, and one is preloaded.
+        assert_eq!(cycle_after_first(false, true), (1, 1));
+        // Without deadlines the seats hold on either device.
+        assert_eq!(cycle_after_first(false, false).0, 3);
+        assert_eq!(cycle_after_first(true, false).0, 3);
     }
 
     #[test]
