@@ -282,8 +282,9 @@ impl TwinBufferScheduler {
         if under_deadlines && !self.cfg.side_by_side { 1 } else { self.cfg.seats.max(1) }
     }
 
-    /// The tasks of the next cycle: the service order filled into memory, at most the seats ([`TwinConfig::seats`], one under deadlines without [`TwinConfig::side_by_side`])
-    /// (with SLO deadlines, at most as many as stay on time sharing the cycle).
+    /// The tasks of the next cycle: the service order filled into memory, at most the seats
+    /// ([`TwinConfig::seats`], one under deadlines without [`TwinConfig::side_by_side`]; with
+    /// SLO deadlines, at most as many as stay on time sharing the cycle).
     pub fn next_set(&self) -> Vec<TaskId> {
         let mut set = self.table.fill(&self.service_order());
         let seats = match self.slo_tasks(&set) {
@@ -323,9 +324,10 @@ impl TwinBufferScheduler {
     }
 
     /// The tasks to preload while the current cycle computes: the service order without the
-    /// current tasks, filled into memory, at most the seats ([`TwinConfig::seats`], one under deadlines without [`TwinConfig::side_by_side`]). Mid-cycle nothing the order depends on has
-    /// changed yet (epochs are reported when the cycle ends), so [`Self::next_set`] would name the
-    /// current tasks again; the twin buffer's other half is the tasks waiting behind them.
+    /// current tasks, filled into memory, at most the seats (as in [`Self::next_set`]). Mid-cycle
+    /// nothing the order depends on has changed yet (epochs are reported when the cycle ends), so
+    /// [`Self::next_set`] would name the current tasks again; the twin buffer's other half is the
+    /// tasks waiting behind them.
     pub fn preload_set(&self) -> Vec<TaskId> {
         let waiting: Vec<TaskId> =
             self.service_order().into_iter().filter(|id| !self.current.contains(id)).collect();
