@@ -171,23 +171,19 @@ mod tests {
 
     #[test]
     fn foresight_never_does_worse_on_these_loads() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
         // Seeded random task sets: the clairvoyant oracle meets at least as many as plain EDF.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut rng = SmallRng::seed_from_u64(43);
         for _ in 0..200 {
             let v: Vec<OracleTask> = (0..8)
                 .map(|_| {
-                    let a = next(100);
+                    let a = rng.random_range(0..100);
                     OracleTask {
                         arrival: a,
-                        work: 1 + next(40),
-                        reaches_gain: next(5) > 0,
-                        deadline: a + 10 + next(60),
+                        work: rng.random_range(1..41),
+                        reaches_gain: rng.random_range(0..5) > 0,
+                        deadline: a + rng.random_range(10..70),
                     }
                 })
                 .collect();
