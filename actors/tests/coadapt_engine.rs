@@ -123,6 +123,20 @@ fn finishes_within_the_budget(choice: SchedulerChoice) {
             );
         }
         assert_eq!(mechanisms.grouping, !eng.plan_records().is_empty());
+        // Each task's work is its own steps and validations, one tick of the logical clock each
+        // (a grouped step's tick split over the cycle's tasks): no load or scheduling in it.
+        let per_epoch = 1000 * (cfg.steps_per_epoch as u64 + 1);
+        for f in &done {
+            let e = u64::from(f.epochs);
+            if mechanisms.grouping {
+                let least = e * (1000 + 1000 * cfg.steps_per_epoch as u64 / cfg.seats as u64);
+                assert!((least..=e * per_epoch).contains(&f.work.0), "{}: work {:?}", f.name, f.work);
+            } else {
+                assert_eq!(f.work.0, e * per_epoch, "{}", f.name);
+            }
+        }
+        let total: u64 = done.iter().map(|f| f.work.0).sum();
+        assert!(total < tick.get(), "work {total} us is more than the clock's {} us", tick.get());
         for f in &done {
             println!(
                 "{} (grouping {}) {}: {:.3} -> {:.3} in {} epochs",

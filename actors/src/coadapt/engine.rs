@@ -305,6 +305,10 @@ pub struct Finished {
     pub arrived: Micros,
     /// Completion time.
     pub done: Micros,
+    /// Processor time spent on its own training steps and validations, on the clock
+    /// [`EdgeEngine::run_cycle`] was given: its work, without the executor's overhead (loads,
+    /// preloads, scheduling). A grouped step's time is split evenly over the tasks in it.
+    pub work: Micros,
 }
 
 /// Lifespan assumed for an expert before its task has been measured, in microseconds.
@@ -324,6 +328,8 @@ struct LiveTask {
     epochs: u32,
     arrived: Micros,
     last_cycle: u64,
+    /// Processor time of its own steps and validations so far (see [`Finished::work`]).
+    work: Micros,
     /// Draws this task's validation split and batches: seeded by the engine seed and the task's
     /// admission order, so a task trains on the same batches whichever scheduler runs it.
     rng: SmallRng,
@@ -627,6 +633,7 @@ impl EdgeEngine {
                 epochs: 0,
                 arrived: now,
                 last_cycle: 0,
+                work: Micros(0),
                 rng,
             },
         );
@@ -665,10 +672,14 @@ impl EdgeEngine {
         }
         for step in 0..self.cfg.steps_per_epoch {
             if self.cfg.mechanisms.grouping {
+                let start = clock();
                 self.grouped_step(&runs, step)?;
+                self.charge(&runs, clock().saturating_sub(start));
             } else {
                 for t in &runs {
+                    let start = clock();
                     self.adapt_step(*t, &runs)?;
+                    self.charge(std::slice::from_ref(t), clock().saturating_sub(start));
                     self.commit_ready(&runs)?;
                 }
             }
@@ -678,7 +689,9 @@ impl EdgeEngine {
             }
         }
         for t in &runs {
+            let start = clock();
             let acc = self.validate(*t)?;
+            self.charge(std::slice::from_ref(t), clock().saturating_sub(start));
             if let Some(task) = self.tasks.get_mut(t) {
                 task.accuracy = acc;
                 task.epochs += 1;
@@ -686,6 +699,16 @@ impl EdgeEngine {
             self.sched.handle_epoch_done(clock(), *t, acc);
         }
         self.drain(clock())
+    }
+
+    /// Adds `spent` to the work of `tasks`, split evenly (see [`Finished::work`]).
+    fn charge(&mut self, tasks: &[TaskId], spent: Micros) {
+        let share = Micros(spent.0 / tasks.len().max(1) as u64);
+        for t in tasks {
+            if let Some(task) = self.tasks.get_mut(t) {
+                task.work = task.work + share;
+            }
+        }
     }
 
     fn validate(&self, t: TaskId) -> Result<f64, EngineError> {
@@ -861,6 +884,7 @@ impl EdgeEngine {
                         reached,
                         arrived: t.arrived,
                         done: now,
+                        work: t.work,
                     });
                 }
             }

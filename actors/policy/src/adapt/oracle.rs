@@ -2,9 +2,10 @@
 //! SLO on one processor if each task's measured CPU work were scheduled earliest-deadline-first
 //! with no overhead at all (no loads, no switches, no contention, preemption free).
 //!
-//! Each task arrives, needs `work` microseconds of the processor (what it took measured alone: to
-//! its accuracy gain, or until it was given back without it) and must finish by its deadline. Two
-//! oracles, by how much they know ([`Foresight`]):
+//! Each task arrives, needs `work` microseconds of the processor (as measured: to its accuracy
+//! gain, or until it was given back without it; the bench measures it alone beforehand, and in
+//! the very run it judges) and must finish by its deadline. Two oracles, by how much they know
+//! ([`Foresight`]):
 //! - [`Foresight::Edf`], the issue's: preemptive EDF on the measured work. A task whose deadline
 //!   passes unfinished is dropped then (it can no longer meet its SLO); a task that never reaches
 //!   its gain runs like any other, since nothing tells the scheduler so in advance.
@@ -19,9 +20,9 @@
 pub struct OracleTask {
     /// When it arrives.
     pub arrival: u64,
-    /// Processor time it took alone: to its gain, or until it was given back without it.
+    /// Processor time it took: to its gain, or until it was given back without it.
     pub work: u64,
-    /// Whether alone it reached its gain (if not, no schedule meets its SLO).
+    /// Whether it reached its gain (if not, no schedule meets its SLO).
     pub reaches_gain: bool,
     /// When it must be done.
     pub deadline: u64,

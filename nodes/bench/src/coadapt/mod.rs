@@ -170,6 +170,8 @@ pub fn headline_keys() -> Vec<String> {
         "measured_fragmentation_worst_k",
         "oracle_max_concurrency",
         "measured_attainment_over_oracle_min",
+        "alone_oracle_max_concurrency",
+        "measured_attainment_over_alone_oracle_min",
         "clairvoyant_oracle_max_concurrency",
         "measured_attainment_over_clairvoyant_oracle_min",
         "measured_prefetch_hidden_share",
@@ -596,6 +598,7 @@ fn measured(
             fig.insert(format!("{p}_peak_over_budget"), c.peak);
             fig.insert(format!("{p}_evictions"), c.evictions as f64);
             fig.insert(format!("{p}_compacted_mb_per_task"), c.compacted_mb_per_task());
+            fig.insert(format!("{p}_overhead_share"), c.overhead_share());
         }
     }
     for line in headline(&sc.ks, &res, fig) {
@@ -604,11 +607,26 @@ fn measured(
     for line in oracle::fragmentation(&sc.ks, &res, fig) {
         println!("{line}");
     }
-    for foresight in [Foresight::Edf, Foresight::Clairvoyant] {
-        for line in oracle::report(&sc.ks, &oracle::oracle(sc, &work, &solo, foresight), foresight, &res, fig)
-        {
+    let oracles = [
+        (oracle::IN_RUN, oracle::in_run(&sc.seeds, &res)),
+        (oracle::ALONE, oracle::oracle(sc, &work, &solo, Foresight::Edf)),
+        (oracle::CLAIRVOYANT, oracle::oracle(sc, &work, &solo, Foresight::Clairvoyant)),
+    ];
+    // (the in-run oracle needs ours in the sweep)
+    for (kind, cells) in oracles.iter().filter(|(_, c)| !c.is_empty()) {
+        for line in oracle::report(&sc.ks, cells, *kind, &res, fig) {
             println!("{line}");
         }
+    }
+    if let Some(ours) = res.get(RealStrategy::OURS.name) {
+        let share = pooled(ours).overhead_share();
+        fig.insert("measured_overhead_share_ours".into(), share);
+        let per_k: Vec<String> =
+            sc.ks.iter().zip(ours).map(|(k, c)| format!("K={k} {:.2}", c.overhead_share())).collect();
+        println!(
+            "ours' processor time outside the tasks' own work (loads, preloads, scheduling, the pool's bookkeeping), pooled: {share:.3}; per K: {}",
+            per_k.join(" ")
+        );
     }
     Ok(res)
 }
@@ -626,6 +644,9 @@ fn pooled(v: &[Tally]) -> Tally {
         a.evictions += c.evictions;
         a.prefetch_us.0 += c.prefetch_us.0;
         a.prefetch_us.1 += c.prefetch_us.1;
+        a.oracle_met += c.oracle_met;
+        a.work_busy_us.0 += c.work_busy_us.0;
+        a.work_busy_us.1 += c.work_busy_us.1;
         a
     })
 }

@@ -71,6 +71,7 @@ use troupe_kernels::vmoe::VMoe;
 use troupe_kernels::vmoe::pool::time_weighted_fragmentation;
 use troupe_kernels::vmoe::train::Dataset;
 use troupe_policy::Micros;
+use troupe_policy::adapt::oracle::{Foresight, OracleTask, edf_meets};
 
 /// No AdaSprite mechanism (the baselines).
 pub const NO_MECHANISMS: Mechanisms = Mechanisms::NONE;
@@ -251,6 +252,12 @@ pub struct RunOutcome {
     pub tasks: Vec<(f64, f64)>,
     /// Per finished task (same order): epochs trained.
     pub epochs: Vec<u32>,
+    /// Per finished task (same order): its job's index, and its work in the run, microseconds:
+    /// the processor time of its admission (the accuracy before, one validation) and of its own
+    /// steps and validations (`Finished::work`).
+    pub work: Vec<(usize, u64)>,
+    /// Processor time the run took in all (idle gaps between arrivals left out), microseconds.
+    pub busy_us: u64,
     /// First arrival to last completion, s.
     pub span_s: f64,
     /// External fragmentation over the run, time-weighted.
@@ -273,6 +280,27 @@ impl RunOutcome {
     /// Tasks with gain >= `gain` within `l_s`.
     pub fn met(&self, gain: f64, l_s: f64) -> usize {
         self.tasks.iter().filter(|(t, g)| *g >= gain - 1e-12 && *t <= l_s).count()
+    }
+
+    /// Tasks the oracle (preemptive EDF, no overhead: `troupe_policy::adapt::oracle`) gets done
+    /// within `l_us` of arrival on this run's own measured work per task, the tasks arriving at
+    /// `arrivals_us` (by job index) and reaching `gain` as they did here.
+    pub fn oracle_met(&self, arrivals_us: &[u64], gain: f64, l_us: u64) -> usize {
+        let tasks: Vec<OracleTask> = self
+            .work
+            .iter()
+            .zip(&self.tasks)
+            .filter_map(|(&(job, work), &(_, g))| {
+                let arrival = *arrivals_us.get(job)?;
+                Some(OracleTask {
+                    arrival,
+                    work,
+                    reaches_gain: g >= gain - 1e-12,
+                    deadline: arrival.saturating_add(l_us),
+                })
+            })
+            .collect();
+        edf_meets(&tasks, Foresight::Edf).iter().filter(|m| **m).count()
     }
 }
 
@@ -300,6 +328,8 @@ pub fn run_once(
     let clock = || Micros(now().saturating_sub(start) + skipped.get());
     let mut next = 0;
     let mut done = Vec::new();
+    let mut job_of = BTreeMap::new();
+    let mut admission = vec![0u64; jobs.len()];
     loop {
         while next < jobs.len() && arrivals_us[next] <= clock().0 {
             let job = AdaptJob {
@@ -309,7 +339,12 @@ pub fn run_once(
                 target_gain: None,
                 slo_within,
             };
-            eng.submit(Micros(arrivals_us[next]), job).with_context(|| format!("submitting task {next}"))?;
+            let admitted = now();
+            let id = eng
+                .submit(Micros(arrivals_us[next]), job)
+                .with_context(|| format!("submitting task {next}"))?;
+            admission[next] = now().saturating_sub(admitted);
+            job_of.insert(id, next);
             next += 1;
         }
         let (steps, before) = (eng.steps(), done.len());
@@ -339,6 +374,14 @@ pub fn run_once(
             .map(|f| (f.done.saturating_sub(f.arrived).as_secs_f64(), f.after - f.before))
             .collect(),
         epochs: done.iter().map(|f| f.epochs).collect(),
+        work: done
+            .iter()
+            .map(|f| {
+                let job = job_of.get(&f.task).copied().unwrap_or(usize::MAX);
+                (job, f.work.0 + admission.get(job).copied().unwrap_or(0))
+            })
+            .collect(),
+        busy_us: now().saturating_sub(start),
         span_s: (last.saturating_sub(first) as f64 / 1e6).max(1e-9),
         fragmentation: time_weighted_fragmentation(frag, now()).unwrap_or(0.0),
         peak_over_budget: eng.pool().peak_used() as f64 / cfg.budget.max(1) as f64,
@@ -376,6 +419,12 @@ pub struct Tally {
     pub compacted_bytes: u64,
     /// Summed reuse-cache prefetch time and its part hidden behind compute, us.
     pub prefetch_us: (u64, u64),
+    /// Tasks the oracle gets done on time on the runs' own measured work
+    /// ([`RunOutcome::oracle_met`]).
+    pub oracle_met: usize,
+    /// The runs' tasks' work and the runs' processor time in all, microseconds
+    /// ([`RunOutcome::work`], [`RunOutcome::busy_us`]).
+    pub work_busy_us: (u64, u64),
 }
 
 impl Tally {
@@ -395,12 +444,22 @@ impl Tally {
     pub fn compacted_mb_per_task(&self) -> f64 {
         self.compacted_bytes as f64 / 1e6 / self.tasks.max(1) as f64
     }
+    /// Share of the runs' processor time spent outside the tasks' own work (loads, preloads,
+    /// scheduling, the pool's bookkeeping): the overhead the oracle does not have. NaN: no time.
+    pub fn overhead_share(&self) -> f64 {
+        let (work, busy) = self.work_busy_us;
+        if busy == 0 { f64::NAN } else { 1.0 - work as f64 / busy as f64 }
+    }
+
     /// Mean latency, s.
     pub fn mean_latency_s(&self) -> f64 {
         self.latency_sum_s / self.tasks.max(1) as f64
     }
-    fn add(&mut self, o: &RunOutcome, met: usize, k: usize) {
+    fn add(&mut self, o: &RunOutcome, met: usize, oracle_met: usize, k: usize) {
         self.met += met;
+        self.oracle_met += oracle_met;
+        self.work_busy_us.0 += o.work.iter().map(|w| w.1).sum::<u64>();
+        self.work_busy_us.1 += o.busy_us;
         self.tasks += k;
         self.span_s += o.span_s;
         self.latency_sum_s += o.tasks.iter().map(|t| t.0).sum::<f64>();
@@ -475,14 +534,15 @@ pub fn sweep(
                     .with_context(|| format!("{name} at K = {k}, seed {seed}"))?;
                 bar.inc(1);
                 let met = o.met(sc.gain, l_s);
+                let oracle_met = o.oracle_met(&arrivals, sc.gain, slo.0);
                 if let Some(c) = out.get_mut(name.as_str()).and_then(|v| v.get_mut(i)) {
-                    c.add(&o, met, k_jobs.len());
+                    c.add(&o, met, oracle_met, k_jobs.len());
                 }
                 let per_seed = out
                     .entry(per_seed_key(name, seed))
                     .or_insert_with(|| vec![Tally::default(); sc.ks.len()]);
                 if let Some(c) = per_seed.get_mut(i) {
-                    c.add(&o, met, k_jobs.len());
+                    c.add(&o, met, oracle_met, k_jobs.len());
                 }
             }
         }
@@ -569,6 +629,25 @@ mod tests {
         assert_eq!(max_concurrency(&ks, &[1.0, 0.95, 0.5, 1.0], 0.9), 2);
         assert_eq!(max_concurrency(&ks, &[0.8, 1.0, 1.0, 1.0], 0.9), 0);
         assert_eq!(max_concurrency(&ks, &[1.0; 4], 0.9), 8);
+    }
+
+    #[test]
+    fn the_in_run_oracle_schedules_the_runs_own_work_by_job() {
+        // Finished out of order: job 1 (arrives at 0, 50 us, gains), job 0 (arrives at 10, 60 us,
+        // gains), job 2 (arrives at 20, 10 us, never gains). Deadlines 100 us after arrival.
+        let o = RunOutcome {
+            tasks: vec![(0.0, 0.2), (0.0, 0.3), (0.0, 0.0)],
+            work: vec![(1, 50), (0, 60), (2, 10)],
+            ..RunOutcome::default()
+        };
+        let arrivals = [10, 0, 20];
+        // EDF: job 1 0-50, job 0 50-110 (deadline 110), job 2 runs but never gains.
+        assert_eq!(o.oracle_met(&arrivals, 0.1, 100), 2);
+        // A tighter deadline leaves job 0 (which would end at 110 > 10 + 90) out.
+        assert_eq!(o.oracle_met(&arrivals, 0.1, 90), 1);
+        // A job index with no arrival is left out, never a panic.
+        let stray = RunOutcome { work: vec![(7, 5), (0, 60), (2, 10)], ..o };
+        assert_eq!(stray.oracle_met(&arrivals, 0.1, 100), 1);
     }
 
     #[test]
