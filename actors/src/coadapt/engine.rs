@@ -3,7 +3,10 @@
 //! runs it on a blocking thread and the benchmark drives it directly.
 //!
 //! Calling protocol: [`EdgeEngine::submit`] a job whenever one arrives (the teacher has labelled
-//! its samples); call [`EdgeEngine::run_cycle`] while [`EdgeEngine::busy`]. One cycle = every
+//! its samples); call [`EdgeEngine::run_cycle`] while [`EdgeEngine::busy`]. A job with an SLO may
+//! wait to be admitted (its starting accuracy measured, the scheduler told) while the scheduler
+//! has work due earlier that is on time (`AdaptScheduler::defers_admission`); a cycle admits it
+//! once none is left, or when nothing else would run. One cycle = every
 //! `RunEpoch` the scheduler emitted together; their steps are interleaved on the pool (co-adapted),
 //! then each epoch is reported with its validation exact match. A task leaves with its adapted
 //! model when the scheduler completes it. Device memory is the pool's budget: a model is merged in
@@ -305,9 +308,11 @@ pub struct Finished {
     pub arrived: Micros,
     /// Completion time.
     pub done: Micros,
-    /// Processor time spent on its own training steps and validations, on the clock
-    /// [`EdgeEngine::run_cycle`] was given: its work, without the executor's overhead (loads,
-    /// preloads, scheduling). A grouped step's time is split evenly over the tasks in it.
+    /// Processor time spent on its own training steps and validations, and on its admission when
+    /// a cycle admitted it (a deferred one; one admitted by [`EdgeEngine::submit`] is the
+    /// caller's to time), on the clock [`EdgeEngine::run_cycle`] was given: its work, without the
+    /// executor's overhead (loads, preloads, scheduling). A grouped step's time is split evenly
+    /// over the tasks in it.
     pub work: Micros,
 }
 
@@ -335,6 +340,24 @@ struct LiveTask {
     rng: SmallRng,
 }
 
+/// A job accepted by [`EdgeEngine::submit`] and not admitted yet: its samples split, its random
+/// stream drawn, so it trains on the same batches whenever it is admitted.
+struct Pending {
+    id: TaskId,
+    arrived: Micros,
+    job: AdaptJob,
+    train: Dataset,
+    val: Dataset,
+    rng: SmallRng,
+}
+
+impl Pending {
+    /// Its SLO deadline: the gain due `slo_within` after it arrived.
+    fn deadline(&self) -> Option<Micros> {
+        self.job.slo_within.map(|d| self.arrived + d)
+    }
+}
+
 /// The random stream of the `nth` task admitted by an engine seeded with `seed`.
 fn task_rng(seed: u64, nth: u32) -> SmallRng {
     SmallRng::seed_from_u64(task_stream(seed, nth))
@@ -358,6 +381,8 @@ pub struct EdgeEngine {
     sched: Box<dyn AdaptScheduler + Send>,
     tasks: BTreeMap<TaskId, LiveTask>,
     queued: Vec<TaskId>,
+    /// Accepted jobs not admitted yet, in arrival order (see the module doc).
+    pending: std::collections::VecDeque<Pending>,
     finished: Vec<Finished>,
     next_id: u32,
     cycle: u64,
@@ -484,6 +509,7 @@ impl EdgeEngine {
             sched,
             tasks: BTreeMap::new(),
             queued: Vec::new(),
+            pending: std::collections::VecDeque::new(),
             finished: Vec::new(),
             next_id: 0,
             cycle: 0,
@@ -526,7 +552,7 @@ impl EdgeEngine {
 
     /// Whether tasks are live or finished ones wait to be collected.
     pub fn busy(&self) -> bool {
-        !self.tasks.is_empty() || !self.finished.is_empty()
+        !self.tasks.is_empty() || !self.finished.is_empty() || !self.pending.is_empty()
     }
 
     /// Optimiser steps run so far.
@@ -581,16 +607,23 @@ impl EdgeEngine {
         self.estimator.as_ref()
     }
 
-    /// Whether a job submitted now would be refused as [`EngineError::Full`].
-    pub fn is_full(&self) -> bool {
-        self.tasks.len() >= self.cfg.max_tasks
+    /// Jobs accepted and not admitted yet (see the module doc).
+    pub fn waiting(&self) -> usize {
+        self.pending.len()
     }
 
-    /// Admits a job: splits its samples (validation share held out), measures its starting exact
-    /// match, hands it to the scheduler.
+    /// Whether a job submitted now would be refused as [`EngineError::Full`].
+    pub fn is_full(&self) -> bool {
+        self.tasks.len() + self.pending.len() >= self.cfg.max_tasks
+    }
+
+    /// Accepts a job: splits its samples (validation share held out), then admits it (measures
+    /// its starting exact match, hands it to the scheduler), or, when the scheduler defers the
+    /// admission, keeps it for a later cycle (see the module doc).
     pub fn submit(&mut self, now: Micros, job: AdaptJob) -> Result<TaskId, EngineError> {
-        if self.tasks.len() >= self.cfg.max_tasks {
-            return Err(EngineError::Full { live: self.tasks.len(), cap: self.cfg.max_tasks });
+        let live = self.tasks.len() + self.pending.len();
+        if live >= self.cfg.max_tasks {
+            return Err(EngineError::Full { live, cap: self.cfg.max_tasks });
         }
         let n = job.samples.len();
         let n_val =
@@ -603,9 +636,23 @@ impl EdgeEngine {
         idx.shuffle(&mut rng);
         let val = job.samples.subset(&idx[..n_val])?;
         let train = job.samples.subset(&idx[n_val..])?;
-        let before = exact_match(&predict_all(&job.model, &val)?, &val.labels);
         let id = TaskId(self.next_id);
         self.next_id += 1;
+        let p = Pending { id, arrived: now, job, train, val, rng };
+        // behind any job still waiting: admissions go in arrival order
+        if !self.pending.is_empty() || self.sched.defers_admission(now, p.deadline()) {
+            self.pending.push_back(p);
+        } else {
+            self.admit(p, now)?;
+        }
+        Ok(id)
+    }
+
+    /// Measures a job's starting exact match and hands it to the scheduler at `now`.
+    fn admit(&mut self, p: Pending, now: Micros) -> Result<(), EngineError> {
+        let deadline = p.deadline();
+        let Pending { id, arrived, job, train, val, rng } = p;
+        let before = exact_match(&predict_all(&job.model, &val)?, &val.labels);
         let c = job.model.config;
         let per_model = (c.blocks * c.experts) as u32;
         let spec = TaskSpec {
@@ -616,7 +663,7 @@ impl EdgeEngine {
             target: before + job.target_gain.unwrap_or(self.cfg.target_gain),
             // Isolated adaptation: the task also holds its own copy of the frozen parts.
             footprint: task_footprint(&c) + if self.cfg.share_backbone { 0 } else { shared_bytes(&c) },
-            deadline: job.slo_within.map(|d| now + d),
+            deadline,
         };
         self.tasks.insert(
             id,
@@ -631,15 +678,29 @@ impl EdgeEngine {
                 before,
                 accuracy: before,
                 epochs: 0,
-                arrived: now,
+                arrived,
                 last_cycle: 0,
                 work: Micros(0),
                 rng,
             },
         );
         self.sched.handle_arrival(now, spec);
-        self.drain(now)?;
-        Ok(id)
+        self.drain(now)
+    }
+
+    /// Admits the waiting jobs the scheduler no longer defers, in arrival order (all of them when
+    /// `all`), each admission's processor time charged to its task's work.
+    fn admit_pending(&mut self, clock: &dyn Fn() -> Micros, all: bool) -> Result<(), EngineError> {
+        while let Some(p) = self.pending.front() {
+            if !all && self.sched.defers_admission(clock(), p.deadline()) {
+                break;
+            }
+            let Some(p) = self.pending.pop_front() else { break };
+            let (id, start) = (p.id, clock());
+            self.admit(p, start)?;
+            self.charge(&[id], clock().saturating_sub(start));
+        }
+        Ok(())
     }
 
     /// Tasks that left since the last call.
@@ -649,7 +710,13 @@ impl EdgeEngine {
 
     /// Runs one cycle (see the module doc); `clock` gives the current time.
     pub fn run_cycle(&mut self, clock: &dyn Fn() -> Micros) -> Result<(), EngineError> {
+        self.admit_pending(clock, false)?;
         self.drain(clock())?;
+        if self.queued.is_empty() && !self.pending.is_empty() {
+            // nothing dispatched would run ahead of them: admit every waiting job
+            self.admit_pending(clock, true)?;
+            self.drain(clock())?;
+        }
         let runs = std::mem::take(&mut self.queued);
         if runs.is_empty() {
             return Ok(());

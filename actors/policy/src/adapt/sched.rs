@@ -81,6 +81,13 @@ pub trait AdaptScheduler {
     fn poll_action(&mut self) -> Option<SchedAction>;
     /// When the scheduler next wants `handle_timeout`.
     fn poll_timeout(&self) -> Option<Micros>;
+    /// Whether a task arriving at `now` with `deadline` should wait before it is admitted (its
+    /// starting accuracy measured, `handle_arrival` called): admitting costs processor time, and
+    /// spending it ahead of work due earlier can make that work late. Default: admit at once.
+    fn defers_admission(&self, now: Micros, deadline: Option<Micros>) -> bool {
+        let _ = (now, deadline);
+        false
+    }
 }
 
 /// Limits shared by all schedulers.

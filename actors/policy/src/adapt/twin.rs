@@ -373,6 +373,22 @@ impl AdaptScheduler for TwinBufferScheduler {
         "twin-buffer"
     }
 
+    /// With deadlines, an arrival waits while a task due no later than it is on time in the SLO
+    /// order: admitting it first would spend the processor ahead of earlier deadlines (EDF).
+    /// Before a cycle has been timed there is no estimate of anyone's work, and every task whose
+    /// deadline has not passed counts as on time.
+    fn defers_admission(&self, now: Micros, deadline: Option<Micros>) -> bool {
+        let Some(due) = deadline else { return false };
+        let now = now.max(self.now);
+        let due_first = |id: &TaskId| {
+            self.table.tasks.get(id).and_then(|t| t.spec.deadline).is_some_and(|d| d <= due && d > now)
+        };
+        match self.slo_tasks(&self.twin_order()) {
+            Some(slo) => moore_hodgson(now, &slo).0.iter().any(due_first),
+            None => self.table.tasks.keys().any(due_first),
+        }
+    }
+
     fn handle_arrival(&mut self, now: Micros, task: TaskSpec) {
         self.now = self.now.max(now);
         let (id, acc) = (task.id, task.accuracy);
@@ -653,6 +669,28 @@ mod tests {
         // Without deadlines the seats hold on either device.
         assert_eq!(cycle_after_first(false, false).0, 3);
         assert_eq!(cycle_after_first(true, false).0, 3);
+    }
+
+    #[test]
+    fn an_arrival_waits_while_a_task_due_no_later_is_on_time() {
+        let due = |s: u64| Some(Micros::from_secs(s));
+        let mut s = TwinBufferScheduler::new(TwinConfig { side_by_side: false, ..cfg(1_000) });
+        s.handle_arrival(Micros(0), TaskSpec { deadline: due(100), ..spec(1, 0.5, 10) });
+        // no cycle timed yet: every task whose deadline has not passed counts as on time
+        assert!(s.defers_admission(Micros(0), due(110)));
+        assert!(!s.defers_admission(Micros(0), due(90)));
+        assert!(!s.defers_admission(Micros::from_secs(100), due(110)));
+        let _ = drain(&mut s);
+        s.handle_cycle_start(Micros(0));
+        s.handle_epoch_done(Micros::from_secs(10), TaskId(1), 0.52);
+        let _ = drain(&mut s);
+        // task 1 (due at 100) is on time: a task due later waits, one due sooner or never does not
+        assert!(s.defers_admission(Micros::from_secs(10), due(110)));
+        assert!(s.defers_admission(Micros::from_secs(10), due(100)));
+        assert!(!s.defers_admission(Micros::from_secs(10), due(50)));
+        assert!(!s.defers_admission(Micros::from_secs(10), None));
+        // once task 1 can no longer make its deadline, nothing on time is ahead of an arrival
+        assert!(!s.defers_admission(Micros::from_secs(95), due(110)));
     }
 
     #[test]

@@ -253,8 +253,9 @@ pub struct RunOutcome {
     /// Per finished task (same order): epochs trained.
     pub epochs: Vec<u32>,
     /// Per finished task (same order): its job's index, and its work in the run, microseconds:
-    /// the processor time of its admission (the accuracy before, one validation) and of its own
-    /// steps and validations (`Finished::work`).
+    /// the processor time of its admission (the accuracy before, one validation: timed here
+    /// around `submit`, or by the engine when a cycle admitted it) and of its own steps and
+    /// validations (`Finished::work`).
     pub work: Vec<(usize, u64)>,
     /// Processor time the run took in all (idle gaps between arrivals left out), microseconds.
     pub busy_us: u64,
