@@ -70,7 +70,7 @@ pub struct OracleKind {
 /// EDF on each task's work measured in ours' own run of the cell: the oracle.
 pub const IN_RUN: OracleKind = OracleKind {
     name: "oracle",
-    what: "each task's work measured in ours' own run (its steps and validations), preemptive EDF, no overhead, a task dropped when its deadline passes",
+    what: "each task's work measured in ours' own run (its admission, steps and validations), preemptive EDF, no overhead, a task dropped when its deadline passes",
 };
 /// EDF on each task's work measured alone, beforehand.
 pub const ALONE: OracleKind = OracleKind {
