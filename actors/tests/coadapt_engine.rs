@@ -229,6 +229,49 @@ fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
     }
 }
 
+/// A waiting job whose starting accuracy cannot be measured (its model's classifier head has the
+/// wrong shape) was accepted, so it is not dropped: it leaves unadapted while the others adapt.
+#[test]
+fn a_waiting_job_that_cannot_be_admitted_leaves_unadapted() {
+    let (student, jobs) = cameras();
+    let cfg = EngineConfig {
+        budget: reserved_bytes(&[student.config], 32) + 2 * task_footprint(&student.config),
+        scheduler: SchedulerChoice::Twin,
+        steps_per_epoch: 1,
+        max_epochs: 60,
+        target_gain: TARGET_GAIN,
+        ..EngineConfig::default()
+    };
+    let mut eng = EdgeEngine::new(cfg, &[student.config]).unwrap();
+    let mut broken = student.clone();
+    broken.params.head_w = troupe_kernels::Tensor::from_f32(&[1, 1], vec![0.0]).unwrap();
+    for (i, model) in [student.clone(), broken].into_iter().enumerate() {
+        let job = AdaptJob {
+            name: format!("cam{i}"),
+            model,
+            samples: jobs[i].clone(),
+            target_gain: None,
+            slo_within: Some(Micros::from_secs(3600)),
+        };
+        eng.submit(Micros(0), job).unwrap();
+    }
+    assert_eq!(eng.waiting(), 1);
+    let tick = std::cell::Cell::new(0u64);
+    let clock = ticking(&tick);
+    let mut done = Vec::new();
+    for _ in 0..10_000 {
+        if !eng.busy() {
+            break;
+        }
+        eng.run_cycle(&clock).unwrap();
+        done.extend(eng.take_finished());
+    }
+    let (ok, bad): (Vec<_>, Vec<_>) = done.iter().partition(|f| f.name == "cam0");
+    assert!(ok.len() == 1 && ok[0].reached, "{ok:?}");
+    assert_eq!(bad.len(), 1, "the broken job must come back");
+    assert!(!bad[0].reached && bad[0].epochs == 0 && bad[0].work.0 == 0);
+}
+
 #[test]
 fn jobs_past_the_task_cap_are_refused_back_to_the_sender() {
     use troupe_actors::coadapt::engine::EngineError;

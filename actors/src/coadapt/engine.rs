@@ -356,6 +356,11 @@ impl Pending {
     fn deadline(&self) -> Option<Micros> {
         self.job.slo_within.map(|d| self.arrived + d)
     }
+
+    /// Its model's exact match on its validation split, before any training.
+    fn accuracy_before(&self) -> Result<f64, EngineError> {
+        Ok(exact_match(&predict_all(&self.job.model, &self.val)?, &self.val.labels))
+    }
 }
 
 /// The random stream of the `nth` task admitted by an engine seeded with `seed`.
@@ -643,16 +648,16 @@ impl EdgeEngine {
         if !self.pending.is_empty() || self.sched.defers_admission(now, p.deadline()) {
             self.pending.push_back(p);
         } else {
-            self.admit(p, now)?;
+            let before = p.accuracy_before()?;
+            self.admit(p, before, now)?;
         }
         Ok(id)
     }
 
-    /// Measures a job's starting exact match and hands it to the scheduler at `now`.
-    fn admit(&mut self, p: Pending, now: Micros) -> Result<(), EngineError> {
+    /// Hands a job to the scheduler at `now`, `before` its starting exact match.
+    fn admit(&mut self, p: Pending, before: f64, now: Micros) -> Result<(), EngineError> {
         let deadline = p.deadline();
         let Pending { id, arrived, job, train, val, rng } = p;
-        let before = exact_match(&predict_all(&job.model, &val)?, &val.labels);
         let c = job.model.config;
         let per_model = (c.blocks * c.experts) as u32;
         let spec = TaskSpec {
@@ -689,7 +694,9 @@ impl EdgeEngine {
     }
 
     /// Admits the waiting jobs the scheduler no longer defers, in arrival order (all of them when
-    /// `all`), each admission's processor time charged to its task's work.
+    /// `all`), each admission's processor time charged to its task's work. A job whose starting
+    /// accuracy cannot be measured was accepted, so it is not dropped: it leaves unadapted, as a
+    /// finished task that did not reach its target, and the reason is logged.
     fn admit_pending(&mut self, clock: &dyn Fn() -> Micros, all: bool) -> Result<(), EngineError> {
         while let Some(p) = self.pending.front() {
             if !all && self.sched.defers_admission(clock(), p.deadline()) {
@@ -697,8 +704,27 @@ impl EdgeEngine {
             }
             let Some(p) = self.pending.pop_front() else { break };
             let (id, start) = (p.id, clock());
-            self.admit(p, start)?;
-            self.charge(&[id], clock().saturating_sub(start));
+            match p.accuracy_before() {
+                Ok(before) => {
+                    self.admit(p, before, start)?;
+                    self.charge(&[id], clock().saturating_sub(start));
+                }
+                Err(e) => {
+                    tracing::warn!(job = %p.job.name, error = %e, "a waiting job could not be admitted; it leaves unadapted");
+                    self.finished.push(Finished {
+                        task: id,
+                        name: p.job.name,
+                        model: p.job.model,
+                        before: 0.0,
+                        after: 0.0,
+                        epochs: 0,
+                        reached: false,
+                        arrived: p.arrived,
+                        done: start,
+                        work: Micros(0),
+                    });
+                }
+            }
         }
         Ok(())
     }
