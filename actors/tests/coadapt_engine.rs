@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use troupe_actors::coadapt::engine::{
-    AdaptJob, EdgeEngine, EngineConfig, Mechanisms, SchedulerChoice, reserved_bytes, task_footprint,
+    AdaptJob, EdgeEngine, EngineConfig, Finished, Mechanisms, SchedulerChoice, reserved_bytes, task_footprint,
 };
 use troupe_actors::coadapt::{digits, zoo_student, zoo_teacher};
 use troupe_kernels::drift::{CameraStream, DriftSchedule};
@@ -171,37 +171,34 @@ fn finishes_within_the_budget(choice: SchedulerChoice) {
     }
 }
 
-/// Jobs with an SLO that arrive together wait to be admitted while one due no later is on time
-/// (admitting costs a validation each, which would run ahead of earlier deadlines): the
-/// twin-buffer scheduler on one processor admits and finishes them one by one, in arrival order,
-/// and a deferred admission counts in its task's work.
-#[test]
-fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
-    let (student, jobs) = cameras();
+/// The twin-buffer scheduler on the tiny student's pool (room for two tasks' state), one step an
+/// epoch, at most `max_tasks` jobs.
+fn twin_engine(student: &VMoe, max_tasks: usize) -> (EngineConfig, EdgeEngine) {
     let cfg = EngineConfig {
         budget: reserved_bytes(&[student.config], 32) + 2 * task_footprint(&student.config),
         scheduler: SchedulerChoice::Twin,
         steps_per_epoch: 1,
         max_epochs: 60,
         target_gain: TARGET_GAIN,
-        max_tasks: 4,
+        max_tasks,
         ..EngineConfig::default()
     };
-    let mut eng = EdgeEngine::new(cfg, &[student.config]).unwrap();
-    for (i, d) in jobs.iter().enumerate() {
-        let job = AdaptJob {
-            name: format!("cam{i}"),
-            model: student.clone(),
-            samples: d.clone(),
-            target_gain: None,
-            slo_within: Some(Micros::from_secs(3600)),
-        };
-        eng.submit(Micros(0), job).unwrap();
+    (cfg, EdgeEngine::new(cfg, &[student.config]).unwrap())
+}
+
+/// A job `cam{i}` of `model` on `samples`, its gain due within an hour.
+fn slo_job(i: usize, model: VMoe, samples: &Dataset) -> AdaptJob {
+    AdaptJob {
+        name: format!("cam{i}"),
+        model,
+        samples: samples.clone(),
+        target_gain: None,
+        slo_within: Some(Micros::from_secs(3600)),
     }
-    // the first is admitted at once; the rest wait behind its deadline (the same as theirs)
-    assert_eq!(eng.waiting(), 3);
-    // waiting jobs are accepted ones: they count against the task cap
-    assert!(eng.is_full());
+}
+
+/// Runs cycles on the logical clock until the engine is idle; every task that left.
+fn run_until_idle(eng: &mut EdgeEngine) -> Vec<Finished> {
     let tick = std::cell::Cell::new(0u64);
     let clock = ticking(&tick);
     let mut done = Vec::new();
@@ -212,6 +209,25 @@ fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
         eng.run_cycle(&clock).unwrap();
         done.extend(eng.take_finished());
     }
+    done
+}
+
+/// Jobs with an SLO that arrive together wait to be admitted while one due no later is on time
+/// (admitting costs a validation each, which would run ahead of earlier deadlines): the
+/// twin-buffer scheduler on one processor admits and finishes them one by one, in arrival order,
+/// and a deferred admission counts in its task's work.
+#[test]
+fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
+    let (student, jobs) = cameras();
+    let (cfg, mut eng) = twin_engine(&student, 4);
+    for (i, d) in jobs.iter().enumerate() {
+        eng.submit(Micros(0), slo_job(i, student.clone(), d)).unwrap();
+    }
+    // the first is admitted at once; the rest wait behind its deadline (the same as theirs)
+    assert_eq!(eng.waiting(), 3);
+    // waiting jobs are accepted ones: they count against the task cap
+    assert!(eng.is_full());
+    let done = run_until_idle(&mut eng);
     assert_eq!(eng.waiting(), 0);
     let order: Vec<&str> = done.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(order, ["cam0", "cam1", "cam2", "cam3"]);
@@ -220,9 +236,7 @@ fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
     }
     // cam0 was admitted by `submit` (its caller times that); the others' admissions, one tick
     // each on the engine's clock, are in their work
-    let steps_and_checks = |f: &troupe_actors::coadapt::engine::Finished| {
-        u64::from(f.epochs) * 1000 * (cfg.steps_per_epoch as u64 + 1)
-    };
+    let steps_and_checks = |f: &Finished| u64::from(f.epochs) * 1000 * (cfg.steps_per_epoch as u64 + 1);
     assert!(done[0].work.0 <= steps_and_checks(&done[0]), "{:?}", done[0].work);
     for f in &done[1..] {
         assert!(f.work.0 > steps_and_checks(f), "{}: {:?}", f.name, f.work);
@@ -234,38 +248,14 @@ fn jobs_with_an_slo_wait_to_be_admitted_in_arrival_order() {
 #[test]
 fn a_waiting_job_that_cannot_be_admitted_leaves_unadapted() {
     let (student, jobs) = cameras();
-    let cfg = EngineConfig {
-        budget: reserved_bytes(&[student.config], 32) + 2 * task_footprint(&student.config),
-        scheduler: SchedulerChoice::Twin,
-        steps_per_epoch: 1,
-        max_epochs: 60,
-        target_gain: TARGET_GAIN,
-        ..EngineConfig::default()
-    };
-    let mut eng = EdgeEngine::new(cfg, &[student.config]).unwrap();
+    let (_, mut eng) = twin_engine(&student, EngineConfig::default().max_tasks);
     let mut broken = student.clone();
     broken.params.head_w = troupe_kernels::Tensor::from_f32(&[1, 1], vec![0.0]).unwrap();
     for (i, model) in [student.clone(), broken].into_iter().enumerate() {
-        let job = AdaptJob {
-            name: format!("cam{i}"),
-            model,
-            samples: jobs[i].clone(),
-            target_gain: None,
-            slo_within: Some(Micros::from_secs(3600)),
-        };
-        eng.submit(Micros(0), job).unwrap();
+        eng.submit(Micros(0), slo_job(i, model, &jobs[i])).unwrap();
     }
     assert_eq!(eng.waiting(), 1);
-    let tick = std::cell::Cell::new(0u64);
-    let clock = ticking(&tick);
-    let mut done = Vec::new();
-    for _ in 0..10_000 {
-        if !eng.busy() {
-            break;
-        }
-        eng.run_cycle(&clock).unwrap();
-        done.extend(eng.take_finished());
-    }
+    let done = run_until_idle(&mut eng);
     let (ok, bad): (Vec<_>, Vec<_>) = done.iter().partition(|f| f.name == "cam0");
     assert!(ok.len() == 1 && ok[0].reached, "{ok:?}");
     assert_eq!(bad.len(), 1, "the broken job must come back");
